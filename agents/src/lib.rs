@@ -1,0 +1,26 @@
+//! What runs inside a HiveKernel process.
+//!
+//! A process is driven by a [`Runtime`]; the runtime asks its kernel for
+//! things only through [`Syscalls`]. This crate does not depend on the
+//! kernel: the kernel implements `Syscalls` and registers runtimes by name.
+//!
+//! # Layout
+//! - [`process`]: PIDs, roles, tiers, states, limits, spawn requests, exit records.
+//! - [`message`]: priorities, message and task envelopes as a runtime sees them.
+//! - [`syscalls`]: the [`Syscalls`] trait and its error type.
+//! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
+//! - [`echo`]: the `echo` runtime, which answers every task with its description.
+
+pub mod echo;
+pub mod message;
+pub mod process;
+pub mod runtime;
+pub mod syscalls;
+
+pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
+pub use process::{
+    LimitOverrides,
+    ExitRecord, Limits, Pid, ProcessInfo, ProcessState, Role, SpawnRequest, Tier,
+};
+pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};

@@ -1,0 +1,246 @@
+//! Process identity and lifecycle types shared by the kernel and runtimes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A process id. PID 1 is the kernel; PIDs are never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Pid(pub u64);
+
+impl Pid {
+    /// The kernel's own PID.
+    pub const KERNEL: Pid = Pid(1);
+}
+
+impl fmt::Display for Pid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Declares a lowercase string enum with `Display`, `FromStr` and a list of names.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident, $what:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The lowercase name used in configs, the CLI and JSON.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(
+                        "unknown {} {other:?} (expected one of: {})",
+                        $what,
+                        [$($text),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+named_enum!(
+    /// What a process is for; decides what it may do (a `task` may not spawn).
+    Role, "role" {
+        Kernel = "kernel",
+        Daemon = "daemon",
+        Agent = "agent",
+        Architect = "architect",
+        Lead = "lead",
+        Worker = "worker",
+        Task = "task",
+    }
+);
+
+impl Role {
+    /// Whether a process of this role may have children.
+    pub fn may_spawn(self) -> bool {
+        self != Role::Task
+    }
+}
+
+named_enum!(
+    /// How much judgement a process is trusted with; a child's tier is never above its parent's.
+    Tier, "cognitive tier" {
+        Strategic = "strategic",
+        Tactical = "tactical",
+        Operational = "operational",
+    }
+);
+
+impl Tier {
+    /// Rank where higher is more senior: strategic 2, tactical 1, operational 0.
+    pub fn rank(self) -> u8 {
+        match self {
+            Tier::Strategic => 2,
+            Tier::Tactical => 1,
+            Tier::Operational => 0,
+        }
+    }
+}
+
+named_enum!(
+    /// Lifecycle state of a process.
+    ProcessState, "state" {
+        Idle = "idle",
+        Running = "running",
+        Blocked = "blocked",
+        Sleeping = "sleeping",
+        Zombie = "zombie",
+        Dead = "dead",
+    }
+);
+
+/// Per-process limits, inherited and narrowed down the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Live children this process may have at once.
+    pub max_children: u32,
+    /// Levels of descendants allowed below this process (0: no children).
+    pub max_depth: u32,
+    /// Default timeout for a task run on this process.
+    pub timeout_seconds: u64,
+    /// Tasks this process works on at the same time.
+    pub max_concurrent_tasks: u32,
+}
+
+/// Requested limits: `None` inherits from the parent (narrowed where needed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOverrides {
+    /// See [`Limits::max_children`].
+    pub max_children: Option<u32>,
+    /// See [`Limits::max_depth`].
+    pub max_depth: Option<u32>,
+    /// See [`Limits::timeout_seconds`].
+    pub timeout_seconds: Option<u64>,
+    /// See [`Limits::max_concurrent_tasks`].
+    pub max_concurrent_tasks: Option<u32>,
+}
+
+/// Everything needed to create a process; the kernel validates it against the parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// Parent of the new process.
+    pub parent: Pid,
+    /// Human name; must not be empty.
+    pub name: String,
+    /// Role of the new process.
+    pub role: Role,
+    /// Tier; `None` takes the parent's.
+    pub tier: Option<Tier>,
+    /// Logical model name (e.g. `sonnet`).
+    pub model: String,
+    /// Runtime name; `None` takes the kernel's default.
+    pub runtime: Option<String>,
+    /// System prompt text.
+    pub system_prompt: String,
+    /// Tool names the process may use.
+    pub tools: Vec<String>,
+    /// Requested limits.
+    pub limits: LimitOverrides,
+    /// Free-form labels.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl SpawnRequest {
+    /// A request with defaults for everything but parent and name.
+    pub fn new(parent: Pid, name: impl Into<String>) -> Self {
+        SpawnRequest {
+            parent,
+            name: name.into(),
+            role: Role::Agent,
+            tier: None,
+            model: String::new(),
+            runtime: None,
+            system_prompt: String::new(),
+            tools: Vec::new(),
+            limits: LimitOverrides::default(),
+            metadata: BTreeMap::new(),
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    /// The process that exited.
+    pub pid: Pid,
+    /// Its parent at exit.
+    pub ppid: Pid,
+    /// Its name.
+    pub name: String,
+    /// 0 for a normal exit; 137 when killed; 101 when its runtime panicked.
+    pub exit_code: i32,
+    /// Final output, if any.
+    pub output: String,
+    /// Why it ended.
+    pub reason: String,
+    /// Wall-clock time of the exit.
+    pub exited_at_unix_ms: u64,
+}
+
+/// A snapshot of one process, as `ps` and GetProcess show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Its PID.
+    pub pid: Pid,
+    /// Its parent's PID (0 for the kernel).
+    pub ppid: Pid,
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// Its cognitive tier.
+    pub tier: Tier,
+    /// Its state now.
+    pub state: ProcessState,
+    /// Logical model name.
+    pub model: String,
+    /// Runtime name.
+    pub runtime: String,
+    /// Tool names.
+    pub tools: Vec<String>,
+    /// Effective limits.
+    pub limits: Limits,
+    /// Distance from PID 1.
+    pub depth: u32,
+    /// Live children.
+    pub children: u32,
+    /// Messages waiting in its mailbox.
+    pub mailbox_len: u32,
+    /// Wall-clock start time.
+    pub started_at_unix_ms: u64,
+    /// Free-form labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Set once the process has exited.
+    pub exit: Option<ExitRecord>,
+}

@@ -1,0 +1,146 @@
+//! What a process may ask of its kernel.
+//!
+//! The kernel implements [`Syscalls`] once per process, bound to that
+//! process's PID: every call acts as that process, under the same checks a
+//! gRPC client with that process's identity would meet.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::message::{MessageId, Priority, RequestId, TaskReply};
+use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
+
+/// The class of a refused or failed syscall; maps one-to-one onto gRPC codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The target does not exist (or no longer does).
+    NotFound,
+    /// The request itself is malformed.
+    InvalidArgument,
+    /// The caller may not do this.
+    PermissionDenied,
+    /// A limit or a full mailbox stands in the way.
+    ResourceExhausted,
+    /// The target is not in a state that allows this.
+    FailedPrecondition,
+    /// No answer in time.
+    DeadlineExceeded,
+    /// The kernel is shutting down.
+    Unavailable,
+    /// A bug in the kernel.
+    Internal,
+}
+
+/// A refused or failed syscall, with a message naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{message}")]
+pub struct SyscallError {
+    /// Its class.
+    pub kind: ErrorKind,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+impl SyscallError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        SyscallError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// A message to send; `kind` defaults to `message` and priority to normal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outgoing {
+    /// Receiver.
+    pub to: Pid,
+    /// Kind, e.g. `message`.
+    pub kind: String,
+    /// Body.
+    pub payload: String,
+    /// Priority.
+    pub priority: Priority,
+    /// Dropped (and reported as an event) if still undelivered after this long.
+    pub ttl: Option<Duration>,
+}
+
+impl Outgoing {
+    /// A normal-priority `message` to `to`.
+    pub fn new(to: Pid, payload: impl Into<String>) -> Self {
+        Outgoing {
+            to,
+            kind: crate::message::kinds::MESSAGE.to_owned(),
+            payload: payload.into(),
+            priority: Priority::Normal,
+            ttl: None,
+        }
+    }
+}
+
+/// A task to run on another process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Target process.
+    pub to: Pid,
+    /// What to do.
+    pub description: String,
+    /// Structured parameters.
+    pub params: BTreeMap<String, String>,
+    /// Reply deadline; `None` takes the target's `timeout_seconds`.
+    pub timeout: Option<Duration>,
+}
+
+impl TaskSpec {
+    /// A task with no parameters and the target's default timeout.
+    pub fn new(to: Pid, description: impl Into<String>) -> Self {
+        TaskSpec {
+            to,
+            description: description.into(),
+            params: BTreeMap::new(),
+            timeout: None,
+        }
+    }
+}
+
+/// The kernel operations available to a running process, acting as that process.
+#[async_trait]
+pub trait Syscalls: Send + Sync + fmt::Debug {
+    /// The PID every call acts as.
+    fn pid(&self) -> Pid;
+
+    /// Spawn a child of this process (`request.parent` is ignored).
+    async fn spawn_child(&self, request: SpawnRequest) -> Result<Pid, SyscallError>;
+
+    /// Kill a descendant and its subtree; returns the PIDs that exited, leaves first.
+    async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError>;
+
+    /// Fire-and-forget message.
+    async fn send_message(&self, message: Outgoing) -> Result<MessageId, SyscallError>;
+
+    /// Run a task and wait for its reply (request/reply with a deadline).
+    async fn execute_task(&self, task: TaskSpec) -> Result<TaskReply, SyscallError>;
+
+    /// Send a task and return at once; the reply arrives later as a
+    /// `task_response` message naming the returned request id.
+    async fn delegate_async(&self, task: TaskSpec) -> Result<RequestId, SyscallError>;
+
+    /// Wait for a child to exit and collect its exit record.
+    async fn wait_child(
+        &self,
+        pid: Pid,
+        timeout: Option<Duration>,
+    ) -> Result<ExitRecord, SyscallError>;
+
+    /// A snapshot of any process.
+    async fn get_process(&self, pid: Pid) -> Result<ProcessInfo, SyscallError>;
+
+    /// Snapshots of this process's children.
+    async fn list_children(&self) -> Result<Vec<ProcessInfo>, SyscallError>;
+}
