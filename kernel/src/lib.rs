@@ -1,1 +1,38 @@
+//! The HiveKernel process kernel: everything around processes.
+//!
+//! Agents are processes with a PID in a parent/child tree. The [`Kernel`]
+//! handle is the one API: the gRPC control plane and the `Syscalls` handed
+//! to in-process runtimes are both thin adapters over it, so every check
+//! runs the same way whichever door a call comes through.
+//!
+//! # Layout
+//! - [`config`]: the JSON startup config, validated in two phases.
+//! - [`kernel`]: the `Kernel` handle, shared state, queries, shutdown.
+//! - `process`: the process table and tree queries.
+//! - `spawn`: spawn validation and creation.
+//! - `supervisor`: kill of subtrees, exit records, `wait_child`, the zombie reaper.
+//! - `mailbox`: bounded priority mailboxes with aging and TTL.
+//! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
+//! - [`events`]: typed, sequenced kernel events with replay.
+//! - [`runtime`]: the runtime registry and the per-process runner.
+//! - `syscalls`: the `Syscalls` implementation bound to one process.
+//! - [`error`]: [`KernelError`].
 
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod kernel;
+mod mailbox;
+mod process;
+mod router;
+pub mod runtime;
+mod spawn;
+mod supervisor;
+mod syscalls;
+
+pub use error::KernelError;
+pub use kernel::{Caller, Kernel};
+pub use router::MAX_PAYLOAD_BYTES;
+pub use runtime::RuntimeRegistry;
+pub use spawn::MAX_NAME_BYTES;
+pub use supervisor::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};

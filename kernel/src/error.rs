@@ -1,0 +1,118 @@
+//! The kernel's error type: one variant per way an operation is refused.
+
+use hivekernel_agents::{ErrorKind, Pid, SyscallError};
+
+/// Why a kernel operation was refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// No live or zombie process has this PID.
+    #[error("process {0} not found")]
+    NotFound(Pid),
+    /// The parent named in a spawn is not alive.
+    #[error("parent {pid} is not alive (state {state})")]
+    ParentNotAlive {
+        /// The parent.
+        pid: Pid,
+        /// Its state.
+        state: &'static str,
+    },
+    /// The child would sit deeper than its ancestors allow.
+    #[error("max depth exceeded: a child of {parent} would be at depth {depth}, {why}")]
+    DepthExceeded {
+        /// The parent.
+        parent: Pid,
+        /// The child's depth.
+        depth: u32,
+        /// Which limit stands in the way.
+        why: String,
+    },
+    /// The parent already has its maximum number of live children.
+    #[error("max children reached: process {parent} has {count} live children (max_children {max})")]
+    TooManyChildren {
+        /// The parent.
+        parent: Pid,
+        /// Live children now.
+        count: u32,
+        /// Its limit.
+        max: u32,
+    },
+    /// A child may not have a higher cognitive tier than its parent.
+    #[error("cognitive tier {child} is above the parent's tier {parent}")]
+    TierAboveParent {
+        /// Requested tier.
+        child: &'static str,
+        /// The parent's tier.
+        parent: &'static str,
+    },
+    /// The parent's role may not have children.
+    #[error("process {parent} has role {role}, which may not spawn children")]
+    RoleMayNotSpawn {
+        /// The parent.
+        parent: Pid,
+        /// Its role.
+        role: &'static str,
+    },
+    /// A requested limit is larger than the parent's.
+    #[error("limit {field} = {requested} exceeds the parent's {allowed}")]
+    LimitExceedsParent {
+        /// Which limit.
+        field: &'static str,
+        /// Requested value.
+        requested: u64,
+        /// Largest value allowed.
+        allowed: u64,
+    },
+    /// A malformed argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The caller may not do this.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The receiver's mailbox is full.
+    #[error("mailbox of process {pid} is full ({capacity} messages)")]
+    MailboxFull {
+        /// The receiver.
+        pid: Pid,
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// The target exists but cannot take this (e.g. it is a zombie).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// No answer before the deadline.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The kernel is shutting down.
+    #[error("kernel is shutting down")]
+    ShuttingDown,
+}
+
+impl KernelError {
+    /// The class of this error, shared with syscalls and gRPC.
+    pub fn kind(&self) -> ErrorKind {
+        use KernelError::*;
+        match self {
+            NotFound(_) => ErrorKind::NotFound,
+            InvalidArgument(_) => ErrorKind::InvalidArgument,
+            PermissionDenied(_) => ErrorKind::PermissionDenied,
+            TooManyChildren { .. } | MailboxFull { .. } | DepthExceeded { .. } => {
+                ErrorKind::ResourceExhausted
+            }
+            ParentNotAlive { .. } | FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            TierAboveParent { .. } | RoleMayNotSpawn { .. } | LimitExceedsParent { .. } => {
+                ErrorKind::PermissionDenied
+            }
+            DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
+            ShuttingDown => ErrorKind::Unavailable,
+        }
+    }
+}
+
+impl From<KernelError> for SyscallError {
+    fn from(err: KernelError) -> Self {
+        SyscallError::new(err.kind(), err.to_string())
+    }
+}
+
+/// Shorthand for kernel results.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;

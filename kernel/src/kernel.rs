@@ -1,0 +1,242 @@
+//! The `Kernel` handle: the one API that gRPC and in-process runtimes share.
+//!
+//! Operations live in their own files by concern: [`spawn`](crate::spawn)
+//! creates processes, [`supervisor`](crate::supervisor) ends and collects
+//! them, [`router`](crate::router) moves messages and tasks. This file holds
+//! the shared state, the read-side queries and shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::{
+    Limits, Pid, ProcessContext, ProcessInfo, Role, Tier,
+};
+use parking_lot::RwLock;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::KernelSettings;
+use crate::error::{KernelError, Result};
+use crate::events::{EventBus, Subscription, unix_ms};
+use crate::mailbox::Mailbox;
+use crate::process::{Entry, ProcShared, ProcessTable};
+use crate::runtime::RuntimeRegistry;
+use crate::supervisor::Reaper;
+use crate::syscalls::KernelSyscalls;
+
+/// Who is asking. The identity comes from the caller's credential, never from the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The operator holding the admin token; acts as the kernel (PID 1).
+    Admin,
+    /// A process, acting only as itself.
+    Process(Pid),
+}
+
+impl Caller {
+    /// The PID the caller acts as.
+    pub fn pid(self) -> Pid {
+        match self {
+            Caller::Admin => Pid::KERNEL,
+            Caller::Process(pid) => pid,
+        }
+    }
+}
+
+/// Cheap, cloneable handle to a running kernel.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) settings: KernelSettings,
+    pub(crate) table: RwLock<ProcessTable>,
+    pub(crate) next_pid: AtomicU64,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) events: EventBus,
+    pub(crate) runtimes: RuntimeRegistry,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) reaper: Reaper,
+}
+
+/// Events retained in memory for replay.
+const EVENT_RETENTION: usize = 65_536;
+
+impl Kernel {
+    /// Starts a kernel with PID 1 in its table and the reaper running.
+    /// Must be called inside a tokio runtime.
+    pub fn start(settings: KernelSettings, runtimes: RuntimeRegistry) -> Kernel {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let limits = Limits {
+                max_children: settings.max_children,
+                max_depth: settings.max_depth,
+                timeout_seconds: settings.task_timeout_seconds,
+                max_concurrent_tasks: settings.max_concurrent_tasks,
+            };
+            let ctx = ProcessContext {
+                pid: Pid::KERNEL,
+                name: Arc::from("kernel"),
+                role: Role::Kernel,
+                tier: Tier::Strategic,
+                model: Arc::from(""),
+                system_prompt: Arc::from(""),
+                tools: Arc::from(Vec::new()),
+                syscalls: Arc::new(KernelSyscalls::new(weak.clone(), Pid::KERNEL)),
+            };
+            let kernel_proc = ProcShared {
+                ctx,
+                runtime_name: Arc::from("kernel"),
+                limits,
+                metadata: Default::default(),
+                started_at_unix_ms: unix_ms(SystemTime::now()),
+                mailbox: Mailbox::new(0, Duration::from_secs(1)),
+                running: Default::default(),
+                blocked: Default::default(),
+                exited: Default::default(),
+            };
+            let mut entries = HashMap::new();
+            entries.insert(
+                Pid::KERNEL,
+                Entry {
+                    ppid: Pid(0),
+                    depth: 0,
+                    children: Vec::new(),
+                    live_children: 0,
+                    proc: Arc::new(kernel_proc),
+                    runner: None,
+                    exit: None,
+                    exit_waiters: Vec::new(),
+                },
+            );
+            Inner {
+                settings,
+                table: RwLock::new(ProcessTable { entries }),
+                next_pid: AtomicU64::new(2),
+                next_id: AtomicU64::new(1),
+                events: EventBus::new(EVENT_RETENTION),
+                runtimes,
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+                stopping: AtomicBool::new(false),
+                reaper: Reaper::default(),
+            }
+        });
+        let kernel = Kernel { inner };
+        kernel.start_reaper();
+        kernel
+    }
+
+    /// The settings this kernel runs with.
+    pub fn settings(&self) -> &KernelSettings {
+        &self.inner.settings
+    }
+
+    /// The event bus (subscribe, last sequence number).
+    pub fn subscribe(&self, since: Option<u64>) -> Subscription {
+        self.inner.events.subscribe(since)
+    }
+
+    /// Sequence number of the newest event.
+    pub fn last_event_seq(&self) -> u64 {
+        self.inner.events.last_seq()
+    }
+
+    /// A snapshot of one live or zombie process.
+    pub async fn get_process(&self, _caller: Caller, pid: Pid) -> Result<ProcessInfo> {
+        let table = self.inner.table.read();
+        table
+            .get(pid)
+            .map(|entry| entry.info(pid))
+            .ok_or(KernelError::NotFound(pid))
+    }
+
+    /// PIDs of `root`'s subtree in depth-first pre-order, at most `max_depth` levels below it.
+    pub async fn list_pids(
+        &self,
+        _caller: Caller,
+        root: Pid,
+        max_depth: Option<u32>,
+    ) -> Result<Vec<Pid>> {
+        let table = self.inner.table.read();
+        if table.get(root).is_none() {
+            return Err(KernelError::NotFound(root));
+        }
+        Ok(table.subtree_preorder(root, max_depth))
+    }
+
+    /// Snapshots of the given processes, skipping any that are gone.
+    pub fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
+        let table = self.inner.table.read();
+        pids.iter()
+            .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
+            .collect()
+    }
+
+    /// Snapshots of `root`'s whole subtree, parents before children.
+    pub async fn list_processes(
+        &self,
+        caller: Caller,
+        root: Pid,
+        max_depth: Option<u32>,
+    ) -> Result<Vec<ProcessInfo>> {
+        let pids = self.list_pids(caller, root, max_depth).await?;
+        Ok(self.infos(&pids))
+    }
+
+    /// Live processes (not counting zombies), PID 1 included.
+    pub fn live_count(&self) -> usize {
+        let table = self.inner.table.read();
+        table.entries.values().filter(|e| e.is_alive()).count()
+    }
+
+    /// Stops everything: refuses new work, ends every process leaves first,
+    /// waits up to the grace period for in-flight tasks, then forces the rest.
+    pub async fn shutdown(&self) {
+        if self.inner.stopping.swap(true, Ordering::SeqCst) {
+            self.inner.tracker.wait().await;
+            return;
+        }
+        let grace = Duration::from_millis(self.inner.settings.shutdown_grace_ms);
+        self.stop_all(grace).await;
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+
+    /// Whether [`Kernel::shutdown`] has begun.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// A token cancelled when the kernel has stopped its processes.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// The tracker that owns every task the kernel spawns.
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.inner.tracker
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn check_running(&self) -> Result<()> {
+        if self.is_stopping() {
+            Err(KernelError::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn downgrade(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+}

@@ -1,0 +1,202 @@
+//! The process table: one entry per live or zombie process, and tree queries.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use hivekernel_agents::{
+    ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::mailbox::Mailbox;
+
+/// The part of a process that its runner, senders and readers share without
+/// taking the table lock.
+#[derive(Debug)]
+pub(crate) struct ProcShared {
+    /// Identity and syscalls, as handed to the runtime.
+    pub(crate) ctx: ProcessContext,
+    pub(crate) runtime_name: Arc<str>,
+    pub(crate) limits: Limits,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) started_at_unix_ms: u64,
+    pub(crate) mailbox: Mailbox,
+    /// Tasks being worked on now.
+    pub(crate) running: AtomicU32,
+    /// Calls this process is blocked in (execute_task, wait_child).
+    pub(crate) blocked: AtomicU32,
+    pub(crate) exited: AtomicBool,
+}
+
+impl ProcShared {
+    /// State derived from counters, so the hot path never writes the table.
+    pub(crate) fn state(&self) -> ProcessState {
+        if self.exited.load(Ordering::Acquire) {
+            return ProcessState::Zombie;
+        }
+        let running = self.running.load(Ordering::Relaxed);
+        let blocked = self.blocked.load(Ordering::Relaxed);
+        if blocked > 0 && blocked >= running {
+            ProcessState::Blocked
+        } else if running > 0 {
+            ProcessState::Running
+        } else {
+            ProcessState::Idle
+        }
+    }
+}
+
+/// Decrements a counter when dropped; marks time spent running or blocked.
+#[derive(Debug)]
+pub(crate) struct CountGuard<'a>(&'a AtomicU32);
+
+impl<'a> CountGuard<'a> {
+    pub(crate) fn enter(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        CountGuard(counter)
+    }
+}
+
+impl Drop for CountGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One row of the process table.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) ppid: Pid,
+    pub(crate) depth: u32,
+    /// Children, live and zombie, in spawn order.
+    pub(crate) children: Vec<Pid>,
+    pub(crate) live_children: u32,
+    pub(crate) proc: Arc<ProcShared>,
+    pub(crate) runner: Option<JoinHandle<()>>,
+    /// Set once the process has exited (it is then a zombie).
+    pub(crate) exit: Option<ExitRecord>,
+    pub(crate) exit_waiters: Vec<oneshot::Sender<ExitRecord>>,
+}
+
+impl Entry {
+    pub(crate) fn is_alive(&self) -> bool {
+        self.exit.is_none()
+    }
+
+    pub(crate) fn info(&self, pid: Pid) -> ProcessInfo {
+        let p = &self.proc;
+        ProcessInfo {
+            pid,
+            ppid: self.ppid,
+            name: p.ctx.name.to_string(),
+            role: p.ctx.role,
+            tier: p.ctx.tier,
+            state: if self.exit.is_some() {
+                ProcessState::Zombie
+            } else {
+                p.state()
+            },
+            model: p.ctx.model.to_string(),
+            runtime: p.runtime_name.to_string(),
+            tools: p.ctx.tools.to_vec(),
+            limits: p.limits,
+            depth: self.depth,
+            children: self.live_children,
+            mailbox_len: u32::try_from(p.mailbox.len()).unwrap_or(u32::MAX),
+            started_at_unix_ms: p.started_at_unix_ms,
+            metadata: p.metadata.clone(),
+            exit: self.exit.clone(),
+        }
+    }
+}
+
+/// All live and zombie processes, keyed by PID.
+#[derive(Debug, Default)]
+pub(crate) struct ProcessTable {
+    pub(crate) entries: HashMap<Pid, Entry>,
+}
+
+impl ProcessTable {
+    pub(crate) fn get(&self, pid: Pid) -> Option<&Entry> {
+        self.entries.get(&pid)
+    }
+
+    pub(crate) fn get_mut(&mut self, pid: Pid) -> Option<&mut Entry> {
+        self.entries.get_mut(&pid)
+    }
+
+    /// Whether `ancestor` is a strict ancestor of `pid`.
+    pub(crate) fn is_ancestor(&self, ancestor: Pid, pid: Pid) -> bool {
+        let mut cur = pid;
+        while let Some(entry) = self.entries.get(&cur) {
+            if entry.ppid == ancestor {
+                return true;
+            }
+            if entry.ppid == cur || entry.ppid.0 == 0 {
+                return false;
+            }
+            cur = entry.ppid;
+        }
+        false
+    }
+
+    /// `pid` and its ancestors up to PID 1, nearest first.
+    pub(crate) fn lineage(&self, pid: Pid) -> Vec<Pid> {
+        let mut chain = vec![pid];
+        let mut cur = pid;
+        while let Some(entry) = self.entries.get(&cur) {
+            if entry.ppid.0 == 0 || entry.ppid == cur {
+                break;
+            }
+            chain.push(entry.ppid);
+            cur = entry.ppid;
+        }
+        chain
+    }
+
+    /// The deepest process that is an ancestor of (or equal to) both.
+    pub(crate) fn nearest_common_ancestor(&self, a: Pid, b: Pid) -> Option<Pid> {
+        let up_a = self.lineage(a);
+        let up_b = self.lineage(b);
+        up_a.into_iter().find(|p| up_b.contains(p))
+    }
+
+    /// `root` and everything below it, children before their parent (post-order).
+    pub(crate) fn subtree_leaves_first(&self, root: Pid) -> Vec<Pid> {
+        let mut out = Vec::new();
+        // Iterative post-order: (pid, children expanded?)
+        let mut stack = vec![(root, false)];
+        while let Some((pid, expanded)) = stack.pop() {
+            if expanded {
+                out.push(pid);
+                continue;
+            }
+            stack.push((pid, true));
+            if let Some(entry) = self.entries.get(&pid) {
+                for child in entry.children.iter().rev() {
+                    stack.push((*child, false));
+                }
+            }
+        }
+        out
+    }
+
+    /// `root` and everything below it, parents first (pre-order), at most `max_depth` levels below root.
+    pub(crate) fn subtree_preorder(&self, root: Pid, max_depth: Option<u32>) -> Vec<Pid> {
+        let mut out = Vec::new();
+        let mut stack = vec![(root, 0u32)];
+        while let Some((pid, level)) = stack.pop() {
+            let Some(entry) = self.entries.get(&pid) else { continue };
+            out.push(pid);
+            if max_depth.is_some_and(|max| level >= max) {
+                continue;
+            }
+            for child in entry.children.iter().rev() {
+                stack.push((*child, level + 1));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,309 @@
+//! Who may send to whom, and delivery of messages, tasks and replies.
+//!
+//! Rules, checked for every message and task:
+//! - parent <-> child, and any process <-> its ancestors and descendants: direct;
+//! - sibling -> sibling: delivered, with a low-priority copy to the parent;
+//! - cross-branch: delivered through the nearest common ancestor, which is
+//!   recorded on the message (`via`);
+//! - a `task` process may only address its parent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hivekernel_agents::message::kinds;
+use hivekernel_agents::{
+    Message, MessageId, Outgoing, Pid, Priority, RequestId, Role, Task, TaskReply, TaskSpec,
+};
+use tokio::sync::oneshot;
+
+use crate::error::{KernelError, Result};
+use crate::events::EventKind;
+use crate::kernel::{Caller, Kernel};
+use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
+use crate::process::{ProcShared, ProcessTable};
+
+/// Largest message payload or task description, in bytes.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
+/// How a permitted message travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// Parent to receive a low-priority copy (sibling traffic).
+    pub(crate) copy_to: Option<Pid>,
+    /// Nearest common ancestor of a cross-branch route.
+    pub(crate) via: Option<Pid>,
+}
+
+/// Where a routed item goes once the route is known.
+struct Target {
+    proc: Option<Arc<ProcShared>>,
+    route: Route,
+    timeout: Duration,
+}
+
+/// Applies the routing rules to `from` -> `to`.
+pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, String> {
+    let direct = Route { copy_to: None, via: None };
+    let sender = table
+        .get(from)
+        .filter(|e| e.is_alive())
+        .ok_or_else(|| format!("sender {from} is not alive"))?;
+    let receiver = table.get(to).ok_or_else(|| format!("process {to} not found"))?;
+    if from == to {
+        return Ok(direct);
+    }
+    if sender.proc.ctx.role == Role::Task && sender.ppid != to {
+        return Err(format!(
+            "process {from} is a task and may only address its parent {}",
+            sender.ppid
+        ));
+    }
+    if sender.ppid == to || receiver.ppid == from {
+        return Ok(direct);
+    }
+    if sender.ppid == receiver.ppid {
+        return Ok(Route { copy_to: Some(sender.ppid), via: None });
+    }
+    if table.is_ancestor(from, to) || table.is_ancestor(to, from) {
+        return Ok(direct);
+    }
+    let via = table
+        .nearest_common_ancestor(from, to)
+        .ok_or_else(|| format!("processes {from} and {to} share no ancestor"))?;
+    Ok(Route { copy_to: None, via: Some(via) })
+}
+
+impl Kernel {
+    /// Fire-and-forget: puts a message in `message.to`'s mailbox.
+    pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+        self.check_running()?;
+        check_payload("payload", &message.payload)?;
+        if message.kind.trim().is_empty() {
+            return Err(KernelError::InvalidArgument("message type must not be empty".into()));
+        }
+        let from = caller.pid();
+        let to = message.to;
+        let target = self.resolve(from, to)?;
+        let id = MessageId(self.next_id());
+        let body = Message {
+            id,
+            from,
+            to,
+            kind: message.kind,
+            payload: message.payload,
+            priority: message.priority,
+            request_id: None,
+            via: target.route.via,
+        };
+        let Some(proc) = target.proc else {
+            self.to_kernel(body);
+            return Ok(id);
+        };
+        let copy = target.route.copy_to.map(|parent| (parent, body.clone()));
+        self.push(&proc, Envelope::new(id, Item::Message(body), message.ttl))?;
+        if let Some((parent, mut copy)) = copy {
+            copy.id = MessageId(self.next_id());
+            copy.kind = kinds::SIBLING_COPY.to_owned();
+            copy.priority = Priority::Low;
+            self.deliver_system(parent, copy);
+        }
+        Ok(id)
+    }
+
+    /// Request/reply: runs a task on `task.to` and waits for its reply.
+    pub async fn execute_task(&self, caller: Caller, task: TaskSpec) -> Result<(RequestId, TaskReply)> {
+        let (tx, rx) = oneshot::channel();
+        let to = task.to;
+        let (request_id, timeout) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
+        let _blocked = self.blocked_guard(caller);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Ok((request_id, reply)),
+            Ok(Err(_)) => Err(KernelError::FailedPrecondition(format!(
+                "process {to} exited before answering request {request_id}"
+            ))),
+            Err(_) => Err(KernelError::DeadlineExceeded(format!(
+                "no reply from process {to} to request {request_id} within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Sends a task and returns at once; the reply lands in the caller's
+    /// mailbox as a `task_response` naming the returned request id.
+    pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
+        let (request_id, _) = self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
+        Ok(request_id)
+    }
+
+    /// Routes a task request into the target's mailbox.
+    fn submit(&self, caller: Caller, spec: TaskSpec, reply: ReplyTo) -> Result<(RequestId, Duration)> {
+        self.check_running()?;
+        check_payload("description", &spec.description)?;
+        let from = caller.pid();
+        let target = self.resolve(from, spec.to)?;
+        let Some(proc) = target.proc else {
+            return Err(KernelError::InvalidArgument(
+                "PID 1 is the kernel and does not run tasks".into(),
+            ));
+        };
+        if spec.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(KernelError::InvalidArgument("timeout must be positive".into()));
+        }
+        let timeout = spec.timeout.unwrap_or(target.timeout);
+        let request_id = RequestId(self.next_id());
+        let description = spec.description.clone();
+        let task = Task {
+            request_id,
+            from,
+            description: spec.description,
+            params: spec.params,
+        };
+        let item = Item::Task { task, priority: Priority::Normal, reply };
+        self.push(&proc, Envelope::new(MessageId(request_id.0), item, None))?;
+        if let Some(parent) = target.route.copy_to {
+            let copy = Message {
+                id: MessageId(self.next_id()),
+                from,
+                to: parent,
+                kind: kinds::SIBLING_COPY.to_owned(),
+                payload: description,
+                priority: Priority::Low,
+                request_id: Some(request_id),
+                via: None,
+            };
+            self.deliver_system(parent, copy);
+        }
+        Ok((request_id, timeout))
+    }
+
+    /// Checks the route and finds the receiver (`proc` is `None` for PID 1).
+    fn resolve(&self, from: Pid, to: Pid) -> Result<Target> {
+        let table = self.inner.table.read();
+        let route = match route(&table, from, to) {
+            Ok(route) => route,
+            Err(reason) => {
+                drop(table);
+                return Err(self.deny(from, to, reason));
+            }
+        };
+        let entry = table.get(to).ok_or(KernelError::NotFound(to))?;
+        if !entry.is_alive() {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {to} has exited"
+            )));
+        }
+        let timeout = Duration::from_secs(entry.proc.limits.timeout_seconds.max(1));
+        let proc = (to != Pid::KERNEL).then(|| entry.proc.clone());
+        Ok(Target { proc, route, timeout })
+    }
+
+    fn deny(&self, from: Pid, to: Pid, reason: String) -> KernelError {
+        if reason.ends_with("not found") {
+            return KernelError::NotFound(to);
+        }
+        self.inner.events.emit(from, EventKind::RouteDenied { to, reason: reason.clone() });
+        KernelError::PermissionDenied(reason)
+    }
+
+    /// Pushes into a mailbox, reporting expired messages it purged.
+    fn push(&self, proc: &ProcShared, env: Envelope) -> Result<()> {
+        let pid = proc.ctx.pid;
+        match proc.mailbox.push(env, |expired| self.report_expired(pid, expired)) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full) => Err(KernelError::MailboxFull {
+                pid,
+                capacity: proc.mailbox.capacity(),
+            }),
+            Err(PushError::Closed) => Err(KernelError::FailedPrecondition(format!(
+                "process {pid} has exited"
+            ))),
+        }
+    }
+
+    /// Delivers a message the kernel produced (copies, exit notices, replies)
+    /// without routing checks; a failure is reported as an event, never lost silently.
+    pub(crate) fn deliver_system(&self, to: Pid, message: Message) {
+        if to == Pid::KERNEL {
+            self.to_kernel(message);
+            return;
+        }
+        let proc = self.inner.table.read().get(to).map(|e| e.proc.clone());
+        let (id, from, kind) = (message.id, message.from, message.kind.clone());
+        let result = match proc {
+            Some(proc) => self.push(&proc, Envelope::new(id, Item::Message(message), None)),
+            None => Err(KernelError::NotFound(to)),
+        };
+        if let Err(err) = result {
+            tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
+            self.inner.events.emit(
+                to,
+                EventKind::MessageDropped { message_id: id, from, kind, reason: err.to_string() },
+            );
+        }
+    }
+
+    /// Sends a task's reply where it was asked to go.
+    pub(crate) fn deliver_reply(&self, worker: Pid, request_id: RequestId, reply_to: ReplyTo, reply: TaskReply) {
+        match reply_to {
+            ReplyTo::Waiter(tx) => {
+                // The requester may have timed out; that is its business.
+                let _ = tx.send(reply);
+            }
+            ReplyTo::Mailbox(requester) => {
+                let payload = match &reply {
+                    Ok(output) => serde_json::json!({"request_id": request_id, "success": true, "output": output}),
+                    Err(error) => serde_json::json!({"request_id": request_id, "success": false, "error": error}),
+                };
+                let message = Message {
+                    id: MessageId(self.next_id()),
+                    from: worker,
+                    to: requester,
+                    kind: kinds::TASK_RESPONSE.to_owned(),
+                    payload: payload.to_string(),
+                    priority: Priority::High,
+                    request_id: Some(request_id),
+                    via: None,
+                };
+                self.deliver_system(requester, message);
+            }
+        }
+    }
+
+    /// A message for PID 1, which keeps no mailbox: it becomes an event.
+    fn to_kernel(&self, message: Message) {
+        self.inner.events.emit(
+            Pid::KERNEL,
+            EventKind::KernelMessage {
+                message_id: message.id,
+                from: message.from,
+                kind: message.kind,
+                payload: message.payload,
+            },
+        );
+    }
+
+    /// Reports a message that expired in `pid`'s mailbox; a task gets a failed reply.
+    pub(crate) fn report_expired(&self, pid: Pid, env: Envelope) {
+        self.inner.events.emit(
+            pid,
+            EventKind::MessageExpired {
+                message_id: env.id,
+                from: env.from(),
+                kind: env.kind().to_owned(),
+            },
+        );
+        if let Item::Task { task, reply, .. } = env.item {
+            self.deliver_reply(pid, task.request_id, reply, Err("task expired before delivery".into()));
+        }
+    }
+}
+
+fn check_payload(field: &str, text: &str) -> Result<()> {
+    if text.len() > MAX_PAYLOAD_BYTES {
+        return Err(KernelError::InvalidArgument(format!(
+            "{field} is {} bytes (at most {MAX_PAYLOAD_BYTES})",
+            text.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The runtime registry, and the runner that drives one process.
+//!
+//! The runner pops the mailbox, hands tasks and messages to the process's
+//! [`Runtime`], sends replies, and turns a panic or a runtime error into an
+//! exit of the process (the kernel keeps running).
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
+use hivekernel_agents::echo::EchoFactory;
+use hivekernel_agents::{Runtime, RuntimeFactory};
+use tokio::time::Instant;
+
+use crate::events::EventKind;
+use crate::kernel::{Inner, Kernel};
+use crate::mailbox::{Envelope, Item, ReplyTo};
+use crate::process::{CountGuard, ProcShared};
+use crate::supervisor::{EXIT_FAILED, EXIT_PANICKED};
+
+/// Runtimes by name; the kernel's only link to what runs inside processes.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeRegistry {
+    factories: BTreeMap<String, Arc<dyn RuntimeFactory>>,
+}
+
+impl RuntimeRegistry {
+    /// The runtimes built into this kernel: `echo`.
+    pub fn builtin() -> Self {
+        let mut registry = RuntimeRegistry::default();
+        registry.register("echo", Arc::new(EchoFactory::default()));
+        registry
+    }
+
+    /// Adds (or replaces) a runtime.
+    pub fn register(&mut self, name: impl Into<String>, factory: Arc<dyn RuntimeFactory>) {
+        self.factories.insert(name.into(), factory);
+    }
+
+    /// The factory registered under `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn RuntimeFactory>> {
+        self.factories.get(name)
+    }
+
+    /// Registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.factories.keys().map(String::as_str).collect()
+    }
+}
+
+/// How handling one mailbox item ended, when it ends the process.
+type Fatal = (i32, String);
+
+/// Drives one process until its mailbox closes or its runtime fails.
+pub(crate) async fn run_process(kernel: Weak<Inner>, proc: Arc<ProcShared>, runtime: Arc<dyn Runtime>) {
+    let max = proc.limits.max_concurrent_tasks.max(1) as usize;
+    let pid = proc.ctx.pid;
+    let mut inflight = FuturesUnordered::new();
+    let fatal: Option<Fatal> = loop {
+        tokio::select! {
+            biased;
+            Some(outcome) = inflight.next(), if !inflight.is_empty() => {
+                if let Err(fatal) = outcome {
+                    break Some(fatal);
+                }
+            }
+            env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if inflight.len() < max => {
+                let Some(env) = env else { break None };
+                inflight.push(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
+            }
+        }
+    };
+    match fatal {
+        Some((code, reason)) => {
+            drop(inflight);
+            if let Some(inner) = kernel.upgrade() {
+                Kernel { inner }.exit_self(pid, code, reason).await;
+            }
+        }
+        // Closed by kill or shutdown: finish what is in flight (kill aborts instead).
+        None => while inflight.next().await.is_some() {},
+    }
+}
+
+fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelope) {
+    if let Some(inner) = kernel.upgrade() {
+        Kernel { inner }.report_expired(pid, env);
+    }
+}
+
+/// Handles one mailbox item; `Err` ends the process.
+async fn handle(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    env: Envelope,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    match env.item {
+        Item::Task { task, reply, .. } => {
+            let _running = CountGuard::enter(&proc.running);
+            let started = Instant::now();
+            let (request_id, from) = (task.request_id, task.from);
+            let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
+            let work = AssertUnwindSafe(runtime.execute(&proc.ctx, task)).catch_unwind();
+            let (outcome, reply) = match reply {
+                // Stop working as soon as a blocked requester gives up.
+                ReplyTo::Waiter(mut tx) => {
+                    let outcome = tokio::select! {
+                        outcome = tokio::time::timeout(limit, work) => Some(outcome),
+                        _ = tx.closed() => None,
+                    };
+                    (outcome, ReplyTo::Waiter(tx))
+                }
+                other => (Some(tokio::time::timeout(limit, work).await), other),
+            };
+            let Some(outcome) = outcome else { return Ok(()) };
+            let (answer, fatal) = match outcome {
+                Ok(Ok(answer)) => (answer, None),
+                Ok(Err(panic)) => {
+                    let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
+                    (Err(why.clone()), Some((EXIT_PANICKED, why)))
+                }
+                Err(_) => (Err(format!("task timed out after {} s", limit.as_secs())), None),
+            };
+            let Some(inner) = kernel.upgrade() else { return Ok(()) };
+            let kernel = Kernel { inner };
+            let success = answer.is_ok();
+            kernel.deliver_reply(pid, request_id, reply, answer);
+            kernel.inner.events.emit(
+                pid,
+                EventKind::TaskFinished {
+                    request_id,
+                    from,
+                    success,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                },
+            );
+            fatal.map_or(Ok(()), Err)
+        }
+        Item::Message(message) => {
+            let _running = CountGuard::enter(&proc.running);
+            match AssertUnwindSafe(runtime.on_message(&proc.ctx, message)).catch_unwind().await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
+                Err(panic) => Err((EXIT_PANICKED, format!("runtime panicked: {}", panic_text(panic.as_ref())))),
+            }
+        }
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}

@@ -1,0 +1,220 @@
+//! Spawn: every rule a new process must pass, then the table insert.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hivekernel_agents::{Limits, Pid, ProcessContext, Role, SpawnRequest};
+
+use crate::error::{KernelError, Result};
+use crate::events::{EventKind, unix_ms};
+use crate::kernel::{Caller, Kernel};
+use crate::mailbox::Mailbox;
+use crate::process::{Entry, ProcShared};
+use crate::runtime::run_process;
+use crate::syscalls::KernelSyscalls;
+
+/// Longest process name, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+impl Kernel {
+    /// Creates a child of `request.parent`, acting as `caller`.
+    ///
+    /// Refused when: the name is empty or malformed; the runtime is unknown;
+    /// the caller is not the parent (or the admin); the parent is not alive;
+    /// the parent's role may not spawn; the child's tier is above the
+    /// parent's; the child would be deeper than allowed; the parent has its
+    /// maximum of live children; a requested limit exceeds the parent's.
+    pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        self.check_running()?;
+        validate_name(&request.name)?;
+        if request.role == Role::Kernel {
+            return Err(KernelError::InvalidArgument(
+                "role kernel is reserved for PID 1".into(),
+            ));
+        }
+        let runtime_name = request
+            .runtime
+            .clone()
+            .unwrap_or_else(|| self.inner.settings.default_runtime.clone());
+        let factory = self.inner.runtimes.get(&runtime_name).ok_or_else(|| {
+            KernelError::InvalidArgument(format!(
+                "unknown runtime {runtime_name:?} (known: {})",
+                self.inner.runtimes.names().join(", ")
+            ))
+        })?;
+
+        let parent = request.parent;
+        let mut table = self.inner.table.write();
+        let Some(parent_entry) = table.get(parent) else {
+            return Err(KernelError::NotFound(parent));
+        };
+        if !parent_entry.is_alive() {
+            return Err(KernelError::ParentNotAlive {
+                pid: parent,
+                state: "zombie",
+            });
+        }
+        if let Caller::Process(me) = caller
+            && me != parent
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} may only spawn its own children, not children of {parent}"
+            )));
+        }
+        let pctx = &parent_entry.proc.ctx;
+        if !pctx.role.may_spawn() {
+            return Err(KernelError::RoleMayNotSpawn {
+                parent,
+                role: pctx.role.as_str(),
+            });
+        }
+        let tier = request.tier.unwrap_or(pctx.tier);
+        if tier.rank() > pctx.tier.rank() {
+            return Err(KernelError::TierAboveParent {
+                child: tier.as_str(),
+                parent: pctx.tier.as_str(),
+            });
+        }
+        let depth = parent_entry.depth + 1;
+        let kernel_max_depth = self.inner.settings.max_depth;
+        if depth > kernel_max_depth {
+            return Err(KernelError::DepthExceeded {
+                parent,
+                depth,
+                why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
+            });
+        }
+        let plimits = parent_entry.proc.limits;
+        if plimits.max_depth == 0 {
+            return Err(KernelError::DepthExceeded {
+                parent,
+                depth,
+                why: format!("process {parent} allows no levels below it (max_depth 0)"),
+            });
+        }
+        if parent_entry.live_children >= plimits.max_children {
+            return Err(KernelError::TooManyChildren {
+                parent,
+                count: parent_entry.live_children,
+                max: plimits.max_children,
+            });
+        }
+        let limits = narrow_limits(&plimits, &request)?;
+
+        let pid = Pid(self.inner.next_pid.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let ctx = ProcessContext {
+            pid,
+            name: Arc::from(request.name.as_str()),
+            role: request.role,
+            tier,
+            model: Arc::from(request.model.as_str()),
+            system_prompt: Arc::from(request.system_prompt.as_str()),
+            tools: Arc::from(request.tools),
+            syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
+        };
+        let runtime = factory
+            .create(&ctx)
+            .map_err(|e| KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}")))?;
+        let settings = &self.inner.settings;
+        let proc = Arc::new(ProcShared {
+            ctx,
+            runtime_name: Arc::from(runtime_name.as_str()),
+            limits,
+            metadata: request.metadata,
+            started_at_unix_ms: unix_ms(SystemTime::now()),
+            mailbox: Mailbox::new(
+                settings.mailbox_capacity,
+                std::time::Duration::from_millis(settings.mailbox_aging_ms),
+            ),
+            running: Default::default(),
+            blocked: Default::default(),
+            exited: Default::default(),
+        });
+        let runner = self
+            .inner
+            .tracker
+            .spawn(run_process(self.downgrade(), proc.clone(), runtime));
+        if let Some(parent_entry) = table.get_mut(parent) {
+            parent_entry.children.push(pid);
+            parent_entry.live_children += 1;
+        }
+        let event = EventKind::Spawned {
+            ppid: parent,
+            name: proc.ctx.name.clone(),
+            role: proc.ctx.role,
+            tier,
+            runtime: proc.runtime_name.clone(),
+        };
+        table.entries.insert(
+            pid,
+            Entry {
+                ppid: parent,
+                depth,
+                children: Vec::new(),
+                live_children: 0,
+                proc,
+                runner: Some(runner),
+                exit: None,
+                exit_waiters: Vec::new(),
+            },
+        );
+        drop(table);
+        self.inner.events.emit(pid, event);
+        Ok(pid)
+    }
+}
+
+/// Rejects empty, overlong or control-character names.
+pub(crate) fn validate_name(name: &str) -> Result<()> {
+    if name.trim().is_empty() {
+        return Err(KernelError::InvalidArgument("name must not be empty".into()));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(KernelError::InvalidArgument(format!(
+            "name is {} bytes long (at most {MAX_NAME_BYTES})",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(KernelError::InvalidArgument(format!(
+            "name {name:?} contains control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The child's limits: requested values, which may not exceed the parent's;
+/// unrequested ones inherit (max_depth one level narrower than the parent's).
+fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
+    fn pick<T: Copy + Into<u64> + PartialOrd>(
+        field: &'static str,
+        requested: Option<T>,
+        allowed: T,
+        zero: T,
+    ) -> Result<T> {
+        match requested {
+            None => Ok(allowed),
+            Some(v) if v > allowed => Err(KernelError::LimitExceedsParent {
+                field,
+                requested: v.into(),
+                allowed: allowed.into(),
+            }),
+            Some(v) if v == zero && field != "max_depth" && field != "max_children" => Err(
+                KernelError::InvalidArgument(format!("limit {field} must be at least 1")),
+            ),
+            Some(v) => Ok(v),
+        }
+    }
+    let r = &request.limits;
+    Ok(Limits {
+        max_children: pick("max_children", r.max_children, parent.max_children, 0)?,
+        max_depth: pick("max_depth", r.max_depth, parent.max_depth.saturating_sub(1), 0)?,
+        timeout_seconds: pick("timeout_seconds", r.timeout_seconds, parent.timeout_seconds, 0)?,
+        max_concurrent_tasks: pick(
+            "max_concurrent_tasks",
+            r.max_concurrent_tasks,
+            parent.max_concurrent_tasks,
+            0,
+        )?,
+    })
+}

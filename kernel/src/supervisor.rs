@@ -1,0 +1,419 @@
+//! Ending processes: kill of whole subtrees, exit records, `wait_child` and
+//! the zombie reaper.
+//!
+//! An exiting process takes its subtree with it, leaves first. The process
+//! at the top of the exit becomes a zombie until its parent collects it with
+//! `wait_child` (or the reaper removes it after `zombie_timeout_seconds`);
+//! processes below it are reaped at once, since their parents are gone too.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::message::kinds;
+use hivekernel_agents::{ExitRecord, Message, Pid, Priority};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{KernelError, Result};
+use crate::events::{EventKind, unix_ms};
+use crate::kernel::{Caller, Kernel};
+use crate::mailbox::{Envelope, Item};
+use crate::process::{ProcShared, ProcessTable};
+
+/// Exit code of a killed process.
+pub const EXIT_KILLED: i32 = 137;
+/// Exit code of a process whose runtime panicked.
+pub const EXIT_PANICKED: i32 = 101;
+/// Exit code of a process whose runtime failed.
+pub const EXIT_FAILED: i32 = 1;
+
+/// Everything an exit produced, to act on once the table lock is released.
+#[derive(Debug, Default)]
+struct Exits {
+    records: Vec<ExitRecord>,
+    reaped: Vec<Pid>,
+    runners: Vec<JoinHandle<()>>,
+    undelivered: Vec<(Pid, Envelope)>,
+    /// Set when the parent of the top process should be told.
+    notify_parent: Option<ExitRecord>,
+    /// The top process, collected at once by a waiting parent.
+    collected: bool,
+}
+
+impl Kernel {
+    /// Kills `pid` and its subtree, leaves first, and waits until none of them runs.
+    /// Returns the PIDs that exited, leaves first.
+    pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
+        if pid == Pid::KERNEL {
+            return Err(KernelError::PermissionDenied(
+                "PID 1 is the kernel; stop it with SIGTERM or SIGINT".into(),
+            ));
+        }
+        let exits = {
+            let mut table = self.inner.table.write();
+            let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
+            if !entry.is_alive() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "process {pid} has already exited; collect it with wait"
+                )));
+            }
+            if let Caller::Process(me) = caller
+                && !table.is_ancestor(me, pid)
+            {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} may only kill its descendants, and {pid} is not one"
+                )));
+            }
+            let reason = if reason.is_empty() {
+                format!("killed by {}", caller.pid())
+            } else {
+                reason.to_owned()
+            };
+            terminate(&mut table, pid, EXIT_KILLED, &reason)
+        };
+        let killed: Vec<Pid> = exits.records.iter().map(|r| r.pid).collect();
+        self.finish_exits(exits, true).await;
+        Ok(killed)
+    }
+
+    /// Called by a process's own runner when its runtime failed: the process
+    /// and its subtree exit with `exit_code`.
+    pub(crate) async fn exit_self(&self, pid: Pid, exit_code: i32, reason: String) {
+        let exits = {
+            let mut table = self.inner.table.write();
+            match table.get(pid) {
+                Some(entry) if entry.is_alive() => terminate(&mut table, pid, exit_code, &reason),
+                _ => return,
+            }
+        };
+        // The caller is the exiting runner: it must not wait for itself.
+        let mut exits = exits;
+        if let Some(top) = exits.runners.pop() {
+            drop(top);
+        }
+        self.finish_exits(exits, true).await;
+    }
+
+    /// Waits for child `pid` to exit, collects its exit record and reaps it.
+    pub async fn wait_child(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        timeout: Option<Duration>,
+    ) -> Result<ExitRecord> {
+        let rx = {
+            let mut table = self.inner.table.write();
+            let entry = table.get_mut(pid).ok_or(KernelError::NotFound(pid))?;
+            if let Caller::Process(me) = caller
+                && me != entry.ppid
+            {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} is not the parent of {pid}"
+                )));
+            }
+            if let Some(record) = entry.exit.clone() {
+                reap(&mut table, pid);
+                drop(table);
+                self.inner.events.emit(pid, EventKind::Reaped { by: "wait_child" });
+                return Ok(record);
+            }
+            let (tx, rx) = oneshot::channel();
+            entry.exit_waiters.push(tx);
+            rx
+        };
+        let _blocked = self.blocked_guard(caller);
+        let outcome = match timeout {
+            Some(limit) => tokio::time::timeout(limit, rx).await.map_err(|_| {
+                KernelError::DeadlineExceeded(format!(
+                    "process {pid} still running after {} ms",
+                    limit.as_millis()
+                ))
+            })?,
+            None => rx.await,
+        };
+        outcome.map_err(|_| KernelError::FailedPrecondition(format!("process {pid} was reaped by another waiter")))
+    }
+
+    /// Ends every process below PID 1, leaves first: in-flight tasks get up
+    /// to `grace` to finish, then everything left is forced.
+    pub(crate) async fn stop_all(&self, grace: Duration) {
+        let roots: Vec<Pid> = {
+            let table = self.inner.table.read();
+            table.get(Pid::KERNEL).map(|k| k.children.clone()).unwrap_or_default()
+        };
+        let mut all = Exits::default();
+        {
+            let mut table = self.inner.table.write();
+            for root in roots {
+                if table.get(root).is_some_and(|e| e.is_alive()) {
+                    let exits = terminate(&mut table, root, 0, "kernel shutdown");
+                    all.records.extend(exits.records);
+                    all.reaped.extend(exits.reaped);
+                    all.runners.extend(exits.runners);
+                    all.undelivered.extend(exits.undelivered);
+                }
+            }
+        }
+        // Closed mailboxes let runners finish in-flight work and return.
+        let runners = std::mem::take(&mut all.runners);
+        let aborts: Vec<_> = runners.iter().map(|h| h.abort_handle()).collect();
+        let drained = futures::future::join_all(runners);
+        if tokio::time::timeout(grace, drained).await.is_err() {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "forcing processes still running after the grace period");
+            aborts.iter().for_each(|a| a.abort());
+        }
+        self.finish_exits(all, false).await;
+    }
+
+    /// Acts on an exit once the table lock is released: stop runners, fail
+    /// undelivered tasks, emit events, tell the parent, schedule reaping.
+    async fn finish_exits(&self, exits: Exits, abort: bool) {
+        let Exits {
+            records,
+            reaped,
+            runners,
+            undelivered,
+            notify_parent,
+            collected,
+        } = exits;
+        if abort {
+            runners.iter().for_each(JoinHandle::abort);
+        }
+        // Quiescence: when this returns, none of the subtree's tasks runs.
+        futures::future::join_all(runners).await;
+        for (pid, env) in undelivered {
+            self.fail_undelivered(pid, env);
+        }
+        for record in &records {
+            self.inner.events.emit(
+                record.pid,
+                EventKind::Exited {
+                    ppid: record.ppid,
+                    name: Arc::from(record.name.as_str()),
+                    exit_code: record.exit_code,
+                    reason: record.reason.clone(),
+                },
+            );
+        }
+        for pid in reaped {
+            self.inner.events.emit(pid, EventKind::Reaped { by: "parent_exited" });
+        }
+        let Some(top) = notify_parent else { return };
+        if collected {
+            self.inner.events.emit(top.pid, EventKind::Reaped { by: "wait_child" });
+        } else {
+            self.inner.reaper.schedule(
+                Instant::now() + Duration::from_secs(self.inner.settings.zombie_timeout_seconds),
+                top.pid,
+            );
+        }
+        if top.ppid != Pid::KERNEL {
+            let payload = serde_json::to_string(&top).unwrap_or_default();
+            let message = Message {
+                id: hivekernel_agents::MessageId(self.next_id()),
+                from: Pid::KERNEL,
+                to: top.ppid,
+                kind: kinds::CHILD_EXITED.to_owned(),
+                payload,
+                priority: Priority::High,
+                request_id: None,
+                via: None,
+            };
+            self.deliver_system(top.ppid, message);
+        }
+    }
+
+    /// Removes a zombie that nobody collected in time.
+    pub(crate) fn reap_if_zombie(&self, pid: Pid) {
+        let reaped = {
+            let mut table = self.inner.table.write();
+            match table.get(pid) {
+                Some(entry) if !entry.is_alive() => {
+                    reap(&mut table, pid);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if reaped {
+            self.inner.events.emit(pid, EventKind::Reaped { by: "timeout" });
+        }
+    }
+
+    /// Marks `caller` (when a process) blocked until the guard drops.
+    pub(crate) fn blocked_guard(&self, caller: Caller) -> Option<BlockedGuard> {
+        let Caller::Process(pid) = caller else { return None };
+        let proc = self.inner.table.read().get(pid)?.proc.clone();
+        proc.blocked.fetch_add(1, Ordering::Relaxed);
+        Some(BlockedGuard(proc))
+    }
+
+    pub(crate) fn start_reaper(&self) {
+        let weak = self.downgrade();
+        let shutdown = self.inner.shutdown.clone();
+        self.inner.tracker.spawn(async move {
+            loop {
+                let (wake, next) = match weak.upgrade() {
+                    Some(inner) => (inner.reaper.wake.clone(), inner.reaper.next_deadline()),
+                    None => return,
+                };
+                let sleep = async {
+                    match next {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = wake.notified() => continue,
+                    _ = sleep => {}
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                let kernel = Kernel { inner };
+                for pid in kernel.inner.reaper.due(Instant::now()) {
+                    kernel.reap_if_zombie(pid);
+                }
+            }
+        });
+    }
+}
+
+/// Keeps a process counted as blocked while alive.
+#[derive(Debug)]
+pub(crate) struct BlockedGuard(Arc<ProcShared>);
+
+impl Drop for BlockedGuard {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Marks the subtree under `top` exited, leaves first, and unlinks it.
+fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -> Exits {
+    let mut exits = Exits::default();
+    let now = unix_ms(SystemTime::now());
+    for pid in table.subtree_leaves_first(top) {
+        let Some(entry) = table.get_mut(pid) else { continue };
+        let ppid = entry.ppid;
+        if entry.is_alive() {
+            entry.proc.exited.store(true, Ordering::Release);
+            let pending = entry.proc.mailbox.close();
+            exits.undelivered.extend(pending.into_iter().map(|env| (pid, env)));
+            if let Some(runner) = entry.runner.take() {
+                exits.runners.push(runner);
+            }
+            let record = ExitRecord {
+                pid,
+                ppid,
+                name: entry.proc.ctx.name.to_string(),
+                exit_code,
+                output: String::new(),
+                reason: if pid == top {
+                    reason.to_owned()
+                } else {
+                    format!("ancestor {top} exited: {reason}")
+                },
+                exited_at_unix_ms: now,
+            };
+            entry.exit = Some(record.clone());
+            let mut waiters = std::mem::take(&mut entry.exit_waiters);
+            let collected = waiters.drain(..).any(|tx| tx.send(record.clone()).is_ok());
+            if let Some(parent) = table.get_mut(ppid) {
+                parent.live_children = parent.live_children.saturating_sub(1);
+            }
+            if pid == top {
+                exits.collected = collected;
+                if collected {
+                    reap(table, pid);
+                }
+                exits.notify_parent = Some(record.clone());
+            }
+            exits.records.push(record);
+        }
+        if pid != top {
+            reap(table, pid);
+            exits.reaped.push(pid);
+        }
+    }
+    exits
+}
+
+/// Removes `pid` from the table and from its parent's children.
+fn reap(table: &mut ProcessTable, pid: Pid) {
+    let Some(entry) = table.entries.remove(&pid) else { return };
+    if let Some(parent) = table.get_mut(entry.ppid) {
+        parent.children.retain(|c| *c != pid);
+        if entry.exit.is_none() {
+            parent.live_children = parent.live_children.saturating_sub(1);
+        }
+    }
+}
+
+/// Zombies waiting for their reaping deadline.
+#[derive(Debug, Default)]
+pub(crate) struct Reaper {
+    due: Mutex<BTreeSet<(Instant, Pid)>>,
+    wake: Arc<Notify>,
+}
+
+impl Reaper {
+    fn schedule(&self, at: Instant, pid: Pid) {
+        let earliest = {
+            let mut due = self.due.lock();
+            due.insert((at, pid));
+            due.first().is_some_and(|(first, _)| *first == at)
+        };
+        if earliest {
+            self.wake.notify_one();
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.due.lock().first().map(|(at, _)| *at)
+    }
+
+    fn due(&self, now: Instant) -> Vec<Pid> {
+        let mut due = self.due.lock();
+        let mut out = Vec::new();
+        while let Some((at, pid)) = due.first().copied() {
+            if at > now {
+                break;
+            }
+            due.pop_first();
+            out.push(pid);
+        }
+        out
+    }
+}
+
+impl Kernel {
+    /// Fails a task (or reports a message) that was still queued when its receiver exited.
+    fn fail_undelivered(&self, pid: Pid, env: Envelope) {
+        let id = env.id;
+        match env.item {
+            Item::Task { task, reply, .. } => {
+                self.deliver_reply(
+                    pid,
+                    task.request_id,
+                    reply,
+                    Err(format!("process {pid} exited before handling the task")),
+                );
+            }
+            Item::Message(message) => {
+                self.inner.events.emit(
+                    pid,
+                    EventKind::MessageDropped {
+                        message_id: id,
+                        from: message.from,
+                        kind: message.kind,
+                        reason: format!("process {pid} exited before reading it"),
+                    },
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The `Syscalls` a process gets: the kernel API, acting as that process.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hivekernel_agents::{
+    ExitRecord, MessageId, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest, SyscallError,
+    Syscalls, TaskReply, TaskSpec,
+};
+
+use crate::error::KernelError;
+use crate::kernel::{Caller, Inner, Kernel};
+
+/// Syscalls bound to one PID. Holds the kernel weakly so a process never keeps it alive.
+#[derive(Debug)]
+pub(crate) struct KernelSyscalls {
+    kernel: Weak<Inner>,
+    pid: Pid,
+}
+
+impl KernelSyscalls {
+    pub(crate) fn new(kernel: Weak<Inner>, pid: Pid) -> Self {
+        KernelSyscalls { kernel, pid }
+    }
+
+    fn kernel(&self) -> Result<Kernel, SyscallError> {
+        self.kernel
+            .upgrade()
+            .map(|inner| Kernel { inner })
+            .ok_or_else(|| KernelError::ShuttingDown.into())
+    }
+
+    fn caller(&self) -> Caller {
+        Caller::Process(self.pid)
+    }
+}
+
+#[async_trait]
+impl Syscalls for KernelSyscalls {
+    fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    async fn spawn_child(&self, mut request: SpawnRequest) -> Result<Pid, SyscallError> {
+        request.parent = self.pid;
+        Ok(self.kernel()?.spawn(self.caller(), request).await?)
+    }
+
+    async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError> {
+        Ok(self.kernel()?.kill(self.caller(), pid, reason).await?)
+    }
+
+    async fn send_message(&self, message: Outgoing) -> Result<MessageId, SyscallError> {
+        Ok(self.kernel()?.send_message(self.caller(), message).await?)
+    }
+
+    async fn execute_task(&self, task: TaskSpec) -> Result<TaskReply, SyscallError> {
+        let (_, reply) = self.kernel()?.execute_task(self.caller(), task).await?;
+        Ok(reply)
+    }
+
+    async fn delegate_async(&self, task: TaskSpec) -> Result<RequestId, SyscallError> {
+        Ok(self.kernel()?.delegate_async(self.caller(), task).await?)
+    }
+
+    async fn wait_child(&self, pid: Pid, timeout: Option<Duration>) -> Result<ExitRecord, SyscallError> {
+        Ok(self.kernel()?.wait_child(self.caller(), pid, timeout).await?)
+    }
+
+    async fn get_process(&self, pid: Pid) -> Result<ProcessInfo, SyscallError> {
+        Ok(self.kernel()?.get_process(self.caller(), pid).await?)
+    }
+
+    async fn list_children(&self) -> Result<Vec<ProcessInfo>, SyscallError> {
+        let kernel = self.kernel()?;
+        let mut children = kernel.list_processes(self.caller(), self.pid, Some(1)).await?;
+        children.retain(|p| p.pid != self.pid);
+        Ok(children)
+    }
+}
