@@ -251,3 +251,107 @@ impl Queues {
     }
 }
 
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn message(id: u64, priority: Priority) -> Envelope {
+        message_ttl(id, priority, None)
+    }
+
+    fn message_ttl(id: u64, priority: Priority, ttl: Option<Duration>) -> Envelope {
+        let body = Message {
+            id: MessageId(id),
+            from: Pid(2),
+            to: Pid(3),
+            kind: "message".into(),
+            payload: format!("m{id}"),
+            priority,
+            request_id: None,
+            via: None,
+        };
+        Envelope::new(MessageId(id), Item::Message(body), ttl)
+    }
+
+    fn drain(mailbox: &Mailbox) -> Vec<u64> {
+        std::iter::from_fn(|| mailbox.try_pop(|_| {}).map(|e| e.id.0)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn serves_higher_priority_first_and_fifo_within_a_level() {
+        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        mailbox.push(message(1, Priority::Low), |_| {}).unwrap();
+        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
+        mailbox.push(message(3, Priority::Critical), |_| {}).unwrap();
+        mailbox.push(message(4, Priority::Normal), |_| {}).unwrap();
+        mailbox.push(message(5, Priority::High), |_| {}).unwrap();
+        assert_eq!(drain(&mailbox), vec![3, 5, 2, 4, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aging_lifts_a_waiting_message_above_newer_urgent_ones() {
+        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        mailbox.push(message(1, Priority::Low), |_| {}).unwrap();
+        // Waiting 10 s lifts low two levels, to high.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        mailbox.push(message(2, Priority::High), |_| {}).unwrap();
+        mailbox.push(message(3, Priority::Normal), |_| {}).unwrap();
+        // Equal effective level: the older message goes first.
+        assert_eq!(drain(&mailbox), vec![1, 2, 3]);
+
+        mailbox.push(message(4, Priority::Low), |_| {}).unwrap();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        mailbox.push(message(5, Priority::Normal), |_| {}).unwrap();
+        // Not yet a full interval: low stays behind normal.
+        assert_eq!(drain(&mailbox), vec![5, 4]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_messages_are_dropped_and_reported() {
+        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        mailbox.push(message_ttl(1, Priority::High, Some(Duration::from_millis(100))), |_| {}).unwrap();
+        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let mut expired = Vec::new();
+        let next = mailbox.try_pop(|e| expired.push(e.id.0)).unwrap();
+        assert_eq!(next.id.0, 2);
+        assert_eq!(expired, vec![1]);
+        assert_eq!(mailbox.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_mailbox_refuses_until_expired_messages_are_purged() {
+        let mailbox = Mailbox::new(2, Duration::from_secs(5));
+        mailbox.push(message_ttl(1, Priority::Normal, Some(Duration::from_millis(10))), |_| {}).unwrap();
+        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
+        assert_eq!(mailbox.push(message(3, Priority::Critical), |_| {}).unwrap_err(), PushError::Full);
+        assert_eq!(mailbox.len(), 2);
+        tokio::time::advance(Duration::from_millis(20)).await;
+        let mut purged = Vec::new();
+        mailbox.push(message(4, Priority::Normal), |e| purged.push(e.id.0)).unwrap();
+        assert_eq!(purged, vec![1]);
+        assert_eq!(drain(&mailbox), vec![2, 4]);
+    }
+
+    #[tokio::test]
+    async fn recv_wakes_on_push_and_ends_on_close() {
+        let mailbox = std::sync::Arc::new(Mailbox::new(4, Duration::from_secs(5)));
+        let reader = {
+            let mailbox = mailbox.clone();
+            tokio::spawn(async move {
+                let first = mailbox.recv(|_| {}).await.map(|e| e.id.0);
+                let second = mailbox.recv(|_| {}).await.map(|e| e.id.0);
+                (first, second)
+            })
+        };
+        tokio::task::yield_now().await;
+        mailbox.push(message(7, Priority::Normal), |_| {}).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let leftover = mailbox.close();
+        assert!(leftover.is_empty());
+        assert_eq!(reader.await.unwrap(), (Some(7), None));
+        assert_eq!(mailbox.push(message(8, Priority::Normal), |_| {}).unwrap_err(), PushError::Closed);
+    }
+}

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::kernel::{Caller, Kernel};
-use crate::mailbox::{Envelope, Item};
+use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{ProcShared, ProcessTable};
 
 /// Exit code of a killed process.
@@ -395,6 +395,8 @@ impl Kernel {
     fn fail_undelivered(&self, pid: Pid, env: Envelope) {
         let id = env.id;
         match env.item {
+            // A blocked requester learns of the exit from its dropped reply port.
+            Item::Task { reply: ReplyTo::Waiter(_), .. } => {}
             Item::Task { task, reply, .. } => {
                 self.deliver_reply(
                     pid,

@@ -1,1 +1,90 @@
-pub fn placeholder() {}
+//! Shared support for HiveKernel's end-to-end tests.
+//!
+//! # Layout
+//! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
+//! - this file: kernel settings for tests, an in-process kernel, and `wait_until`.
+
+#![allow(clippy::unwrap_used)]
+
+pub mod probe;
+
+use std::future::Future;
+use std::time::Duration;
+
+use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::{Kernel, RuntimeRegistry};
+pub use probe::Journal;
+
+/// Settings with small limits and short timeouts, suitable for tests.
+pub fn test_settings() -> KernelSettings {
+    KernelSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        task_timeout_seconds: 10,
+        zombie_timeout_seconds: 30,
+        shutdown_grace_ms: 500,
+        ..KernelSettings::default()
+    }
+}
+
+/// The built-in runtimes plus `probe`, whose probes record into the returned journal.
+pub fn registry() -> (RuntimeRegistry, Journal) {
+    let factory = probe::ProbeFactory::default();
+    let journal = factory.journal.clone();
+    let mut registry = RuntimeRegistry::builtin();
+    registry.register("probe", std::sync::Arc::new(factory));
+    (registry, journal)
+}
+
+/// An in-process kernel with [`test_settings`] and [`registry`].
+pub fn kernel() -> (Kernel, Journal) {
+    kernel_with(test_settings())
+}
+
+/// An in-process kernel with the given settings and [`registry`].
+pub fn kernel_with(settings: KernelSettings) -> (Kernel, Journal) {
+    let (registry, journal) = registry();
+    (Kernel::start(settings, registry), journal)
+}
+
+/// Polls `condition` every 5 ms until it holds; panics naming `what` after `limit`.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if condition().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A spawn request for a `probe` process named `name` under `parent`.
+pub fn probe_request(
+    parent: hivekernel_agents::Pid,
+    name: &str,
+    role: hivekernel_agents::Role,
+) -> hivekernel_agents::SpawnRequest {
+    let mut request = hivekernel_agents::SpawnRequest::new(parent, name);
+    request.role = role;
+    request.runtime = Some("probe".into());
+    request
+}
+
+/// Spawns a `probe` process as the admin; panics on refusal.
+pub async fn spawn_probe(
+    kernel: &Kernel,
+    parent: hivekernel_agents::Pid,
+    name: &str,
+    role: hivekernel_agents::Role,
+) -> hivekernel_agents::Pid {
+    kernel
+        .spawn(hivekernel_kernel::Caller::Admin, probe_request(parent, name, role))
+        .await
+        .unwrap_or_else(|e| panic!("spawn {name} under {parent}: {e}"))
+}

@@ -1,0 +1,196 @@
+//! `hivekernel start`: load the config, start the kernel and its agents,
+//! serve gRPC, and shut down gracefully on SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use hivekernel_agents::SpawnRequest;
+use tokio::net::TcpListener;
+
+use crate::auth::{Authenticator, load_or_create_admin_token};
+use crate::config::{AgentSpec, Config, ConfigError};
+use crate::kernel::{Caller, Kernel};
+use crate::runtime::RuntimeRegistry;
+use crate::{KernelError, grpc};
+
+/// What `hivekernel start` was asked to do.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// The startup config file.
+    pub config: PathBuf,
+    /// Overrides `kernel.listen`.
+    pub listen: Option<SocketAddr>,
+    /// Overrides `kernel.data_dir` (relative to the working directory).
+    pub data_dir: Option<PathBuf>,
+    /// Allows listening on a non-loopback address.
+    pub insecure_remote: bool,
+}
+
+/// Why the kernel did not start or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The config is invalid; nothing was started.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The command line asks for something refused.
+    #[error("{0}")]
+    Usage(String),
+    /// A file in the data directory could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source} (is another kernel running? pass --listen to pick another address)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A config agent was refused by the kernel.
+    #[error("agent {name:?} could not be started: {source}")]
+    Spawn {
+        /// The agent.
+        name: String,
+        /// Why.
+        source: KernelError,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl StartError {
+    /// 2 for config and usage errors, 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StartError::Config(_) | StartError::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the kernel in the foreground until SIGINT or SIGTERM.
+pub async fn run(options: StartOptions) -> Result<(), StartError> {
+    let registry = RuntimeRegistry::builtin();
+    let config = Config::load(&options.config, &registry.names())?;
+    let mut settings = config.kernel.clone();
+    if let Some(listen) = options.listen {
+        settings.listen = listen;
+    }
+    if let Some(dir) = &options.data_dir {
+        settings.data_dir = dir.clone();
+    }
+    if !settings.listen.ip().is_loopback() {
+        if !options.insecure_remote {
+            return Err(StartError::Usage(format!(
+                "refusing to listen on {}, which is not a loopback address: anyone who can reach it \
+                 may try the control plane; pass --insecure-remote to allow it",
+                settings.listen
+            )));
+        }
+        tracing::warn!(listen = %settings.listen, "listening on a non-loopback address (--insecure-remote)");
+    }
+
+    let data_dir = settings.data_dir.clone();
+    let token = load_or_create_admin_token(&data_dir).map_err(|source| StartError::Io {
+        what: "cannot prepare the admin token in",
+        path: data_dir.clone(),
+        source,
+    })?;
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: settings.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: settings.listen, source })?;
+
+    let kernel = Kernel::start(settings, registry);
+    if let Err(err) = start_agents(&kernel, &config.agents).await {
+        kernel.shutdown().await;
+        return Err(err);
+    }
+
+    let addr_file = data_dir.join("kernel.addr");
+    write_addr_file(&addr_file, addr)?;
+    tracing::info!(%addr, data_dir = %data_dir.display(), "listening on {addr}");
+
+    let token_cancelled = kernel.shutdown_token();
+    let server = tokio::spawn(grpc::serve(
+        kernel.clone(),
+        listener,
+        Authenticator::new(token),
+        async move { token_cancelled.cancelled().await },
+    ));
+
+    shutdown_signal().await;
+    tracing::info!("shutting down: stopping processes, leaves first");
+    kernel.shutdown().await;
+    let _ = std::fs::remove_file(&addr_file);
+    match server.await {
+        Ok(result) => result?,
+        Err(join) => tracing::error!(error = %join, "gRPC server task failed"),
+    }
+    tracing::info!("kernel stopped");
+    Ok(())
+}
+
+/// Spawns the config's agents as children of PID 1, in file order.
+async fn start_agents(kernel: &Kernel, agents: &[AgentSpec]) -> Result<(), StartError> {
+    for agent in agents {
+        let request = spawn_request(agent);
+        let runtime = request
+            .runtime
+            .clone()
+            .unwrap_or_else(|| kernel.settings().default_runtime.clone());
+        let pid = kernel
+            .spawn(Caller::Admin, request)
+            .await
+            .map_err(|source| StartError::Spawn { name: agent.name.clone(), source })?;
+        tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
+    }
+    Ok(())
+}
+
+/// The spawn request for a config-declared agent (a child of PID 1).
+pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
+    let mut request = SpawnRequest::new(hivekernel_agents::Pid::KERNEL, agent.name.clone());
+    request.role = agent.role;
+    request.tier = Some(agent.tier);
+    request.model = agent.model.clone();
+    request.runtime = agent.runtime.clone();
+    request.system_prompt = agent.system_prompt.clone();
+    request.tools = agent.tools.clone();
+    request.limits = agent.limits;
+    request.metadata = agent.metadata.clone();
+    request
+}
+
+fn write_addr_file(path: &Path, addr: SocketAddr) -> Result<(), StartError> {
+    std::fs::write(path, format!("http://{addr}\n")).map_err(|source| StartError::Io {
+        what: "cannot write",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot listen for SIGTERM; only Ctrl-C will stop the kernel");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
