@@ -1,0 +1,224 @@
+//! The JSON startup config: kernel settings and the agents PID 1 starts.
+//!
+//! Loading runs in two phases, so that one mistake never hides another:
+//! `parse` turns each section on its own into a raw serde struct that denies
+//! unknown fields, then `validate` checks ranges, names, runtimes, limits and
+//! prompt files. Every issue is collected, with its location, before
+//! [`Config::load`] returns; a config with any issue starts nothing.
+//!
+//! Layout: `parse` (phase 1: JSON into raw structs), `validate` (phase 2:
+//! semantic checks and path resolution).
+
+mod parse;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use hivekernel_agents::{LimitOverrides, Role, Tier};
+
+/// A validated startup config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The config file it was read from.
+    pub path: PathBuf,
+    /// Kernel-wide settings.
+    pub kernel: KernelSettings,
+    /// Agents started as children of PID 1, in file order.
+    pub agents: Vec<AgentSpec>,
+}
+
+/// Kernel-wide settings (the `kernel` section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSettings {
+    /// Address the gRPC server binds.
+    pub listen: SocketAddr,
+    /// Data directory, resolved relative to the config file's directory.
+    pub data_dir: PathBuf,
+    /// Levels of processes allowed below PID 1 (1..=64).
+    pub max_depth: u32,
+    /// Ceiling on live children of any one process, PID 1 included (1..=100_000).
+    pub max_children: u32,
+    /// Messages a mailbox holds before senders get backpressure (1..=1_000_000).
+    pub mailbox_capacity: usize,
+    /// A waiting message rises one priority level per this many milliseconds (>= 1).
+    pub mailbox_aging_ms: u64,
+    /// Zombies their parent does not collect are reaped after this many seconds.
+    pub zombie_timeout_seconds: u64,
+    /// Default `execute_task` timeout (>= 1).
+    pub task_timeout_seconds: u64,
+    /// Tasks one process works on at the same time (>= 1).
+    pub max_concurrent_tasks: u32,
+    /// How long shutdown waits for processes before forcing them.
+    pub shutdown_grace_ms: u64,
+    /// Runtime for agents that name none; must be registered.
+    pub default_runtime: String,
+}
+
+impl Default for KernelSettings {
+    fn default() -> Self {
+        KernelSettings {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 50051)),
+            data_dir: PathBuf::from(".hivekernel"),
+            max_depth: 8,
+            max_children: 32,
+            mailbox_capacity: 1024,
+            mailbox_aging_ms: 5000,
+            zombie_timeout_seconds: 60,
+            task_timeout_seconds: 300,
+            max_concurrent_tasks: 4,
+            shutdown_grace_ms: 5000,
+            default_runtime: "echo".to_owned(),
+        }
+    }
+}
+
+/// One agent from the `agents` list, started as a child of PID 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// Unique, non-empty name.
+    pub name: String,
+    /// Its role (never `kernel`).
+    pub role: Role,
+    /// Its cognitive tier.
+    pub tier: Tier,
+    /// Logical model name; may be empty.
+    pub model: String,
+    /// Runtime name; `None` takes `kernel.default_runtime`.
+    pub runtime: Option<String>,
+    /// The prompt text: the file's contents when a file is given, else the inline text.
+    pub system_prompt: String,
+    /// Resolved prompt file path, when given.
+    pub system_prompt_file: Option<PathBuf>,
+    /// Tool names, unique and non-empty.
+    pub tools: Vec<String>,
+    /// Resolved workspace directory, when given.
+    pub workspace: Option<PathBuf>,
+    /// Requested limits, already checked against the kernel's ceilings.
+    pub limits: LimitOverrides,
+    /// Free-form labels.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Read, parse and validate the file at `path`; `known_runtimes` are the registered runtimes.
+    pub fn load(path: &Path, known_runtimes: &[&str]) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::from_str_at(&text, path, known_runtimes),
+            Err(err) => Err(ConfigError {
+                file: path.to_path_buf(),
+                issues: vec![ConfigIssue::new(
+                    "",
+                    format!("cannot read config file {}: {err}", path.display()),
+                )],
+            }),
+        }
+    }
+
+    /// Parse and validate `text` as if read from `path` (used for messages and relative paths).
+    pub fn from_str_at(
+        text: &str,
+        path: &Path,
+        known_runtimes: &[&str],
+    ) -> Result<Config, ConfigError> {
+        let mut issues = Vec::new();
+        let config = load_sections(text, path, known_runtimes, &mut issues);
+        match config {
+            Some(config) if issues.is_empty() => Ok(config),
+            _ => Err(ConfigError {
+                file: path.to_path_buf(),
+                issues,
+            }),
+        }
+    }
+}
+
+/// Runs both phases section by section, so issues come out grouped by section.
+fn load_sections(
+    text: &str,
+    path: &Path,
+    known_runtimes: &[&str],
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<Config> {
+    let base = path.parent().unwrap_or_else(|| Path::new(""));
+    let document = parse::document(text, issues)?;
+    let kernel = parse::kernel(document.kernel.as_ref(), issues);
+    let checks = validate::Context::new(base, known_runtimes);
+    let (kernel, ceilings) = checks.kernel(&kernel, issues);
+    let mut agents = Vec::new();
+    let entries = document.agents.unwrap_or_default();
+    for (index, value) in entries.iter().enumerate() {
+        if let Some(raw) = parse::agent(index, value, issues) {
+            agents.push(checks.agent(raw, &ceilings, issues));
+        }
+    }
+    let agents = validate::across_agents(agents, entries.len(), &ceilings, issues);
+    Some(Config {
+        path: path.to_path_buf(),
+        kernel,
+        agents,
+    })
+}
+
+/// Every problem found in one config file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// The problems, grouped by section: top level, kernel, each agent, then across agents.
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.issues.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}: {issue}", self.file.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// One problem and where it is (`kernel.listen`, `agents[0] (queen).limits.max_depth`, or empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Path to the offending field; empty when the issue concerns the whole file.
+    pub location: String,
+    /// What is wrong, naming the bad value.
+    pub message: String,
+}
+
+impl ConfigIssue {
+    fn new(location: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigIssue {
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.location.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.location, self.message)
+        }
+    }
+}
+
+/// `base.field`, or just `field` at the top level.
+fn at(base: &str, field: &str) -> String {
+    if base.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{base}.{field}")
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+//! Phase 1: JSON text into raw serde structs, one section at a time.
+//!
+//! `deny_unknown_fields` stops at the first bad field, so each key of a
+//! section is first deserialized on its own (a one-key object into the same
+//! struct); the keys that pass are then deserialized together. Every bad key
+//! becomes an issue at its own location and the rest still get checked.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hivekernel_agents::LimitOverrides;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::{ConfigIssue, KernelSettings, at, validate};
+
+/// The top level: which sections are present.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Document {
+    pub(super) kernel: Option<Value>,
+    pub(super) agents: Option<Vec<Value>>,
+}
+
+/// The `kernel` section as written; missing fields take the defaults.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawKernel {
+    pub(super) listen: String,
+    pub(super) data_dir: String,
+    pub(super) max_depth: u32,
+    pub(super) max_children: u32,
+    pub(super) mailbox_capacity: usize,
+    pub(super) mailbox_aging_ms: u64,
+    pub(super) zombie_timeout_seconds: u64,
+    pub(super) task_timeout_seconds: u64,
+    pub(super) max_concurrent_tasks: u32,
+    pub(super) shutdown_grace_ms: u64,
+    pub(super) default_runtime: String,
+}
+
+impl Default for RawKernel {
+    fn default() -> Self {
+        let defaults = KernelSettings::default();
+        RawKernel {
+            listen: defaults.listen.to_string(),
+            data_dir: defaults.data_dir.display().to_string(),
+            max_depth: defaults.max_depth,
+            max_children: defaults.max_children,
+            mailbox_capacity: defaults.mailbox_capacity,
+            mailbox_aging_ms: defaults.mailbox_aging_ms,
+            zombie_timeout_seconds: defaults.zombie_timeout_seconds,
+            task_timeout_seconds: defaults.task_timeout_seconds,
+            max_concurrent_tasks: defaults.max_concurrent_tasks,
+            shutdown_grace_ms: defaults.shutdown_grace_ms,
+            default_runtime: defaults.default_runtime,
+        }
+    }
+}
+
+/// One `agents[i]` entry as written; `limits` and `metadata` are parsed as sections of their own.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawAgent {
+    pub(super) name: Option<String>,
+    pub(super) role: Option<String>,
+    pub(super) cognitive_tier: Option<String>,
+    pub(super) model: String,
+    pub(super) runtime: Option<String>,
+    pub(super) system_prompt: String,
+    pub(super) system_prompt_file: Option<String>,
+    pub(super) tools: Vec<String>,
+    pub(super) workspace: Option<String>,
+    pub(super) limits: Option<Value>,
+    pub(super) metadata: Option<Value>,
+}
+
+/// An agent entry after phase 1.
+#[derive(Debug)]
+pub(super) struct Agent {
+    pub(super) index: usize,
+    /// `agents[2] (coder)`, or `agents[2]` when the name is unusable.
+    pub(super) label: String,
+    pub(super) fields: Section<RawAgent>,
+    pub(super) limits: Section<LimitOverrides>,
+    pub(super) metadata: Section<BTreeMap<String, String>>,
+}
+
+/// A section built from the keys that parsed, remembering the ones that did not.
+#[derive(Debug)]
+pub(super) struct Section<T> {
+    pub(super) value: T,
+    bad: BTreeSet<String>,
+    /// The section itself had the wrong type, so every field is unknown.
+    broken: bool,
+}
+
+impl<T> Section<T> {
+    /// Whether `field` parsed (given or defaulted), so later checks may trust it.
+    pub(super) fn is_ok(&self, field: &str) -> bool {
+        !self.broken && !self.bad.contains(field)
+    }
+}
+
+/// Parses the whole file; `None` when there is nothing further to check.
+pub(super) fn document(text: &str, issues: &mut Vec<ConfigIssue>) -> Option<Document> {
+    let value: Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(err) => {
+            issues.push(ConfigIssue::new("", format!("invalid JSON: {err}")));
+            return None;
+        }
+    };
+    if !value.is_object() {
+        issues.push(ConfigIssue::new(
+            "",
+            format!(
+                "the config must be a JSON object, found {}",
+                describe(&value)
+            ),
+        ));
+        return None;
+    }
+    Some(section::<Document>(Some(&value), "", issues).value)
+}
+
+/// Parses the `kernel` section; absent means all defaults.
+pub(super) fn kernel(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> Section<RawKernel> {
+    section(value, "kernel", issues)
+}
+
+/// Parses `agents[index]`; `None` when it is not an object at all.
+pub(super) fn agent(index: usize, value: &Value, issues: &mut Vec<ConfigIssue>) -> Option<Agent> {
+    let Value::Object(map) = value else {
+        issues.push(ConfigIssue::new(
+            format!("agents[{index}]"),
+            format!("an agent must be a JSON object, found {}", describe(value)),
+        ));
+        return None;
+    };
+    let name = map
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|name| validate::name_problem(name).is_none());
+    let label = match name {
+        Some(name) => format!("agents[{index}] ({name})"),
+        None => format!("agents[{index}]"),
+    };
+    let fields = section::<RawAgent>(Some(value), &label, issues);
+    let limits = section(fields.value.limits.as_ref(), &at(&label, "limits"), issues);
+    let metadata = section(
+        fields.value.metadata.as_ref(),
+        &at(&label, "metadata"),
+        issues,
+    );
+    Some(Agent {
+        index,
+        label,
+        fields,
+        limits,
+        metadata,
+    })
+}
+
+/// Deserializes an object key by key, so every bad key is reported at its own location.
+fn section<T: DeserializeOwned + Default>(
+    value: Option<&Value>,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Section<T> {
+    let mut section = Section {
+        value: T::default(),
+        bad: BTreeSet::new(),
+        broken: false,
+    };
+    let map = match value {
+        None | Some(Value::Null) => return section,
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            issues.push(ConfigIssue::new(
+                location,
+                format!("expected a JSON object, found {}", describe(other)),
+            ));
+            section.broken = true;
+            return section;
+        }
+    };
+    let mut good = Map::new();
+    for (key, field) in map {
+        let alone = Value::Object(Map::from_iter([(key.clone(), field.clone())]));
+        match T::deserialize(&alone) {
+            Ok(_) => {
+                good.insert(key.clone(), field.clone());
+            }
+            Err(err) => {
+                issues.push(ConfigIssue::new(at(location, key), err.to_string()));
+                section.bad.insert(key.clone());
+            }
+        }
+    }
+    // Each key parsed alone, so together they parse too; the branch is defensive.
+    match T::deserialize(&Value::Object(good)) {
+        Ok(value) => section.value = value,
+        Err(err) => {
+            issues.push(ConfigIssue::new(location, err.to_string()));
+            section.broken = true;
+        }
+    }
+    section
+}
+
+/// A JSON value as a message shows it: its kind, and the value when short.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}

@@ -1,0 +1,515 @@
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use super::*;
+
+const RUNTIMES: &[&str] = &["echo", "tool_agent"];
+
+/// A temporary directory holding `configs/config.json`, with room for prompt files beside it.
+struct Fixture {
+    dir: TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("configs")).unwrap();
+        Fixture { dir }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.root().join("configs/config.json")
+    }
+
+    fn write(&self, relative: &str, text: &str) -> PathBuf {
+        let path = self.root().join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn load(&self, json: &str) -> Result<Config, ConfigError> {
+        self.write("configs/config.json", json);
+        Config::load(&self.config_path(), RUNTIMES)
+    }
+
+    fn issues(&self, json: &str) -> Vec<ConfigIssue> {
+        match self.load(json) {
+            Ok(config) => panic!("expected issues, got {config:#?}"),
+            Err(err) => {
+                assert_eq!(err.file, self.config_path());
+                err.issues
+            }
+        }
+    }
+}
+
+fn issues(json: &str) -> Vec<ConfigIssue> {
+    Fixture::new().issues(json)
+}
+
+/// Asserts exactly one issue at `location` and that its message contains every fragment.
+#[track_caller]
+fn assert_issue(issues: &[ConfigIssue], location: &str, fragments: &[&str]) {
+    let found: Vec<_> = issues.iter().filter(|i| i.location == location).collect();
+    assert_eq!(found.len(), 1, "one issue at {location:?} in {issues:#?}");
+    for fragment in fragments {
+        assert!(
+            found[0].message.contains(fragment),
+            "{:?} should contain {fragment:?}",
+            found[0].message
+        );
+    }
+}
+
+#[test]
+fn missing_file_names_the_path_and_os_error() {
+    let fixture = Fixture::new();
+    let path = fixture.root().join("nope.json");
+    let err = Config::load(&path, RUNTIMES).unwrap_err();
+    assert_issue(&err.issues, "", &[&path.display().to_string(), "os error"]);
+}
+
+#[test]
+fn json_syntax_error_names_line_and_column() {
+    let found = issues("{\n  \"kernel\": {\n    \"max_depth\": 8,\n  }\n}");
+    assert_issue(&found, "", &["invalid JSON", "line 4 column 3"]);
+}
+
+#[test]
+fn top_level_must_be_an_object() {
+    let found = issues("[1, 2]");
+    assert_issue(&found, "", &["must be a JSON object", "an array"]);
+}
+
+#[test]
+fn unknown_top_level_key_lists_the_sections() {
+    let found = issues(r#"{"agent": []}"#);
+    assert_issue(
+        &found,
+        "agent",
+        &["unknown field `agent`", "`kernel`", "`agents`"],
+    );
+}
+
+#[test]
+fn unknown_fields_are_errors_at_every_level() {
+    let found = issues(
+        r#"{"kernel": {"listen_addr": "x"},
+            "agents": [{"name": "a", "tier": "tactical", "limits": {"depth": 2}}]}"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.listen_addr",
+        &["unknown field `listen_addr`", "`listen`"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).tier",
+        &["unknown field `tier`", "`cognitive_tier`"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.depth",
+        &["unknown field `depth`", "`max_depth`"],
+    );
+    assert_eq!(found.len(), 3, "{found:#?}");
+}
+
+#[test]
+fn wrong_types_name_the_field_and_value() {
+    let found = issues(
+        r#"{"kernel": {"max_depth": "deep", "mailbox_capacity": -1},
+            "agents": [{"name": "a", "tools": "spawn_child", "metadata": {"team": 7}},
+                       "not an agent"]}"#,
+    );
+    assert_issue(&found, "kernel.max_depth", &["invalid type", "\"deep\""]);
+    assert_issue(&found, "kernel.mailbox_capacity", &["-1"]);
+    assert_issue(
+        &found,
+        "agents[0] (a).tools",
+        &["invalid type", "\"spawn_child\""],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).metadata.team",
+        &["invalid type", "7"],
+    );
+    assert_issue(
+        &found,
+        "agents[1]",
+        &["must be a JSON object", "\"not an agent\""],
+    );
+    assert_eq!(found.len(), 5, "{found:#?}");
+}
+
+#[test]
+fn listen_must_be_a_socket_address() {
+    let found = issues(r#"{"kernel": {"listen": "localhost:50051"}}"#);
+    assert_issue(
+        &found,
+        "kernel.listen",
+        &["invalid socket address", "\"localhost:50051\""],
+    );
+}
+
+#[test]
+fn kernel_numbers_out_of_range_are_all_reported() {
+    let found = issues(
+        r#"{"kernel": {"max_depth": 65, "max_children": 0, "mailbox_capacity": 1000001,
+            "mailbox_aging_ms": 0, "task_timeout_seconds": 0, "max_concurrent_tasks": 0}}"#,
+    );
+    assert_issue(&found, "kernel.max_depth", &["between 1 and 64", "65"]);
+    assert_issue(
+        &found,
+        "kernel.max_children",
+        &["between 1 and 100000", "got 0"],
+    );
+    assert_issue(&found, "kernel.mailbox_capacity", &["1000000", "1000001"]);
+    assert_issue(&found, "kernel.mailbox_aging_ms", &["at least 1", "got 0"]);
+    assert_issue(
+        &found,
+        "kernel.task_timeout_seconds",
+        &["at least 1", "got 0"],
+    );
+    assert_issue(
+        &found,
+        "kernel.max_concurrent_tasks",
+        &["at least 1", "got 0"],
+    );
+    assert_eq!(found.len(), 6, "{found:#?}");
+}
+
+#[test]
+fn default_runtime_must_be_known() {
+    let found = issues(r#"{"kernel": {"default_runtime": "python"}}"#);
+    assert_issue(
+        &found,
+        "kernel.default_runtime",
+        &["\"python\"", "echo, tool_agent"],
+    );
+}
+
+#[test]
+fn agent_name_is_required() {
+    let found = issues(r#"{"agents": [{"role": "worker"}]}"#);
+    assert_issue(&found, "agents[0].name", &["missing required field `name`"]);
+}
+
+#[test]
+fn agent_name_must_not_be_blank() {
+    let found = issues(r#"{"agents": [{"name": ""}, {"name": "  "}]}"#);
+    assert_issue(&found, "agents[0].name", &["must not be empty", "\"\""]);
+    assert_issue(&found, "agents[1].name", &["must not be empty", "\"  \""]);
+}
+
+#[test]
+fn agent_name_must_not_contain_control_characters() {
+    let found = issues(r#"{"agents": [{"name": "bad\nname"}]}"#);
+    assert_issue(
+        &found,
+        "agents[0].name",
+        &["control characters", "\"bad\\nname\""],
+    );
+}
+
+#[test]
+fn agent_name_is_at_most_128_bytes() {
+    let name = "n".repeat(129);
+    let found = issues(&format!(r#"{{"agents": [{{"name": "{name}"}}]}}"#));
+    assert_issue(
+        &found,
+        "agents[0].name",
+        &["129 bytes", "at most 128", "nnnn"],
+    );
+    // 128 bytes is fine.
+    let name = "n".repeat(128);
+    let config = Fixture::new()
+        .load(&format!(r#"{{"agents": [{{"name": "{name}"}}]}}"#))
+        .unwrap();
+    assert_eq!(config.agents[0].name, name);
+}
+
+#[test]
+fn duplicate_agent_names_name_both_indexes() {
+    let found = issues(r#"{"agents": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}"#);
+    assert_issue(
+        &found,
+        "agents[2] (a).name",
+        &["duplicate agent name \"a\"", "agents[0]"],
+    );
+    assert_eq!(found.len(), 1, "{found:#?}");
+}
+
+#[test]
+fn unknown_role_lists_the_valid_roles() {
+    let found = issues(r#"{"agents": [{"name": "a", "role": "boss"}]}"#);
+    assert_issue(&found, "agents[0] (a).role", &["\"boss\"", "daemon, agent"]);
+}
+
+#[test]
+fn unknown_tier_lists_the_valid_tiers() {
+    let found = issues(r#"{"agents": [{"name": "a", "cognitive_tier": "genius"}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).cognitive_tier",
+        &["\"genius\"", "strategic, tactical, operational"],
+    );
+}
+
+#[test]
+fn kernel_role_is_reserved_for_pid_1() {
+    let found = issues(r#"{"agents": [{"name": "a", "role": "kernel"}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).role",
+        &["\"kernel\"", "reserved for PID 1"],
+    );
+}
+
+#[test]
+fn agent_runtime_must_be_known() {
+    let found = issues(r#"{"agents": [{"name": "a", "runtime": "docker"}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).runtime",
+        &["\"docker\"", "echo, tool_agent"],
+    );
+}
+
+#[test]
+fn missing_prompt_file_names_the_resolved_path() {
+    let fixture = Fixture::new();
+    let found = fixture.issues(r#"{"agents": [{"name": "a", "system_prompt_file": "../p/x.md"}]}"#);
+    let resolved = fixture.root().join("configs").join("../p/x.md");
+    assert_issue(
+        &found,
+        "agents[0] (a).system_prompt_file",
+        &[&resolved.display().to_string(), "os error"],
+    );
+}
+
+#[test]
+fn prompt_file_over_1_mib_is_an_error() {
+    let fixture = Fixture::new();
+    fixture.write("big.md", &"x".repeat(1024 * 1024 + 1));
+    let found = fixture.issues(r#"{"agents": [{"name": "a", "system_prompt_file": "../big.md"}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).system_prompt_file",
+        &["big.md", "1048577 bytes", "1 MiB"],
+    );
+}
+
+#[test]
+fn limits_may_not_exceed_the_kernel() {
+    let found = issues(
+        r#"{"kernel": {"max_depth": 4, "max_children": 10, "max_concurrent_tasks": 2,
+                       "task_timeout_seconds": 60},
+            "agents": [{"name": "a", "limits": {"max_depth": 4, "max_children": 11,
+                        "max_concurrent_tasks": 3, "timeout_seconds": 61}}]}"#,
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.max_depth",
+        &["max_depth 4 exceeds 3", "kernel.max_depth 4"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.max_children",
+        &["11", "kernel.max_children 10"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.max_concurrent_tasks",
+        &["3", "kernel.max_concurrent_tasks 2"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.timeout_seconds",
+        &["61", "kernel.task_timeout_seconds 60"],
+    );
+    assert_eq!(found.len(), 4, "{found:#?}");
+}
+
+#[test]
+fn limits_of_zero_tasks_or_zero_timeout_are_errors() {
+    let found = issues(
+        r#"{"agents": [{"name": "a", "limits": {"max_concurrent_tasks": 0, "timeout_seconds": 0}}]}"#,
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.max_concurrent_tasks",
+        &["at least 1", "got 0"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).limits.timeout_seconds",
+        &["at least 1", "got 0"],
+    );
+}
+
+#[test]
+fn a_task_may_set_max_depth() {
+    let config = Fixture::new()
+        .load(r#"{"agents": [{"name": "t", "role": "task", "limits": {"max_depth": 2}}]}"#)
+        .unwrap();
+    assert_eq!(config.agents[0].role, Role::Task);
+    assert_eq!(config.agents[0].limits.max_depth, Some(2));
+}
+
+#[test]
+fn a_bad_kernel_value_is_not_used_to_judge_agents() {
+    let found = issues(
+        r#"{"kernel": {"max_depth": "eight"}, "agents": [{"name": "a", "limits": {"max_depth": 20}}]}"#,
+    );
+    assert_issue(&found, "kernel.max_depth", &["\"eight\""]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+}
+
+#[test]
+fn more_agents_than_kernel_max_children_is_an_error() {
+    let found = issues(
+        r#"{"kernel": {"max_children": 2}, "agents": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}"#,
+    );
+    assert_issue(&found, "agents", &["3 agents", "kernel.max_children 2"]);
+}
+
+#[test]
+fn tools_must_be_non_empty_and_unique() {
+    let found = issues(r#"{"agents": [{"name": "a", "tools": ["read_file", "", "read_file"]}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[1]",
+        &["must not be empty", "\"\""],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[2]",
+        &["duplicate tool \"read_file\"", "agents[0] (a).tools[0]"],
+    );
+}
+
+#[test]
+fn errors_in_three_agents_are_all_reported() {
+    let found = issues(
+        r#"{"agents": [{"name": "a", "role": "boss"},
+                       {"name": "b", "runtime": "docker"},
+                       {"name": "c", "limits": {"max_children": 1000}}]}"#,
+    );
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert_issue(&found, "agents[0] (a).role", &["\"boss\""]);
+    assert_issue(&found, "agents[1] (b).runtime", &["\"docker\""]);
+    assert_issue(&found, "agents[2] (c).limits.max_children", &["1000"]);
+}
+
+#[test]
+fn valid_config_loads_with_defaults_and_resolved_paths() {
+    let fixture = Fixture::new();
+    fixture.write("prompts/q.md", "You are the queen.");
+    let config = fixture
+        .load(
+            r#"{"kernel": {"listen": "0.0.0.0:7000", "data_dir": "../data"},
+                "agents": [{"name": "queen", "role": "daemon", "cognitive_tier": "tactical",
+                            "model": "sonnet", "system_prompt_file": "../prompts/q.md",
+                            "tools": ["spawn_child"], "workspace": "/srv/ws",
+                            "limits": {"max_children": 8}, "metadata": {"team": "core"}},
+                           {"name": "plain"}]}"#,
+        )
+        .unwrap();
+    let configs = fixture.root().join("configs");
+    assert_eq!(config.path, fixture.config_path());
+    assert_eq!(config.kernel.listen, "0.0.0.0:7000".parse().unwrap());
+    assert_eq!(config.kernel.data_dir, configs.join("../data"));
+    assert_eq!(config.kernel.max_depth, 8);
+    assert_eq!(config.kernel.mailbox_capacity, 1024);
+    assert_eq!(config.kernel.default_runtime, "echo");
+
+    let queen = &config.agents[0];
+    assert_eq!((queen.role, queen.tier), (Role::Daemon, Tier::Tactical));
+    assert_eq!(queen.system_prompt, "You are the queen.");
+    assert_eq!(
+        queen.system_prompt_file,
+        Some(configs.join("../prompts/q.md"))
+    );
+    assert_eq!(queen.workspace, Some(PathBuf::from("/srv/ws")));
+    assert_eq!(queen.limits.max_children, Some(8));
+    assert_eq!(queen.limits.max_depth, None);
+    assert_eq!(queen.metadata.get("team").map(String::as_str), Some("core"));
+
+    let plain = &config.agents[1];
+    assert_eq!((plain.role, plain.tier), (Role::Agent, Tier::Operational));
+    assert_eq!((plain.model.as_str(), plain.runtime.as_deref()), ("", None));
+    assert!(plain.tools.is_empty() && plain.metadata.is_empty());
+}
+
+#[test]
+fn empty_file_object_gives_the_default_kernel() {
+    let fixture = Fixture::new();
+    let config = fixture.load("{}").unwrap();
+    let expected = KernelSettings {
+        data_dir: fixture.root().join("configs/.hivekernel"),
+        ..KernelSettings::default()
+    };
+    assert_eq!(config.kernel, expected);
+    assert!(config.agents.is_empty());
+}
+
+#[test]
+fn prompt_file_wins_over_inline_prompt() {
+    let fixture = Fixture::new();
+    fixture.write("configs/p.md", "from the file");
+    let config = fixture
+        .load(r#"{"agents": [{"name": "a", "system_prompt": "inline", "system_prompt_file": "p.md"}]}"#)
+        .unwrap();
+    assert_eq!(config.agents[0].system_prompt, "from the file");
+    let config = fixture
+        .load(r#"{"agents": [{"name": "a", "system_prompt": "inline"}]}"#)
+        .unwrap();
+    assert_eq!(config.agents[0].system_prompt, "inline");
+}
+
+#[test]
+fn error_display_is_one_line_per_issue() {
+    let err = Config::from_str_at(
+        r#"{"bogus": 1, "kernel": {"max_depth": 0}}"#,
+        Path::new("cfg/startup.json"),
+        RUNTIMES,
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("cfg/startup.json: bogus: unknown field `bogus`"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1],
+        "cfg/startup.json: kernel.max_depth: must be between 1 and 64, got 0"
+    );
+
+    let err = Config::from_str_at("nope", Path::new("c.json"), RUNTIMES).unwrap_err();
+    assert!(
+        err.to_string().starts_with("c.json: invalid JSON: "),
+        "{err}"
+    );
+    assert_eq!(err.issues[0].to_string(), err.issues[0].message);
+}
+
+#[test]
+fn shipped_startup_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/startup.json");
+    let config = Config::load(&path, &["echo"]).unwrap_or_else(|err| panic!("{err}"));
+    let names: Vec<_> = config.agents.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["queen", "assistant"]);
+    assert!(config.agents.iter().all(|a| !a.system_prompt.is_empty()));
+    assert!(config.kernel.data_dir.ends_with(".hivekernel"));
+}

@@ -1,0 +1,420 @@
+//! Phase 2: semantic checks on what parsed, resolving paths and loading prompt files.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use hivekernel_agents::{LimitOverrides, Role, Tier};
+
+use super::parse::{Agent, RawKernel, Section};
+use super::{AgentSpec, ConfigIssue, KernelSettings, at};
+
+/// Longest agent name, in bytes.
+const MAX_NAME_BYTES: usize = 128;
+/// Largest system prompt file, in bytes.
+const MAX_PROMPT_BYTES: u64 = 1024 * 1024;
+
+/// Kernel values that agents are checked against; `None` when the kernel's own value was bad.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ceilings {
+    max_depth: Option<u32>,
+    max_children: Option<u32>,
+    max_concurrent_tasks: Option<u32>,
+    task_timeout_seconds: Option<u64>,
+}
+
+/// An agent after phase 2, remembered for the checks across agents.
+#[derive(Debug)]
+pub(super) struct Checked {
+    index: usize,
+    label: String,
+    name_ok: bool,
+    spec: AgentSpec,
+}
+
+/// What every check needs: where relative paths start and which runtimes exist.
+#[derive(Debug)]
+pub(super) struct Context<'a> {
+    base: &'a Path,
+    known_runtimes: &'a [&'a str],
+}
+
+impl<'a> Context<'a> {
+    pub(super) fn new(base: &'a Path, known_runtimes: &'a [&'a str]) -> Self {
+        Context {
+            base,
+            known_runtimes,
+        }
+    }
+
+    /// Checks the kernel section and returns the settings and the ceilings for agents.
+    pub(super) fn kernel(
+        &self,
+        raw: &Section<RawKernel>,
+        issues: &mut Vec<ConfigIssue>,
+    ) -> (KernelSettings, Ceilings) {
+        let k = &raw.value;
+        let listen = k.listen.parse::<SocketAddr>().unwrap_or_else(|_| {
+            let message = format!(
+                "invalid socket address {:?} (expected IP:PORT, such as 127.0.0.1:50051)",
+                k.listen
+            );
+            issues.push(ConfigIssue::new("kernel.listen", message));
+            KernelSettings::default().listen
+        });
+        let data_dir = self
+            .path_field(&k.data_dir, "kernel.data_dir", issues)
+            .unwrap_or_default();
+        let depth_ok = in_range(k.max_depth, 1..=64, "kernel.max_depth", issues);
+        let children_ok = in_range(k.max_children, 1..=100_000, "kernel.max_children", issues);
+        let capacity = k.mailbox_capacity;
+        in_range(capacity, 1..=1_000_000, "kernel.mailbox_capacity", issues);
+        at_least_one(k.mailbox_aging_ms, "kernel.mailbox_aging_ms", issues);
+        let timeout = k.task_timeout_seconds;
+        let timeout_ok = at_least_one(timeout, "kernel.task_timeout_seconds", issues);
+        let tasks = k.max_concurrent_tasks;
+        let tasks_ok = at_least_one(tasks, "kernel.max_concurrent_tasks", issues);
+        if let Some(problem) = self.runtime_problem(&k.default_runtime) {
+            issues.push(ConfigIssue::new("kernel.default_runtime", problem));
+        }
+
+        // A kernel value that is itself wrong would only produce noise about the agents.
+        let trusted = |field: &str, ok: bool| raw.is_ok(field) && ok;
+        let ceilings = Ceilings {
+            max_depth: trusted("max_depth", depth_ok).then_some(k.max_depth),
+            max_children: trusted("max_children", children_ok).then_some(k.max_children),
+            max_concurrent_tasks: trusted("max_concurrent_tasks", tasks_ok).then_some(tasks),
+            task_timeout_seconds: trusted("task_timeout_seconds", timeout_ok).then_some(timeout),
+        };
+        let settings = KernelSettings {
+            listen,
+            data_dir,
+            max_depth: k.max_depth,
+            max_children: k.max_children,
+            mailbox_capacity: capacity,
+            mailbox_aging_ms: k.mailbox_aging_ms,
+            zombie_timeout_seconds: k.zombie_timeout_seconds,
+            task_timeout_seconds: timeout,
+            max_concurrent_tasks: tasks,
+            shutdown_grace_ms: k.shutdown_grace_ms,
+            default_runtime: k.default_runtime.clone(),
+        };
+        (settings, ceilings)
+    }
+
+    /// Checks one agent and builds its spec (the spec is only used if no issue was found).
+    pub(super) fn agent(
+        &self,
+        agent: Agent,
+        ceilings: &Ceilings,
+        issues: &mut Vec<ConfigIssue>,
+    ) -> Checked {
+        let Agent {
+            index,
+            label,
+            fields,
+            limits,
+            metadata,
+        } = agent;
+        let raw = &fields.value;
+        let loc = |field: &str| at(&label, field);
+
+        let mut name_ok = false;
+        match &raw.name {
+            Some(name) => match name_problem(name) {
+                Some(problem) => issues.push(ConfigIssue::new(loc("name"), problem)),
+                None => name_ok = true,
+            },
+            None if fields.is_ok("name") => {
+                issues.push(ConfigIssue::new(
+                    loc("name"),
+                    "missing required field `name`",
+                ));
+            }
+            None => {}
+        }
+
+        let role = parse_named(raw.role.as_deref(), Role::Agent, &loc("role"), issues);
+        if role == Role::Kernel {
+            let message = "role \"kernel\" is reserved for PID 1";
+            issues.push(ConfigIssue::new(loc("role"), message));
+        }
+        let tier = raw.cognitive_tier.as_deref();
+        let tier = parse_named(tier, Tier::Operational, &loc("cognitive_tier"), issues);
+        if let Some(problem) = raw.runtime.as_deref().and_then(|r| self.runtime_problem(r)) {
+            issues.push(ConfigIssue::new(loc("runtime"), problem));
+        }
+
+        let system_prompt_file = raw
+            .system_prompt_file
+            .as_deref()
+            .and_then(|file| self.path_field(file, &loc("system_prompt_file"), issues));
+        let system_prompt = match &system_prompt_file {
+            Some(path) => read_prompt(path, &loc("system_prompt_file"), issues),
+            None => raw.system_prompt.clone(),
+        };
+        let workspace = raw
+            .workspace
+            .as_deref()
+            .and_then(|dir| self.path_field(dir, &loc("workspace"), issues));
+
+        check_tools(&raw.tools, &loc("tools"), issues);
+        check_limits(&limits.value, ceilings, &loc("limits"), issues);
+
+        let spec = AgentSpec {
+            name: raw.name.clone().unwrap_or_default(),
+            role,
+            tier,
+            model: raw.model.clone(),
+            runtime: raw.runtime.clone(),
+            system_prompt,
+            system_prompt_file,
+            tools: raw.tools.clone(),
+            workspace,
+            limits: limits.value,
+            metadata: metadata.value,
+        };
+        Checked {
+            index,
+            label,
+            name_ok,
+            spec,
+        }
+    }
+
+    /// Why `name` is not a registered runtime, listing the ones that are.
+    fn runtime_problem(&self, name: &str) -> Option<String> {
+        if self.known_runtimes.contains(&name) {
+            return None;
+        }
+        let known = if self.known_runtimes.is_empty() {
+            "none are registered".to_owned()
+        } else {
+            format!("known runtimes: {}", self.known_runtimes.join(", "))
+        };
+        Some(format!("unknown runtime {name:?} ({known})"))
+    }
+
+    /// Resolves a path relative to the config file's directory; empty is an error.
+    fn path_field(
+        &self,
+        value: &str,
+        location: &str,
+        issues: &mut Vec<ConfigIssue>,
+    ) -> Option<PathBuf> {
+        if value.is_empty() {
+            issues.push(ConfigIssue::new(location, "must not be empty"));
+            return None;
+        }
+        // `join` keeps an absolute path as it is.
+        Some(self.base.join(value))
+    }
+}
+
+/// Checks what spans agents: their count under PID 1 and unique names.
+pub(super) fn across_agents(
+    agents: Vec<Checked>,
+    count: usize,
+    ceilings: &Ceilings,
+    issues: &mut Vec<ConfigIssue>,
+) -> Vec<AgentSpec> {
+    if let Some(max) = ceilings.max_children {
+        if count > max as usize {
+            issues.push(ConfigIssue::new(
+                "agents",
+                format!("{count} agents exceed kernel.max_children {max} (PID 1 is their parent)"),
+            ));
+        }
+    }
+    let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for agent in agents.iter().filter(|a| a.name_ok) {
+        let name = agent.spec.name.as_str();
+        match first_seen.get(name) {
+            Some(first) => issues.push(ConfigIssue::new(
+                at(&agent.label, "name"),
+                format!("duplicate agent name {name:?} (also agents[{first}])"),
+            )),
+            None => {
+                first_seen.insert(name, agent.index);
+            }
+        }
+    }
+    agents.into_iter().map(|a| a.spec).collect()
+}
+
+/// Why `name` cannot name an agent, if it cannot.
+pub(super) fn name_problem(name: &str) -> Option<String> {
+    if name.trim().is_empty() {
+        Some(format!(
+            "must not be empty or only whitespace, got {name:?}"
+        ))
+    } else if name.chars().any(char::is_control) {
+        Some(format!("{name:?} contains control characters"))
+    } else if name.len() > MAX_NAME_BYTES {
+        let start: String = name.chars().take(24).collect();
+        Some(format!(
+            "{start:?}... is {} bytes long, at most {MAX_NAME_BYTES} allowed",
+            name.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// Parses a role or tier, defaulting when absent; the error lists the valid names.
+fn parse_named<T: FromStr<Err = String>>(
+    value: Option<&str>,
+    default: T,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> T {
+    match value.map(str::parse) {
+        None => default,
+        Some(Ok(parsed)) => parsed,
+        Some(Err(problem)) => {
+            issues.push(ConfigIssue::new(location, problem));
+            default
+        }
+    }
+}
+
+/// Reads a prompt file no larger than [`MAX_PROMPT_BYTES`].
+fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> String {
+    let unreadable = |err: std::io::Error| {
+        ConfigIssue::new(location, format!("cannot read {}: {err}", path.display()))
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.len() > MAX_PROMPT_BYTES => {
+            issues.push(ConfigIssue::new(
+                location,
+                format!(
+                    "{} is {} bytes, larger than the 1 MiB limit ({MAX_PROMPT_BYTES} bytes)",
+                    path.display(),
+                    meta.len()
+                ),
+            ));
+            String::new()
+        }
+        Ok(_) => std::fs::read_to_string(path).unwrap_or_else(|err| {
+            issues.push(unreadable(err));
+            String::new()
+        }),
+        Err(err) => {
+            issues.push(unreadable(err));
+            String::new()
+        }
+    }
+}
+
+fn check_tools(tools: &[String], location: &str, issues: &mut Vec<ConfigIssue>) {
+    let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let here = format!("{location}[{i}]");
+        if tool.trim().is_empty() {
+            issues.push(ConfigIssue::new(
+                here,
+                format!("tool name must not be empty, got {tool:?}"),
+            ));
+        } else if let Some(first) = first_seen.get(tool.as_str()) {
+            issues.push(ConfigIssue::new(
+                here,
+                format!("duplicate tool {tool:?} (also {location}[{first}])"),
+            ));
+        } else {
+            first_seen.insert(tool, i);
+        }
+    }
+}
+
+/// Checks requested limits against the kernel's; a config agent sits at depth 1 under PID 1.
+fn check_limits(
+    limits: &LimitOverrides,
+    ceilings: &Ceilings,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) {
+    let mut push = |field: &str, message: String| {
+        issues.push(ConfigIssue::new(at(location, field), message));
+    };
+    if let Some(depth) = limits.max_depth {
+        if let Some(kernel) = ceilings.max_depth.filter(|&k| depth > k.saturating_sub(1)) {
+            push(
+                "max_depth",
+                format!(
+                    "max_depth {depth} exceeds {} (kernel.max_depth {kernel} minus the agent's own level)",
+                    kernel.saturating_sub(1)
+                ),
+            );
+        }
+    }
+    if let Some(children) = limits.max_children {
+        if let Some(kernel) = ceilings.max_children.filter(|&k| children > k) {
+            push(
+                "max_children",
+                format!("max_children {children} exceeds kernel.max_children {kernel}"),
+            );
+        }
+    }
+    if let Some(tasks) = limits.max_concurrent_tasks {
+        if tasks == 0 {
+            push(
+                "max_concurrent_tasks",
+                "must be at least 1, got 0".to_owned(),
+            );
+        } else if let Some(kernel) = ceilings.max_concurrent_tasks.filter(|&k| tasks > k) {
+            push(
+                "max_concurrent_tasks",
+                format!(
+                    "max_concurrent_tasks {tasks} exceeds kernel.max_concurrent_tasks {kernel}"
+                ),
+            );
+        }
+    }
+    if let Some(timeout) = limits.timeout_seconds {
+        if timeout == 0 {
+            push("timeout_seconds", "must be at least 1, got 0".to_owned());
+        } else if let Some(kernel) = ceilings.task_timeout_seconds.filter(|&k| timeout > k) {
+            push(
+                "timeout_seconds",
+                format!("timeout_seconds {timeout} exceeds kernel.task_timeout_seconds {kernel}"),
+            );
+        }
+    }
+}
+
+/// Pushes an issue unless `value` lies in `range`; returns whether it does.
+fn in_range<T: PartialOrd + Display>(
+    value: T,
+    range: RangeInclusive<T>,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> bool {
+    let ok = range.contains(&value);
+    if !ok {
+        issues.push(ConfigIssue::new(
+            location,
+            format!(
+                "must be between {} and {}, got {value}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    ok
+}
+
+/// Pushes an issue when `value` is zero; returns whether it is at least one.
+fn at_least_one<T: Into<u64>>(value: T, location: &str, issues: &mut Vec<ConfigIssue>) -> bool {
+    let value = value.into();
+    let ok = value >= 1;
+    if !ok {
+        issues.push(ConfigIssue::new(
+            location,
+            format!("must be at least 1, got {value}"),
+        ));
+    }
+    ok
+}
