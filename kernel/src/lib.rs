@@ -16,11 +16,19 @@
 //! - [`events`]: typed, sequenced kernel events with replay.
 //! - [`runtime`]: the runtime registry and the per-process runner.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
-//! - [`error`]: [`KernelError`].
+//! - [`auth`]: the admin token file and bearer-token authentication.
+//! - [`grpc`]: the tonic server: the Kernel service, health, reflection, auth layer.
+//! - [`daemon`]: `hivekernel start`: config, agents, server, graceful shutdown.
+//! - [`cli`]: the `hivekernel` command line.
+//! - [`error`]: the [`KernelError`] type.
 
+pub mod auth;
+pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod grpc;
 pub mod kernel;
 mod mailbox;
 mod process;

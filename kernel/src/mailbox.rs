@@ -53,7 +53,8 @@ impl Envelope {
             item,
             id,
             enqueued_at: now,
-            expires_at: ttl.map(|ttl| now + ttl),
+            // A TTL too large to represent never expires.
+            expires_at: ttl.and_then(|ttl| now.checked_add(ttl)),
         }
     }
 

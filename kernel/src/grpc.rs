@@ -1,0 +1,152 @@
+//! The gRPC control plane: the `hivekernel.v1.Kernel` service, the standard
+//! health service and server reflection, all behind one authentication layer.
+//!
+//! Every request, health checks and reflection included, must carry
+//! `authorization: Bearer <token>`. The layer turns the token into a
+//! [`Caller`] and stores it in the request's extensions; handlers act as that
+//! caller and nothing else in the request can change who it is.
+//!
+//! Layout: `service` (the Kernel service handlers), `streams` (producers of
+//! the streaming RPCs), `convert` (proto <-> kernel types and argument
+//! checks), `status` (`KernelError` -> `tonic::Status`).
+
+mod convert;
+mod service;
+mod status;
+mod streams;
+
+use std::future::Future;
+use std::time::Duration;
+
+use hivekernel_proto::v1::kernel_server::{KernelServer, SERVICE_NAME};
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::service::InterceptorLayer;
+use tonic::transport::Server;
+use tonic::{Request, Status};
+use tonic_health::ServingStatus;
+
+use crate::auth::Authenticator;
+use crate::kernel::{Caller, Kernel};
+use service::KernelService;
+
+/// How long open calls may take to finish once shutdown is asked for.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+/// Idle connections are pinged this often, so dead clients' streams end.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// A ping unanswered this long closes the connection.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the control plane on `listener` until `shutdown` resolves, then
+/// lets open calls finish for a short grace period.
+pub async fn serve(
+    kernel: Kernel,
+    listener: TcpListener,
+    auth: Authenticator,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let (mut health, health_service) = tonic_health::server::health_reporter();
+    health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+        .await;
+
+    let drain = CancellationToken::new();
+    let router = Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .layer(InterceptorLayer::new(move |request| {
+            authenticate(&auth, request)
+        }))
+        .add_service(health_service)
+        .add_service(KernelServer::new(KernelService::new(kernel, drain.clone())))
+        .add_optional_service(reflection_v1())
+        .add_optional_service(reflection_v1alpha());
+
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        // Unary calls are small request/response pairs: do not let Nagle delay them.
+        conn.inspect(|stream| {
+            let _ = stream.set_nodelay(true);
+        })
+    });
+    let server = router.serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return result,
+        () = shutdown => {}
+    }
+
+    // Watchers see NOT_SERVING, then their streams end as the statuses go:
+    // open streams would otherwise hold the drain open.
+    for service in ["", SERVICE_NAME] {
+        health
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
+        health.clear_service_status(service).await;
+    }
+    drain.cancel();
+    match tokio::time::timeout(DRAIN_GRACE, server).await {
+        Ok(result) => result,
+        Err(_) => {
+            // tonic runs connections as their own tasks; those still open
+            // end when the runtime does.
+            tracing::warn!(
+                grace_ms = DRAIN_GRACE.as_millis() as u64,
+                "gRPC calls still open after the grace period; not waiting for them"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The authentication layer's check: replaces the credential with the caller it names.
+fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Request<()>, Status> {
+    let caller: Caller = {
+        let mut values = request.metadata().get_all("authorization").iter();
+        let first = values.next();
+        let header = match (first, values.next()) {
+            // Two credentials are ambiguous: refuse them as a bad one.
+            (Some(_), Some(_)) => Some(""),
+            (first, None) => first.map(|v| v.to_str().unwrap_or("")),
+            (None, Some(_)) => None,
+        };
+        auth.authenticate(header)?
+    };
+    // Handlers never see the token, so it cannot end up in a log by accident.
+    request.metadata_mut().remove("authorization");
+    request.extensions_mut().insert(caller);
+    Ok(request)
+}
+
+/// Every service this server describes: the kernel's, health and reflection itself.
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(hivekernel_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+}
+
+fn reflection_v1() -> Option<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+> {
+    reflection_builder()
+        .build_v1()
+        .inspect_err(|err| tracing::error!(error = %err, "reflection v1 disabled"))
+        .ok()
+}
+
+fn reflection_v1alpha() -> Option<
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+> {
+    reflection_builder()
+        .build_v1alpha()
+        .inspect_err(|err| tracing::error!(error = %err, "reflection v1alpha disabled"))
+        .ok()
+}

@@ -1,0 +1,322 @@
+//! Conversions between protobuf messages and kernel types, with argument
+//! checks whose messages name the offending field.
+
+use std::time::Duration;
+
+use hivekernel_agents::{
+    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, Priority, ProcessInfo, ProcessState, Role,
+    SpawnRequest, TaskSpec, Tier,
+};
+use hivekernel_proto::v1 as pb;
+use tonic::Status;
+
+use crate::events::{Event, EventKind};
+use crate::kernel::Caller;
+
+/// Longest accepted timeout or TTL: 30 days.
+pub(crate) const MAX_DURATION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+
+/// A PID that must be non-zero.
+pub(crate) fn required_pid(field: &str, value: u64) -> Result<Pid, Status> {
+    if value == 0 {
+        return Err(Status::invalid_argument(format!("{field} must be set")));
+    }
+    Ok(Pid(value))
+}
+
+/// A duration in milliseconds where 0 means "none".
+pub(crate) fn optional_millis(field: &str, ms: u64) -> Result<Option<Duration>, Status> {
+    if ms > MAX_DURATION_MS {
+        return Err(Status::invalid_argument(format!(
+            "{field} is {ms}, more than the maximum {MAX_DURATION_MS} (30 days)"
+        )));
+    }
+    Ok((ms != 0).then(|| Duration::from_millis(ms)))
+}
+
+fn unknown(field: &str, value: i32) -> Status {
+    Status::invalid_argument(format!("{field}: unknown enum value {value}"))
+}
+
+/// Spawn request; unset role means agent, unset tier and runtime inherit.
+pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Status> {
+    let parent = required_pid("parent", req.parent)?;
+    if req.name.trim().is_empty() {
+        return Err(Status::invalid_argument("name must not be empty"));
+    }
+    let role = match pb::Role::try_from(req.role).map_err(|_| unknown("role", req.role))? {
+        pb::Role::Unspecified | pb::Role::Agent => Role::Agent,
+        pb::Role::Kernel => Role::Kernel,
+        pb::Role::Daemon => Role::Daemon,
+        pb::Role::Architect => Role::Architect,
+        pb::Role::Lead => Role::Lead,
+        pb::Role::Worker => Role::Worker,
+        pb::Role::Task => Role::Task,
+    };
+    let tier = match pb::CognitiveTier::try_from(req.tier).map_err(|_| unknown("tier", req.tier))? {
+        pb::CognitiveTier::Unspecified => None,
+        pb::CognitiveTier::Strategic => Some(Tier::Strategic),
+        pb::CognitiveTier::Tactical => Some(Tier::Tactical),
+        pb::CognitiveTier::Operational => Some(Tier::Operational),
+    };
+    let limits = req.limits.map(limit_overrides).unwrap_or_default();
+    Ok(SpawnRequest {
+        parent,
+        name: req.name,
+        role,
+        tier,
+        model: req.model,
+        runtime: (!req.runtime.is_empty()).then_some(req.runtime),
+        system_prompt: req.system_prompt,
+        tools: req.tools,
+        limits,
+        metadata: req.metadata.into_iter().collect(),
+    })
+}
+
+/// Zero fields inherit from the parent.
+fn limit_overrides(limits: pb::Limits) -> LimitOverrides {
+    fn set<T: Default + PartialEq>(v: T) -> Option<T> {
+        (v != T::default()).then_some(v)
+    }
+    LimitOverrides {
+        max_children: set(limits.max_children),
+        max_depth: set(limits.max_depth),
+        timeout_seconds: set(limits.timeout_seconds),
+        max_concurrent_tasks: set(limits.max_concurrent_tasks),
+    }
+}
+
+/// A message from `caller`; `from` may only repeat the caller's own PID.
+pub(crate) fn outgoing(caller: Caller, req: pb::SendMessageRequest) -> Result<Outgoing, Status> {
+    if req.from != 0 && Pid(req.from) != caller.pid() {
+        return Err(Status::permission_denied(
+            "from must be the caller's own pid",
+        ));
+    }
+    let to = required_pid("to", req.to)?;
+    let priority = match pb::Priority::try_from(req.priority)
+        .map_err(|_| unknown("priority", req.priority))?
+    {
+        pb::Priority::Unspecified | pb::Priority::Normal => Priority::Normal,
+        pb::Priority::Critical => Priority::Critical,
+        pb::Priority::High => Priority::High,
+        pb::Priority::Low => Priority::Low,
+    };
+    let kind = if req.r#type.is_empty() {
+        hivekernel_agents::message::kinds::MESSAGE.to_owned()
+    } else {
+        req.r#type
+    };
+    Ok(Outgoing {
+        to,
+        kind,
+        payload: req.payload,
+        priority,
+        ttl: optional_millis("ttl_ms", req.ttl_ms)?,
+    })
+}
+
+/// A task; timeout 0 takes the target's default.
+pub(crate) fn task_spec(req: pb::ExecuteTaskRequest) -> Result<TaskSpec, Status> {
+    Ok(TaskSpec {
+        to: required_pid("pid", req.pid)?,
+        description: req.description,
+        params: req.params.into_iter().collect(),
+        timeout: optional_millis("timeout_ms", req.timeout_ms)?,
+    })
+}
+
+pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
+    pb::ProcessInfo {
+        pid: info.pid.0,
+        ppid: info.ppid.0,
+        name: info.name,
+        role: role(info.role) as i32,
+        tier: tier(info.tier) as i32,
+        state: state(info.state) as i32,
+        model: info.model,
+        runtime: info.runtime,
+        tools: info.tools,
+        limits: Some(limits(info.limits)),
+        depth: info.depth,
+        children: info.children,
+        mailbox_len: info.mailbox_len,
+        started_at_unix_ms: info.started_at_unix_ms,
+        metadata: info.metadata.into_iter().collect(),
+        exit: info.exit.map(exit_record),
+    }
+}
+
+pub(crate) fn exit_record(record: ExitRecord) -> pb::ExitRecord {
+    pb::ExitRecord {
+        pid: record.pid.0,
+        ppid: record.ppid.0,
+        name: record.name,
+        exit_code: record.exit_code,
+        output: record.output,
+        reason: record.reason,
+        exited_at_unix_ms: record.exited_at_unix_ms,
+    }
+}
+
+/// An event; `detail` is the kind as JSON, its `type` included.
+pub(crate) fn event(event: &Event) -> pb::Event {
+    pb::Event {
+        seq: event.seq,
+        at_unix_ms: event.at_unix_ms,
+        pid: event.pid.0,
+        r#type: event.kind.name().to_owned(),
+        detail: detail(&event.kind),
+    }
+}
+
+/// The notice sent in place of `missed` events a slow subscriber lost.
+pub(crate) fn lagged(missed: u64, at_unix_ms: u64) -> pb::Event {
+    let kind = EventKind::Lagged { missed };
+    pb::Event {
+        seq: 0,
+        at_unix_ms,
+        pid: 0,
+        r#type: kind.name().to_owned(),
+        detail: detail(&kind),
+    }
+}
+
+fn detail(kind: &EventKind) -> String {
+    serde_json::to_string(kind).unwrap_or_else(|err| {
+        tracing::error!(error = %err, kind = kind.name(), "cannot encode event detail");
+        String::new()
+    })
+}
+
+fn limits(limits: Limits) -> pb::Limits {
+    pb::Limits {
+        max_children: limits.max_children,
+        max_depth: limits.max_depth,
+        timeout_seconds: limits.timeout_seconds,
+        max_concurrent_tasks: limits.max_concurrent_tasks,
+    }
+}
+
+fn role(role: Role) -> pb::Role {
+    match role {
+        Role::Kernel => pb::Role::Kernel,
+        Role::Daemon => pb::Role::Daemon,
+        Role::Agent => pb::Role::Agent,
+        Role::Architect => pb::Role::Architect,
+        Role::Lead => pb::Role::Lead,
+        Role::Worker => pb::Role::Worker,
+        Role::Task => pb::Role::Task,
+    }
+}
+
+fn tier(tier: Tier) -> pb::CognitiveTier {
+    match tier {
+        Tier::Strategic => pb::CognitiveTier::Strategic,
+        Tier::Tactical => pb::CognitiveTier::Tactical,
+        Tier::Operational => pb::CognitiveTier::Operational,
+    }
+}
+
+fn state(state: ProcessState) -> pb::ProcessState {
+    match state {
+        ProcessState::Idle => pb::ProcessState::Idle,
+        ProcessState::Running => pb::ProcessState::Running,
+        ProcessState::Blocked => pb::ProcessState::Blocked,
+        ProcessState::Sleeping => pb::ProcessState::Sleeping,
+        ProcessState::Zombie => pb::ProcessState::Zombie,
+        ProcessState::Dead => pb::ProcessState::Dead,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tonic::Code;
+
+    use super::*;
+
+    fn spawn(f: impl FnOnce(&mut pb::SpawnRequest)) -> Result<SpawnRequest, Status> {
+        let mut req = pb::SpawnRequest {
+            parent: 1,
+            name: "w".into(),
+            ..Default::default()
+        };
+        f(&mut req);
+        spawn_request(req)
+    }
+
+    #[test]
+    fn spawn_defaults() {
+        let req = spawn(|_| {}).unwrap();
+        assert_eq!(req.role, Role::Agent);
+        assert_eq!(req.tier, None);
+        assert_eq!(req.runtime, None);
+        assert_eq!(req.limits, LimitOverrides::default());
+    }
+
+    #[test]
+    fn spawn_limits_zero_inherits() {
+        let req = spawn(|r| {
+            r.limits = Some(pb::Limits {
+                max_children: 3,
+                timeout_seconds: 0,
+                ..Default::default()
+            });
+        })
+        .unwrap();
+        assert_eq!(req.limits.max_children, Some(3));
+        assert_eq!(req.limits.timeout_seconds, None);
+    }
+
+    #[test]
+    fn spawn_rejects_bad_fields_by_name() {
+        type Edit = fn(&mut pb::SpawnRequest);
+        let cases: [(Edit, &str); 4] = [
+            (|r| r.parent = 0, "parent must be set"),
+            (|r| r.name = " ".into(), "name must not be empty"),
+            (|r| r.role = 42, "role: unknown enum value 42"),
+            (|r| r.tier = -1, "tier: unknown enum value -1"),
+        ];
+        for (edit, message) in cases {
+            let err = spawn(edit).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert_eq!(err.message(), message);
+        }
+    }
+
+    #[test]
+    fn outgoing_checks_from_and_defaults_type() {
+        let req = pb::SendMessageRequest {
+            to: 2,
+            from: 1,
+            ..Default::default()
+        };
+        let out = outgoing(Caller::Admin, req.clone()).unwrap();
+        assert_eq!(out.kind, "message");
+        assert_eq!(out.priority, Priority::Normal);
+        assert_eq!(out.ttl, None);
+        let err = outgoing(Caller::Process(Pid(5)), req).unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        let err = outgoing(
+            Caller::Admin,
+            pb::SendMessageRequest {
+                to: 2,
+                ttl_ms: u64::MAX,
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(err.message().starts_with("ttl_ms"), "{}", err.message());
+    }
+
+    #[test]
+    fn lagged_detail_names_the_missed_count() {
+        let ev = lagged(7, 0);
+        assert_eq!(ev.r#type, "lagged");
+        let detail: serde_json::Value = serde_json::from_str(&ev.detail).unwrap();
+        assert_eq!(detail["missed"], 7);
+    }
+}

@@ -1,0 +1,159 @@
+//! The `hivekernel.v1.Kernel` service: each handler converts the request,
+//! calls the kernel as the authenticated caller, and converts the answer.
+
+use hivekernel_agents::Pid;
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_server::Kernel as KernelRpc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::streams::{self, Stop};
+use crate::kernel::{Caller, Kernel};
+
+/// Processes per `ListProcesses` batch when the request leaves it at 0.
+const DEFAULT_BATCH: usize = 1000;
+/// Largest `ListProcesses` batch, keeping each message well under 4 MiB.
+const MAX_BATCH: usize = 10_000;
+
+/// Serves the kernel API over gRPC.
+#[derive(Debug, Clone)]
+pub(crate) struct KernelService {
+    kernel: Kernel,
+    stop: Stop,
+}
+
+impl KernelService {
+    /// The service; its streams also end when `drain` is cancelled.
+    pub(crate) fn new(kernel: Kernel, drain: CancellationToken) -> Self {
+        let stop = Stop {
+            kernel: kernel.shutdown_token(),
+            server: drain,
+        };
+        KernelService { kernel, stop }
+    }
+}
+
+/// The caller the authentication layer attached to the request.
+fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+    request
+        .extensions()
+        .get::<Caller>()
+        .copied()
+        .ok_or_else(|| {
+            Status::internal("request reached the service without an authenticated caller")
+        })
+}
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl KernelRpc for KernelService {
+    async fn spawn(&self, request: Request<pb::SpawnRequest>) -> Rpc<pb::SpawnResponse> {
+        let caller = caller(&request)?;
+        let spawn = convert::spawn_request(request.into_inner())?;
+        let pid = self.kernel.spawn(caller, spawn).await?;
+        Ok(Response::new(pb::SpawnResponse { pid: pid.0 }))
+    }
+
+    async fn kill(&self, request: Request<pb::KillRequest>) -> Rpc<pb::KillResponse> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let killed = self.kernel.kill(caller, pid, &req.reason).await?;
+        Ok(Response::new(pb::KillResponse {
+            killed: killed.into_iter().map(|pid| pid.0).collect(),
+        }))
+    }
+
+    async fn get_process(&self, request: Request<pb::GetProcessRequest>) -> Rpc<pb::ProcessInfo> {
+        let caller = caller(&request)?;
+        let pid = convert::required_pid("pid", request.get_ref().pid)?;
+        let info = self.kernel.get_process(caller, pid).await?;
+        Ok(Response::new(convert::process_info(info)))
+    }
+
+    type ListProcessesStream = ReceiverStream<Result<pb::ProcessBatch, Status>>;
+
+    async fn list_processes(
+        &self,
+        request: Request<pb::ListProcessesRequest>,
+    ) -> Rpc<Self::ListProcessesStream> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let root = if req.root == 0 {
+            Pid::KERNEL
+        } else {
+            Pid(req.root)
+        };
+        let max_depth = (req.max_depth != 0).then_some(req.max_depth);
+        let batch = match req.batch_size as usize {
+            0 => DEFAULT_BATCH,
+            n => n.min(MAX_BATCH),
+        };
+        let pids = self.kernel.list_pids(caller, root, max_depth).await?;
+        Ok(Response::new(streams::process_batches(
+            self.kernel.clone(),
+            self.stop.clone(),
+            pids,
+            batch,
+        )))
+    }
+
+    async fn send_message(
+        &self,
+        request: Request<pb::SendMessageRequest>,
+    ) -> Rpc<pb::SendMessageResponse> {
+        let caller = caller(&request)?;
+        let message = convert::outgoing(caller, request.into_inner())?;
+        let id = self.kernel.send_message(caller, message).await?;
+        Ok(Response::new(pb::SendMessageResponse { message_id: id.0 }))
+    }
+
+    async fn execute_task(
+        &self,
+        request: Request<pb::ExecuteTaskRequest>,
+    ) -> Rpc<pb::ExecuteTaskResponse> {
+        let caller = caller(&request)?;
+        let task = convert::task_spec(request.into_inner())?;
+        let (request_id, reply) = self.kernel.execute_task(caller, task).await?;
+        let (success, output, error) = match reply {
+            Ok(output) => (true, output, String::new()),
+            Err(error) => (false, String::new(), error),
+        };
+        Ok(Response::new(pb::ExecuteTaskResponse {
+            request_id: request_id.0,
+            success,
+            output,
+            error,
+        }))
+    }
+
+    async fn wait_child(&self, request: Request<pb::WaitChildRequest>) -> Rpc<pb::ExitRecord> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let timeout = convert::optional_millis("timeout_ms", req.timeout_ms)?;
+        let record = self.kernel.wait_child(caller, pid, timeout).await?;
+        Ok(Response::new(convert::exit_record(record)))
+    }
+
+    type SubscribeEventsStream = ReceiverStream<Result<pb::Event, Status>>;
+
+    async fn subscribe_events(
+        &self,
+        request: Request<pb::SubscribeEventsRequest>,
+    ) -> Rpc<Self::SubscribeEventsStream> {
+        caller(&request)?;
+        let req = request.get_ref();
+        // A non-zero since_seq asks for a replay even without the flag.
+        let since = (req.replay || req.since_seq != 0).then_some(req.since_seq);
+        let subscription = self.kernel.subscribe(since);
+        Ok(Response::new(streams::events(
+            &self.kernel,
+            self.stop.clone(),
+            subscription,
+        )))
+    }
+}

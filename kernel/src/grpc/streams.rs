@@ -1,0 +1,123 @@
+//! The producers behind the two server-streaming RPCs.
+//!
+//! Each runs as a kernel-tracked task feeding a small bounded channel, so a
+//! slow client slows its producer instead of growing a buffer, and the task
+//! ends when the client goes away, the server drains or the kernel stops.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hivekernel_agents::Pid;
+use hivekernel_proto::v1 as pb;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::convert;
+use crate::events::{Event, Subscription, unix_ms};
+use crate::kernel::Kernel;
+
+/// Batches in flight between a `ListProcesses` producer and its client.
+const BATCH_BUFFER: usize = 4;
+/// Events in flight between a `SubscribeEvents` producer and its client.
+const EVENT_BUFFER: usize = 256;
+
+/// A stream of the processes in `pids`, `batch_size` at a time, read from the
+/// table one batch at a time so the table lock is held only briefly.
+pub(crate) fn process_batches(
+    kernel: Kernel,
+    stop: Stop,
+    pids: Vec<Pid>,
+    batch_size: usize,
+) -> ReceiverStream<Result<pb::ProcessBatch, Status>> {
+    let (tx, rx) = mpsc::channel(BATCH_BUFFER);
+    let tracker = kernel.tracker().clone();
+    tracker.spawn(async move {
+        for chunk in pids.chunks(batch_size) {
+            let processes: Vec<_> = kernel
+                .infos(chunk)
+                .into_iter()
+                .map(convert::process_info)
+                .collect();
+            if processes.is_empty() {
+                continue;
+            }
+            if !send(&tx, Ok(pb::ProcessBatch { processes }), &stop).await {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// A stream of the subscription's replay, then its live events without
+/// repeats; a lost stretch of live events becomes one `lagged` event.
+pub(crate) fn events(
+    kernel: &Kernel,
+    stop: Stop,
+    subscription: Subscription,
+) -> ReceiverStream<Result<pb::Event, Status>> {
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let Subscription { replay, mut live } = subscription;
+    kernel.tracker().spawn(async move {
+        let mut last_seq = 0;
+        for event in replay {
+            last_seq = event.seq;
+            if !send(&tx, Ok(convert::event(&event)), &stop).await {
+                return;
+            }
+        }
+        loop {
+            let received: Result<Arc<Event>, RecvError> = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tx.closed() => return,
+                received = live.recv() => received,
+            };
+            let item = match received {
+                Ok(event) if event.seq <= last_seq => continue,
+                Ok(event) => {
+                    last_seq = event.seq;
+                    convert::event(&event)
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    convert::lagged(missed, unix_ms(SystemTime::now()))
+                }
+                Err(RecvError::Closed) => return,
+            };
+            if !send(&tx, Ok(item), &stop).await {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// When a producer must stop although its client is still reading.
+#[derive(Debug, Clone)]
+pub(crate) struct Stop {
+    /// Cancelled once the kernel has stopped its processes.
+    pub(crate) kernel: CancellationToken,
+    /// Cancelled when the server starts draining.
+    pub(crate) server: CancellationToken,
+}
+
+impl Stop {
+    async fn cancelled(&self) {
+        tokio::select! {
+            () = self.kernel.cancelled() => {}
+            () = self.server.cancelled() => {}
+        }
+    }
+}
+
+/// Sends `item`; false when the client has gone or the stream must stop.
+async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => false,
+        sent = tx.send(item) => sent.is_ok(),
+    }
+}
