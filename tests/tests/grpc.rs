@@ -645,6 +645,48 @@ async fn list_processes_streams_the_tree_in_preorder_batches() {
     served.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_processes_handles_100_000_processes_within_message_limits() {
+    let served = Served::start_with(KernelSettings {
+        max_children: 100_000,
+        ..hivekernel_tests::test_settings()
+    })
+    .await;
+    // 100 leads with 999 workers each, plus the leads and PID 1: 100,001.
+    for i in 0..100 {
+        let mut lead = SpawnRequest::new(Pid::KERNEL, format!("lead{i}"));
+        lead.limits.max_children = Some(1_000);
+        let lead = served.kernel.spawn(Caller::Admin, lead).await.unwrap();
+        for j in 0..999 {
+            served
+                .kernel
+                .spawn(Caller::Admin, SpawnRequest::new(lead, format!("w{i}.{j}")))
+                .await
+                .unwrap();
+        }
+    }
+    let mut client = served.client();
+    // A large batch size is capped so no message nears the 4 MiB limit.
+    let mut stream = client
+        .list_processes(pb::ListProcessesRequest { root: 0, max_depth: 0, batch_size: u32::MAX })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut total = 0;
+    let mut batches = 0;
+    let mut last_pid = 0;
+    while let Some(batch) = stream.message().await.unwrap() {
+        assert!(batch.processes.len() <= 10_000, "batch of {}", batch.processes.len());
+        batches += 1;
+        total += batch.processes.len();
+        last_pid = batch.processes.last().map_or(last_pid, |p| p.pid);
+    }
+    assert_eq!(total, 100_001);
+    assert!(batches >= 11, "{batches} batches");
+    assert_eq!(last_pid, 100_001);
+    served.stop().await;
+}
+
 async fn next_event(events: &mut tonic::Streaming<pb::Event>) -> pb::Event {
     tokio::time::timeout(STEP, events.message())
         .await

@@ -118,7 +118,7 @@ async fn execute_task_replies_and_times_out() {
     assert_eq!(reply.unwrap(), "ping");
     // A process asks its child through its own syscalls.
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(t.a, &format!("exec {} nested", t.a1)))
+        .execute_task(Caller::Admin, TaskSpec::new(t.a, format!("exec {} nested", t.a1)))
         .await
         .unwrap();
     assert_eq!(reply.unwrap(), "nested");
@@ -139,7 +139,7 @@ async fn delegate_async_reply_lands_in_the_senders_mailbox() {
     let (kernel, journal) = kernel();
     let t = tree(&kernel).await;
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(t.a, &format!("delegate {} sleep 20", t.a1)))
+        .execute_task(Caller::Admin, TaskSpec::new(t.a, format!("delegate {} sleep 20", t.a1)))
         .await
         .unwrap();
     let request_id: u64 = reply.unwrap().parse().unwrap();

@@ -129,7 +129,8 @@ async fn spawn_refuses_limits_larger_than_the_parents() {
         max_concurrent_tasks: Some(2),
     };
     let lead = kernel.spawn(Caller::Admin, request).await.unwrap();
-    let cases: [(&str, fn(&mut LimitOverrides)); 4] = [
+    type Widen = fn(&mut LimitOverrides);
+    let cases: [(&str, Widen); 4] = [
         ("max_children", |l| l.max_children = Some(5)),
         ("max_depth", |l| l.max_depth = Some(3)),
         ("timeout_seconds", |l| l.timeout_seconds = Some(6)),
