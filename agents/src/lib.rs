@@ -19,8 +19,7 @@ pub mod syscalls;
 
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
-    LimitOverrides,
-    ExitRecord, Limits, Pid, ProcessInfo, ProcessState, Role, SpawnRequest, Tier,
+    ExitRecord, LimitOverrides, Limits, Pid, ProcessInfo, ProcessState, Role, SpawnRequest, Tier,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};

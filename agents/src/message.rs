@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::process::Pid;
 
-
 /// Kernel-wide unique message id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -80,7 +79,9 @@ pub struct Task {
 pub type TaskReply = Result<String, String>;
 
 /// Delivery priority. Lower levels are served first; aging lifts waiting messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     /// Control traffic; served before anything else.
@@ -96,7 +97,12 @@ pub enum Priority {
 
 impl Priority {
     /// Every priority, most urgent first.
-    pub const ALL: [Priority; 4] = [Priority::Critical, Priority::High, Priority::Normal, Priority::Low];
+    pub const ALL: [Priority; 4] = [
+        Priority::Critical,
+        Priority::High,
+        Priority::Normal,
+        Priority::Low,
+    ];
 
     /// 0 for critical up to 3 for low.
     pub fn level(self) -> usize {
@@ -127,6 +133,8 @@ impl std::str::FromStr for Priority {
         Priority::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown priority {s:?} (expected one of: critical, high, normal, low)"))
+            .ok_or_else(|| {
+                format!("unknown priority {s:?} (expected one of: critical, high, normal, low)")
+            })
     }
 }

@@ -46,7 +46,9 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source} (is another kernel running? pass --listen to pick another address)")]
+    #[error(
+        "cannot listen on {addr}: {source} (is another kernel running? pass --listen to pick another address)"
+    )]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -106,8 +108,14 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     })?;
     let listener = TcpListener::bind(settings.listen)
         .await
-        .map_err(|source| StartError::Bind { addr: settings.listen, source })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: settings.listen, source })?;
+        .map_err(|source| StartError::Bind {
+            addr: settings.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: settings.listen,
+        source,
+    })?;
 
     let kernel = Kernel::start(settings, registry);
     if let Err(err) = start_agents(&kernel, &config.agents).await {
@@ -150,7 +158,10 @@ async fn start_agents(kernel: &Kernel, agents: &[AgentSpec]) -> Result<(), Start
         let pid = kernel
             .spawn(Caller::Admin, request)
             .await
-            .map_err(|source| StartError::Spawn { name: agent.name.clone(), source })?;
+            .map_err(|source| StartError::Spawn {
+                name: agent.name.clone(),
+                source,
+            })?;
         tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
     }
     Ok(())

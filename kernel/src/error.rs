@@ -27,7 +27,9 @@ pub enum KernelError {
         why: String,
     },
     /// The parent already has its maximum number of live children.
-    #[error("max children reached: process {parent} has {count} live children (max_children {max})")]
+    #[error(
+        "max children reached: process {parent} has {count} live children (max_children {max})"
+    )]
     TooManyChildren {
         /// The parent.
         parent: Pid,

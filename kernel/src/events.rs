@@ -95,10 +95,15 @@ pub enum EventKind {
         /// Time from pop to reply.
         duration_ms: u64,
     },
-    /// A subscriber fell behind and missed this many events.
+    /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
         missed: u64,
+    },
+    /// Stream marker (seq 0): the replay requested is complete; live events follow.
+    ReplayDone {
+        /// Sequence number of the last replayed event (the requested start when none were).
+        last_seq: u64,
     },
 }
 
@@ -115,6 +120,7 @@ impl EventKind {
             EventKind::RouteDenied { .. } => "route_denied",
             EventKind::TaskFinished { .. } => "task_finished",
             EventKind::Lagged { .. } => "lagged",
+            EventKind::ReplayDone { .. } => "replay_done",
         }
     }
 }
@@ -194,7 +200,12 @@ impl EventBus {
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         let ring = self.ring.lock();
         let replay = match since {
-            Some(since) => ring.events.iter().filter(|e| e.seq > since).cloned().collect(),
+            Some(since) => ring
+                .events
+                .iter()
+                .filter(|e| e.seq > since)
+                .cloned()
+                .collect(),
             None => Vec::new(),
         };
         Subscription {

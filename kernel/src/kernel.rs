@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
-use hivekernel_agents::{
-    Limits, Pid, ProcessContext, ProcessInfo, Role, Tier,
-};
+use hivekernel_agents::{Limits, Pid, ProcessContext, ProcessInfo, Role, Tier};
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -156,7 +156,10 @@ impl Mailbox {
     #[cfg(test)]
     pub(crate) fn try_pop(&self, on_expired: impl FnMut(Envelope)) -> Option<Envelope> {
         let mut expired = Vec::new();
-        let popped = self.queues.lock().pop(Instant::now(), self.aging, &mut expired);
+        let popped = self
+            .queues
+            .lock()
+            .pop(Instant::now(), self.aging, &mut expired);
         expired.into_iter().for_each(on_expired);
         popped
     }
@@ -206,7 +209,12 @@ impl Mailbox {
 }
 
 impl Queues {
-    fn pop(&mut self, now: Instant, aging: Duration, expired: &mut Vec<Envelope>) -> Option<Envelope> {
+    fn pop(
+        &mut self,
+        now: Instant,
+        aging: Duration,
+        expired: &mut Vec<Envelope>,
+    ) -> Option<Envelope> {
         loop {
             let mut best: Option<(usize, usize, Instant)> = None;
             for (level, queue) in self.levels.iter().enumerate() {
@@ -252,7 +260,6 @@ impl Queues {
     }
 }
 
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -285,7 +292,9 @@ mod tests {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
         mailbox.push(message(1, Priority::Low), |_| {}).unwrap();
         mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
-        mailbox.push(message(3, Priority::Critical), |_| {}).unwrap();
+        mailbox
+            .push(message(3, Priority::Critical), |_| {})
+            .unwrap();
         mailbox.push(message(4, Priority::Normal), |_| {}).unwrap();
         mailbox.push(message(5, Priority::High), |_| {}).unwrap();
         assert_eq!(drain(&mailbox), vec![3, 5, 2, 4, 1]);
@@ -312,7 +321,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expired_messages_are_dropped_and_reported() {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
-        mailbox.push(message_ttl(1, Priority::High, Some(Duration::from_millis(100))), |_| {}).unwrap();
+        mailbox
+            .push(
+                message_ttl(1, Priority::High, Some(Duration::from_millis(100))),
+                |_| {},
+            )
+            .unwrap();
         mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
         tokio::time::advance(Duration::from_millis(150)).await;
         let mut expired = Vec::new();
@@ -325,13 +339,25 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn full_mailbox_refuses_until_expired_messages_are_purged() {
         let mailbox = Mailbox::new(2, Duration::from_secs(5));
-        mailbox.push(message_ttl(1, Priority::Normal, Some(Duration::from_millis(10))), |_| {}).unwrap();
+        mailbox
+            .push(
+                message_ttl(1, Priority::Normal, Some(Duration::from_millis(10))),
+                |_| {},
+            )
+            .unwrap();
         mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
-        assert_eq!(mailbox.push(message(3, Priority::Critical), |_| {}).unwrap_err(), PushError::Full);
+        assert_eq!(
+            mailbox
+                .push(message(3, Priority::Critical), |_| {})
+                .unwrap_err(),
+            PushError::Full
+        );
         assert_eq!(mailbox.len(), 2);
         tokio::time::advance(Duration::from_millis(20)).await;
         let mut purged = Vec::new();
-        mailbox.push(message(4, Priority::Normal), |e| purged.push(e.id.0)).unwrap();
+        mailbox
+            .push(message(4, Priority::Normal), |e| purged.push(e.id.0))
+            .unwrap();
         assert_eq!(purged, vec![1]);
         assert_eq!(drain(&mailbox), vec![2, 4]);
     }
@@ -353,6 +379,11 @@ mod tests {
         let leftover = mailbox.close();
         assert!(leftover.is_empty());
         assert_eq!(reader.await.unwrap(), (Some(7), None));
-        assert_eq!(mailbox.push(message(8, Priority::Normal), |_| {}).unwrap_err(), PushError::Closed);
+        assert_eq!(
+            mailbox
+                .push(message(8, Priority::Normal), |_| {})
+                .unwrap_err(),
+            PushError::Closed
+        );
     }
 }

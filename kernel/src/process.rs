@@ -4,9 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use hivekernel_agents::{
-    ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState,
-};
+use hivekernel_agents::{ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -188,7 +186,9 @@ impl ProcessTable {
         let mut out = Vec::new();
         let mut stack = vec![(root, 0u32)];
         while let Some((pid, level)) = stack.pop() {
-            let Some(entry) = self.entries.get(&pid) else { continue };
+            let Some(entry) = self.entries.get(&pid) else {
+                continue;
+            };
             out.push(pid);
             if max_depth.is_some_and(|max| level >= max) {
                 continue;

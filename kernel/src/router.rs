@@ -43,12 +43,17 @@ struct Target {
 
 /// Applies the routing rules to `from` -> `to`.
 pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, String> {
-    let direct = Route { copy_to: None, via: None };
+    let direct = Route {
+        copy_to: None,
+        via: None,
+    };
     let sender = table
         .get(from)
         .filter(|e| e.is_alive())
         .ok_or_else(|| format!("sender {from} is not alive"))?;
-    let receiver = table.get(to).ok_or_else(|| format!("process {to} not found"))?;
+    let receiver = table
+        .get(to)
+        .ok_or_else(|| format!("process {to} not found"))?;
     if from == to {
         return Ok(direct);
     }
@@ -62,7 +67,10 @@ pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, S
         return Ok(direct);
     }
     if sender.ppid == receiver.ppid {
-        return Ok(Route { copy_to: Some(sender.ppid), via: None });
+        return Ok(Route {
+            copy_to: Some(sender.ppid),
+            via: None,
+        });
     }
     if table.is_ancestor(from, to) || table.is_ancestor(to, from) {
         return Ok(direct);
@@ -70,7 +78,10 @@ pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, S
     let via = table
         .nearest_common_ancestor(from, to)
         .ok_or_else(|| format!("processes {from} and {to} share no ancestor"))?;
-    Ok(Route { copy_to: None, via: Some(via) })
+    Ok(Route {
+        copy_to: None,
+        via: Some(via),
+    })
 }
 
 impl Kernel {
@@ -79,7 +90,9 @@ impl Kernel {
         self.check_running()?;
         check_payload("payload", &message.payload)?;
         if message.kind.trim().is_empty() {
-            return Err(KernelError::InvalidArgument("message type must not be empty".into()));
+            return Err(KernelError::InvalidArgument(
+                "message type must not be empty".into(),
+            ));
         }
         let from = caller.pid();
         let to = message.to;
@@ -111,7 +124,11 @@ impl Kernel {
     }
 
     /// Request/reply: runs a task on `task.to` and waits for its reply.
-    pub async fn execute_task(&self, caller: Caller, task: TaskSpec) -> Result<(RequestId, TaskReply)> {
+    pub async fn execute_task(
+        &self,
+        caller: Caller,
+        task: TaskSpec,
+    ) -> Result<(RequestId, TaskReply)> {
         let (tx, rx) = oneshot::channel();
         let to = task.to;
         let (request_id, timeout) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
@@ -136,7 +153,12 @@ impl Kernel {
     }
 
     /// Routes a task request into the target's mailbox.
-    fn submit(&self, caller: Caller, spec: TaskSpec, reply: ReplyTo) -> Result<(RequestId, Duration)> {
+    fn submit(
+        &self,
+        caller: Caller,
+        spec: TaskSpec,
+        reply: ReplyTo,
+    ) -> Result<(RequestId, Duration)> {
         self.check_running()?;
         check_payload("description", &spec.description)?;
         let from = caller.pid();
@@ -147,7 +169,9 @@ impl Kernel {
             ));
         };
         if spec.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(KernelError::InvalidArgument("timeout must be positive".into()));
+            return Err(KernelError::InvalidArgument(
+                "timeout must be positive".into(),
+            ));
         }
         let timeout = spec.timeout.unwrap_or(target.timeout);
         let request_id = RequestId(self.next_id());
@@ -158,7 +182,11 @@ impl Kernel {
             description: spec.description,
             params: spec.params,
         };
-        let item = Item::Task { task, priority: Priority::Normal, reply };
+        let item = Item::Task {
+            task,
+            priority: Priority::Normal,
+            reply,
+        };
         self.push(&proc, Envelope::new(MessageId(request_id.0), item, None))?;
         if let Some(parent) = target.route.copy_to {
             let copy = Message {
@@ -194,21 +222,34 @@ impl Kernel {
         }
         let timeout = Duration::from_secs(entry.proc.limits.timeout_seconds.max(1));
         let proc = (to != Pid::KERNEL).then(|| entry.proc.clone());
-        Ok(Target { proc, route, timeout })
+        Ok(Target {
+            proc,
+            route,
+            timeout,
+        })
     }
 
     fn deny(&self, from: Pid, to: Pid, reason: String) -> KernelError {
         if reason.ends_with("not found") {
             return KernelError::NotFound(to);
         }
-        self.inner.events.emit(from, EventKind::RouteDenied { to, reason: reason.clone() });
+        self.inner.events.emit(
+            from,
+            EventKind::RouteDenied {
+                to,
+                reason: reason.clone(),
+            },
+        );
         KernelError::PermissionDenied(reason)
     }
 
     /// Pushes into a mailbox, reporting expired messages it purged.
     fn push(&self, proc: &ProcShared, env: Envelope) -> Result<()> {
         let pid = proc.ctx.pid;
-        match proc.mailbox.push(env, |expired| self.report_expired(pid, expired)) {
+        match proc
+            .mailbox
+            .push(env, |expired| self.report_expired(pid, expired))
+        {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(KernelError::MailboxFull {
                 pid,
@@ -237,13 +278,24 @@ impl Kernel {
             tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
             self.inner.events.emit(
                 to,
-                EventKind::MessageDropped { message_id: id, from, kind, reason: err.to_string() },
+                EventKind::MessageDropped {
+                    message_id: id,
+                    from,
+                    kind,
+                    reason: err.to_string(),
+                },
             );
         }
     }
 
     /// Sends a task's reply where it was asked to go.
-    pub(crate) fn deliver_reply(&self, worker: Pid, request_id: RequestId, reply_to: ReplyTo, reply: TaskReply) {
+    pub(crate) fn deliver_reply(
+        &self,
+        worker: Pid,
+        request_id: RequestId,
+        reply_to: ReplyTo,
+        reply: TaskReply,
+    ) {
         match reply_to {
             ReplyTo::Waiter(tx) => {
                 // The requester may have timed out; that is its business.
@@ -251,8 +303,12 @@ impl Kernel {
             }
             ReplyTo::Mailbox(requester) => {
                 let payload = match &reply {
-                    Ok(output) => serde_json::json!({"request_id": request_id, "success": true, "output": output}),
-                    Err(error) => serde_json::json!({"request_id": request_id, "success": false, "error": error}),
+                    Ok(output) => {
+                        serde_json::json!({"request_id": request_id, "success": true, "output": output})
+                    }
+                    Err(error) => {
+                        serde_json::json!({"request_id": request_id, "success": false, "error": error})
+                    }
                 };
                 let message = Message {
                     id: MessageId(self.next_id()),
@@ -293,7 +349,12 @@ impl Kernel {
             },
         );
         if let Item::Task { task, reply, .. } = env.item {
-            self.deliver_reply(pid, task.request_id, reply, Err("task expired before delivery".into()));
+            self.deliver_reply(
+                pid,
+                task.request_id,
+                reply,
+                Err("task expired before delivery".into()),
+            );
         }
     }
 }

@@ -55,7 +55,11 @@ impl RuntimeRegistry {
 type Fatal = (i32, String);
 
 /// Drives one process until its mailbox closes or its runtime fails.
-pub(crate) async fn run_process(kernel: Weak<Inner>, proc: Arc<ProcShared>, runtime: Arc<dyn Runtime>) {
+pub(crate) async fn run_process(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+) {
     let max = proc.limits.max_concurrent_tasks.max(1) as usize;
     let pid = proc.ctx.pid;
     let mut inflight = FuturesUnordered::new();
@@ -117,16 +121,23 @@ async fn handle(
                 }
                 other => (Some(tokio::time::timeout(limit, work).await), other),
             };
-            let Some(outcome) = outcome else { return Ok(()) };
+            let Some(outcome) = outcome else {
+                return Ok(());
+            };
             let (answer, fatal) = match outcome {
                 Ok(Ok(answer)) => (answer, None),
                 Ok(Err(panic)) => {
                     let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
                     (Err(why.clone()), Some((EXIT_PANICKED, why)))
                 }
-                Err(_) => (Err(format!("task timed out after {} s", limit.as_secs())), None),
+                Err(_) => (
+                    Err(format!("task timed out after {} s", limit.as_secs())),
+                    None,
+                ),
             };
-            let Some(inner) = kernel.upgrade() else { return Ok(()) };
+            let Some(inner) = kernel.upgrade() else {
+                return Ok(());
+            };
             let kernel = Kernel { inner };
             let success = answer.is_ok();
             kernel.deliver_reply(pid, request_id, reply, answer);
@@ -143,10 +154,16 @@ async fn handle(
         }
         Item::Message(message) => {
             let _running = CountGuard::enter(&proc.running);
-            match AssertUnwindSafe(runtime.on_message(&proc.ctx, message)).catch_unwind().await {
+            match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
+                .catch_unwind()
+                .await
+            {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
-                Err(panic) => Err((EXIT_PANICKED, format!("runtime panicked: {}", panic_text(panic.as_ref())))),
+                Err(panic) => Err((
+                    EXIT_PANICKED,
+                    format!("runtime panicked: {}", panic_text(panic.as_ref())),
+                )),
             }
         }
     }

@@ -101,7 +101,10 @@ impl Kernel {
         }
         let limits = narrow_limits(&plimits, &request)?;
 
-        let pid = Pid(self.inner.next_pid.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let pid = Pid(self
+            .inner
+            .next_pid
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let ctx = ProcessContext {
             pid,
             name: Arc::from(request.name.as_str()),
@@ -167,7 +170,9 @@ impl Kernel {
 /// Rejects empty, overlong or control-character names.
 pub(crate) fn validate_name(name: &str) -> Result<()> {
     if name.trim().is_empty() {
-        return Err(KernelError::InvalidArgument("name must not be empty".into()));
+        return Err(KernelError::InvalidArgument(
+            "name must not be empty".into(),
+        ));
     }
     if name.len() > MAX_NAME_BYTES {
         return Err(KernelError::InvalidArgument(format!(
@@ -208,8 +213,18 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
     let r = &request.limits;
     Ok(Limits {
         max_children: pick("max_children", r.max_children, parent.max_children, 0)?,
-        max_depth: pick("max_depth", r.max_depth, parent.max_depth.saturating_sub(1), 0)?,
-        timeout_seconds: pick("timeout_seconds", r.timeout_seconds, parent.timeout_seconds, 0)?,
+        max_depth: pick(
+            "max_depth",
+            r.max_depth,
+            parent.max_depth.saturating_sub(1),
+            0,
+        )?,
+        timeout_seconds: pick(
+            "timeout_seconds",
+            r.timeout_seconds,
+            parent.timeout_seconds,
+            0,
+        )?,
         max_concurrent_tasks: pick(
             "max_concurrent_tasks",
             r.max_concurrent_tasks,

@@ -118,7 +118,9 @@ impl Kernel {
             if let Some(record) = entry.exit.clone() {
                 reap(&mut table, pid);
                 drop(table);
-                self.inner.events.emit(pid, EventKind::Reaped { by: "wait_child" });
+                self.inner
+                    .events
+                    .emit(pid, EventKind::Reaped { by: "wait_child" });
                 return Ok(record);
             }
             let (tx, rx) = oneshot::channel();
@@ -135,7 +137,9 @@ impl Kernel {
             })?,
             None => rx.await,
         };
-        outcome.map_err(|_| KernelError::FailedPrecondition(format!("process {pid} was reaped by another waiter")))
+        outcome.map_err(|_| {
+            KernelError::FailedPrecondition(format!("process {pid} was reaped by another waiter"))
+        })
     }
 
     /// Ends every process below PID 1, leaves first: in-flight tasks get up
@@ -143,7 +147,10 @@ impl Kernel {
     pub(crate) async fn stop_all(&self, grace: Duration) {
         let roots: Vec<Pid> = {
             let table = self.inner.table.read();
-            table.get(Pid::KERNEL).map(|k| k.children.clone()).unwrap_or_default()
+            table
+                .get(Pid::KERNEL)
+                .map(|k| k.children.clone())
+                .unwrap_or_default()
         };
         let mut all = Exits::default();
         {
@@ -163,7 +170,10 @@ impl Kernel {
         let aborts: Vec<_> = runners.iter().map(|h| h.abort_handle()).collect();
         let drained = futures::future::join_all(runners);
         if tokio::time::timeout(grace, drained).await.is_err() {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "forcing processes still running after the grace period");
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "forcing processes still running after the grace period"
+            );
             aborts.iter().for_each(|a| a.abort());
         }
         self.finish_exits(all, false).await;
@@ -200,11 +210,18 @@ impl Kernel {
             );
         }
         for pid in reaped {
-            self.inner.events.emit(pid, EventKind::Reaped { by: "parent_exited" });
+            self.inner.events.emit(
+                pid,
+                EventKind::Reaped {
+                    by: "parent_exited",
+                },
+            );
         }
         let Some(top) = notify_parent else { return };
         if collected {
-            self.inner.events.emit(top.pid, EventKind::Reaped { by: "wait_child" });
+            self.inner
+                .events
+                .emit(top.pid, EventKind::Reaped { by: "wait_child" });
         } else {
             self.inner.reaper.schedule(
                 Instant::now() + Duration::from_secs(self.inner.settings.zombie_timeout_seconds),
@@ -240,13 +257,17 @@ impl Kernel {
             }
         };
         if reaped {
-            self.inner.events.emit(pid, EventKind::Reaped { by: "timeout" });
+            self.inner
+                .events
+                .emit(pid, EventKind::Reaped { by: "timeout" });
         }
     }
 
     /// Marks `caller` (when a process) blocked until the guard drops.
     pub(crate) fn blocked_guard(&self, caller: Caller) -> Option<BlockedGuard> {
-        let Caller::Process(pid) = caller else { return None };
+        let Caller::Process(pid) = caller else {
+            return None;
+        };
         let proc = self.inner.table.read().get(pid)?.proc.clone();
         proc.blocked.fetch_add(1, Ordering::Relaxed);
         Some(BlockedGuard(proc))
@@ -297,12 +318,16 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -
     let mut exits = Exits::default();
     let now = unix_ms(SystemTime::now());
     for pid in table.subtree_leaves_first(top) {
-        let Some(entry) = table.get_mut(pid) else { continue };
+        let Some(entry) = table.get_mut(pid) else {
+            continue;
+        };
         let ppid = entry.ppid;
         if entry.is_alive() {
             entry.proc.exited.store(true, Ordering::Release);
             let pending = entry.proc.mailbox.close();
-            exits.undelivered.extend(pending.into_iter().map(|env| (pid, env)));
+            exits
+                .undelivered
+                .extend(pending.into_iter().map(|env| (pid, env)));
             if let Some(runner) = entry.runner.take() {
                 exits.runners.push(runner);
             }
@@ -344,7 +369,9 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -
 
 /// Removes `pid` from the table and from its parent's children.
 fn reap(table: &mut ProcessTable, pid: Pid) {
-    let Some(entry) = table.entries.remove(&pid) else { return };
+    let Some(entry) = table.entries.remove(&pid) else {
+        return;
+    };
     if let Some(parent) = table.get_mut(entry.ppid) {
         parent.children.retain(|c| *c != pid);
         if entry.exit.is_none() {
@@ -396,7 +423,10 @@ impl Kernel {
         let id = env.id;
         match env.item {
             // A blocked requester learns of the exit from its dropped reply port.
-            Item::Task { reply: ReplyTo::Waiter(_), .. } => {}
+            Item::Task {
+                reply: ReplyTo::Waiter(_),
+                ..
+            } => {}
             Item::Task { task, reply, .. } => {
                 self.deliver_reply(
                     pid,

@@ -64,8 +64,15 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.delegate_async(self.caller(), task).await?)
     }
 
-    async fn wait_child(&self, pid: Pid, timeout: Option<Duration>) -> Result<ExitRecord, SyscallError> {
-        Ok(self.kernel()?.wait_child(self.caller(), pid, timeout).await?)
+    async fn wait_child(
+        &self,
+        pid: Pid,
+        timeout: Option<Duration>,
+    ) -> Result<ExitRecord, SyscallError> {
+        Ok(self
+            .kernel()?
+            .wait_child(self.caller(), pid, timeout)
+            .await?)
     }
 
     async fn get_process(&self, pid: Pid) -> Result<ProcessInfo, SyscallError> {
@@ -74,7 +81,9 @@ impl Syscalls for KernelSyscalls {
 
     async fn list_children(&self) -> Result<Vec<ProcessInfo>, SyscallError> {
         let kernel = self.kernel()?;
-        let mut children = kernel.list_processes(self.caller(), self.pid, Some(1)).await?;
+        let mut children = kernel
+            .list_processes(self.caller(), self.pid, Some(1))
+            .await?;
         children.retain(|p| p.pid != self.pid);
         Ok(children)
     }

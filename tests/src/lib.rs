@@ -84,7 +84,10 @@ pub async fn spawn_probe(
     role: hivekernel_agents::Role,
 ) -> hivekernel_agents::Pid {
     kernel
-        .spawn(hivekernel_kernel::Caller::Admin, probe_request(parent, name, role))
+        .spawn(
+            hivekernel_kernel::Caller::Admin,
+            probe_request(parent, name, role),
+        )
         .await
         .unwrap_or_else(|e| panic!("spawn {name} under {parent}: {e}"))
 }

@@ -48,7 +48,9 @@ pub struct ProbeFactory {
 
 impl RuntimeFactory for ProbeFactory {
     fn create(&self, _ctx: &ProcessContext) -> Result<Arc<dyn Runtime>, RuntimeError> {
-        Ok(Arc::new(Probe { journal: self.journal.clone() }))
+        Ok(Arc::new(Probe {
+            journal: self.journal.clone(),
+        }))
     }
 }
 
@@ -86,12 +88,17 @@ impl Runtime for Probe {
                     request.role = role.parse::<Role>()?;
                 }
                 request.runtime = Some("probe".into());
-                sys.spawn_child(request).await.map(|p| p.to_string()).map_err(|e| e.to_string())
+                sys.spawn_child(request)
+                    .await
+                    .map(|p| p.to_string())
+                    .map_err(|e| e.to_string())
             }
             "exec" => {
                 let to = pid_arg(words.next())?;
                 let rest = words.next().unwrap_or_default();
-                sys.execute_task(TaskSpec::new(to, rest)).await.map_err(|e| e.to_string())?
+                sys.execute_task(TaskSpec::new(to, rest))
+                    .await
+                    .map_err(|e| e.to_string())?
             }
             "delegate" => {
                 let to = pid_arg(words.next())?;

@@ -668,7 +668,11 @@ async fn list_processes_handles_100_000_processes_within_message_limits() {
     let mut client = served.client();
     // A large batch size is capped so no message nears the 4 MiB limit.
     let mut stream = client
-        .list_processes(pb::ListProcessesRequest { root: 0, max_depth: 0, batch_size: u32::MAX })
+        .list_processes(pb::ListProcessesRequest {
+            root: 0,
+            max_depth: 0,
+            batch_size: u32::MAX,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -676,7 +680,11 @@ async fn list_processes_handles_100_000_processes_within_message_limits() {
     let mut batches = 0;
     let mut last_pid = 0;
     while let Some(batch) = stream.message().await.unwrap() {
-        assert!(batch.processes.len() <= 10_000, "batch of {}", batch.processes.len());
+        assert!(
+            batch.processes.len() <= 10_000,
+            "batch of {}",
+            batch.processes.len()
+        );
         batches += 1;
         total += batch.processes.len();
         last_pid = batch.processes.last().map_or(last_pid, |p| p.pid);
@@ -722,6 +730,12 @@ async fn subscribe_events_replays_then_goes_live() {
     assert_eq!(detail["type"], "spawned");
     assert_eq!(detail["name"], "first");
     assert_eq!(detail["ppid"], 1);
+
+    // A seq-0 marker ends the replay and names its last event.
+    let done = next_event(&mut events).await;
+    assert_eq!((done.seq, done.r#type.as_str()), (0, "replay_done"));
+    let detail: serde_json::Value = serde_json::from_str(&done.detail).unwrap();
+    assert_eq!(detail["last_seq"], replayed[1].seq);
 
     let third = spawn(&mut served.client(), spawn_req(1, "third")).await;
     let live = next_event(&mut events).await;

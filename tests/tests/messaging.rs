@@ -29,11 +29,26 @@ async fn tree(kernel: &hivekernel_kernel::Kernel) -> Tree {
     let a2x = spawn_probe(kernel, a2, "a2x", Role::Task).await;
     let b = spawn_probe(kernel, ROOT, "b", Role::Lead).await;
     let b1 = spawn_probe(kernel, b, "b1", Role::Worker).await;
-    Tree { a, a1, a2, a2x, b, b1 }
+    Tree {
+        a,
+        a1,
+        a2,
+        a2x,
+        b,
+        b1,
+    }
 }
 
-async fn send(kernel: &hivekernel_kernel::Kernel, from: Pid, to: Pid, text: &str) -> Result<(), KernelError> {
-    kernel.send_message(Caller::Process(from), Outgoing::new(to, text)).await.map(|_| ())
+async fn send(
+    kernel: &hivekernel_kernel::Kernel,
+    from: Pid,
+    to: Pid,
+    text: &str,
+) -> Result<(), KernelError> {
+    kernel
+        .send_message(Caller::Process(from), Outgoing::new(to, text))
+        .await
+        .map(|_| ())
 }
 
 #[tokio::test]
@@ -43,8 +58,14 @@ async fn parent_and_child_talk_both_ways() {
     send(&kernel, t.a, t.a1, "down").await.unwrap();
     send(&kernel, t.a1, t.a, "up").await.unwrap();
     wait_until("both messages", Duration::from_secs(5), || async {
-        journal.of(t.a1).iter().any(|m| m.payload == "down" && m.from == t.a)
-            && journal.of(t.a).iter().any(|m| m.payload == "up" && m.from == t.a1)
+        journal
+            .of(t.a1)
+            .iter()
+            .any(|m| m.payload == "down" && m.from == t.a)
+            && journal
+                .of(t.a)
+                .iter()
+                .any(|m| m.payload == "up" && m.from == t.a1)
     })
     .await;
 }
@@ -55,9 +76,15 @@ async fn siblings_talk_with_a_low_priority_copy_to_the_parent() {
     let t = tree(&kernel).await;
     send(&kernel, t.a1, t.a2, "hello sibling").await.unwrap();
     wait_until("delivery and copy", Duration::from_secs(5), || async {
-        let delivered = journal.of(t.a2).iter().any(|m| m.payload == "hello sibling" && m.kind == kinds::MESSAGE);
+        let delivered = journal
+            .of(t.a2)
+            .iter()
+            .any(|m| m.payload == "hello sibling" && m.kind == kinds::MESSAGE);
         let copied = journal.of(t.a).iter().any(|m| {
-            m.payload == "hello sibling" && m.kind == kinds::SIBLING_COPY && m.priority == Priority::Low && m.from == t.a1
+            m.payload == "hello sibling"
+                && m.kind == kinds::SIBLING_COPY
+                && m.priority == Priority::Low
+                && m.from == t.a1
         });
         delivered && copied
     })
@@ -70,13 +97,19 @@ async fn cross_branch_messages_go_through_the_nearest_common_ancestor() {
     let t = tree(&kernel).await;
     send(&kernel, t.a1, t.b1, "across").await.unwrap();
     wait_until("cross-branch delivery", Duration::from_secs(5), || async {
-        journal.of(t.b1).iter().any(|m| m.payload == "across" && m.via == Some(ROOT))
+        journal
+            .of(t.b1)
+            .iter()
+            .any(|m| m.payload == "across" && m.via == Some(ROOT))
     })
     .await;
     // The nearest common ancestor of a1 and its nephew a2x is a.
     send(&kernel, t.a1, t.a2x, "nephew").await.unwrap();
     wait_until("delivery to the nephew", Duration::from_secs(5), || async {
-        journal.of(t.a2x).iter().any(|m| m.payload == "nephew" && m.via == Some(t.a))
+        journal
+            .of(t.a2x)
+            .iter()
+            .any(|m| m.payload == "nephew" && m.via == Some(t.a))
     })
     .await;
 }
@@ -88,11 +121,19 @@ async fn a_task_may_only_address_its_parent() {
     let mut events = kernel.subscribe(None).live;
     send(&kernel, t.a2x, t.a2, "to parent").await.unwrap();
     for target in [t.a, t.a1, t.b, ROOT] {
-        let err = send(&kernel, t.a2x, target, "out of bounds").await.unwrap_err();
-        assert!(matches!(&err, KernelError::PermissionDenied(m) if m.contains("task")), "{target}: {err}");
+        let err = send(&kernel, t.a2x, target, "out of bounds")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, KernelError::PermissionDenied(m) if m.contains("task")),
+            "{target}: {err}"
+        );
     }
     let denied = events.recv().await.unwrap();
-    assert!(matches!(denied.kind, EventKind::RouteDenied { to, .. } if to == t.a), "{denied:?}");
+    assert!(
+        matches!(denied.kind, EventKind::RouteDenied { to, .. } if to == t.a),
+        "{denied:?}"
+    );
     wait_until("the allowed message", Duration::from_secs(5), || async {
         journal.of(t.a2).iter().any(|m| m.payload == "to parent")
     })
@@ -103,22 +144,37 @@ async fn a_task_may_only_address_its_parent() {
 async fn messages_to_unknown_or_exited_processes_are_refused() {
     let (kernel, _) = kernel();
     let t = tree(&kernel).await;
-    assert_eq!(send(&kernel, t.a, Pid(777), "x").await.unwrap_err(), KernelError::NotFound(Pid(777)));
+    assert_eq!(
+        send(&kernel, t.a, Pid(777), "x").await.unwrap_err(),
+        KernelError::NotFound(Pid(777))
+    );
     kernel.kill(Caller::Admin, t.b1, "").await.unwrap();
-    assert!(matches!(send(&kernel, t.b, t.b1, "x").await, Err(KernelError::FailedPrecondition(_))));
+    assert!(matches!(
+        send(&kernel, t.b, t.b1, "x").await,
+        Err(KernelError::FailedPrecondition(_))
+    ));
     let big = "x".repeat(hivekernel_kernel::MAX_PAYLOAD_BYTES + 1);
-    assert!(matches!(send(&kernel, t.a, t.a1, &big).await, Err(KernelError::InvalidArgument(_))));
+    assert!(matches!(
+        send(&kernel, t.a, t.a1, &big).await,
+        Err(KernelError::InvalidArgument(_))
+    ));
 }
 
 #[tokio::test]
 async fn execute_task_replies_and_times_out() {
     let (kernel, _) = kernel();
     let t = tree(&kernel).await;
-    let (_, reply) = kernel.execute_task(Caller::Admin, TaskSpec::new(t.a1, "ping")).await.unwrap();
+    let (_, reply) = kernel
+        .execute_task(Caller::Admin, TaskSpec::new(t.a1, "ping"))
+        .await
+        .unwrap();
     assert_eq!(reply.unwrap(), "ping");
     // A process asks its child through its own syscalls.
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(t.a, format!("exec {} nested", t.a1)))
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(t.a, format!("exec {} nested", t.a1)),
+        )
         .await
         .unwrap();
     assert_eq!(reply.unwrap(), "nested");
@@ -128,9 +184,14 @@ async fn execute_task_replies_and_times_out() {
     let err = kernel.execute_task(Caller::Admin, slow).await.unwrap_err();
     assert!(matches!(err, KernelError::DeadlineExceeded(_)), "{err}");
     // The abandoned task is cancelled at the target: it becomes idle again.
-    wait_until("the target to drop abandoned work", Duration::from_secs(5), || async {
-        kernel.get_process(Caller::Admin, t.a1).await.unwrap().state == hivekernel_agents::ProcessState::Idle
-    })
+    wait_until(
+        "the target to drop abandoned work",
+        Duration::from_secs(5),
+        || async {
+            kernel.get_process(Caller::Admin, t.a1).await.unwrap().state
+                == hivekernel_agents::ProcessState::Idle
+        },
+    )
     .await;
 }
 
@@ -139,7 +200,10 @@ async fn delegate_async_reply_lands_in_the_senders_mailbox() {
     let (kernel, journal) = kernel();
     let t = tree(&kernel).await;
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(t.a, format!("delegate {} sleep 20", t.a1)))
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(t.a, format!("delegate {} sleep 20", t.a1)),
+        )
         .await
         .unwrap();
     let request_id: u64 = reply.unwrap().parse().unwrap();
@@ -167,19 +231,47 @@ async fn a_full_mailbox_answers_resource_exhausted() {
     // Keep the process busy so nothing is popped while we fill the mailbox.
     let blocker = {
         let kernel = kernel.clone();
-        tokio::spawn(async move { kernel.execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 2000")).await })
+        tokio::spawn(async move {
+            kernel
+                .execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 2000"))
+                .await
+        })
     };
     wait_until("serial to be running", Duration::from_secs(5), || async {
-        kernel.get_process(Caller::Admin, serial).await.unwrap().state == hivekernel_agents::ProcessState::Running
+        kernel
+            .get_process(Caller::Admin, serial)
+            .await
+            .unwrap()
+            .state
+            == hivekernel_agents::ProcessState::Running
     })
     .await;
     for i in 0..3 {
-        kernel.send_message(Caller::Admin, Outgoing::new(serial, format!("m{i}"))).await.unwrap();
+        kernel
+            .send_message(Caller::Admin, Outgoing::new(serial, format!("m{i}")))
+            .await
+            .unwrap();
     }
-    let err = kernel.send_message(Caller::Admin, Outgoing::new(serial, "overflow")).await.unwrap_err();
-    assert_eq!(err, KernelError::MailboxFull { pid: serial, capacity: 3 });
+    let err = kernel
+        .send_message(Caller::Admin, Outgoing::new(serial, "overflow"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::MailboxFull {
+            pid: serial,
+            capacity: 3
+        }
+    );
     assert_eq!(err.kind(), hivekernel_agents::ErrorKind::ResourceExhausted);
-    assert_eq!(kernel.get_process(Caller::Admin, serial).await.unwrap().mailbox_len, 3);
+    assert_eq!(
+        kernel
+            .get_process(Caller::Admin, serial)
+            .await
+            .unwrap()
+            .mailbox_len,
+        3
+    );
     blocker.abort();
 }
 
@@ -192,22 +284,39 @@ async fn expired_messages_are_dropped_with_an_event() {
     let mut events = kernel.subscribe(None).live;
     let blocker = {
         let kernel = kernel.clone();
-        tokio::spawn(async move { kernel.execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 300")).await })
+        tokio::spawn(async move {
+            kernel
+                .execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 300"))
+                .await
+        })
     };
     wait_until("serial to be running", Duration::from_secs(5), || async {
-        kernel.get_process(Caller::Admin, serial).await.unwrap().state == hivekernel_agents::ProcessState::Running
+        kernel
+            .get_process(Caller::Admin, serial)
+            .await
+            .unwrap()
+            .state
+            == hivekernel_agents::ProcessState::Running
     })
     .await;
     let mut short = Outgoing::new(serial, "short-lived");
     short.ttl = Some(Duration::from_millis(50));
     let id = kernel.send_message(Caller::Admin, short).await.unwrap();
-    kernel.send_message(Caller::Admin, Outgoing::new(serial, "durable")).await.unwrap();
+    kernel
+        .send_message(Caller::Admin, Outgoing::new(serial, "durable"))
+        .await
+        .unwrap();
     blocker.await.unwrap().unwrap().1.unwrap();
     wait_until("the durable message", Duration::from_secs(5), || async {
         journal.of(serial).iter().any(|m| m.payload == "durable")
     })
     .await;
-    assert!(!journal.of(serial).iter().any(|m| m.payload == "short-lived"));
+    assert!(
+        !journal
+            .of(serial)
+            .iter()
+            .any(|m| m.payload == "short-lived")
+    );
     loop {
         let event = events.recv().await.unwrap();
         if let EventKind::MessageExpired { message_id, .. } = event.kind {
@@ -224,8 +333,13 @@ async fn messages_to_pid_1_become_events() {
     let mut events = kernel.subscribe(None).live;
     send(&kernel, a, ROOT, "hello kernel").await.unwrap();
     let event = events.recv().await.unwrap();
-    assert!(matches!(&event.kind, EventKind::KernelMessage { from, payload, .. } if *from == a && payload == "hello kernel"));
-    let err = kernel.execute_task(Caller::Process(a), TaskSpec::new(ROOT, "x")).await.unwrap_err();
+    assert!(
+        matches!(&event.kind, EventKind::KernelMessage { from, payload, .. } if *from == a && payload == "hello kernel")
+    );
+    let err = kernel
+        .execute_task(Caller::Process(a), TaskSpec::new(ROOT, "x"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, KernelError::InvalidArgument(_)));
 }
 

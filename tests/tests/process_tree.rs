@@ -8,7 +8,9 @@ use hivekernel_agents::message::kinds;
 use hivekernel_agents::{ErrorKind, LimitOverrides, Pid, ProcessState, Role, SpawnRequest, Tier};
 use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::{Caller, EXIT_KILLED, EXIT_PANICKED, KernelError};
-use hivekernel_tests::{kernel, kernel_with, probe_request, spawn_probe, test_settings, wait_until};
+use hivekernel_tests::{
+    kernel, kernel_with, probe_request, spawn_probe, test_settings, wait_until,
+};
 
 const ROOT: Pid = Pid::KERNEL;
 
@@ -16,22 +18,34 @@ const ROOT: Pid = Pid::KERNEL;
 async fn pid_1_is_the_kernel_and_pids_are_never_reused() {
     let (kernel, _) = kernel();
     let info = kernel.get_process(Caller::Admin, ROOT).await.unwrap();
-    assert_eq!((info.role, info.tier, info.ppid), (Role::Kernel, Tier::Strategic, Pid(0)));
+    assert_eq!(
+        (info.role, info.tier, info.ppid),
+        (Role::Kernel, Tier::Strategic, Pid(0))
+    );
 
     let a = spawn_probe(&kernel, ROOT, "a", Role::Agent).await;
     kernel.kill(Caller::Admin, a, "").await.unwrap();
     kernel.wait_child(Caller::Admin, a, None).await.unwrap();
     let b = spawn_probe(&kernel, ROOT, "b", Role::Agent).await;
     assert!(b.0 > a.0, "pid {a} was reused as {b}");
-    assert!(kernel.get_process(Caller::Admin, a).await.is_err(), "reaped process still listed");
+    assert!(
+        kernel.get_process(Caller::Admin, a).await.is_err(),
+        "reaped process still listed"
+    );
 }
 
 #[tokio::test]
 async fn spawn_refuses_an_empty_name() {
     let (kernel, _) = kernel();
     for name in ["", "   ", "bad\nname"] {
-        let err = kernel.spawn(Caller::Admin, probe_request(ROOT, name, Role::Agent)).await.unwrap_err();
-        assert!(matches!(err, KernelError::InvalidArgument(_)), "{name:?}: {err}");
+        let err = kernel
+            .spawn(Caller::Admin, probe_request(ROOT, name, Role::Agent))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, KernelError::InvalidArgument(_)),
+            "{name:?}: {err}"
+        );
     }
     assert_eq!(kernel.live_count(), 1);
 }
@@ -41,9 +55,21 @@ async fn spawn_refuses_a_parent_that_is_not_alive() {
     let (kernel, _) = kernel();
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     kernel.kill(Caller::Admin, parent, "").await.unwrap();
-    let err = kernel.spawn(Caller::Admin, probe_request(parent, "orphan", Role::Worker)).await.unwrap_err();
-    assert!(matches!(err, KernelError::ParentNotAlive { pid, .. } if pid == parent), "{err}");
-    let err = kernel.spawn(Caller::Admin, probe_request(Pid(999), "orphan", Role::Worker)).await.unwrap_err();
+    let err = kernel
+        .spawn(Caller::Admin, probe_request(parent, "orphan", Role::Worker))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::ParentNotAlive { pid, .. } if pid == parent),
+        "{err}"
+    );
+    let err = kernel
+        .spawn(
+            Caller::Admin,
+            probe_request(Pid(999), "orphan", Role::Worker),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err, KernelError::NotFound(Pid(999)));
 }
 
@@ -56,8 +82,14 @@ async fn spawn_refuses_beyond_the_kernel_max_depth() {
     for level in 1..=3 {
         parent = spawn_probe(&kernel, parent, &format!("level{level}"), Role::Lead).await;
     }
-    let err = kernel.spawn(Caller::Admin, probe_request(parent, "level4", Role::Worker)).await.unwrap_err();
-    assert!(matches!(err, KernelError::DepthExceeded { depth: 4, .. }), "{err}");
+    let err = kernel
+        .spawn(Caller::Admin, probe_request(parent, "level4", Role::Worker))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::DepthExceeded { depth: 4, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("max depth"), "{err}");
 }
 
@@ -68,8 +100,22 @@ async fn max_depth_narrows_per_process() {
     request.limits.max_depth = Some(1);
     let shallow = kernel.spawn(Caller::Admin, request).await.unwrap();
     let child = spawn_probe(&kernel, shallow, "child", Role::Worker).await;
-    assert_eq!(kernel.get_process(Caller::Admin, child).await.unwrap().limits.max_depth, 0);
-    let err = kernel.spawn(Caller::Admin, probe_request(child, "grandchild", Role::Worker)).await.unwrap_err();
+    assert_eq!(
+        kernel
+            .get_process(Caller::Admin, child)
+            .await
+            .unwrap()
+            .limits
+            .max_depth,
+        0
+    );
+    let err = kernel
+        .spawn(
+            Caller::Admin,
+            probe_request(child, "grandchild", Role::Worker),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, KernelError::DepthExceeded { .. }), "{err}");
 }
 
@@ -81,8 +127,18 @@ async fn spawn_refuses_past_max_children_and_counts_only_live_ones() {
     let lead = kernel.spawn(Caller::Admin, request).await.unwrap();
     let first = spawn_probe(&kernel, lead, "w1", Role::Worker).await;
     spawn_probe(&kernel, lead, "w2", Role::Worker).await;
-    let err = kernel.spawn(Caller::Admin, probe_request(lead, "w3", Role::Worker)).await.unwrap_err();
-    assert_eq!(err, KernelError::TooManyChildren { parent: lead, count: 2, max: 2 });
+    let err = kernel
+        .spawn(Caller::Admin, probe_request(lead, "w3", Role::Worker))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::TooManyChildren {
+            parent: lead,
+            count: 2,
+            max: 2
+        }
+    );
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
     // A zombie is not a live child.
     kernel.kill(Caller::Admin, first, "").await.unwrap();
@@ -98,21 +154,45 @@ async fn spawn_refuses_a_tier_above_the_parent() {
     let mut request = probe_request(ops, "boss", Role::Worker);
     request.tier = Some(Tier::Tactical);
     let err = kernel.spawn(Caller::Admin, request).await.unwrap_err();
-    assert!(matches!(err, KernelError::TierAboveParent { child: "tactical", parent: "operational" }), "{err}");
+    assert!(
+        matches!(
+            err,
+            KernelError::TierAboveParent {
+                child: "tactical",
+                parent: "operational"
+            }
+        ),
+        "{err}"
+    );
     // Unspecified tier inherits the parent's.
     let child = spawn_probe(&kernel, ops, "peer", Role::Worker).await;
-    assert_eq!(kernel.get_process(Caller::Admin, child).await.unwrap().tier, Tier::Operational);
+    assert_eq!(
+        kernel.get_process(Caller::Admin, child).await.unwrap().tier,
+        Tier::Operational
+    );
 }
 
 #[tokio::test]
 async fn a_task_may_not_spawn() {
     let (kernel, _) = kernel();
     let task = spawn_probe(&kernel, ROOT, "t", Role::Task).await;
-    let err = kernel.spawn(Caller::Admin, probe_request(task, "sub", Role::Task)).await.unwrap_err();
-    assert_eq!(err, KernelError::RoleMayNotSpawn { parent: task, role: "task" });
+    let err = kernel
+        .spawn(Caller::Admin, probe_request(task, "sub", Role::Task))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::RoleMayNotSpawn {
+            parent: task,
+            role: "task"
+        }
+    );
     // The same rule through the process's own syscalls.
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, hivekernel_agents::TaskSpec::new(task, "spawn sub"))
+        .execute_task(
+            Caller::Admin,
+            hivekernel_agents::TaskSpec::new(task, "spawn sub"),
+        )
         .await
         .unwrap();
     assert!(reply.unwrap_err().contains("may not spawn"));
@@ -140,11 +220,26 @@ async fn spawn_refuses_limits_larger_than_the_parents() {
         let mut request = probe_request(lead, "child", Role::Worker);
         widen(&mut request.limits);
         let err = kernel.spawn(Caller::Admin, request).await.unwrap_err();
-        assert!(matches!(err, KernelError::LimitExceedsParent { field: f, .. } if f == field), "{field}: {err}");
+        assert!(
+            matches!(err, KernelError::LimitExceedsParent { field: f, .. } if f == field),
+            "{field}: {err}"
+        );
     }
     let child = spawn_probe(&kernel, lead, "child", Role::Worker).await;
-    let limits = kernel.get_process(Caller::Admin, child).await.unwrap().limits;
-    assert_eq!((limits.max_children, limits.max_depth, limits.timeout_seconds, limits.max_concurrent_tasks), (4, 2, 5, 2));
+    let limits = kernel
+        .get_process(Caller::Admin, child)
+        .await
+        .unwrap()
+        .limits;
+    assert_eq!(
+        (
+            limits.max_children,
+            limits.max_depth,
+            limits.timeout_seconds,
+            limits.max_concurrent_tasks
+        ),
+        (4, 2, 5, 2)
+    );
 }
 
 #[tokio::test]
@@ -152,7 +247,13 @@ async fn a_process_may_only_spawn_its_own_children() {
     let (kernel, _) = kernel();
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
-    let err = kernel.spawn(Caller::Process(a), probe_request(b, "intruder", Role::Worker)).await.unwrap_err();
+    let err = kernel
+        .spawn(
+            Caller::Process(a),
+            probe_request(b, "intruder", Role::Worker),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, KernelError::PermissionDenied(_)), "{err}");
     let mut request = SpawnRequest::new(a, "own");
     request.runtime = Some("echo".into());
@@ -174,7 +275,10 @@ async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
     assert_eq!(killed, vec![leaf1, leaf2, mid, side, top]);
     // Nothing below top is left; top is a zombie for its parent to collect.
     for pid in [leaf1, leaf2, mid, side] {
-        assert!(kernel.get_process(Caller::Admin, pid).await.is_err(), "{pid} still in the table");
+        assert!(
+            kernel.get_process(Caller::Admin, pid).await.is_err(),
+            "{pid} still in the table"
+        );
     }
     let zombie = kernel.get_process(Caller::Admin, top).await.unwrap();
     assert_eq!(zombie.state, ProcessState::Zombie);
@@ -190,9 +294,16 @@ async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
     }
     assert_eq!(exited, killed, "exit events must come leaves first");
 
-    wait_until("child_exited message at the parent", Duration::from_secs(5), || async {
-        journal.of(parent).iter().any(|m| m.kind == kinds::CHILD_EXITED && m.payload.contains("\"exit_code\":137"))
-    })
+    wait_until(
+        "child_exited message at the parent",
+        Duration::from_secs(5),
+        || async {
+            journal
+                .of(parent)
+                .iter()
+                .any(|m| m.kind == kinds::CHILD_EXITED && m.payload.contains("\"exit_code\":137"))
+        },
+    )
     .await;
 }
 
@@ -201,11 +312,23 @@ async fn kill_refuses_pid_1_strangers_and_the_dead() {
     let (kernel, _) = kernel();
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
-    assert!(matches!(kernel.kill(Caller::Admin, ROOT, "").await, Err(KernelError::PermissionDenied(_))));
-    assert!(matches!(kernel.kill(Caller::Process(a), b, "").await, Err(KernelError::PermissionDenied(_))));
-    assert_eq!(kernel.kill(Caller::Admin, Pid(4242), "").await, Err(KernelError::NotFound(Pid(4242))));
+    assert!(matches!(
+        kernel.kill(Caller::Admin, ROOT, "").await,
+        Err(KernelError::PermissionDenied(_))
+    ));
+    assert!(matches!(
+        kernel.kill(Caller::Process(a), b, "").await,
+        Err(KernelError::PermissionDenied(_))
+    ));
+    assert_eq!(
+        kernel.kill(Caller::Admin, Pid(4242), "").await,
+        Err(KernelError::NotFound(Pid(4242)))
+    );
     kernel.kill(Caller::Admin, a, "").await.unwrap();
-    assert!(matches!(kernel.kill(Caller::Admin, a, "").await, Err(KernelError::FailedPrecondition(_))));
+    assert!(matches!(
+        kernel.kill(Caller::Admin, a, "").await,
+        Err(KernelError::FailedPrecondition(_))
+    ));
 }
 
 #[tokio::test]
@@ -216,7 +339,12 @@ async fn kill_cancels_work_in_flight_and_fails_queued_tasks() {
     for _ in 0..6 {
         let kernel = kernel.clone();
         tasks.push(tokio::spawn(async move {
-            kernel.execute_task(Caller::Admin, hivekernel_agents::TaskSpec::new(busy, "sleep 60000")).await
+            kernel
+                .execute_task(
+                    Caller::Admin,
+                    hivekernel_agents::TaskSpec::new(busy, "sleep 60000"),
+                )
+                .await
         }));
     }
     wait_until("busy to be running", Duration::from_secs(5), || async {
@@ -225,7 +353,11 @@ async fn kill_cancels_work_in_flight_and_fails_queued_tasks() {
     .await;
     kernel.kill(Caller::Admin, busy, "").await.unwrap();
     for task in tasks {
-        let err = tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap_err();
+        let err = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
         assert!(matches!(err, KernelError::FailedPrecondition(_)), "{err}");
     }
 }
@@ -239,26 +371,58 @@ async fn wait_child_returns_the_exit_record_and_reaps() {
     // The parent blocks in wait_child until the child exits.
     let waiter = {
         let kernel = kernel.clone();
-        tokio::spawn(async move { kernel.wait_child(Caller::Process(parent), child, Some(Duration::from_secs(10))).await })
+        tokio::spawn(async move {
+            kernel
+                .wait_child(
+                    Caller::Process(parent),
+                    child,
+                    Some(Duration::from_secs(10)),
+                )
+                .await
+        })
     };
     wait_until("parent to block", Duration::from_secs(5), || async {
-        kernel.get_process(Caller::Admin, parent).await.unwrap().state == ProcessState::Blocked
+        kernel
+            .get_process(Caller::Admin, parent)
+            .await
+            .unwrap()
+            .state
+            == ProcessState::Blocked
     })
     .await;
     kernel.kill(Caller::Admin, child, "enough").await.unwrap();
     let record = waiter.await.unwrap().unwrap();
-    assert_eq!((record.pid, record.ppid, record.exit_code, record.reason.as_str()), (child, parent, EXIT_KILLED, "enough"));
-    assert_eq!(kernel.get_process(Caller::Admin, child).await.unwrap_err(), KernelError::NotFound(child));
+    assert_eq!(
+        (
+            record.pid,
+            record.ppid,
+            record.exit_code,
+            record.reason.as_str()
+        ),
+        (child, parent, EXIT_KILLED, "enough")
+    );
+    assert_eq!(
+        kernel.get_process(Caller::Admin, child).await.unwrap_err(),
+        KernelError::NotFound(child)
+    );
 
     // Only the parent (or the admin) may wait, and a running child times out.
     let other = spawn_probe(&kernel, ROOT, "other", Role::Lead).await;
     let child2 = spawn_probe(&kernel, parent, "child2", Role::Worker).await;
     assert!(matches!(
-        kernel.wait_child(Caller::Process(other), child2, None).await,
+        kernel
+            .wait_child(Caller::Process(other), child2, None)
+            .await,
         Err(KernelError::PermissionDenied(_))
     ));
     assert!(matches!(
-        kernel.wait_child(Caller::Process(parent), child2, Some(Duration::from_millis(50))).await,
+        kernel
+            .wait_child(
+                Caller::Process(parent),
+                child2,
+                Some(Duration::from_millis(50))
+            )
+            .await,
         Err(KernelError::DeadlineExceeded(_))
     ));
 }
@@ -270,10 +434,19 @@ async fn uncollected_zombies_are_reaped_after_the_timeout() {
     let (kernel, _) = kernel_with(settings);
     let child = spawn_probe(&kernel, ROOT, "child", Role::Worker).await;
     kernel.kill(Caller::Admin, child, "").await.unwrap();
-    assert_eq!(kernel.get_process(Caller::Admin, child).await.unwrap().state, ProcessState::Zombie);
-    wait_until("the zombie to be reaped", Duration::from_secs(10), || async {
-        kernel.get_process(Caller::Admin, child).await.is_err()
-    })
+    assert_eq!(
+        kernel
+            .get_process(Caller::Admin, child)
+            .await
+            .unwrap()
+            .state,
+        ProcessState::Zombie
+    );
+    wait_until(
+        "the zombie to be reaped",
+        Duration::from_secs(10),
+        || async { kernel.get_process(Caller::Admin, child).await.is_err() },
+    )
     .await;
 }
 
@@ -284,16 +457,25 @@ async fn a_panicking_runtime_exits_its_process_and_the_kernel_keeps_running() {
     let child = spawn_probe(&kernel, parent, "fragile", Role::Lead).await;
     let grandchild = spawn_probe(&kernel, child, "below", Role::Worker).await;
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, hivekernel_agents::TaskSpec::new(child, "panic"))
+        .execute_task(
+            Caller::Admin,
+            hivekernel_agents::TaskSpec::new(child, "panic"),
+        )
         .await
         .unwrap();
     assert!(reply.unwrap_err().contains("panicked"));
-    let record = kernel.wait_child(Caller::Process(parent), child, Some(Duration::from_secs(5))).await.unwrap();
+    let record = kernel
+        .wait_child(Caller::Process(parent), child, Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
     assert_eq!(record.exit_code, EXIT_PANICKED);
     assert!(kernel.get_process(Caller::Admin, grandchild).await.is_err());
     // The kernel still serves.
     let (_, reply) = kernel
-        .execute_task(Caller::Admin, hivekernel_agents::TaskSpec::new(parent, "still here"))
+        .execute_task(
+            Caller::Admin,
+            hivekernel_agents::TaskSpec::new(parent, "still here"),
+        )
         .await
         .unwrap();
     assert_eq!(reply.unwrap(), "still here");
@@ -306,7 +488,13 @@ async fn shutdown_stops_everything_and_refuses_new_work() {
     spawn_probe(&kernel, lead, "worker", Role::Worker).await;
     kernel.shutdown().await;
     assert_eq!(kernel.live_count(), 1);
-    assert!(kernel.tracker().is_closed() && kernel.tracker().is_empty(), "tasks outlived shutdown");
-    let err = kernel.spawn(Caller::Admin, probe_request(ROOT, "late", Role::Agent)).await.unwrap_err();
+    assert!(
+        kernel.tracker().is_closed() && kernel.tracker().is_empty(),
+        "tasks outlived shutdown"
+    );
+    let err = kernel
+        .spawn(Caller::Admin, probe_request(ROOT, "late", Role::Agent))
+        .await
+        .unwrap_err();
     assert_eq!(err, KernelError::ShuttingDown);
 }

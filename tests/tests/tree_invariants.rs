@@ -28,7 +28,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 async fn check_invariants(kernel: &Kernel) {
-    let all = kernel.list_processes(Caller::Admin, Pid::KERNEL, None).await.unwrap();
+    let all = kernel
+        .list_processes(Caller::Admin, Pid::KERNEL, None)
+        .await
+        .unwrap();
     let by_pid: HashMap<Pid, _> = all.iter().map(|p| (p.pid, p)).collect();
     assert_eq!(by_pid.len(), all.len(), "a process is listed twice");
     for p in &all {
@@ -38,16 +41,34 @@ async fn check_invariants(kernel: &Kernel) {
         let parent = by_pid
             .get(&p.ppid)
             .unwrap_or_else(|| panic!("{} has no parent {} in the table", p.pid, p.ppid));
-        assert_ne!(parent.state, ProcessState::Zombie, "{} is under zombie {}", p.pid, p.ppid);
+        assert_ne!(
+            parent.state,
+            ProcessState::Zombie,
+            "{} is under zombie {}",
+            p.pid,
+            p.ppid
+        );
         assert!(p.depth == parent.depth + 1, "depth of {} is off", p.pid);
         assert!(parent.role != Role::Task, "task {} has a child", parent.pid);
     }
     for p in &all {
-        let live = all.iter().filter(|c| c.ppid == p.pid && c.state != ProcessState::Zombie).count();
+        let live = all
+            .iter()
+            .filter(|c| c.ppid == p.pid && c.state != ProcessState::Zombie)
+            .count();
         assert_eq!(p.children as usize, live, "live child count of {}", p.pid);
-        assert!(p.children <= p.limits.max_children, "{} over max_children", p.pid);
+        assert!(
+            p.children <= p.limits.max_children,
+            "{} over max_children",
+            p.pid
+        );
     }
-    assert_eq!(kernel.live_count(), all.iter().filter(|p| p.state != ProcessState::Zombie).count());
+    assert_eq!(
+        kernel.live_count(),
+        all.iter()
+            .filter(|p| p.state != ProcessState::Zombie)
+            .count()
+    );
 }
 
 proptest! {

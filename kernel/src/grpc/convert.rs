@@ -173,7 +173,16 @@ pub(crate) fn event(event: &Event) -> pb::Event {
 
 /// The notice sent in place of `missed` events a slow subscriber lost.
 pub(crate) fn lagged(missed: u64, at_unix_ms: u64) -> pb::Event {
-    let kind = EventKind::Lagged { missed };
+    marker(EventKind::Lagged { missed }, at_unix_ms)
+}
+
+/// The seq-0 marker that ends a replay.
+pub(crate) fn replay_done(last_seq: u64, at_unix_ms: u64) -> pb::Event {
+    marker(EventKind::ReplayDone { last_seq }, at_unix_ms)
+}
+
+/// A stream marker: not a kernel event, so it carries seq 0.
+fn marker(kind: EventKind, at_unix_ms: u64) -> pb::Event {
     pb::Event {
         seq: 0,
         at_unix_ms,

@@ -153,6 +153,7 @@ impl KernelRpc for KernelService {
         Ok(Response::new(streams::events(
             &self.kernel,
             self.stop.clone(),
+            since,
             subscription,
         )))
     }

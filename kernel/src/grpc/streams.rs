@@ -52,11 +52,13 @@ pub(crate) fn process_batches(
     ReceiverStream::new(rx)
 }
 
-/// A stream of the subscription's replay, then its live events without
-/// repeats; a lost stretch of live events becomes one `lagged` event.
+/// A stream of the subscription's replay, a `replay_done` marker when
+/// `since` asked for a replay, then live events without repeats; a lost
+/// stretch of live events becomes one `lagged` marker.
 pub(crate) fn events(
     kernel: &Kernel,
     stop: Stop,
+    since: Option<u64>,
     subscription: Subscription,
 ) -> ReceiverStream<Result<pb::Event, Status>> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
@@ -66,6 +68,12 @@ pub(crate) fn events(
         for event in replay {
             last_seq = event.seq;
             if !send(&tx, Ok(convert::event(&event)), &stop).await {
+                return;
+            }
+        }
+        if let Some(since) = since {
+            let done = convert::replay_done(last_seq.max(since), unix_ms(SystemTime::now()));
+            if !send(&tx, Ok(done), &stop).await {
                 return;
             }
         }

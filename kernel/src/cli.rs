@@ -1,0 +1,357 @@
+//! The `hivekernel` command line: `start`, `config check` and the client
+//! commands that drive a running kernel over gRPC.
+//!
+//! Exit codes: 0 ok; 1 the kernel refused or the target was not found;
+//! 2 usage or config error; 3 cannot connect to the kernel.
+//!
+//! # Layout
+//! - this file: the clap types and the dispatcher.
+//! - `error`: [`CliError`] and its exit codes.
+//! - `client`: connecting, the bearer-token interceptor, token loading.
+//! - `names`: proto enums to and from the lowercase names agents use.
+//! - `output`: table, tree, JSON and timestamp rendering (pure functions).
+//! - `process`: `ps`, `spawn`, `kill`, `wait`.
+//! - `task`: `exec`, `send`.
+//! - `events`: `events`.
+
+mod client;
+mod error;
+mod events;
+mod names;
+mod output;
+mod process;
+mod task;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use hivekernel_agents::{Priority, Role, Tier};
+
+pub use error::CliError;
+
+use crate::config::Config;
+use crate::daemon::{self, StartOptions};
+use crate::runtime::RuntimeRegistry;
+
+/// HiveKernel: an actor-based process kernel for LLM agents.
+#[derive(Debug, Parser)]
+#[command(name = "hivekernel", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the kernel and the config's agents; serve gRPC until SIGINT or SIGTERM.
+    Start(StartArgs),
+    /// Work with startup configs.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// List processes as a table, a tree or JSON.
+    Ps(PsArgs),
+    /// Spawn a process under a parent; prints its PID.
+    Spawn(SpawnArgs),
+    /// Kill a process and its whole subtree; prints the PIDs that exited.
+    Kill(KillArgs),
+    /// Run a task on a process and print its output.
+    Exec(ExecArgs),
+    /// Put a message into a process's mailbox; prints the message id.
+    Send(SendArgs),
+    /// Wait for a child of PID 1 to exit and collect its exit record.
+    Wait(WaitArgs),
+    /// Print kernel events: the retained ones, or a live stream with --follow.
+    Events(EventsArgs),
+}
+
+/// Arguments of `hivekernel start`.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// The startup config (JSON).
+    pub config: PathBuf,
+    /// Address to listen on, instead of the config's `kernel.listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Data directory, instead of the config's `kernel.data_dir`.
+    #[arg(long, value_name = "DIR", env = "HIVEKERNEL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Allow listening on an address that is not loopback.
+    #[arg(long)]
+    pub insecure_remote: bool,
+}
+
+/// `hivekernel config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a startup config without starting anything; lists every issue.
+    Check {
+        /// The startup config (JSON).
+        config: PathBuf,
+    },
+}
+
+/// Where the kernel is and how to authenticate; shared by every client command.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connection")]
+pub struct ClientArgs {
+    /// Kernel address (host:port or URL) [default: the address in <DATA_DIR>/kernel.addr,
+    /// else http://127.0.0.1:50051]
+    #[arg(long, value_name = "ADDR", env = "HIVEKERNEL_ADDR")]
+    pub addr: Option<String>,
+    /// Bearer token [default: the contents of <DATA_DIR>/admin.token]
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "HIVEKERNEL_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// The kernel's data directory, where it writes admin.token and kernel.addr.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "HIVEKERNEL_DATA_DIR",
+        default_value = ".hivekernel"
+    )]
+    pub data_dir: PathBuf,
+}
+
+/// Arguments of `hivekernel ps`.
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Show an indented tree instead of a table.
+    #[arg(long)]
+    pub tree: bool,
+    /// Print one JSON array of process objects.
+    #[arg(long, conflicts_with = "tree")]
+    pub json: bool,
+    /// Only the subtree under this PID [default: 1]
+    #[arg(long, value_name = "PID")]
+    pub root: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel spawn`.
+#[derive(Debug, Args)]
+pub struct SpawnArgs {
+    /// PID of the parent.
+    #[arg(long, value_name = "PID")]
+    pub parent: u64,
+    /// Name of the new process.
+    #[arg(long)]
+    pub name: String,
+    /// Role: kernel, daemon, agent, architect, lead, worker or task [default: agent]
+    #[arg(long)]
+    pub role: Option<Role>,
+    /// Cognitive tier: strategic, tactical or operational [default: the parent's]
+    #[arg(long)]
+    pub tier: Option<Tier>,
+    /// Runtime name [default: the kernel's default runtime]
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Logical model name.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// System prompt text.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Read the system prompt from this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+    /// Tools the process may use, comma-separated.
+    #[arg(long, value_name = "a,b", value_delimiter = ',')]
+    pub tools: Vec<String>,
+    /// Print `{"pid": N}` instead of the bare PID.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel kill`.
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// The process to kill, with its subtree.
+    pub pid: u64,
+    /// Why, recorded in the exit records.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Accepted and ignored: kill always takes the whole subtree, leaves first.
+    #[arg(long, short)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The process to run the task on.
+    pub pid: u64,
+    /// The task description.
+    pub text: String,
+    /// Give up after this many seconds [default: the target's task timeout]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub timeout: Option<Duration>,
+    /// Print {"request_id","success","output","error"} as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The recipient.
+    pub pid: u64,
+    /// The message body.
+    pub text: String,
+    /// Message type [default: message]
+    #[arg(long = "type", value_name = "TYPE")]
+    pub kind: Option<String>,
+    /// Priority: critical, high, normal or low [default: normal]
+    #[arg(long)]
+    pub priority: Option<Priority>,
+    /// Drop the message if it is not delivered within this many milliseconds.
+    #[arg(long, value_name = "N")]
+    pub ttl_ms: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel wait`.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The child to wait for.
+    pub pid: u64,
+    /// Give up after this many seconds [default: wait without limit]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub timeout: Option<Duration>,
+    /// Print the exit record as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Keep printing live events until Ctrl-C. Replays first only when --since is given.
+    #[arg(long, short)]
+    pub follow: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Replay retained events with a sequence number above N [default: 0, everything retained]
+    #[arg(long, value_name = "N")]
+    pub since: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Runs one command; the caller turns an error into its exit code.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Start(args) => start(args).await,
+        Command::Config(ConfigCommand::Check { config }) => config_check(&config),
+        Command::Ps(args) => process::ps(args).await,
+        Command::Spawn(args) => process::spawn(args).await,
+        Command::Kill(args) => process::kill(args).await,
+        Command::Wait(args) => process::wait(args).await,
+        Command::Exec(args) => task::exec(args).await,
+        Command::Send(args) => task::send(args).await,
+        Command::Events(args) => events::events(args).await,
+    }
+}
+
+async fn start(args: StartArgs) -> Result<(), CliError> {
+    let options = StartOptions {
+        config: args.config,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        insecure_remote: args.insecure_remote,
+    };
+    daemon::run(options).await.map_err(CliError::Start)
+}
+
+fn config_check(path: &std::path::Path) -> Result<(), CliError> {
+    let registry = RuntimeRegistry::builtin();
+    let config = Config::load(path, &registry.names()).map_err(CliError::Config)?;
+    let count = config.agents.len();
+    let noun = if count == 1 { "agent" } else { "agents" };
+    output::print(&format!("ok: {}: {count} {noun}\n", path.display()))
+}
+
+/// Parses a positive number of seconds, fractions allowed.
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("expected a number of seconds, got {text:?}"))?;
+    if seconds.is_nan() || seconds <= 0.0 {
+        return Err(format!("must be more than 0 seconds, got {text}"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|err| format!("{text} seconds: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_parse_and_reject_nonsense() {
+        assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_seconds("0").is_err());
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("NaN").is_err());
+        assert!(parse_seconds("soon").is_err());
+    }
+
+    #[test]
+    fn bad_role_is_a_usage_error_listing_the_values() {
+        let err = Cli::try_parse_from([
+            "hivekernel",
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            "w",
+            "--role",
+            "boss",
+        ])
+        .err()
+        .map(|err| (err.exit_code(), err.to_string()));
+        let (code, text) = err.unwrap_or_default();
+        assert_eq!(code, 2);
+        assert!(text.contains("worker"), "{text}");
+    }
+
+    #[test]
+    fn prompt_and_prompt_file_conflict() {
+        let parsed = Cli::try_parse_from([
+            "hivekernel",
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            "w",
+            "--prompt",
+            "x",
+            "--prompt-file",
+            "f",
+        ]);
+        assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,136 @@
+//! `ps`, `spawn`, `kill` and `wait`.
+
+use std::time::Duration;
+
+use hivekernel_proto::v1::{
+    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, Role as PbRole, SpawnRequest,
+    WaitChildRequest,
+};
+use serde_json::{Value, json};
+
+use super::client::Session;
+use super::{CliError, KillArgs, PsArgs, SpawnArgs, WaitArgs, names, output};
+
+/// Lists the tree under `--root` (default PID 1) as a table, a tree or JSON.
+pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let request = ListProcessesRequest {
+        root: args.root.unwrap_or(0),
+        max_depth: 0,
+        batch_size: 0,
+    };
+    let mut stream = session
+        .client
+        .list_processes(request)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    let mut procs = Vec::new();
+    while let Some(batch) = stream
+        .message()
+        .await
+        .map_err(|status| session.error(status))?
+    {
+        procs.extend(batch.processes);
+    }
+    let text = if args.json {
+        let all = procs.iter().map(output::process_json).collect();
+        format!("{:#}\n", Value::Array(all))
+    } else if args.tree {
+        output::tree(&procs)
+    } else {
+        output::table(&procs)
+    };
+    output::print(&text)
+}
+
+/// Spawns one process and prints its PID.
+pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
+    // Local input first: a bad prompt file is a usage error even with no kernel.
+    let system_prompt = match (args.prompt, &args.prompt_file) {
+        (Some(text), _) => text,
+        (None, Some(path)) => std::fs::read_to_string(path).map_err(|err| {
+            CliError::Usage(format!("cannot read prompt file {}: {err}", path.display()))
+        })?,
+        (None, None) => String::new(),
+    };
+    let tools = args
+        .tools
+        .iter()
+        .map(|tool| tool.trim())
+        .filter(|tool| !tool.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let request = SpawnRequest {
+        parent: args.parent,
+        name: args.name,
+        role: args.role.map_or(PbRole::Unspecified, names::role_to_proto) as i32,
+        tier: args.tier.map_or(PbTier::Unspecified, names::tier_to_proto) as i32,
+        model: args.model.unwrap_or_default(),
+        runtime: args.runtime.unwrap_or_default(),
+        system_prompt,
+        tools,
+        limits: None,
+        metadata: Default::default(),
+    };
+    let mut session = Session::connect(&args.client).await?;
+    let pid = session
+        .client
+        .spawn(request)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner()
+        .pid;
+    let text = if args.json {
+        json!({ "pid": pid }).to_string()
+    } else {
+        pid.to_string()
+    };
+    output::print(&output::line(&text))
+}
+
+/// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
+pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let request = KillRequest {
+        pid: args.pid,
+        reason: args.reason.unwrap_or_default(),
+    };
+    let killed = session
+        .client
+        .kill(request)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner()
+        .killed;
+    let text: String = killed.iter().map(|pid| format!("{pid}\n")).collect();
+    output::print(&text)
+}
+
+/// Waits for a child to exit and prints its exit record.
+pub(super) async fn wait(args: WaitArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let request = WaitChildRequest {
+        pid: args.pid,
+        timeout_ms: args.timeout.map_or(0, millis),
+    };
+    let exit = session
+        .client
+        .wait_child(request)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    let text = if args.json {
+        output::exit_json(&exit).to_string()
+    } else {
+        output::exit_text(&exit)
+    };
+    output::print(&output::line(&text))
+}
+
+/// Whole milliseconds, at least 1 (0 means "no limit" on the wire).
+pub(super) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}

@@ -1,0 +1,515 @@
+//! End-to-end tests of the `hivekernel` binary: `hivekernel start` in a child
+//! process on 127.0.0.1:0 with a fresh data directory, driven by the client
+//! commands exactly as a user would run them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The `hivekernel` binary: `$HIVEKERNEL_BIN`, else the one beside this test's
+/// profile directory, (re)built once per test process so it is never stale.
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
+            return PathBuf::from(bin);
+        }
+        // target/<profile>/deps/cli-xxxx -> target/<profile>
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap().to_owned();
+        let target_dir = profile_dir.parent().unwrap();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
+            .arg("--target-dir")
+            .arg(target_dir);
+        match profile_dir.file_name().and_then(|name| name.to_str()) {
+            Some("release") => {
+                build.arg("--release");
+            }
+            Some("debug") | None => {}
+            Some(profile) => {
+                build.args(["--profile", profile]);
+            }
+        }
+        let status = build.status().unwrap();
+        assert!(status.success(), "building hivekernel failed: {status}");
+        let bin = profile_dir.join("hivekernel");
+        assert!(bin.exists(), "{} missing after the build", bin.display());
+        bin
+    })
+}
+
+/// What one CLI run printed and how it exited.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Stdout, after checking the run exited 0.
+    fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "expected success: {self:#?}");
+        &self.stdout
+    }
+
+    /// Stdout parsed as one JSON document, after checking the run exited 0.
+    fn json(&self) -> Value {
+        serde_json::from_str(self.ok()).unwrap_or_else(|err| panic!("bad JSON ({err}): {self:#?}"))
+    }
+
+    /// Checks the exit code and that stderr carries an `error:` line.
+    fn failed(&self, code: i32) -> &str {
+        assert_eq!(self.code, code, "wrong exit code: {self:#?}");
+        assert!(
+            self.stderr.contains("error:"),
+            "no error on stderr: {self:#?}"
+        );
+        &self.stderr
+    }
+}
+
+/// Runs the binary with `args`, ignoring any HIVEKERNEL_* in the environment.
+fn hivekernel(args: &[&str]) -> Run {
+    let output = Command::new(binary())
+        .args(args)
+        .env_remove("HIVEKERNEL_ADDR")
+        .env_remove("HIVEKERNEL_TOKEN")
+        .env_remove("HIVEKERNEL_DATA_DIR")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// A config with two echo agents: `queen` (daemon, tactical) and `helper` (agent, operational).
+const CONFIG: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "data_dir": "unused", "shutdown_grace_ms": 500 },
+  "agents": [
+    { "name": "queen", "role": "daemon", "cognitive_tier": "tactical", "runtime": "echo",
+      "model": "sonnet", "system_prompt": "You coordinate.", "tools": ["spawn_child"],
+      "limits": { "max_children": 8, "max_depth": 3 }, "metadata": { "purpose": "coordinator" } },
+    { "name": "helper", "role": "agent", "cognitive_tier": "operational",
+      "system_prompt": "You answer." }
+  ]
+}"#;
+
+/// Writes `text` as `config.json` in `dir`.
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("config.json");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A running `hivekernel start`, killed when dropped.
+struct Kernel {
+    child: Child,
+    dir: TempDir,
+    addr: String,
+}
+
+impl Kernel {
+    /// Starts the kernel with [`CONFIG`] and waits until it has written its address.
+    fn start() -> Kernel {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), CONFIG);
+        let data = dir.path().join("data");
+        let log = std::fs::File::create(dir.path().join("kernel.log")).unwrap();
+        let child = Command::new(binary())
+            .arg("start")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(&data)
+            .env_remove("HIVEKERNEL_DATA_DIR")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut kernel = Kernel {
+            child,
+            dir,
+            addr: String::new(),
+        };
+        kernel.addr = kernel.wait_for_addr();
+        kernel
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("kernel.log")).unwrap_or_default()
+    }
+
+    fn wait_for_addr(&mut self) -> String {
+        let file = self.data_dir().join("kernel.addr");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(addr) = std::fs::read_to_string(&file) {
+                if !addr.trim().is_empty() {
+                    return addr.trim().to_owned();
+                }
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("kernel exited early ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no kernel.addr after 20 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs a client command against this kernel (`--addr` and `--data-dir` appended).
+    fn cli(&self, args: &[&str]) -> Run {
+        let data = self.data_dir();
+        let mut all = args.to_vec();
+        all.extend(["--addr", &self.addr, "--data-dir", data.to_str().unwrap()]);
+        hivekernel(&all)
+    }
+
+    /// `ps --json`, as an array.
+    fn ps(&self) -> Vec<Value> {
+        match self.cli(&["ps", "--json"]).json() {
+            Value::Array(procs) => procs,
+            other => panic!("ps --json is not an array: {other}"),
+        }
+    }
+
+    /// The PID of the process named `name`.
+    fn pid_of(&self, name: &str) -> u64 {
+        let procs = self.ps();
+        let found = procs.iter().find(|p| p["name"] == name);
+        found
+            .and_then(|p| p["pid"].as_u64())
+            .unwrap_or_else(|| panic!("no {name} in {procs:?}"))
+    }
+
+    /// `spawn ... ` and the PID it printed.
+    fn spawn(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["spawn"];
+        all.extend(args);
+        let run = self.cli(&all);
+        run.ok()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("not a PID: {run:#?}"))
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find(procs: &[Value], pid: u64) -> Option<&Value> {
+    procs.iter().find(|p| p["pid"] == pid)
+}
+
+#[test]
+fn config_check_accepts_a_valid_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), CONFIG);
+    let run = hivekernel(&["config", "check", config.to_str().unwrap()]);
+    let out = run.ok();
+    assert!(
+        out.starts_with("ok: ") && out.contains("2 agents"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn config_check_reports_every_issue_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        r#"{ "kernel": { "max_depth": 0 },
+             "agents": [ { "name": "x", "role": "overlord", "cognitive_tier": "tactical" } ] }"#,
+    );
+    let run = hivekernel(&["config", "check", config.to_str().unwrap()]);
+    let stderr = run.failed(2);
+    let issues: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(issues.len(), 2, "{run:#?}");
+    assert!(
+        issues.iter().any(|l| l.contains("kernel.max_depth")),
+        "{run:#?}"
+    );
+    assert!(
+        issues
+            .iter()
+            .any(|l| l.contains("role") && l.contains("overlord")),
+        "{run:#?}"
+    );
+    assert!(run.stdout.is_empty());
+}
+
+#[test]
+fn ps_json_lists_the_kernel_and_the_config_agents() {
+    let kernel = Kernel::start();
+    let procs = kernel.ps();
+    let init = find(&procs, 1).unwrap();
+    assert_eq!(init["role"], "kernel");
+    assert_eq!(init["ppid"], 0);
+
+    let queen = procs.iter().find(|p| p["name"] == "queen").unwrap();
+    assert_eq!(queen["ppid"], 1);
+    assert_eq!(queen["role"], "daemon");
+    assert_eq!(queen["tier"], "tactical");
+    assert_eq!(queen["state"], "idle");
+    assert_eq!(queen["model"], "sonnet");
+    assert_eq!(queen["runtime"], "echo");
+    assert_eq!(queen["tools"], serde_json::json!(["spawn_child"]));
+    assert_eq!(queen["depth"], 1);
+    assert_eq!(queen["children"], 0);
+    assert_eq!(queen["mailbox_len"], 0);
+    assert_eq!(queen["metadata"]["purpose"], "coordinator");
+    assert!(queen["exit"].is_null());
+
+    let helper = procs.iter().find(|p| p["name"] == "helper").unwrap();
+    assert_eq!(
+        (helper["role"].as_str(), helper["tier"].as_str()),
+        (Some("agent"), Some("operational"))
+    );
+    assert_eq!(helper["runtime"], "echo", "the default runtime");
+}
+
+#[test]
+fn ps_tree_and_table_show_the_agents() {
+    let kernel = Kernel::start();
+    let (queen, helper) = (kernel.pid_of("queen"), kernel.pid_of("helper"));
+    let tree = kernel.cli(&["ps", "--tree"]);
+    let text = tree.ok();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("(1) kernel/"), "{text}");
+    let first = format!("├─ queen ({queen}) daemon/tactical idle");
+    let last = format!("└─ helper ({helper}) agent/operational idle");
+    assert!(lines.contains(&first.as_str()), "{text}");
+    assert!(lines.contains(&last.as_str()), "{text}");
+
+    let table = kernel.cli(&["ps"]);
+    let text = table.ok();
+    let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    let expected = [
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "RUNTIME",
+    ];
+    assert_eq!(header, expected);
+    assert!(
+        text.lines().any(|l| l.split_whitespace().eq([
+            queen.to_string().as_str(),
+            "1",
+            "queen",
+            "daemon",
+            "tactical",
+            "idle",
+            "0",
+            "0",
+            "echo"
+        ])),
+        "{text}"
+    );
+
+    // Without --addr, the client finds the kernel through <data-dir>/kernel.addr.
+    let data = kernel.data_dir();
+    let found = hivekernel(&["ps", "--data-dir", data.to_str().unwrap()]);
+    assert!(found.ok().contains("helper"));
+}
+
+#[test]
+fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
+    let kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    let parent = queen.to_string();
+    let pid = kernel.spawn(&[
+        "--parent", &parent, "--name", "w1", "--role", "worker", "--tools", "a,b",
+    ]);
+    let json = kernel
+        .cli(&["spawn", "--parent", &parent, "--name", "w2", "--json"])
+        .json();
+    let pid2 = json["pid"].as_u64().unwrap();
+    assert!(pid2 > pid);
+
+    let procs = kernel.ps();
+    let w1 = find(&procs, pid).unwrap();
+    assert_eq!(w1["ppid"], queen);
+    assert_eq!(w1["name"], "w1");
+    assert_eq!(w1["role"], "worker");
+    assert_eq!(w1["tier"], "tactical", "inherited from the parent");
+    assert_eq!(w1["tools"], serde_json::json!(["a", "b"]));
+    assert_eq!(find(&procs, pid2).unwrap()["role"], "agent");
+    assert_eq!(find(&procs, queen).unwrap()["children"], 2);
+
+    let bad = kernel.cli(&[
+        "spawn", "--parent", &parent, "--name", "w3", "--role", "boss",
+    ]);
+    let stderr = bad.failed(2);
+    assert!(
+        stderr.contains("worker") && stderr.contains("daemon"),
+        "{bad:#?}"
+    );
+}
+
+#[test]
+fn exec_prints_the_echo_and_send_prints_an_id() {
+    let kernel = Kernel::start();
+    let helper = kernel.pid_of("helper").to_string();
+    let run = kernel.cli(&["exec", &helper, "hello, world"]);
+    assert_eq!(run.ok(), "hello, world\n");
+
+    let json = kernel
+        .cli(&["exec", &helper, "again", "--json", "--timeout", "5"])
+        .json();
+    assert_eq!(json["success"], true);
+    assert_eq!(json["output"], "again");
+    assert!(json["request_id"].as_u64().is_some());
+
+    let send = kernel.cli(&[
+        "send",
+        &helper,
+        "note",
+        "--priority",
+        "high",
+        "--ttl-ms",
+        "60000",
+    ]);
+    let id: u64 = send
+        .ok()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{send:#?}"));
+    assert!(id > 0);
+}
+
+#[test]
+fn kill_takes_the_subtree_and_wait_collects_the_zombie() {
+    let kernel = Kernel::start();
+    let top = kernel.spawn(&["--parent", "1", "--name", "top"]);
+    let leaf = kernel.spawn(&["--parent", &top.to_string(), "--name", "leaf"]);
+
+    let run = kernel.cli(&["kill", &top.to_string(), "--recursive", "--reason", "test"]);
+    let killed: Vec<u64> = run.ok().lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(killed, [leaf, top], "leaves first");
+
+    let procs = kernel.ps();
+    assert!(find(&procs, leaf).is_none(), "{procs:?}");
+    if let Some(zombie) = find(&procs, top) {
+        assert_eq!(zombie["state"], "zombie");
+        assert_eq!(zombie["exit"]["exit_code"], 137);
+    }
+
+    let exit = kernel
+        .cli(&["wait", &top.to_string(), "--json", "--timeout", "5"])
+        .json();
+    assert_eq!(exit["pid"], top);
+    assert_eq!(exit["exit_code"], 137);
+    assert!(find(&kernel.ps(), top).is_none());
+}
+
+#[test]
+fn failures_map_to_exit_codes() {
+    let kernel = Kernel::start();
+
+    let missing = kernel.cli(&["kill", "9999"]);
+    assert!(missing.failed(1).contains("9999"), "{missing:#?}");
+    kernel.cli(&["exec", "9999", "hi"]).failed(1);
+
+    let refused = kernel.cli(&["ps", "--token", "not-the-token"]);
+    assert!(refused.failed(1).contains("--token"), "{refused:#?}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let no_token = hivekernel(&[
+        "ps",
+        "--addr",
+        &kernel.addr,
+        "--data-dir",
+        empty.path().to_str().unwrap(),
+    ]);
+    let stderr = no_token.failed(2);
+    assert!(
+        stderr.contains("admin.token") && stderr.contains("hivekernel start"),
+        "{no_token:#?}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nobody = format!("127.0.0.1:{port}");
+    let down = hivekernel(&["ps", "--addr", &nobody, "--token", "x"]);
+    assert!(down.failed(3).contains("cannot connect"), "{down:#?}");
+}
+
+#[test]
+fn events_replay_in_sequence_order() {
+    let kernel = Kernel::start();
+    let pid = kernel.spawn(&["--parent", "1", "--name", "late"]);
+
+    let run = kernel.cli(&["events", "--json", "--since", "0"]);
+    let events: Vec<Value> = run
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let spawned: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "spawned")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(spawned, ["queen", "helper", "late"], "{run:#?}");
+    let late = events.iter().find(|e| e["name"] == "late").unwrap();
+    assert_eq!(late["pid"], pid);
+    assert!(late["at_unix_ms"].as_u64().unwrap() > 0);
+
+    let since = seqs[1].to_string();
+    let text = kernel.cli(&["events", "--since", &since]);
+    let first = text.ok().lines().next().unwrap_or_default().to_owned();
+    assert!(first.starts_with(&format!("{} ", seqs[2])), "{text:#?}");
+    assert!(first.contains(&format!("pid={pid} spawned {{")), "{first}");
+}
+
+#[test]
+fn sigterm_stops_the_kernel_cleanly() {
+    let mut kernel = Kernel::start();
+    let pid = kernel.child.id().to_string();
+    let signal = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(signal.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = kernel.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 10 s after SIGTERM:\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit {status}:\n{}", kernel.log());
+    assert!(!kernel.data_dir().join("kernel.addr").exists());
+    kernel.cli(&["ps", "--token", "x"]).failed(3);
+}
