@@ -98,6 +98,9 @@ struct Queues {
     levels: [VecDeque<Envelope>; 4],
     len: usize,
     closed: bool,
+    /// Earliest expiry among queued messages (a lower bound), so a full
+    /// mailbox is scanned for expired messages only when one may have expired.
+    next_expiry: Option<Instant>,
 }
 
 /// A bounded priority mailbox with a single consumer.
@@ -138,6 +141,9 @@ impl Mailbox {
                 if q.len >= self.capacity {
                     Err(PushError::Full)
                 } else {
+                    if let Some(at) = env.expires_at {
+                        q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
+                    }
                     q.levels[env.priority().level()].push_back(env);
                     q.len += 1;
                     Ok(())
@@ -243,18 +249,24 @@ impl Queues {
 
     fn purge_expired(&mut self, now: Instant) -> Vec<Envelope> {
         let mut purged = Vec::new();
+        if self.next_expiry.is_none_or(|at| at > now) {
+            return purged;
+        }
+        let mut next_expiry = None;
         for queue in &mut self.levels {
-            let before = queue.len();
-            let mut kept = VecDeque::with_capacity(before);
-            for env in queue.drain(..) {
-                if env.expired(now) {
-                    purged.push(env);
-                } else {
-                    kept.push_back(env);
+            let mut i = 0;
+            while i < queue.len() {
+                match queue[i].expires_at {
+                    Some(at) if at <= now => purged.extend(queue.remove(i)),
+                    Some(at) => {
+                        next_expiry = Some(next_expiry.map_or(at, |n: Instant| n.min(at)));
+                        i += 1;
+                    }
+                    None => i += 1,
                 }
             }
-            *queue = kept;
         }
+        self.next_expiry = next_expiry;
         self.len -= purged.len();
         purged
     }
