@@ -125,7 +125,11 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 
     let addr_file = data_dir.join("kernel.addr");
     write_addr_file(&addr_file, addr)?;
-    tracing::info!(%addr, data_dir = %data_dir.display(), "listening on {addr}");
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        admin_token = %crate::auth::admin_token_path(&data_dir).display(),
+        "listening on {addr}"
+    );
 
     let token_cancelled = kernel.shutdown_token();
     let server = tokio::spawn(grpc::serve(

@@ -218,22 +218,24 @@ async fn delegate_async_reply_lands_in_the_senders_mailbox() {
     .await;
 }
 
-#[tokio::test]
-async fn a_full_mailbox_answers_resource_exhausted() {
-    let mut settings = test_settings();
-    settings.mailbox_capacity = 3;
-    let (kernel, _) = kernel_with(settings);
-    let busy = spawn_probe(&kernel, ROOT, "busy", Role::Agent).await;
+/// A probe that works on one task at a time, busy with `sleep ms` so its mailbox fills up.
+async fn busy_serial(
+    kernel: &hivekernel_kernel::Kernel,
+    ms: u64,
+) -> (
+    Pid,
+    tokio::task::JoinHandle<
+        Result<(hivekernel_agents::RequestId, hivekernel_agents::TaskReply), KernelError>,
+    >,
+) {
     let mut request = hivekernel_tests::probe_request(ROOT, "serial", Role::Agent);
     request.limits.max_concurrent_tasks = Some(1);
     let serial = kernel.spawn(Caller::Admin, request).await.unwrap();
-    let _ = busy;
-    // Keep the process busy so nothing is popped while we fill the mailbox.
     let blocker = {
         let kernel = kernel.clone();
         tokio::spawn(async move {
             kernel
-                .execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 2000"))
+                .execute_task(Caller::Admin, TaskSpec::new(serial, format!("sleep {ms}")))
                 .await
         })
     };
@@ -246,6 +248,16 @@ async fn a_full_mailbox_answers_resource_exhausted() {
             == hivekernel_agents::ProcessState::Running
     })
     .await;
+    (serial, blocker)
+}
+
+#[tokio::test]
+async fn a_full_mailbox_answers_resource_exhausted() {
+    let mut settings = test_settings();
+    settings.mailbox_capacity = 3;
+    let (kernel, _) = kernel_with(settings);
+    // Keep the process busy so nothing is popped while we fill the mailbox.
+    let (serial, blocker) = busy_serial(&kernel, 2000).await;
     for i in 0..3 {
         kernel
             .send_message(Caller::Admin, Outgoing::new(serial, format!("m{i}")))
@@ -278,27 +290,8 @@ async fn a_full_mailbox_answers_resource_exhausted() {
 #[tokio::test]
 async fn expired_messages_are_dropped_with_an_event() {
     let (kernel, journal) = kernel();
-    let mut request = hivekernel_tests::probe_request(ROOT, "serial", Role::Agent);
-    request.limits.max_concurrent_tasks = Some(1);
-    let serial = kernel.spawn(Caller::Admin, request).await.unwrap();
     let mut events = kernel.subscribe(None).live;
-    let blocker = {
-        let kernel = kernel.clone();
-        tokio::spawn(async move {
-            kernel
-                .execute_task(Caller::Admin, TaskSpec::new(serial, "sleep 300"))
-                .await
-        })
-    };
-    wait_until("serial to be running", Duration::from_secs(5), || async {
-        kernel
-            .get_process(Caller::Admin, serial)
-            .await
-            .unwrap()
-            .state
-            == hivekernel_agents::ProcessState::Running
-    })
-    .await;
+    let (serial, blocker) = busy_serial(&kernel, 300).await;
     let mut short = Outgoing::new(serial, "short-lived");
     short.ttl = Some(Duration::from_millis(50));
     let id = kernel.send_message(Caller::Admin, short).await.unwrap();
