@@ -67,10 +67,11 @@ pub fn load_or_create_admin_token(data_dir: &Path) -> io::Result<String> {
 fn read_admin_token(path: &Path) -> io::Result<String> {
     let mode = std::fs::metadata(path)?.permissions().mode();
     if mode & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         tracing::warn!(
             path = %path.display(),
-            mode = format_args!("{:o}", mode & 0o777),
-            "admin token file is readable by other users; run chmod 600 on it"
+            was = format_args!("{:o}", mode & 0o777),
+            "admin token file was open to other users; its mode is now 600"
         );
     }
     let token = std::fs::read_to_string(path)?.trim().to_owned();

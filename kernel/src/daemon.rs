@@ -66,6 +66,9 @@ pub enum StartError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The gRPC server stopped without being asked to.
+    #[error("gRPC server stopped unexpectedly")]
+    ServerStopped,
 }
 
 impl StartError {
@@ -124,7 +127,10 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     }
 
     let addr_file = data_dir.join("kernel.addr");
-    write_addr_file(&addr_file, addr)?;
+    if let Err(err) = write_addr_file(&addr_file, addr) {
+        kernel.shutdown().await;
+        return Err(err);
+    }
     tracing::info!(
         data_dir = %data_dir.display(),
         admin_token = %crate::auth::admin_token_path(&data_dir).display(),
@@ -132,20 +138,34 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     );
 
     let token_cancelled = kernel.shutdown_token();
-    let server = tokio::spawn(grpc::serve(
+    let mut server = kernel.tracker().spawn(grpc::serve(
         kernel.clone(),
         listener,
         Authenticator::new(token),
         async move { token_cancelled.cancelled().await },
     ));
 
-    shutdown_signal().await;
+    // A control plane that dies is as fatal as a signal.
+    let early = tokio::select! {
+        () = shutdown_signal() => None,
+        served = &mut server => Some(served),
+    };
+    let unexpected = early.is_some();
     tracing::info!("shutting down: stopping processes, leaves first");
     kernel.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);
-    match server.await {
-        Ok(result) => result?,
-        Err(join) => tracing::error!(error = %join, "gRPC server task failed"),
+    let served = match early {
+        Some(served) => served,
+        None => server.await,
+    };
+    match served {
+        Ok(Ok(())) if !unexpected => {}
+        Ok(Ok(())) => return Err(StartError::ServerStopped),
+        Ok(Err(err)) => return Err(err.into()),
+        Err(join) => {
+            tracing::error!(error = %join, "gRPC server task failed");
+            return Err(StartError::ServerStopped);
+        }
     }
     tracing::info!("kernel stopped");
     Ok(())
@@ -154,18 +174,18 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 /// Spawns the config's agents as children of PID 1, in file order.
 async fn start_agents(kernel: &Kernel, agents: &[AgentSpec]) -> Result<(), StartError> {
     for agent in agents {
-        let request = spawn_request(agent);
-        let runtime = request
-            .runtime
-            .clone()
-            .unwrap_or_else(|| kernel.settings().default_runtime.clone());
         let pid = kernel
-            .spawn(Caller::Admin, request)
+            .spawn(Caller::Admin, spawn_request(agent))
             .await
             .map_err(|source| StartError::Spawn {
                 name: agent.name.clone(),
                 source,
             })?;
+        let runtime = kernel
+            .get_process(Caller::Admin, pid)
+            .await
+            .map(|info| info.runtime)
+            .unwrap_or_default();
         tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
     }
     Ok(())

@@ -11,6 +11,7 @@
 //! checks), `status` (`KernelError` -> `tonic::Status`).
 
 mod convert;
+pub(crate) mod enums;
 mod service;
 mod status;
 mod streams;

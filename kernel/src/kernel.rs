@@ -96,7 +96,6 @@ impl Kernel {
                 mailbox: Mailbox::new(0, Duration::from_secs(1)),
                 running: Default::default(),
                 blocked: Default::default(),
-                exited: Default::default(),
             };
             let mut entries = HashMap::new();
             entries.insert(
@@ -104,7 +103,7 @@ impl Kernel {
                 Entry {
                     ppid: Pid(0),
                     depth: 0,
-                    children: Vec::new(),
+                    children: Default::default(),
                     live_children: 0,
                     proc: Arc::new(kernel_proc),
                     runner: None,

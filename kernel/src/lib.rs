@@ -40,7 +40,7 @@ mod syscalls;
 
 pub use error::KernelError;
 pub use kernel::{Caller, Kernel};
-pub use router::MAX_PAYLOAD_BYTES;
+pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;
 pub use spawn::MAX_NAME_BYTES;
 pub use supervisor::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};

@@ -1,8 +1,8 @@
 //! The process table: one entry per live or zombie process, and tree queries.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use hivekernel_agents::{ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState};
 use tokio::sync::oneshot;
@@ -25,15 +25,12 @@ pub(crate) struct ProcShared {
     pub(crate) running: AtomicU32,
     /// Calls this process is blocked in (execute_task, wait_child).
     pub(crate) blocked: AtomicU32,
-    pub(crate) exited: AtomicBool,
 }
 
 impl ProcShared {
-    /// State derived from counters, so the hot path never writes the table.
+    /// State of a live process, derived from counters so the hot path never
+    /// writes the table.
     pub(crate) fn state(&self) -> ProcessState {
-        if self.exited.load(Ordering::Acquire) {
-            return ProcessState::Zombie;
-        }
         let running = self.running.load(Ordering::Relaxed);
         let blocked = self.blocked.load(Ordering::Relaxed);
         if blocked > 0 && blocked >= running {
@@ -68,8 +65,8 @@ impl Drop for CountGuard<'_> {
 pub(crate) struct Entry {
     pub(crate) ppid: Pid,
     pub(crate) depth: u32,
-    /// Children, live and zombie, in spawn order.
-    pub(crate) children: Vec<Pid>,
+    /// Children, live and zombie; PIDs only grow, so this is spawn order.
+    pub(crate) children: BTreeSet<Pid>,
     pub(crate) live_children: u32,
     pub(crate) proc: Arc<ProcShared>,
     pub(crate) runner: Option<JoinHandle<()>>,
@@ -127,38 +124,32 @@ impl ProcessTable {
 
     /// Whether `ancestor` is a strict ancestor of `pid`.
     pub(crate) fn is_ancestor(&self, ancestor: Pid, pid: Pid) -> bool {
-        let mut cur = pid;
-        while let Some(entry) = self.entries.get(&cur) {
-            if entry.ppid == ancestor {
-                return true;
-            }
-            if entry.ppid == cur || entry.ppid.0 == 0 {
-                return false;
-            }
-            cur = entry.ppid;
-        }
-        false
+        let (Some(a), Some(p)) = (self.get(ancestor), self.get(pid)) else {
+            return false;
+        };
+        a.depth < p.depth && self.ancestor_at(pid, a.depth) == Some(ancestor)
     }
 
-    /// `pid` and its ancestors up to PID 1, nearest first.
-    pub(crate) fn lineage(&self, pid: Pid) -> Vec<Pid> {
-        let mut chain = vec![pid];
+    /// The ancestor of `pid` (or `pid` itself) at `depth`, walking up the tree.
+    fn ancestor_at(&self, pid: Pid, depth: u32) -> Option<Pid> {
         let mut cur = pid;
-        while let Some(entry) = self.entries.get(&cur) {
-            if entry.ppid.0 == 0 || entry.ppid == cur {
-                break;
-            }
-            chain.push(entry.ppid);
+        let mut entry = self.get(cur)?;
+        while entry.depth > depth {
             cur = entry.ppid;
+            entry = self.get(cur)?;
         }
-        chain
+        (entry.depth == depth).then_some(cur)
     }
 
     /// The deepest process that is an ancestor of (or equal to) both.
     pub(crate) fn nearest_common_ancestor(&self, a: Pid, b: Pid) -> Option<Pid> {
-        let up_a = self.lineage(a);
-        let up_b = self.lineage(b);
-        up_a.into_iter().find(|p| up_b.contains(p))
+        let depth = self.get(a)?.depth.min(self.get(b)?.depth);
+        let (mut a, mut b) = (self.ancestor_at(a, depth)?, self.ancestor_at(b, depth)?);
+        while a != b {
+            a = self.get(a)?.ppid;
+            b = self.get(b)?.ppid;
+        }
+        Some(a)
     }
 
     /// `root` and everything below it, children before their parent (post-order).

@@ -22,6 +22,9 @@ use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
 use crate::process::{ProcShared, ProcessTable};
 
+/// Bytes of a message to PID 1 kept in its `kernel_message` event.
+pub const KERNEL_MESSAGE_PREVIEW: usize = 4096;
+
 /// Largest message payload or task description, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
@@ -41,8 +44,19 @@ struct Target {
     timeout: Duration,
 }
 
+/// Why a route was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RouteError {
+    /// The sender is not a live process.
+    SenderNotAlive(Pid),
+    /// The receiver does not exist.
+    NoReceiver(Pid),
+    /// The routing rules forbid it.
+    Denied(String),
+}
+
 /// Applies the routing rules to `from` -> `to`.
-pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, String> {
+pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, RouteError> {
     let direct = Route {
         copy_to: None,
         via: None,
@@ -50,38 +64,36 @@ pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, S
     let sender = table
         .get(from)
         .filter(|e| e.is_alive())
-        .ok_or_else(|| format!("sender {from} is not alive"))?;
-    let receiver = table
-        .get(to)
-        .ok_or_else(|| format!("process {to} not found"))?;
+        .ok_or(RouteError::SenderNotAlive(from))?;
+    let receiver = table.get(to).ok_or(RouteError::NoReceiver(to))?;
     if from == to {
         return Ok(direct);
     }
     if sender.proc.ctx.role == Role::Task && sender.ppid != to {
-        return Err(format!(
+        return Err(RouteError::Denied(format!(
             "process {from} is a task and may only address its parent {}",
             sender.ppid
-        ));
+        )));
     }
     if sender.ppid == to || receiver.ppid == from {
         return Ok(direct);
     }
     if sender.ppid == receiver.ppid {
-        return Ok(Route {
-            copy_to: Some(sender.ppid),
-            via: None,
-        });
+        // The kernel is every top-level agent's parent; it needs no copies.
+        let copy_to = (sender.ppid != Pid::KERNEL).then_some(sender.ppid);
+        return Ok(Route { copy_to, via: None });
     }
-    if table.is_ancestor(from, to) || table.is_ancestor(to, from) {
-        return Ok(direct);
+    match table.nearest_common_ancestor(from, to) {
+        // One is the other's ancestor: a direct line.
+        Some(nca) if nca == from || nca == to => Ok(direct),
+        Some(nca) => Ok(Route {
+            copy_to: None,
+            via: Some(nca),
+        }),
+        None => Err(RouteError::Denied(format!(
+            "processes {from} and {to} share no ancestor"
+        ))),
     }
-    let via = table
-        .nearest_common_ancestor(from, to)
-        .ok_or_else(|| format!("processes {from} and {to} share no ancestor"))?;
-    Ok(Route {
-        copy_to: None,
-        via: Some(via),
-    })
 }
 
 impl Kernel {
@@ -89,6 +101,9 @@ impl Kernel {
     pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
         self.check_running()?;
         check_payload("payload", &message.payload)?;
+        if let Some(ttl) = message.ttl {
+            check_duration("ttl", ttl)?;
+        }
         if message.kind.trim().is_empty() {
             return Err(KernelError::InvalidArgument(
                 "message type must not be empty".into(),
@@ -129,8 +144,15 @@ impl Kernel {
         caller: Caller,
         task: TaskSpec,
     ) -> Result<(RequestId, TaskReply)> {
-        let (tx, rx) = oneshot::channel();
         let to = task.to;
+        if let Caller::Process(me) = caller
+            && me == to
+        {
+            return Err(KernelError::InvalidArgument(format!(
+                "process {me} cannot run a task on itself and wait for the answer"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
         let (request_id, timeout) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
         let _blocked = self.blocked_guard(caller);
         match tokio::time::timeout(timeout, rx).await {
@@ -168,14 +190,15 @@ impl Kernel {
                 "PID 1 is the kernel and does not run tasks".into(),
             ));
         };
-        if spec.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(KernelError::InvalidArgument(
-                "timeout must be positive".into(),
-            ));
+        if let Some(timeout) = spec.timeout {
+            check_duration("timeout", timeout)?;
         }
         let timeout = spec.timeout.unwrap_or(target.timeout);
         let request_id = RequestId(self.next_id());
-        let description = spec.description.clone();
+        let copy = target
+            .route
+            .copy_to
+            .map(|parent| (parent, spec.description.clone()));
         let task = Task {
             request_id,
             from,
@@ -188,7 +211,7 @@ impl Kernel {
             reply,
         };
         self.push(&proc, Envelope::new(MessageId(request_id.0), item, None))?;
-        if let Some(parent) = target.route.copy_to {
+        if let Some((parent, description)) = copy {
             let copy = Message {
                 id: MessageId(self.next_id()),
                 from,
@@ -209,9 +232,9 @@ impl Kernel {
         let table = self.inner.table.read();
         let route = match route(&table, from, to) {
             Ok(route) => route,
-            Err(reason) => {
+            Err(err) => {
                 drop(table);
-                return Err(self.deny(from, to, reason));
+                return Err(self.deny(from, to, err));
             }
         };
         let entry = table.get(to).ok_or(KernelError::NotFound(to))?;
@@ -229,18 +252,23 @@ impl Kernel {
         })
     }
 
-    fn deny(&self, from: Pid, to: Pid, reason: String) -> KernelError {
-        if reason.ends_with("not found") {
-            return KernelError::NotFound(to);
+    fn deny(&self, from: Pid, to: Pid, err: RouteError) -> KernelError {
+        match err {
+            RouteError::NoReceiver(pid) => KernelError::NotFound(pid),
+            RouteError::SenderNotAlive(pid) => {
+                KernelError::FailedPrecondition(format!("sender {pid} is not alive"))
+            }
+            RouteError::Denied(reason) => {
+                self.inner.events.emit(
+                    from,
+                    EventKind::RouteDenied {
+                        to,
+                        reason: reason.clone(),
+                    },
+                );
+                KernelError::PermissionDenied(reason)
+            }
         }
-        self.inner.events.emit(
-            from,
-            EventKind::RouteDenied {
-                to,
-                reason: reason.clone(),
-            },
-        );
-        KernelError::PermissionDenied(reason)
     }
 
     /// Pushes into a mailbox, reporting expired messages it purged.
@@ -325,8 +353,17 @@ impl Kernel {
         }
     }
 
-    /// A message for PID 1, which keeps no mailbox: it becomes an event.
-    fn to_kernel(&self, message: Message) {
+    /// A message for PID 1, which keeps no mailbox: it becomes an event,
+    /// its payload cut to [`KERNEL_MESSAGE_PREVIEW`] bytes so events stay small.
+    fn to_kernel(&self, mut message: Message) {
+        if message.payload.len() > KERNEL_MESSAGE_PREVIEW {
+            let mut end = KERNEL_MESSAGE_PREVIEW;
+            while !message.payload.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.payload.truncate(end);
+            message.payload.push_str("...");
+        }
         self.inner.events.emit(
             Pid::KERNEL,
             EventKind::KernelMessage {
@@ -357,6 +394,20 @@ impl Kernel {
             );
         }
     }
+}
+
+/// Longest timeout or TTL the kernel accepts.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Refuses zero and anything past [`MAX_DURATION`].
+pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
+    if value.is_zero() || value > MAX_DURATION {
+        return Err(KernelError::InvalidArgument(format!(
+            "{field} must be between 1 ms and 30 days, got {} ms",
+            value.as_millis()
+        )));
+    }
+    Ok(())
 }
 
 fn check_payload(field: &str, text: &str) -> Result<()> {

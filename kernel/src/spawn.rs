@@ -45,6 +45,8 @@ impl Kernel {
 
         let parent = request.parent;
         let mut table = self.inner.table.write();
+        // Checked again under the lock: shutdown's last pass holds it too.
+        self.check_running()?;
         let Some(parent_entry) = table.get(parent) else {
             return Err(KernelError::NotFound(parent));
         };
@@ -131,14 +133,13 @@ impl Kernel {
             ),
             running: Default::default(),
             blocked: Default::default(),
-            exited: Default::default(),
         });
         let runner = self
             .inner
             .tracker
             .spawn(run_process(self.downgrade(), proc.clone(), runtime));
         if let Some(parent_entry) = table.get_mut(parent) {
-            parent_entry.children.push(pid);
+            parent_entry.children.insert(pid);
             parent_entry.live_children += 1;
         }
         let event = EventKind::Spawned {
@@ -153,7 +154,7 @@ impl Kernel {
             Entry {
                 ppid: parent,
                 depth,
-                children: Vec::new(),
+                children: Default::default(),
                 live_children: 0,
                 proc,
                 runner: Some(runner),

@@ -31,17 +31,34 @@ pub const EXIT_PANICKED: i32 = 101;
 /// Exit code of a process whose runtime failed.
 pub const EXIT_FAILED: i32 = 1;
 
-/// Everything an exit produced, to act on once the table lock is released.
+/// Everything exits produced, to act on once the table lock is released.
 #[derive(Debug, Default)]
 struct Exits {
+    /// Exit records, leaves first.
     records: Vec<ExitRecord>,
+    /// Processes removed from the table with their parent.
     reaped: Vec<Pid>,
-    runners: Vec<JoinHandle<()>>,
+    /// Runners to stop, by PID.
+    runners: Vec<(Pid, JoinHandle<()>)>,
+    /// Items still queued in closed mailboxes, by receiver.
     undelivered: Vec<(Pid, Envelope)>,
-    /// Set when the parent of the top process should be told.
-    notify_parent: Option<ExitRecord>,
-    /// The top process, collected at once by a waiting parent.
+    /// The top process of each exit: its parent is told.
+    tops: Vec<Top>,
+}
+
+/// The process at the top of an exit.
+#[derive(Debug)]
+struct Top {
+    record: ExitRecord,
+    /// Collected at once by a parent already blocked in `wait_child`.
     collected: bool,
+}
+
+/// Whether runners are aborted at once or allowed to finish in-flight work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Abort,
+    Drain,
 }
 
 impl Kernel {
@@ -73,29 +90,31 @@ impl Kernel {
             } else {
                 reason.to_owned()
             };
-            terminate(&mut table, pid, EXIT_KILLED, &reason)
+            let mut exits = Exits::default();
+            terminate(&mut table, pid, EXIT_KILLED, &reason, &mut exits);
+            exits
         };
         let killed: Vec<Pid> = exits.records.iter().map(|r| r.pid).collect();
-        self.finish_exits(exits, true).await;
+        self.finish_exits(exits, Stop::Abort).await;
         Ok(killed)
     }
 
     /// Called by a process's own runner when its runtime failed: the process
     /// and its subtree exit with `exit_code`.
     pub(crate) async fn exit_self(&self, pid: Pid, exit_code: i32, reason: String) {
-        let exits = {
+        let mut exits = Exits::default();
+        {
             let mut table = self.inner.table.write();
             match table.get(pid) {
-                Some(entry) if entry.is_alive() => terminate(&mut table, pid, exit_code, &reason),
+                Some(entry) if entry.is_alive() => {
+                    terminate(&mut table, pid, exit_code, &reason, &mut exits)
+                }
                 _ => return,
             }
-        };
-        // The caller is the exiting runner: it must not wait for itself.
-        let mut exits = exits;
-        if let Some(top) = exits.runners.pop() {
-            drop(top);
         }
-        self.finish_exits(exits, true).await;
+        // The caller is the exiting runner: it must not wait for itself.
+        exits.runners.retain(|(runner, _)| *runner != pid);
+        self.finish_exits(exits, Stop::Abort).await;
     }
 
     /// Waits for child `pid` to exit, collects its exit record and reaps it.
@@ -105,6 +124,14 @@ impl Kernel {
         pid: Pid,
         timeout: Option<Duration>,
     ) -> Result<ExitRecord> {
+        if pid == Pid::KERNEL {
+            return Err(KernelError::InvalidArgument(
+                "PID 1 is the kernel and does not exit while it serves".into(),
+            ));
+        }
+        if let Some(limit) = timeout {
+            crate::router::check_duration("timeout", limit)?;
+        }
         let rx = {
             let mut table = self.inner.table.write();
             let entry = table.get_mut(pid).ok_or(KernelError::NotFound(pid))?;
@@ -124,6 +151,8 @@ impl Kernel {
                 return Ok(record);
             }
             let (tx, rx) = oneshot::channel();
+            // Waiters that timed out are gone; don't let them pile up.
+            entry.exit_waiters.retain(|waiter| !waiter.is_closed());
             entry.exit_waiters.push(tx);
             rx
         };
@@ -145,30 +174,25 @@ impl Kernel {
     /// Ends every process below PID 1, leaves first: in-flight tasks get up
     /// to `grace` to finish, then everything left is forced.
     pub(crate) async fn stop_all(&self, grace: Duration) {
-        let roots: Vec<Pid> = {
-            let table = self.inner.table.read();
-            table
-                .get(Pid::KERNEL)
-                .map(|k| k.children.clone())
-                .unwrap_or_default()
-        };
-        let mut all = Exits::default();
+        let mut exits = Exits::default();
         {
+            // Spawn checks `stopping` under this lock, so no child of PID 1
+            // can appear after this pass.
             let mut table = self.inner.table.write();
+            let roots: Vec<Pid> = table
+                .get(Pid::KERNEL)
+                .map(|k| k.children.iter().copied().collect())
+                .unwrap_or_default();
             for root in roots {
                 if table.get(root).is_some_and(|e| e.is_alive()) {
-                    let exits = terminate(&mut table, root, 0, "kernel shutdown");
-                    all.records.extend(exits.records);
-                    all.reaped.extend(exits.reaped);
-                    all.runners.extend(exits.runners);
-                    all.undelivered.extend(exits.undelivered);
+                    terminate(&mut table, root, 0, "kernel shutdown", &mut exits);
                 }
             }
         }
         // Closed mailboxes let runners finish in-flight work and return.
-        let runners = std::mem::take(&mut all.runners);
-        let aborts: Vec<_> = runners.iter().map(|h| h.abort_handle()).collect();
-        let drained = futures::future::join_all(runners);
+        let runners = std::mem::take(&mut exits.runners);
+        let aborts: Vec<_> = runners.iter().map(|(_, h)| h.abort_handle()).collect();
+        let drained = futures::future::join_all(runners.into_iter().map(|(_, h)| h));
         if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
@@ -176,72 +200,87 @@ impl Kernel {
             );
             aborts.iter().for_each(|a| a.abort());
         }
-        self.finish_exits(all, false).await;
+        self.finish_exits(exits, Stop::Drain).await;
     }
 
-    /// Acts on an exit once the table lock is released: stop runners, fail
-    /// undelivered tasks, emit events, tell the parent, schedule reaping.
-    async fn finish_exits(&self, exits: Exits, abort: bool) {
-        let Exits {
-            records,
-            reaped,
-            runners,
-            undelivered,
-            notify_parent,
-            collected,
-        } = exits;
-        if abort {
-            runners.iter().for_each(JoinHandle::abort);
-        }
-        // Quiescence: when this returns, none of the subtree's tasks runs.
-        futures::future::join_all(runners).await;
-        for (pid, env) in undelivered {
-            self.fail_undelivered(pid, env);
-        }
-        for record in &records {
-            self.inner.events.emit(
-                record.pid,
-                EventKind::Exited {
-                    ppid: record.ppid,
-                    name: Arc::from(record.name.as_str()),
-                    exit_code: record.exit_code,
-                    reason: record.reason.clone(),
-                },
-            );
-        }
-        for pid in reaped {
-            self.inner.events.emit(
-                pid,
-                EventKind::Reaped {
-                    by: "parent_exited",
-                },
-            );
-        }
-        let Some(top) = notify_parent else { return };
+    /// Acts on exits once the table lock is released: stop the runners, fail
+    /// undelivered tasks, emit events, tell parents, schedule reaping.
+    ///
+    /// Runs as a kernel-owned task, so a caller that gives up (a cancelled
+    /// gRPC Kill, an abandoned task) cannot leave the bookkeeping half done.
+    async fn finish_exits(&self, exits: Exits, stop: Stop) {
+        let kernel = self.clone();
+        let finish = self.inner.tracker.spawn(async move {
+            let Exits {
+                records,
+                reaped,
+                runners,
+                undelivered,
+                tops,
+            } = exits;
+            if stop == Stop::Abort {
+                runners.iter().for_each(|(_, runner)| runner.abort());
+            }
+            // Quiescence: once this is done, none of the subtree's tasks runs.
+            futures::future::join_all(runners.into_iter().map(|(_, runner)| runner)).await;
+            for (pid, env) in undelivered {
+                kernel.fail_undelivered(pid, env);
+            }
+            for record in &records {
+                kernel.inner.events.emit(
+                    record.pid,
+                    EventKind::Exited {
+                        ppid: record.ppid,
+                        name: Arc::from(record.name.as_str()),
+                        exit_code: record.exit_code,
+                        reason: record.reason.clone(),
+                    },
+                );
+            }
+            for pid in reaped {
+                kernel.inner.events.emit(
+                    pid,
+                    EventKind::Reaped {
+                        by: "parent_exited",
+                    },
+                );
+            }
+            for top in tops {
+                kernel.finish_top(top);
+            }
+        });
+        // Only a panic could fail the join; the kernel's state is already consistent.
+        let _ = finish.await;
+    }
+
+    /// Tells the parent of an exit's top process, and schedules its reaping.
+    fn finish_top(&self, Top { record, collected }: Top) {
         if collected {
             self.inner
                 .events
-                .emit(top.pid, EventKind::Reaped { by: "wait_child" });
+                .emit(record.pid, EventKind::Reaped { by: "wait_child" });
         } else {
-            self.inner.reaper.schedule(
-                Instant::now() + Duration::from_secs(self.inner.settings.zombie_timeout_seconds),
-                top.pid,
-            );
+            let timeout = Duration::from_secs(self.inner.settings.zombie_timeout_seconds);
+            // A timeout too far away to represent means: never reap.
+            if let Some(at) = Instant::now().checked_add(timeout) {
+                self.inner.reaper.schedule(at, record.pid);
+            }
         }
-        if top.ppid != Pid::KERNEL {
-            let payload = serde_json::to_string(&top).unwrap_or_default();
-            let message = Message {
-                id: hivekernel_agents::MessageId(self.next_id()),
-                from: Pid::KERNEL,
-                to: top.ppid,
-                kind: kinds::CHILD_EXITED.to_owned(),
-                payload,
-                priority: Priority::High,
-                request_id: None,
-                via: None,
-            };
-            self.deliver_system(top.ppid, message);
+        if record.ppid == Pid::KERNEL {
+            return;
         }
+        let ppid = record.ppid;
+        let message = Message {
+            id: hivekernel_agents::MessageId(self.next_id()),
+            from: Pid::KERNEL,
+            to: ppid,
+            kind: kinds::CHILD_EXITED.to_owned(),
+            payload: serde_json::to_string(&record).unwrap_or_default(),
+            priority: Priority::High,
+            request_id: None,
+            via: None,
+        };
+        self.deliver_system(ppid, message);
     }
 
     /// Removes a zombie that nobody collected in time.
@@ -314,8 +353,7 @@ impl Drop for BlockedGuard {
 }
 
 /// Marks the subtree under `top` exited, leaves first, and unlinks it.
-fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -> Exits {
-    let mut exits = Exits::default();
+fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, exits: &mut Exits) {
     let now = unix_ms(SystemTime::now());
     for pid in table.subtree_leaves_first(top) {
         let Some(entry) = table.get_mut(pid) else {
@@ -323,13 +361,12 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -
         };
         let ppid = entry.ppid;
         if entry.is_alive() {
-            entry.proc.exited.store(true, Ordering::Release);
             let pending = entry.proc.mailbox.close();
             exits
                 .undelivered
                 .extend(pending.into_iter().map(|env| (pid, env)));
             if let Some(runner) = entry.runner.take() {
-                exits.runners.push(runner);
+                exits.runners.push((pid, runner));
             }
             let record = ExitRecord {
                 pid,
@@ -345,17 +382,20 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -
                 exited_at_unix_ms: now,
             };
             entry.exit = Some(record.clone());
-            let mut waiters = std::mem::take(&mut entry.exit_waiters);
-            let collected = waiters.drain(..).any(|tx| tx.send(record.clone()).is_ok());
+            let collected = std::mem::take(&mut entry.exit_waiters)
+                .into_iter()
+                .any(|tx| tx.send(record.clone()).is_ok());
             if let Some(parent) = table.get_mut(ppid) {
                 parent.live_children = parent.live_children.saturating_sub(1);
             }
             if pid == top {
-                exits.collected = collected;
                 if collected {
                     reap(table, pid);
                 }
-                exits.notify_parent = Some(record.clone());
+                exits.tops.push(Top {
+                    record: record.clone(),
+                    collected,
+                });
             }
             exits.records.push(record);
         }
@@ -364,19 +404,15 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str) -
             exits.reaped.push(pid);
         }
     }
-    exits
 }
 
-/// Removes `pid` from the table and from its parent's children.
+/// Removes an exited process from the table and from its parent's children.
 fn reap(table: &mut ProcessTable, pid: Pid) {
     let Some(entry) = table.entries.remove(&pid) else {
         return;
     };
     if let Some(parent) = table.get_mut(entry.ppid) {
-        parent.children.retain(|c| *c != pid);
-        if entry.exit.is_none() {
-            parent.live_children = parent.live_children.saturating_sub(1);
-        }
+        parent.children.remove(&pid);
     }
 }
 

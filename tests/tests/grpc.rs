@@ -488,7 +488,7 @@ async fn each_error_class_maps_to_its_grpc_code() {
             })
             .await,
         Code::InvalidArgument,
-        "timeout_ms",
+        "timeout must be between 1 ms and 30 days",
     );
     let mut bad_priority = pb::SendMessageRequest {
         to: 1,

@@ -350,3 +350,46 @@ async fn events_replay_from_a_sequence_number_without_gaps() {
     spawn_probe(&kernel, ROOT, "later", Role::Agent).await;
     assert_eq!(live.recv().await.unwrap().seq, first + 6);
 }
+
+#[tokio::test]
+async fn a_process_cannot_wait_on_a_task_it_gave_itself() {
+    let (kernel, _) = kernel();
+    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
+    let err = kernel
+        .execute_task(Caller::Process(a), TaskSpec::new(a, "hello me"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, KernelError::InvalidArgument(_)), "{err}");
+}
+
+#[tokio::test]
+async fn kernel_message_events_keep_only_a_preview_of_the_payload() {
+    let (kernel, _) = kernel();
+    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
+    let mut events = kernel.subscribe(None).live;
+    let big = "é".repeat(hivekernel_kernel::KERNEL_MESSAGE_PREVIEW);
+    send(&kernel, a, ROOT, &big).await.unwrap();
+    let event = events.recv().await.unwrap();
+    let EventKind::KernelMessage { payload, .. } = &event.kind else {
+        panic!("{event:?}")
+    };
+    assert!(payload.len() <= hivekernel_kernel::KERNEL_MESSAGE_PREVIEW + 3);
+    assert!(payload.ends_with("..."));
+}
+
+#[tokio::test]
+async fn top_level_siblings_send_no_copies_to_the_kernel() {
+    let (kernel, journal) = kernel();
+    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
+    let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
+    let mut events = kernel.subscribe(None).live;
+    send(&kernel, a, b, "peer").await.unwrap();
+    wait_until("delivery", Duration::from_secs(5), || async {
+        journal.of(b).iter().any(|m| m.payload == "peer")
+    })
+    .await;
+    assert!(
+        events.try_recv().is_err(),
+        "a copy reached the kernel as an event"
+    );
+}

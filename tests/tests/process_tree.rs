@@ -498,3 +498,54 @@ async fn shutdown_stops_everything_and_refuses_new_work() {
         .unwrap_err();
     assert_eq!(err, KernelError::ShuttingDown);
 }
+
+#[tokio::test]
+async fn a_kill_whose_caller_gives_up_still_finishes_its_bookkeeping() {
+    let (kernel, journal) = kernel();
+    let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
+    let child = spawn_probe(&kernel, parent, "child", Role::Lead).await;
+    spawn_probe(&kernel, child, "grandchild", Role::Worker).await;
+    let mut events = kernel.subscribe(None).live;
+    // Poll the kill once, then drop it, as a cancelled gRPC call would.
+    {
+        let kill = kernel.kill(Caller::Admin, child, "abandoned");
+        tokio::pin!(kill);
+        let _ = futures::poll!(kill.as_mut());
+    }
+    let mut exited = 0;
+    while exited < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .expect("exit events after a cancelled kill")
+            .unwrap();
+        if matches!(event.kind, EventKind::Exited { .. }) {
+            exited += 1;
+        }
+    }
+    wait_until(
+        "the parent to hear of it",
+        Duration::from_secs(5),
+        || async {
+            journal
+                .of(parent)
+                .iter()
+                .any(|m| m.kind == kinds::CHILD_EXITED)
+        },
+    )
+    .await;
+    let record = kernel
+        .wait_child(Caller::Process(parent), child, None)
+        .await
+        .unwrap();
+    assert_eq!(record.reason, "abandoned");
+}
+
+#[tokio::test]
+async fn pid_1_cannot_be_waited_for() {
+    let (kernel, _) = kernel();
+    let err = kernel
+        .wait_child(Caller::Admin, ROOT, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, KernelError::InvalidArgument(_)), "{err}");
+}

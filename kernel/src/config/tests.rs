@@ -173,11 +173,15 @@ fn kernel_numbers_out_of_range_are_all_reported() {
         &["between 1 and 100000", "got 0"],
     );
     assert_issue(&found, "kernel.mailbox_capacity", &["1000000", "1000001"]);
-    assert_issue(&found, "kernel.mailbox_aging_ms", &["at least 1", "got 0"]);
+    assert_issue(
+        &found,
+        "kernel.mailbox_aging_ms",
+        &["between 1 and", "got 0"],
+    );
     assert_issue(
         &found,
         "kernel.task_timeout_seconds",
-        &["at least 1", "got 0"],
+        &["between 1 and 2592000", "got 0"],
     );
     assert_issue(
         &found,

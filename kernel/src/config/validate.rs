@@ -72,9 +72,33 @@ impl<'a> Context<'a> {
         let children_ok = in_range(k.max_children, 1..=100_000, "kernel.max_children", issues);
         let capacity = k.mailbox_capacity;
         in_range(capacity, 1..=1_000_000, "kernel.mailbox_capacity", issues);
-        at_least_one(k.mailbox_aging_ms, "kernel.mailbox_aging_ms", issues);
+        // Durations stay within 30 days, the kernel's ceiling for any timeout.
+        const MAX_SECONDS: u64 = 30 * 24 * 3600;
+        in_range(
+            k.mailbox_aging_ms,
+            1..=MAX_SECONDS * 1000,
+            "kernel.mailbox_aging_ms",
+            issues,
+        );
         let timeout = k.task_timeout_seconds;
-        let timeout_ok = at_least_one(timeout, "kernel.task_timeout_seconds", issues);
+        let timeout_ok = in_range(
+            timeout,
+            1..=MAX_SECONDS,
+            "kernel.task_timeout_seconds",
+            issues,
+        );
+        in_range(
+            k.zombie_timeout_seconds,
+            0..=MAX_SECONDS,
+            "kernel.zombie_timeout_seconds",
+            issues,
+        );
+        in_range(
+            k.shutdown_grace_ms,
+            0..=3_600_000,
+            "kernel.shutdown_grace_ms",
+            issues,
+        );
         let tasks = k.max_concurrent_tasks;
         let tasks_ok = at_least_one(tasks, "kernel.max_concurrent_tasks", issues);
         if let Some(problem) = self.runtime_problem(&k.default_runtime) {

@@ -4,17 +4,14 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, Priority, ProcessInfo, ProcessState, Role,
-    SpawnRequest, TaskSpec, Tier,
+    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, Role, SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
 
+use super::enums;
 use crate::events::{Event, EventKind};
 use crate::kernel::Caller;
-
-/// Longest accepted timeout or TTL: 30 days.
-pub(crate) const MAX_DURATION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 
 /// A PID that must be non-zero.
 pub(crate) fn required_pid(field: &str, value: u64) -> Result<Pid, Status> {
@@ -24,14 +21,9 @@ pub(crate) fn required_pid(field: &str, value: u64) -> Result<Pid, Status> {
     Ok(Pid(value))
 }
 
-/// A duration in milliseconds where 0 means "none".
-pub(crate) fn optional_millis(field: &str, ms: u64) -> Result<Option<Duration>, Status> {
-    if ms > MAX_DURATION_MS {
-        return Err(Status::invalid_argument(format!(
-            "{field} is {ms}, more than the maximum {MAX_DURATION_MS} (30 days)"
-        )));
-    }
-    Ok((ms != 0).then(|| Duration::from_millis(ms)))
+/// A duration in milliseconds where 0 means "none"; the kernel checks the range.
+pub(crate) fn optional_millis(ms: u64) -> Option<Duration> {
+    (ms != 0).then(|| Duration::from_millis(ms))
 }
 
 fn unknown(field: &str, value: i32) -> Status {
@@ -41,24 +33,10 @@ fn unknown(field: &str, value: i32) -> Status {
 /// Spawn request; unset role means agent, unset tier and runtime inherit.
 pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Status> {
     let parent = required_pid("parent", req.parent)?;
-    if req.name.trim().is_empty() {
-        return Err(Status::invalid_argument("name must not be empty"));
-    }
-    let role = match pb::Role::try_from(req.role).map_err(|_| unknown("role", req.role))? {
-        pb::Role::Unspecified | pb::Role::Agent => Role::Agent,
-        pb::Role::Kernel => Role::Kernel,
-        pb::Role::Daemon => Role::Daemon,
-        pb::Role::Architect => Role::Architect,
-        pb::Role::Lead => Role::Lead,
-        pb::Role::Worker => Role::Worker,
-        pb::Role::Task => Role::Task,
-    };
-    let tier = match pb::CognitiveTier::try_from(req.tier).map_err(|_| unknown("tier", req.tier))? {
-        pb::CognitiveTier::Unspecified => None,
-        pb::CognitiveTier::Strategic => Some(Tier::Strategic),
-        pb::CognitiveTier::Tactical => Some(Tier::Tactical),
-        pb::CognitiveTier::Operational => Some(Tier::Operational),
-    };
+    let role = pb::Role::try_from(req.role).map_err(|_| unknown("role", req.role))?;
+    let role = enums::role_from_proto(role).unwrap_or(Role::Agent);
+    let tier = pb::CognitiveTier::try_from(req.tier).map_err(|_| unknown("tier", req.tier))?;
+    let tier = enums::tier_from_proto(tier);
     let limits = req.limits.map(limit_overrides).unwrap_or_default();
     Ok(SpawnRequest {
         parent,
@@ -95,14 +73,9 @@ pub(crate) fn outgoing(caller: Caller, req: pb::SendMessageRequest) -> Result<Ou
         ));
     }
     let to = required_pid("to", req.to)?;
-    let priority = match pb::Priority::try_from(req.priority)
-        .map_err(|_| unknown("priority", req.priority))?
-    {
-        pb::Priority::Unspecified | pb::Priority::Normal => Priority::Normal,
-        pb::Priority::Critical => Priority::Critical,
-        pb::Priority::High => Priority::High,
-        pb::Priority::Low => Priority::Low,
-    };
+    let priority =
+        pb::Priority::try_from(req.priority).map_err(|_| unknown("priority", req.priority))?;
+    let priority = enums::priority_from_proto(priority).unwrap_or_default();
     let kind = if req.r#type.is_empty() {
         hivekernel_agents::message::kinds::MESSAGE.to_owned()
     } else {
@@ -113,7 +86,7 @@ pub(crate) fn outgoing(caller: Caller, req: pb::SendMessageRequest) -> Result<Ou
         kind,
         payload: req.payload,
         priority,
-        ttl: optional_millis("ttl_ms", req.ttl_ms)?,
+        ttl: optional_millis(req.ttl_ms),
     })
 }
 
@@ -123,7 +96,7 @@ pub(crate) fn task_spec(req: pb::ExecuteTaskRequest) -> Result<TaskSpec, Status>
         to: required_pid("pid", req.pid)?,
         description: req.description,
         params: req.params.into_iter().collect(),
-        timeout: optional_millis("timeout_ms", req.timeout_ms)?,
+        timeout: optional_millis(req.timeout_ms),
     })
 }
 
@@ -132,9 +105,9 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
         pid: info.pid.0,
         ppid: info.ppid.0,
         name: info.name,
-        role: role(info.role) as i32,
-        tier: tier(info.tier) as i32,
-        state: state(info.state) as i32,
+        role: enums::role_to_proto(info.role) as i32,
+        tier: enums::tier_to_proto(info.tier) as i32,
+        state: enums::state_to_proto(info.state) as i32,
         model: info.model,
         runtime: info.runtime,
         tools: info.tools,
@@ -208,37 +181,6 @@ fn limits(limits: Limits) -> pb::Limits {
     }
 }
 
-fn role(role: Role) -> pb::Role {
-    match role {
-        Role::Kernel => pb::Role::Kernel,
-        Role::Daemon => pb::Role::Daemon,
-        Role::Agent => pb::Role::Agent,
-        Role::Architect => pb::Role::Architect,
-        Role::Lead => pb::Role::Lead,
-        Role::Worker => pb::Role::Worker,
-        Role::Task => pb::Role::Task,
-    }
-}
-
-fn tier(tier: Tier) -> pb::CognitiveTier {
-    match tier {
-        Tier::Strategic => pb::CognitiveTier::Strategic,
-        Tier::Tactical => pb::CognitiveTier::Tactical,
-        Tier::Operational => pb::CognitiveTier::Operational,
-    }
-}
-
-fn state(state: ProcessState) -> pb::ProcessState {
-    match state {
-        ProcessState::Idle => pb::ProcessState::Idle,
-        ProcessState::Running => pb::ProcessState::Running,
-        ProcessState::Blocked => pb::ProcessState::Blocked,
-        ProcessState::Sleeping => pb::ProcessState::Sleeping,
-        ProcessState::Zombie => pb::ProcessState::Zombie,
-        ProcessState::Dead => pb::ProcessState::Dead,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -283,9 +225,8 @@ mod tests {
     #[test]
     fn spawn_rejects_bad_fields_by_name() {
         type Edit = fn(&mut pb::SpawnRequest);
-        let cases: [(Edit, &str); 4] = [
+        let cases: [(Edit, &str); 3] = [
             (|r| r.parent = 0, "parent must be set"),
-            (|r| r.name = " ".into(), "name must not be empty"),
             (|r| r.role = 42, "role: unknown enum value 42"),
             (|r| r.tier = -1, "tier: unknown enum value -1"),
         ];
@@ -305,20 +246,10 @@ mod tests {
         };
         let out = outgoing(Caller::Admin, req.clone()).unwrap();
         assert_eq!(out.kind, "message");
-        assert_eq!(out.priority, Priority::Normal);
+        assert_eq!(out.priority, hivekernel_agents::Priority::Normal);
         assert_eq!(out.ttl, None);
         let err = outgoing(Caller::Process(Pid(5)), req).unwrap_err();
         assert_eq!(err.code(), Code::PermissionDenied);
-        let err = outgoing(
-            Caller::Admin,
-            pb::SendMessageRequest {
-                to: 2,
-                ttl_ms: u64::MAX,
-                ..Default::default()
-            },
-        )
-        .unwrap_err();
-        assert!(err.message().starts_with("ttl_ms"), "{}", err.message());
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl KernelRpc for KernelService {
         let caller = caller(&request)?;
         let req = request.into_inner();
         let pid = convert::required_pid("pid", req.pid)?;
-        let timeout = convert::optional_millis("timeout_ms", req.timeout_ms)?;
+        let timeout = convert::optional_millis(req.timeout_ms);
         let record = self.kernel.wait_child(caller, pid, timeout).await?;
         Ok(Response::new(convert::exit_record(record)))
     }
