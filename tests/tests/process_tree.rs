@@ -427,7 +427,8 @@ async fn wait_child_returns_the_exit_record_and_reaps() {
     ));
 }
 
-#[tokio::test]
+// Paused clock: the reaper's deadline passes without a real wait.
+#[tokio::test(start_paused = true)]
 async fn uncollected_zombies_are_reaped_after_the_timeout() {
     let mut settings = test_settings();
     settings.zombie_timeout_seconds = 1;
@@ -441,6 +442,11 @@ async fn uncollected_zombies_are_reaped_after_the_timeout() {
             .unwrap()
             .state,
         ProcessState::Zombie
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(
+        kernel.get_process(Caller::Admin, child).await.is_ok(),
+        "reaped too early"
     );
     wait_until(
         "the zombie to be reaped",
