@@ -5,7 +5,6 @@
 //! them, [`router`](crate::router) moves messages and tasks. This file holds
 //! the shared state, the read-side queries and shutdown.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
@@ -97,7 +96,7 @@ impl Kernel {
                 running: Default::default(),
                 blocked: Default::default(),
             };
-            let mut entries = HashMap::new();
+            let mut entries = rustc_hash::FxHashMap::default();
             entries.insert(
                 Pid::KERNEL,
                 Entry {

@@ -162,10 +162,7 @@ impl Mailbox {
     #[cfg(test)]
     pub(crate) fn try_pop(&self, on_expired: impl FnMut(Envelope)) -> Option<Envelope> {
         let mut expired = Vec::new();
-        let popped = self
-            .queues
-            .lock()
-            .pop(Instant::now(), self.aging, &mut expired);
+        let popped = self.queues.lock().pop(self.aging, &mut expired);
         expired.into_iter().for_each(on_expired);
         popped
     }
@@ -180,7 +177,7 @@ impl Mailbox {
                 if q.closed {
                     return None;
                 }
-                q.pop(Instant::now(), self.aging, &mut expired)
+                q.pop(self.aging, &mut expired)
             };
             expired.drain(..).for_each(&mut on_expired);
             if popped.is_some() {
@@ -215,31 +212,37 @@ impl Mailbox {
 }
 
 impl Queues {
-    fn pop(
-        &mut self,
-        now: Instant,
-        aging: Duration,
-        expired: &mut Vec<Envelope>,
-    ) -> Option<Envelope> {
+    /// Pops the head with the best effective priority. The clock is read
+    /// only when it matters: several levels compete, or a TTL must be checked.
+    fn pop(&mut self, aging: Duration, expired: &mut Vec<Envelope>) -> Option<Envelope> {
+        let mut now = None;
         loop {
-            let mut best: Option<(usize, usize, Instant)> = None;
+            let mut heads = [None; 4];
             for (level, queue) in self.levels.iter().enumerate() {
-                let Some(head) = queue.front() else { continue };
-                let waited = now.saturating_duration_since(head.enqueued_at);
-                let lift = (waited.as_nanos() / aging.as_nanos()).min(level as u128) as usize;
-                let effective = level - lift;
-                let better = match best {
-                    None => true,
-                    Some((e, _, at)) => effective < e || (effective == e && head.enqueued_at < at),
-                };
-                if better {
-                    best = Some((effective, level, head.enqueued_at));
-                }
+                heads[level] = queue.front().map(|head| head.enqueued_at);
             }
-            let (_, level, _) = best?;
+            let competing = heads.iter().flatten().count();
+            let level = if competing <= 1 {
+                heads.iter().position(Option::is_some)?
+            } else {
+                let now = *now.get_or_insert_with(Instant::now);
+                // Rank by effective level (levels climbed by whole aging
+                // intervals waited, up to critical), then by age.
+                let rank = |level: usize, at: Instant| {
+                    let waited = now.saturating_duration_since(at);
+                    let climbed = (1..=level as u32)
+                        .take_while(|k| waited >= aging * *k)
+                        .count();
+                    (level - climbed, at)
+                };
+                (0..4)
+                    .filter_map(|level| heads[level].map(|at| (rank(level, at), level)))
+                    .min()?
+                    .1
+            };
             let env = self.levels[level].pop_front()?;
             self.len -= 1;
-            if env.expired(now) {
+            if env.expires_at.is_some() && env.expired(*now.get_or_insert_with(Instant::now)) {
                 expired.push(env);
                 continue;
             }

@@ -1,6 +1,6 @@
 //! The process table: one entry per live or zombie process, and tree queries.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -110,7 +110,9 @@ impl Entry {
 /// All live and zombie processes, keyed by PID.
 #[derive(Debug, Default)]
 pub(crate) struct ProcessTable {
-    pub(crate) entries: HashMap<Pid, Entry>,
+    /// Keyed by PID with a fast non-cryptographic hash: PIDs are kernel-chosen,
+    /// never attacker-chosen, so SipHash's flood resistance buys nothing here.
+    pub(crate) entries: rustc_hash::FxHashMap<Pid, Entry>,
 }
 
 impl ProcessTable {
