@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -73,7 +74,14 @@ pub(crate) async fn run_process(
             }
             env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if inflight.len() < max => {
                 let Some(env) = env else { break None };
-                inflight.push(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
+                let mut work = Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
+                // Most items finish without waiting (a message a runtime only
+                // notes, an echo): poll once here and queue only what must wait.
+                match futures::poll!(work.as_mut()) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(fatal)) => break Some(fatal),
+                    Poll::Pending => inflight.push(work),
+                }
             }
         }
     };
