@@ -10,12 +10,16 @@
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
+//! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments and the tool registry.
+//! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod echo;
+pub mod llm;
 pub mod message;
 pub mod process;
 pub mod runtime;
 pub mod syscalls;
+pub mod tools;
 
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{

@@ -2,10 +2,12 @@
 //!
 //! # Layout
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
+//! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
 //! - this file: kernel settings for tests, an in-process kernel, and `wait_until`.
 
 #![allow(clippy::unwrap_used)]
 
+pub mod llm_server;
 pub mod probe;
 
 use std::future::Future;

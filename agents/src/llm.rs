@@ -1,0 +1,74 @@
+//! Model providers: the provider-neutral chat types, the [`Provider`] trait,
+//! an OpenAI-compatible HTTP client and a deterministic offline provider.
+//!
+//! A provider turns a [`ChatRequest`] (logical model name, conversation,
+//! tools offered) into a [`ChatResponse`] (one assistant message, possibly
+//! with tool calls, and token usage). It does not run tools or loop: the
+//! agent loop does that, and sees every failure as a typed [`LlmError`]
+//! (context too long, rate limited, HTTP error, timeout, unreadable answer).
+//!
+//! # Layout
+//! - [`types`]: messages, tool calls, tool schemas, requests, responses, usage.
+//! - [`error`]: every way a model call can fail, as [`LlmError`].
+//! - [`openai`]: [`OpenAiProvider`] for any OpenAI-compatible chat-completions endpoint.
+//! - [`admission`]: [`Admission`], the kernel-wide cap on requests in flight.
+//! - [`scripted`]: [`ScriptedProvider`], deterministic and offline; its rules are in its docs.
+//! - `retry` (private): backoff with jitter and `Retry-After`.
+//! - `wire` (private): the chat-completions JSON format.
+
+pub mod admission;
+pub mod error;
+pub mod openai;
+mod retry;
+pub mod scripted;
+pub mod types;
+mod wire;
+
+use async_trait::async_trait;
+
+pub use admission::Admission;
+pub use error::LlmError;
+pub use openai::{OpenAiProvider, OpenAiSettings};
+pub use scripted::{SUBTASKS_MARKER, SYNTHESIZE_MARKER, ScriptedProvider};
+pub use types::{ChatMessage, ChatRequest, ChatResponse, ChatRole, ToolCall, ToolSchema, Usage};
+
+/// A model endpoint.
+#[async_trait]
+pub trait Provider: Send + Sync + std::fmt::Debug {
+    /// Short name for logs and `ps` (`openai`, `scripted`).
+    fn name(&self) -> &str;
+
+    /// One completion of `request`; retries, timeouts and admission are the provider's business.
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError>;
+}
+
+/// Tokens added per message for its role and framing.
+const MESSAGE_OVERHEAD_TOKENS: u64 = 4;
+
+/// A rough token count of `messages`: a quarter of their text's UTF-8 bytes
+/// (about chars/4 for English, less of an undercount for other scripts) plus
+/// a few tokens of framing per message.
+pub fn estimate_tokens(messages: &[ChatMessage]) -> u64 {
+    messages.iter().map(message_tokens).sum()
+}
+
+/// [`estimate_tokens`] of the messages plus the tool schemas, which also take up context.
+pub fn estimate_request_tokens(request: &ChatRequest) -> u64 {
+    let tools: usize = request
+        .tools
+        .iter()
+        .map(|tool| tool.name.len() + tool.description.len() + tool.parameters.to_string().len())
+        .sum();
+    estimate_tokens(&request.messages) + (tools as u64).div_ceil(4)
+}
+
+fn message_tokens(message: &ChatMessage) -> u64 {
+    let calls: usize = message
+        .tool_calls
+        .iter()
+        .map(|call| call.id.len() + call.name.len() + call.arguments.len())
+        .sum();
+    let id = message.tool_call_id.as_ref().map_or(0, String::len);
+    let bytes = message.content.len() + calls + id;
+    MESSAGE_OVERHEAD_TOKENS + (bytes as u64).div_ceil(4)
+}

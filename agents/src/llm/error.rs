@@ -1,0 +1,47 @@
+//! What can go wrong when calling a model.
+
+use std::time::Duration;
+
+/// A failed model call, with a message naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LlmError {
+    /// The provider said the conversation does not fit the model's context.
+    #[error("context length exceeded: {0}")]
+    ContextLength(String),
+    /// Still rate limited (HTTP 429) after every retry.
+    #[error("rate limited by the provider{}", retry_after_note(.retry_after))]
+    RateLimited {
+        /// How long the provider last asked us to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// The provider answered with an error status (body truncated to about 2 KB).
+    #[error("provider answered HTTP {status}: {body}")]
+    Http {
+        /// The HTTP status code.
+        status: u16,
+        /// The start of the response body.
+        body: String,
+    },
+    /// The request did not reach the provider or the answer did not come back.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// No complete answer within the request timeout (after every retry).
+    #[error("the provider did not answer within the request timeout")]
+    Timeout,
+    /// The answer was not a chat completion we can read.
+    #[error("invalid response from the provider: {0}")]
+    InvalidResponse(String),
+    /// The provider does not know the model.
+    #[error("unknown model {0:?}")]
+    UnknownModel(String),
+    /// The provider's settings are unusable.
+    #[error("invalid LLM provider settings: {0}")]
+    Config(String),
+}
+
+fn retry_after_note(retry_after: &Option<Duration>) -> String {
+    match retry_after {
+        Some(wait) => format!(" (asked to retry after {} ms)", wait.as_millis()),
+        None => String::new(),
+    }
+}

@@ -1,0 +1,341 @@
+//! The OpenAI chat-completions wire format: request encoding, response and error decoding.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ChatMessage, ChatRequest, ChatResponse, ChatRole, LlmError, ToolCall, Usage};
+
+/// Error bodies are cut to about this many bytes before they go into an error.
+const MAX_ERROR_BODY: usize = 2048;
+
+#[derive(Serialize)]
+struct Request<'a> {
+    model: &'a str,
+    messages: Vec<Message<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    /// `null` only for an assistant turn that calls tools and says nothing.
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Call<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Call<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    r#type: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// The JSON body of a chat-completions request for `request`, sent as `model_id`.
+pub(super) fn encode(request: &ChatRequest, model_id: &str) -> Result<Vec<u8>, LlmError> {
+    let messages = request.messages.iter().map(encode_message).collect();
+    let tools = request
+        .tools
+        .iter()
+        .map(|tool| Tool {
+            r#type: "function",
+            function: ToolFunction {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.parameters,
+            },
+        })
+        .collect();
+    let body = Request {
+        model: model_id,
+        messages,
+        tools,
+        max_tokens: request.max_tokens,
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| LlmError::InvalidResponse(format!("cannot encode the request: {e}")))
+}
+
+fn encode_message(message: &ChatMessage) -> Message<'_> {
+    let silent_call = message.role == ChatRole::Assistant
+        && message.content.is_empty()
+        && !message.tool_calls.is_empty();
+    Message {
+        role: message.role.as_str(),
+        content: (!silent_call).then_some(message.content.as_str()),
+        tool_calls: message
+            .tool_calls
+            .iter()
+            .map(|call| Call {
+                id: &call.id,
+                r#type: "function",
+                function: Function {
+                    name: &call.name,
+                    arguments: &call.arguments,
+                },
+            })
+            .collect(),
+        tool_call_id: message.tool_call_id.as_deref(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Response {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    message: Option<Answer>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<AnswerCall>>,
+}
+
+#[derive(Deserialize)]
+struct AnswerCall {
+    #[serde(default)]
+    id: Option<String>,
+    function: AnswerFunction,
+}
+
+#[derive(Deserialize)]
+struct AnswerFunction {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// Reads a successful (2xx) chat-completions body.
+pub(super) fn decode(body: &[u8]) -> Result<ChatResponse, LlmError> {
+    let response: Response = serde_json::from_slice(body).map_err(|e| {
+        LlmError::InvalidResponse(format!(
+            "not a chat completion ({e}): {}",
+            truncate(&String::from_utf8_lossy(body))
+        ))
+    })?;
+    let Some(choice) = response.choices.into_iter().next() else {
+        // Some gateways (OpenRouter) report upstream failures inside a 200.
+        if let Some(error) = response.error {
+            let ProviderError { code, message } = ProviderError::from_value(&error);
+            if is_context_length(code.as_deref(), &message) {
+                return Err(LlmError::ContextLength(message));
+            }
+            return Err(LlmError::InvalidResponse(format!(
+                "the provider reported an error: {message}"
+            )));
+        }
+        return Err(LlmError::InvalidResponse(
+            "the answer has no choices".into(),
+        ));
+    };
+    let answer = choice
+        .message
+        .ok_or_else(|| LlmError::InvalidResponse("the first choice has no message".into()))?;
+    let tool_calls = answer
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(index, call)| ToolCall {
+            id: call.id.unwrap_or_else(|| format!("call_{index}")),
+            name: call.function.name,
+            arguments: arguments_text(call.function.arguments),
+        })
+        .collect();
+    let usage = response.usage.map_or(Usage::default(), |usage| Usage {
+        prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+        completion_tokens: usage.completion_tokens.unwrap_or(0),
+    });
+    Ok(ChatResponse {
+        message: ChatMessage::assistant(content_text(answer.content)).with_tool_calls(tool_calls),
+        usage,
+        finish_reason: choice.finish_reason,
+    })
+}
+
+/// Content is a string, `null`, or (some servers) an array of `{type, text}` parts.
+fn content_text(content: Option<Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// Arguments are JSON text; a server that sends an object gets it re-encoded,
+/// and missing arguments mean none.
+fn arguments_text(arguments: Option<Value>) -> String {
+    match arguments {
+        Some(Value::String(text)) => text,
+        None | Some(Value::Null) => "{}".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// What an error body says, from `{"error": {"code", "type", "message"}}` or plain text.
+pub(super) struct ProviderError {
+    pub(super) code: Option<String>,
+    pub(super) message: String,
+}
+
+impl ProviderError {
+    pub(super) fn parse(body: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(body);
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => {
+                let error = value.get("error").unwrap_or(&value);
+                let parsed = Self::from_value(error);
+                if parsed.message.is_empty() {
+                    ProviderError {
+                        message: truncate(&text),
+                        ..parsed
+                    }
+                } else {
+                    parsed
+                }
+            }
+            Err(_) => ProviderError {
+                code: None,
+                message: truncate(&text),
+            },
+        }
+    }
+
+    fn from_value(error: &Value) -> Self {
+        let field = |name| error.get(name).and_then(Value::as_str).map(str::to_owned);
+        let message = match error {
+            Value::String(text) => text.clone(),
+            _ => field("message").unwrap_or_default(),
+        };
+        ProviderError {
+            code: field("code").or_else(|| field("type")),
+            message: truncate(&message),
+        }
+    }
+}
+
+/// Whether an error says the conversation is too long for the model.
+pub(super) fn is_context_length(code: Option<&str>, message: &str) -> bool {
+    if code == Some("context_length_exceeded") {
+        return true;
+    }
+    let message = message.to_lowercase();
+    [
+        "context length",
+        "context_length",
+        "maximum context",
+        "context window",
+        "context size",
+        "too many tokens",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|phrase| message.contains(phrase))
+}
+
+/// Whether an error says the model does not exist.
+pub(super) fn is_unknown_model(code: Option<&str>, message: &str) -> bool {
+    if code == Some("model_not_found") {
+        return true;
+    }
+    let message = message.to_lowercase();
+    message.contains("model")
+        && (message.contains("not found") || message.contains("does not exist"))
+}
+
+/// `text` cut to about [`MAX_ERROR_BODY`] bytes, on a character boundary.
+pub(super) fn truncate(text: &str) -> String {
+    if text.len() <= MAX_ERROR_BODY {
+        return text.to_owned();
+    }
+    let mut end = MAX_ERROR_BODY;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &text[..end], text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn content_may_be_null_or_parts() {
+        let body = br#"{"choices":[{"message":{"content":null,"tool_calls":[
+            {"function":{"name":"f","arguments":{"a":1}}}]}}]}"#;
+        let response = decode(body).unwrap();
+        assert_eq!(response.message.content, "");
+        assert_eq!(response.message.tool_calls[0].id, "call_0");
+        assert_eq!(response.message.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(response.usage, Usage::default());
+
+        let body = br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}}]}"#;
+        assert_eq!(decode(body).unwrap().message.content, "ab");
+    }
+
+    #[test]
+    fn error_bodies() {
+        let parsed = ProviderError::parse(
+            br#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#,
+        );
+        assert!(is_context_length(parsed.code.as_deref(), &parsed.message));
+        let parsed = ProviderError::parse(b"upstream exploded");
+        assert_eq!(parsed.message, "upstream exploded");
+        assert!(!is_context_length(None, "invalid value for temperature"));
+        assert!(is_unknown_model(None, "The model `gpt-9` does not exist"));
+        let long = "é".repeat(3000);
+        let cut = truncate(&long);
+        assert!(cut.len() < 2100 && cut.ends_with("(6000 bytes in all)"));
+    }
+}

@@ -1,0 +1,116 @@
+//! Tools an agent may call, selected by name in config.
+//!
+//! A [`Tool`] gets its arguments as the JSON object the model produced and
+//! answers with text for the model. A tool that fails returns a
+//! [`ToolError`]; the agent hands its message back to the model and carries
+//! on. Whatever the model asks, a tool checks its own arguments.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+
+use crate::llm::ToolSchema;
+use crate::runtime::ProcessContext;
+
+pub mod workspace;
+
+/// What a tool call may use: the calling process and its workspace.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolContext<'a> {
+    /// The calling process (identity and syscalls).
+    pub process: &'a ProcessContext,
+    /// The process's own workspace directory, when it has one.
+    pub workspace: Option<&'a Path>,
+}
+
+impl ToolContext<'_> {
+    /// The workspace, or an error saying the agent has none.
+    pub fn workspace(&self) -> Result<&Path, ToolError> {
+        self.workspace
+            .ok_or_else(|| ToolError::new("this agent has no workspace configured"))
+    }
+}
+
+/// A failed tool call; the message goes back to the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+impl ToolError {
+    /// An error with `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        ToolError(message.into())
+    }
+}
+
+/// Decodes a tool's arguments, naming what is wrong when they do not fit.
+pub fn parse_args<T: DeserializeOwned>(
+    tool: &str,
+    args: serde_json::Value,
+) -> Result<T, ToolError> {
+    serde_json::from_value(args)
+        .map_err(|err| ToolError::new(format!("invalid arguments for {tool}: {err}")))
+}
+
+/// One tool.
+#[async_trait]
+pub trait Tool: Send + Sync + fmt::Debug {
+    /// The name the model calls it by and config selects it by.
+    fn name(&self) -> &'static str;
+
+    /// One line saying what it does.
+    fn description(&self) -> &'static str;
+
+    /// JSON schema of its arguments object.
+    fn parameters(&self) -> serde_json::Value;
+
+    /// Runs the tool.
+    async fn call(
+        &self,
+        ctx: &ToolContext<'_>,
+        args: serde_json::Value,
+    ) -> Result<String, ToolError>;
+
+    /// The schema offered to the model.
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: self.name().to_owned(),
+            description: self.description().to_owned(),
+            parameters: self.parameters(),
+        }
+    }
+}
+
+/// Tools by name.
+#[derive(Debug, Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<&'static str, Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    /// Every built-in tool.
+    pub fn builtin() -> Self {
+        let mut registry = ToolRegistry::default();
+        workspace::register(&mut registry);
+        registry
+    }
+
+    /// Adds (or replaces) a tool.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name(), tool);
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    /// Registered names, sorted.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.tools.keys().copied().collect()
+    }
+}

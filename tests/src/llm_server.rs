@@ -1,0 +1,393 @@
+//! A loopback HTTP server speaking the OpenAI chat-completions protocol, scripted per test.
+//!
+//! `POST /v1/chat/completions` is answered from a script: the n-th request
+//! gets the n-th [`Scripted`] answer; once the script runs out, a fallback
+//! answers (by default a 500 naming the exhausted script, so a test that
+//! makes more calls than it planned fails loudly). Every request body and
+//! `authorization` header is recorded, and the server tracks how many
+//! requests it was answering at once. The server stops when dropped.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// A dynamic answer: computed from the request body.
+pub type Responder = Arc<dyn Fn(&Value) -> Scripted + Send + Sync>;
+
+/// One scripted answer.
+#[derive(Clone)]
+pub enum Scripted {
+    /// `200 OK` with this JSON body.
+    Json(Value),
+    /// Any status with a raw body (e.g. malformed JSON), and optionally `Retry-After`.
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The body, sent as is.
+        body: String,
+        /// The `Retry-After` header value, if any.
+        retry_after: Option<String>,
+    },
+    /// Waits, then answers with the inner answer.
+    Delay(Duration, Box<Scripted>),
+    /// Computes the answer from the request body.
+    Dynamic(Responder),
+}
+
+impl fmt::Debug for Scripted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scripted::Json(body) => f.debug_tuple("Json").field(body).finish(),
+            Scripted::Status {
+                status,
+                body,
+                retry_after,
+            } => f
+                .debug_struct("Status")
+                .field("status", status)
+                .field("body", body)
+                .field("retry_after", retry_after)
+                .finish(),
+            Scripted::Delay(wait, inner) => {
+                f.debug_tuple("Delay").field(wait).field(inner).finish()
+            }
+            Scripted::Dynamic(_) => f.write_str("Dynamic(..)"),
+        }
+    }
+}
+
+impl Scripted {
+    /// A final text answer with usage 10 prompt + 5 completion tokens.
+    pub fn content(text: &str) -> Self {
+        Scripted::Json(content_body(text, 10, 5))
+    }
+
+    /// A final text answer with the given usage.
+    pub fn content_with_usage(text: &str, prompt_tokens: u64, completion_tokens: u64) -> Self {
+        Scripted::Json(content_body(text, prompt_tokens, completion_tokens))
+    }
+
+    /// An answer calling tools, each `(id, name, arguments JSON text)`; usage 10 + 5.
+    pub fn tool_calls(calls: &[(&str, &str, &str)]) -> Self {
+        Scripted::Json(tool_calls_body(calls, 10, 5))
+    }
+
+    /// A status with a body and no `Retry-After`.
+    pub fn status(status: u16, body: &str) -> Self {
+        Scripted::Status {
+            status,
+            body: body.to_owned(),
+            retry_after: None,
+        }
+    }
+
+    /// An OpenAI-style error `{"error": {"message", "type", "code"}}` with `status`.
+    pub fn error(status: u16, code: &str, message: &str) -> Self {
+        let body = json!({ "error": { "message": message, "type": code, "code": code } });
+        Scripted::status(status, &body.to_string())
+    }
+
+    /// A 400 saying the context is too long, as OpenAI words it.
+    pub fn context_length_exceeded() -> Self {
+        Scripted::error(
+            400,
+            "context_length_exceeded",
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+        )
+    }
+
+    /// A 429 asking the client to wait `seconds`.
+    pub fn rate_limited(seconds: u64) -> Self {
+        Scripted::status(
+            429,
+            r#"{"error":{"message":"Rate limit reached","code":"rate_limit_exceeded"}}"#,
+        )
+        .with_retry_after(&seconds.to_string())
+    }
+
+    /// This answer with a `Retry-After` header (only for [`Scripted::Status`]).
+    pub fn with_retry_after(self, value: &str) -> Self {
+        match self {
+            Scripted::Status { status, body, .. } => Scripted::Status {
+                status,
+                body,
+                retry_after: Some(value.to_owned()),
+            },
+            other => other,
+        }
+    }
+
+    /// This answer, sent after `wait`.
+    pub fn after(self, wait: Duration) -> Self {
+        Scripted::Delay(wait, Box::new(self))
+    }
+
+    /// An answer computed from the request body.
+    pub fn dynamic(respond: impl Fn(&Value) -> Scripted + Send + Sync + 'static) -> Self {
+        Scripted::Dynamic(Arc::new(respond))
+    }
+}
+
+/// A chat-completions body with a text answer.
+pub fn content_body(text: &str, prompt_tokens: u64, completion_tokens: u64) -> Value {
+    completion(
+        json!({ "role": "assistant", "content": text }),
+        "stop",
+        prompt_tokens,
+        completion_tokens,
+    )
+}
+
+/// A chat-completions body calling tools, each `(id, name, arguments JSON text)`.
+pub fn tool_calls_body(
+    calls: &[(&str, &str, &str)],
+    prompt_tokens: u64,
+    completion_tokens: u64,
+) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, arguments)| {
+            json!({
+                "id": id,
+                "type": "function",
+                "function": { "name": name, "arguments": arguments },
+            })
+        })
+        .collect();
+    completion(
+        json!({ "role": "assistant", "content": null, "tool_calls": calls }),
+        "tool_calls",
+        prompt_tokens,
+        completion_tokens,
+    )
+}
+
+fn completion(message: Value, finish_reason: &str, prompt: u64, completion: u64) -> Value {
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "test-model",
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason }],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    })
+}
+
+/// What the server saw and what it still has to say.
+struct State {
+    script: Mutex<VecDeque<Scripted>>,
+    fallback: Option<Responder>,
+    requests: Mutex<Vec<Value>>,
+    authorizations: Mutex<Vec<Option<String>>>,
+    /// (answering now, most at once)
+    concurrency: Mutex<(usize, usize)>,
+}
+
+/// A running loopback chat-completions server; stops when dropped.
+#[derive(Debug)]
+pub struct LlmServer {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("State")
+            .field("scripted_left", &self.script.lock().len())
+            .field("requests", &self.requests.lock().len())
+            .finish()
+    }
+}
+
+impl LlmServer {
+    /// Answers the n-th request with `responses[n]`; past the end, with a 500.
+    pub async fn start(responses: Vec<Scripted>) -> LlmServer {
+        Self::start_with(responses, None).await
+    }
+
+    /// Answers every request with `respond(request body)`.
+    pub async fn answering(
+        respond: impl Fn(&Value) -> Scripted + Send + Sync + 'static,
+    ) -> LlmServer {
+        Self::start_with(Vec::new(), Some(Arc::new(respond))).await
+    }
+
+    /// Answers from `responses` first, then every further request with `fallback`.
+    pub async fn start_with(responses: Vec<Scripted>, fallback: Option<Responder>) -> LlmServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the loopback LLM server");
+        let addr = listener.local_addr().expect("loopback LLM server address");
+        let state = Arc::new(State {
+            script: Mutex::new(responses.into()),
+            fallback,
+            requests: Mutex::default(),
+            authorizations: Mutex::default(),
+            concurrency: Mutex::default(),
+        });
+        let task = tokio::spawn(accept(listener, state.clone()));
+        LlmServer { addr, state, task }
+    }
+
+    /// `http://127.0.0.1:PORT/v1`, the base URL a provider should use.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request body received so far, in arrival order (non-JSON as a string).
+    pub fn requests(&self) -> Vec<Value> {
+        self.state.requests.lock().clone()
+    }
+
+    /// How many requests arrived so far.
+    pub fn request_count(&self) -> usize {
+        self.state.requests.lock().len()
+    }
+
+    /// The `authorization` header of every request, in arrival order.
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.state.authorizations.lock().clone()
+    }
+
+    /// The `authorization` header of the latest request.
+    pub fn authorization(&self) -> Option<String> {
+        self.state.authorizations.lock().last().cloned().flatten()
+    }
+
+    /// The most requests the server was answering at the same time.
+    pub fn max_concurrent(&self) -> usize {
+        self.state.concurrency.lock().1
+    }
+}
+
+impl Drop for LlmServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Accepts connections until aborted; dropping the set aborts every connection with it.
+async fn accept(listener: TcpListener, state: Arc<State>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors or similar: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let state = state.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+            });
+            // A client that hangs up mid-answer (a timeout test) is not an error here.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+async fn handle(state: &State, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() != hyper::Method::POST || request.uri().path() != "/v1/chat/completions" {
+        let body = format!("no route for {} {}", request.method(), request.uri().path());
+        return respond(404, body, None);
+    }
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let bytes = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return respond(400, format!("cannot read the body: {e}"), None),
+    };
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let answer = {
+        // Record and pick the answer under one lock so the n-th request gets the n-th answer.
+        let mut script = state.script.lock();
+        let mut requests = state.requests.lock();
+        requests.push(body.clone());
+        state.authorizations.lock().push(authorization);
+        let number = requests.len();
+        script
+            .pop_front()
+            .or_else(|| state.fallback.as_ref().map(|f| f(&body)))
+            .unwrap_or_else(|| {
+                Scripted::status(
+                    500,
+                    &format!("llm_server: script exhausted at request {number}"),
+                )
+            })
+    };
+    let _answering = Answering::new(state);
+    render(answer, &body).await
+}
+
+/// Counts a request as being answered while it lives (even if the client hangs up).
+struct Answering<'a>(&'a State);
+
+impl<'a> Answering<'a> {
+    fn new(state: &'a State) -> Self {
+        let mut concurrency = state.concurrency.lock();
+        concurrency.0 += 1;
+        concurrency.1 = concurrency.1.max(concurrency.0);
+        Answering(state)
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        self.0.concurrency.lock().0 -= 1;
+    }
+}
+
+async fn render(mut answer: Scripted, request: &Value) -> Response<Full<Bytes>> {
+    loop {
+        answer = match answer {
+            Scripted::Json(body) => return respond(200, body.to_string(), None),
+            Scripted::Status {
+                status,
+                body,
+                retry_after,
+            } => return respond(status, body, retry_after),
+            Scripted::Delay(wait, inner) => {
+                tokio::time::sleep(wait).await;
+                *inner
+            }
+            Scripted::Dynamic(respond) => respond(request),
+        };
+    }
+}
+
+fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<Full<Bytes>> {
+    let mut builder = Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(value) = retry_after {
+        builder = builder.header(hyper::header::RETRY_AFTER, value);
+    }
+    builder
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
