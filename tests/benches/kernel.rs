@@ -1,0 +1,248 @@
+//! The kernel against its physical floor.
+//!
+//! `cargo bench -p hivekernel-tests --bench kernel [-- --json] [-- --smoke]
+//! [-- --only spawn,route]`. Every figure is printed beside a floor measured
+//! in the same run on the same runtime (raw tokio tasks and channels, an
+//! empty tonic RPC, `/bin/true`), as a cost ratio, because absolute times
+//! drift on shared 2-core machines. docs/PERFORMANCE.md explains each row.
+//!
+//! # Layout
+//! - `report`: rows, targets, the table and the JSON document.
+//! - `stats`: medians, percentiles, warm-up, RSS.
+//! - `spawn`: spawn latency, and memory per idle agent (in fresh child processes).
+//! - `route`: routed message throughput and the `execute_task` round trip.
+//! - `grpc`: the closed-loop tonic load generator.
+//! - `tree`: kill of a 10,000-process tree, listing 100,000 processes.
+//! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
+
+// A bench crate's root is this file, so its modules would resolve beside it
+// in benches/, where Cargo would take each for a bench of its own.
+#[path = "kernel/cold.rs"]
+mod cold;
+#[path = "kernel/grpc.rs"]
+mod grpc;
+#[path = "kernel/report.rs"]
+mod report;
+#[path = "kernel/route.rs"]
+mod route;
+#[path = "kernel/spawn.rs"]
+mod spawn;
+#[path = "kernel/stats.rs"]
+mod stats;
+#[path = "kernel/tree.rs"]
+mod tree;
+
+use std::time::{Duration, Instant};
+
+use report::{Machine, Report, Row, Target, Unit};
+
+const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
+                     [--json] [--smoke] [--only NAME[,NAME]]\n\
+                     names: spawn, memory, route, grpc, kill, list, cold, orchestrate";
+
+/// The `--only` names, in the order they run and print.
+const GROUPS: [&str; 8] = [
+    "spawn",
+    "memory",
+    "route",
+    "grpc",
+    "kill",
+    "list",
+    "cold",
+    "orchestrate",
+];
+
+/// How much work each measurement does: the full run, or a smoke run for CI.
+#[derive(Debug)]
+pub(crate) struct Sizes {
+    /// Measured runs (after one warm-up) whose median is reported.
+    pub(crate) runs: usize,
+    /// Agents spawned per spawn measurement.
+    pub(crate) spawn: &'static [usize],
+    /// Idle agents for the memory measurement.
+    pub(crate) idle: usize,
+    /// Messages each of the 4 senders sends.
+    pub(crate) messages: usize,
+    /// Round trips per ask run.
+    pub(crate) asks: usize,
+    /// How long each gRPC load runs.
+    pub(crate) rpc_window: Duration,
+    /// Leads under the killed root, and workers under each lead.
+    pub(crate) tree: (usize, usize),
+    /// Processes listed.
+    pub(crate) listed: usize,
+    /// Cold starts whose median is reported.
+    pub(crate) cold_runs: usize,
+}
+
+const FULL: Sizes = Sizes {
+    runs: 3,
+    spawn: &[10_000, 100_000],
+    idle: 100_000,
+    messages: 250_000,
+    asks: 20_000,
+    rpc_window: Duration::from_secs(2),
+    tree: (100, 99),
+    listed: 100_000,
+    cold_runs: 5,
+};
+
+const SMOKE: Sizes = Sizes {
+    runs: 1,
+    spawn: &[1_000],
+    idle: 2_000,
+    messages: 5_000,
+    asks: 500,
+    rpc_window: Duration::from_millis(300),
+    tree: (10, 9),
+    listed: 2_000,
+    cold_runs: 1,
+};
+
+/// The command line, after `--`.
+#[derive(Debug, Default)]
+struct Args {
+    json: bool,
+    smoke: bool,
+    only: Option<Vec<&'static str>>,
+    /// Hidden: run one memory measurement in this (fresh) process.
+    child: Option<(String, usize)>,
+}
+
+impl Args {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut parsed = Args::default();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--json" => parsed.json = true,
+                "--smoke" => parsed.smoke = true,
+                // `cargo bench` passes this to every bench binary.
+                "--bench" => {}
+                "--only" => {
+                    let list = args.next().ok_or("--only needs a list of names")?;
+                    let mut only = Vec::new();
+                    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                        let group = GROUPS
+                            .iter()
+                            .find(|g| **g == name)
+                            .ok_or_else(|| format!("unknown name {name:?} in --only"))?;
+                        only.push(*group);
+                    }
+                    parsed.only = Some(only);
+                }
+                "--child" => {
+                    let what = args.next().ok_or("--child needs a name")?;
+                    let n = args
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .ok_or("--child needs a count")?;
+                    parsed.child = Some((what, n));
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(parsed)
+    }
+
+    fn selected(&self, group: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| only.contains(&group))
+    }
+}
+
+/// The runtime every measurement runs on: multi-thread, 2 workers (one per core here).
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("build the tokio runtime")
+}
+
+fn main() {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(err) => {
+            eprintln!("error: {err}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Some((what, n)) = &args.child {
+        spawn::child(what, *n);
+        return;
+    }
+    let sizes = if args.smoke { &SMOKE } else { &FULL };
+    let mut report = Report {
+        mode: if args.smoke { "smoke" } else { "full" },
+        machine: Machine::detect(),
+        rows: Vec::new(),
+        floors: Vec::new(),
+    };
+    for group in GROUPS.into_iter().filter(|g| args.selected(g)) {
+        eprintln!("bench: {group} ...");
+        let started = Instant::now();
+        // A fresh runtime per group: nothing one leaves behind slows the next.
+        let runtime = runtime();
+        let (rows, floor) = runtime.block_on(on_worker(run_group(group, sizes)));
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        eprintln!(
+            "bench: {group} done in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        report.rows.extend(rows);
+        if let Some(floor) = floor {
+            report.floors.push((group, floor));
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.json()).expect("serialize the report")
+        );
+    } else {
+        print!("{}", report.table());
+    }
+}
+
+/// Runs `work` on a runtime worker, as gRPC handlers and agents run: wakes
+/// from there go to the worker's own queue, not through the injection queue
+/// that `block_on`'s thread must use.
+pub(crate) async fn on_worker<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    tokio::spawn(work).await.expect("bench task panicked")
+}
+
+/// Runs one group's measurements: its rows, and what its floor is.
+async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'static str>) {
+    match group {
+        "spawn" => (spawn::spawn(sizes).await, Some(spawn::FLOOR)),
+        "memory" => (spawn::memory(sizes).await, Some(spawn::MEMORY_FLOOR)),
+        "route" => (route::run(sizes).await, Some(route::FLOOR)),
+        "grpc" => (grpc::run(sizes).await, Some(grpc::FLOOR)),
+        "kill" => (tree::kill(sizes).await, Some(tree::KILL_FLOOR)),
+        "list" => (tree::list(sizes).await, Some(tree::LIST_FLOOR)),
+        "cold" => (cold::run(sizes).await, Some(cold::FLOOR)),
+        "orchestrate" => (vec![orchestrate()], None),
+        other => unreachable!("no group {other}"),
+    }
+}
+
+/// Kept in the table so its shape does not change when the ToolAgent lands.
+fn orchestrate() -> Row {
+    Row::unavailable(
+        "orchestrate",
+        "orchestrate 1,000 workers",
+        Unit::Nanos,
+        "n/a (needs the ToolAgent)",
+    )
+    .target(Target::at_most(1e9, Unit::Nanos))
+}
+
+/// `n` for labels: 10k, 2k, 500.
+pub(crate) fn count(n: usize) -> String {
+    if n >= 1000 && n % 1000 == 0 {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}

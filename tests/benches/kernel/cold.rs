@@ -1,0 +1,169 @@
+//! Cold start: exec of `hivekernel start` until its first RPC answers,
+//! beside exec of `/bin/true`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_client::KernelClient;
+
+use crate::Sizes;
+use crate::grpc::{Bearer, connect};
+use crate::report::{Row, Target, Unit};
+use crate::stats::{nanos_since, warm_median};
+
+pub(crate) const FLOOR: &str = "exec of /bin/true, spawn and wait (std::process::Command)";
+
+/// One echo agent; the data directory sits beside the config in a fresh temp dir.
+const CONFIG: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "data_dir": "data" },
+  "agents": [ { "name": "echo", "role": "agent", "cognitive_tier": "operational", "runtime": "echo" } ]
+}"#;
+
+/// How often the bench looks for `kernel.addr`.
+const POLL: Duration = Duration::from_micros(100);
+/// How long a start may take before the bench gives up on it.
+const START_LIMIT: Duration = Duration::from_secs(20);
+
+pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
+    let bin = tokio::task::spawn_blocking(binary)
+        .await
+        .expect("locate the hivekernel binary");
+    let ours = warm_median(sizes.cold_runs, || cold_start(&bin)).await;
+    let floor = warm_median(sizes.cold_runs, || async {
+        tokio::task::spawn_blocking(|| {
+            let start = Instant::now();
+            let status = Command::new("/bin/true").status().expect("run /bin/true");
+            assert!(status.success(), "/bin/true failed");
+            nanos_since(start)
+        })
+        .await
+        .expect("/bin/true runner")
+    })
+    .await;
+    vec![
+        Row::new(
+            "cold",
+            "cold start: exec to first GetProcess answered",
+            Unit::Nanos,
+            ours,
+            Some(floor),
+        )
+        .target(Target::at_most(10e6, Unit::Nanos))
+        .note("fresh data dir each run (token created)"),
+    ]
+}
+
+/// Starts the kernel in a fresh directory, waits for its address, answers one
+/// GetProcess with the admin token, then kills it. Returns exec-to-answer time.
+async fn cold_start(bin: &Path) -> f64 {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, CONFIG).expect("write the config");
+    let data = dir.path().join("data");
+    let log_path = dir.path().join("kernel.log");
+    let log = std::fs::File::create(&log_path).expect("create the kernel log");
+
+    let start = Instant::now();
+    let child = Command::new(bin)
+        .arg("start")
+        .arg(&config)
+        .env_remove("HIVEKERNEL_DATA_DIR")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("exec hivekernel start");
+    let addr_file = data.join("kernel.addr");
+    let (mut child, addr) = tokio::task::spawn_blocking(move || {
+        let mut child = child;
+        let addr = wait_for_addr(&mut child, &addr_file, &log_path);
+        (child, addr)
+    })
+    .await
+    .expect("address poller");
+    let token = std::fs::read_to_string(data.join("admin.token")).expect("read admin.token");
+    let mut client =
+        KernelClient::with_interceptor(connect(&addr).await, Bearer::new(token.trim()));
+    let info = client
+        .get_process(pb::GetProcessRequest { pid: 1 })
+        .await
+        .expect("GetProcess on a fresh kernel")
+        .into_inner();
+    let ns = nanos_since(start);
+    assert_eq!(info.pid, 1);
+
+    drop(client);
+    let _ = child.kill();
+    let _ = child.wait();
+    ns
+}
+
+/// Polls for `kernel.addr`, complete (it ends in a newline), and returns the address.
+fn wait_for_addr(child: &mut Child, file: &Path, log: &Path) -> String {
+    let deadline = Instant::now() + START_LIMIT;
+    loop {
+        if let Ok(addr) = std::fs::read_to_string(file)
+            && addr.ends_with('\n')
+        {
+            return addr.trim().to_owned();
+        }
+        if let Some(status) = child.try_wait().expect("poll the kernel") {
+            panic!(
+                "hivekernel exited early ({status}):\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no kernel.addr after {START_LIMIT:?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The `hivekernel` binary: `$HIVEKERNEL_BIN`, else the one in this bench's
+/// profile directory, rebuilt first (a no-op when fresh) so a stale kernel is
+/// never measured. A failed rebuild falls back to the existing binary.
+fn binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
+        return PathBuf::from(bin);
+    }
+    // target/<profile>/deps/kernel-xxxx -> target/<profile>
+    let exe = std::env::current_exe().expect("path of the bench binary");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("bench binary lives in target/<profile>/deps")
+        .to_owned();
+    let target_dir = profile_dir.parent().expect("target dir");
+    let bin = profile_dir.join("hivekernel");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile_dir.file_name().and_then(|name| name.to_str()) {
+        Some("release") => {
+            build.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(profile) => {
+            build.args(["--profile", profile]);
+        }
+    }
+    match build.status() {
+        Ok(status) if status.success() => {}
+        outcome if bin.exists() => eprintln!(
+            "bench: rebuilding hivekernel failed ({outcome:?}); measuring the existing {}",
+            bin.display()
+        ),
+        outcome => panic!("building hivekernel failed: {outcome:?}"),
+    }
+    assert!(bin.exists(), "{} missing after the build", bin.display());
+    bin
+}
