@@ -143,4 +143,11 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
 
     /// Snapshots of this process's children.
     async fn list_children(&self) -> Result<Vec<ProcessInfo>, SyscallError>;
+
+    /// Snapshots of `root` and its subtree, parents first, at most `max_depth` levels below it.
+    async fn list_processes(
+        &self,
+        root: Pid,
+        max_depth: Option<u32>,
+    ) -> Result<Vec<ProcessInfo>, SyscallError>;
 }

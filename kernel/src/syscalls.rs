@@ -80,11 +80,19 @@ impl Syscalls for KernelSyscalls {
     }
 
     async fn list_children(&self) -> Result<Vec<ProcessInfo>, SyscallError> {
-        let kernel = self.kernel()?;
-        let mut children = kernel
-            .list_processes(self.caller(), self.pid, Some(1))
-            .await?;
+        let mut children = self.list_processes(self.pid, Some(1)).await?;
         children.retain(|p| p.pid != self.pid);
         Ok(children)
+    }
+
+    async fn list_processes(
+        &self,
+        root: Pid,
+        max_depth: Option<u32>,
+    ) -> Result<Vec<ProcessInfo>, SyscallError> {
+        Ok(self
+            .kernel()?
+            .list_processes(self.caller(), root, max_depth)
+            .await?)
     }
 }
