@@ -5,7 +5,9 @@
 //! exit of the process (the kernel keeps running).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -63,24 +65,26 @@ pub(crate) async fn run_process(
 ) {
     let max = proc.limits.max_concurrent_tasks.max(1) as usize;
     let pid = proc.ctx.pid;
-    let mut inflight = FuturesUnordered::new();
+    // Created on first need: most processes idle, and an idle one should cost little.
+    let mut inflight: Option<FuturesUnordered<Work>> = None;
+    let busy = |inflight: &Option<FuturesUnordered<Work>>| inflight.as_ref().map_or(0, |f| f.len());
     let fatal: Option<Fatal> = loop {
         tokio::select! {
             biased;
-            Some(outcome) = inflight.next(), if !inflight.is_empty() => {
+            Some(outcome) = next_done(&mut inflight), if busy(&inflight) > 0 => {
                 if let Err(fatal) = outcome {
                     break Some(fatal);
                 }
             }
-            env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if inflight.len() < max => {
+            env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if busy(&inflight) < max => {
                 let Some(env) = env else { break None };
-                let mut work = Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
+                let mut work: Work = Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
                 // Most items finish without waiting (a message a runtime only
                 // notes, an echo): poll once here and queue only what must wait.
                 match futures::poll!(work.as_mut()) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(fatal)) => break Some(fatal),
-                    Poll::Pending => inflight.push(work),
+                    Poll::Pending => inflight.get_or_insert_with(FuturesUnordered::new).push(work),
                 }
             }
         }
@@ -93,8 +97,25 @@ pub(crate) async fn run_process(
             }
         }
         // Closed by kill or shutdown: finish what is in flight (kill aborts instead).
-        None => while inflight.next().await.is_some() {},
+        None => {
+            if let Some(mut inflight) = inflight {
+                while inflight.next().await.is_some() {}
+            }
+        }
     }
+}
+
+/// One mailbox item being handled.
+type Work = Pin<Box<dyn Future<Output = Result<(), Fatal>> + Send>>;
+
+/// The next finished item, or pending while there is none.
+fn next_done(
+    inflight: &mut Option<FuturesUnordered<Work>>,
+) -> impl Future<Output = Option<Result<(), Fatal>>> + '_ {
+    std::future::poll_fn(move |cx| match inflight {
+        Some(work) if !work.is_empty() => work.poll_next_unpin(cx),
+        _ => Poll::Pending,
+    })
 }
 
 fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelope) {
