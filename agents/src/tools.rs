@@ -11,12 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
 
 use crate::llm::ToolSchema;
 use crate::runtime::ProcessContext;
 
+mod args;
+pub mod process;
 pub mod workspace;
+
+pub use args::decode;
 
 /// What a tool call may use: the calling process and its workspace.
 #[derive(Debug, Clone, Copy)]
@@ -45,15 +48,6 @@ impl ToolError {
     pub fn new(message: impl Into<String>) -> Self {
         ToolError(message.into())
     }
-}
-
-/// Decodes a tool's arguments, naming what is wrong when they do not fit.
-pub fn parse_args<T: DeserializeOwned>(
-    tool: &str,
-    args: serde_json::Value,
-) -> Result<T, ToolError> {
-    serde_json::from_value(args)
-        .map_err(|err| ToolError::new(format!("invalid arguments for {tool}: {err}")))
 }
 
 /// One tool.
@@ -95,6 +89,7 @@ impl ToolRegistry {
     /// Every built-in tool.
     pub fn builtin() -> Self {
         let mut registry = ToolRegistry::default();
+        process::register(&mut registry);
         workspace::register(&mut registry);
         registry
     }

@@ -1,12 +1,14 @@
 //! Shared support for HiveKernel's end-to-end tests.
 //!
 //! # Layout
+//! - [`capture`]: a runtime factory that hands the test a process's real context.
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
 //! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
 //! - this file: kernel settings for tests, an in-process kernel, and `wait_until`.
 
 #![allow(clippy::unwrap_used)]
 
+pub mod capture;
 pub mod llm_server;
 pub mod probe;
 

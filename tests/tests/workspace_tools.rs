@@ -18,29 +18,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hivekernel_agents::echo::Echo;
 use hivekernel_agents::tools::workspace::{
     self, LIST_LIMIT, READ_LIMIT, SHELL_OUTPUT_LIMIT, WRITE_LIMIT,
 };
 use hivekernel_agents::tools::{ToolContext, ToolError, ToolRegistry};
-use hivekernel_agents::{Pid, ProcessContext, Runtime, RuntimeError, RuntimeFactory, SpawnRequest};
+use hivekernel_agents::{Pid, ProcessContext, SpawnRequest};
 use hivekernel_kernel::{Caller, Kernel};
+use hivekernel_tests::capture::Capture;
 use hivekernel_tests::{registry, test_settings};
-use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 const SECRET: &[u8] = b"top secret\n";
-
-/// Keeps the context of the process it creates a runtime for.
-#[derive(Debug, Default)]
-struct Capture(Mutex<Option<ProcessContext>>);
-
-impl RuntimeFactory for Capture {
-    fn create(&self, ctx: &ProcessContext) -> Result<Arc<dyn Runtime>, RuntimeError> {
-        *self.0.lock() = Some(ctx.clone());
-        Ok(Arc::new(Echo))
-    }
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -76,7 +64,7 @@ async fn fixture_without_workspace() -> Fixture {
     let mut request = SpawnRequest::new(Pid::KERNEL, "agent");
     request.runtime = Some("capture".into());
     kernel.spawn(Caller::Admin, request).await.unwrap();
-    let process = capture.0.lock().take().unwrap();
+    let process = capture.take().unwrap();
 
     let mut tools = ToolRegistry::default();
     workspace::register(&mut tools);

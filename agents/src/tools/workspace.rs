@@ -49,10 +49,7 @@ mod shell;
 
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use serde_json::Value;
-
-use super::{Tool, ToolError, ToolRegistry, parse_args};
+use super::{ToolError, ToolRegistry, decode};
 
 pub use files::{EditFile, ListDir, ReadFile, WriteFile};
 pub use shell::ShellExec;
@@ -79,49 +76,6 @@ pub fn register(registry: &mut ToolRegistry) {
     registry.register(Arc::new(ShellExec));
 }
 
-/// Decodes `tool`'s arguments; a value of the wrong type is named by its
-/// field (serde alone says only what type it expected).
-fn decode<T: DeserializeOwned>(tool: &dyn Tool, args: Value) -> Result<T, ToolError> {
-    if let Some(why) = mismatch(&tool.parameters(), &args) {
-        return Err(ToolError::new(format!(
-            "invalid arguments for {}: {why}",
-            tool.name()
-        )));
-    }
-    parse_args(tool.name(), args)
-}
-
-/// The first argument whose JSON type differs from the schema's, described.
-fn mismatch(schema: &Value, args: &Value) -> Option<String> {
-    let properties = schema.get("properties")?.as_object()?;
-    let required = schema.get("required").and_then(Value::as_array);
-    for (name, value) in args.as_object()? {
-        let Some(expected) = properties.get(name).and_then(|p| p.get("type")?.as_str()) else {
-            continue; // unknown fields are named by serde
-        };
-        let is_required = required.is_some_and(|r| r.iter().any(|f| f == name.as_str()));
-        let (fits, wanted) = match expected {
-            "string" => (value.is_string(), "a string"),
-            "integer" => (value.is_u64(), "a non-negative integer"),
-            _ => (true, ""),
-        };
-        let omitted = value.is_null() && !is_required; // an optional field given as null
-        if !fits && !omitted {
-            let mut shown = value.to_string();
-            if shown.len() > 60 {
-                let cut = (0..=60)
-                    .rev()
-                    .find(|&i| shown.is_char_boundary(i))
-                    .unwrap_or(0);
-                shown.truncate(cut);
-                shown.push_str("...");
-            }
-            return Some(format!("field `{name}` must be {wanted}, got {shown}"));
-        }
-    }
-    None
-}
-
 /// Runs blocking file work off the async threads.
 async fn blocking<T, F>(work: F) -> Result<T, ToolError>
 where
@@ -131,25 +85,4 @@ where
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| ToolError::new(format!("workspace tool failed: {err}")))?
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn mismatch_names_the_field() {
-        let schema = ReadFile.parameters();
-        let why = mismatch(&schema, &json!({"path": 5})).unwrap_or_default();
-        assert!(why.contains("`path`") && why.contains("string"), "{why}");
-        let why = mismatch(&schema, &json!({"path": "a", "offset": -1})).unwrap_or_default();
-        assert!(why.contains("`offset`"), "{why}");
-        assert_eq!(
-            mismatch(&schema, &json!({"path": "a", "limit": null})),
-            None
-        );
-        assert!(mismatch(&schema, &json!({"path": null})).is_some());
-    }
 }

@@ -1,0 +1,44 @@
+//! The `capture` runtime factory: hands a test the real `ProcessContext` the
+//! kernel gives a process, so tools can be called as that process.
+
+use std::sync::Arc;
+
+use hivekernel_agents::echo::EchoFactory;
+use hivekernel_agents::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+use parking_lot::Mutex;
+
+/// Keeps the context of the last process it created a runtime for, and runs
+/// that process with an inner factory (`echo` by default).
+#[derive(Debug)]
+pub struct Capture {
+    context: Mutex<Option<ProcessContext>>,
+    inner: Arc<dyn RuntimeFactory>,
+}
+
+impl Default for Capture {
+    fn default() -> Self {
+        Capture::wrapping(Arc::new(EchoFactory::default()))
+    }
+}
+
+impl Capture {
+    /// A capture whose processes run the runtime `inner` creates.
+    pub fn wrapping(inner: Arc<dyn RuntimeFactory>) -> Self {
+        Capture {
+            context: Mutex::new(None),
+            inner,
+        }
+    }
+
+    /// The context captured last, if not taken yet.
+    pub fn take(&self) -> Option<ProcessContext> {
+        self.context.lock().take()
+    }
+}
+
+impl RuntimeFactory for Capture {
+    fn create(&self, ctx: &ProcessContext) -> Result<Arc<dyn Runtime>, RuntimeError> {
+        *self.context.lock() = Some(ctx.clone());
+        self.inner.create(ctx)
+    }
+}
