@@ -5,6 +5,8 @@
 //! in the same run on the same runtime (raw tokio tasks and channels, an
 //! empty tonic RPC, `/bin/true`), as a cost ratio, because absolute times
 //! drift on shared 2-core machines. docs/PERFORMANCE.md explains each row.
+//! Without the `--bench` that `cargo bench` passes (`cargo test
+//! --all-targets`), it runs at smoke sizes, as criterion does.
 //!
 //! # Layout
 //! - `report`: rows, targets, the table and the JSON document.
@@ -12,6 +14,7 @@
 //! - `spawn`: spawn latency, and memory per idle agent (in fresh child processes).
 //! - `route`: routed message throughput and the `execute_task` round trip.
 //! - `grpc`: the closed-loop tonic load generator.
+//! - `serve`: the kernel served over loopback, the floor's bare tonic server, clients.
 //! - `tree`: kill of a 10,000-process tree, listing 100,000 processes.
 //! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
 
@@ -25,6 +28,8 @@ mod grpc;
 mod report;
 #[path = "kernel/route.rs"]
 mod route;
+#[path = "kernel/serve.rs"]
+mod serve;
 #[path = "kernel/spawn.rs"]
 mod spawn;
 #[path = "kernel/stats.rs"]
@@ -104,6 +109,8 @@ const SMOKE: Sizes = Sizes {
 struct Args {
     json: bool,
     smoke: bool,
+    /// `cargo bench` passes `--bench`; `cargo test --all-targets` passes nothing.
+    bench: bool,
     only: Option<Vec<&'static str>>,
     /// Hidden: run one memory measurement in this (fresh) process.
     child: Option<(String, usize)>,
@@ -116,8 +123,7 @@ impl Args {
             match arg.as_str() {
                 "--json" => parsed.json = true,
                 "--smoke" => parsed.smoke = true,
-                // `cargo bench` passes this to every bench binary.
-                "--bench" => {}
+                "--bench" => parsed.bench = true,
                 "--only" => {
                     let list = args.next().ok_or("--only needs a list of names")?;
                     let mut only = Vec::new();
@@ -170,9 +176,15 @@ fn main() {
         spawn::child(what, *n);
         return;
     }
-    let sizes = if args.smoke { &SMOKE } else { &FULL };
+    // Like criterion, a run without `--bench` (`cargo test --all-targets`)
+    // only checks that every measurement still works.
+    let smoke = args.smoke || !args.bench;
+    if !args.bench {
+        eprintln!("bench: not run by `cargo bench` (no --bench): smoke sizes");
+    }
+    let sizes = if smoke { &SMOKE } else { &FULL };
     let mut report = Report {
-        mode: if args.smoke { "smoke" } else { "full" },
+        mode: if smoke { "smoke" } else { "full" },
         machine: Machine::detect(),
         rows: Vec::new(),
         floors: Vec::new(),

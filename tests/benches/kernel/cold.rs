@@ -9,8 +9,8 @@ use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_client::KernelClient;
 
 use crate::Sizes;
-use crate::grpc::{Bearer, connect};
 use crate::report::{Row, Target, Unit};
+use crate::serve::{Bearer, connect};
 use crate::stats::{nanos_since, warm_median};
 
 pub(crate) const FLOOR: &str = "exec of /bin/true, spawn and wait (std::process::Command)";

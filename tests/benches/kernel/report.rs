@@ -187,6 +187,8 @@ pub(crate) struct Machine {
     pub(crate) kernel: String,
     pub(crate) rustc: String,
     pub(crate) date: String,
+    /// Load averages when the run began: anything else running skews every figure.
+    pub(crate) load: String,
 }
 
 impl Machine {
@@ -209,6 +211,9 @@ impl Machine {
             kernel: format!("Linux {kernel}"),
             rustc: command_line("rustc", &["--version"]),
             date: command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            load: std::fs::read_to_string("/proc/loadavg")
+                .map(|avg| avg.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|_| "unknown".into()),
         }
     }
 }
@@ -246,8 +251,8 @@ impl Report {
     pub(crate) fn table(&self) -> String {
         let m = &self.machine;
         let mut out = format!(
-            "HiveKernel kernel bench ({} mode): {} cores, {}, {}, {}, {}\n\n",
-            self.mode, m.nproc, m.cpu, m.kernel, m.rustc, m.date
+            "HiveKernel kernel bench ({} mode): {} cores, {}, {}, {}, {}, load average {} at start\n\n",
+            self.mode, m.nproc, m.cpu, m.kernel, m.rustc, m.date, m.load
         );
         let header = [
             "measurement",
@@ -347,6 +352,7 @@ impl Report {
                 "kernel": m.kernel,
                 "rustc": m.rustc,
                 "date": m.date,
+                "load_average": m.load,
             },
             "floors": floors,
             "rows": rows,

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::report::{Row, Target, Unit};
 use crate::spawn::{MAILBOX, start_kernel};
-use crate::stats::{Latencies, median, nanos_since, warm_median, warm_runs};
+use crate::stats::{Latencies, median, nanos_since, paired_medians, warm_pairs};
 use crate::{Sizes, count};
 
 pub(crate) const FLOOR: &str = "send: 4 tasks try_send (yield_now when full) into 4 mpsc(1024) \
@@ -26,18 +26,21 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
     let total = (per * SENDERS) as f64;
     let retries = AtomicU64::new(0);
     let retried = &retries;
-    let ours = warm_median(sizes.runs, || async move {
-        let (ns, r) = kernel_send(per).await;
-        retried.fetch_add(r, Ordering::Relaxed);
-        ns
-    })
+    let (ours, floor) = paired_medians(
+        sizes.runs,
+        || async move {
+            let (ns, r) = kernel_send(per).await;
+            retried.fetch_add(r, Ordering::Relaxed);
+            ns
+        },
+        || floor_send(per),
+    )
     .await;
-    let floor = warm_median(sizes.runs, || floor_send(per)).await;
     let runs = sizes.runs as u64 + 1;
 
     let asks = sizes.asks;
-    let ours_ask = warm_runs(sizes.runs, || kernel_ask(asks)).await;
-    let floor_ask = warm_runs(sizes.runs, || floor_ask(asks)).await;
+    let (ours_ask, floor_ask) =
+        warm_pairs(sizes.runs, || kernel_ask(asks), || floor_ask(asks)).await;
     let p =
         |runs: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| median(runs.iter().map(pick).collect());
     vec![

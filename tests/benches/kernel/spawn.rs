@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::report::{Row, Target, Unit};
-use crate::stats::{nanos_since, rss_bytes, warm_median};
+use crate::stats::{median, nanos_since, rss_bytes, warm_pairs};
 use crate::{Sizes, count};
 
 pub(crate) const FLOOR: &str = "tokio::spawn of a task awaiting a bounded mpsc(1024) receiver, \
@@ -84,24 +84,30 @@ async fn end_idle(kept: Vec<Idle>) {
 pub(crate) async fn spawn(sizes: &Sizes) -> Vec<Row> {
     let mut rows = Vec::new();
     for &n in sizes.spawn {
-        let ours = warm_median(sizes.runs, || async move {
-            let names = names(n);
-            let kernel = start_kernel();
-            let ns = spawn_agents(&kernel, names).await;
-            kernel.shutdown().await;
-            ns
-        })
+        let (ours, floor) = warm_pairs(
+            sizes.runs,
+            || async move {
+                let names = names(n);
+                let kernel = start_kernel();
+                let spawned = spawn_agents(&kernel, names).await;
+                let start = Instant::now();
+                kernel.shutdown().await;
+                (spawned, nanos_since(start))
+            },
+            || async move {
+                let names = names(n);
+                let mut kept = Vec::with_capacity(n);
+                let start = Instant::now();
+                spawn_idle(names, &mut kept);
+                let ns = nanos_since(start);
+                end_idle(kept).await;
+                ns
+            },
+        )
         .await;
-        let floor = warm_median(sizes.runs, || async move {
-            let names = names(n);
-            let mut kept = Vec::with_capacity(n);
-            let start = Instant::now();
-            spawn_idle(names, &mut kept);
-            let ns = nanos_since(start);
-            end_idle(kept).await;
-            ns
-        })
-        .await;
+        let shutdown = median(ours.iter().map(|run| run.1).collect());
+        let ours = median(ours.into_iter().map(|run| run.0).collect());
+        let floor = median(floor);
         let per = n as f64;
         let label = format!("spawn {} echo agents", count(n));
         rows.push(
@@ -114,13 +120,19 @@ pub(crate) async fn spawn(sizes: &Sizes) -> Vec<Row> {
             )
             .target(Target::ratio(2.0, "<= 2x floor")),
         );
-        rows.push(Row::new(
-            "spawn",
-            format!("{label}: throughput"),
-            Unit::PerSec,
-            per * 1e9 / ours,
-            Some(per * 1e9 / floor),
-        ));
+        rows.push(
+            Row::new(
+                "spawn",
+                format!("{label}: throughput"),
+                Unit::PerSec,
+                per * 1e9 / ours,
+                Some(per * 1e9 / floor),
+            )
+            .note(format!(
+                "then kernel.shutdown() took {}",
+                Unit::Nanos.show(shutdown)
+            )),
+        );
     }
     rows
 }

@@ -69,6 +69,41 @@ where
     median(warm_runs(runs, run).await)
 }
 
+/// Like [`warm_runs`] for a measurement and its floor, alternating them so
+/// that drift on a shared machine weighs on both alike.
+pub(crate) async fn warm_pairs<T, U, A, FA, B, FB>(
+    runs: usize,
+    mut ours: A,
+    mut floor: B,
+) -> (Vec<T>, Vec<U>)
+where
+    A: FnMut() -> FA,
+    FA: Future<Output = T>,
+    B: FnMut() -> FB,
+    FB: Future<Output = U>,
+{
+    ours().await;
+    floor().await;
+    let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for _ in 0..runs {
+        a.push(ours().await);
+        b.push(floor().await);
+    }
+    (a, b)
+}
+
+/// [`warm_pairs`] reduced to the two medians.
+pub(crate) async fn paired_medians<A, FA, B, FB>(runs: usize, ours: A, floor: B) -> (f64, f64)
+where
+    A: FnMut() -> FA,
+    FA: Future<Output = f64>,
+    B: FnMut() -> FB,
+    FB: Future<Output = f64>,
+{
+    let (a, b) = warm_pairs(runs, ours, floor).await;
+    (median(a), median(b))
+}
+
 /// Nanoseconds since `start`, as a float.
 pub(crate) fn nanos_since(start: Instant) -> f64 {
     start.elapsed().as_nanos() as f64

@@ -9,10 +9,10 @@ use hivekernel_agents::{Pid, SpawnRequest};
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_proto::v1 as pb;
 
-use crate::grpc::Served;
 use crate::report::{Row, Target, Unit};
+use crate::serve::Served;
 use crate::spawn::{spawn_agents, spawn_idle, start_kernel};
-use crate::stats::{nanos_since, warm_median};
+use crate::stats::{nanos_since, paired_medians, warm_median};
 use crate::{Sizes, count};
 
 pub(crate) const KILL_FLOOR: &str = "abort, then await, as many bare tokio tasks (each awaiting \
@@ -23,8 +23,12 @@ pub(crate) const LIST_FLOOR: &str = "iterate a HashMap of as many small structs 
 pub(crate) async fn kill(sizes: &Sizes) -> Vec<Row> {
     let (leads, workers) = sizes.tree;
     let total = 1 + leads + leads * workers;
-    let ours = warm_median(sizes.runs, || kill_tree(leads, workers)).await;
-    let floor = warm_median(sizes.runs, || abort_tasks(total)).await;
+    let (ours, floor) = paired_medians(
+        sizes.runs,
+        || kill_tree(leads, workers),
+        || abort_tasks(total),
+    )
+    .await;
     vec![
         Row::new(
             "kill",
@@ -160,7 +164,7 @@ async fn list_in_process(kernel: &Kernel, expected: usize) -> f64 {
 }
 
 /// Time until the last batch of a whole-tree `ListProcesses` has arrived.
-async fn list_streamed(mut client: crate::grpc::KernelRpc, expected: usize) -> f64 {
+async fn list_streamed(mut client: crate::serve::KernelRpc, expected: usize) -> f64 {
     let start = Instant::now();
     let mut stream = client
         .list_processes(pb::ListProcessesRequest::default())
