@@ -95,3 +95,43 @@ pub async fn spawn_probe(
         .await
         .unwrap_or_else(|e| panic!("spawn {name} under {parent}: {e}"))
 }
+
+/// Builds the `hivekernel` binary beside the running test or bench executable
+/// (same target directory and profile) and returns its path; `Err` carries the
+/// path and why the build failed. `$HIVEKERNEL_BIN` pins a binary instead.
+pub fn build_hivekernel() -> Result<std::path::PathBuf, (std::path::PathBuf, String)> {
+    use std::path::{Path, PathBuf};
+    if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    // target/<profile>/deps/<exe> -> target/<profile>
+    let exe = std::env::current_exe().expect("path of the running executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("executable lives in target/<profile>/deps")
+        .to_owned();
+    let target_dir = profile_dir.parent().expect("target dir");
+    let bin = profile_dir.join("hivekernel");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = std::process::Command::new(cargo);
+    build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile_dir.file_name().and_then(|name| name.to_str()) {
+        Some("release") => {
+            build.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(profile) => {
+            build.args(["--profile", profile]);
+        }
+    }
+    match build.status() {
+        Ok(status) if status.success() && bin.exists() => Ok(bin),
+        Ok(status) => Err((bin, format!("cargo build exited with {status}"))),
+        Err(err) => Err((bin, format!("cannot run cargo: {err}"))),
+    }
+}

@@ -12,39 +12,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-/// The `hivekernel` binary: `$HIVEKERNEL_BIN`, else the one beside this test's
-/// profile directory, (re)built once per test process so it is never stale.
+/// The `hivekernel` binary, (re)built once per test process so it is never stale.
 fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
-            return PathBuf::from(bin);
-        }
-        // target/<profile>/deps/cli-xxxx -> target/<profile>
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap().to_owned();
-        let target_dir = profile_dir.parent().unwrap();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
-            .arg("--target-dir")
-            .arg(target_dir);
-        match profile_dir.file_name().and_then(|name| name.to_str()) {
-            Some("release") => {
-                build.arg("--release");
-            }
-            Some("debug") | None => {}
-            Some(profile) => {
-                build.args(["--profile", profile]);
-            }
-        }
-        let status = build.status().unwrap();
-        assert!(status.success(), "building hivekernel failed: {status}");
-        let bin = profile_dir.join("hivekernel");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
+        hivekernel_tests::build_hivekernel()
+            .unwrap_or_else(|(bin, why)| panic!("building {} failed: {why}", bin.display()))
     })
 }
 

@@ -124,46 +124,18 @@ fn wait_for_addr(child: &mut Child, file: &Path, log: &Path) -> String {
     }
 }
 
-/// The `hivekernel` binary: `$HIVEKERNEL_BIN`, else the one in this bench's
-/// profile directory, rebuilt first (a no-op when fresh) so a stale kernel is
-/// never measured. A failed rebuild falls back to the existing binary.
+/// The `hivekernel` binary, rebuilt first (a no-op when fresh) so a stale
+/// kernel is never measured. A failed rebuild falls back to the existing binary.
 fn binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
-        return PathBuf::from(bin);
-    }
-    // target/<profile>/deps/kernel-xxxx -> target/<profile>
-    let exe = std::env::current_exe().expect("path of the bench binary");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("bench binary lives in target/<profile>/deps")
-        .to_owned();
-    let target_dir = profile_dir.parent().expect("target dir");
-    let bin = profile_dir.join("hivekernel");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
-        .arg("--target-dir")
-        .arg(target_dir);
-    match profile_dir.file_name().and_then(|name| name.to_str()) {
-        Some("release") => {
-            build.arg("--release");
+    match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) if bin.exists() => {
+            eprintln!(
+                "bench: rebuilding hivekernel failed ({why}); measuring the existing {}",
+                bin.display()
+            );
+            bin
         }
-        Some("debug") | None => {}
-        Some(profile) => {
-            build.args(["--profile", profile]);
-        }
+        Err((bin, why)) => panic!("building {} failed: {why}", bin.display()),
     }
-    match build.status() {
-        Ok(status) if status.success() => {}
-        outcome if bin.exists() => eprintln!(
-            "bench: rebuilding hivekernel failed ({outcome:?}); measuring the existing {}",
-            bin.display()
-        ),
-        outcome => panic!("building hivekernel failed: {outcome:?}"),
-    }
-    assert!(bin.exists(), "{} missing after the build", bin.display());
-    bin
 }
