@@ -10,7 +10,8 @@
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
-//! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments and the tool registry.
+//! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
+//! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod echo;
@@ -19,11 +20,13 @@ pub mod message;
 pub mod process;
 pub mod runtime;
 pub mod syscalls;
+pub mod tool_agent;
 pub mod tools;
 
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
-    ExitRecord, LimitOverrides, Limits, Pid, ProcessInfo, ProcessState, Role, SpawnRequest, Tier,
+    ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState, Role,
+    SpawnRequest, Tier,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -169,6 +170,10 @@ pub struct SpawnRequest {
     pub limits: LimitOverrides,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// Its working directory; `None` takes `<kernel workspace>/<name>`.
+    /// Only the kernel's own config sets this; it is not taken from clients.
+    #[serde(skip)]
+    pub workspace: Option<PathBuf>,
 }
 
 impl SpawnRequest {
@@ -185,6 +190,7 @@ impl SpawnRequest {
             tools: Vec::new(),
             limits: LimitOverrides::default(),
             metadata: BTreeMap::new(),
+            workspace: None,
         }
     }
 }
@@ -241,6 +247,26 @@ pub struct ProcessInfo {
     pub started_at_unix_ms: u64,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// Model calls made through the kernel and the tokens they used.
+    pub usage: LlmUsage,
     /// Set once the process has exited.
     pub exit: Option<ExitRecord>,
+}
+
+/// Model calls a process made through its kernel, as the provider counted them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    /// Completed model calls.
+    pub calls: u64,
+    /// Prompt tokens over every call.
+    pub prompt_tokens: u64,
+    /// Completion tokens over every call.
+    pub completion_tokens: u64,
+}
+
+impl LlmUsage {
+    /// Prompt plus completion tokens.
+    pub fn total_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
 }

@@ -1,6 +1,7 @@
 //! The contract between the kernel and what runs inside a process.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -26,6 +27,9 @@ pub struct ProcessContext {
     pub system_prompt: Arc<str>,
     /// Tool names it may use.
     pub tools: Arc<[String]>,
+    /// Its own working directory for the workspace tools, when it has one
+    /// (created on first use).
+    pub workspace: Option<Arc<Path>>,
     /// Kernel operations, acting as this process.
     pub syscalls: Arc<dyn Syscalls>,
 }

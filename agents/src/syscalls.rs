@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::llm::{ChatRequest, ChatResponse, LlmError};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
 use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
 
@@ -121,6 +122,11 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
     /// Kill a descendant and its subtree; returns the PIDs that exited, leaves first.
     async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError>;
 
+    /// Kill a descendant and collect its exit record, in the background:
+    /// for cleanup on paths that cannot wait (a dropped future). Failures
+    /// (already gone, not a descendant) are ignored.
+    fn dismiss(&self, pid: Pid, reason: &str);
+
     /// Fire-and-forget message.
     async fn send_message(&self, message: Outgoing) -> Result<MessageId, SyscallError>;
 
@@ -150,4 +156,14 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         root: Pid,
         max_depth: Option<u32>,
     ) -> Result<Vec<ProcessInfo>, SyscallError>;
+
+    /// One model call through the kernel's provider. The kernel records the
+    /// usage the provider reports against this process, so a runtime cannot
+    /// under-report it. The default refuses: a kernel without a model provider.
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let _ = request;
+        Err(LlmError::Refused(
+            "this kernel has no model provider configured".into(),
+        ))
+    }
 }

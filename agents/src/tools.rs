@@ -16,6 +16,7 @@ use crate::llm::ToolSchema;
 use crate::runtime::ProcessContext;
 
 mod args;
+pub mod orchestrate;
 pub mod process;
 pub mod workspace;
 
@@ -79,6 +80,13 @@ pub trait Tool: Send + Sync + fmt::Debug {
     }
 }
 
+/// What the configurable built-in tools need from config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolSettings {
+    /// How `orchestrate` runs its workers.
+    pub orchestrate: orchestrate::OrchestrateSettings,
+}
+
 /// Tools by name.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRegistry {
@@ -86,10 +94,18 @@ pub struct ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// Every built-in tool.
+    /// Every built-in tool, with default settings.
     pub fn builtin() -> Self {
+        Self::configured(&ToolSettings::default())
+    }
+
+    /// Every built-in tool, configured by `settings`.
+    pub fn configured(settings: &ToolSettings) -> Self {
         let mut registry = ToolRegistry::default();
         process::register(&mut registry);
+        registry.register(Arc::new(orchestrate::Orchestrate::new(
+            settings.orchestrate.clone(),
+        )));
         workspace::register(&mut registry);
         registry
     }

@@ -283,7 +283,7 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
 
 fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     let registry = RuntimeRegistry::builtin();
-    let config = Config::load(path, &registry.names()).map_err(CliError::Config)?;
+    let config = Config::load(path, &registry.known()).map_err(CliError::Config)?;
     let count = config.agents.len();
     let noun = if count == 1 { "agent" } else { "agents" };
     output::print(&format!("ok: {}: {count} {noun}\n", path.display()))

@@ -7,8 +7,11 @@
 //! [`Config::load`] returns; a config with any issue starts nothing.
 //!
 //! Layout: `parse` (phase 1: JSON into raw structs), `validate` (phase 2:
-//! semantic checks and path resolution).
+//! semantic checks and path resolution), `model` (both phases for the `llm`
+//! and `tool_agent` sections).
 
+mod model;
+pub(crate) use model::base_url_problem;
 mod parse;
 mod validate;
 
@@ -16,7 +19,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{LimitOverrides, Role, Tier};
 
 /// A validated startup config.
@@ -26,8 +32,70 @@ pub struct Config {
     pub path: PathBuf,
     /// Kernel-wide settings.
     pub kernel: KernelSettings,
+    /// The model provider (the `llm` section).
+    pub llm: LlmConfig,
+    /// How `tool_agent` processes behave (the `tool_agent` section, plus the
+    /// context sizes from `llm`).
+    pub agent: AgentSettings,
+    /// Settings of the configurable built-in tools (`tool_agent.orchestrate`, ...).
+    pub tools: ToolSettings,
     /// Agents started as children of PID 1, in file order.
     pub agents: Vec<AgentSpec>,
+}
+
+/// What the config may name: registered runtimes and tools.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    /// Registered runtime names.
+    pub runtimes: Vec<String>,
+    /// Registered tool names.
+    pub tools: Vec<String>,
+}
+
+/// Which model provider the kernel uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderChoice {
+    /// `openai` when an endpoint is configured (`base_url`,
+    /// `HIVEKERNEL_LLM_BASE_URL`, or the API key variable is set), else `scripted`.
+    Auto,
+    /// The deterministic offline provider.
+    Scripted,
+    /// An OpenAI-compatible chat-completions endpoint.
+    OpenAi,
+}
+
+/// The `llm` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlmConfig {
+    /// Which provider.
+    pub provider: ProviderChoice,
+    /// API root of the OpenAI-compatible endpoint; `None` takes
+    /// `HIVEKERNEL_LLM_BASE_URL`, else `https://api.openai.com/v1`.
+    pub base_url: Option<String>,
+    /// Environment variable holding the API key (never the key itself).
+    pub api_key_env: String,
+    /// Logical model name -> provider model id.
+    pub models: BTreeMap<String, String>,
+    /// Limit on one HTTP attempt.
+    pub request_timeout: Duration,
+    /// Retries on 429, 5xx, transport errors and timeouts.
+    pub max_retries: u32,
+    /// Kernel-wide cap on model requests in flight; more wait their turn.
+    pub max_in_flight: usize,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            provider: ProviderChoice::Auto,
+            base_url: None,
+            api_key_env: "OPENAI_API_KEY".into(),
+            models: BTreeMap::new(),
+            request_timeout: Duration::from_secs(120),
+            max_retries: 3,
+            max_in_flight: 16,
+        }
+    }
 }
 
 /// Kernel-wide settings (the `kernel` section).
@@ -55,6 +123,18 @@ pub struct KernelSettings {
     pub shutdown_grace_ms: u64,
     /// Runtime for agents that name none; must be registered.
     pub default_runtime: String,
+    /// Root of the agents' workspaces (each gets `<workspace>/<name>/`);
+    /// `None` means `<data_dir>/workspace`.
+    pub workspace: Option<PathBuf>,
+}
+
+impl KernelSettings {
+    /// The root of the agents' workspaces.
+    pub fn workspace_root(&self) -> PathBuf {
+        self.workspace
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("workspace"))
+    }
 }
 
 impl Default for KernelSettings {
@@ -70,7 +150,8 @@ impl Default for KernelSettings {
             task_timeout_seconds: 300,
             max_concurrent_tasks: 4,
             shutdown_grace_ms: 5000,
-            default_runtime: "echo".to_owned(),
+            default_runtime: "tool_agent".to_owned(),
+            workspace: None,
         }
     }
 }
@@ -103,10 +184,10 @@ pub struct AgentSpec {
 }
 
 impl Config {
-    /// Read, parse and validate the file at `path`; `known_runtimes` are the registered runtimes.
-    pub fn load(path: &Path, known_runtimes: &[&str]) -> Result<Config, ConfigError> {
+    /// Read, parse and validate the file at `path`.
+    pub fn load(path: &Path, known: &Known) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => Config::from_str_at(&text, path, known_runtimes),
+            Ok(text) => Config::from_str_at(&text, path, known),
             Err(err) => Err(ConfigError {
                 file: path.to_path_buf(),
                 issues: vec![ConfigIssue::new(
@@ -118,13 +199,9 @@ impl Config {
     }
 
     /// Parse and validate `text` as if read from `path` (used for messages and relative paths).
-    pub fn from_str_at(
-        text: &str,
-        path: &Path,
-        known_runtimes: &[&str],
-    ) -> Result<Config, ConfigError> {
+    pub fn from_str_at(text: &str, path: &Path, known: &Known) -> Result<Config, ConfigError> {
         let mut issues = Vec::new();
-        let config = load_sections(text, path, known_runtimes, &mut issues);
+        let config = load_sections(text, path, known, &mut issues);
         match config {
             Some(config) if issues.is_empty() => Ok(config),
             _ => Err(ConfigError {
@@ -139,14 +216,16 @@ impl Config {
 fn load_sections(
     text: &str,
     path: &Path,
-    known_runtimes: &[&str],
+    known: &Known,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<Config> {
     let base = path.parent().unwrap_or_else(|| Path::new(""));
     let document = parse::document(text, issues)?;
     let kernel = parse::kernel(document.kernel.as_ref(), issues);
-    let checks = validate::Context::new(base, known_runtimes);
+    let checks = validate::Context::new(base, known);
     let (kernel, ceilings) = checks.kernel(&kernel, issues);
+    let (llm, context) = model::llm(document.llm.as_ref(), issues);
+    let (agent, tools) = model::tool_agent(document.tool_agent.as_ref(), &checks, context, issues);
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {
@@ -158,6 +237,9 @@ fn load_sections(
     Some(Config {
         path: path.to_path_buf(),
         kernel,
+        llm,
+        agent,
+        tools,
         agents,
     })
 }

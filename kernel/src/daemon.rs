@@ -5,11 +5,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use hivekernel_agents::SpawnRequest;
+use hivekernel_agents::tool_agent::ToolAgentFactory;
+use hivekernel_agents::tools::ToolRegistry;
 use tokio::net::TcpListener;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::{AgentSpec, Config, ConfigError};
 use crate::kernel::{Caller, Kernel};
+use crate::llm::choose_provider;
 use crate::runtime::RuntimeRegistry;
 use crate::{KernelError, grpc};
 
@@ -35,6 +38,9 @@ pub enum StartError {
     /// The command line asks for something refused.
     #[error("{0}")]
     Usage(String),
+    /// The model provider cannot be set up (a missing key, a bad endpoint).
+    #[error("model provider: {0}")]
+    Provider(String),
     /// A file in the data directory could not be read or written.
     #[error("{what} {}: {source}", path.display())]
     Io {
@@ -75,7 +81,7 @@ impl StartError {
     /// 2 for config and usage errors, 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Config(_) | StartError::Usage(_) => 2,
+            StartError::Config(_) | StartError::Usage(_) | StartError::Provider(_) => 2,
             _ => 1,
         }
     }
@@ -83,8 +89,15 @@ impl StartError {
 
 /// Runs the kernel in the foreground until SIGINT or SIGTERM.
 pub async fn run(options: StartOptions) -> Result<(), StartError> {
-    let registry = RuntimeRegistry::builtin();
-    let config = Config::load(&options.config, &registry.names())?;
+    let config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
+    let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
+        .map_err(StartError::Provider)?;
+    let mut agent_settings = config.agent.clone();
+    agent_settings.provider = chosen.provider.name().to_owned();
+    let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
+        ToolRegistry::configured(&config.tools),
+        agent_settings,
+    ));
     let mut settings = config.kernel.clone();
     if let Some(listen) = options.listen {
         settings.listen = listen;
@@ -120,7 +133,8 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         source,
     })?;
 
-    let kernel = Kernel::start(settings, registry);
+    tracing::info!(provider = %chosen.description, "model provider");
+    let kernel = Kernel::start_with_llm(settings, registry, Some(chosen.provider));
     if let Err(err) = start_agents(&kernel, &config.agents).await {
         kernel.shutdown().await;
         return Err(err);
@@ -186,7 +200,12 @@ async fn start_agents(kernel: &Kernel, agents: &[AgentSpec]) -> Result<(), Start
             .await
             .map(|info| info.runtime)
             .unwrap_or_default();
-        tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
+        // Only the tool_agent talks to a model; say which, per agent.
+        let provider = match (runtime.as_str(), kernel.provider_name()) {
+            ("tool_agent", Some(provider)) => provider,
+            _ => "none",
+        };
+        tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, %provider, model = %agent.model, "agent started");
     }
     Ok(())
 }
@@ -202,6 +221,7 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request.tools = agent.tools.clone();
     request.limits = agent.limits;
     request.metadata = agent.metadata.clone();
+    request.workspace = agent.workspace.clone();
     request
 }
 

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
+use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{Limits, Pid, ProcessContext, ProcessInfo, Role, Tier};
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +57,8 @@ pub(crate) struct Inner {
     pub(crate) next_id: AtomicU64,
     pub(crate) events: EventBus,
     pub(crate) runtimes: RuntimeRegistry,
+    /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
+    pub(crate) llm: Option<Arc<dyn Provider>>,
     pub(crate) tracker: TaskTracker,
     pub(crate) shutdown: CancellationToken,
     pub(crate) stopping: AtomicBool,
@@ -66,9 +69,18 @@ pub(crate) struct Inner {
 const EVENT_RETENTION: usize = 65_536;
 
 impl Kernel {
-    /// Starts a kernel with PID 1 in its table and the reaper running.
-    /// Must be called inside a tokio runtime.
+    /// Starts a kernel with no model provider; see [`Kernel::start_with_llm`].
     pub fn start(settings: KernelSettings, runtimes: RuntimeRegistry) -> Kernel {
+        Self::start_with_llm(settings, runtimes, None)
+    }
+
+    /// Starts a kernel with PID 1 in its table and the reaper running; its
+    /// processes' model calls go to `llm`. Must be called inside a tokio runtime.
+    pub fn start_with_llm(
+        settings: KernelSettings,
+        runtimes: RuntimeRegistry,
+        llm: Option<Arc<dyn Provider>>,
+    ) -> Kernel {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let limits = Limits {
                 max_children: settings.max_children,
@@ -84,6 +96,7 @@ impl Kernel {
                 model: Arc::from(""),
                 system_prompt: Arc::from(""),
                 tools: Arc::from(Vec::new()),
+                workspace: None,
                 syscalls: Arc::new(KernelSyscalls::new(weak.clone(), Pid::KERNEL)),
             };
             let kernel_proc = ProcShared {
@@ -95,6 +108,7 @@ impl Kernel {
                 mailbox: Mailbox::new(0, Duration::from_secs(1)),
                 running: Default::default(),
                 blocked: Default::default(),
+                usage: Default::default(),
             };
             let mut entries = rustc_hash::FxHashMap::default();
             entries.insert(
@@ -117,6 +131,7 @@ impl Kernel {
                 next_id: AtomicU64::new(1),
                 events: EventBus::new(EVENT_RETENTION),
                 runtimes,
+                llm,
                 tracker: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 stopping: AtomicBool::new(false),
@@ -126,6 +141,11 @@ impl Kernel {
         let kernel = Kernel { inner };
         kernel.start_reaper();
         kernel
+    }
+
+    /// Name of the model provider, if one is configured.
+    pub fn provider_name(&self) -> Option<&str> {
+        self.inner.llm.as_deref().map(|llm| llm.name())
     }
 
     /// The settings this kernel runs with.

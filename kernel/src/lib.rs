@@ -30,6 +30,7 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod kernel;
+pub mod llm;
 mod mailbox;
 mod process;
 mod router;

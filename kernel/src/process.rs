@@ -2,9 +2,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use hivekernel_agents::{ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState};
+use hivekernel_agents::llm::Usage;
+use hivekernel_agents::{
+    ExitRecord, Limits, LlmUsage, Pid, ProcessContext, ProcessInfo, ProcessState,
+};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -25,6 +28,34 @@ pub(crate) struct ProcShared {
     pub(crate) running: AtomicU32,
     /// Calls this process is blocked in (execute_task, wait_child).
     pub(crate) blocked: AtomicU32,
+    /// Model calls made through the kernel, and their tokens.
+    pub(crate) usage: UsageCounters,
+}
+
+/// Model usage of one process, counted as the provider reported it.
+#[derive(Debug, Default)]
+pub(crate) struct UsageCounters {
+    calls: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+}
+
+impl UsageCounters {
+    pub(crate) fn record(&self, usage: Usage) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LlmUsage {
+        LlmUsage {
+            calls: self.calls.load(Ordering::Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl ProcShared {
@@ -102,6 +133,7 @@ impl Entry {
             mailbox_len: u32::try_from(p.mailbox.len()).unwrap_or(u32::MAX),
             started_at_unix_ms: p.started_at_unix_ms,
             metadata: p.metadata.clone(),
+            usage: p.usage.snapshot(),
             exit: self.exit.clone(),
         }
     }

@@ -15,6 +15,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use hivekernel_agents::echo::EchoFactory;
+use hivekernel_agents::tool_agent::{AgentSettings, ToolAgentFactory};
+use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Runtime, RuntimeFactory};
 use tokio::time::Instant;
 
@@ -28,13 +30,28 @@ use crate::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeRegistry {
     factories: BTreeMap<String, Arc<dyn RuntimeFactory>>,
+    /// Tool names the `tool_agent` runtime offers (for config checks).
+    tools: Vec<&'static str>,
 }
 
 impl RuntimeRegistry {
-    /// The runtimes built into this kernel: `echo`.
+    /// The runtimes built into this kernel: `echo`, and `tool_agent` with
+    /// every built-in tool and default settings.
     pub fn builtin() -> Self {
-        let mut registry = RuntimeRegistry::default();
+        Self::with_tool_agent(ToolAgentFactory::new(
+            ToolRegistry::builtin(),
+            AgentSettings::default(),
+        ))
+    }
+
+    /// `echo`, and `tool_agent` made by `factory`.
+    pub fn with_tool_agent(factory: ToolAgentFactory) -> Self {
+        let mut registry = RuntimeRegistry {
+            tools: factory.tools().names(),
+            ..RuntimeRegistry::default()
+        };
         registry.register("echo", Arc::new(EchoFactory::default()));
+        registry.register("tool_agent", Arc::new(factory));
         registry
     }
 
@@ -51,6 +68,14 @@ impl RuntimeRegistry {
     /// Registered names, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.factories.keys().map(String::as_str).collect()
+    }
+
+    /// What a config may name: these runtimes and the `tool_agent`'s tools.
+    pub fn known(&self) -> crate::config::Known {
+        crate::config::Known {
+            runtimes: self.factories.keys().cloned().collect(),
+            tools: self.tools.iter().map(|&tool| tool.to_owned()).collect(),
+        }
     }
 }
 

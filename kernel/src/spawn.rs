@@ -115,6 +115,10 @@ impl Kernel {
             model: Arc::from(request.model.as_str()),
             system_prompt: Arc::from(request.system_prompt.as_str()),
             tools: Arc::from(request.tools),
+            workspace: Some(Arc::from(match request.workspace {
+                Some(dir) => dir,
+                None => workspace_dir(&self.inner.settings, &request.name, pid),
+            })),
             syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
         };
         let runtime = factory
@@ -133,6 +137,7 @@ impl Kernel {
             ),
             running: Default::default(),
             blocked: Default::default(),
+            usage: Default::default(),
         });
         let runner = self
             .inner
@@ -233,4 +238,20 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
             0,
         )?,
     })
+}
+
+/// `<workspace root>/<name>`, or `<root>/pid-<pid>` when the name is not one
+/// plain path component (it holds a `/`, or is `.` or `..`).
+fn workspace_dir(
+    settings: &crate::config::KernelSettings,
+    name: &str,
+    pid: Pid,
+) -> std::path::PathBuf {
+    let root = settings.workspace_root();
+    let plain = !name.contains('/') && name != "." && name != "..";
+    if plain {
+        root.join(name)
+    } else {
+        root.join(format!("pid-{pid}"))
+    }
 }

@@ -4,6 +4,7 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
     ExitRecord, MessageId, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest, SyscallError,
     Syscalls, TaskReply, TaskSpec,
@@ -49,6 +50,29 @@ impl Syscalls for KernelSyscalls {
 
     async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError> {
         Ok(self.kernel()?.kill(self.caller(), pid, reason).await?)
+    }
+
+    fn dismiss(&self, pid: Pid, reason: &str) {
+        let Ok(kernel) = self.kernel() else {
+            return;
+        };
+        let (caller, reason) = (self.caller(), reason.to_owned());
+        let owner = kernel.clone();
+        // Owned by the kernel's tracker, which shutdown waits for.
+        owner.inner.tracker.spawn(async move {
+            if kernel.kill(caller, pid, &reason).await.is_ok() {
+                let _ = kernel
+                    .wait_child(caller, pid, Some(Duration::from_secs(5)))
+                    .await;
+            }
+        });
+    }
+
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let kernel = self
+            .kernel()
+            .map_err(|_| LlmError::Refused("the kernel is shutting down".into()))?;
+        kernel.chat(self.pid, request).await
     }
 
     async fn send_message(&self, message: Outgoing) -> Result<MessageId, SyscallError> {

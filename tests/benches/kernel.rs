@@ -17,9 +17,12 @@
 //! - `serve`: the kernel served over loopback, the floor's bare tonic server, clients.
 //! - `tree`: kill of a 10,000-process tree, listing 100,000 processes.
 //! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
+//! - `agent`: a `tool_agent` turn and `orchestrate` against a loopback model server.
 
 // A bench crate's root is this file, so its modules would resolve beside it
 // in benches/, where Cargo would take each for a bench of its own.
+#[path = "kernel/agent.rs"]
+mod agent;
 #[path = "kernel/cold.rs"]
 mod cold;
 #[path = "kernel/grpc.rs"]
@@ -39,14 +42,14 @@ mod tree;
 
 use std::time::{Duration, Instant};
 
-use report::{Machine, Report, Row, Target, Unit};
+use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
                      [--json] [--smoke] [--only NAME[,NAME]]\n\
-                     names: spawn, memory, route, grpc, kill, list, cold, orchestrate";
+                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate";
 
 /// The `--only` names, in the order they run and print.
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "spawn",
     "memory",
     "route",
@@ -54,6 +57,7 @@ const GROUPS: [&str; 8] = [
     "kill",
     "list",
     "cold",
+    "turn",
     "orchestrate",
 ];
 
@@ -78,6 +82,8 @@ pub(crate) struct Sizes {
     pub(crate) listed: usize,
     /// Cold starts whose median is reported.
     pub(crate) cold_runs: usize,
+    /// Workers of the orchestrate measurement.
+    pub(crate) workers: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -90,6 +96,7 @@ const FULL: Sizes = Sizes {
     tree: (100, 99),
     listed: 100_000,
     cold_runs: 5,
+    workers: 1_000,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -102,6 +109,7 @@ const SMOKE: Sizes = Sizes {
     tree: (10, 9),
     listed: 2_000,
     cold_runs: 1,
+    workers: 20,
 };
 
 /// The command line, after `--`.
@@ -234,20 +242,10 @@ async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'st
         "kill" => (tree::kill(sizes).await, Some(tree::KILL_FLOOR)),
         "list" => (tree::list(sizes).await, Some(tree::LIST_FLOOR)),
         "cold" => (cold::run(sizes).await, Some(cold::FLOOR)),
-        "orchestrate" => (vec![orchestrate()], None),
+        "turn" => (agent::turn(sizes).await, Some(agent::FLOOR)),
+        "orchestrate" => (agent::orchestrate(sizes).await, Some(agent::FLOOR)),
         other => unreachable!("no group {other}"),
     }
-}
-
-/// Kept in the table so its shape does not change when the ToolAgent lands.
-fn orchestrate() -> Row {
-    Row::unavailable(
-        "orchestrate",
-        "orchestrate 1,000 workers",
-        Unit::Nanos,
-        "n/a (needs the ToolAgent)",
-    )
-    .target(Target::at_most(1e9, Unit::Nanos))
 }
 
 /// `n` for labels: 10k, 2k, 500.

@@ -19,10 +19,12 @@ use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::{Kernel, RuntimeRegistry};
 pub use probe::Journal;
 
-/// Settings with small limits and short timeouts, suitable for tests.
+/// Settings with small limits and short timeouts, suitable for tests; the
+/// default runtime is `echo`, so kernel tests need no model.
 pub fn test_settings() -> KernelSettings {
     KernelSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
+        default_runtime: "echo".into(),
         task_timeout_seconds: 10,
         zombie_timeout_seconds: 30,
         shutdown_grace_ms: 500,
@@ -48,6 +50,28 @@ pub fn kernel() -> (Kernel, Journal) {
 pub fn kernel_with(settings: KernelSettings) -> (Kernel, Journal) {
     let (registry, journal) = registry();
     (Kernel::start(settings, registry), journal)
+}
+
+/// An in-process kernel whose `tool_agent` processes use `provider`, `agent`
+/// and `tools` settings (workspaces under `settings.workspace`), plus `probe`.
+pub fn agent_kernel(
+    settings: KernelSettings,
+    provider: std::sync::Arc<dyn hivekernel_agents::llm::Provider>,
+    agent: hivekernel_agents::tool_agent::AgentSettings,
+    tools: &hivekernel_agents::tools::ToolSettings,
+) -> (Kernel, Journal) {
+    let factory = hivekernel_agents::tool_agent::ToolAgentFactory::new(
+        hivekernel_agents::tools::ToolRegistry::configured(tools),
+        agent,
+    );
+    let mut registry = RuntimeRegistry::with_tool_agent(factory);
+    let probes = probe::ProbeFactory::default();
+    let journal = probes.journal.clone();
+    registry.register("probe", std::sync::Arc::new(probes));
+    (
+        Kernel::start_with_llm(settings, registry, Some(provider)),
+        journal,
+    )
 }
 
 /// Polls `condition` every 5 ms until it holds; panics naming `what` after `limit`.

@@ -391,3 +391,99 @@ fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<F
         .body(Full::new(Bytes::from(body)))
         .expect("a valid response")
 }
+
+/// Answers a chat-completions request body as the offline `scripted` provider
+/// would (see its rules), so the real HTTP path drives the real agent loop.
+pub fn scripted_answer(body: &Value) -> Scripted {
+    use hivekernel_agents::llm::{ChatMessage, ChatRequest, ChatRole, ToolCall, ToolSchema};
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let messages = body["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str() {
+                Some("system") => ChatRole::System,
+                Some("assistant") => ChatRole::Assistant,
+                Some("tool") => ChatRole::Tool,
+                _ => ChatRole::User,
+            };
+            let calls = m["tool_calls"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    ToolCall::new(
+                        text(&c["id"]),
+                        text(&c["function"]["name"]),
+                        text(&c["function"]["arguments"]),
+                    )
+                })
+                .collect();
+            ChatMessage {
+                role,
+                content: text(&m["content"]),
+                tool_calls: calls,
+                tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+            }
+        })
+        .collect();
+    let tools = body["tools"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|t| ToolSchema {
+            name: text(&t["function"]["name"]),
+            description: text(&t["function"]["description"]),
+            parameters: t["function"]["parameters"].clone(),
+        })
+        .collect();
+    let request = ChatRequest {
+        tools,
+        ..ChatRequest::new(text(&body["model"]), messages)
+    };
+    let answer = hivekernel_agents::llm::ScriptedProvider::new().answer(&request);
+    let usage = answer.usage;
+    let calls: Vec<(&str, &str, &str)> = answer
+        .message
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    if calls.is_empty() {
+        Scripted::Json(content_body(
+            &answer.message.content,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        ))
+    } else {
+        Scripted::Json(tool_calls_body(
+            &calls,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        ))
+    }
+}
+
+/// The text of the last message of a request body.
+pub fn last_message(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The text of the system message of a request body.
+pub fn system_message(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.first())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -72,7 +72,8 @@ fn hivekernel(args: &[&str]) -> Run {
 
 /// A config with two echo agents: `queen` (daemon, tactical) and `helper` (agent, operational).
 const CONFIG: &str = r#"{
-  "kernel": { "listen": "127.0.0.1:0", "data_dir": "unused", "shutdown_grace_ms": 500 },
+  "kernel": { "listen": "127.0.0.1:0", "data_dir": "unused", "shutdown_grace_ms": 500,
+              "default_runtime": "echo" },
   "agents": [
     { "name": "queen", "role": "daemon", "cognitive_tier": "tactical", "runtime": "echo",
       "model": "sonnet", "system_prompt": "You coordinate.", "tools": ["spawn_child"],
@@ -101,14 +102,22 @@ impl Kernel {
     fn start() -> Kernel {
         let dir = tempfile::tempdir().unwrap();
         let config = write_config(dir.path(), CONFIG);
+        Kernel::start_with(dir, &config, &[])
+    }
+
+    /// Starts the kernel with the config at `config`, data in `<dir>/data`, and `extra` arguments.
+    fn start_with(dir: TempDir, config: &Path, extra: &[&str]) -> Kernel {
         let data = dir.path().join("data");
         let log = std::fs::File::create(dir.path().join("kernel.log")).unwrap();
         let child = Command::new(binary())
             .arg("start")
-            .arg(&config)
+            .arg(config)
             .arg("--data-dir")
             .arg(&data)
+            .args(extra)
             .env_remove("HIVEKERNEL_DATA_DIR")
+            .env_remove("HIVEKERNEL_LLM_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -265,7 +274,42 @@ fn ps_json_lists_the_kernel_and_the_config_agents() {
         (helper["role"].as_str(), helper["tier"].as_str()),
         (Some("agent"), Some("operational"))
     );
-    assert_eq!(helper["runtime"], "echo", "the default runtime");
+    assert_eq!(helper["runtime"], "echo", "the configured default runtime");
+}
+
+#[test]
+fn the_shipped_config_runs_offline_and_orchestrates_with_no_worker_left() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/startup.json");
+    let kernel = Kernel::start_with(
+        tempfile::tempdir().unwrap(),
+        &config,
+        &["--listen", "127.0.0.1:0"],
+    );
+    assert!(
+        kernel.log().contains("provider=scripted"),
+        "{}",
+        kernel.log()
+    );
+    let queen = kernel.pid_of("queen").to_string();
+    let run = kernel.cli(&["exec", &queen, "check the logs; review the config"]);
+    let out = run.ok();
+    assert!(out.contains("Summary:"), "{out}");
+    assert!(out.contains("queen-w1 handled: check the logs"), "{out}");
+    assert!(out.contains("queen-w2 handled: review the config"), "{out}");
+
+    let procs = kernel.ps();
+    let workers: Vec<_> = procs
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap().starts_with("queen-w"))
+        .collect();
+    assert!(workers.is_empty(), "workers left: {workers:?}");
+    let queen = procs.iter().find(|p| p["name"] == "queen").unwrap();
+    // Two turns of the queen's loop, plus planning and combining.
+    assert_eq!(queen["usage"]["calls"], 4, "{queen}");
+    assert!(
+        queen["usage"]["total_tokens"].as_u64().unwrap() > 0,
+        "{queen}"
+    );
 }
 
 #[test]
@@ -285,7 +329,7 @@ fn ps_tree_and_table_show_the_agents() {
     let text = table.ok();
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
     let expected = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "RUNTIME",
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "TOKENS", "RUNTIME",
     ];
     assert_eq!(header, expected);
     assert!(
@@ -296,6 +340,7 @@ fn ps_tree_and_table_show_the_agents() {
             "daemon",
             "tactical",
             "idle",
+            "0",
             "0",
             "0",
             "echo"

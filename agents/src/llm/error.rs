@@ -37,6 +37,9 @@ pub enum LlmError {
     /// The provider's settings are unusable.
     #[error("invalid LLM provider settings: {0}")]
     Config(String),
+    /// The kernel did not pass the call on (no provider configured, shutting down).
+    #[error("model call refused: {0}")]
+    Refused(String),
 }
 
 fn retry_after_note(retry_after: &Option<Duration>) -> String {

@@ -25,10 +25,11 @@ pub(super) fn line(text: &str) -> String {
     text
 }
 
-/// An aligned table: PID PPID NAME ROLE TIER STATE CHILDREN MAILBOX RUNTIME.
+/// An aligned table: PID PPID NAME ROLE TIER STATE CHILDREN MAILBOX TOKENS RUNTIME
+/// (TOKENS: prompt plus completion tokens of the process's model calls).
 pub(super) fn table(procs: &[ProcessInfo]) -> String {
-    const HEADER: [&str; 9] = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "RUNTIME",
+    const HEADER: [&str; 10] = [
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "TOKENS", "RUNTIME",
     ];
     let mut rows = vec![HEADER.map(str::to_owned)];
     rows.extend(procs.iter().map(|p| {
@@ -41,10 +42,14 @@ pub(super) fn table(procs: &[ProcessInfo]) -> String {
             names::state(p.state).to_owned(),
             p.children.to_string(),
             p.mailbox_len.to_string(),
+            p.usage
+                .as_ref()
+                .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens))
+                .to_string(),
             p.runtime.clone(),
         ]
     }));
-    let mut widths = [0usize; 9];
+    let mut widths = [0usize; 10];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -151,6 +156,12 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         "mailbox_len": p.mailbox_len,
         "started_at_unix_ms": p.started_at_unix_ms,
         "metadata": p.metadata,
+        "usage": p.usage.as_ref().map(|u| json!({
+            "calls": u.calls,
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
+        })),
         "exit": p.exit.as_ref().map(exit_json),
     })
 }

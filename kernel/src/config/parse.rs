@@ -19,6 +19,8 @@ use super::{ConfigIssue, KernelSettings, at, validate};
 #[serde(deny_unknown_fields, default)]
 pub(super) struct Document {
     pub(super) kernel: Option<Value>,
+    pub(super) llm: Option<Value>,
+    pub(super) tool_agent: Option<Value>,
     pub(super) agents: Option<Vec<Value>>,
 }
 
@@ -37,6 +39,7 @@ pub(super) struct RawKernel {
     pub(super) max_concurrent_tasks: u32,
     pub(super) shutdown_grace_ms: u64,
     pub(super) default_runtime: String,
+    pub(super) workspace: Option<String>,
 }
 
 impl Default for RawKernel {
@@ -54,6 +57,7 @@ impl Default for RawKernel {
             max_concurrent_tasks: defaults.max_concurrent_tasks,
             shutdown_grace_ms: defaults.shutdown_grace_ms,
             default_runtime: defaults.default_runtime,
+            workspace: None,
         }
     }
 }
@@ -163,7 +167,7 @@ pub(super) fn agent(index: usize, value: &Value, issues: &mut Vec<ConfigIssue>) 
 }
 
 /// Deserializes an object key by key, so every bad key is reported at its own location.
-fn section<T: DeserializeOwned + Default>(
+pub(super) fn section<T: DeserializeOwned + Default>(
     value: Option<&Value>,
     location: &str,
     issues: &mut Vec<ConfigIssue>,

@@ -6,7 +6,16 @@ use tempfile::TempDir;
 
 use super::*;
 
-const RUNTIMES: &[&str] = &["echo", "tool_agent"];
+fn known() -> Known {
+    Known {
+        runtimes: vec!["echo".into(), "tool_agent".into()],
+        tools: vec![
+            "execute_task".into(),
+            "read_file".into(),
+            "spawn_child".into(),
+        ],
+    }
+}
 
 /// A temporary directory holding `configs/config.json`, with room for prompt files beside it.
 struct Fixture {
@@ -37,7 +46,7 @@ impl Fixture {
 
     fn load(&self, json: &str) -> Result<Config, ConfigError> {
         self.write("configs/config.json", json);
-        Config::load(&self.config_path(), RUNTIMES)
+        Config::load(&self.config_path(), &known())
     }
 
     fn issues(&self, json: &str) -> Vec<ConfigIssue> {
@@ -73,7 +82,7 @@ fn assert_issue(issues: &[ConfigIssue], location: &str, fragments: &[&str]) {
 fn missing_file_names_the_path_and_os_error() {
     let fixture = Fixture::new();
     let path = fixture.root().join("nope.json");
-    let err = Config::load(&path, RUNTIMES).unwrap_err();
+    let err = Config::load(&path, &known()).unwrap_err();
     assert_issue(&err.issues, "", &[&path.display().to_string(), "os error"]);
 }
 
@@ -434,7 +443,15 @@ fn valid_config_loads_with_defaults_and_resolved_paths() {
     assert_eq!(config.kernel.data_dir, configs.join("../data"));
     assert_eq!(config.kernel.max_depth, 8);
     assert_eq!(config.kernel.mailbox_capacity, 1024);
-    assert_eq!(config.kernel.default_runtime, "echo");
+    assert_eq!(config.kernel.default_runtime, "tool_agent");
+    assert_eq!(config.kernel.workspace, None);
+    assert_eq!(
+        config.kernel.workspace_root(),
+        configs.join("../data").join("workspace")
+    );
+    assert_eq!(config.llm, LlmConfig::default());
+    assert_eq!(config.agent.max_tool_iterations, 10);
+    assert_eq!(config.tools.orchestrate.max_workers, 8);
 
     let queen = &config.agents[0];
     assert_eq!((queen.role, queen.tier), (Role::Daemon, Tier::Tactical));
@@ -485,7 +502,7 @@ fn error_display_is_one_line_per_issue() {
     let err = Config::from_str_at(
         r#"{"bogus": 1, "kernel": {"max_depth": 0}}"#,
         Path::new("cfg/startup.json"),
-        RUNTIMES,
+        &known(),
     )
     .unwrap_err();
     let text = err.to_string();
@@ -500,7 +517,7 @@ fn error_display_is_one_line_per_issue() {
         "cfg/startup.json: kernel.max_depth: must be between 1 and 64, got 0"
     );
 
-    let err = Config::from_str_at("nope", Path::new("c.json"), RUNTIMES).unwrap_err();
+    let err = Config::from_str_at("nope", Path::new("c.json"), &known()).unwrap_err();
     assert!(
         err.to_string().starts_with("c.json: invalid JSON: "),
         "{err}"
@@ -509,11 +526,115 @@ fn error_display_is_one_line_per_issue() {
 }
 
 #[test]
-fn shipped_startup_config_is_valid() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/startup.json");
-    let config = Config::load(&path, &["echo"]).unwrap_or_else(|err| panic!("{err}"));
-    let names: Vec<_> = config.agents.iter().map(|a| a.name.as_str()).collect();
-    assert_eq!(names, ["queen", "assistant"]);
-    assert!(config.agents.iter().all(|a| !a.system_prompt.is_empty()));
-    assert!(config.kernel.data_dir.ends_with(".hivekernel"));
+fn shipped_configs_are_valid() {
+    let known = crate::runtime::RuntimeRegistry::builtin().known();
+    for file in ["startup.json", "startup-openai.json"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../configs")
+            .join(file);
+        let config = Config::load(&path, &known).unwrap_or_else(|err| panic!("{err}"));
+        let names: Vec<_> = config.agents.iter().map(|a| a.name.as_str()).collect();
+        assert!(names.contains(&"queen"), "{file}: {names:?}");
+        assert!(config.agents.iter().all(|a| !a.system_prompt.is_empty()));
+        assert!(config.kernel.data_dir.ends_with(".hivekernel"));
+        assert!(config.tools.orchestrate.worker_prompt.contains("worker"));
+    }
+}
+
+#[test]
+fn unknown_tools_are_refused_with_the_known_ones() {
+    let found = issues(r#"{"agents": [{"name": "a", "tools": ["read_file", "teleport"]}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[1]",
+        &[
+            "unknown tool \"teleport\"",
+            "execute_task, read_file, spawn_child",
+        ],
+    );
+}
+
+#[test]
+fn the_llm_section_is_checked_field_by_field() {
+    let found = issues(
+        r#"{"llm": {"provider": "anthropic", "base_url": "api.example.com",
+                    "api_key_env": "sk-123 secret", "request_timeout_seconds": 0,
+                    "max_in_flight": 0, "default_context_tokens": 10,
+                    "models": {"sonnet": ""}, "temperature": 1}}"#,
+    );
+    assert_issue(
+        &found,
+        "llm.provider",
+        &["\"anthropic\"", "auto, scripted, openai"],
+    );
+    assert_issue(
+        &found,
+        "llm.base_url",
+        &["must start with http:// or https://"],
+    );
+    assert_issue(
+        &found,
+        "llm.api_key_env",
+        &["not an environment variable name"],
+    );
+    assert_issue(
+        &found,
+        "llm.request_timeout_seconds",
+        &["between 1 and 3600, got 0"],
+    );
+    assert_issue(&found, "llm.max_in_flight", &["got 0"]);
+    assert_issue(&found, "llm.default_context_tokens", &["got 10"]);
+    assert_issue(&found, "llm.models.sonnet", &["must not be empty"]);
+    assert_issue(&found, "llm.temperature", &["unknown field `temperature`"]);
+    assert_eq!(found.len(), 8, "{found:#?}");
+}
+
+#[test]
+fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
+    let found = issues(
+        r#"{"tool_agent": {"max_tool_iterations": 0,
+                           "orchestrate": {"max_workers": 0, "worker_prompt_file": "missing.md",
+                                           "worker_runtime": "docker"}}}"#,
+    );
+    assert_issue(&found, "tool_agent.max_tool_iterations", &["got 0"]);
+    assert_issue(&found, "tool_agent.orchestrate.max_workers", &["got 0"]);
+    assert_issue(
+        &found,
+        "tool_agent.orchestrate.worker_prompt_file",
+        &["cannot read", "missing.md"],
+    );
+    assert_issue(
+        &found,
+        "tool_agent.orchestrate.worker_runtime",
+        &["\"docker\""],
+    );
+    assert_eq!(found.len(), 4, "{found:#?}");
+
+    let fixture = Fixture::new();
+    fixture.write("prompts/w.md", "You are a worker.");
+    let config = fixture
+        .load(
+            r#"{"llm": {"provider": "openai", "base_url": "http://127.0.0.1:8080/v1",
+                        "models": {"sonnet": "qwen"}, "context_tokens": {"sonnet": 32768}},
+                "tool_agent": {"max_tool_iterations": 4,
+                               "orchestrate": {"worker_prompt_file": "../prompts/w.md",
+                                               "max_workers": 3, "subtask_timeout_seconds": 9}}}"#,
+        )
+        .unwrap();
+    assert_eq!(config.llm.provider, ProviderChoice::OpenAi);
+    assert_eq!(
+        config.llm.models.get("sonnet").map(String::as_str),
+        Some("qwen")
+    );
+    assert_eq!(config.agent.budget("sonnet"), 32768 - 4096);
+    assert_eq!(config.agent.max_tool_iterations, 4);
+    assert_eq!(
+        &*config.tools.orchestrate.worker_prompt,
+        "You are a worker."
+    );
+    assert_eq!(config.tools.orchestrate.max_workers, 3);
+    assert_eq!(
+        config.tools.orchestrate.subtask_timeout,
+        Duration::from_secs(9)
+    );
 }

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use hivekernel_agents::{LimitOverrides, Role, Tier};
 
 use super::parse::{Agent, RawKernel, Section};
-use super::{AgentSpec, ConfigIssue, KernelSettings, at};
+use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
 
 /// Longest agent name, in bytes.
 const MAX_NAME_BYTES: usize = 128;
@@ -35,19 +35,16 @@ pub(super) struct Checked {
     spec: AgentSpec,
 }
 
-/// What every check needs: where relative paths start and which runtimes exist.
+/// What every check needs: where relative paths start and which runtimes and tools exist.
 #[derive(Debug)]
 pub(super) struct Context<'a> {
     base: &'a Path,
-    known_runtimes: &'a [&'a str],
+    known: &'a Known,
 }
 
 impl<'a> Context<'a> {
-    pub(super) fn new(base: &'a Path, known_runtimes: &'a [&'a str]) -> Self {
-        Context {
-            base,
-            known_runtimes,
-        }
+    pub(super) fn new(base: &'a Path, known: &'a Known) -> Self {
+        Context { base, known }
     }
 
     /// Checks the kernel section and returns the settings and the ceilings for agents.
@@ -68,6 +65,10 @@ impl<'a> Context<'a> {
         let data_dir = self
             .path_field(&k.data_dir, "kernel.data_dir", issues)
             .unwrap_or_default();
+        let workspace = k
+            .workspace
+            .as_deref()
+            .and_then(|dir| self.path_field(dir, "kernel.workspace", issues));
         let depth_ok = in_range(k.max_depth, 1..=64, "kernel.max_depth", issues);
         let children_ok = in_range(k.max_children, 1..=100_000, "kernel.max_children", issues);
         let capacity = k.mailbox_capacity;
@@ -125,6 +126,7 @@ impl<'a> Context<'a> {
             max_concurrent_tasks: tasks,
             shutdown_grace_ms: k.shutdown_grace_ms,
             default_runtime: k.default_runtime.clone(),
+            workspace,
         };
         (settings, ceilings)
     }
@@ -185,7 +187,7 @@ impl<'a> Context<'a> {
             .as_deref()
             .and_then(|dir| self.path_field(dir, &loc("workspace"), issues));
 
-        check_tools(&raw.tools, &loc("tools"), issues);
+        self.check_tools(&raw.tools, &loc("tools"), issues);
         check_limits(&limits.value, ceilings, &loc("limits"), issues);
 
         let spec = AgentSpec {
@@ -210,20 +212,49 @@ impl<'a> Context<'a> {
     }
 
     /// Why `name` is not a registered runtime, listing the ones that are.
-    fn runtime_problem(&self, name: &str) -> Option<String> {
-        if self.known_runtimes.contains(&name) {
+    pub(super) fn runtime_problem(&self, name: &str) -> Option<String> {
+        if self.known.runtimes.iter().any(|known| known == name) {
             return None;
         }
-        let known = if self.known_runtimes.is_empty() {
+        let known = if self.known.runtimes.is_empty() {
             "none are registered".to_owned()
         } else {
-            format!("known runtimes: {}", self.known_runtimes.join(", "))
+            format!("known runtimes: {}", self.known.runtimes.join(", "))
         };
         Some(format!("unknown runtime {name:?} ({known})"))
     }
 
+    /// Checks a tool list: names known, non-empty, no duplicates.
+    fn check_tools(&self, tools: &[String], location: &str, issues: &mut Vec<ConfigIssue>) {
+        let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, tool) in tools.iter().enumerate() {
+            let here = format!("{location}[{i}]");
+            if tool.trim().is_empty() {
+                issues.push(ConfigIssue::new(
+                    here,
+                    format!("tool name must not be empty, got {tool:?}"),
+                ));
+            } else if let Some(first) = first_seen.get(tool.as_str()) {
+                issues.push(ConfigIssue::new(
+                    here,
+                    format!("duplicate tool {tool:?} (also {location}[{first}])"),
+                ));
+            } else if !self.known.tools.contains(tool) {
+                issues.push(ConfigIssue::new(
+                    here,
+                    format!(
+                        "unknown tool {tool:?} (known tools: {})",
+                        self.known.tools.join(", ")
+                    ),
+                ));
+            } else {
+                first_seen.insert(tool, i);
+            }
+        }
+    }
+
     /// Resolves a path relative to the config file's directory; empty is an error.
-    fn path_field(
+    pub(super) fn path_field(
         &self,
         value: &str,
         location: &str,
@@ -306,7 +337,7 @@ fn parse_named<T: FromStr<Err = String>>(
 }
 
 /// Reads a prompt file no larger than [`MAX_PROMPT_BYTES`].
-fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> String {
+pub(super) fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> String {
     let unreadable = |err: std::io::Error| {
         ConfigIssue::new(location, format!("cannot read {}: {err}", path.display()))
     };
@@ -329,26 +360,6 @@ fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> St
         Err(err) => {
             issues.push(unreadable(err));
             String::new()
-        }
-    }
-}
-
-fn check_tools(tools: &[String], location: &str, issues: &mut Vec<ConfigIssue>) {
-    let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, tool) in tools.iter().enumerate() {
-        let here = format!("{location}[{i}]");
-        if tool.trim().is_empty() {
-            issues.push(ConfigIssue::new(
-                here,
-                format!("tool name must not be empty, got {tool:?}"),
-            ));
-        } else if let Some(first) = first_seen.get(tool.as_str()) {
-            issues.push(ConfigIssue::new(
-                here,
-                format!("duplicate tool {tool:?} (also {location}[{first}])"),
-            ));
-        } else {
-            first_seen.insert(tool, i);
         }
     }
 }
@@ -410,7 +421,7 @@ fn check_limits(
 }
 
 /// Pushes an issue unless `value` lies in `range`; returns whether it does.
-fn in_range<T: PartialOrd + Display>(
+pub(super) fn in_range<T: PartialOrd + Display>(
     value: T,
     range: RangeInclusive<T>,
     location: &str,

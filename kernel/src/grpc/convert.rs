@@ -49,6 +49,8 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         tools: req.tools,
         limits,
         metadata: req.metadata.into_iter().collect(),
+        // Clients never pick a host directory: the kernel derives it from the name.
+        workspace: None,
     })
 }
 
@@ -118,6 +120,11 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
         started_at_unix_ms: info.started_at_unix_ms,
         metadata: info.metadata.into_iter().collect(),
         exit: info.exit.map(exit_record),
+        usage: Some(pb::LlmUsage {
+            calls: info.usage.calls,
+            prompt_tokens: info.usage.prompt_tokens,
+            completion_tokens: info.usage.completion_tokens,
+        }),
     }
 }
 

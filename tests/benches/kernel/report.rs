@@ -130,19 +130,6 @@ impl Row {
         }
     }
 
-    /// A row whose measurement cannot be taken yet, kept so the table keeps its shape.
-    pub(crate) fn unavailable(group: &'static str, label: &str, unit: Unit, why: &str) -> Row {
-        Row {
-            group,
-            label: label.to_owned(),
-            unit,
-            ours: None,
-            floor: None,
-            target: None,
-            note: why.to_owned(),
-        }
-    }
-
     pub(crate) fn target(mut self, target: Target) -> Row {
         self.target = Some(target);
         self

@@ -69,7 +69,7 @@ fn table_aligns_columns_under_the_header() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 7);
     assert!(lines[0].starts_with("PID  PPID  NAME"), "{}", lines[0]);
-    assert!(lines[0].ends_with("MAILBOX  RUNTIME"));
+    assert!(lines[0].ends_with("MAILBOX  TOKENS  RUNTIME"));
     let state_col = lines[0].find("STATE");
     assert_eq!(lines[4].find("zombie"), state_col);
 }

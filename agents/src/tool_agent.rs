@@ -1,0 +1,371 @@
+//! The universal `tool_agent` runtime: every role is a prompt, a tool list and limits.
+//!
+//! # The loop
+//! A task or message becomes a user input. The agent asks the model (through
+//! the kernel's [`Syscalls::chat`](crate::Syscalls::chat), which records the
+//! tokens against the process), runs every tool call of the answer in order,
+//! feeds the results back, and repeats until the model answers without tool
+//! calls or `max_tool_iterations` rounds have run. A task's final answer is
+//! its reply; a round limit or a failed model call fails the task.
+//!
+//! Whatever the model writes, a bad tool call never crashes the agent: an
+//! unknown tool, a tool not on this agent's list, arguments that are not a
+//! JSON object, and a tool that fails all come back to the model as an
+//! `error: ...` tool result naming the problem.
+//!
+//! # Inputs
+//! - a task: its description (and its parameters, one `key: value` per line);
+//! - a `message`: `Message from process N:` and the payload;
+//! - a `task_response` (the answer to a `delegate_async`): `Result of delegated
+//!   request R (succeeded|failed):` and the output or error. The final answer
+//!   of a message turn has nobody to go to: it is logged, and a daemon keeps it
+//!   in its conversation.
+//! - `child_exited` and `sibling_copy` notices are logged, not sent to the
+//!   model (an orchestrator would otherwise pay a model call per worker).
+//!
+//! # Conversation
+//! Daemons keep their conversation between inputs (trimmed to the context
+//! budget); every other role starts each input fresh. Before each call the
+//! request is fitted to the model's context budget (see `context`); when the
+//! provider still says the context is too long, the budget shrinks and the
+//! call is retried, at most [`CONTEXT_RETRIES`] times.
+//!
+//! # Layout
+//! - `context`: fitting a conversation into the budget.
+//! - `prompt`: the system prompt (prompt, identity, tools) and input texts.
+//! - this file: settings, the factory, the loop.
+
+mod context;
+mod prompt;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use crate::llm::{
+    ChatMessage, ChatRequest, ChatResponse, ChatRole, LlmError, ToolCall, ToolSchema,
+    estimate_request_tokens, estimate_tokens,
+};
+use crate::message::{Message, Task, TaskReply, kinds};
+use crate::process::Role;
+use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+use crate::tools::{Tool, ToolContext, ToolRegistry};
+
+/// Retries of one model call after the provider says the context is too long.
+pub const CONTEXT_RETRIES: u32 = 3;
+
+/// How every `tool_agent` behaves (the `tool_agent` config section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSettings {
+    /// Model rounds with tool calls before a task is given up.
+    pub max_tool_iterations: u32,
+    /// Context window in tokens, by logical model name.
+    pub context_tokens: BTreeMap<String, u64>,
+    /// Context window of models not in `context_tokens`.
+    pub default_context_tokens: u64,
+    /// Cap on one completion's tokens, also held back from the context budget.
+    pub max_completion_tokens: u32,
+    /// Longest tool result handed to the model, in bytes; longer ones are cut.
+    pub max_tool_result_bytes: usize,
+    /// Name of the provider the kernel uses, for the identity section and logs.
+    pub provider: String,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        AgentSettings {
+            max_tool_iterations: 10,
+            context_tokens: BTreeMap::new(),
+            default_context_tokens: 128_000,
+            max_completion_tokens: 4096,
+            max_tool_result_bytes: 64 * 1024,
+            provider: "scripted".into(),
+        }
+    }
+}
+
+impl AgentSettings {
+    /// Tokens a request for `model` may use: its window minus room for the answer.
+    pub fn budget(&self, model: &str) -> u64 {
+        let window = self
+            .context_tokens
+            .get(model)
+            .copied()
+            .unwrap_or(self.default_context_tokens);
+        window
+            .saturating_sub(u64::from(self.max_completion_tokens))
+            .max(context::MIN_BUDGET_TOKENS)
+    }
+}
+
+/// Creates a [`ToolAgent`] per process, with the tools its config names.
+///
+/// Processes with the same tool list share one [`Toolset`] (the tools and
+/// their schemas), so an idle agent costs little more than its conversation
+/// slot; the system prompt is assembled per input, not kept.
+#[derive(Debug)]
+pub struct ToolAgentFactory {
+    tools: Arc<ToolRegistry>,
+    settings: Arc<AgentSettings>,
+    toolsets: Mutex<HashMap<Arc<[String]>, Arc<Toolset>>>,
+}
+
+/// Distinct tool lists whose toolsets are kept for reuse.
+const TOOLSET_CACHE: usize = 1024;
+
+/// A resolved tool list: the tools by name and the schemas offered to the model.
+#[derive(Debug)]
+pub struct Toolset {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    schemas: Vec<ToolSchema>,
+    /// Estimated tokens the schemas take in every request.
+    tokens: u64,
+}
+
+impl ToolAgentFactory {
+    /// A factory drawing tools from `tools`.
+    pub fn new(tools: ToolRegistry, settings: AgentSettings) -> Self {
+        ToolAgentFactory {
+            tools: Arc::new(tools),
+            settings: Arc::new(settings),
+            toolsets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The registry tools are drawn from.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
+    }
+
+    /// The toolset for `names`, shared with every process that has the same list.
+    fn toolset(&self, names: &Arc<[String]>) -> Result<Arc<Toolset>, RuntimeError> {
+        if let Some(found) = self.toolsets.lock().get(names) {
+            return Ok(found.clone());
+        }
+        let mut tools = BTreeMap::new();
+        for name in names.iter() {
+            let Some(tool) = self.tools.get(name) else {
+                return Err(RuntimeError(format!(
+                    "unknown tool {name:?} (known tools: {})",
+                    self.tools.names().join(", ")
+                )));
+            };
+            tools.insert(name.clone(), tool.clone());
+        }
+        let schemas: Vec<ToolSchema> = tools.values().map(|tool| tool.schema()).collect();
+        let tokens = estimate_request_tokens(&ChatRequest {
+            tools: schemas.clone(),
+            ..ChatRequest::new("", Vec::new())
+        });
+        let toolset = Arc::new(Toolset {
+            tools,
+            schemas,
+            tokens,
+        });
+        let mut cache = self.toolsets.lock();
+        if cache.len() < TOOLSET_CACHE {
+            cache.insert(names.clone(), toolset.clone());
+        }
+        Ok(toolset)
+    }
+}
+
+impl RuntimeFactory for ToolAgentFactory {
+    fn create(&self, ctx: &ProcessContext) -> Result<Arc<dyn Runtime>, RuntimeError> {
+        Ok(Arc::new(ToolAgent {
+            toolset: self.toolset(&ctx.tools)?,
+            history: (ctx.role == Role::Daemon).then(|| Mutex::new(Vec::new())),
+            settings: self.settings.clone(),
+        }))
+    }
+}
+
+/// One process's agent: its tools and (daemons) its conversation.
+#[derive(Debug)]
+pub struct ToolAgent {
+    toolset: Arc<Toolset>,
+    history: Option<Mutex<Vec<ChatMessage>>>,
+    settings: Arc<AgentSettings>,
+}
+
+#[async_trait]
+impl Runtime for ToolAgent {
+    async fn execute(&self, ctx: &ProcessContext, task: Task) -> TaskReply {
+        self.turn(ctx, prompt::task_input(&task)).await
+    }
+
+    async fn on_message(&self, ctx: &ProcessContext, message: Message) -> Result<(), RuntimeError> {
+        if message.kind == kinds::CHILD_EXITED || message.kind == kinds::SIBLING_COPY {
+            tracing::debug!(pid = %ctx.pid, kind = %message.kind, from = %message.from, "notice noted");
+            return Ok(());
+        }
+        let input = prompt::message_input(&message);
+        match self.turn(ctx, input).await {
+            Ok(answer) => {
+                tracing::info!(pid = %ctx.pid, kind = %message.kind, from = %message.from, answer = %preview(&answer), "message handled")
+            }
+            Err(error) => {
+                tracing::warn!(pid = %ctx.pid, kind = %message.kind, from = %message.from, %error, "message not handled")
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ToolAgent {
+    /// Runs one input to a final answer.
+    async fn turn(&self, ctx: &ProcessContext, input: String) -> Result<String, String> {
+        let history = self
+            .history
+            .as_ref()
+            .map(|h| h.lock().clone())
+            .unwrap_or_default();
+        let mut turn = vec![ChatMessage::user(input)];
+        let max = self.settings.max_tool_iterations;
+        let mut rounds = 0;
+        loop {
+            let response = self.call_model(ctx, &history, &turn).await?;
+            let message = response.message;
+            if message.tool_calls.is_empty() {
+                let answer = message.content.trim().to_owned();
+                if answer.is_empty() {
+                    return Err("the model answered with neither text nor a tool call".into());
+                }
+                turn.push(message);
+                self.remember(ctx, turn);
+                return Ok(answer);
+            }
+            if rounds == max {
+                return Err(format!(
+                    "no final answer after {max} rounds of tool calls (max_tool_iterations)"
+                ));
+            }
+            rounds += 1;
+            let calls = message.tool_calls.clone();
+            turn.push(message);
+            for call in &calls {
+                let result = self.run_tool(ctx, call).await;
+                turn.push(ChatMessage::tool_result(call.id.clone(), result));
+            }
+        }
+    }
+
+    /// One model call, fitted to the budget; shrinks and retries on a context-length error.
+    async fn call_model(
+        &self,
+        ctx: &ProcessContext,
+        history: &[ChatMessage],
+        turn: &[ChatMessage],
+    ) -> Result<ChatResponse, String> {
+        let toolset = &self.toolset;
+        let system =
+            ChatMessage::system(prompt::system_prompt(ctx, &toolset.tools, &self.settings));
+        let mut budget = self
+            .settings
+            .budget(&ctx.model)
+            .saturating_sub(toolset.tokens);
+        let mut attempt = 0;
+        loop {
+            let request = ChatRequest {
+                tools: toolset.schemas.clone(),
+                max_tokens: Some(self.settings.max_completion_tokens),
+                ..ChatRequest::new(
+                    ctx.model.to_string(),
+                    context::fit(&system, history, turn, budget),
+                )
+            };
+            match ctx.syscalls.chat(&request).await {
+                Ok(response) => return Ok(response),
+                Err(LlmError::ContextLength(why)) if attempt < CONTEXT_RETRIES => {
+                    attempt += 1;
+                    let sent = estimate_tokens(&request.messages);
+                    budget = (sent.min(budget) * 3 / 4).max(context::MIN_BUDGET_TOKENS);
+                    tracing::info!(pid = %ctx.pid, attempt, budget, %why, "context too long; shortening and retrying");
+                }
+                Err(err) => return Err(format!("model call failed: {err}")),
+            }
+        }
+    }
+
+    /// Runs one tool call; every failure becomes an `error: ...` result for the model.
+    async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> String {
+        let tools = &self.toolset.tools;
+        let Some(tool) = tools.get(&call.name) else {
+            let available: Vec<&str> = tools.keys().map(String::as_str).collect();
+            return format!(
+                "error: tool {:?} is not available to this agent (available: {})",
+                call.name,
+                if available.is_empty() {
+                    "none".to_owned()
+                } else {
+                    available.join(", ")
+                }
+            );
+        };
+        let raw = call.arguments.trim();
+        let args = if raw.is_empty() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            match serde_json::from_str::<serde_json::Value>(raw) {
+                Ok(args) if args.is_object() => args,
+                Ok(_) => {
+                    return format!("error: arguments for {} must be a JSON object", call.name);
+                }
+                Err(err) => {
+                    return format!(
+                        "error: arguments for {} are not valid JSON: {err}",
+                        call.name
+                    );
+                }
+            }
+        };
+        let tool_ctx = ToolContext {
+            process: ctx,
+            workspace: ctx.workspace.as_deref(),
+        };
+        let result = match tool.call(&tool_ctx, args).await {
+            Ok(text) => text,
+            Err(err) => format!("error: {err}"),
+        };
+        cap(result, self.settings.max_tool_result_bytes)
+    }
+
+    /// Keeps a finished turn in a daemon's conversation, trimmed to the budget.
+    fn remember(&self, ctx: &ProcessContext, turn: Vec<ChatMessage>) {
+        let Some(history) = &self.history else {
+            return;
+        };
+        let budget = self.settings.budget(&ctx.model);
+        let mut history = history.lock();
+        history.extend(turn);
+        while history.len() > 1 && estimate_tokens(&history) > budget {
+            let next = history[1..]
+                .iter()
+                .position(|m| m.role == ChatRole::User)
+                .map_or(history.len(), |offset| offset + 1);
+            history.drain(..next);
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), with a note when cut.
+fn cap(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!("\n[... cut: {total} bytes in all]"));
+    text
+}
+
+/// The start of `text`, for logs.
+fn preview(text: &str) -> String {
+    text.chars().take(200).collect()
+}

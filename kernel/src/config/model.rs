@@ -1,0 +1,309 @@
+//! The `llm` and `tool_agent` sections, both phases: the model provider, and
+//! how every `tool_agent` process and its configurable tools behave.
+//!
+//! ```json
+//! "llm": {
+//!   "provider": "auto",                 // auto | scripted | openai
+//!   "base_url": "https://api.openai.com/v1",
+//!   "api_key_env": "OPENAI_API_KEY",
+//!   "models": { "sonnet": "gpt-4o" },
+//!   "context_tokens": { "sonnet": 128000 },
+//!   "default_context_tokens": 128000,
+//!   "max_completion_tokens": 4096,
+//!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16
+//! },
+//! "tool_agent": {
+//!   "max_tool_iterations": 10,
+//!   "max_tool_result_bytes": 65536,
+//!   "orchestrate": { "worker_prompt_file": "../prompts/worker.md", "max_workers": 8,
+//!                    "subtask_timeout_seconds": 120, "worker_model": "mini" }
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
+use hivekernel_agents::tools::orchestrate::OrchestrateSettings;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::parse::section;
+use super::validate::{Context, in_range, read_prompt};
+use super::{ConfigIssue, LlmConfig, ProviderChoice};
+
+/// The `llm` section as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawLlm {
+    provider: String,
+    base_url: Option<String>,
+    api_key_env: String,
+    models: BTreeMap<String, String>,
+    context_tokens: BTreeMap<String, u64>,
+    default_context_tokens: u64,
+    max_completion_tokens: u32,
+    request_timeout_seconds: u64,
+    max_retries: u32,
+    max_in_flight: usize,
+}
+
+impl Default for RawLlm {
+    fn default() -> Self {
+        let llm = LlmConfig::default();
+        let agent = AgentSettings::default();
+        RawLlm {
+            provider: "auto".into(),
+            base_url: None,
+            api_key_env: llm.api_key_env,
+            models: BTreeMap::new(),
+            context_tokens: BTreeMap::new(),
+            default_context_tokens: agent.default_context_tokens,
+            max_completion_tokens: agent.max_completion_tokens,
+            request_timeout_seconds: llm.request_timeout.as_secs(),
+            max_retries: llm.max_retries,
+            max_in_flight: llm.max_in_flight,
+        }
+    }
+}
+
+/// The `tool_agent` section as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawToolAgent {
+    max_tool_iterations: u32,
+    max_tool_result_bytes: usize,
+    orchestrate: Option<Value>,
+}
+
+impl Default for RawToolAgent {
+    fn default() -> Self {
+        let agent = AgentSettings::default();
+        RawToolAgent {
+            max_tool_iterations: agent.max_tool_iterations,
+            max_tool_result_bytes: agent.max_tool_result_bytes,
+            orchestrate: None,
+        }
+    }
+}
+
+/// `tool_agent.orchestrate` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawOrchestrate {
+    worker_prompt_file: Option<String>,
+    max_workers: u32,
+    subtask_timeout_seconds: u64,
+    worker_model: Option<String>,
+    worker_runtime: Option<String>,
+}
+
+impl Default for RawOrchestrate {
+    fn default() -> Self {
+        let defaults = OrchestrateSettings::default();
+        RawOrchestrate {
+            worker_prompt_file: None,
+            max_workers: defaults.max_workers,
+            subtask_timeout_seconds: defaults.subtask_timeout.as_secs(),
+            worker_model: None,
+            worker_runtime: None,
+        }
+    }
+}
+
+/// Context sizes from `llm`, which the agents' settings take.
+#[derive(Debug)]
+pub(super) struct ContextSizes {
+    context_tokens: BTreeMap<String, u64>,
+    default_context_tokens: u64,
+    max_completion_tokens: u32,
+}
+
+/// Parses and checks `llm`.
+pub(super) fn llm(
+    value: Option<&Value>,
+    issues: &mut Vec<ConfigIssue>,
+) -> (LlmConfig, ContextSizes) {
+    let raw = section::<RawLlm>(value, "llm", issues).value;
+    let provider = match raw.provider.as_str() {
+        "auto" => ProviderChoice::Auto,
+        "scripted" => ProviderChoice::Scripted,
+        "openai" => ProviderChoice::OpenAi,
+        other => {
+            issues.push(ConfigIssue::new(
+                "llm.provider",
+                format!("unknown provider {other:?} (expected one of: auto, scripted, openai)"),
+            ));
+            ProviderChoice::Auto
+        }
+    };
+    if let Some(url) = &raw.base_url {
+        if let Some(problem) = base_url_problem(url) {
+            issues.push(ConfigIssue::new("llm.base_url", problem));
+        }
+    }
+    if !is_env_name(&raw.api_key_env) {
+        issues.push(ConfigIssue::new(
+            "llm.api_key_env",
+            format!(
+                "{:?} is not an environment variable name (letters, digits and _, not starting \
+                 with a digit); name the variable that holds the key, never the key itself",
+                raw.api_key_env
+            ),
+        ));
+    }
+    for (name, id) in &raw.models {
+        if name.trim().is_empty() || id.trim().is_empty() {
+            issues.push(ConfigIssue::new(
+                format!("llm.models.{name}"),
+                format!("model names and ids must not be empty, got {name:?} -> {id:?}"),
+            ));
+        }
+    }
+    const MAX_CONTEXT: u64 = 100_000_000;
+    for (name, tokens) in &raw.context_tokens {
+        in_range(
+            *tokens,
+            1024..=MAX_CONTEXT,
+            &format!("llm.context_tokens.{name}"),
+            issues,
+        );
+    }
+    in_range(
+        raw.default_context_tokens,
+        1024..=MAX_CONTEXT,
+        "llm.default_context_tokens",
+        issues,
+    );
+    in_range(
+        raw.max_completion_tokens,
+        1..=1_000_000,
+        "llm.max_completion_tokens",
+        issues,
+    );
+    in_range(
+        raw.request_timeout_seconds,
+        1..=3600,
+        "llm.request_timeout_seconds",
+        issues,
+    );
+    in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
+    in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
+    let config = LlmConfig {
+        provider,
+        base_url: raw.base_url,
+        api_key_env: raw.api_key_env,
+        models: raw.models,
+        request_timeout: Duration::from_secs(raw.request_timeout_seconds),
+        max_retries: raw.max_retries,
+        max_in_flight: raw.max_in_flight,
+    };
+    let sizes = ContextSizes {
+        context_tokens: raw.context_tokens,
+        default_context_tokens: raw.default_context_tokens,
+        max_completion_tokens: raw.max_completion_tokens,
+    };
+    (config, sizes)
+}
+
+/// Parses and checks `tool_agent`.
+pub(super) fn tool_agent(
+    value: Option<&Value>,
+    checks: &Context<'_>,
+    sizes: ContextSizes,
+    issues: &mut Vec<ConfigIssue>,
+) -> (AgentSettings, ToolSettings) {
+    let raw = section::<RawToolAgent>(value, "tool_agent", issues).value;
+    in_range(
+        raw.max_tool_iterations,
+        1..=1000,
+        "tool_agent.max_tool_iterations",
+        issues,
+    );
+    in_range(
+        raw.max_tool_result_bytes,
+        256..=16 * 1024 * 1024,
+        "tool_agent.max_tool_result_bytes",
+        issues,
+    );
+    let agent = AgentSettings {
+        max_tool_iterations: raw.max_tool_iterations,
+        context_tokens: sizes.context_tokens,
+        default_context_tokens: sizes.default_context_tokens,
+        max_completion_tokens: sizes.max_completion_tokens,
+        max_tool_result_bytes: raw.max_tool_result_bytes,
+        provider: String::new(),
+    };
+
+    let location = "tool_agent.orchestrate";
+    let raw = section::<RawOrchestrate>(raw.orchestrate.as_ref(), location, issues).value;
+    in_range(
+        raw.max_workers,
+        1..=100_000,
+        "tool_agent.orchestrate.max_workers",
+        issues,
+    );
+    in_range(
+        raw.subtask_timeout_seconds,
+        1..=30 * 24 * 3600,
+        "tool_agent.orchestrate.subtask_timeout_seconds",
+        issues,
+    );
+    let mut orchestrate = OrchestrateSettings {
+        max_workers: raw.max_workers,
+        subtask_timeout: Duration::from_secs(raw.subtask_timeout_seconds),
+        worker_model: raw.worker_model,
+        worker_runtime: raw.worker_runtime,
+        ..OrchestrateSettings::default()
+    };
+    if let Some(runtime) = &orchestrate.worker_runtime {
+        if let Some(problem) = checks.runtime_problem(runtime) {
+            issues.push(ConfigIssue::new(
+                "tool_agent.orchestrate.worker_runtime",
+                problem,
+            ));
+        }
+    }
+    let prompt_location = "tool_agent.orchestrate.worker_prompt_file";
+    if let Some(path) = raw
+        .worker_prompt_file
+        .as_deref()
+        .and_then(|file| checks.path_field(file, prompt_location, issues))
+    {
+        let text = read_prompt(&path, prompt_location, issues);
+        if !text.trim().is_empty() {
+            orchestrate.worker_prompt = Arc::from(text);
+        }
+    }
+    (agent, ToolSettings { orchestrate })
+}
+
+/// Why `url` cannot be an API root, if it cannot.
+pub(crate) fn base_url_problem(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        None => Some(format!(
+            "{url:?} must start with http:// or https:// (e.g. https://api.openai.com/v1)"
+        )),
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            Some(format!("{url:?} has no host"))
+        }
+        Some(_) if url.chars().any(char::is_whitespace) => {
+            Some(format!("{url:?} contains whitespace"))
+        }
+        Some(_) => None,
+    }
+}
+
+/// Whether `name` is a portable environment variable name.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}

@@ -1,0 +1,173 @@
+//! The kernel's model path: which provider serves the processes, and the one
+//! door every model call goes through, so usage is counted by the kernel
+//! from the provider's own figures.
+
+use std::sync::Arc;
+
+use hivekernel_agents::Pid;
+use hivekernel_agents::llm::{
+    ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider,
+};
+
+use crate::config::{LlmConfig, ProviderChoice};
+use crate::kernel::Kernel;
+
+/// Overrides `llm.base_url` (and makes `auto` pick `openai`).
+pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
+/// Where `openai` goes when neither the config nor the environment names an endpoint.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The provider chosen for a config, and a one-line description for the log.
+#[derive(Debug, Clone)]
+pub struct ChosenProvider {
+    /// The provider.
+    pub provider: Arc<dyn Provider>,
+    /// E.g. `openai at http://127.0.0.1:8080/v1` or `scripted (offline, deterministic)`.
+    pub description: String,
+}
+
+/// Picks and builds the provider for `config`, reading the environment through `env`.
+///
+/// `auto` picks `openai` when an endpoint is configured (`llm.base_url`,
+/// [`BASE_URL_ENV`]) or the API key variable is set, else `scripted`.
+/// Errors name the setting or variable that is wrong.
+pub fn choose_provider(
+    config: &LlmConfig,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<ChosenProvider, String> {
+    let from_env = env(BASE_URL_ENV).filter(|url| !url.trim().is_empty());
+    if let Some(url) = &from_env {
+        if let Some(problem) = crate::config::base_url_problem(url) {
+            return Err(format!("{BASE_URL_ENV}: {problem}"));
+        }
+    }
+    let base_url = from_env.or_else(|| config.base_url.clone());
+    let api_key = env(&config.api_key_env).filter(|key| !key.trim().is_empty());
+    let openai = match config.provider {
+        ProviderChoice::Scripted => false,
+        ProviderChoice::OpenAi => true,
+        ProviderChoice::Auto => base_url.is_some() || api_key.is_some(),
+    };
+    if !openai {
+        return Ok(ChosenProvider {
+            provider: Arc::new(ScriptedProvider::new()),
+            description: "scripted (offline, deterministic)".into(),
+        });
+    }
+    let base_url = base_url.unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
+    if base_url.trim_end_matches('/') == DEFAULT_BASE_URL && api_key.is_none() {
+        return Err(format!(
+            "the openai provider at {DEFAULT_BASE_URL} needs an API key, and the variable {} \
+             named by llm.api_key_env is not set",
+            config.api_key_env
+        ));
+    }
+    let settings = OpenAiSettings {
+        base_url: base_url.clone(),
+        api_key,
+        models: config.models.clone(),
+        request_timeout: config.request_timeout,
+        max_retries: config.max_retries,
+        max_in_flight: config.max_in_flight,
+    };
+    let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
+    Ok(ChosenProvider {
+        provider: Arc::new(provider),
+        description: format!("openai at {base_url}"),
+    })
+}
+
+impl Kernel {
+    /// One model call for process `pid`; its usage is recorded against `pid`.
+    pub(crate) async fn chat(
+        &self,
+        pid: Pid,
+        request: &ChatRequest,
+    ) -> Result<ChatResponse, LlmError> {
+        let Some(llm) = self.inner.llm.clone() else {
+            return Err(LlmError::Refused(
+                "this kernel has no model provider configured".into(),
+            ));
+        };
+        let proc = {
+            let table = self.inner.table.read();
+            match table.get(pid) {
+                Some(entry) if entry.is_alive() => entry.proc.clone(),
+                _ => {
+                    return Err(LlmError::Refused(format!("process {pid} is not running")));
+                }
+            }
+        };
+        let response = llm.chat(request).await?;
+        proc.usage.record(response.usage);
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn auto_is_scripted_without_an_endpoint_or_key() {
+        let chosen = choose_provider(&LlmConfig::default(), env(&[])).unwrap();
+        assert_eq!(chosen.provider.name(), "scripted");
+    }
+
+    #[test]
+    fn auto_uses_the_endpoint_from_the_environment() {
+        let vars = [(BASE_URL_ENV, "http://127.0.0.1:9/v1")];
+        let chosen = choose_provider(&LlmConfig::default(), env(&vars)).unwrap();
+        assert_eq!(chosen.provider.name(), "openai");
+        assert_eq!(chosen.description, "openai at http://127.0.0.1:9/v1");
+    }
+
+    #[test]
+    fn auto_uses_openai_when_the_key_variable_is_set() {
+        let vars = [("OPENAI_API_KEY", "sk-test")];
+        let chosen = choose_provider(&LlmConfig::default(), env(&vars)).unwrap();
+        assert_eq!(chosen.description, format!("openai at {DEFAULT_BASE_URL}"));
+    }
+
+    #[test]
+    fn openai_without_a_key_for_the_public_endpoint_names_the_variable() {
+        let config = LlmConfig {
+            provider: ProviderChoice::OpenAi,
+            api_key_env: "MY_KEY".into(),
+            ..LlmConfig::default()
+        };
+        let err = choose_provider(&config, env(&[])).unwrap_err();
+        assert!(err.contains("MY_KEY"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_base_url_in_the_environment_is_refused() {
+        let vars = [(BASE_URL_ENV, "localhost:8080")];
+        let err = choose_provider(&LlmConfig::default(), env(&vars)).unwrap_err();
+        assert!(
+            err.contains(BASE_URL_ENV) && err.contains("http://"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn scripted_ignores_the_environment() {
+        let config = LlmConfig {
+            provider: ProviderChoice::Scripted,
+            ..LlmConfig::default()
+        };
+        let vars = [(BASE_URL_ENV, "http://127.0.0.1:9/v1")];
+        let chosen = choose_provider(&config, env(&vars)).unwrap();
+        assert_eq!(chosen.provider.name(), "scripted");
+    }
+}

@@ -1,0 +1,265 @@
+//! The `tool_agent` against a zero-latency loopback chat-completions server:
+//! the kernel's overhead per agent turn, and `orchestrate` with many workers.
+//!
+//! The floor for both is the model calls alone: the same provider (same HTTP
+//! client, same admission cap) making the same requests to the same server,
+//! so what is left is the kernel and the agent loop.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::{StreamExt, stream};
+use hivekernel_agents::llm::{
+    ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider,
+};
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
+use hivekernel_agents::{LimitOverrides, Pid, Role, SpawnRequest, TaskSpec};
+use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::{Caller, Kernel};
+use hivekernel_tests::llm_server::{LlmServer, scripted_answer};
+
+use crate::report::{Row, Target, Unit};
+use crate::stats::{Latencies, median};
+use crate::{Sizes, count};
+
+pub(crate) const FLOOR: &str = "the same model calls made directly with the same provider \
+                                (HTTP client, admission cap) against the same loopback server";
+
+/// Requests in flight to the loopback server at once.
+const IN_FLIGHT: usize = 64;
+
+/// A provider that adds up the time spent inside the HTTP provider.
+#[derive(Debug)]
+struct Timed {
+    inner: OpenAiProvider,
+    nanos: AtomicU64,
+}
+
+#[async_trait]
+impl Provider for Timed {
+    fn name(&self) -> &str {
+        "openai"
+    }
+
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let start = Instant::now();
+        let answer = self.inner.chat(request).await;
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        answer
+    }
+}
+
+fn provider(server: &LlmServer) -> OpenAiProvider {
+    OpenAiProvider::new(OpenAiSettings {
+        base_url: server.base_url(),
+        request_timeout: Duration::from_secs(30),
+        max_retries: 0,
+        max_in_flight: IN_FLIGHT,
+        ..OpenAiSettings::default()
+    })
+    .expect("provider settings")
+}
+
+fn start(provider: Arc<dyn Provider>, max_children: u32, max_workers: u32) -> Kernel {
+    let settings = KernelSettings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        max_children,
+        task_timeout_seconds: 600,
+        mailbox_capacity: 4096,
+        workspace: Some(std::env::temp_dir().join("hivekernel-bench-ws")),
+        ..KernelSettings::default()
+    };
+    let mut tools = ToolSettings::default();
+    tools.orchestrate.max_workers = max_workers;
+    tools.orchestrate.subtask_timeout = Duration::from_secs(600);
+    hivekernel_tests::agent_kernel(settings, provider, AgentSettings::default(), &tools).0
+}
+
+async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str], max_children: u32) -> Pid {
+    let mut request = SpawnRequest::new(Pid::KERNEL, name);
+    request.role = Role::Daemon;
+    request.runtime = Some("tool_agent".into());
+    request.model = "bench".into();
+    request.system_prompt = "You coordinate.".into();
+    request.tools = tools.iter().map(|t| (*t).to_owned()).collect();
+    request.limits = LimitOverrides {
+        max_children: Some(max_children),
+        ..LimitOverrides::default()
+    };
+    kernel
+        .spawn(Caller::Admin, request)
+        .await
+        .expect("spawn the agent")
+}
+
+/// One turn of a tool-less agent (a task in, one model call, the answer out),
+/// beside the model call alone.
+pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
+    let server = LlmServer::answering(scripted_answer).await;
+    let timed = Arc::new(Timed {
+        inner: provider(&server),
+        nanos: AtomicU64::new(0),
+    });
+    let kernel = start(timed.clone(), 32, 8);
+    // A task-role agent: every turn starts fresh, so each does the same work.
+    let mut request = SpawnRequest::new(Pid::KERNEL, "solo");
+    request.role = Role::Agent;
+    request.runtime = Some("tool_agent".into());
+    request.model = "bench".into();
+    request.system_prompt = "You answer.".into();
+    let agent = kernel
+        .spawn(Caller::Admin, request)
+        .await
+        .expect("spawn the agent");
+    let turns = sizes.asks.min(2_000);
+    let mut overheads = Vec::with_capacity(sizes.runs);
+    let mut turn_p50 = Vec::with_capacity(sizes.runs);
+    let mut call_p50 = Vec::with_capacity(sizes.runs);
+    for run in 0..=sizes.runs {
+        let mut latencies = Latencies::with_capacity(turns);
+        let before = timed.nanos.load(Ordering::Relaxed);
+        let started = Instant::now();
+        for i in 0..turns {
+            let t = Instant::now();
+            let (_, reply) = kernel
+                .execute_task(Caller::Admin, TaskSpec::new(agent, format!("question {i}")))
+                .await
+                .expect("execute_task");
+            reply.expect("the turn succeeds");
+            latencies.record(t.elapsed());
+        }
+        let total = started.elapsed().as_nanos() as f64;
+        let in_http = (timed.nanos.load(Ordering::Relaxed) - before) as f64;
+        // The same request the agent sends, made directly.
+        let direct = direct_calls(&timed.inner, turns).await;
+        if run > 0 {
+            overheads.push((total - in_http) / turns as f64);
+            turn_p50.push(latencies.p50_p99().0);
+            call_p50.push(direct);
+        }
+    }
+    kernel.shutdown().await;
+    let overhead = median(overheads);
+    vec![
+        Row::new(
+            "turn",
+            format!("tool_agent turn, p50 of {} (one model call)", count(turns)),
+            Unit::Nanos,
+            median(turn_p50),
+            Some(median(call_p50)),
+        )
+        .note(format!(
+            "kernel + loop time outside the HTTP call: {} per turn",
+            Unit::Nanos.show(overhead)
+        )),
+    ]
+}
+
+/// p50 of `n` direct model calls shaped like an agent's turn.
+async fn direct_calls(provider: &OpenAiProvider, n: usize) -> f64 {
+    let mut latencies = Latencies::with_capacity(n);
+    for i in 0..n {
+        let request = ChatRequest::new(
+            "bench",
+            vec![
+                ChatMessage::system("You answer.\n\n## Identity\n- Name: solo\n"),
+                ChatMessage::user(format!("question {i}")),
+            ],
+        );
+        let t = Instant::now();
+        provider.chat(&request).await.expect("direct call");
+        latencies.record(t.elapsed());
+    }
+    latencies.p50_p99().0
+}
+
+/// `orchestrate` with `workers` subtasks: makespan, beside the same model
+/// calls (plan, one per worker, synthesis) made directly at the same concurrency.
+pub(crate) async fn orchestrate(sizes: &Sizes) -> Vec<Row> {
+    let workers = sizes.workers;
+    let server = LlmServer::answering(scripted_answer).await;
+    let timed = Arc::new(Timed {
+        inner: provider(&server),
+        nanos: AtomicU64::new(0),
+    });
+    let n = u32::try_from(workers).expect("worker count");
+    let kernel = start(timed.clone(), n + 8, n);
+    let lead = spawn_agent(&kernel, "lead", &["orchestrate"], n).await;
+    let task: String = (1..=workers).map(|i| format!("- subtask {i}\n")).collect();
+    let mut makespans = Vec::new();
+    let mut floors = Vec::new();
+    for run in 0..=sizes.runs {
+        let started = Instant::now();
+        let (_, reply) = kernel
+            .execute_task(Caller::Admin, TaskSpec::new(lead, task.clone()))
+            .await
+            .expect("execute_task");
+        let answer = reply.expect("orchestrate succeeds");
+        let makespan = started.elapsed().as_nanos() as f64;
+        assert!(
+            answer.starts_with("Done: Summary: "),
+            "unexpected answer: {answer}"
+        );
+        let left = kernel
+            .list_processes(Caller::Admin, lead, None)
+            .await
+            .expect("list")
+            .len();
+        assert_eq!(left, 1, "workers left behind");
+        let floor = direct_fan_out(&timed.inner, workers).await;
+        if run > 0 {
+            makespans.push(makespan);
+            floors.push(floor);
+        }
+    }
+    kernel.shutdown().await;
+    let (ours, floor) = (median(makespans), median(floors));
+    vec![
+        Row::new(
+            "orchestrate",
+            format!("orchestrate {} workers (makespan)", count(workers)),
+            Unit::Nanos,
+            ours,
+            Some(floor),
+        )
+        .target(Target::at_most(1e9, Unit::Nanos))
+        .note(format!(
+            "kernel overhead per worker: {}",
+            Unit::Nanos.show((ours - floor).max(0.0) / workers as f64)
+        )),
+    ]
+}
+
+/// The model calls of one orchestration, made directly: the two lead turns,
+/// the plan and the synthesis in sequence, the workers' calls at once.
+async fn direct_fan_out(provider: &OpenAiProvider, workers: usize) -> f64 {
+    let one = |text: String| {
+        ChatRequest::new(
+            "bench",
+            vec![
+                ChatMessage::system("You do one subtask.\n\n## Identity\n- Name: w\n"),
+                ChatMessage::user(text),
+            ],
+        )
+    };
+    let started = Instant::now();
+    for step in ["turn", "plan"] {
+        provider.chat(&one(step.into())).await.expect("direct call");
+    }
+    stream::iter(0..workers)
+        .map(|i| {
+            let request = one(format!("subtask {i}"));
+            async move { provider.chat(&request).await.expect("direct call") }
+        })
+        .buffer_unordered(workers.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    for step in ["synthesis", "turn"] {
+        provider.chat(&one(step.into())).await.expect("direct call");
+    }
+    started.elapsed().as_nanos() as f64
+}
