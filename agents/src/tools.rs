@@ -17,6 +17,7 @@ use crate::runtime::ProcessContext;
 
 mod args;
 pub mod process;
+pub mod web;
 pub mod workspace;
 
 pub use args::decode;
@@ -91,6 +92,7 @@ impl ToolRegistry {
         let mut registry = ToolRegistry::default();
         process::register(&mut registry);
         workspace::register(&mut registry);
+        web::register(&mut registry, web::WebSettings::default());
         registry
     }
 
