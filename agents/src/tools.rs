@@ -18,6 +18,7 @@ use crate::runtime::ProcessContext;
 mod args;
 pub mod orchestrate;
 pub mod process;
+pub mod web;
 pub mod workspace;
 
 pub use args::decode;
@@ -107,6 +108,7 @@ impl ToolRegistry {
             settings.orchestrate.clone(),
         )));
         workspace::register(&mut registry);
+        web::register(&mut registry, web::WebSettings::default());
         registry
     }
 

@@ -4,6 +4,7 @@
 //! - [`capture`]: a runtime factory that hands the test a process's real context.
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
 //! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
+//! - [`web_server`]: a loopback HTTP server serving fixed pages by path, for `web_fetch`.
 //! - this file: kernel settings for tests, an in-process kernel, and `wait_until`.
 
 #![allow(clippy::unwrap_used)]
@@ -11,6 +12,7 @@
 pub mod capture;
 pub mod llm_server;
 pub mod probe;
+pub mod web_server;
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,0 +1,211 @@
+//! `web_fetch`: one http or https URL, fetched as text for the model.
+//!
+//! A model chooses the URL, so the tool must not become a way into the
+//! kernel's own network (SSRF). Every address is judged by what the host
+//! *resolves to*, never by its name:
+//!
+//! 1. **URL check** (`guard::check_url`) before any request: http or https
+//!    only, a host, no `user:password@`, and an IP-literal host (in any
+//!    spelling the URL parser normalises, such as `2130706433` or `0x7f.1`)
+//!    must be an allowed address. IP literals never reach DNS, so this is
+//!    their only check.
+//! 2. **Resolver** (`guard::GuardedResolver`): the HTTP client resolves names
+//!    through it, and it hands back only allowed addresses, failing when none
+//!    is left. The client connects to exactly what it returned, so there is
+//!    no gap between check and connect for DNS rebinding to use.
+//! 3. **Redirects** are not followed by the client; `fetch` follows them
+//!    itself, up to the cap, putting every hop through steps 1 and 2.
+//!
+//! Proxies from the environment are ignored (a proxy would resolve the name
+//! itself, past the resolver). Loopback, private, link-local and similar
+//! internal ranges are refused unless `allow_private_networks` is set;
+//! unspecified, broadcast, multicast, reserved and cloud metadata addresses
+//! are refused always.
+//!
+//! The answer starts with `HTTP <status> <final url>` and the content type;
+//! a 404 or 500 is an answer, not an error. Bodies are read as UTF-8 (bad
+//! sequences replaced), stopping at the byte cap; HTML is reduced to text;
+//! content that is not text (images, archives, `application/octet-stream`)
+//! is refused before its body is read. One deadline covers the whole fetch,
+//! redirects and body included.
+//!
+//! # Layout
+//! - `guard`: the address classes, the URL and redirect-hop checks, the resolver.
+//! - `fetch`: the request loop, body reading, content types and the answer.
+//! - `html`: HTML to readable text.
+//! - this file: settings, the tool, its arguments, registration.
+
+mod fetch;
+mod guard;
+mod html;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::Url;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::args::invalid;
+use super::{Tool, ToolContext, ToolError, ToolRegistry, decode};
+use fetch::Limits;
+use guard::GuardedResolver;
+
+/// Longest URL accepted, in bytes.
+const MAX_URL_BYTES: usize = 8 * 1024;
+
+/// What `web_fetch` may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSettings {
+    /// Whether loopback, private and link-local addresses may be fetched.
+    pub allow_private_networks: bool,
+    /// Most body bytes read per fetch (also the cap on the `max_bytes` argument).
+    pub max_bytes: usize,
+    /// Deadline for a whole fetch (also the cap on `timeout_seconds`).
+    pub timeout: Duration,
+    /// Most redirects followed per fetch.
+    pub max_redirects: u32,
+    /// The `User-Agent` header sent.
+    pub user_agent: String,
+}
+
+impl Default for WebSettings {
+    fn default() -> Self {
+        WebSettings {
+            allow_private_networks: false,
+            max_bytes: 2 * 1024 * 1024,
+            timeout: Duration::from_secs(30),
+            max_redirects: 5,
+            user_agent: concat!("hivekernel/", env!("CARGO_PKG_VERSION")).to_owned(),
+        }
+    }
+}
+
+/// Fetches a URL and answers its status and text.
+#[derive(Debug)]
+pub struct WebFetch {
+    settings: WebSettings,
+    /// Built once; an error (such as a user agent that is not a valid
+    /// header) is reported by every call.
+    client: Result<reqwest::Client, String>,
+}
+
+impl WebFetch {
+    /// The tool under `settings`.
+    pub fn new(settings: WebSettings) -> Self {
+        let client = reqwest::Client::builder()
+            .user_agent(settings.user_agent.as_str())
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(GuardedResolver {
+                allow_private: settings.allow_private_networks,
+            }))
+            .build()
+            .map_err(|err| format!("web_fetch cannot build its HTTP client: {err}"));
+        WebFetch { settings, client }
+    }
+
+    /// The settings it runs under.
+    pub fn settings(&self) -> &WebSettings {
+        &self.settings
+    }
+}
+
+/// Adds `web_fetch` under `settings`.
+pub fn register(registry: &mut ToolRegistry, settings: WebSettings) {
+    registry.register(Arc::new(WebFetch::new(settings)));
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    url: String,
+    max_bytes: Option<u64>,
+    timeout_seconds: Option<u64>,
+}
+
+#[async_trait]
+impl Tool for WebFetch {
+    fn name(&self) -> &'static str {
+        "web_fetch"
+    }
+
+    fn description(&self) -> &'static str {
+        "Fetch an http or https URL and answer its status and text (HTML reduced to readable text). Public addresses only; size and time are capped."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "url": { "type": "string", "description": "The http:// or https:// URL to fetch." },
+                "max_bytes": {
+                    "type": "integer", "minimum": 1, "maximum": self.settings.max_bytes,
+                    "description": "Most body bytes to read (default and cap: the configured limit)."
+                },
+                "timeout_seconds": {
+                    "type": "integer", "minimum": 1, "maximum": self.settings.timeout.as_secs().max(1),
+                    "description": "Give up after this many seconds (default and cap: the configured limit)."
+                }
+            },
+            "required": ["url"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, _ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
+        let args: Args = decode(self, args)?;
+        let max_bytes = match args.max_bytes {
+            None => self.settings.max_bytes,
+            Some(0) => return Err(invalid(self, "field `max_bytes` must be at least 1")),
+            Some(n) => usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(self.settings.max_bytes),
+        };
+        let timeout = match args.timeout_seconds {
+            None => self.settings.timeout,
+            Some(0) => return Err(invalid(self, "field `timeout_seconds` must be at least 1")),
+            Some(s) => Duration::from_secs(s).min(self.settings.timeout),
+        };
+        let url = parse(self, &args.url)?;
+        guard::check_url(&url, self.settings.allow_private_networks)
+            .map_err(|why| ToolError::new(format!("refused: {why}")))?;
+        let client = self.client.as_ref().map_err(ToolError::new)?;
+        let limits = Limits {
+            max_bytes,
+            max_redirects: self.settings.max_redirects,
+            allow_private: self.settings.allow_private_networks,
+        };
+        let fetched = async { fetch::fetch(client, &url, limits).await?.render() };
+        tokio::time::timeout(timeout, fetched).await.map_err(|_| {
+            ToolError::new(format!(
+                "timed out after {}s fetching {url}",
+                timeout.as_secs_f64()
+            ))
+        })?
+    }
+}
+
+/// The `url` argument, parsed.
+fn parse(tool: &dyn Tool, text: &str) -> Result<Url, ToolError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(invalid(tool, "field `url` is empty"));
+    }
+    if text.len() > MAX_URL_BYTES {
+        return Err(invalid(
+            tool,
+            format!(
+                "field `url` is {} bytes; at most {MAX_URL_BYTES}",
+                text.len()
+            ),
+        ));
+    }
+    Url::parse(text).map_err(|err| {
+        invalid(
+            tool,
+            format!("field `url` is not a valid URL ({text:?}): {err}"),
+        )
+    })
+}
