@@ -86,6 +86,8 @@ pub trait Tool: Send + Sync + fmt::Debug {
 pub struct ToolSettings {
     /// How `orchestrate` runs its workers.
     pub orchestrate: orchestrate::OrchestrateSettings,
+    /// What `web_fetch` may reach, and its limits.
+    pub web: web::WebSettings,
 }
 
 /// Tools by name.
@@ -108,7 +110,7 @@ impl ToolRegistry {
             settings.orchestrate.clone(),
         )));
         workspace::register(&mut registry);
-        web::register(&mut registry, web::WebSettings::default());
+        web::register(&mut registry, settings.web.clone());
         registry
     }
 

@@ -34,6 +34,7 @@ fn kernel_for(
     .unwrap();
     let settings = hivekernel_kernel::config::KernelSettings {
         workspace: Some(workspace.to_owned()),
+        default_runtime: "tool_agent".into(),
         ..test_settings()
     };
     agent_kernel(settings, Arc::new(provider), agent, &tools).0

@@ -16,7 +16,9 @@
 //!   "max_tool_iterations": 10,
 //!   "max_tool_result_bytes": 65536,
 //!   "orchestrate": { "worker_prompt_file": "../prompts/worker.md", "max_workers": 8,
-//!                    "subtask_timeout_seconds": 120, "worker_model": "mini" }
+//!                    "subtask_timeout_seconds": 120, "worker_model": "mini" },
+//!   "web": { "allow_private_networks": false, "max_bytes": 2097152,
+//!            "timeout_seconds": 30, "max_redirects": 5 }
 //! }
 //! ```
 
@@ -27,6 +29,7 @@ use std::time::Duration;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::tools::orchestrate::OrchestrateSettings;
+use hivekernel_agents::tools::web::WebSettings;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -76,6 +79,7 @@ pub(super) struct RawToolAgent {
     max_tool_iterations: u32,
     max_tool_result_bytes: usize,
     orchestrate: Option<Value>,
+    web: Option<Value>,
 }
 
 impl Default for RawToolAgent {
@@ -85,6 +89,7 @@ impl Default for RawToolAgent {
             max_tool_iterations: agent.max_tool_iterations,
             max_tool_result_bytes: agent.max_tool_result_bytes,
             orchestrate: None,
+            web: None,
         }
     }
 }
@@ -109,6 +114,28 @@ impl Default for RawOrchestrate {
             subtask_timeout_seconds: defaults.subtask_timeout.as_secs(),
             worker_model: None,
             worker_runtime: None,
+        }
+    }
+}
+
+/// `tool_agent.web` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawWeb {
+    allow_private_networks: bool,
+    max_bytes: usize,
+    timeout_seconds: u64,
+    max_redirects: u32,
+}
+
+impl Default for RawWeb {
+    fn default() -> Self {
+        let defaults = WebSettings::default();
+        RawWeb {
+            allow_private_networks: defaults.allow_private_networks,
+            max_bytes: defaults.max_bytes,
+            timeout_seconds: defaults.timeout.as_secs(),
+            max_redirects: defaults.max_redirects,
         }
     }
 }
@@ -237,6 +264,7 @@ pub(super) fn tool_agent(
         provider: String::new(),
     };
 
+    let web = web(raw.web.as_ref(), issues);
     let location = "tool_agent.orchestrate";
     let raw = section::<RawOrchestrate>(raw.orchestrate.as_ref(), location, issues).value;
     in_range(
@@ -277,7 +305,37 @@ pub(super) fn tool_agent(
             orchestrate.worker_prompt = Arc::from(text);
         }
     }
-    (agent, ToolSettings { orchestrate })
+    (agent, ToolSettings { orchestrate, web })
+}
+
+/// Parses and checks `tool_agent.web`.
+fn web(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> WebSettings {
+    let raw = section::<RawWeb>(value, "tool_agent.web", issues).value;
+    in_range(
+        raw.max_bytes,
+        1..=256 * 1024 * 1024,
+        "tool_agent.web.max_bytes",
+        issues,
+    );
+    in_range(
+        raw.timeout_seconds,
+        1..=3600,
+        "tool_agent.web.timeout_seconds",
+        issues,
+    );
+    in_range(
+        raw.max_redirects,
+        0..=20,
+        "tool_agent.web.max_redirects",
+        issues,
+    );
+    WebSettings {
+        allow_private_networks: raw.allow_private_networks,
+        max_bytes: raw.max_bytes,
+        timeout: Duration::from_secs(raw.timeout_seconds),
+        max_redirects: raw.max_redirects,
+        ..WebSettings::default()
+    }
 }
 
 /// Why `url` cannot be an API root, if it cannot.

@@ -594,7 +594,14 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
     let found = issues(
         r#"{"tool_agent": {"max_tool_iterations": 0,
                            "orchestrate": {"max_workers": 0, "worker_prompt_file": "missing.md",
-                                           "worker_runtime": "docker"}}}"#,
+                                           "worker_runtime": "docker"},
+                           "web": {"timeout_seconds": 0, "allow_private": true}}}"#,
+    );
+    assert_issue(&found, "tool_agent.web.timeout_seconds", &["got 0"]);
+    assert_issue(
+        &found,
+        "tool_agent.web.allow_private",
+        &["unknown field", "allow_private_networks"],
     );
     assert_issue(&found, "tool_agent.max_tool_iterations", &["got 0"]);
     assert_issue(&found, "tool_agent.orchestrate.max_workers", &["got 0"]);
@@ -608,7 +615,7 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         "tool_agent.orchestrate.worker_runtime",
         &["\"docker\""],
     );
-    assert_eq!(found.len(), 4, "{found:#?}");
+    assert_eq!(found.len(), 6, "{found:#?}");
 
     let fixture = Fixture::new();
     fixture.write("prompts/w.md", "You are a worker.");
@@ -617,6 +624,7 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
             r#"{"llm": {"provider": "openai", "base_url": "http://127.0.0.1:8080/v1",
                         "models": {"sonnet": "qwen"}, "context_tokens": {"sonnet": 32768}},
                 "tool_agent": {"max_tool_iterations": 4,
+                               "web": {"allow_private_networks": true, "max_bytes": 1000},
                                "orchestrate": {"worker_prompt_file": "../prompts/w.md",
                                                "max_workers": 3, "subtask_timeout_seconds": 9}}}"#,
         )
