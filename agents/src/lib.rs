@@ -28,5 +28,5 @@ pub use process::{
     ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState, Role,
     SpawnRequest, Tier,
 };
-pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};

@@ -1,7 +1,7 @@
 //! The contract between the kernel and what runs inside a process.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -27,11 +27,40 @@ pub struct ProcessContext {
     pub system_prompt: Arc<str>,
     /// Tool names it may use.
     pub tools: Arc<[String]>,
-    /// Its own working directory for the workspace tools, when it has one
-    /// (created on first use).
-    pub workspace: Option<Arc<Path>>,
+    /// Where its workspace tools work, when it has a workspace (the
+    /// directory is created on first use); see [`ProcessContext::workspace_dir`].
+    pub workspace: Option<Workspace>,
     /// Kernel operations, acting as this process.
     pub syscalls: Arc<dyn Syscalls>,
+}
+
+/// Where a process's workspace is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workspace {
+    /// `<root>/<name>`, or `<root>/pid-<pid>` when the name is not one plain
+    /// path component. The root is shared by every such process, so it costs
+    /// nothing per process.
+    Under(Arc<Path>),
+    /// Exactly this directory.
+    At(Arc<Path>),
+}
+
+impl ProcessContext {
+    /// The process's own workspace directory, if it has one.
+    pub fn workspace_dir(&self) -> Option<PathBuf> {
+        match self.workspace.as_ref()? {
+            Workspace::At(dir) => Some(dir.to_path_buf()),
+            Workspace::Under(root) => {
+                let name: &str = &self.name;
+                let plain = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
+                Some(if plain {
+                    root.join(name)
+                } else {
+                    root.join(format!("pid-{}", self.pid))
+                })
+            }
+        }
+    }
 }
 
 /// A runtime failure that ends the process (as opposed to a failed task).

@@ -100,16 +100,24 @@ impl AgentSettings {
     }
 }
 
-/// Creates a [`ToolAgent`] per process, with the tools its config names.
+/// Creates the [`ToolAgent`] of each process, with the tools its config names.
 ///
 /// Processes with the same tool list share one [`Toolset`] (the tools and
-/// their schemas), so an idle agent costs little more than its conversation
-/// slot; the system prompt is assembled per input, not kept.
+/// their schemas), and all but daemons (which keep a conversation) share one
+/// stateless [`ToolAgent`] per tool list, so an idle agent costs next to
+/// nothing here; the system prompt is assembled per input, not kept.
 #[derive(Debug)]
 pub struct ToolAgentFactory {
     tools: Arc<ToolRegistry>,
     settings: Arc<AgentSettings>,
-    toolsets: Mutex<HashMap<Arc<[String]>, Arc<Toolset>>>,
+    toolsets: Mutex<HashMap<Arc<[String]>, Cached>>,
+}
+
+/// A resolved tool list, and the stateless agent that uses it.
+#[derive(Debug, Clone)]
+struct Cached {
+    toolset: Arc<Toolset>,
+    stateless: Arc<ToolAgent>,
 }
 
 /// Distinct tool lists whose toolsets are kept for reuse.
@@ -139,8 +147,9 @@ impl ToolAgentFactory {
         &self.tools
     }
 
-    /// The toolset for `names`, shared with every process that has the same list.
-    fn toolset(&self, names: &Arc<[String]>) -> Result<Arc<Toolset>, RuntimeError> {
+    /// The toolset for `names` and its stateless agent, shared with every
+    /// process that has the same list.
+    fn cached(&self, names: &Arc<[String]>) -> Result<Cached, RuntimeError> {
         if let Some(found) = self.toolsets.lock().get(names) {
             return Ok(found.clone());
         }
@@ -164,19 +173,31 @@ impl ToolAgentFactory {
             schemas,
             tokens,
         });
+        let cached = Cached {
+            stateless: Arc::new(ToolAgent {
+                toolset: toolset.clone(),
+                history: None,
+                settings: self.settings.clone(),
+            }),
+            toolset,
+        };
         let mut cache = self.toolsets.lock();
         if cache.len() < TOOLSET_CACHE {
-            cache.insert(names.clone(), toolset.clone());
+            cache.insert(names.clone(), cached.clone());
         }
-        Ok(toolset)
+        Ok(cached)
     }
 }
 
 impl RuntimeFactory for ToolAgentFactory {
     fn create(&self, ctx: &ProcessContext) -> Result<Arc<dyn Runtime>, RuntimeError> {
+        let cached = self.cached(&ctx.tools)?;
+        if ctx.role != Role::Daemon {
+            return Ok(cached.stateless);
+        }
         Ok(Arc::new(ToolAgent {
-            toolset: self.toolset(&ctx.tools)?,
-            history: (ctx.role == Role::Daemon).then(|| Mutex::new(Vec::new())),
+            toolset: cached.toolset,
+            history: Some(Mutex::new(Vec::new())),
             settings: self.settings.clone(),
         }))
     }
@@ -321,9 +342,10 @@ impl ToolAgent {
                 }
             }
         };
+        let workspace = ctx.workspace_dir();
         let tool_ctx = ToolContext {
             process: ctx,
-            workspace: ctx.workspace.as_deref(),
+            workspace: workspace.as_deref(),
         };
         let result = match tool.call(&tool_ctx, args).await {
             Ok(text) => text,

@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub(crate) next_id: AtomicU64,
     pub(crate) events: EventBus,
     pub(crate) runtimes: RuntimeRegistry,
+    /// Root of the workspaces of processes that have no directory of their own.
+    pub(crate) workspace_root: Arc<std::path::Path>,
     /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
     pub(crate) llm: Option<Arc<dyn Provider>>,
     pub(crate) tracker: TaskTracker,
@@ -125,6 +127,7 @@ impl Kernel {
                 },
             );
             Inner {
+                workspace_root: Arc::from(settings.workspace_root()),
                 settings,
                 table: RwLock::new(ProcessTable { entries }),
                 next_pid: AtomicU64::new(2),

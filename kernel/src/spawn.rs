@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hivekernel_agents::{Limits, Pid, ProcessContext, Role, SpawnRequest};
+use hivekernel_agents::{Limits, Pid, ProcessContext, Role, SpawnRequest, Workspace};
 
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
@@ -115,10 +115,10 @@ impl Kernel {
             model: Arc::from(request.model.as_str()),
             system_prompt: Arc::from(request.system_prompt.as_str()),
             tools: Arc::from(request.tools),
-            workspace: Some(Arc::from(match request.workspace {
-                Some(dir) => dir,
-                None => workspace_dir(&self.inner.settings, &request.name, pid),
-            })),
+            workspace: Some(match request.workspace {
+                Some(dir) => Workspace::At(Arc::from(dir)),
+                None => Workspace::Under(self.inner.workspace_root.clone()),
+            }),
             syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
         };
         let runtime = factory
@@ -238,20 +238,4 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
             0,
         )?,
     })
-}
-
-/// `<workspace root>/<name>`, or `<root>/pid-<pid>` when the name is not one
-/// plain path component (it holds a `/`, or is `.` or `..`).
-fn workspace_dir(
-    settings: &crate::config::KernelSettings,
-    name: &str,
-    pid: Pid,
-) -> std::path::PathBuf {
-    let root = settings.workspace_root();
-    let plain = !name.contains('/') && name != "." && name != "..";
-    if plain {
-        root.join(name)
-    } else {
-        root.join(format!("pid-{pid}"))
-    }
 }
