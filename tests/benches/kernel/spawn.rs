@@ -45,14 +45,14 @@ fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("agent-{i}")).collect()
 }
 
-/// Spawns one echo agent (the default runtime) under PID 1 per name; returns the time taken.
+/// Spawns one agent of the default runtime (`tool_agent`, no tools) under PID 1 per name; returns the time taken.
 pub(crate) async fn spawn_agents(kernel: &Kernel, names: Vec<String>) -> f64 {
     let start = Instant::now();
     for name in names {
         kernel
             .spawn(Caller::Admin, SpawnRequest::new(Pid::KERNEL, name))
             .await
-            .expect("spawn an echo agent under PID 1");
+            .expect("spawn an agent under PID 1");
     }
     nanos_since(start)
 }
@@ -109,7 +109,7 @@ pub(crate) async fn spawn(sizes: &Sizes) -> Vec<Row> {
         let ours = median(ours.into_iter().map(|run| run.0).collect());
         let floor = median(floor);
         let per = n as f64;
-        let label = format!("spawn {} echo agents", count(n));
+        let label = format!("spawn {} agents", count(n));
         rows.push(
             Row::new(
                 "spawn",
