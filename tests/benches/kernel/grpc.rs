@@ -264,8 +264,10 @@ pub(crate) async fn run(sizes: &crate::Sizes) -> Vec<Row> {
 
 /// The echo agent and the spawn parent of a fresh kernel.
 async fn kernel_pids(kernel: &Kernel) -> Pids {
+    let mut echo = SpawnRequest::new(Pid::KERNEL, "echo");
+    echo.runtime = Some("echo".into());
     let echo = kernel
-        .spawn(Caller::Admin, SpawnRequest::new(Pid::KERNEL, "echo"))
+        .spawn(Caller::Admin, echo)
         .await
         .expect("spawn the echo agent");
     let mut parent = SpawnRequest::new(Pid::KERNEL, "spawner");

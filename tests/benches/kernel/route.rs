@@ -81,7 +81,8 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
 async fn echo_agents(kernel: &Kernel, prefix: &str, n: usize) -> Vec<Pid> {
     let mut pids = Vec::with_capacity(n);
     for i in 0..n {
-        let request = SpawnRequest::new(Pid::KERNEL, format!("{prefix}-{i}"));
+        let mut request = SpawnRequest::new(Pid::KERNEL, format!("{prefix}-{i}"));
+        request.runtime = Some("echo".into());
         pids.push(
             kernel
                 .spawn(Caller::Admin, request)
