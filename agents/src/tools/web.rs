@@ -86,24 +86,33 @@ impl Default for WebSettings {
 #[derive(Debug)]
 pub struct WebFetch {
     settings: WebSettings,
-    /// Built once; an error (such as a user agent that is not a valid
-    /// header) is reported by every call.
-    client: Result<reqwest::Client, String>,
+    /// Built on first use (loading TLS roots costs milliseconds at kernel
+    /// start otherwise), then kept; an error (such as a user agent that is
+    /// not a valid header) is reported by every call.
+    client: std::sync::OnceLock<Result<reqwest::Client, String>>,
 }
 
 impl WebFetch {
     /// The tool under `settings`.
     pub fn new(settings: WebSettings) -> Self {
-        let client = reqwest::Client::builder()
-            .user_agent(settings.user_agent.as_str())
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .dns_resolver(Arc::new(GuardedResolver {
-                allow_private: settings.allow_private_networks,
-            }))
-            .build()
-            .map_err(|err| format!("web_fetch cannot build its HTTP client: {err}"));
-        WebFetch { settings, client }
+        WebFetch {
+            settings,
+            client: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn client(&self) -> &Result<reqwest::Client, String> {
+        self.client.get_or_init(|| {
+            reqwest::Client::builder()
+                .user_agent(self.settings.user_agent.as_str())
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .dns_resolver(Arc::new(GuardedResolver {
+                    allow_private: self.settings.allow_private_networks,
+                }))
+                .build()
+                .map_err(|err| format!("web_fetch cannot build its HTTP client: {err}"))
+        })
     }
 
     /// The settings it runs under.
@@ -171,7 +180,7 @@ impl Tool for WebFetch {
         let url = parse(self, &args.url)?;
         guard::check_url(&url, self.settings.allow_private_networks)
             .map_err(|why| ToolError::new(format!("refused: {why}")))?;
-        let client = self.client.as_ref().map_err(ToolError::new)?;
+        let client = self.client().as_ref().map_err(ToolError::new)?;
         let limits = Limits {
             max_bytes,
             max_redirects: self.settings.max_redirects,
