@@ -42,3 +42,25 @@ impl RuntimeFactory for Capture {
         self.inner.create(ctx)
     }
 }
+
+/// A kernel with [`crate::test_settings`] and one `echo`-driven process named
+/// `name` under PID 1, whose real context is returned so tools can be
+/// called as that process.
+pub async fn captured_process(name: &str) -> (hivekernel_kernel::Kernel, ProcessContext) {
+    use hivekernel_agents::{Pid, SpawnRequest};
+    use hivekernel_kernel::{Caller, Kernel};
+    let capture = Arc::new(Capture::default());
+    let (mut runtimes, _) = crate::registry();
+    runtimes.register("capture", capture.clone());
+    let kernel = Kernel::start(crate::test_settings(), runtimes);
+    let mut request = SpawnRequest::new(Pid::KERNEL, name);
+    request.runtime = Some("capture".into());
+    kernel
+        .spawn(Caller::Admin, request)
+        .await
+        .unwrap_or_else(|err| panic!("spawn {name}: {err}"));
+    let process = capture
+        .take()
+        .unwrap_or_else(|| panic!("no context captured for {name}"));
+    (kernel, process)
+}

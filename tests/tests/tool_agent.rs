@@ -40,6 +40,13 @@ fn kernel_for(
     agent_kernel(settings, Arc::new(provider), agent, &tools).0
 }
 
+/// A kernel with default agent settings and [`worker_tools`], workspaces in a fresh directory.
+fn default_kernel(server: &LlmServer) -> (Kernel, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = kernel_for(server, dir.path(), AgentSettings::default(), worker_tools());
+    (kernel, dir)
+}
+
 /// Spawns a `tool_agent` under PID 1 as the admin.
 async fn spawn_agent(kernel: &Kernel, name: &str, role: Role, tools: &[&str]) -> Pid {
     let mut request = SpawnRequest::new(Pid::KERNEL, name);
@@ -100,13 +107,7 @@ fn worker_tools() -> ToolSettings {
 #[tokio::test]
 async fn a_daemon_task_orchestrates_workers_end_to_end_and_leaves_none() {
     let server = LlmServer::answering(scripted_answer).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
     let answer = run(
@@ -193,13 +194,7 @@ async fn an_abandoned_orchestration_kills_its_workers() {
         scripted_answer(body)
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
     let mut spec = TaskSpec::new(lead, "first part; second part");
@@ -231,13 +226,7 @@ async fn an_unusable_plan_is_a_tool_error_and_spawns_nothing() {
         scripted_answer(body)
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
     let answer = run(&kernel, lead, "apples; pears").await.unwrap();
     assert!(
@@ -252,13 +241,7 @@ async fn an_unusable_plan_is_a_tool_error_and_spawns_nothing() {
 #[tokio::test]
 async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
     let server = LlmServer::answering(scripted_answer).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let boss = spawn_agent(&kernel, "boss", Role::Daemon, &["delegate_async"]).await;
     let mut request = SpawnRequest::new(boss, "helper");
     request.runtime = Some("echo".into());
@@ -305,13 +288,7 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
 #[tokio::test]
 async fn task_role_agents_start_every_input_fresh() {
     let server = LlmServer::answering(scripted_answer).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "solo", Role::Agent, &[]).await;
     assert_eq!(
         run(&kernel, agent, "first").await.unwrap(),
@@ -400,13 +377,7 @@ async fn malformed_tool_calls_come_back_as_errors_and_the_agent_carries_on() {
         Scripted::content("still alive"),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_dir"]).await;
     assert_eq!(
         run(&kernel, agent, "look around").await.unwrap(),
@@ -475,13 +446,7 @@ async fn a_context_length_error_shortens_the_request_and_retries() {
         Scripted::content("fits now"),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let daemon = spawn_agent(&kernel, "keeper", Role::Daemon, &[]).await;
     run(&kernel, daemon, &"old context ".repeat(2000))
         .await
@@ -506,13 +471,7 @@ async fn context_length_errors_past_three_retries_fail_the_task_clearly() {
         Scripted::context_length_exceeded()
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &[]).await;
     let failed = run(&kernel, agent, "too big").await.unwrap_err();
     assert!(failed.contains("context length exceeded"), "{failed}");
@@ -531,13 +490,7 @@ async fn usage_from_the_provider_is_recorded_against_the_process() {
         Scripted::content_with_usage("two", 80, 5),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "counted", Role::Agent, &[]).await;
     run(&kernel, agent, "a").await.unwrap();
     run(&kernel, agent, "b").await.unwrap();
@@ -564,13 +517,7 @@ async fn workspace_tools_work_in_the_agents_own_directory() {
         Scripted::content("written"),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "scribe", Role::Agent, &["write_file"]).await;
     assert_eq!(run(&kernel, agent, "write").await.unwrap(), "written");
     let written = std::fs::read_to_string(dir.path().join("scribe/notes/a.txt")).unwrap();
@@ -581,13 +528,7 @@ async fn workspace_tools_work_in_the_agents_own_directory() {
 #[tokio::test]
 async fn an_unknown_tool_in_a_spawn_request_is_refused_with_the_known_ones() {
     let server = LlmServer::start(Vec::new()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(
-        &server,
-        dir.path(),
-        AgentSettings::default(),
-        worker_tools(),
-    );
+    let (kernel, _dir) = default_kernel(&server);
     let mut request = SpawnRequest::new(Pid::KERNEL, "bad");
     request.runtime = Some("tool_agent".into());
     request.tools = vec!["read_file".into(), "teleport".into()];

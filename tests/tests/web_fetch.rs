@@ -8,16 +8,14 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hivekernel_agents::ProcessContext;
 use hivekernel_agents::tools::web::{self, WebSettings};
 use hivekernel_agents::tools::{ToolContext, ToolError, ToolRegistry};
-use hivekernel_agents::{Pid, ProcessContext, SpawnRequest};
-use hivekernel_kernel::{Caller, Kernel};
-use hivekernel_tests::capture::Capture;
+use hivekernel_kernel::Kernel;
+use hivekernel_tests::capture::captured_process;
 use hivekernel_tests::web_server::{Page, WebServer};
-use hivekernel_tests::{registry, test_settings};
 use serde_json::{Value, json};
 
 struct Fixture {
@@ -27,15 +25,9 @@ struct Fixture {
 }
 
 async fn fixture(pages: Vec<(&str, Page)>) -> Fixture {
-    let capture = Arc::new(Capture::default());
-    let (mut runtimes, _) = registry();
-    runtimes.register("capture", capture.clone());
-    let kernel = Kernel::start(test_settings(), runtimes);
-    let mut request = SpawnRequest::new(Pid::KERNEL, "agent");
-    request.runtime = Some("capture".into());
-    kernel.spawn(Caller::Admin, request).await.unwrap();
+    let (kernel, process) = captured_process("agent").await;
     Fixture {
-        process: capture.take().unwrap(),
+        process,
         kernel,
         server: WebServer::start(pages).await,
     }

@@ -15,17 +15,15 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hivekernel_agents::ProcessContext;
 use hivekernel_agents::tools::workspace::{
     self, LIST_LIMIT, READ_LIMIT, SHELL_OUTPUT_LIMIT, WRITE_LIMIT,
 };
 use hivekernel_agents::tools::{ToolContext, ToolError, ToolRegistry};
-use hivekernel_agents::{Pid, ProcessContext, SpawnRequest};
-use hivekernel_kernel::{Caller, Kernel};
-use hivekernel_tests::capture::Capture;
-use hivekernel_tests::{registry, test_settings};
+use hivekernel_kernel::Kernel;
+use hivekernel_tests::capture::captured_process;
 use serde_json::{Value, json};
 
 const SECRET: &[u8] = b"top secret\n";
@@ -57,14 +55,7 @@ async fn fixture_without_workspace() -> Fixture {
     std::fs::create_dir(tmp.join("sentinel")).unwrap();
     std::fs::write(tmp.join("sentinel/secret.txt"), SECRET).unwrap();
 
-    let capture = Arc::new(Capture::default());
-    let (mut runtimes, _) = registry();
-    runtimes.register("capture", capture.clone());
-    let kernel = Kernel::start(test_settings(), runtimes);
-    let mut request = SpawnRequest::new(Pid::KERNEL, "agent");
-    request.runtime = Some("capture".into());
-    kernel.spawn(Caller::Admin, request).await.unwrap();
-    let process = capture.take().unwrap();
+    let (kernel, process) = captured_process("agent").await;
 
     let mut tools = ToolRegistry::default();
     workspace::register(&mut tools);
