@@ -206,8 +206,7 @@ impl Orchestrate {
         timeout: Duration,
     ) -> Result<String, String> {
         let syscalls = &process.syscalls;
-        let mut request =
-            SpawnRequest::new(process.pid, format!("{}-w{}", process.name, index + 1));
+        let mut request = SpawnRequest::new(process.pid, worker_name(&process.name, index));
         request.role = Role::Task;
         request.model = self
             .settings
@@ -246,6 +245,17 @@ impl Orchestrate {
         }
         outcome
     }
+}
+
+/// `<caller>-w<n>`, the caller's part shortened so the whole stays within
+/// the kernel's 128-byte name limit.
+fn worker_name(caller: &str, index: usize) -> String {
+    let suffix = format!("-w{}", index + 1);
+    let mut end = caller.len().min(128 - suffix.len());
+    while !caller.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &caller[..end])
 }
 
 /// The workers still running; dismissed if the call is abandoned before they finish.
@@ -404,7 +414,15 @@ pub fn parse_subtasks(answer: &str) -> Result<Vec<String>, ToolError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use super::parse_subtasks;
+    use super::{parse_subtasks, worker_name};
+
+    #[test]
+    fn worker_names_stay_within_the_name_limit() {
+        assert_eq!(worker_name("lead", 0), "lead-w1");
+        let long = "é".repeat(100);
+        let name = worker_name(&long, 999);
+        assert!(name.len() <= 128 && name.ends_with("-w1000"), "{name}");
+    }
 
     #[test]
     fn plans_are_read_leniently() {
