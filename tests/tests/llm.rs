@@ -359,7 +359,15 @@ async fn unreachable_endpoints_are_transport_errors_after_the_retries() {
 
     let error = provider.chat(&task("hi")).await.unwrap_err();
 
-    assert!(matches!(error, LlmError::Transport(_)), "{error:?}");
+    let LlmError::Transport(message) = &error else {
+        panic!("not a transport error: {error:?}");
+    };
+    // The endpoint and the root cause, not just "error sending request".
+    assert!(
+        message.contains(&format!("http://{addr}/v1/chat/completions")),
+        "{message}"
+    );
+    assert!(message.to_lowercase().contains("refused"), "{message}");
 }
 
 #[tokio::test]

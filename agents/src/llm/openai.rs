@@ -212,8 +212,9 @@ impl OpenAiProvider {
                     return Err(Failure::transient(LlmError::Timeout, None));
                 }
                 Ok(Err(e)) => {
-                    // The URL is ours and carries no secret, but keep errors short.
-                    let error = LlmError::Transport(e.without_url().to_string());
+                    // Name the endpoint and the root cause ("connection
+                    // refused"), not just reqwest's outermost message.
+                    let error = LlmError::Transport(describe_transport(&inner.endpoint, &e));
                     return Err(Failure::transient(error, None));
                 }
                 Ok(Ok(exchange)) => exchange,
@@ -292,4 +293,25 @@ impl Provider for OpenAiProvider {
             retry += 1;
         }
     }
+}
+
+/// `<message> (<cause>: <cause>...) calling <url>`; the URL holds no secret.
+fn describe_transport(url: &str, error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(at) = text.find(" for url (") {
+        text.truncate(at);
+    }
+    let mut source = std::error::Error::source(error);
+    let mut causes = Vec::new();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) && !causes.contains(&cause_text) {
+            causes.push(cause_text);
+        }
+        source = cause.source();
+    }
+    if !causes.is_empty() {
+        text = format!("{text} ({})", causes.join(": "));
+    }
+    format!("{text} calling {url}")
 }
