@@ -38,8 +38,8 @@ pub enum EventKind {
         name: Arc<str>,
         /// Exit code.
         exit_code: i32,
-        /// Why.
-        reason: String,
+        /// Why; shared by every process one exit takes with it.
+        reason: Arc<str>,
     },
     /// A zombie was removed from the table.
     Reaped {
@@ -179,11 +179,39 @@ impl EventBus {
     /// Records an event about `pid` and returns its sequence number.
     pub fn emit(&self, pid: Pid, kind: EventKind) -> u64 {
         let mut ring = self.ring.lock();
+        self.push(&mut ring, pid, kind, unix_ms(SystemTime::now()))
+    }
+
+    /// Records events in order with consecutive sequence numbers and one
+    /// timestamp, taking the lock once: an exit of 10,000 processes emits
+    /// 20,000 events.
+    pub fn emit_all(&self, events: Vec<(Pid, EventKind)>) {
+        let at_unix_ms = unix_ms(SystemTime::now());
+        let mut ring = self.ring.lock();
+        let live = self.live.receiver_count() > 0;
+        for (pid, kind) in events {
+            let event = self.retained(&mut ring, pid, kind, at_unix_ms);
+            if live {
+                let _ = self.live.send(event);
+            }
+        }
+    }
+
+    fn push(&self, ring: &mut Ring, pid: Pid, kind: EventKind, at_unix_ms: u64) -> u64 {
+        let event = self.retained(ring, pid, kind, at_unix_ms);
+        let seq = event.seq;
+        // Sent under the ring lock so live order matches sequence order.
+        let _ = self.live.send(event);
+        seq
+    }
+
+    /// Numbers the event and keeps it in the ring.
+    fn retained(&self, ring: &mut Ring, pid: Pid, kind: EventKind, at_unix_ms: u64) -> Arc<Event> {
         let seq = ring.next_seq;
         ring.next_seq += 1;
         let event = Arc::new(Event {
             seq,
-            at_unix_ms: unix_ms(SystemTime::now()),
+            at_unix_ms,
             pid,
             kind,
         });
@@ -191,9 +219,7 @@ impl EventBus {
             ring.events.pop_front();
         }
         ring.events.push_back(event.clone());
-        // Sent under the ring lock so live order matches sequence order.
-        let _ = self.live.send(event);
-        seq
+        event
     }
 
     /// Retained events after `since` (when given), then everything emitted later.

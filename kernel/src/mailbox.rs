@@ -188,16 +188,24 @@ impl Mailbox {
         }
     }
 
-    /// Refuses further pushes and returns what was still queued.
+    /// Refuses further pushes and returns what was still queued; the consumer
+    /// wakes to find the mailbox closed.
     pub(crate) fn close(&self) -> Vec<Envelope> {
-        let drained = {
-            let mut q = self.queues.lock();
-            q.closed = true;
-            q.len = 0;
-            q.levels.iter_mut().flat_map(|l| l.drain(..)).collect()
-        };
+        let drained = self.close_without_wake();
         self.ready.notify_one();
         drained
+    }
+
+    /// [`Mailbox::close`] for a consumer that is about to be aborted: waking
+    /// it would only schedule its task once more before the abort does.
+    pub(crate) fn close_without_wake(&self) -> Vec<Envelope> {
+        let mut q = self.queues.lock();
+        q.closed = true;
+        if q.len == 0 {
+            return Vec::new();
+        }
+        q.len = 0;
+        q.levels.iter_mut().flat_map(|l| l.drain(..)).collect()
     }
 
     /// Messages waiting now (including expired ones not yet dropped).

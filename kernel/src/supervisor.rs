@@ -22,7 +22,7 @@ use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
-use crate::process::{ProcShared, ProcessTable};
+use crate::process::{Entry, ProcShared, ProcessTable};
 
 /// Exit code of a killed process.
 pub const EXIT_KILLED: i32 = 137;
@@ -32,10 +32,12 @@ pub const EXIT_PANICKED: i32 = 101;
 pub const EXIT_FAILED: i32 = 1;
 
 /// Everything exits produced, to act on once the table lock is released.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Exits {
-    /// Exit records, leaves first.
-    records: Vec<ExitRecord>,
+    /// How the runners stop.
+    stop: Stop,
+    /// Every process that exited, leaves first.
+    exited: Vec<Exited>,
     /// Processes removed from the table with their parent.
     reaped: Vec<Pid>,
     /// Runners to stop, by PID.
@@ -44,6 +46,35 @@ struct Exits {
     undelivered: Vec<(Pid, Envelope)>,
     /// The top process of each exit: its parent is told.
     tops: Vec<Top>,
+}
+
+/// A process that exited: what its `exited` event says.
+#[derive(Debug)]
+struct Exited {
+    pid: Pid,
+    ppid: Pid,
+    /// Shared with the process's context, not copied.
+    name: Arc<str>,
+    exit_code: i32,
+    /// Shared by every process one exit takes with it.
+    reason: Arc<str>,
+    at_unix_ms: u64,
+}
+
+impl Exited {
+    /// Its exit record, built only for those who collect one (the top
+    /// process's parent, a waiter in `wait_child`).
+    fn record(&self) -> ExitRecord {
+        ExitRecord {
+            pid: self.pid,
+            ppid: self.ppid,
+            name: self.name.to_string(),
+            exit_code: self.exit_code,
+            output: String::new(),
+            reason: self.reason.to_string(),
+            exited_at_unix_ms: self.at_unix_ms,
+        }
+    }
 }
 
 /// The process at the top of an exit.
@@ -59,6 +90,61 @@ struct Top {
 enum Stop {
     Abort,
     Drain,
+}
+
+impl Exits {
+    fn new(stop: Stop) -> Self {
+        Exits {
+            stop,
+            exited: Vec::new(),
+            reaped: Vec::new(),
+            runners: Vec::new(),
+            undelivered: Vec::new(),
+            tops: Vec::new(),
+        }
+    }
+
+    /// Ends one live process: closes its mailbox, takes its runner, and hands
+    /// its exit record to a waiter blocked in `wait_child`. Returns what
+    /// exited, and whether a waiter took the record.
+    ///
+    /// A runner that will be aborted is not woken: the abort schedules it
+    /// once, and a wake-up here would schedule it again, under the table lock.
+    fn exit(
+        &mut self,
+        entry: &mut Entry,
+        pid: Pid,
+        code: i32,
+        reason: &Arc<str>,
+        now: u64,
+    ) -> (&Exited, bool) {
+        let pending = match self.stop {
+            Stop::Abort => entry.proc.mailbox.close_without_wake(),
+            Stop::Drain => entry.proc.mailbox.close(),
+        };
+        self.undelivered
+            .extend(pending.into_iter().map(|env| (pid, env)));
+        if let Some(runner) = entry.runner.take() {
+            self.runners.push((pid, runner));
+        }
+        let exited = Exited {
+            pid,
+            ppid: entry.ppid,
+            name: entry.proc.ctx.name.clone(),
+            exit_code: code,
+            reason: reason.clone(),
+            at_unix_ms: now,
+        };
+        let waiters = std::mem::take(&mut entry.exit_waiters);
+        let collected = !waiters.is_empty() && {
+            let record = exited.record();
+            waiters
+                .into_iter()
+                .any(|tx| tx.send(record.clone()).is_ok())
+        };
+        self.exited.push(exited);
+        (&self.exited[self.exited.len() - 1], collected)
+    }
 }
 
 impl Kernel {
@@ -90,19 +176,19 @@ impl Kernel {
             } else {
                 reason.to_owned()
             };
-            let mut exits = Exits::default();
+            let mut exits = Exits::new(Stop::Abort);
             terminate(&mut table, pid, EXIT_KILLED, &reason, &mut exits);
             exits
         };
-        let killed: Vec<Pid> = exits.records.iter().map(|r| r.pid).collect();
-        self.finish_exits(exits, Stop::Abort).await;
+        let killed: Vec<Pid> = exits.exited.iter().map(|e| e.pid).collect();
+        self.finish_exits(exits).await;
         Ok(killed)
     }
 
     /// Called by a process's own runner when its runtime failed: the process
     /// and its subtree exit with `exit_code`.
     pub(crate) async fn exit_self(&self, pid: Pid, exit_code: i32, reason: String) {
-        let mut exits = Exits::default();
+        let mut exits = Exits::new(Stop::Abort);
         {
             let mut table = self.inner.table.write();
             match table.get(pid) {
@@ -114,7 +200,7 @@ impl Kernel {
         }
         // The caller is the exiting runner: it must not wait for itself.
         exits.runners.retain(|(runner, _)| *runner != pid);
-        self.finish_exits(exits, Stop::Abort).await;
+        self.finish_exits(exits).await;
     }
 
     /// Waits for child `pid` to exit, collects its exit record and reaps it.
@@ -174,7 +260,7 @@ impl Kernel {
     /// Ends every process below PID 1, leaves first: in-flight tasks get up
     /// to `grace` to finish, then everything left is forced.
     pub(crate) async fn stop_all(&self, grace: Duration) {
-        let mut exits = Exits::default();
+        let mut exits = Exits::new(Stop::Drain);
         {
             // Spawn checks `stopping` under this lock, so no child of PID 1
             // can appear after this pass.
@@ -190,17 +276,18 @@ impl Kernel {
             }
         }
         // Closed mailboxes let runners finish in-flight work and return.
-        let runners = std::mem::take(&mut exits.runners);
-        let aborts: Vec<_> = runners.iter().map(|(_, h)| h.abort_handle()).collect();
-        let drained = futures::future::join_all(runners.into_iter().map(|(_, h)| h));
-        if tokio::time::timeout(grace, drained).await.is_err() {
+        if tokio::time::timeout(grace, join_runners(&mut exits.runners))
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
                 "forcing processes still running after the grace period"
             );
-            aborts.iter().for_each(|a| a.abort());
+            exits.runners.iter().for_each(|(_, runner)| runner.abort());
         }
-        self.finish_exits(exits, Stop::Drain).await;
+        // Whatever is left was forced: finish_exits waits until it has stopped.
+        self.finish_exits(exits).await;
     }
 
     /// Acts on exits once the table lock is released: stop the runners, fail
@@ -208,13 +295,14 @@ impl Kernel {
     ///
     /// Runs as a kernel-owned task, so a caller that gives up (a cancelled
     /// gRPC Kill, an abandoned task) cannot leave the bookkeeping half done.
-    async fn finish_exits(&self, exits: Exits, stop: Stop) {
+    async fn finish_exits(&self, exits: Exits) {
         let kernel = self.clone();
         let finish = self.inner.tracker.spawn(async move {
             let Exits {
-                records,
+                stop,
+                exited,
                 reaped,
-                runners,
+                mut runners,
                 undelivered,
                 tops,
             } = exits;
@@ -222,29 +310,29 @@ impl Kernel {
                 runners.iter().for_each(|(_, runner)| runner.abort());
             }
             // Quiescence: once this is done, none of the subtree's tasks runs.
-            futures::future::join_all(runners.into_iter().map(|(_, runner)| runner)).await;
+            join_runners(&mut runners).await;
             for (pid, env) in undelivered {
                 kernel.fail_undelivered(pid, env);
             }
-            for record in &records {
-                kernel.inner.events.emit(
-                    record.pid,
-                    EventKind::Exited {
-                        ppid: record.ppid,
-                        name: Arc::from(record.name.as_str()),
-                        exit_code: record.exit_code,
-                        reason: record.reason.clone(),
-                    },
-                );
-            }
-            for pid in reaped {
-                kernel.inner.events.emit(
-                    pid,
-                    EventKind::Reaped {
+            let events = exited
+                .into_iter()
+                .map(|exited| {
+                    let kind = EventKind::Exited {
+                        ppid: exited.ppid,
+                        name: exited.name,
+                        exit_code: exited.exit_code,
+                        reason: exited.reason,
+                    };
+                    (exited.pid, kind)
+                })
+                .chain(reaped.into_iter().map(|pid| {
+                    let kind = EventKind::Reaped {
                         by: "parent_exited",
-                    },
-                );
-            }
+                    };
+                    (pid, kind)
+                }))
+                .collect();
+            kernel.inner.events.emit_all(events);
             for top in tops {
                 kernel.finish_top(top);
             }
@@ -352,58 +440,62 @@ impl Drop for BlockedGuard {
     }
 }
 
+/// Waits for every runner to end, removing each from `runners` once it has,
+/// so a caller that stops waiting early keeps the ones still running.
+///
+/// One at a time, not `join_all`: that registers a waker in every unfinished
+/// handle, so each runner that ends wakes the joining task again, and once
+/// tokio's cooperative budget is spent every handle it polls answers `Pending`
+/// and wakes itself. For 10,000 runners that churn cost far more than the
+/// runners' own ending; awaited in turn, a finished handle is one poll.
+async fn join_runners(runners: &mut Vec<(Pid, JoinHandle<()>)>) {
+    while let Some((_, runner)) = runners.last_mut() {
+        // A runner ends by returning or by being aborted; neither is an error here.
+        let _ = runner.await;
+        runners.pop();
+    }
+}
+
 /// Marks the subtree under `top` exited, leaves first, and unlinks it.
 fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, exits: &mut Exits) {
     let now = unix_ms(SystemTime::now());
-    for pid in table.subtree_leaves_first(top) {
-        let Some(entry) = table.get_mut(pid) else {
+    let mut below = table.subtree_leaves_first(top);
+    // Leaves first, so `top` comes last.
+    below.pop();
+    exits.exited.reserve(below.len() + 1);
+    exits.runners.reserve(below.len() + 1);
+    exits.reaped.reserve(below.len());
+    let inherited: Arc<str> = Arc::from(format!("ancestor {top} exited: {reason}"));
+    // Everything below `top` leaves the table with it: one removal each, and
+    // no parent to unlink from, since every parent but `top` goes too.
+    for pid in below {
+        let Some(mut entry) = table.entries.remove(&pid) else {
             continue;
         };
-        let ppid = entry.ppid;
         if entry.is_alive() {
-            let pending = entry.proc.mailbox.close();
-            exits
-                .undelivered
-                .extend(pending.into_iter().map(|env| (pid, env)));
-            if let Some(runner) = entry.runner.take() {
-                exits.runners.push((pid, runner));
-            }
-            let record = ExitRecord {
-                pid,
-                ppid,
-                name: entry.proc.ctx.name.to_string(),
-                exit_code,
-                output: String::new(),
-                reason: if pid == top {
-                    reason.to_owned()
-                } else {
-                    format!("ancestor {top} exited: {reason}")
-                },
-                exited_at_unix_ms: now,
-            };
-            entry.exit = Some(record.clone());
-            let collected = std::mem::take(&mut entry.exit_waiters)
-                .into_iter()
-                .any(|tx| tx.send(record.clone()).is_ok());
-            if let Some(parent) = table.get_mut(ppid) {
-                parent.live_children = parent.live_children.saturating_sub(1);
-            }
-            if pid == top {
-                if collected {
-                    reap(table, pid);
-                }
-                exits.tops.push(Top {
-                    record: record.clone(),
-                    collected,
-                });
-            }
-            exits.records.push(record);
+            exits.exit(&mut entry, pid, exit_code, &inherited, now);
         }
-        if pid != top {
-            reap(table, pid);
-            exits.reaped.push(pid);
-        }
+        exits.reaped.push(pid);
     }
+    let Some(entry) = table.get_mut(top) else {
+        return;
+    };
+    entry.children.clear();
+    entry.live_children = 0;
+    if !entry.is_alive() {
+        return;
+    }
+    let ppid = entry.ppid;
+    let (exited, collected) = exits.exit(entry, top, exit_code, &Arc::from(reason), now);
+    let record = exited.record();
+    entry.exit = Some(record.clone());
+    if let Some(parent) = table.get_mut(ppid) {
+        parent.live_children = parent.live_children.saturating_sub(1);
+    }
+    if collected {
+        reap(table, top);
+    }
+    exits.tops.push(Top { record, collected });
 }
 
 /// Removes an exited process from the table and from its parent's children.

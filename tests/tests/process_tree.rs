@@ -283,6 +283,7 @@ async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
     let zombie = kernel.get_process(Caller::Admin, top).await.unwrap();
     assert_eq!(zombie.state, ProcessState::Zombie);
     assert_eq!(zombie.exit.as_ref().unwrap().exit_code, EXIT_KILLED);
+    assert_eq!(zombie.children, 0, "its children went with it");
     assert_eq!(kernel.live_count(), 2);
 
     let mut exited = Vec::new();

@@ -6,19 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-/// The `hivekernel` binary, (re)built once per test process so it is never stale.
+/// The `hivekernel` binary. Cargo builds it with these tests, from the same
+/// artifacts and features, so it is never stale and never built twice.
 fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        hivekernel_tests::build_hivekernel()
-            .unwrap_or_else(|(bin, why)| panic!("building {} failed: {why}", bin.display()))
-    })
+    Path::new(env!("CARGO_BIN_EXE_hivekernel"))
 }
 
 /// What one CLI run printed and how it exited.
