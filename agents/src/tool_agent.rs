@@ -45,7 +45,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use crate::llm::{
-    ChatMessage, ChatRequest, ChatResponse, ChatRole, LlmError, ToolCall, ToolSchema,
+    ChatMessage, ChatRequest, ChatResponse, LlmError, ToolCall, ToolSchema,
     estimate_request_tokens, estimate_tokens,
 };
 use crate::message::{Message, Task, TaskReply, kinds};
@@ -363,10 +363,7 @@ impl ToolAgent {
         let mut history = history.lock();
         history.extend(turn);
         while history.len() > 1 && estimate_tokens(&history) > budget {
-            let next = history[1..]
-                .iter()
-                .position(|m| m.role == ChatRole::User)
-                .map_or(history.len(), |offset| offset + 1);
+            let next = context::next_exchange(&history, 0);
             history.drain(..next);
         }
     }

@@ -98,6 +98,17 @@ fn orchestrate_result(server: &LlmServer) -> String {
         .unwrap_or_default()
 }
 
+/// The tool messages of a request body, in order.
+fn tool_results(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn worker_tools() -> ToolSettings {
     let mut tools = ToolSettings::default();
     tools.orchestrate.worker_prompt = Arc::from("WORKER PROMPT: do the one subtask.");
@@ -341,13 +352,7 @@ async fn tools_not_on_the_list_are_refused_whatever_the_model_asks() {
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
     assert_eq!(offered, ["list_children"]);
-    let results: Vec<String> = requests[1]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let results = tool_results(&requests[1]);
     assert_eq!(results.len(), 4);
     for (result, tool) in results.iter().zip(["shell_exec", "spawn_child", "rm_rf"]) {
         assert!(
@@ -383,13 +388,7 @@ async fn malformed_tool_calls_come_back_as_errors_and_the_agent_carries_on() {
         run(&kernel, agent, "look around").await.unwrap(),
         "recovered"
     );
-    let results: Vec<String> = server.requests()[1]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let results = tool_results(&server.requests()[1]);
     assert!(
         results[0].starts_with("error: arguments for list_dir are not valid JSON"),
         "{results:?}"

@@ -88,7 +88,7 @@ fn assemble(
 }
 
 /// Index of the exchange after the one starting at `start` (or the end).
-fn next_exchange(history: &[ChatMessage], start: usize) -> usize {
+pub(crate) fn next_exchange(history: &[ChatMessage], start: usize) -> usize {
     history[start + 1..]
         .iter()
         .position(|m| m.role == ChatRole::User)
