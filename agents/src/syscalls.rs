@@ -157,6 +157,20 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         max_depth: Option<u32>,
     ) -> Result<Vec<ProcessInfo>, SyscallError>;
 
+    /// This process's durable value under `key`: kept across kernel restarts
+    /// when the kernel has a store. `None` when unset; the default keeps nothing.
+    async fn load_state(&self, key: &str) -> Result<Option<String>, SyscallError> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Sets (or with `None` removes) this process's durable value under
+    /// `key`; returns once it is committed. The default keeps nothing.
+    async fn save_state(&self, key: &str, value: Option<String>) -> Result<(), SyscallError> {
+        let _ = (key, value);
+        Ok(())
+    }
+
     /// One model call through the kernel's provider. The kernel records the
     /// usage the provider reports against this process, so a runtime cannot
     /// under-report it. The default refuses: a kernel without a model provider.

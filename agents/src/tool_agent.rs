@@ -51,6 +51,7 @@ use crate::llm::{
 use crate::message::{Message, Task, TaskReply, kinds};
 use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+use crate::syscalls::{ErrorKind, SyscallError};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
 
 /// Retries of one model call after the provider says the context is too long.
@@ -197,7 +198,7 @@ impl RuntimeFactory for ToolAgentFactory {
         }
         Ok(Arc::new(ToolAgent {
             toolset: cached.toolset,
-            history: Some(Mutex::new(Vec::new())),
+            history: Some(Conversation::default()),
             settings: self.settings.clone(),
         }))
     }
@@ -207,8 +208,46 @@ impl RuntimeFactory for ToolAgentFactory {
 #[derive(Debug)]
 pub struct ToolAgent {
     toolset: Arc<Toolset>,
-    history: Option<Mutex<Vec<ChatMessage>>>,
+    history: Option<Conversation>,
     settings: Arc<AgentSettings>,
+}
+
+/// Key of a daemon's conversation in its durable state.
+pub const HISTORY_KEY: &str = "conversation";
+
+/// A daemon's conversation: read back from the kernel's store on first use,
+/// written back after every turn, so it survives a kernel restart.
+#[derive(Debug, Default)]
+struct Conversation {
+    messages: Mutex<Vec<ChatMessage>>,
+    loaded: tokio::sync::OnceCell<()>,
+}
+
+impl Conversation {
+    /// The conversation so far, loading it from the store the first time.
+    async fn snapshot(&self, ctx: &ProcessContext) -> Vec<ChatMessage> {
+        self.loaded
+            .get_or_init(|| async {
+                match ctx.syscalls.load_state(HISTORY_KEY).await {
+                    Ok(Some(json)) => match serde_json::from_str::<Vec<ChatMessage>>(&json) {
+                        Ok(stored) => {
+                            let mut messages = self.messages.lock();
+                            let newer = std::mem::replace(&mut *messages, stored);
+                            messages.extend(newer);
+                        }
+                        Err(err) => {
+                            tracing::warn!(pid = %ctx.pid, error = %err, "stored conversation unreadable; starting fresh")
+                        }
+                    },
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::warn!(pid = %ctx.pid, error = %err, "cannot load the stored conversation")
+                    }
+                }
+            })
+            .await;
+        self.messages.lock().clone()
+    }
 }
 
 #[async_trait]
@@ -238,11 +277,10 @@ impl Runtime for ToolAgent {
 impl ToolAgent {
     /// Runs one input to a final answer.
     async fn turn(&self, ctx: &ProcessContext, input: String) -> Result<String, String> {
-        let history = self
-            .history
-            .as_ref()
-            .map(|h| h.lock().clone())
-            .unwrap_or_default();
+        let history = match &self.history {
+            Some(conversation) => conversation.snapshot(ctx).await,
+            None => Vec::new(),
+        };
         let mut turn = vec![ChatMessage::user(input)];
         let max = self.settings.max_tool_iterations;
         let mut rounds = 0;
@@ -255,7 +293,7 @@ impl ToolAgent {
                     return Err("the model answered with neither text nor a tool call".into());
                 }
                 turn.push(message);
-                self.remember(ctx, turn);
+                self.remember(ctx, turn).await;
                 return Ok(answer);
             }
             if rounds == max {
@@ -354,17 +392,28 @@ impl ToolAgent {
         cap(result, self.settings.max_tool_result_bytes)
     }
 
-    /// Keeps a finished turn in a daemon's conversation, trimmed to the budget.
-    fn remember(&self, ctx: &ProcessContext, turn: Vec<ChatMessage>) {
-        let Some(history) = &self.history else {
+    /// Keeps a finished turn in a daemon's conversation, trimmed to the
+    /// budget, and writes the conversation back to the kernel's store.
+    async fn remember(&self, ctx: &ProcessContext, turn: Vec<ChatMessage>) {
+        let Some(conversation) = &self.history else {
             return;
         };
         let budget = self.settings.budget(&ctx.model);
-        let mut history = history.lock();
-        history.extend(turn);
-        while history.len() > 1 && estimate_tokens(&history) > budget {
-            let next = context::next_exchange(&history, 0);
-            history.drain(..next);
+        let json = {
+            let mut history = conversation.messages.lock();
+            history.extend(turn);
+            while history.len() > 1 && estimate_tokens(&history) > budget {
+                let next = context::next_exchange(&history, 0);
+                history.drain(..next);
+            }
+            serde_json::to_string(&*history)
+        };
+        let saved = match json {
+            Ok(json) => ctx.syscalls.save_state(HISTORY_KEY, Some(json)).await,
+            Err(err) => Err(SyscallError::new(ErrorKind::Internal, err.to_string())),
+        };
+        if let Err(err) = saved {
+            tracing::warn!(pid = %ctx.pid, error = %err, "conversation not saved");
         }
     }
 }

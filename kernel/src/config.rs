@@ -126,6 +126,8 @@ pub struct KernelSettings {
     /// Root of the agents' workspaces (each gets `<workspace>/<name>/`);
     /// `None` means `<data_dir>/workspace`.
     pub workspace: Option<PathBuf>,
+    /// How hard the store pushes each commit to disk.
+    pub synchronous: crate::store::Synchronous,
 }
 
 impl KernelSettings {
@@ -151,6 +153,7 @@ impl Default for KernelSettings {
             max_concurrent_tasks: 4,
             shutdown_grace_ms: 5000,
             default_runtime: "tool_agent".to_owned(),
+            synchronous: Default::default(),
             workspace: None,
         }
     }

@@ -13,7 +13,9 @@ use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::{AgentSpec, Config, ConfigError};
 use crate::kernel::{Caller, Kernel};
 use crate::llm::choose_provider;
+use crate::restore::Restored;
 use crate::runtime::RuntimeRegistry;
+use crate::store::{DB_FILE, Recovered, Store, Synchronous};
 use crate::{KernelError, grpc};
 
 /// What `hivekernel start` was asked to do.
@@ -69,6 +71,9 @@ pub enum StartError {
         /// Why.
         source: KernelError,
     },
+    /// The store could not be opened.
+    #[error("{0}")]
+    Store(String),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -133,11 +138,28 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         source,
     })?;
 
+    let _lock = lock_data_dir(&data_dir)?;
+    let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
     tracing::info!(provider = %chosen.description, "model provider");
-    let kernel = Kernel::start_with_llm(settings, registry, Some(chosen.provider));
-    if let Err(err) = start_agents(&kernel, &config.agents).await {
+    let kernel = Kernel::start_with(
+        settings,
+        registry,
+        Some(chosen.provider),
+        Some((store, &recovered)),
+    );
+    if let Err(err) = start_agents(&kernel, &config.agents, &recovered).await {
         kernel.shutdown().await;
         return Err(err);
+    }
+    let restored = kernel.restore(recovered);
+    if restored != Restored::default() {
+        tracing::info!(
+            ended = restored.ended,
+            requeued = restored.requeued,
+            dropped = restored.dropped,
+            failed_requests = restored.failed_requests,
+            "restored state from the store"
+        );
     }
 
     let addr_file = data_dir.join("kernel.addr");
@@ -185,11 +207,58 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Spawns the config's agents as children of PID 1, in file order.
-async fn start_agents(kernel: &Kernel, agents: &[AgentSpec]) -> Result<(), StartError> {
+/// Takes `<data_dir>/kernel.lock` for as long as the returned file lives:
+/// two kernels on one store would each believe they own it.
+fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, StartError> {
+    let path = data_dir.join("kernel.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StartError::Io {
+            what: "cannot open",
+            path: path.clone(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StartError::Usage(format!(
+            "data directory {} is in use by another kernel (it holds {}); stop it or pass \
+             another --data-dir",
+            data_dir.display(),
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(source)) => Err(StartError::Io {
+            what: "cannot lock",
+            path,
+            source,
+        }),
+    }
+}
+
+/// Opens `<data_dir>/hivekernel.db` off the async threads.
+async fn open_store(
+    data_dir: &Path,
+    synchronous: Synchronous,
+) -> Result<(Store, Recovered), StartError> {
+    let path = data_dir.join(DB_FILE);
+    let opened = tokio::task::spawn_blocking(move || Store::open(&path, synchronous))
+        .await
+        .map_err(|err| StartError::Store(err.to_string()))?;
+    opened.map_err(|err| StartError::Store(err.to_string()))
+}
+
+/// Spawns the config's agents as children of PID 1, in file order, each as
+/// the PID it had before a restart.
+async fn start_agents(
+    kernel: &Kernel,
+    agents: &[AgentSpec],
+    recovered: &Recovered,
+) -> Result<(), StartError> {
     for agent in agents {
         let pid = kernel
-            .spawn(Caller::Admin, spawn_request(agent))
+            .spawn_declared(spawn_request(agent), Some(recovered))
             .await
             .map_err(|source| StartError::Spawn {
                 name: agent.name.clone(),

@@ -87,6 +87,9 @@ pub enum KernelError {
     /// The kernel is shutting down.
     #[error("kernel is shutting down")]
     ShuttingDown,
+    /// The store could not commit what the call needs (nothing was acknowledged).
+    #[error("not committed: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl KernelError {
@@ -106,6 +109,8 @@ impl KernelError {
             }
             DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             ShuttingDown => ErrorKind::Unavailable,
+            Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
+            Store(_) => ErrorKind::Internal,
         }
     }
 }

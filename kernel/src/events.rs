@@ -1,8 +1,10 @@
 //! Typed kernel events with a monotonically increasing sequence number.
 //!
-//! Every event goes to live subscribers (a broadcast channel) and into a
-//! bounded in-memory ring, so a subscriber can replay from a sequence number
-//! and then go live without a gap.
+//! Every event goes to live subscribers (a broadcast channel), into a
+//! bounded in-memory ring and, when the kernel has a store, into the
+//! persisted event log, so a subscriber can replay from a sequence number
+//! (from memory, or from the store for older events) and then go live
+//! without a gap.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,11 +12,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hivekernel_agents::{MessageId, Pid, RequestId, Role, Tier};
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use crate::store::{Counter, Store, Write};
+
 /// What happened.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// A process was created.
@@ -43,8 +47,8 @@ pub enum EventKind {
     },
     /// A zombie was removed from the table.
     Reaped {
-        /// `wait_child`, `timeout` or `parent_exited`.
-        by: &'static str,
+        /// Who removed it.
+        by: ReapCause,
     },
     /// A message passed its TTL before delivery and was dropped.
     MessageExpired {
@@ -125,8 +129,22 @@ impl EventKind {
     }
 }
 
+/// Why a zombie left the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReapCause {
+    /// Its parent collected it.
+    WaitChild,
+    /// Nobody collected it within `zombie_timeout_seconds`.
+    Timeout,
+    /// Its parent exited too.
+    ParentExited,
+    /// The kernel restarted while it was alive (it was not in the config).
+    KernelRestart,
+}
+
 /// One kernel event.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Position in the kernel's event sequence, starting at 1.
     pub seq: u64,
@@ -142,44 +160,79 @@ pub struct Event {
 /// Retained events plus a live feed that continues exactly after them.
 #[derive(Debug)]
 pub struct Subscription {
+    /// Events with `after < seq < before` that are only in the store: read
+    /// them (in chunks) before `replay`.
+    pub backlog: Option<Backlog>,
     /// Retained events with `seq > since`, oldest first.
     pub replay: Vec<Arc<Event>>,
     /// Events emitted after the replay.
     pub live: broadcast::Receiver<Arc<Event>>,
 }
 
+/// A stretch of the event log that has left memory but is in the store.
+#[derive(Debug, Clone)]
+pub struct Backlog {
+    /// The store holding it.
+    pub store: Store,
+    /// Exclusive lower bound.
+    pub after: u64,
+    /// Exclusive upper bound: the first event retained in memory.
+    pub before: u64,
+}
+
 #[derive(Debug)]
 struct Ring {
     next_seq: u64,
+    /// Sequence numbers below this are reserved in the store (durable buses only).
+    reserved_seq: u64,
     events: VecDeque<Arc<Event>>,
 }
 
-/// Sequences, retains and broadcasts events.
+/// Sequence numbers reserved in the store at a time.
+const SEQ_BLOCK: u64 = 1 << 16;
+
+/// Sequences, retains, persists and broadcasts events.
 #[derive(Debug)]
 pub struct EventBus {
     ring: Mutex<Ring>,
     retain: usize,
     live: broadcast::Sender<Arc<Event>>,
+    /// Where events are persisted, when the kernel has a store.
+    store: Option<Store>,
 }
 
 impl EventBus {
-    /// A bus retaining the last `retain` events for replay.
+    /// A bus retaining the last `retain` events in memory, and no store.
     pub fn new(retain: usize) -> Self {
+        Self::with_store(retain, None, 1)
+    }
+
+    /// A bus that also persists every event to `store`, numbering from `next_seq`.
+    pub fn with_store(retain: usize, store: Option<Store>, next_seq: u64) -> Self {
         let (live, _) = broadcast::channel(4096);
         EventBus {
             ring: Mutex::new(Ring {
-                next_seq: 1,
+                next_seq: next_seq.max(1),
+                reserved_seq: next_seq.max(1),
                 events: VecDeque::new(),
             }),
             retain: retain.max(1),
             live,
+            store,
         }
     }
 
     /// Records an event about `pid` and returns its sequence number.
     pub fn emit(&self, pid: Pid, kind: EventKind) -> u64 {
         let mut ring = self.ring.lock();
-        self.push(&mut ring, pid, kind, unix_ms(SystemTime::now()))
+        let event = self.retained(&mut ring, pid, kind, unix_ms(SystemTime::now()));
+        let seq = event.seq;
+        if let Some(store) = &self.store {
+            store.submit(Write::Event(event.clone()));
+        }
+        // Sent under the ring lock so live order matches sequence order.
+        let _ = self.live.send(event);
+        seq
     }
 
     /// Records events in order with consecutive sequence numbers and one
@@ -189,20 +242,23 @@ impl EventBus {
         let at_unix_ms = unix_ms(SystemTime::now());
         let mut ring = self.ring.lock();
         let live = self.live.receiver_count() > 0;
+        let mut writes = Vec::with_capacity(if self.store.is_some() {
+            events.len()
+        } else {
+            0
+        });
         for (pid, kind) in events {
             let event = self.retained(&mut ring, pid, kind, at_unix_ms);
+            if self.store.is_some() {
+                writes.push(Write::Event(event.clone()));
+            }
             if live {
                 let _ = self.live.send(event);
             }
         }
-    }
-
-    fn push(&self, ring: &mut Ring, pid: Pid, kind: EventKind, at_unix_ms: u64) -> u64 {
-        let event = self.retained(ring, pid, kind, at_unix_ms);
-        let seq = event.seq;
-        // Sent under the ring lock so live order matches sequence order.
-        let _ = self.live.send(event);
-        seq
+        if let Some(store) = &self.store {
+            store.submit_all(writes);
+        }
     }
 
     /// Numbers the event and keeps it in the ring.
@@ -215,7 +271,23 @@ impl EventBus {
             pid,
             kind,
         });
-        if ring.events.len() == self.retain {
+        if let Some(store) = &self.store {
+            // Reserve ahead, so a crash never lets a sequence number be reused.
+            if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
+                ring.reserved_seq = seq + SEQ_BLOCK;
+                store.submit(Write::Reserve {
+                    counter: Counter::EventSeq,
+                    until: ring.reserved_seq,
+                });
+            }
+            // Only what is persisted may leave memory: the store must be able to replay it.
+            let persisted = store.persisted_event_seq();
+            while ring.events.len() >= self.retain
+                && ring.events.front().is_some_and(|e| e.seq <= persisted)
+            {
+                ring.events.pop_front();
+            }
+        } else if ring.events.len() == self.retain {
             ring.events.pop_front();
         }
         ring.events.push_back(event.clone());
@@ -225,16 +297,29 @@ impl EventBus {
     /// Retained events after `since` (when given), then everything emitted later.
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         let ring = self.ring.lock();
-        let replay = match since {
-            Some(since) => ring
-                .events
-                .iter()
-                .filter(|e| e.seq > since)
-                .cloned()
-                .collect(),
-            None => Vec::new(),
+        let (backlog, replay) = match since {
+            Some(since) => {
+                let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
+                let backlog = match &self.store {
+                    Some(store) if since + 1 < first => Some(Backlog {
+                        store: store.clone(),
+                        after: since,
+                        before: first,
+                    }),
+                    _ => None,
+                };
+                let replay = ring
+                    .events
+                    .iter()
+                    .skip_while(|e| e.seq <= since)
+                    .cloned()
+                    .collect();
+                (backlog, replay)
+            }
+            None => (None, Vec::new()),
         };
         Subscription {
+            backlog,
             replay,
             live: self.live.subscribe(),
         }
@@ -243,6 +328,11 @@ impl EventBus {
     /// Sequence number of the newest event (0 when none yet).
     pub fn last_seq(&self) -> u64 {
         self.ring.lock().next_seq - 1
+    }
+
+    /// The next sequence number, exactly: what a clean stop writes back.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.ring.lock().next_seq
     }
 }
 

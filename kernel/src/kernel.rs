@@ -5,7 +5,7 @@
 //! them, [`router`](crate::router) moves messages and tasks. This file holds
 //! the shared state, the read-side queries and shutdown.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -16,11 +16,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::KernelSettings;
+use crate::counter::Counter;
 use crate::error::{KernelError, Result};
 use crate::events::{EventBus, Subscription, unix_ms};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
+use crate::store::{self, Recovered, Store, Write};
 use crate::supervisor::Reaper;
 use crate::syscalls::KernelSyscalls;
 
@@ -53,9 +55,13 @@ pub struct Kernel {
 pub(crate) struct Inner {
     pub(crate) settings: KernelSettings,
     pub(crate) table: RwLock<ProcessTable>,
-    pub(crate) next_pid: AtomicU64,
-    pub(crate) next_id: AtomicU64,
+    /// PIDs; never reused, across restarts too.
+    pub(crate) pids: Counter,
+    /// Message and request ids.
+    pub(crate) ids: Counter,
     pub(crate) events: EventBus,
+    /// The SQLite store, when the kernel is durable.
+    pub(crate) store: Option<Store>,
     pub(crate) runtimes: RuntimeRegistry,
     /// Root of the workspaces of processes that have no directory of their own.
     pub(crate) workspace_root: Arc<std::path::Path>,
@@ -76,13 +82,36 @@ impl Kernel {
         Self::start_with_llm(settings, runtimes, None)
     }
 
-    /// Starts a kernel with PID 1 in its table and the reaper running; its
-    /// processes' model calls go to `llm`. Must be called inside a tokio runtime.
+    /// Starts a kernel that keeps nothing on disk; see [`Kernel::start_with`].
     pub fn start_with_llm(
         settings: KernelSettings,
         runtimes: RuntimeRegistry,
         llm: Option<Arc<dyn Provider>>,
     ) -> Kernel {
+        Self::start_with(settings, runtimes, llm, None)
+    }
+
+    /// Starts a kernel with PID 1 in its table and the reaper running; its
+    /// processes' model calls go to `llm`. With a store, events and messages
+    /// are persisted and counters continue from `recovered`; the restart
+    /// itself (config agents, pending messages) is [`Kernel::restore`]'s job.
+    /// Must be called inside a tokio runtime.
+    pub fn start_with(
+        settings: KernelSettings,
+        runtimes: RuntimeRegistry,
+        llm: Option<Arc<dyn Provider>>,
+        store: Option<(Store, &Recovered)>,
+    ) -> Kernel {
+        let start = |counter: store::Counter, fresh: u64| {
+            store
+                .as_ref()
+                .map_or(fresh, |(_, r)| r.next(counter).max(fresh))
+        };
+        // A crash skips at most a block: PIDs are seen by people, keep their jump small.
+        let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
+        let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
+        let first_seq = start(store::Counter::EventSeq, 1);
+        let store = store.map(|(store, _)| store);
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let limits = Limits {
                 max_children: settings.max_children,
@@ -130,9 +159,10 @@ impl Kernel {
                 workspace_root: Arc::from(settings.workspace_root()),
                 settings,
                 table: RwLock::new(ProcessTable { entries }),
-                next_pid: AtomicU64::new(2),
-                next_id: AtomicU64::new(1),
-                events: EventBus::new(EVENT_RETENTION),
+                pids,
+                ids,
+                events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),
+                store,
                 runtimes,
                 llm,
                 tracker: TaskTracker::new(),
@@ -226,6 +256,20 @@ impl Kernel {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        if let Some(store) = &self.inner.store {
+            // A clean stop leaves no gap: the next start continues exactly here.
+            let settle = [
+                (store::Counter::Pid, self.inner.pids.peek()),
+                (store::Counter::Id, self.inner.ids.peek()),
+                (store::Counter::EventSeq, self.inner.events.next_seq()),
+            ];
+            store.submit_all(
+                settle
+                    .into_iter()
+                    .map(|(counter, next)| Write::Settle { counter, next }),
+            );
+            store.close().await;
+        }
     }
 
     /// Whether [`Kernel::shutdown`] has begun.
@@ -244,7 +288,14 @@ impl Kernel {
     }
 
     pub(crate) fn next_id(&self) -> u64 {
-        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+        self.inner
+            .ids
+            .take(self.inner.store.as_ref(), &self.inner.tracker)
+    }
+
+    /// The store, when the kernel is durable.
+    pub fn store(&self) -> Option<&Store> {
+        self.inner.store.as_ref()
     }
 
     pub(crate) fn check_running(&self) -> Result<()> {

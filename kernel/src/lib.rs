@@ -13,7 +13,11 @@
 //! - `supervisor`: kill of subtrees, exit records, `wait_child`, the zombie reaper.
 //! - `mailbox`: bounded priority mailboxes with aging and TTL.
 //! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
+//! - `restore`: coming back after a restart: config agents keep their PIDs.
+//! - `state`: per-process durable values (a daemon's conversation).
+//! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
 //! - [`events`]: typed, sequenced kernel events with replay.
+//! - [`store`]: the SQLite store: events, processes, pending messages, counters.
 //! - [`runtime`]: the runtime registry and the per-process runner.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
 //! - [`auth`]: the admin token file and bearer-token authentication.
@@ -25,6 +29,7 @@
 pub mod auth;
 pub mod cli;
 pub mod config;
+mod counter;
 pub mod daemon;
 pub mod error;
 pub mod events;
@@ -33,15 +38,20 @@ pub mod kernel;
 pub mod llm;
 mod mailbox;
 mod process;
+mod restore;
 mod router;
 pub mod runtime;
 mod spawn;
+mod state;
+pub mod store;
 mod supervisor;
 mod syscalls;
 
 pub use error::KernelError;
 pub use kernel::{Caller, Kernel};
+pub use restore::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;
 pub use spawn::MAX_NAME_BYTES;
+pub use state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};
 pub use supervisor::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};

@@ -36,10 +36,10 @@ pub fn choose_provider(
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<ChosenProvider, String> {
     let from_env = env(BASE_URL_ENV).filter(|url| !url.trim().is_empty());
-    if let Some(url) = &from_env {
-        if let Some(problem) = crate::config::base_url_problem(url) {
-            return Err(format!("{BASE_URL_ENV}: {problem}"));
-        }
+    if let Some(url) = &from_env
+        && let Some(problem) = crate::config::base_url_problem(url)
+    {
+        return Err(format!("{BASE_URL_ENV}: {problem}"));
     }
     let base_url = from_env.or_else(|| config.base_url.clone());
     let api_key = env(&config.api_key_env).filter(|key| !key.trim().is_empty());

@@ -43,6 +43,8 @@ pub(crate) struct Envelope {
     pub(crate) id: MessageId,
     pub(crate) enqueued_at: Instant,
     pub(crate) expires_at: Option<Instant>,
+    /// Kept in the store until handed to the runtime (an acknowledged send).
+    pub(crate) durable: bool,
 }
 
 impl Envelope {
@@ -55,7 +57,14 @@ impl Envelope {
             enqueued_at: now,
             // A TTL too large to represent never expires.
             expires_at: ttl.and_then(|ttl| now.checked_add(ttl)),
+            durable: false,
         }
+    }
+
+    /// Marks the envelope as kept in the store until delivery.
+    pub(crate) fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
     }
 
     pub(crate) fn priority(&self) -> Priority {
@@ -155,6 +164,24 @@ impl Mailbox {
         }
         purged.into_iter().for_each(on_expired);
         result
+    }
+
+    /// Enqueue a message restored from the store after a restart, even past
+    /// capacity: it was acknowledged before the restart and must not be lost.
+    pub(crate) fn push_restored(&self, env: Envelope) -> Result<(), PushError> {
+        {
+            let mut q = self.queues.lock();
+            if q.closed {
+                return Err(PushError::Closed);
+            }
+            if let Some(at) = env.expires_at {
+                q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
+            }
+            q.levels[env.priority().level()].push_back(env);
+            q.len += 1;
+        }
+        self.ready.notify_one();
+        Ok(())
     }
 
     /// The next message by effective priority, or `None` when empty.

@@ -8,7 +8,7 @@
 //! - a `task` process may only address its parent.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
@@ -17,10 +17,11 @@ use hivekernel_agents::{
 use tokio::sync::oneshot;
 
 use crate::error::{KernelError, Result};
-use crate::events::EventKind;
+use crate::events::{EventKind, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
 use crate::process::{ProcShared, ProcessTable};
+use crate::store::Write;
 
 /// Bytes of a message to PID 1 kept in its `kernel_message` event.
 pub const KERNEL_MESSAGE_PREVIEW: usize = 4096;
@@ -128,7 +129,28 @@ impl Kernel {
             return Ok(id);
         };
         let copy = target.route.copy_to.map(|parent| (parent, body.clone()));
-        self.push(&proc, Envelope::new(id, Item::Message(body), message.ttl))?;
+        // Queued in the store before the mailbox, so that a delivery's
+        // removal can never reach the store ahead of the message itself.
+        let committed = self.inner.store.as_ref().map(|store| {
+            let now = unix_ms(SystemTime::now());
+            store.commit(Write::Message {
+                id,
+                to,
+                body: serde_json::to_string(&body).unwrap_or_default(),
+                created_ms: now,
+                expires_ms: message
+                    .ttl
+                    .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
+            })
+        });
+        let env = Envelope::new(id, Item::Message(body), message.ttl).durable(committed.is_some());
+        if let Err(err) = self.push(&proc, env) {
+            self.message_done(id, true);
+            return Err(err);
+        }
+        if let Some(committed) = committed {
+            committed.await?;
+        }
         if let Some((parent, mut copy)) = copy {
             copy.id = MessageId(self.next_id());
             copy.kind = kinds::SIBLING_COPY.to_owned();
@@ -136,6 +158,17 @@ impl Kernel {
             self.deliver_system(parent, copy);
         }
         Ok(id)
+    }
+
+    /// Removes a durable message from the store: it was delivered, expired
+    /// or dropped. Messages left in mailboxes by a clean stop stay, to be
+    /// delivered after the restart.
+    pub(crate) fn message_done(&self, id: MessageId, durable: bool) {
+        if let Some(store) = &self.inner.store
+            && durable
+        {
+            store.submit(Write::MessageDone(id));
+        }
     }
 
     /// Request/reply: runs a task on `task.to` and waits for its reply.
@@ -170,7 +203,20 @@ impl Kernel {
     /// Sends a task and returns at once; the reply lands in the caller's
     /// mailbox as a `task_response` naming the returned request id.
     pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
+        let to = task.to;
         let (request_id, _) = self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
+        // Acknowledged once recorded: after a crash the requester is told the
+        // request failed instead of waiting forever.
+        if let Some(store) = &self.inner.store {
+            store
+                .commit(Write::Request {
+                    id: request_id,
+                    from: caller.pid(),
+                    to,
+                    created_ms: unix_ms(SystemTime::now()),
+                })
+                .await?;
+        }
         Ok(request_id)
     }
 
@@ -292,6 +338,11 @@ impl Kernel {
     /// Delivers a message the kernel produced (copies, exit notices, replies)
     /// without routing checks; a failure is reported as an event, never lost silently.
     pub(crate) fn deliver_system(&self, to: Pid, message: Message) {
+        self.deliver(to, message, false);
+    }
+
+    /// [`Kernel::deliver_system`], for a message that may already be in the store.
+    fn deliver(&self, to: Pid, message: Message, durable: bool) {
         if to == Pid::KERNEL {
             self.to_kernel(message);
             return;
@@ -299,10 +350,14 @@ impl Kernel {
         let proc = self.inner.table.read().get(to).map(|e| e.proc.clone());
         let (id, from, kind) = (message.id, message.from, message.kind.clone());
         let result = match proc {
-            Some(proc) => self.push(&proc, Envelope::new(id, Item::Message(message), None)),
+            Some(proc) => {
+                let env = Envelope::new(id, Item::Message(message), None).durable(durable);
+                self.push(&proc, env)
+            }
             None => Err(KernelError::NotFound(to)),
         };
         if let Err(err) = result {
+            self.message_done(id, durable && !self.is_stopping());
             tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
             self.inner.events.emit(
                 to,
@@ -348,7 +403,30 @@ impl Kernel {
                     request_id: Some(request_id),
                     via: None,
                 };
-                self.deliver_system(requester, message);
+                // With a store, the answer replaces the request in one
+                // ordered step: a crash leaves one or the other, never neither.
+                // A stop keeps the request, so the restart reports it failed.
+                let durable = match &self.inner.store {
+                    Some(store) if !self.is_stopping() && requester != Pid::KERNEL => {
+                        store.submit_all([
+                            Write::Message {
+                                id: message.id,
+                                to: requester,
+                                body: serde_json::to_string(&message).unwrap_or_default(),
+                                created_ms: unix_ms(SystemTime::now()),
+                                expires_ms: None,
+                            },
+                            Write::RequestDone(request_id),
+                        ]);
+                        true
+                    }
+                    Some(store) if !self.is_stopping() => {
+                        store.submit(Write::RequestDone(request_id));
+                        false
+                    }
+                    _ => false,
+                };
+                self.deliver(requester, message, durable);
             }
         }
     }
@@ -377,6 +455,7 @@ impl Kernel {
 
     /// Reports a message that expired in `pid`'s mailbox; a task gets a failed reply.
     pub(crate) fn report_expired(&self, pid: Pid, env: Envelope) {
+        self.message_done(env.id, env.durable);
         self.inner.events.emit(
             pid,
             EventKind::MessageExpired {

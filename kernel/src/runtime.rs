@@ -24,6 +24,7 @@ use crate::events::EventKind;
 use crate::kernel::{Inner, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
+use crate::store::Write;
 use crate::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 
 /// Runtimes by name; the kernel's only link to what runs inside processes.
@@ -157,6 +158,7 @@ async fn handle(
     env: Envelope,
 ) -> Result<(), Fatal> {
     let pid = proc.ctx.pid;
+    let (id, durable) = (env.id, env.durable);
     match env.item {
         Item::Task { task, reply, .. } => {
             let _running = CountGuard::enter(&proc.running);
@@ -208,6 +210,19 @@ async fn handle(
         }
         Item::Message(message) => {
             let _running = CountGuard::enter(&proc.running);
+            if durable {
+                // Delivered means handed over: gone from the store first, so
+                // a crash can never hand the same message over twice.
+                let done = kernel.upgrade().and_then(|inner| {
+                    let store = inner.store.as_ref()?;
+                    Some(store.commit(Write::MessageDone(id)))
+                });
+                if let Some(done) = done
+                    && let Err(err) = done.await
+                {
+                    tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
+                }
+            }
             match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
                 .catch_unwind()
                 .await

@@ -25,6 +25,17 @@ impl Kernel {
     /// parent's; the child would be deeper than allowed; the parent has its
     /// maximum of live children; a requested limit exceeds the parent's.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        self.spawn_as(caller, request, None).await
+    }
+
+    /// Spawns, giving the child `reuse` as its PID when given (a restored
+    /// config agent; the caller makes sure no live process has it).
+    pub(crate) async fn spawn_as(
+        &self,
+        caller: Caller,
+        request: SpawnRequest,
+        reuse: Option<Pid>,
+    ) -> Result<Pid> {
         self.check_running()?;
         validate_name(&request.name)?;
         if request.role == Role::Kernel {
@@ -43,132 +54,144 @@ impl Kernel {
             ))
         })?;
 
-        let parent = request.parent;
-        let mut table = self.inner.table.write();
-        // Checked again under the lock: shutdown's last pass holds it too.
-        self.check_running()?;
-        let Some(parent_entry) = table.get(parent) else {
-            return Err(KernelError::NotFound(parent));
-        };
-        if !parent_entry.is_alive() {
-            return Err(KernelError::ParentNotAlive {
-                pid: parent,
-                state: "zombie",
-            });
-        }
-        if let Caller::Process(me) = caller
-            && me != parent
-        {
-            return Err(KernelError::PermissionDenied(format!(
-                "process {me} may only spawn its own children, not children of {parent}"
-            )));
-        }
-        let pctx = &parent_entry.proc.ctx;
-        if !pctx.role.may_spawn() {
-            return Err(KernelError::RoleMayNotSpawn {
-                parent,
-                role: pctx.role.as_str(),
-            });
-        }
-        let tier = request.tier.unwrap_or(pctx.tier);
-        if tier.rank() > pctx.tier.rank() {
-            return Err(KernelError::TierAboveParent {
-                child: tier.as_str(),
-                parent: pctx.tier.as_str(),
-            });
-        }
-        let depth = parent_entry.depth + 1;
-        let kernel_max_depth = self.inner.settings.max_depth;
-        if depth > kernel_max_depth {
-            return Err(KernelError::DepthExceeded {
-                parent,
-                depth,
-                why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
-            });
-        }
-        let plimits = parent_entry.proc.limits;
-        if plimits.max_depth == 0 {
-            return Err(KernelError::DepthExceeded {
-                parent,
-                depth,
-                why: format!("process {parent} allows no levels below it (max_depth 0)"),
-            });
-        }
-        if parent_entry.live_children >= plimits.max_children {
-            return Err(KernelError::TooManyChildren {
-                parent,
-                count: parent_entry.live_children,
-                max: plimits.max_children,
-            });
-        }
-        let limits = narrow_limits(&plimits, &request)?;
+        // The table lock is a guard that must not live across the await below.
+        let pid = {
+            let parent = request.parent;
+            let mut table = self.inner.table.write();
+            // Checked again under the lock: shutdown's last pass holds it too.
+            self.check_running()?;
+            let Some(parent_entry) = table.get(parent) else {
+                return Err(KernelError::NotFound(parent));
+            };
+            if !parent_entry.is_alive() {
+                return Err(KernelError::ParentNotAlive {
+                    pid: parent,
+                    state: "zombie",
+                });
+            }
+            if let Caller::Process(me) = caller
+                && me != parent
+            {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} may only spawn its own children, not children of {parent}"
+                )));
+            }
+            let pctx = &parent_entry.proc.ctx;
+            if !pctx.role.may_spawn() {
+                return Err(KernelError::RoleMayNotSpawn {
+                    parent,
+                    role: pctx.role.as_str(),
+                });
+            }
+            let tier = request.tier.unwrap_or(pctx.tier);
+            if tier.rank() > pctx.tier.rank() {
+                return Err(KernelError::TierAboveParent {
+                    child: tier.as_str(),
+                    parent: pctx.tier.as_str(),
+                });
+            }
+            let depth = parent_entry.depth + 1;
+            let kernel_max_depth = self.inner.settings.max_depth;
+            if depth > kernel_max_depth {
+                return Err(KernelError::DepthExceeded {
+                    parent,
+                    depth,
+                    why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
+                });
+            }
+            let plimits = parent_entry.proc.limits;
+            if plimits.max_depth == 0 {
+                return Err(KernelError::DepthExceeded {
+                    parent,
+                    depth,
+                    why: format!("process {parent} allows no levels below it (max_depth 0)"),
+                });
+            }
+            if parent_entry.live_children >= plimits.max_children {
+                return Err(KernelError::TooManyChildren {
+                    parent,
+                    count: parent_entry.live_children,
+                    max: plimits.max_children,
+                });
+            }
+            let limits = narrow_limits(&plimits, &request)?;
 
-        let pid = Pid(self
-            .inner
-            .next_pid
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let ctx = ProcessContext {
-            pid,
-            name: Arc::from(request.name.as_str()),
-            role: request.role,
-            tier,
-            model: Arc::from(request.model.as_str()),
-            system_prompt: Arc::from(request.system_prompt.as_str()),
-            tools: Arc::from(request.tools),
-            workspace: Some(match request.workspace {
-                Some(dir) => Workspace::At(Arc::from(dir)),
-                None => Workspace::Under(self.inner.workspace_root.clone()),
-            }),
-            syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
-        };
-        let runtime = factory
-            .create(&ctx)
-            .map_err(|e| KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}")))?;
-        let settings = &self.inner.settings;
-        let proc = Arc::new(ProcShared {
-            ctx,
-            runtime_name: Arc::from(runtime_name.as_str()),
-            limits,
-            metadata: request.metadata,
-            started_at_unix_ms: unix_ms(SystemTime::now()),
-            mailbox: Mailbox::new(
-                settings.mailbox_capacity,
-                std::time::Duration::from_millis(settings.mailbox_aging_ms),
-            ),
-            running: Default::default(),
-            blocked: Default::default(),
-            usage: Default::default(),
-        });
-        let runner = self
-            .inner
-            .tracker
-            .spawn(run_process(self.downgrade(), proc.clone(), runtime));
-        if let Some(parent_entry) = table.get_mut(parent) {
-            parent_entry.children.insert(pid);
-            parent_entry.live_children += 1;
-        }
-        let event = EventKind::Spawned {
-            ppid: parent,
-            name: proc.ctx.name.clone(),
-            role: proc.ctx.role,
-            tier,
-            runtime: proc.runtime_name.clone(),
-        };
-        table.entries.insert(
-            pid,
-            Entry {
+            let pid = match reuse {
+                Some(pid) => pid,
+                None => Pid(self
+                    .inner
+                    .pids
+                    .take(self.inner.store.as_ref(), &self.inner.tracker)),
+            };
+            let ctx = ProcessContext {
+                pid,
+                name: Arc::from(request.name.as_str()),
+                role: request.role,
+                tier,
+                model: Arc::from(request.model.as_str()),
+                system_prompt: Arc::from(request.system_prompt.as_str()),
+                tools: Arc::from(request.tools),
+                workspace: Some(match request.workspace {
+                    Some(dir) => Workspace::At(Arc::from(dir)),
+                    None => Workspace::Under(self.inner.workspace_root.clone()),
+                }),
+                syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
+            };
+            let runtime = factory.create(&ctx).map_err(|e| {
+                KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}"))
+            })?;
+            let settings = &self.inner.settings;
+            let proc = Arc::new(ProcShared {
+                ctx,
+                runtime_name: Arc::from(runtime_name.as_str()),
+                limits,
+                metadata: request.metadata,
+                started_at_unix_ms: unix_ms(SystemTime::now()),
+                mailbox: Mailbox::new(
+                    settings.mailbox_capacity,
+                    std::time::Duration::from_millis(settings.mailbox_aging_ms),
+                ),
+                running: Default::default(),
+                blocked: Default::default(),
+                usage: Default::default(),
+            });
+            let runner =
+                self.inner
+                    .tracker
+                    .spawn(run_process(self.downgrade(), proc.clone(), runtime));
+            if let Some(parent_entry) = table.get_mut(parent) {
+                parent_entry.children.insert(pid);
+                parent_entry.live_children += 1;
+            }
+            let event = EventKind::Spawned {
                 ppid: parent,
-                depth,
-                children: Default::default(),
-                live_children: 0,
-                proc,
-                runner: Some(runner),
-                exit: None,
-                exit_waiters: Vec::new(),
-            },
-        );
-        drop(table);
-        self.inner.events.emit(pid, event);
+                name: proc.ctx.name.clone(),
+                role: proc.ctx.role,
+                tier,
+                runtime: proc.runtime_name.clone(),
+            };
+            table.entries.insert(
+                pid,
+                Entry {
+                    ppid: parent,
+                    depth,
+                    children: Default::default(),
+                    live_children: 0,
+                    proc,
+                    runner: Some(runner),
+                    exit: None,
+                    exit_waiters: Vec::new(),
+                },
+            );
+            drop(table);
+            self.inner.events.emit(pid, event);
+            pid
+        };
+        if let Some(store) = &self.inner.store
+            && let Err(err) = self.inner.pids.committed(store, pid.0).await
+        {
+            tracing::error!(%pid, error = %err, "store: PID reservation not committed");
+        }
         Ok(pid)
     }
 }

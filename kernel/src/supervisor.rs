@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{KernelError, Result};
-use crate::events::{EventKind, unix_ms};
+use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
@@ -231,9 +231,12 @@ impl Kernel {
             if let Some(record) = entry.exit.clone() {
                 reap(&mut table, pid);
                 drop(table);
-                self.inner
-                    .events
-                    .emit(pid, EventKind::Reaped { by: "wait_child" });
+                self.inner.events.emit(
+                    pid,
+                    EventKind::Reaped {
+                        by: ReapCause::WaitChild,
+                    },
+                );
                 return Ok(record);
             }
             let (tx, rx) = oneshot::channel();
@@ -327,7 +330,7 @@ impl Kernel {
                 })
                 .chain(reaped.into_iter().map(|pid| {
                     let kind = EventKind::Reaped {
-                        by: "parent_exited",
+                        by: ReapCause::ParentExited,
                     };
                     (pid, kind)
                 }))
@@ -344,9 +347,12 @@ impl Kernel {
     /// Tells the parent of an exit's top process, and schedules its reaping.
     fn finish_top(&self, Top { record, collected }: Top) {
         if collected {
-            self.inner
-                .events
-                .emit(record.pid, EventKind::Reaped { by: "wait_child" });
+            self.inner.events.emit(
+                record.pid,
+                EventKind::Reaped {
+                    by: ReapCause::WaitChild,
+                },
+            );
         } else {
             let timeout = Duration::from_secs(self.inner.settings.zombie_timeout_seconds);
             // A timeout too far away to represent means: never reap.
@@ -384,9 +390,12 @@ impl Kernel {
             }
         };
         if reaped {
-            self.inner
-                .events
-                .emit(pid, EventKind::Reaped { by: "timeout" });
+            self.inner.events.emit(
+                pid,
+                EventKind::Reaped {
+                    by: ReapCause::Timeout,
+                },
+            );
         }
     }
 
@@ -549,6 +558,11 @@ impl Kernel {
     /// Fails a task (or reports a message) that was still queued when its receiver exited.
     fn fail_undelivered(&self, pid: Pid, env: Envelope) {
         let id = env.id;
+        if env.durable && self.is_stopping() {
+            // Still in the store: delivered after the restart.
+            return;
+        }
+        self.message_done(id, env.durable);
         match env.item {
             // A blocked requester learns of the exit from its dropped reply port.
             Item::Task {

@@ -68,6 +68,14 @@ impl Syscalls for KernelSyscalls {
         });
     }
 
+    async fn load_state(&self, key: &str) -> Result<Option<String>, SyscallError> {
+        Ok(self.kernel()?.load_state(self.pid, key).await?)
+    }
+
+    async fn save_state(&self, key: &str, value: Option<String>) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.save_state(self.pid, key, value).await?)
+    }
+
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let kernel = self
             .kernel()

@@ -250,7 +250,7 @@ async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'st
 
 /// `n` for labels: 10k, 2k, 500.
 pub(crate) fn count(n: usize) -> String {
-    if n >= 1000 && n % 1000 == 0 {
+    if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::store::{Recovered, Store, Synchronous};
 use hivekernel_kernel::{Kernel, RuntimeRegistry};
 pub use probe::Journal;
 
@@ -62,6 +63,18 @@ pub fn agent_kernel(
     agent: hivekernel_agents::tool_agent::AgentSettings,
     tools: &hivekernel_agents::tools::ToolSettings,
 ) -> (Kernel, Journal) {
+    let (registry, journal) = agent_registry(agent, tools);
+    (
+        Kernel::start_with_llm(settings, registry, Some(provider)),
+        journal,
+    )
+}
+
+/// The built-in runtimes with a `tool_agent` of the given settings, plus `probe`.
+pub fn agent_registry(
+    agent: hivekernel_agents::tool_agent::AgentSettings,
+    tools: &hivekernel_agents::tools::ToolSettings,
+) -> (RuntimeRegistry, Journal) {
     let factory = hivekernel_agents::tool_agent::ToolAgentFactory::new(
         hivekernel_agents::tools::ToolRegistry::configured(tools),
         agent,
@@ -70,10 +83,16 @@ pub fn agent_kernel(
     let probes = probe::ProbeFactory::default();
     let journal = probes.journal.clone();
     registry.register("probe", std::sync::Arc::new(probes));
-    (
-        Kernel::start_with_llm(settings, registry, Some(provider)),
-        journal,
-    )
+    (registry, journal)
+}
+
+/// Opens (or reopens) the store `<dir>/hivekernel.db` off the async threads.
+pub async fn open_store(dir: &std::path::Path) -> (Store, Recovered) {
+    let path = dir.join(hivekernel_kernel::store::DB_FILE);
+    tokio::task::spawn_blocking(move || Store::open(&path, Synchronous::Normal))
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("open store: {err}"))
 }
 
 /// Polls `condition` every 5 ms until it holds; panics naming `what` after `limit`.

@@ -143,12 +143,12 @@ impl OpenAiProvider {
         if settings.request_timeout.is_zero() {
             return Err(LlmError::Config("request_timeout must be positive".into()));
         }
-        if let Some(key) = &settings.api_key {
-            if key.is_empty() || key.chars().any(|c| c.is_control()) {
-                return Err(LlmError::Config(
-                    "api_key must be non-empty and contain no control characters".into(),
-                ));
-            }
+        if let Some(key) = &settings.api_key
+            && (key.is_empty() || key.chars().any(|c| c.is_control()))
+        {
+            return Err(LlmError::Config(
+                "api_key must be non-empty and contain no control characters".into(),
+            ));
         }
         let client = reqwest::Client::builder()
             .user_agent(concat!("hivekernel/", env!("CARGO_PKG_VERSION")))

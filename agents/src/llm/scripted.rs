@@ -158,13 +158,13 @@ fn decide(request: &ChatRequest) -> Reply {
         if text.contains(SYNTHESIZE_MARKER) {
             return Reply::Text(synthesize(text));
         }
-        if request.offers("delegate_async") {
-            if let Some((pid, task)) = parse_delegate(text) {
-                return Reply::Call {
-                    name: "delegate_async",
-                    arguments: json!({ "pid": pid, "task": task }),
-                };
-            }
+        if request.offers("delegate_async")
+            && let Some((pid, task)) = parse_delegate(text)
+        {
+            return Reply::Call {
+                name: "delegate_async",
+                arguments: json!({ "pid": pid, "task": task }),
+            };
         }
         if request.offers("orchestrate") && split_task(text).len() >= 2 {
             return Reply::Call {

@@ -166,10 +166,10 @@ pub(super) fn llm(
             ProviderChoice::Auto
         }
     };
-    if let Some(url) = &raw.base_url {
-        if let Some(problem) = base_url_problem(url) {
-            issues.push(ConfigIssue::new("llm.base_url", problem));
-        }
+    if let Some(url) = &raw.base_url
+        && let Some(problem) = base_url_problem(url)
+    {
+        issues.push(ConfigIssue::new("llm.base_url", problem));
     }
     if !is_env_name(&raw.api_key_env) {
         issues.push(ConfigIssue::new(
@@ -286,13 +286,13 @@ pub(super) fn tool_agent(
         worker_runtime: raw.worker_runtime,
         ..OrchestrateSettings::default()
     };
-    if let Some(runtime) = &orchestrate.worker_runtime {
-        if let Some(problem) = checks.runtime_problem(runtime) {
-            issues.push(ConfigIssue::new(
-                "tool_agent.orchestrate.worker_runtime",
-                problem,
-            ));
-        }
+    if let Some(runtime) = &orchestrate.worker_runtime
+        && let Some(problem) = checks.runtime_problem(runtime)
+    {
+        issues.push(ConfigIssue::new(
+            "tool_agent.orchestrate.worker_runtime",
+            problem,
+        ));
     }
     let prompt_location = "tool_agent.orchestrate.worker_prompt_file";
     if let Some(path) = raw

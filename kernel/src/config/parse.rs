@@ -40,6 +40,7 @@ pub(super) struct RawKernel {
     pub(super) shutdown_grace_ms: u64,
     pub(super) default_runtime: String,
     pub(super) workspace: Option<String>,
+    pub(super) synchronous: String,
 }
 
 impl Default for RawKernel {
@@ -58,6 +59,7 @@ impl Default for RawKernel {
             shutdown_grace_ms: defaults.shutdown_grace_ms,
             default_runtime: defaults.default_runtime,
             workspace: None,
+            synchronous: "normal".to_owned(),
         }
     }
 }

@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use hivekernel_agents::{LimitOverrides, Role, Tier};
 
+use crate::store::Synchronous;
+
 use super::parse::{Agent, RawKernel, Section};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
 
@@ -105,6 +107,17 @@ impl<'a> Context<'a> {
         if let Some(problem) = self.runtime_problem(&k.default_runtime) {
             issues.push(ConfigIssue::new("kernel.default_runtime", problem));
         }
+        let synchronous = match k.synchronous.as_str() {
+            "normal" => Synchronous::Normal,
+            "full" => Synchronous::Full,
+            other => {
+                issues.push(ConfigIssue::new(
+                    "kernel.synchronous",
+                    format!("unknown value {other:?} (expected \"normal\" or \"full\")"),
+                ));
+                Synchronous::Normal
+            }
+        };
 
         // A kernel value that is itself wrong would only produce noise about the agents.
         let trusted = |field: &str, ok: bool| raw.is_ok(field) && ok;
@@ -127,6 +140,7 @@ impl<'a> Context<'a> {
             shutdown_grace_ms: k.shutdown_grace_ms,
             default_runtime: k.default_runtime.clone(),
             workspace,
+            synchronous,
         };
         (settings, ceilings)
     }
@@ -276,13 +290,13 @@ pub(super) fn across_agents(
     ceilings: &Ceilings,
     issues: &mut Vec<ConfigIssue>,
 ) -> Vec<AgentSpec> {
-    if let Some(max) = ceilings.max_children {
-        if count > max as usize {
-            issues.push(ConfigIssue::new(
-                "agents",
-                format!("{count} agents exceed kernel.max_children {max} (PID 1 is their parent)"),
-            ));
-        }
+    if let Some(max) = ceilings.max_children
+        && count > max as usize
+    {
+        issues.push(ConfigIssue::new(
+            "agents",
+            format!("{count} agents exceed kernel.max_children {max} (PID 1 is their parent)"),
+        ));
     }
     let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
     for agent in agents.iter().filter(|a| a.name_ok) {
@@ -374,24 +388,24 @@ fn check_limits(
     let mut push = |field: &str, message: String| {
         issues.push(ConfigIssue::new(at(location, field), message));
     };
-    if let Some(depth) = limits.max_depth {
-        if let Some(kernel) = ceilings.max_depth.filter(|&k| depth > k.saturating_sub(1)) {
-            push(
-                "max_depth",
-                format!(
-                    "max_depth {depth} exceeds {} (kernel.max_depth {kernel} minus the agent's own level)",
-                    kernel.saturating_sub(1)
-                ),
-            );
-        }
+    if let Some(depth) = limits.max_depth
+        && let Some(kernel) = ceilings.max_depth.filter(|&k| depth > k.saturating_sub(1))
+    {
+        push(
+            "max_depth",
+            format!(
+                "max_depth {depth} exceeds {} (kernel.max_depth {kernel} minus the agent's own level)",
+                kernel.saturating_sub(1)
+            ),
+        );
     }
-    if let Some(children) = limits.max_children {
-        if let Some(kernel) = ceilings.max_children.filter(|&k| children > k) {
-            push(
-                "max_children",
-                format!("max_children {children} exceeds kernel.max_children {kernel}"),
-            );
-        }
+    if let Some(children) = limits.max_children
+        && let Some(kernel) = ceilings.max_children.filter(|&k| children > k)
+    {
+        push(
+            "max_children",
+            format!("max_children {children} exceeds kernel.max_children {kernel}"),
+        );
     }
     if let Some(tasks) = limits.max_concurrent_tasks {
         if tasks == 0 {

@@ -52,7 +52,11 @@ pub(crate) fn process_batches(
     ReceiverStream::new(rx)
 }
 
-/// A stream of the subscription's replay, a `replay_done` marker when
+/// Stored events read per query while replaying from the store.
+const BACKLOG_CHUNK: usize = 1024;
+
+/// A stream of the subscription's replay (from the store first when it
+/// reaches back past memory), a `replay_done` marker when
 /// `since` asked for a replay, then live events without repeats; a lost
 /// stretch of live events becomes one `lagged` marker.
 pub(crate) fn events(
@@ -62,9 +66,38 @@ pub(crate) fn events(
     subscription: Subscription,
 ) -> ReceiverStream<Result<pb::Event, Status>> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let Subscription { replay, mut live } = subscription;
+    let Subscription {
+        backlog,
+        replay,
+        mut live,
+    } = subscription;
     kernel.tracker().spawn(async move {
         let mut last_seq = 0;
+        if let Some(backlog) = backlog {
+            // Older events come from the store, a chunk at a time.
+            let mut after = backlog.after;
+            loop {
+                let chunk = match backlog
+                    .store
+                    .events_between(after, backlog.before, BACKLOG_CHUNK)
+                    .await
+                {
+                    Ok(chunk) => chunk,
+                    Err(err) => {
+                        let _ = send(&tx, Err(Status::unavailable(err.to_string())), &stop).await;
+                        return;
+                    }
+                };
+                let Some(last) = chunk.last() else { break };
+                after = last.seq;
+                for event in &chunk {
+                    last_seq = event.seq;
+                    if !send(&tx, Ok(convert::event(event)), &stop).await {
+                        return;
+                    }
+                }
+            }
+        }
         for event in replay {
             last_seq = event.seq;
             if !send(&tx, Ok(convert::event(&event)), &stop).await {

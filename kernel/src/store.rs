@@ -1,0 +1,368 @@
+//! Durable state in one SQLite file: `<data_dir>/hivekernel.db`.
+//!
+//! One writer thread owns the write connection. Every write goes through one
+//! ordered queue ([`Store::submit`] for writes nobody waits on, such as
+//! events and exit records; [`Store::commit`] for writes a call acknowledges,
+//! such as a message send) and the writer turns whatever has queued up into
+//! one transaction, so a burst of ten thousand exits costs one commit. A
+//! write is acknowledged only after its transaction has committed. Reads run
+//! on a second connection under `spawn_blocking`, so no SQLite call ever
+//! runs on an async worker thread.
+//!
+//! Durability: the database runs in WAL mode with `synchronous = NORMAL`
+//! unless `kernel.store.synchronous` says `full`. With `normal`, a commit
+//! survives a crash or `kill -9` of the kernel (the WAL is in the OS before
+//! the commit returns); a power loss or OS crash may roll back the last
+//! commits, never corrupt the file. With `full`, each commit is fsynced, so
+//! a commit also survives a power loss.
+//!
+//! Layout: `schema` (migrations), `writer` (the writer thread), `recover`
+//! (what a restart reads back).
+
+mod recover;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hivekernel_agents::{MessageId, Pid, RequestId};
+use parking_lot::{Condvar, Mutex};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::events::Event;
+
+pub use recover::{Recovered, StoredMessage, StoredProcess, StoredRequest};
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "hivekernel.db";
+
+/// How hard a commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Survives a crash of the kernel; a power loss may lose the last commits.
+    #[default]
+    Normal,
+    /// Every commit is fsynced: survives a power loss too.
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
+}
+
+/// Why the store failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused an operation.
+    #[error("store {path}: {what}: {message}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// What was being done.
+        what: &'static str,
+        /// SQLite's message.
+        message: String,
+    },
+    /// The database was written by a newer kernel.
+    #[error(
+        "store {path}: schema version {found} is newer than this kernel's {supported}; \
+         use a newer hivekernel or another data directory"
+    )]
+    TooNew {
+        /// The database file.
+        path: String,
+        /// Version in the file.
+        found: i64,
+        /// Newest version this build knows.
+        supported: i64,
+    },
+    /// The store was closed (the kernel is stopping).
+    #[error("store is closed")]
+    Closed,
+}
+
+/// A named counter whose values are reserved ahead in blocks, so that a
+/// value handed out before a crash is never handed out again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counter {
+    Pid,
+    Id,
+    EventSeq,
+}
+
+impl Counter {
+    fn key(self) -> &'static str {
+        match self {
+            Counter::Pid => "next_pid",
+            Counter::Id => "next_id",
+            Counter::EventSeq => "next_event_seq",
+        }
+    }
+}
+
+/// One change to the database.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// An event; `spawned`, `exited` and `reaped` also update the process table.
+    Event(Arc<Event>),
+    /// An acknowledged message waiting for delivery (`body` is its JSON).
+    Message {
+        id: MessageId,
+        to: Pid,
+        body: String,
+        created_ms: u64,
+        /// Wall-clock expiry, from its TTL.
+        expires_ms: Option<u64>,
+    },
+    /// A message was handed to its runtime, expired or was dropped.
+    MessageDone(MessageId),
+    /// A `delegate_async` request waiting for its answer.
+    Request {
+        id: RequestId,
+        from: Pid,
+        to: Pid,
+        created_ms: u64,
+    },
+    RequestDone(RequestId),
+    /// Values of `counter` below `until` may be handed out.
+    Reserve {
+        counter: Counter,
+        until: u64,
+    },
+    /// At a clean stop: the next value of `counter` is exactly `next`.
+    Settle {
+        counter: Counter,
+        next: u64,
+    },
+    /// A process's durable value under `key` (`None` deletes it).
+    State {
+        pid: Pid,
+        key: String,
+        value: Option<String>,
+    },
+    /// A config-declared agent runs as `pid` (and comes back as it after a restart).
+    Declared {
+        name: String,
+        pid: Pid,
+    },
+    /// Nothing; a barrier to wait for everything queued before it.
+    Flush,
+}
+
+type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+/// What the writer takes from the queue.
+#[derive(Debug)]
+struct Op {
+    write: Write,
+    ack: Option<Ack>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    ops: Vec<Op>,
+    closed: bool,
+    /// The writer is asleep on the condvar.
+    waiting: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    path: PathBuf,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Read connection, used under `spawn_blocking` only.
+    read: Mutex<Connection>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Sequence number of the newest committed event.
+    persisted_event_seq: AtomicU64,
+}
+
+/// Handle to the store; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+}
+
+impl Store {
+    /// Opens (creating or migrating) the database at `path`, reads back what
+    /// a restart needs and starts the writer thread. Blocking: call it from
+    /// `spawn_blocking` or before the runtime starts.
+    pub fn open(path: &Path, synchronous: Synchronous) -> Result<(Store, Recovered), StoreError> {
+        let write = schema::open(path, synchronous)?;
+        let recovered = recover::load(&write, path)?;
+        let read = schema::open_reader(path)?;
+        let shared = Arc::new(Shared {
+            path: path.to_owned(),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            read: Mutex::new(read),
+            writer: Mutex::new(None),
+            persisted_event_seq: AtomicU64::new(recovered.next_event_seq.saturating_sub(1)),
+        });
+        let worker = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("hivekernel-store".into())
+            .spawn(move || writer::run(write, &worker))
+            .map_err(|err| StoreError::Sqlite {
+                path: path.display().to_string(),
+                what: "cannot start the writer thread",
+                message: err.to_string(),
+            })?;
+        *shared.writer.lock() = Some(handle);
+        Ok((Store { shared }, recovered))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Sequence number of the newest event known to be committed.
+    pub(crate) fn persisted_event_seq(&self) -> u64 {
+        self.shared.persisted_event_seq.load(Ordering::Acquire)
+    }
+
+    /// Queues a write nobody waits for; it commits with the next batch.
+    pub(crate) fn submit(&self, write: Write) {
+        self.enqueue(std::iter::once(Op { write, ack: None }));
+    }
+
+    /// Queues several writes, in order, under one lock.
+    pub(crate) fn submit_all(&self, writes: impl IntoIterator<Item = Write>) {
+        self.enqueue(writes.into_iter().map(|write| Op { write, ack: None }));
+    }
+
+    /// Queues a write now, in order with everything queued before it, and
+    /// returns a future that resolves once its transaction has committed.
+    pub(crate) fn commit(
+        &self,
+        write: Write,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + use<> {
+        let (tx, rx) = oneshot::channel();
+        let queued = self.enqueue(std::iter::once(Op {
+            write,
+            ack: Some(tx),
+        }));
+        async move {
+            if !queued {
+                return Err(StoreError::Closed);
+            }
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        }
+    }
+
+    /// Waits until everything queued so far has committed.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.commit(Write::Flush).await
+    }
+
+    /// Adds ops to the queue; false when the store is closed.
+    fn enqueue(&self, ops: impl Iterator<Item = Op>) -> bool {
+        let mut queue = self.shared.queue.lock();
+        if queue.closed {
+            return false;
+        }
+        queue.ops.extend(ops);
+        if queue.waiting {
+            queue.waiting = false;
+            self.shared.wake.notify_one();
+        }
+        true
+    }
+
+    /// Commits what is queued, stops the writer and waits for it. Later
+    /// writes are refused with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        {
+            let mut queue = self.shared.queue.lock();
+            queue.closed = true;
+            self.shared.wake.notify_one();
+        }
+        let handle = self.shared.writer.lock().take();
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+
+    /// Runs `read` on the read connection off the async threads.
+    pub(crate) async fn read<T, F>(&self, what: &'static str, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = shared.read.lock();
+            read(&conn).map_err(|err| sqlite_error(&shared.path, what, err))
+        })
+        .await
+        .unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Stored events with `after < seq < before`, oldest first, at most `limit`.
+    pub async fn events_between(
+        &self,
+        after: u64,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.read("read events", move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT body FROM events WHERE seq > ?1 AND seq < ?2 ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(
+                (to_sql_u64(after), to_sql_u64(before), limit as i64),
+                |row| row.get::<_, String>(0),
+            )?;
+            let mut events = Vec::new();
+            for body in rows {
+                // A row this build cannot read is skipped, not fatal.
+                if let Ok(event) = serde_json::from_str::<Event>(&body?) {
+                    events.push(event);
+                }
+            }
+            Ok(events)
+        })
+        .await
+    }
+
+    /// A process's durable value under `key`.
+    pub(crate) async fn state(&self, pid: Pid, key: String) -> Result<Option<String>, StoreError> {
+        self.read("read process state", move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT value FROM process_state WHERE pid = ?1 AND key = ?2")?;
+            let mut rows = stmt.query((to_sql_u64(pid.0), key))?;
+            match rows.next()? {
+                Some(row) => row.get(0).map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+}
+
+pub(crate) fn sqlite_error(path: &Path, what: &'static str, err: rusqlite::Error) -> StoreError {
+    StoreError::Sqlite {
+        path: path.display().to_string(),
+        what,
+        message: err.to_string(),
+    }
+}
+
+/// SQLite integers are signed; kernel counters never reach 2^63.
+pub(crate) fn to_sql_u64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn from_sql_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}

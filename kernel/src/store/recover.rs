@@ -1,0 +1,170 @@
+//! What a restart reads back: counters, processes, pending messages and
+//! unanswered requests.
+
+use std::path::Path;
+
+use hivekernel_agents::{Message, MessageId, Pid, RequestId};
+use rusqlite::Connection;
+
+use super::{Counter, StoreError, from_sql_u64, sqlite_error};
+
+/// A process that was alive when the kernel last stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredProcess {
+    /// Its PID.
+    pub pid: Pid,
+    /// Its parent.
+    pub ppid: Pid,
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: String,
+}
+
+/// An acknowledged message that was never delivered.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    /// Its id.
+    pub id: MessageId,
+    /// Its receiver.
+    pub to: Pid,
+    /// Wall-clock expiry from its TTL, in Unix milliseconds.
+    pub expires_ms: Option<u64>,
+    /// The message, or why it could not be read back.
+    pub message: Result<Message, String>,
+}
+
+/// A `delegate_async` request that was never answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredRequest {
+    /// Its id.
+    pub id: RequestId,
+    /// Who asked (the answer goes to its mailbox).
+    pub from: Pid,
+    /// Who was asked.
+    pub to: Pid,
+}
+
+/// Everything a restarting kernel needs from the store.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    /// The next PID to hand out (never one handed out before).
+    pub next_pid: u64,
+    /// The next message / request id.
+    pub next_id: u64,
+    /// The next event sequence number.
+    pub next_event_seq: u64,
+    /// Processes alive at the last stop, parents before children.
+    pub processes: Vec<StoredProcess>,
+    /// Processes that had exited but were not yet collected.
+    pub zombies: Vec<Pid>,
+    /// The PID each config-declared agent last ran as, by name.
+    pub declared: std::collections::HashMap<String, Pid>,
+    /// Undelivered messages, oldest first.
+    pub messages: Vec<StoredMessage>,
+    /// Unanswered requests, oldest first.
+    pub requests: Vec<StoredRequest>,
+}
+
+impl Recovered {
+    /// The starting value of `counter`.
+    pub(crate) fn next(&self, counter: Counter) -> u64 {
+        match counter {
+            Counter::Pid => self.next_pid,
+            Counter::Id => self.next_id,
+            Counter::EventSeq => self.next_event_seq,
+        }
+    }
+}
+
+pub(super) fn load(conn: &Connection, path: &Path) -> Result<Recovered, StoreError> {
+    read(conn).map_err(|err| sqlite_error(path, "cannot read back state", err))
+}
+
+fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
+    let counter = |key: &str| -> rusqlite::Result<u64> {
+        let value: Option<i64> = conn
+            .query_row("SELECT value FROM counters WHERE name = ?1", [key], |r| {
+                r.get(0)
+            })
+            .or_else(|err| match err {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                other => Err(other),
+            })?;
+        Ok(value.map_or(0, from_sql_u64))
+    };
+    let max = |sql: &str| -> rusqlite::Result<u64> {
+        let value: Option<i64> = conn.query_row(sql, [], |r| r.get(0))?;
+        Ok(value.map_or(0, from_sql_u64))
+    };
+    let next_pid = counter(Counter::Pid.key())?
+        .max(max("SELECT max(pid) FROM processes")? + 1)
+        .max(max("SELECT max(pid) FROM declared")? + 1)
+        .max(2);
+    let next_id = counter(Counter::Id.key())?
+        .max(max("SELECT max(id) FROM messages")? + 1)
+        .max(max("SELECT max(id) FROM requests")? + 1)
+        .max(1);
+    let next_event_seq = counter(Counter::EventSeq.key())?
+        .max(max("SELECT max(seq) FROM events")? + 1)
+        .max(1);
+
+    let mut stmt = conn.prepare(
+        "SELECT pid, ppid, name, role FROM processes
+         WHERE exit_code IS NULL ORDER BY pid",
+    )?;
+    let processes = stmt
+        .query_map([], |r| {
+            Ok(StoredProcess {
+                pid: Pid(from_sql_u64(r.get(0)?)),
+                ppid: Pid(from_sql_u64(r.get(1)?)),
+                name: r.get(2)?,
+                role: r.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+
+    let mut stmt = conn.prepare("SELECT pid FROM processes WHERE exit_code IS NOT NULL")?;
+    let zombies = stmt
+        .query_map([], |r| Ok(Pid(from_sql_u64(r.get(0)?))))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut stmt = conn.prepare("SELECT name, pid FROM declared")?;
+    let declared = stmt
+        .query_map([], |r| Ok((r.get(0)?, Pid(from_sql_u64(r.get(1)?)))))?
+        .collect::<rusqlite::Result<_>>()?;
+
+    let mut stmt = conn.prepare("SELECT id, to_pid, body, expires_ms FROM messages ORDER BY id")?;
+    let messages = stmt
+        .query_map([], |r| {
+            let body: String = r.get(2)?;
+            Ok(StoredMessage {
+                id: MessageId(from_sql_u64(r.get(0)?)),
+                to: Pid(from_sql_u64(r.get(1)?)),
+                expires_ms: r.get::<_, Option<i64>>(3)?.map(from_sql_u64),
+                message: serde_json::from_str(&body).map_err(|e| e.to_string()),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+
+    let mut stmt = conn.prepare("SELECT id, from_pid, to_pid FROM requests ORDER BY id")?;
+    let requests = stmt
+        .query_map([], |r| {
+            Ok(StoredRequest {
+                id: RequestId(from_sql_u64(r.get(0)?)),
+                from: Pid(from_sql_u64(r.get(1)?)),
+                to: Pid(from_sql_u64(r.get(2)?)),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+
+    Ok(Recovered {
+        next_pid,
+        next_id,
+        next_event_seq,
+        processes,
+        zombies,
+        declared,
+        messages,
+        requests,
+    })
+}

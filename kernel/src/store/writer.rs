@@ -1,0 +1,199 @@
+//! The writer thread: drains the queue into one transaction per batch.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rusqlite::{Connection, Transaction};
+
+use crate::events::{Event, EventKind};
+
+use super::{Op, Shared, Write, sqlite_error, to_sql_u64};
+
+/// Runs until the store is closed and its queue is empty.
+pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
+    loop {
+        let (ops, closed) = {
+            let mut queue = shared.queue.lock();
+            while queue.ops.is_empty() && !queue.closed {
+                queue.waiting = true;
+                shared.wake.wait(&mut queue);
+            }
+            (std::mem::take(&mut queue.ops), queue.closed)
+        };
+        if !ops.is_empty() {
+            commit_batch(&mut conn, shared, ops);
+        }
+        if closed && shared.queue.lock().ops.is_empty() {
+            break;
+        }
+    }
+    // Fold the WAL back into the database so a stopped kernel leaves one file.
+    if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
+        tracing::warn!(error = %err, "store: checkpoint at close failed");
+    }
+}
+
+/// Writes `ops` in one transaction and answers every waiter.
+fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
+    let result = conn
+        .transaction()
+        .and_then(|tx| {
+            for op in &ops {
+                apply(&tx, &op.write)?;
+            }
+            tx.commit()
+        })
+        .map_err(|err| sqlite_error(&shared.path, "cannot commit", err));
+    if let Err(err) = &result {
+        tracing::error!(error = %err, writes = ops.len(), "store: a batch was not written");
+    }
+    // Advanced on failure too: events that could not be written must not pin memory forever.
+    let newest = ops.iter().rev().find_map(|op| match &op.write {
+        Write::Event(event) => Some(event.seq),
+        _ => None,
+    });
+    if let Some(seq) = newest {
+        shared.persisted_event_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+    for op in ops {
+        if let Some(ack) = op.ack {
+            let _ = ack.send(result.clone());
+        }
+    }
+}
+
+fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
+    match write {
+        Write::Event(event) => {
+            let body = serde_json::to_string(&**event)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO events (seq, at_ms, pid, type, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute((
+                to_sql_u64(event.seq),
+                to_sql_u64(event.at_unix_ms),
+                to_sql_u64(event.pid.0),
+                event.kind.name(),
+                body,
+            ))?;
+            track_process(tx, event)?;
+        }
+        Write::Message {
+            id,
+            to,
+            body,
+            created_ms,
+            expires_ms,
+        } => {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO messages (id, to_pid, body, created_ms, expires_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute((
+                to_sql_u64(id.0),
+                to_sql_u64(to.0),
+                body,
+                to_sql_u64(*created_ms),
+                expires_ms.map(to_sql_u64),
+            ))?;
+        }
+        Write::MessageDone(id) => {
+            tx.prepare_cached("DELETE FROM messages WHERE id = ?1")?
+                .execute([to_sql_u64(id.0)])?;
+        }
+        Write::Request {
+            id,
+            from,
+            to,
+            created_ms,
+        } => {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO requests (id, from_pid, to_pid, created_ms) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute((
+                to_sql_u64(id.0),
+                to_sql_u64(from.0),
+                to_sql_u64(to.0),
+                to_sql_u64(*created_ms),
+            ))?;
+        }
+        Write::RequestDone(id) => {
+            tx.prepare_cached("DELETE FROM requests WHERE id = ?1")?
+                .execute([to_sql_u64(id.0)])?;
+        }
+        Write::Reserve { counter, until } => {
+            tx.prepare_cached(
+                "INSERT INTO counters (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",
+            )?
+            .execute((counter.key(), to_sql_u64(*until)))?;
+        }
+        Write::Settle { counter, next } => {
+            tx.prepare_cached(
+                "INSERT INTO counters (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            )?
+            .execute((counter.key(), to_sql_u64(*next)))?;
+        }
+        Write::State { pid, key, value } => match value {
+            Some(value) => {
+                tx.prepare_cached(
+                    "INSERT INTO process_state (pid, key, value) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (pid, key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute((to_sql_u64(pid.0), key, value))?;
+            }
+            None => {
+                tx.prepare_cached("DELETE FROM process_state WHERE pid = ?1 AND key = ?2")?
+                    .execute((to_sql_u64(pid.0), key))?;
+            }
+        },
+        Write::Declared { name, pid } => {
+            tx.prepare_cached(
+                "INSERT INTO declared (name, pid) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET pid = excluded.pid",
+            )?
+            .execute((name, to_sql_u64(pid.0)))?;
+        }
+        Write::Flush => {}
+    }
+    Ok(())
+}
+
+/// Keeps the process table in step with the events that change it, in the
+/// same transaction: alive and zombie processes have a row, reaped ones none.
+fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+    let pid = to_sql_u64(event.pid.0);
+    match &event.kind {
+        EventKind::Spawned {
+            ppid, name, role, ..
+        } => {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO processes (pid, ppid, name, role, started_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute((
+                pid,
+                to_sql_u64(ppid.0),
+                &**name,
+                role.as_str(),
+                to_sql_u64(event.at_unix_ms),
+            ))?;
+        }
+        EventKind::Exited {
+            exit_code, reason, ..
+        } => {
+            tx.prepare_cached(
+                "UPDATE processes SET exit_code = ?2, exit_reason = ?3, exited_ms = ?4 WHERE pid = ?1",
+            )?
+            .execute((pid, exit_code, &**reason, to_sql_u64(event.at_unix_ms)))?;
+        }
+        EventKind::Reaped { .. } => {
+            tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?
+                .execute([pid])?;
+        }
+        _ => {}
+    }
+    Ok(())
+}

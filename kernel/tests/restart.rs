@@ -1,0 +1,267 @@
+//! Restarts of the real binary: `kill -9` and SIGTERM, then `hivekernel
+//! start` again on the same data directory. What a call acknowledged must
+//! be there after the restart, exactly once.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_client::KernelClient;
+use serde_json::Value;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+
+use support::{Kernel, write_config};
+
+/// One echo agent, `sink`, that works on one thing at a time, with room for
+/// the messages the crash test queues.
+const SINK: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo",
+              "mailbox_capacity": 4096, "max_concurrent_tasks": 1, "task_timeout_seconds": 3600 },
+  "agents": [
+    { "name": "sink", "role": "daemon", "system_prompt": "You echo." }
+  ]
+}"#;
+
+const MESSAGES: usize = 1000;
+
+/// A gRPC client of `kernel` with its admin token.
+async fn client(kernel: &Kernel) -> KernelClient<Channel> {
+    let channel = Channel::from_shared(kernel.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    KernelClient::new(channel)
+}
+
+fn authed<T>(kernel: &Kernel, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let bearer: MetadataValue<_> = format!("Bearer {}", kernel.token()).parse().unwrap();
+    request.metadata_mut().insert("authorization", bearer);
+    request
+}
+
+/// Every stored event, replayed from sequence 0, as `(seq, type, detail)`.
+async fn all_events(kernel: &Kernel) -> Vec<(u64, String, Value)> {
+    let mut client = client(kernel).await;
+    let request = pb::SubscribeEventsRequest {
+        since_seq: 0,
+        replay: true,
+    };
+    let mut stream = client
+        .subscribe_events(authed(kernel, request))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await.unwrap() {
+        if event.r#type == "replay_done" {
+            break;
+        }
+        let detail = serde_json::from_str(&event.detail).unwrap_or(Value::Null);
+        events.push((event.seq, event.r#type, detail));
+    }
+    events
+}
+
+/// Payloads of the `pong`s PID 1 received, in event order.
+fn pongs(events: &[(u64, String, Value)]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|(_, kind, detail)| kind == "kernel_message" && detail["kind"] == "pong")
+        .map(|(_, _, detail)| detail["payload"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_survive_kill_9_and_are_delivered_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SINK);
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    let sink = kernel.pid_of("sink");
+    let mut rpc = client(&kernel).await;
+
+    // Keep the sink busy, so every message stays queued.
+    let busy = pb::ExecuteTaskRequest {
+        pid: sink,
+        description: "hold".into(),
+        params: HashMap::from([("delay_ms".to_owned(), "3600000".to_owned())]),
+        ..Default::default()
+    };
+    let mut blocker = rpc.clone();
+    let hold = tokio::spawn({
+        let request = authed(&kernel, busy);
+        async move { blocker.execute_task(request).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = rpc
+            .get_process(authed(&kernel, pb::GetProcessRequest { pid: sink }))
+            .await
+            .unwrap()
+            .into_inner();
+        if info.state == pb::ProcessState::Running as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sink never started the task");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    for i in 0..MESSAGES {
+        let send = pb::SendMessageRequest {
+            to: sink,
+            r#type: "ping".into(),
+            payload: format!("m-{i:04}"),
+            ..Default::default()
+        };
+        rpc.send_message(authed(&kernel, send)).await.unwrap();
+    }
+    kernel.kill_9();
+    hold.abort();
+
+    kernel.restart();
+    assert_eq!(
+        kernel.pid_of("sink"),
+        sink,
+        "the config agent keeps its PID"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let events = loop {
+        let events = all_events(&kernel).await;
+        if pongs(&events).len() >= MESSAGES {
+            break events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {MESSAGES} pongs after 60 s:\n{}",
+            pongs(&events).len(),
+            kernel.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    kernel.stop();
+
+    let pongs = pongs(&events);
+    let mut seen = HashMap::new();
+    for payload in &pongs {
+        *seen.entry(payload.as_str()).or_insert(0) += 1;
+    }
+    let duplicated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(duplicated.is_empty(), "delivered twice: {duplicated:?}");
+    for i in 0..MESSAGES {
+        assert!(
+            seen.contains_key(format!("m-{i:04}").as_str()),
+            "m-{i:04} lost"
+        );
+    }
+    let seqs: Vec<u64> = events.iter().map(|(seq, _, _)| *seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "sequence not increasing"
+    );
+
+    let db = rusqlite::Connection::open(kernel.data_dir().join("hivekernel.db")).unwrap();
+    let check: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let pending: i64 = db
+        .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(pending, 0, "delivered messages left in the store");
+}
+
+#[test]
+fn config_agents_keep_their_pids_and_the_rest_is_recorded_dead_after_kill_9() {
+    let mut kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    let helper = kernel.pid_of("helper");
+    let child = kernel.spawn(&["--parent", &queen.to_string(), "--name", "scratch"]);
+
+    kernel.kill_9();
+    kernel.restart();
+
+    assert_eq!(kernel.pid_of("queen"), queen);
+    assert_eq!(kernel.pid_of("helper"), helper);
+    let procs = kernel.ps();
+    assert!(
+        support::find(&procs, child).is_none(),
+        "a process not in the config came back: {procs:?}"
+    );
+    let fresh = kernel.spawn(&["--parent", &queen.to_string(), "--name", "fresh"]);
+    assert!(fresh > child, "PID {fresh} reused (last was {child})");
+
+    let run = kernel.cli(&["events", "--json", "--since", "0"]);
+    let events: Vec<Value> = run
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let exit = events
+        .iter()
+        .find(|e| e["type"] == "exited" && e["pid"] == child)
+        .unwrap_or_else(|| panic!("no exit of {child}: {events:?}"));
+    assert_eq!(exit["reason"], "kernel restart");
+    assert_eq!(exit["ppid"], queen);
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let spawned_queen = events
+        .iter()
+        .filter(|e| e["type"] == "spawned" && e["pid"] == queen)
+        .count();
+    assert_eq!(spawned_queen, 2, "queen spawned once per run");
+}
+
+#[test]
+fn a_clean_restart_continues_the_event_sequence_without_a_gap() {
+    let mut kernel = Kernel::start();
+    let before = kernel.cli(&["events", "--json", "--since", "0"]);
+    let last_before = before
+        .ok()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap();
+    kernel.stop();
+    kernel.restart();
+
+    let after = kernel.cli(&["events", "--json", "--since", "0"]);
+    let seqs: Vec<u64> = after
+        .ok()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|e| e["seq"].as_u64())
+        .collect();
+    // The first run's events, its shutdown's exits, then the second run's spawns.
+    assert_eq!(seqs.first(), Some(&1));
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gap or repeat in {seqs:?}"
+    );
+    assert!(seqs.contains(&(last_before + 1)));
+}
+
+#[test]
+fn a_second_kernel_on_the_same_data_directory_is_refused() {
+    let kernel = Kernel::start();
+    let config = kernel.dir.path().join("config.json");
+    let data = kernel.data_dir();
+    let second = support::hivekernel(&[
+        "start",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let stderr = second.failed(2);
+    assert!(stderr.contains("in use by another kernel"), "{stderr}");
+    // The first kernel is untouched.
+    assert_eq!(kernel.ps().len(), 3);
+}

@@ -1,0 +1,281 @@
+//! The store end to end, in process: a kernel with a real SQLite file is
+//! stopped and a second kernel is started on the same file, as `hivekernel
+//! start` does after a restart. (kernel/tests/restart.rs does the same with
+//! the real binary and `kill -9`.)
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
+use hivekernel_agents::message::kinds;
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
+use hivekernel_agents::{ExitRecord, Pid, Role, SpawnRequest, TaskSpec};
+use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::store::Recovered;
+use hivekernel_kernel::{Caller, KERNEL_RESTART, Kernel, KernelError, Restored};
+use hivekernel_tests::llm_server::{LlmServer, Scripted};
+use hivekernel_tests::{
+    Journal, agent_registry, open_store, probe_request, test_settings, wait_until,
+};
+use serde_json::Value;
+
+const STEP: Duration = Duration::from_secs(10);
+
+/// A durable kernel on `<dir>/hivekernel.db` whose agents talk to `server`.
+async fn durable(dir: &std::path::Path, server: &LlmServer) -> (Kernel, Journal, Recovered) {
+    let provider = OpenAiProvider::new(OpenAiSettings {
+        base_url: server.base_url(),
+        request_timeout: Duration::from_secs(10),
+        max_retries: 0,
+        ..OpenAiSettings::default()
+    })
+    .unwrap();
+    let settings = KernelSettings {
+        workspace: Some(dir.join("workspace")),
+        ..test_settings()
+    };
+    let (registry, journal) = agent_registry(AgentSettings::default(), &ToolSettings::default());
+    let (store, recovered) = open_store(dir).await;
+    let kernel = Kernel::start_with(
+        settings,
+        registry,
+        Some(Arc::new(provider)),
+        Some((store, &recovered)),
+    );
+    (kernel, journal, recovered)
+}
+
+fn agent(name: &str, role: Role) -> SpawnRequest {
+    let mut request = SpawnRequest::new(Pid::KERNEL, name);
+    request.role = role;
+    request.model = "test-model".into();
+    request.runtime = Some("tool_agent".into());
+    request.system_prompt = format!("You are {name}.");
+    request
+}
+
+async fn run(kernel: &Kernel, pid: Pid, task: &str) -> String {
+    let (_, reply) = kernel
+        .execute_task(Caller::Admin, TaskSpec::new(pid, task))
+        .await
+        .unwrap();
+    reply.unwrap()
+}
+
+/// Every user message the model was sent, in order, across all requests.
+fn user_texts(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_keeps_its_pid_and_its_conversation_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("noted")).await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let queen = kernel
+        .spawn_declared(agent("queen", Role::Daemon), Some(&recovered))
+        .await
+        .unwrap();
+    run(&kernel, queen, "remember the word apricot").await;
+    kernel.shutdown().await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let again = kernel
+        .spawn_declared(agent("queen", Role::Daemon), Some(&recovered))
+        .await
+        .unwrap();
+    assert_eq!(again, queen, "a config agent comes back with its PID");
+    kernel.restore(recovered);
+    run(&kernel, queen, "which word was it?").await;
+
+    let last = server.requests().pop().unwrap();
+    let users = user_texts(&last);
+    assert_eq!(users.len(), 2, "{users:?}");
+    assert!(users[0].contains("apricot"), "history lost: {users:?}");
+    assert!(users[1].contains("which word"), "{users:?}");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let mut lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
+    lead.role = Role::Lead;
+    let lead_pid = kernel
+        .spawn_declared(lead.clone(), Some(&recovered))
+        .await
+        .unwrap();
+    let (_, worker) = kernel
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(lead_pid, "spawn slowpoke worker"),
+        )
+        .await
+        .unwrap();
+    let worker = Pid(worker.unwrap().parse().unwrap());
+    // The lead delegates a task the worker is still on when the kernel stops.
+    let (_, request) = kernel
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(lead_pid, format!("delegate {} sleep 600000", worker.0)),
+        )
+        .await
+        .unwrap();
+    let request: u64 = request.unwrap().parse().unwrap();
+    wait_until("the worker is on the task", STEP, || async {
+        kernel
+            .get_process(Caller::Admin, worker)
+            .await
+            .is_ok_and(|p| p.state == hivekernel_agents::ProcessState::Running)
+    })
+    .await;
+    kernel.shutdown().await;
+
+    let (kernel, journal, recovered) = durable(dir.path(), &server).await;
+    assert!(
+        recovered.processes.is_empty(),
+        "a clean stop ends everything"
+    );
+    assert_eq!(recovered.requests.len(), 1, "{:?}", recovered.requests);
+    let back = kernel.spawn_declared(lead, Some(&recovered)).await.unwrap();
+    assert_eq!(back, lead_pid);
+    let restored = kernel.restore(recovered);
+    assert_eq!(
+        restored,
+        Restored {
+            failed_requests: 1,
+            ..Restored::default()
+        }
+    );
+    wait_until("the lead hears of its request", STEP, || async {
+        journal
+            .of(lead_pid)
+            .iter()
+            .any(|m| m.kind == kinds::TASK_RESPONSE)
+    })
+    .await;
+    let response = journal
+        .of(lead_pid)
+        .into_iter()
+        .find(|m| m.kind == kinds::TASK_RESPONSE)
+        .unwrap();
+    let body: Value = serde_json::from_str(&response.payload).unwrap();
+    assert_eq!(body["request_id"], request);
+    assert_eq!(body["success"], false);
+    assert!(
+        body["error"].as_str().unwrap().contains(KERNEL_RESTART),
+        "{body}"
+    );
+    assert!(
+        kernel.get_process(Caller::Admin, worker).await.is_err(),
+        "the worker was not in the config and must not come back"
+    );
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
+    let lead_pid = kernel
+        .spawn_declared(lead.clone(), Some(&recovered))
+        .await
+        .unwrap();
+    let (_, child) = kernel
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(lead_pid, "spawn scratch worker"),
+        )
+        .await
+        .unwrap();
+    let child = Pid(child.unwrap().parse().unwrap());
+    // A crash: the store has everything, but nothing was stopped.
+    kernel.store().unwrap().flush().await.unwrap();
+    let (_, recovered_now) = open_store(dir.path()).await;
+    assert_eq!(
+        recovered_now
+            .processes
+            .iter()
+            .map(|p| p.pid)
+            .collect::<Vec<_>>(),
+        [lead_pid, child],
+        "both alive in the store"
+    );
+
+    let (second, journal, _) = durable(dir.path(), &server).await;
+    let back = second
+        .spawn_declared(lead, Some(&recovered_now))
+        .await
+        .unwrap();
+    assert_eq!(back, lead_pid);
+    let restored = second.restore(recovered_now);
+    assert_eq!(restored.ended, 1);
+    wait_until("the lead hears of its child", STEP, || async {
+        journal
+            .of(lead_pid)
+            .iter()
+            .any(|m| m.kind == kinds::CHILD_EXITED)
+    })
+    .await;
+    let notice = journal
+        .of(lead_pid)
+        .into_iter()
+        .find(|m| m.kind == kinds::CHILD_EXITED)
+        .unwrap();
+    let record: ExitRecord = serde_json::from_str(&notice.payload).unwrap();
+    assert_eq!(record.pid, child);
+    assert_eq!(record.reason, KERNEL_RESTART);
+    let fresh = second
+        .spawn(
+            Caller::Admin,
+            probe_request(lead_pid, "fresh", Role::Worker),
+        )
+        .await
+        .unwrap();
+    assert!(fresh > child, "PID {fresh} handed out twice");
+    second.shutdown().await;
+    kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn process_state_refuses_bad_keys_and_oversized_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let (kernel, _, _) = durable(dir.path(), &server).await;
+    let pid = Pid(2);
+    for key in [
+        "",
+        "a\nb",
+        &"k".repeat(hivekernel_kernel::MAX_STATE_KEY_BYTES + 1),
+    ] {
+        let err = kernel.load_state(pid, key).await.unwrap_err();
+        assert!(matches!(err, KernelError::InvalidArgument(_)), "{err}");
+    }
+    let big = "x".repeat(hivekernel_kernel::MAX_STATE_VALUE_BYTES + 1);
+    let err = kernel.save_state(pid, "k", Some(big)).await.unwrap_err();
+    assert!(err.to_string().contains("at most"), "{err}");
+    assert_eq!(kernel.load_state(pid, "k").await.unwrap(), None);
+    kernel.save_state(pid, "k", Some("v".into())).await.unwrap();
+    assert_eq!(
+        kernel.load_state(pid, "k").await.unwrap().as_deref(),
+        Some("v")
+    );
+    kernel.save_state(pid, "k", None).await.unwrap();
+    assert_eq!(kernel.load_state(pid, "k").await.unwrap(), None);
+    kernel.shutdown().await;
+}
