@@ -11,6 +11,7 @@ use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared};
 use crate::runtime::run_process;
+use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
 
 /// Longest process name, in bytes.
@@ -43,6 +44,8 @@ impl Kernel {
             ))
         })?;
 
+        let (restart, strategy) = self.supervision_for(&request)?;
+
         let parent = request.parent;
         let mut table = self.inner.table.write();
         // Checked again under the lock: shutdown's last pass holds it too.
@@ -54,6 +57,12 @@ impl Kernel {
             return Err(KernelError::ParentNotAlive {
                 pid: parent,
                 state: "zombie",
+            });
+        }
+        if parent_entry.is_restarting() {
+            return Err(KernelError::ParentNotAlive {
+                pid: parent,
+                state: "restarting",
             });
         }
         if let Caller::Process(me) = caller
@@ -165,6 +174,7 @@ impl Kernel {
                 runner: Some(runner),
                 exit: None,
                 exit_waiters: Vec::new(),
+                sup: Supervision::for_spawn(restart, strategy),
             },
         );
         drop(table);

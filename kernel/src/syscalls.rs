@@ -68,6 +68,10 @@ impl Syscalls for KernelSyscalls {
         });
     }
 
+    async fn exit(&self, code: i32, reason: &str) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.exit_process(self.pid, code, reason).await?)
+    }
+
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let kernel = self
             .kernel()
