@@ -340,6 +340,30 @@ mod tests {
     }
 
     #[test]
+    fn spawn_takes_a_restart_policy_and_a_strategy() {
+        let spawn = |extra: &[&str]| {
+            let args = ["hivekernel", "spawn", "--parent", "1", "--name", "w"];
+            Cli::try_parse_from(args.iter().chain(extra))
+        };
+        let parsed = spawn(&["--restart", "permanent", "--strategy", "rest_for_one"]);
+        let Ok(Cli {
+            command: Command::Spawn(args),
+        }) = parsed
+        else {
+            panic!("not a spawn: {parsed:?}");
+        };
+        assert_eq!(args.restart, Some(RestartPolicy::Permanent));
+        assert_eq!(args.strategy, Some(Strategy::RestForOne));
+        let text = spawn(&["--restart", "forever"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            text.unwrap_or_default()
+                .contains("permanent, transient, temporary")
+        );
+    }
+
+    #[test]
     fn prompt_and_prompt_file_conflict() {
         let parsed = Cli::try_parse_from([
             "hivekernel",

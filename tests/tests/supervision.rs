@@ -715,3 +715,50 @@ async fn shutdown_cancels_pending_restarts() {
     assert_eq!(kernel.live_count(), 1);
     assert!(kernel.tracker().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running() {
+    let (kernel, _) = kernel();
+    let parent = spawn(&kernel, ROOT, "parent", None, Some(Strategy::OneForAll)).await;
+    let spec = RestartSpec {
+        backoff_ms: [0, 0],
+        ..restart(Permanent, 1000)
+    };
+    let mut children = Vec::new();
+    for i in 0..5 {
+        children.push(spawn(&kernel, parent, &format!("c{i}"), Some(spec), None).await);
+    }
+    for round in 1..=10 {
+        let crashes = children.iter().map(|&pid| {
+            let kernel = kernel.clone();
+            // A child already stopped by a sibling's failure refuses the message.
+            async move {
+                let _ = kernel
+                    .send_message(Caller::Admin, Outgoing::new(pid, "crash"))
+                    .await;
+            }
+        });
+        futures::future::join_all(crashes).await;
+        // Every round restarts every child at least once, all together.
+        wait_until(
+            "every child to run again",
+            Duration::from_secs(10),
+            || async {
+                let infos = kernel.infos(&children);
+                infos.len() == children.len()
+                    && infos.iter().all(|i| {
+                        i.state == ProcessState::Idle && i.mailbox_len == 0 && i.restarts >= round
+                    })
+            },
+        )
+        .await;
+    }
+    for info in kernel.infos(&children) {
+        assert!(info.restarts >= 10, "{info:?}");
+        assert_eq!(info.ppid, parent);
+    }
+    assert_eq!(info(&kernel, parent).await.children, 5);
+    assert_eq!(kernel.live_count(), 7);
+    kernel.shutdown().await;
+    assert!(kernel.tracker().is_empty());
+}

@@ -332,8 +332,9 @@ impl Kernel {
                     }
                 }
             }
+            // Under the lock, so no later exit of the new runner can be reported first.
+            self.inner.events.emit_all(restarted);
         }
-        self.inner.events.emit_all(restarted);
         self.finish_exits(exits).await;
     }
 
