@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`process`]: PIDs, roles, tiers, states, limits, spawn requests, exit records.
 //! - [`message`]: priorities, message and task envelopes as a runtime sees them.
+//! - [`supervision`]: restart policies and specs, supervision strategies.
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
@@ -19,6 +20,7 @@ pub mod llm;
 pub mod message;
 pub mod process;
 pub mod runtime;
+pub mod supervision;
 pub mod syscalls;
 pub mod tool_agent;
 pub mod tools;
@@ -29,4 +31,5 @@ pub use process::{
     SpawnRequest, Tier,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
+pub use supervision::{RestartPolicy, RestartSpec, Strategy};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};

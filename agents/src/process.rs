@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::supervision::{RestartSpec, Strategy};
+
 /// A process id. PID 1 is the kernel; PIDs are never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -67,6 +69,7 @@ macro_rules! named_enum {
         }
     };
 }
+pub(crate) use named_enum;
 
 named_enum!(
     /// What a process is for; decides what it may do (a `task` may not spawn).
@@ -117,6 +120,7 @@ named_enum!(
         Sleeping = "sleeping",
         Zombie = "zombie",
         Dead = "dead",
+        Restarting = "restarting",
     }
 );
 
@@ -170,6 +174,14 @@ pub struct SpawnRequest {
     pub limits: LimitOverrides,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// When the kernel restarts it; `None` takes its role's default from
+    /// config (temporary, never restarted, when the role has none).
+    #[serde(default)]
+    pub restart: Option<RestartSpec>,
+    /// How a failure of one of its children affects the others; `None` takes
+    /// its role's default from config (one_for_one when the role has none).
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
     /// Its working directory; `None` takes `<kernel workspace>/<name>`.
     /// Only the kernel's own config sets this; it is not taken from clients.
     #[serde(skip)]
@@ -190,6 +202,8 @@ impl SpawnRequest {
             tools: Vec::new(),
             limits: LimitOverrides::default(),
             metadata: BTreeMap::new(),
+            restart: None,
+            strategy: None,
             workspace: None,
         }
     }
@@ -251,6 +265,9 @@ pub struct ProcessInfo {
     pub usage: LlmUsage,
     /// Set once the process has exited.
     pub exit: Option<ExitRecord>,
+    /// Times the kernel restarted it.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// Model calls a process made through its kernel, as the provider counted them.

@@ -171,6 +171,18 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Ends this process and its subtree with `code` (0: a normal exit;
+    /// anything else is abnormal, which a transient restart policy restarts).
+    /// Called from the process's own handler it does not return: the handler
+    /// stops with the process. The default refuses.
+    async fn exit(&self, code: i32, reason: &str) -> Result<(), SyscallError> {
+        let _ = (code, reason);
+        Err(SyscallError::new(
+            ErrorKind::FailedPrecondition,
+            "this kernel does not let processes exit on their own",
+        ))
+    }
+
     /// One model call through the kernel's provider. The kernel records the
     /// usage the provider reports against this process, so a runtime cannot
     /// under-report it. The default refuses: a kernel without a model provider.

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use hivekernel_agents::{Priority, Role, Tier};
+use hivekernel_agents::{Priority, RestartPolicy, Role, Strategy, Tier};
 
 pub use error::CliError;
 
@@ -166,6 +166,13 @@ pub struct SpawnArgs {
     /// Tools the process may use, comma-separated.
     #[arg(long, value_name = "a,b", value_delimiter = ',')]
     pub tools: Vec<String>,
+    /// Restart policy: permanent, transient or temporary, with the default
+    /// intensity (3 restarts in 5 s, backoff 100 ms to 30 s) [default: the role's]
+    #[arg(long, value_name = "POLICY")]
+    pub restart: Option<RestartPolicy>,
+    /// How its children are restarted: one_for_one, one_for_all or rest_for_one [default: the role's]
+    #[arg(long)]
+    pub strategy: Option<Strategy>,
     /// Print `{"pid": N}` instead of the bare PID.
     #[arg(long)]
     pub json: bool,
@@ -330,6 +337,30 @@ mod tests {
         let (code, text) = err.unwrap_or_default();
         assert_eq!(code, 2);
         assert!(text.contains("worker"), "{text}");
+    }
+
+    #[test]
+    fn spawn_takes_a_restart_policy_and_a_strategy() {
+        let spawn = |extra: &[&str]| {
+            let args = ["hivekernel", "spawn", "--parent", "1", "--name", "w"];
+            Cli::try_parse_from(args.iter().chain(extra))
+        };
+        let parsed = spawn(&["--restart", "permanent", "--strategy", "rest_for_one"]);
+        let Ok(Cli {
+            command: Command::Spawn(args),
+        }) = parsed
+        else {
+            panic!("not a spawn: {parsed:?}");
+        };
+        assert_eq!(args.restart, Some(RestartPolicy::Permanent));
+        assert_eq!(args.strategy, Some(Strategy::RestForOne));
+        let text = spawn(&["--restart", "forever"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            text.unwrap_or_default()
+                .contains("permanent, transient, temporary")
+        );
     }
 
     #[test]

@@ -8,14 +8,16 @@
 //!
 //! Layout: `parse` (phase 1: JSON into raw structs), `validate` (phase 2:
 //! semantic checks and path resolution), `model` (both phases for the `llm`
-//! and `tool_agent` sections).
+//! and `tool_agent` sections), `supervision` (both phases for `roles` and
+//! the restart specs and strategies of roles and agents).
 
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
+mod supervision;
 mod validate;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -23,7 +25,7 @@ use std::time::Duration;
 
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
-use hivekernel_agents::{LimitOverrides, Role, Tier};
+use hivekernel_agents::{LimitOverrides, RestartSpec, Role, Strategy, Tier};
 
 /// A validated startup config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +130,17 @@ pub struct KernelSettings {
     pub workspace: Option<PathBuf>,
     /// How hard the store pushes each commit to disk.
     pub synchronous: crate::store::Synchronous,
+    /// Defaults per role (the `roles` section); a role not listed has none.
+    pub roles: HashMap<Role, RoleSettings>,
+}
+
+/// What one role gets unless a process asks otherwise (one entry of `roles`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleSettings {
+    /// Restart spec of processes of this role; `None`: temporary.
+    pub restart: Option<RestartSpec>,
+    /// Strategy of processes of this role for their children; `None`: one_for_one.
+    pub strategy: Option<Strategy>,
 }
 
 impl KernelSettings {
@@ -155,6 +168,7 @@ impl Default for KernelSettings {
             default_runtime: "tool_agent".to_owned(),
             synchronous: Default::default(),
             workspace: None,
+            roles: HashMap::new(),
         }
     }
 }
@@ -184,6 +198,10 @@ pub struct AgentSpec {
     pub limits: LimitOverrides,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// Its restart spec; `None` takes its role's from `roles`.
+    pub restart: Option<RestartSpec>,
+    /// Its strategy for its children; `None` takes its role's from `roles`.
+    pub strategy: Option<Strategy>,
 }
 
 impl Config {
@@ -226,9 +244,10 @@ fn load_sections(
     let document = parse::document(text, issues)?;
     let kernel = parse::kernel(document.kernel.as_ref(), issues);
     let checks = validate::Context::new(base, known);
-    let (kernel, ceilings) = checks.kernel(&kernel, issues);
+    let (mut kernel, ceilings) = checks.kernel(&kernel, issues);
     let (llm, context) = model::llm(document.llm.as_ref(), issues);
     let (agent, tools) = model::tool_agent(document.tool_agent.as_ref(), &checks, context, issues);
+    kernel.roles = supervision::roles(document.roles.as_ref(), issues);
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {

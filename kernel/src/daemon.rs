@@ -291,6 +291,8 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request.limits = agent.limits;
     request.metadata = agent.metadata.clone();
     request.workspace = agent.workspace.clone();
+    request.restart = agent.restart;
+    request.strategy = agent.strategy;
     request
 }
 

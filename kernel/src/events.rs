@@ -99,6 +99,25 @@ pub enum EventKind {
         /// Time from pop to reply.
         duration_ms: u64,
     },
+    /// The kernel restarted this process (same PID, fresh mailbox and runtime) after it exited.
+    Restarted {
+        /// Times it has been restarted, this one included.
+        attempt: u32,
+        /// How long it waited after its exit (its backoff delay).
+        delay_ms: u64,
+    },
+    /// A child of this process exceeded its restart intensity: the child
+    /// stays dead and this process fails in turn (PID 1 only reports it).
+    Escalated {
+        /// The child that failed too often.
+        child: Pid,
+        /// Its name.
+        name: Arc<str>,
+        /// Restarts it had within the window.
+        restarts: u32,
+        /// The window.
+        within_seconds: u64,
+    },
     /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
@@ -123,6 +142,8 @@ impl EventKind {
             EventKind::KernelMessage { .. } => "kernel_message",
             EventKind::RouteDenied { .. } => "route_denied",
             EventKind::TaskFinished { .. } => "task_finished",
+            EventKind::Restarted { .. } => "restarted",
+            EventKind::Escalated { .. } => "escalated",
             EventKind::Lagged { .. } => "lagged",
             EventKind::ReplayDone { .. } => "replay_done",
         }

@@ -153,6 +153,7 @@ impl Kernel {
                     runner: None,
                     exit: None,
                     exit_waiters: Vec::new(),
+                    sup: None,
                 },
             );
             Inner {

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::mailbox::Mailbox;
+use crate::supervisor::Supervision;
 
 /// The part of a process that its runner, senders and readers share without
 /// taking the table lock.
@@ -47,6 +48,16 @@ impl UsageCounters {
             .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
         self.completion_tokens
             .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+    }
+
+    /// Counters starting where these stand: a restarted process keeps its usage.
+    pub(crate) fn carried(&self) -> UsageCounters {
+        let now = self.snapshot();
+        UsageCounters {
+            calls: AtomicU64::new(now.calls),
+            prompt_tokens: AtomicU64::new(now.prompt_tokens),
+            completion_tokens: AtomicU64::new(now.completion_tokens),
+        }
     }
 
     pub(crate) fn snapshot(&self) -> LlmUsage {
@@ -104,6 +115,9 @@ pub(crate) struct Entry {
     /// Set once the process has exited (it is then a zombie).
     pub(crate) exit: Option<ExitRecord>,
     pub(crate) exit_waiters: Vec<oneshot::Sender<ExitRecord>>,
+    /// Restart policy, strategy and restart history; `None` is the common
+    /// case (temporary, one_for_one, never restarted) and costs one word.
+    pub(crate) sup: Option<Box<Supervision>>,
 }
 
 impl Entry {
@@ -121,6 +135,8 @@ impl Entry {
             tier: p.ctx.tier,
             state: if self.exit.is_some() {
                 ProcessState::Zombie
+            } else if self.is_restarting() {
+                ProcessState::Restarting
             } else {
                 p.state()
             },
@@ -135,6 +151,7 @@ impl Entry {
             metadata: p.metadata.clone(),
             usage: p.usage.snapshot(),
             exit: self.exit.clone(),
+            restarts: self.restarts(),
         }
     }
 }

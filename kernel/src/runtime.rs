@@ -119,7 +119,7 @@ pub(crate) async fn run_process(
         Some((code, reason)) => {
             drop(inflight);
             if let Some(inner) = kernel.upgrade() {
-                Kernel { inner }.exit_self(pid, code, reason).await;
+                Kernel { inner }.exit_self(&proc, code, reason).await;
             }
         }
         // Closed by kill or shutdown: finish what is in flight (kill aborts instead).

@@ -11,6 +11,7 @@ use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared};
 use crate::runtime::run_process;
+use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
 
 /// Longest process name, in bytes.
@@ -54,6 +55,8 @@ impl Kernel {
             ))
         })?;
 
+        let (restart, strategy) = self.supervision_for(&request)?;
+
         // The table lock is a guard that must not live across the await below.
         let pid = {
             let parent = request.parent;
@@ -67,6 +70,12 @@ impl Kernel {
                 return Err(KernelError::ParentNotAlive {
                     pid: parent,
                     state: "zombie",
+                });
+            }
+            if parent_entry.is_restarting() {
+                return Err(KernelError::ParentNotAlive {
+                    pid: parent,
+                    state: "restarting",
                 });
             }
             if let Caller::Process(me) = caller
@@ -181,6 +190,7 @@ impl Kernel {
                     runner: Some(runner),
                     exit: None,
                     exit_waiters: Vec::new(),
+                    sup: Supervision::for_spawn(restart, strategy),
                 },
             );
             drop(table);

@@ -5,6 +5,12 @@
 //! at the top of the exit becomes a zombie until its parent collects it with
 //! `wait_child` (or the reaper removes it after `zombie_timeout_seconds`);
 //! processes below it are reaped at once, since their parents are gone too.
+//!
+//! A process that fails or exits on its own may instead be restarted, as its
+//! restart policy and its parent's strategy say (`restart`, `strategy`).
+
+mod restart;
+mod strategy;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -23,6 +29,7 @@ use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
+pub(crate) use restart::Supervision;
 
 /// Exit code of a killed process.
 pub const EXIT_KILLED: i32 = 137;
@@ -46,6 +53,8 @@ struct Exits {
     undelivered: Vec<(Pid, Envelope)>,
     /// The top process of each exit: its parent is told.
     tops: Vec<Top>,
+    /// Restarts to schedule and escalations to report.
+    follow: restart::FollowUps,
 }
 
 /// A process that exited: what its `exited` event says.
@@ -101,6 +110,7 @@ impl Exits {
             runners: Vec::new(),
             undelivered: Vec::new(),
             tops: Vec::new(),
+            follow: restart::FollowUps::default(),
         }
     }
 
@@ -118,6 +128,22 @@ impl Exits {
         reason: &Arc<str>,
         now: u64,
     ) -> (&Exited, bool) {
+        self.stop(entry, pid, code, reason, now);
+        let exited = &self.exited[self.exited.len() - 1];
+        let waiters = std::mem::take(&mut entry.exit_waiters);
+        let collected = !waiters.is_empty() && {
+            let record = exited.record();
+            waiters
+                .into_iter()
+                .any(|tx| tx.send(record.clone()).is_ok())
+        };
+        (exited, collected)
+    }
+
+    /// Stops one live process's runner and mailbox and records its exit,
+    /// without telling anyone waiting for it: a process about to be
+    /// restarted keeps its waiters.
+    fn stop(&mut self, entry: &mut Entry, pid: Pid, code: i32, reason: &Arc<str>, now: u64) {
         let pending = match self.stop {
             Stop::Abort => entry.proc.mailbox.close_without_wake(),
             Stop::Drain => entry.proc.mailbox.close(),
@@ -135,15 +161,7 @@ impl Exits {
             reason: reason.clone(),
             at_unix_ms: now,
         };
-        let waiters = std::mem::take(&mut entry.exit_waiters);
-        let collected = !waiters.is_empty() && {
-            let record = exited.record();
-            waiters
-                .into_iter()
-                .any(|tx| tx.send(record.clone()).is_ok())
-        };
         self.exited.push(exited);
-        (&self.exited[self.exited.len() - 1], collected)
     }
 }
 
@@ -186,14 +204,16 @@ impl Kernel {
     }
 
     /// Called by a process's own runner when its runtime failed: the process
-    /// and its subtree exit with `exit_code`.
-    pub(crate) async fn exit_self(&self, pid: Pid, exit_code: i32, reason: String) {
+    /// and its subtree exit with `exit_code`, and its restart policy applies.
+    pub(crate) async fn exit_self(&self, proc: &Arc<ProcShared>, exit_code: i32, reason: String) {
+        let pid = proc.ctx.pid;
         let mut exits = Exits::new(Stop::Abort);
         {
             let mut table = self.inner.table.write();
             match table.get(pid) {
-                Some(entry) if entry.is_alive() => {
-                    terminate(&mut table, pid, exit_code, &reason, &mut exits)
+                // Only the current incarnation may end it.
+                Some(entry) if entry.is_running(proc) => {
+                    self.end_supervised(&mut table, pid, exit_code, reason, &mut exits)
                 }
                 _ => return,
             }
@@ -308,6 +328,7 @@ impl Kernel {
                 mut runners,
                 undelivered,
                 tops,
+                follow,
             } = exits;
             if stop == Stop::Abort {
                 runners.iter().for_each(|(_, runner)| runner.abort());
@@ -339,6 +360,7 @@ impl Kernel {
             for top in tops {
                 kernel.finish_top(top);
             }
+            kernel.follow_up(follow);
         });
         // Only a panic could fail the join; the kernel's state is already consistent.
         let _ = finish.await;
@@ -468,6 +490,35 @@ async fn join_runners(runners: &mut Vec<(Pid, JoinHandle<()>)>) {
 /// Marks the subtree under `top` exited, leaves first, and unlinks it.
 fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, exits: &mut Exits) {
     let now = unix_ms(SystemTime::now());
+    terminate_below(table, top, exit_code, reason, now, exits);
+    let Some(entry) = table.get_mut(top) else {
+        return;
+    };
+    if !entry.is_alive() {
+        return;
+    }
+    let ppid = entry.ppid;
+    let (exited, collected) = exits.exit(entry, top, exit_code, &Arc::from(reason), now);
+    let record = exited.record();
+    entry.exit = Some(record.clone());
+    if let Some(parent) = table.get_mut(ppid) {
+        parent.live_children = parent.live_children.saturating_sub(1);
+    }
+    if collected {
+        reap(table, top);
+    }
+    exits.tops.push(Top { record, collected });
+}
+
+/// Ends everything below `top`, leaves first: it all leaves the table.
+fn terminate_below(
+    table: &mut ProcessTable,
+    top: Pid,
+    exit_code: i32,
+    reason: &str,
+    now: u64,
+    exits: &mut Exits,
+) {
     let mut below = table.subtree_leaves_first(top);
     // Leaves first, so `top` comes last.
     below.pop();
@@ -486,25 +537,10 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, e
         }
         exits.reaped.push(pid);
     }
-    let Some(entry) = table.get_mut(top) else {
-        return;
-    };
-    entry.children.clear();
-    entry.live_children = 0;
-    if !entry.is_alive() {
-        return;
+    if let Some(entry) = table.get_mut(top) {
+        entry.children.clear();
+        entry.live_children = 0;
     }
-    let ppid = entry.ppid;
-    let (exited, collected) = exits.exit(entry, top, exit_code, &Arc::from(reason), now);
-    let record = exited.record();
-    entry.exit = Some(record.clone());
-    if let Some(parent) = table.get_mut(ppid) {
-        parent.live_children = parent.live_children.saturating_sub(1);
-    }
-    if collected {
-        reap(table, top);
-    }
-    exits.tops.push(Top { record, collected });
 }
 
 /// Removes an exited process from the table and from its parent's children.

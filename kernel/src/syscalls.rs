@@ -76,6 +76,10 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.save_state(self.pid, key, value).await?)
     }
 
+    async fn exit(&self, code: i32, reason: &str) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.exit_process(self.pid, code, reason).await?)
+    }
+
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let kernel = self
             .kernel()

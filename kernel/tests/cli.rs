@@ -133,7 +133,8 @@ fn ps_tree_and_table_show_the_agents() {
     let text = table.ok();
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
     let expected = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "TOKENS", "RUNTIME",
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "RESTARTS", "CHILDREN", "MAILBOX",
+        "TOKENS", "RUNTIME",
     ];
     assert_eq!(header, expected);
     assert!(
@@ -144,6 +145,7 @@ fn ps_tree_and_table_show_the_agents() {
             "daemon",
             "tactical",
             "idle",
+            "0",
             "0",
             "0",
             "0",

@@ -11,7 +11,11 @@
 //! - `send PID TEXT`: send_message, answers the message id;
 //! - `kill PID`: kills PID, answers the killed PIDs;
 //! - `wait PID`: wait_child, answers the exit code;
+//! - `exit CODE [REASON]`: ends its own process with CODE (0: a normal exit);
 //! - anything else: answered as is.
+//!
+//! A message whose payload is `crash` makes `on_message` fail, which ends the
+//! process with a runtime error (exit code 1).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -121,6 +125,17 @@ impl Runtime for Probe {
                 sys.kill(pid, "probe kill")
                     .await
                     .map(|pids| format!("{pids:?}"))
+                    .map_err(|e| e.to_string())
+            }
+            "exit" => {
+                let code = words
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .ok_or_else(|| "expected an exit code".to_owned())?;
+                let reason = words.next().unwrap_or_default();
+                sys.exit(code, reason)
+                    .await
+                    .map(|()| "exited".to_owned())
                     .map_err(|e| e.to_string())
             }
             "wait" => {

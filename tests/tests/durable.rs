@@ -279,3 +279,44 @@ async fn process_state_refuses_bad_keys_and_oversized_values() {
     assert_eq!(kernel.load_state(pid, "k").await.unwrap(), None);
     kernel.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_process_is_alive_again_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let (kernel, _, _) = durable(dir.path(), &server).await;
+    let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
+    request.restart = Some(hivekernel_agents::RestartSpec {
+        policy: hivekernel_agents::RestartPolicy::Permanent,
+        max_restarts: 3,
+        within_seconds: 60,
+        backoff_ms: [1, 10],
+    });
+    let pid = kernel.spawn(Caller::Admin, request).await.unwrap();
+    kernel
+        .send_message(
+            Caller::Admin,
+            hivekernel_agents::Outgoing::new(pid, "crash"),
+        )
+        .await
+        .unwrap();
+    wait_until("the process is restarted", STEP, || async {
+        kernel.get_process(Caller::Admin, pid).await.is_ok_and(|p| {
+            p.restarts == 1 && p.state != hivekernel_agents::ProcessState::Restarting
+        })
+    })
+    .await;
+    kernel.store().unwrap().flush().await.unwrap();
+    let (_, recovered) = open_store(dir.path()).await;
+    assert_eq!(
+        recovered
+            .processes
+            .iter()
+            .map(|p| p.pid)
+            .collect::<Vec<_>>(),
+        [pid],
+        "restarted, so alive: {recovered:?}"
+    );
+    assert!(recovered.zombies.is_empty(), "{recovered:?}");
+    kernel.shutdown().await;
+}

@@ -892,3 +892,61 @@ async fn server_shutdown_ends_watches_and_streams_while_the_kernel_runs() {
     assert!(!kernel.is_stopping());
     kernel.shutdown().await;
 }
+
+#[tokio::test]
+async fn spawn_takes_a_restart_spec_and_get_process_counts_restarts() {
+    let served = Served::start().await;
+    let mut client = served.client();
+    let mut req = spawn_req(1, "svc");
+    req.runtime = "probe".into();
+    req.restart = Some(pb::RestartSpec {
+        policy: pb::RestartPolicy::Permanent as i32,
+        max_restarts: Some(2),
+        within_seconds: Some(60),
+        backoff_ms: vec![0, 0],
+    });
+    req.strategy = pb::Strategy::OneForAll as i32;
+    let pid = spawn(&mut client, req).await;
+    let mut events = served.kernel.subscribe(None).live;
+    client
+        .send_message(pb::SendMessageRequest {
+            to: pid,
+            payload: "crash".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP, async {
+        while events.recv().await.unwrap().kind.name() != "restarted" {}
+    })
+    .await
+    .unwrap();
+    let info = client
+        .get_process(pb::GetProcessRequest { pid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.restarts, 1);
+    assert_eq!(info.state, pb::ProcessState::Idle as i32);
+
+    // A bad spec is refused naming the field, and nothing is spawned.
+    let mut bad = spawn_req(1, "bad");
+    bad.restart = Some(pb::RestartSpec {
+        policy: pb::RestartPolicy::Transient as i32,
+        backoff_ms: vec![2000, 1000],
+        ..Default::default()
+    });
+    assert_status(
+        client.spawn(bad).await,
+        Code::InvalidArgument,
+        "restart.backoff_ms",
+    );
+    let mut unset = spawn_req(1, "unset");
+    unset.restart = Some(pb::RestartSpec::default());
+    assert_status(
+        client.spawn(unset).await,
+        Code::InvalidArgument,
+        "restart.policy must be set",
+    );
+    served.stop().await;
+}

@@ -3,7 +3,9 @@
 
 use hivekernel_proto::v1 as pb;
 
-pub(super) use crate::grpc::enums::{priority_to_proto, role_to_proto, tier_to_proto};
+pub(super) use crate::grpc::enums::{
+    policy_to_proto, priority_to_proto, role_to_proto, strategy_to_proto, tier_to_proto,
+};
 use crate::grpc::enums::{role_from_proto, state_from_proto, tier_from_proto};
 
 /// The lowercase name of a proto enum value: `unspecified` or `unknown` when it has none.

@@ -25,11 +25,12 @@ pub(super) fn line(text: &str) -> String {
     text
 }
 
-/// An aligned table: PID PPID NAME ROLE TIER STATE CHILDREN MAILBOX TOKENS RUNTIME
+/// An aligned table: PID PPID NAME ROLE TIER STATE RESTARTS CHILDREN MAILBOX TOKENS RUNTIME
 /// (TOKENS: prompt plus completion tokens of the process's model calls).
 pub(super) fn table(procs: &[ProcessInfo]) -> String {
-    const HEADER: [&str; 10] = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "CHILDREN", "MAILBOX", "TOKENS", "RUNTIME",
+    const HEADER: [&str; 11] = [
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "RESTARTS", "CHILDREN", "MAILBOX",
+        "TOKENS", "RUNTIME",
     ];
     let mut rows = vec![HEADER.map(str::to_owned)];
     rows.extend(procs.iter().map(|p| {
@@ -40,6 +41,7 @@ pub(super) fn table(procs: &[ProcessInfo]) -> String {
             names::role(p.role).to_owned(),
             names::tier(p.tier).to_owned(),
             names::state(p.state).to_owned(),
+            p.restarts.to_string(),
             p.children.to_string(),
             p.mailbox_len.to_string(),
             p.usage
@@ -49,7 +51,7 @@ pub(super) fn table(procs: &[ProcessInfo]) -> String {
             p.runtime.clone(),
         ]
     }));
-    let mut widths = [0usize; 10];
+    let mut widths = [0usize; HEADER.len()];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -163,6 +165,7 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
             "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
         })),
         "exit": p.exit.as_ref().map(exit_json),
+        "restarts": p.restarts,
     })
 }
 

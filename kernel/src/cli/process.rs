@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use hivekernel_proto::v1::{
-    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, Role as PbRole, SpawnRequest,
-    WaitChildRequest,
+    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, RestartSpec, Role as PbRole,
+    SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
 };
 use serde_json::{Value, json};
 
@@ -72,6 +72,13 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         tools,
         limits: None,
         metadata: Default::default(),
+        restart: args.restart.map(|policy| RestartSpec {
+            policy: names::policy_to_proto(policy) as i32,
+            ..RestartSpec::default()
+        }),
+        strategy: args
+            .strategy
+            .map_or(PbStrategy::Unspecified, names::strategy_to_proto) as i32,
     };
     let mut session = Session::connect(&args.client).await?;
     let pid = session

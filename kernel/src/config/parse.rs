@@ -21,6 +21,7 @@ pub(super) struct Document {
     pub(super) kernel: Option<Value>,
     pub(super) llm: Option<Value>,
     pub(super) tool_agent: Option<Value>,
+    pub(super) roles: Option<Value>,
     pub(super) agents: Option<Vec<Value>>,
 }
 
@@ -79,6 +80,8 @@ pub(super) struct RawAgent {
     pub(super) workspace: Option<String>,
     pub(super) limits: Option<Value>,
     pub(super) metadata: Option<Value>,
+    pub(super) restart: Option<Value>,
+    pub(super) strategy: Option<String>,
 }
 
 /// An agent entry after phase 1.

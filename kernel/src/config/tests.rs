@@ -538,6 +538,11 @@ fn shipped_configs_are_valid() {
         assert!(config.agents.iter().all(|a| !a.system_prompt.is_empty()));
         assert!(config.kernel.data_dir.ends_with(".hivekernel"));
         assert!(config.tools.orchestrate.worker_prompt.contains("worker"));
+        // Daemons come back after any exit; tasks never do.
+        let policy = |role| config.kernel.roles[&role].restart.map(|r| r.policy);
+        use hivekernel_agents::RestartPolicy::{Permanent, Temporary};
+        assert_eq!(policy(Role::Daemon), Some(Permanent), "{file}");
+        assert_eq!(policy(Role::Task), Some(Temporary), "{file}");
     }
 }
 
@@ -645,4 +650,133 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         config.tools.orchestrate.subtask_timeout,
         Duration::from_secs(9)
     );
+}
+
+#[test]
+fn roles_and_agents_carry_restart_specs_and_strategies() {
+    use hivekernel_agents::{RestartPolicy, RestartSpec, Strategy};
+    let config = Fixture::new()
+        .load(
+            r#"{"roles": {"daemon": {"restart": {"policy": "permanent", "max_restarts": 5,
+                                                  "within_seconds": 60, "backoff_ms": [1000, 30000]}},
+                          "lead": {"strategy": "one_for_all"},
+                          "task": {"restart": {"policy": "temporary"}}},
+                "agents": [{"name": "a", "restart": {"policy": "transient", "max_restarts": 0},
+                            "strategy": "rest_for_one"},
+                           {"name": "b"}]}"#,
+        )
+        .unwrap();
+    let roles = &config.kernel.roles;
+    assert_eq!(roles.len(), 3);
+    let daemon = roles[&Role::Daemon].restart.unwrap();
+    assert_eq!(
+        daemon,
+        RestartSpec {
+            policy: RestartPolicy::Permanent,
+            max_restarts: 5,
+            within_seconds: 60,
+            backoff_ms: [1000, 30000],
+        }
+    );
+    assert_eq!(roles[&Role::Daemon].strategy, None);
+    assert_eq!(roles[&Role::Lead].strategy, Some(Strategy::OneForAll));
+    assert_eq!(roles[&Role::Lead].restart, None);
+    // Numbers left out take the defaults.
+    assert_eq!(
+        roles[&Role::Task].restart,
+        Some(RestartSpec::new(RestartPolicy::Temporary))
+    );
+    let a = &config.agents[0];
+    let mut expected = RestartSpec::new(RestartPolicy::Transient);
+    expected.max_restarts = 0;
+    assert_eq!(a.restart, Some(expected), "max_restarts 0 is allowed");
+    assert_eq!(a.strategy, Some(Strategy::RestForOne));
+    assert_eq!(
+        (config.agents[1].restart, config.agents[1].strategy),
+        (None, None)
+    );
+    let request = crate::daemon::spawn_request(a);
+    assert_eq!((request.restart, request.strategy), (a.restart, a.strategy));
+}
+
+#[test]
+fn restart_and_strategy_mistakes_are_all_reported_where_they_are() {
+    let found = issues(
+        r#"{"roles": {"boss": {},
+                      "kernel": {"strategy": "one_for_one"},
+                      "daemon": {"restart": {"policy": "forever"}},
+                      "task": {"restart": {"policy": "temporary", "backoff_ms": [500, 100]}},
+                      "worker": {"restart": {"max_restarts": 2}},
+                      "agent": {"capabilities": []},
+                      "lead": {"strategy": "all_for_one"}},
+            "agents": [{"name": "a",
+                        "restart": {"policy": "permanent", "within_seconds": 0,
+                                    "max_restarts": 5000, "backoff_ms": [1, 2, 3], "jitter": 1},
+                        "strategy": "one_for_none"},
+                       {"name": "b", "restart": {"policy": "permanent",
+                                                 "backoff_ms": [10, 7200000]}}]}"#,
+    );
+    assert_issue(&found, "roles.boss", &["unknown role \"boss\"", "daemon"]);
+    assert_issue(&found, "roles.kernel", &["reserved for PID 1"]);
+    assert_issue(
+        &found,
+        "roles.daemon.restart.policy",
+        &["\"forever\"", "permanent, transient, temporary"],
+    );
+    assert_issue(
+        &found,
+        "roles.task.restart.backoff_ms",
+        &["first delay 500 ms is longer than the longest 100 ms"],
+    );
+    assert_issue(
+        &found,
+        "roles.worker.restart.policy",
+        &[
+            "missing required field `policy`",
+            "permanent, transient, temporary",
+        ],
+    );
+    assert_issue(
+        &found,
+        "roles.agent.capabilities",
+        &["unknown field `capabilities`", "`restart`", "`strategy`"],
+    );
+    assert_issue(
+        &found,
+        "roles.lead.strategy",
+        &["\"all_for_one\"", "one_for_one, one_for_all, rest_for_one"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).restart.within_seconds",
+        &["between 1 and 2592000, got 0"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).restart.max_restarts",
+        &["between 0 and 1000, got 5000"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).restart.backoff_ms",
+        &["expected [first, most]", "got 3 values"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).restart.jitter",
+        &["unknown field `jitter`"],
+    );
+    assert_issue(&found, "agents[0] (a).strategy", &["\"one_for_none\""]);
+    assert_issue(
+        &found,
+        "agents[1] (b).restart.backoff_ms",
+        &["at most 3600000 ms, got 7200000"],
+    );
+    assert_eq!(found.len(), 13, "{found:#?}");
+}
+
+#[test]
+fn roles_must_be_an_object() {
+    let found = issues(r#"{"roles": ["daemon"]}"#);
+    assert_issue(&found, "roles", &["expected a JSON object"]);
 }

@@ -141,6 +141,8 @@ impl<'a> Context<'a> {
             default_runtime: k.default_runtime.clone(),
             workspace,
             synchronous,
+            // Filled from the `roles` section.
+            roles: Default::default(),
         };
         (settings, ceilings)
     }
@@ -203,6 +205,9 @@ impl<'a> Context<'a> {
 
         self.check_tools(&raw.tools, &loc("tools"), issues);
         check_limits(&limits.value, ceilings, &loc("limits"), issues);
+        let restart = super::supervision::restart(raw.restart.as_ref(), &loc("restart"), issues);
+        let strategy = raw.strategy.as_deref();
+        let strategy = super::supervision::strategy(strategy, &loc("strategy"), issues);
 
         let spec = AgentSpec {
             name: raw.name.clone().unwrap_or_default(),
@@ -216,6 +221,8 @@ impl<'a> Context<'a> {
             workspace,
             limits: limits.value,
             metadata: metadata.value,
+            restart,
+            strategy,
         };
         Checked {
             index,

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, Role, SpawnRequest, TaskSpec,
+    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, RestartSpec, Role,
+    SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
@@ -38,6 +39,9 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
     let tier = pb::CognitiveTier::try_from(req.tier).map_err(|_| unknown("tier", req.tier))?;
     let tier = enums::tier_from_proto(tier);
     let limits = req.limits.map(limit_overrides).unwrap_or_default();
+    let restart = req.restart.map(restart_spec).transpose()?;
+    let strategy =
+        pb::Strategy::try_from(req.strategy).map_err(|_| unknown("strategy", req.strategy))?;
     Ok(SpawnRequest {
         parent,
         name: req.name,
@@ -49,9 +53,39 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         tools: req.tools,
         limits,
         metadata: req.metadata.into_iter().collect(),
+        restart,
+        strategy: enums::strategy_from_proto(strategy),
         // Clients never pick a host directory: the kernel derives it from the name.
         workspace: None,
     })
+}
+
+/// A restart spec: the policy is required, unset numbers take the defaults;
+/// the kernel checks the ranges.
+fn restart_spec(spec: pb::RestartSpec) -> Result<RestartSpec, Status> {
+    let policy = pb::RestartPolicy::try_from(spec.policy)
+        .map_err(|_| unknown("restart.policy", spec.policy))?;
+    let policy = enums::policy_from_proto(policy).ok_or_else(|| {
+        Status::invalid_argument("restart.policy must be set (permanent, transient or temporary)")
+    })?;
+    let mut restart = RestartSpec::new(policy);
+    if let Some(max) = spec.max_restarts {
+        restart.max_restarts = max;
+    }
+    if let Some(seconds) = spec.within_seconds {
+        restart.within_seconds = seconds;
+    }
+    match spec.backoff_ms.as_slice() {
+        [] => {}
+        &[first, most] => restart.backoff_ms = [first, most],
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "restart.backoff_ms: expected [first, most] in milliseconds, got {} values",
+                other.len()
+            )));
+        }
+    }
+    Ok(restart)
 }
 
 /// Zero fields inherit from the parent.
@@ -125,6 +159,7 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
             prompt_tokens: info.usage.prompt_tokens,
             completion_tokens: info.usage.completion_tokens,
         }),
+        restarts: info.restarts,
     }
 }
 
@@ -232,16 +267,62 @@ mod tests {
     #[test]
     fn spawn_rejects_bad_fields_by_name() {
         type Edit = fn(&mut pb::SpawnRequest);
-        let cases: [(Edit, &str); 3] = [
+        let cases: [(Edit, &str); 7] = [
             (|r| r.parent = 0, "parent must be set"),
             (|r| r.role = 42, "role: unknown enum value 42"),
             (|r| r.tier = -1, "tier: unknown enum value -1"),
+            (|r| r.strategy = 9, "strategy: unknown enum value 9"),
+            (
+                |r| r.restart = Some(pb::RestartSpec::default()),
+                "restart.policy must be set (permanent, transient or temporary)",
+            ),
+            (
+                |r| {
+                    r.restart = Some(pb::RestartSpec {
+                        policy: 7,
+                        ..Default::default()
+                    })
+                },
+                "restart.policy: unknown enum value 7",
+            ),
+            (
+                |r| {
+                    r.restart = Some(pb::RestartSpec {
+                        policy: pb::RestartPolicy::Permanent as i32,
+                        backoff_ms: vec![1, 2, 3],
+                        ..Default::default()
+                    })
+                },
+                "restart.backoff_ms: expected [first, most] in milliseconds, got 3 values",
+            ),
         ];
         for (edit, message) in cases {
             let err = spawn(edit).unwrap_err();
             assert_eq!(err.code(), Code::InvalidArgument);
             assert_eq!(err.message(), message);
         }
+    }
+
+    #[test]
+    fn spawn_restart_spec_defaults_unset_numbers() {
+        let req = spawn(|r| {
+            r.restart = Some(pb::RestartSpec {
+                policy: pb::RestartPolicy::Transient as i32,
+                max_restarts: Some(0),
+                ..Default::default()
+            });
+            r.strategy = pb::Strategy::RestForOne as i32;
+        })
+        .unwrap();
+        let restart = req.restart.unwrap();
+        assert_eq!(restart.policy, hivekernel_agents::RestartPolicy::Transient);
+        assert_eq!(restart.max_restarts, 0, "an explicit 0 is kept");
+        assert_eq!(
+            (restart.within_seconds, restart.backoff_ms),
+            (5, [100, 30_000])
+        );
+        assert_eq!(req.strategy, Some(hivekernel_agents::Strategy::RestForOne));
+        assert_eq!(spawn(|_| {}).unwrap().strategy, None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! `*_from_proto` answers `None` for `UNSPECIFIED`; callers pick the default.
 
-use hivekernel_agents::{Priority, ProcessState, Role, Tier};
+use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier};
 use hivekernel_proto::v1 as pb;
 
 /// Declares `$to(kernel) -> proto` and `$from(proto) -> Option<kernel>` from one variant list.
@@ -42,7 +42,7 @@ mapping!(
     state_from_proto,
     ProcessState,
     ProcessState,
-    [Idle, Running, Blocked, Sleeping, Zombie, Dead]
+    [Idle, Running, Blocked, Sleeping, Zombie, Dead, Restarting]
 );
 mapping!(
     priority_to_proto,
@@ -50,6 +50,20 @@ mapping!(
     Priority,
     Priority,
     [Critical, High, Normal, Low]
+);
+mapping!(
+    policy_to_proto,
+    policy_from_proto,
+    RestartPolicy,
+    RestartPolicy,
+    [Permanent, Transient, Temporary]
+);
+mapping!(
+    strategy_to_proto,
+    strategy_from_proto,
+    Strategy,
+    Strategy,
+    [OneForOne, OneForAll, RestForOne]
 );
 
 #[cfg(test)]
@@ -71,6 +85,15 @@ mod tests {
             assert_eq!(
                 priority_from_proto(priority_to_proto(priority)),
                 Some(priority)
+            );
+        }
+        for &policy in RestartPolicy::ALL {
+            assert_eq!(policy_from_proto(policy_to_proto(policy)), Some(policy));
+        }
+        for &strategy in Strategy::ALL {
+            assert_eq!(
+                strategy_from_proto(strategy_to_proto(strategy)),
+                Some(strategy)
             );
         }
         assert_eq!(role_from_proto(pb::Role::Unspecified), None);

@@ -162,7 +162,8 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
 }
 
 /// Keeps the process table in step with the events that change it, in the
-/// same transaction: alive and zombie processes have a row, reaped ones none.
+/// same transaction: alive, restarting and zombie processes have a row,
+/// reaped ones none.
 fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
     let pid = to_sql_u64(event.pid.0);
     match &event.kind {
@@ -188,6 +189,14 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
                 "UPDATE processes SET exit_code = ?2, exit_reason = ?3, exited_ms = ?4 WHERE pid = ?1",
             )?
             .execute((pid, exit_code, &**reason, to_sql_u64(event.at_unix_ms)))?;
+        }
+        // A restart keeps the PID: the process is alive again.
+        EventKind::Restarted { .. } => {
+            tx.prepare_cached(
+                "UPDATE processes SET exit_code = NULL, exit_reason = NULL, exited_ms = NULL
+                 WHERE pid = ?1",
+            )?
+            .execute([pid])?;
         }
         EventKind::Reaped { .. } => {
             tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?

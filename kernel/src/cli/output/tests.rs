@@ -72,6 +72,11 @@ fn table_aligns_columns_under_the_header() {
     assert!(lines[0].ends_with("MAILBOX  TOKENS  RUNTIME"));
     let state_col = lines[0].find("STATE");
     assert_eq!(lines[4].find("zombie"), state_col);
+    assert!(
+        lines[0].contains("STATE   RESTARTS  CHILDREN"),
+        "{}",
+        lines[0]
+    );
 }
 
 #[test]
@@ -85,6 +90,7 @@ fn process_json_uses_lowercase_names_and_null_exit() {
     assert_eq!(value["state"], "idle");
     assert_eq!(value["metadata"]["purpose"], "coordinator");
     assert!(value["exit"].is_null());
+    assert_eq!(value["restarts"], 0);
 
     p.exit = Some(ExitRecord {
         pid: 2,

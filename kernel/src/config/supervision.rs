@@ -1,0 +1,146 @@
+//! Supervision in the config, both phases: the `roles` section (defaults per
+//! role) and the `restart` and `strategy` fields an agent or a role may set.
+//!
+//! ```json
+//! "roles": {
+//!   "daemon": { "restart": { "policy": "permanent", "max_restarts": 3,
+//!                            "within_seconds": 60, "backoff_ms": [1000, 30000] } },
+//!   "lead":   { "strategy": "one_for_all" }
+//! },
+//! "agents": [{ "name": "queen", "restart": { "policy": "transient" }, "strategy": "rest_for_one" }]
+//! ```
+
+use std::collections::HashMap;
+
+use hivekernel_agents::{RestartPolicy, RestartSpec, Role, Strategy};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::parse::section;
+use super::{ConfigIssue, RoleSettings, at};
+
+/// One entry of `roles` as written. More per-role settings join this struct.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRole {
+    restart: Option<Value>,
+    strategy: Option<String>,
+}
+
+/// A `restart` object as written; absent numbers take the defaults.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRestart {
+    policy: Option<String>,
+    max_restarts: u32,
+    within_seconds: u64,
+    backoff_ms: Vec<u64>,
+}
+
+impl Default for RawRestart {
+    fn default() -> Self {
+        let defaults = RestartSpec::default();
+        RawRestart {
+            policy: None,
+            max_restarts: defaults.max_restarts,
+            within_seconds: defaults.within_seconds,
+            backoff_ms: defaults.backoff_ms.to_vec(),
+        }
+    }
+}
+
+/// Parses and checks `roles`: each key a role other than `kernel`.
+pub(super) fn roles(
+    value: Option<&Value>,
+    issues: &mut Vec<ConfigIssue>,
+) -> HashMap<Role, RoleSettings> {
+    let mut roles = HashMap::new();
+    let map = match value {
+        None | Some(Value::Null) => return roles,
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            let message = "expected a JSON object of role name -> role settings";
+            issues.push(ConfigIssue::new("roles", message));
+            return roles;
+        }
+    };
+    for (name, settings) in map {
+        let location = format!("roles.{name}");
+        let role = match name.parse::<Role>() {
+            Ok(Role::Kernel) => {
+                let message = "role \"kernel\" is reserved for PID 1, which has no settings here";
+                issues.push(ConfigIssue::new(location, message));
+                continue;
+            }
+            Ok(role) => role,
+            Err(problem) => {
+                issues.push(ConfigIssue::new(location, problem));
+                continue;
+            }
+        };
+        let raw = section::<RawRole>(Some(settings), &location, issues).value;
+        let restart = restart(raw.restart.as_ref(), &at(&location, "restart"), issues);
+        let strategy = strategy(raw.strategy.as_deref(), &at(&location, "strategy"), issues);
+        roles.insert(role, RoleSettings { restart, strategy });
+    }
+    roles
+}
+
+/// Parses and checks a `restart` object at `location`; `None` when absent.
+pub(super) fn restart(
+    value: Option<&Value>,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<RestartSpec> {
+    if value.is_none_or(Value::is_null) {
+        return None;
+    }
+    let raw = section::<RawRestart>(value, location, issues);
+    let mut spec = RestartSpec::default();
+    match raw.value.policy.as_deref().map(str::parse::<RestartPolicy>) {
+        Some(Ok(policy)) => spec.policy = policy,
+        Some(Err(problem)) => issues.push(ConfigIssue::new(at(location, "policy"), problem)),
+        None if raw.is_ok("policy") => {
+            let names: Vec<&str> = RestartPolicy::ALL.iter().map(|p| p.as_str()).collect();
+            issues.push(ConfigIssue::new(
+                at(location, "policy"),
+                format!(
+                    "missing required field `policy` (one of: {})",
+                    names.join(", ")
+                ),
+            ));
+        }
+        None => {}
+    }
+    spec.max_restarts = raw.value.max_restarts;
+    spec.within_seconds = raw.value.within_seconds;
+    match raw.value.backoff_ms.as_slice() {
+        &[first, most] => spec.backoff_ms = [first, most],
+        other => issues.push(ConfigIssue::new(
+            at(location, "backoff_ms"),
+            format!(
+                "expected [first, most] in milliseconds, got {} values",
+                other.len()
+            ),
+        )),
+    }
+    for (field, problem) in spec.problems() {
+        issues.push(ConfigIssue::new(at(location, field), problem));
+    }
+    Some(spec)
+}
+
+/// Parses a `strategy` name at `location`; `None` when absent.
+pub(super) fn strategy(
+    value: Option<&str>,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<Strategy> {
+    match value?.parse::<Strategy>() {
+        Ok(strategy) => Some(strategy),
+        Err(problem) => {
+            issues.push(ConfigIssue::new(location, problem));
+            None
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Supervision strategies: which siblings a child's restart takes with it.
+//!
+//! The strategy belongs to the parent. `one_for_one` touches nobody else;
+//! `one_for_all` stops every other live child, `rest_for_one` those spawned
+//! after the failed one (PIDs only grow, so PID order is spawn order). A
+//! stopped sibling is restarted with the failed child if its own policy
+//! restarts after an abnormal exit (permanent, transient); a temporary one
+//! stays dead and its parent is told as for any exit.
+
+use hivekernel_agents::{Pid, Strategy};
+
+use super::restart::stop_for_restart;
+use super::{EXIT_KILLED, Exits, terminate};
+use crate::process::ProcessTable;
+
+/// Stops the siblings of `failed` that `parent`'s strategy takes down and
+/// returns those that join restart `group`.
+pub(super) fn stop_siblings(
+    table: &mut ProcessTable,
+    parent: Pid,
+    failed: Pid,
+    group: u64,
+    exits: &mut Exits,
+) -> Vec<Pid> {
+    let Some(entry) = table.get(parent) else {
+        return Vec::new();
+    };
+    let siblings: Vec<Pid> = match entry.strategy() {
+        Strategy::OneForOne => return Vec::new(),
+        Strategy::OneForAll => entry
+            .children
+            .iter()
+            .copied()
+            .filter(|&pid| pid != failed)
+            .collect(),
+        Strategy::RestForOne => entry
+            .children
+            .range(Pid(failed.0.saturating_add(1))..)
+            .copied()
+            .collect(),
+    };
+    let reason = format!("restart: sibling {failed} failed");
+    let mut joined = Vec::new();
+    for pid in siblings {
+        let Some(sibling) = table.get_mut(pid) else {
+            continue;
+        };
+        if !sibling.is_alive() {
+            continue;
+        }
+        if sibling.is_restarting() {
+            // Already down: it now comes back with this group.
+            sibling.wait_in_group(group);
+            joined.push(pid);
+        } else if sibling.restart_spec().policy.restarts_after(true) {
+            stop_for_restart(table, pid, EXIT_KILLED, &reason, group, exits);
+            joined.push(pid);
+        } else {
+            terminate(table, pid, EXIT_KILLED, &reason, exits);
+        }
+    }
+    joined
+}
