@@ -174,6 +174,21 @@ pub struct SpawnRequest {
     /// Only the kernel's own config sets this; it is not taken from clients.
     #[serde(skip)]
     pub workspace: Option<PathBuf>,
+    /// The OS command of an `exec` process. Set by the kernel's config and
+    /// the control plane; never taken from a model's tool arguments.
+    #[serde(skip)]
+    pub exec: Option<ExecCommand>,
+}
+
+/// The OS process an `exec` process runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecCommand {
+    /// Program and arguments; the program is a name looked up in `PATH` or an absolute path.
+    pub argv: Vec<String>,
+    /// Variables added to the kernel's environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory; `None` takes the process's workspace directory.
+    pub cwd: Option<PathBuf>,
 }
 
 impl SpawnRequest {
@@ -191,6 +206,7 @@ impl SpawnRequest {
             limits: LimitOverrides::default(),
             metadata: BTreeMap::new(),
             workspace: None,
+            exec: None,
         }
     }
 }
@@ -251,6 +267,9 @@ pub struct ProcessInfo {
     pub usage: LlmUsage,
     /// Set once the process has exited.
     pub exit: Option<ExitRecord>,
+    /// Where an `exec` process's stdout and stderr go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<String>,
 }
 
 /// Model calls a process made through its kernel, as the provider counted them.

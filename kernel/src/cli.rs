@@ -166,11 +166,18 @@ pub struct SpawnArgs {
     /// Tools the process may use, comma-separated.
     #[arg(long, value_name = "a,b", value_delimiter = ',')]
     pub tools: Vec<String>,
+    /// Variable for an exec process's environment, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
     /// Print `{"pid": N}` instead of the bare PID.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
+    /// The OS command of an exec process, after `--` (runtime exec is then the default):
+    /// a program name looked up in PATH or an absolute path, and its arguments.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// Arguments of `hivekernel kill`.
@@ -287,6 +294,13 @@ fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     let count = config.agents.len();
     let noun = if count == 1 { "agent" } else { "agents" };
     output::print(&format!("ok: {}: {count} {noun}\n", path.display()))
+}
+
+/// Parses `KEY=VALUE`.
+fn parse_env(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
 }
 
 /// Parses a positive number of seconds, fractions allowed.

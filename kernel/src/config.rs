@@ -181,6 +181,9 @@ pub struct AgentSpec {
     pub limits: LimitOverrides,
     /// Free-form labels.
     pub metadata: BTreeMap<String, String>,
+    /// Runtime `exec`: the OS command (relative paths in it resolved against
+    /// the config file's directory, which is also its working directory).
+    pub exec: Option<hivekernel_agents::ExecCommand>,
 }
 
 impl Config {

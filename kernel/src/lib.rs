@@ -15,6 +15,7 @@
 //! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
 //! - [`events`]: typed, sequenced kernel events with replay.
 //! - [`runtime`]: the runtime registry and the per-process runner.
+//! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
 //! - [`auth`]: the admin token file and bearer-token authentication.
 //! - [`grpc`]: the tonic server: the Kernel service, health, reflection, auth layer.
@@ -28,6 +29,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod exec;
 pub mod grpc;
 pub mod kernel;
 pub mod llm;
@@ -40,6 +42,7 @@ mod supervisor;
 mod syscalls;
 
 pub use error::KernelError;
+pub use exec::EXIT_CANNOT_START;
 pub use kernel::{Caller, Kernel};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;

@@ -135,6 +135,7 @@ impl Entry {
             metadata: p.metadata.clone(),
             usage: p.usage.snapshot(),
             exit: self.exit.clone(),
+            log_path: None,
         }
     }
 }

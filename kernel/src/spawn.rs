@@ -3,14 +3,15 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hivekernel_agents::{Limits, Pid, ProcessContext, Role, SpawnRequest, Workspace};
+use hivekernel_agents::{Limits, Pid, ProcessContext, Role, Runtime, SpawnRequest, Workspace};
 
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
+use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared};
-use crate::runtime::run_process;
+use crate::runtime::{Maker, run_process};
 use crate::syscalls::KernelSyscalls;
 
 /// Longest process name, in bytes.
@@ -24,7 +25,7 @@ impl Kernel {
     /// the parent's role may not spawn; the child's tier is above the
     /// parent's; the child would be deeper than allowed; the parent has its
     /// maximum of live children; a requested limit exceeds the parent's.
-    pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+    pub async fn spawn(&self, caller: Caller, mut request: SpawnRequest) -> Result<Pid> {
         self.check_running()?;
         validate_name(&request.name)?;
         if request.role == Role::Kernel {
@@ -32,17 +33,31 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
-        let runtime_name = request
-            .runtime
-            .clone()
-            .unwrap_or_else(|| self.inner.settings.default_runtime.clone());
-        let factory = self.inner.runtimes.get(&runtime_name).ok_or_else(|| {
-            KernelError::InvalidArgument(format!(
-                "unknown runtime {runtime_name:?} (known: {})",
-                self.inner.runtimes.names().join(", ")
-            ))
-        })?;
+        let runtime_name = match (&request.runtime, &request.exec) {
+            (Some(name), _) => name.clone(),
+            (None, Some(_)) => EXEC_RUNTIME.to_owned(),
+            (None, None) => self.inner.settings.default_runtime.clone(),
+        };
+        let maker = self
+            .inner
+            .runtimes
+            .maker(&runtime_name, request.exec.take())?;
+        let (pid, launch) = self.admit(caller, request, &runtime_name, maker)?;
+        if let Some(launch) = launch {
+            self.launch_exec(launch).await;
+        }
+        Ok(pid)
+    }
 
+    /// The checks that need the table, then the insert; sync, so the table
+    /// lock can never be held across an await.
+    fn admit(
+        &self,
+        caller: Caller,
+        request: SpawnRequest,
+        runtime_name: &str,
+        maker: Maker<'_>,
+    ) -> Result<(Pid, Option<Launch>)> {
         let parent = request.parent;
         let mut table = self.inner.table.write();
         // Checked again under the lock: shutdown's last pass holds it too.
@@ -121,13 +136,23 @@ impl Kernel {
             }),
             syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
         };
-        let runtime = factory
-            .create(&ctx)
-            .map_err(|e| KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}")))?;
         let settings = &self.inner.settings;
+        let (runtime, launch): (Arc<dyn Runtime>, _) = match maker {
+            Maker::Factory(factory) => {
+                let runtime = factory.create(&ctx).map_err(|e| {
+                    KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}"))
+                })?;
+                (runtime, None)
+            }
+            Maker::Exec(exec, command) => {
+                let timeout = std::time::Duration::from_secs(limits.timeout_seconds.max(1));
+                let (agent, launch) = exec.prepare(&ctx, command, timeout, &settings.data_dir);
+                (Arc::new(agent), Some(launch))
+            }
+        };
         let proc = Arc::new(ProcShared {
             ctx,
-            runtime_name: Arc::from(runtime_name.as_str()),
+            runtime_name: Arc::from(runtime_name),
             limits,
             metadata: request.metadata,
             started_at_unix_ms: unix_ms(SystemTime::now()),
@@ -169,7 +194,7 @@ impl Kernel {
         );
         drop(table);
         self.inner.events.emit(pid, event);
-        Ok(pid)
+        Ok((pid, launch))
     }
 }
 

@@ -188,6 +188,16 @@ impl Kernel {
     /// Called by a process's own runner when its runtime failed: the process
     /// and its subtree exit with `exit_code`.
     pub(crate) async fn exit_self(&self, pid: Pid, exit_code: i32, reason: String) {
+        self.exit_with(pid, exit_code, reason, true).await;
+    }
+
+    /// Ends a live process and its subtree with `exit_code`, from outside its
+    /// runner (the OS process of an `exec` process ended).
+    pub(crate) async fn exit_external(&self, pid: Pid, exit_code: i32, reason: String) {
+        self.exit_with(pid, exit_code, reason, false).await;
+    }
+
+    async fn exit_with(&self, pid: Pid, exit_code: i32, reason: String, from_runner: bool) {
         let mut exits = Exits::new(Stop::Abort);
         {
             let mut table = self.inner.table.write();
@@ -198,8 +208,10 @@ impl Kernel {
                 _ => return,
             }
         }
-        // The caller is the exiting runner: it must not wait for itself.
-        exits.runners.retain(|(runner, _)| *runner != pid);
+        if from_runner {
+            // The caller is the exiting runner: it must not wait for itself.
+            exits.runners.retain(|(runner, _)| *runner != pid);
+        }
         self.finish_exits(exits).await;
     }
 
@@ -311,6 +323,8 @@ impl Kernel {
             }
             // Quiescence: once this is done, none of the subtree's tasks runs.
             join_runners(&mut runners).await;
+            // Nor any OS process of an exec process among them.
+            kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
             for (pid, env) in undelivered {
                 kernel.fail_undelivered(pid, env);
             }

@@ -72,6 +72,8 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         tools,
         limits: None,
         metadata: Default::default(),
+        command: args.command,
+        env: args.env.into_iter().collect(),
     };
     let mut session = Session::connect(&args.client).await?;
     let pid = session

@@ -77,6 +77,8 @@ pub(super) struct RawAgent {
     pub(super) workspace: Option<String>,
     pub(super) limits: Option<Value>,
     pub(super) metadata: Option<Value>,
+    pub(super) command: Option<Vec<String>>,
+    pub(super) env: Option<BTreeMap<String, String>>,
 }
 
 /// An agent entry after phase 1.

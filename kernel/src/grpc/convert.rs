@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, Role, SpawnRequest, TaskSpec,
+    ExecCommand, ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, Role,
+    SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
@@ -51,6 +52,20 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         metadata: req.metadata.into_iter().collect(),
         // Clients never pick a host directory: the kernel derives it from the name.
         workspace: None,
+        exec: exec_command(req.command, req.env),
+    })
+}
+
+/// The OS command of an `exec` spawn; none when neither field is set.
+/// The kernel checks it (non-empty, no NUL bytes, sizes, the program exists).
+fn exec_command(
+    argv: Vec<String>,
+    env: std::collections::HashMap<String, String>,
+) -> Option<ExecCommand> {
+    (!argv.is_empty() || !env.is_empty()).then(|| ExecCommand {
+        argv,
+        env: env.into_iter().collect(),
+        cwd: None,
     })
 }
 
@@ -125,6 +140,7 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
             prompt_tokens: info.usage.prompt_tokens,
             completion_tokens: info.usage.completion_tokens,
         }),
+        log_path: info.log_path.unwrap_or_default(),
     }
 }
 

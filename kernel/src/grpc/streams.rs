@@ -113,7 +113,7 @@ pub(crate) struct Stop {
 }
 
 impl Stop {
-    async fn cancelled(&self) {
+    pub(crate) async fn cancelled(&self) {
         tokio::select! {
             () = self.kernel.cancelled() => {}
             () = self.server.cancelled() => {}
