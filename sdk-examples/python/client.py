@@ -36,6 +36,11 @@ def echo_agent_command():
 
 
 def cmd_spawn(stub, pb, args):
+    print(spawn(stub, pb, args))
+
+
+def spawn(stub, pb, args):
+    """Spawns what args describe; returns the new PID."""
     command = args.command
     if command and command[0] == "--":
         command = command[1:]
@@ -48,7 +53,6 @@ def cmd_spawn(stub, pb, args):
             parent=args.parent, name=args.name, runtime=runtime, command=command, env=env
         )
     )
-    print(reply.pid)
     return reply.pid
 
 
@@ -120,7 +124,7 @@ def cmd_events(stub, pb, args):
 
 def cmd_demo(stub, pb, args):
     args.name, args.parent, args.runtime, args.env, args.command = "py-echo", 1, "", [], []
-    pid = cmd_spawn(stub, pb, args)
+    pid = spawn(stub, pb, args)
     print(f"spawned echo_agent.py as pid {pid}; the tree:")
     cmd_tree(stub, pb, argparse.Namespace(root=0))
     reply = stub.ExecuteTask(pb.ExecuteTaskRequest(pid=pid, description="hello from client.py", timeout_ms=30000))

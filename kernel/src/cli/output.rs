@@ -163,6 +163,7 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
             "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
         })),
         "exit": p.exit.as_ref().map(exit_json),
+        "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
     })
 }
 
