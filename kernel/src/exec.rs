@@ -246,6 +246,8 @@ impl Kernel {
     ) -> hivekernel_agents::ProcessInfo {
         if info.runtime == EXEC_RUNTIME {
             let path = log_path(&self.inner.settings.data_dir, info.pid, &info.name);
+            // Absolute, so it means the same to a client in any directory.
+            let path = std::path::absolute(&path).unwrap_or(path);
             info.log_path = Some(path.display().to_string());
         }
         info

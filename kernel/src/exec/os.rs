@@ -11,7 +11,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hivekernel_agents::ExecCommand;
@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::ExecRuntime;
 use super::agent::ExecProc;
-use crate::kernel::Kernel;
+use crate::kernel::{Inner, Kernel};
 
 /// Where the OS process of an `exec` process is in its life.
 #[derive(Debug)]
@@ -96,7 +96,13 @@ impl Launch {
         let child = cmd
             .spawn()
             .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
-        let watcher = watch(kernel.clone(), runtime.clone(), proc.clone(), child, grace);
+        let watcher = watch(
+            kernel.downgrade(),
+            runtime.clone(),
+            proc.clone(),
+            child,
+            grace,
+        );
         *os = OsState::Running(kernel.tracker().spawn(watcher));
         Ok(())
     }
@@ -116,8 +122,9 @@ fn open_log(path: &Path) -> io::Result<File> {
 
 /// Waits for the OS process to exit on its own, or stops it when the kernel
 /// process ends; an exit on its own ends the kernel process with its status.
+/// Holds the kernel weakly, like a runner: a process never keeps it alive.
 async fn watch(
-    kernel: Kernel,
+    kernel: Weak<Inner>,
     runtime: Arc<ExecRuntime>,
     proc: Arc<ExecProc>,
     mut child: Child,
@@ -161,7 +168,9 @@ async fn watch(
         ),
     };
     tracing::info!(pid = %proc.pid, name = %proc.name, code, %reason, "exec process ended");
-    kernel.exit_external(proc.pid, code, reason).await;
+    if let Some(inner) = kernel.upgrade() {
+        Kernel { inner }.exit_external(proc.pid, code, reason).await;
+    }
 }
 
 /// The kernel exit code and reason for an OS exit status: its code, or 128
