@@ -30,11 +30,10 @@ use std::time::Duration;
 use hivekernel_agents::{ExecCommand, Pid, ProcessContext, RequestId, TaskReply};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use tokio::sync::mpsc;
 
-pub use agent::Delivery;
 pub(crate) use agent::ExecAgent;
 use agent::ExecProc;
+pub use agent::{Attached, Delivery};
 pub(crate) use os::Launch;
 use os::OsState;
 
@@ -195,16 +194,8 @@ impl Kernel {
     }
 
     /// Opens the attach stream of `pid` for `caller`, which must be that
-    /// process. A newer stream replaces an older one. The second value
-    /// resends unanswered tasks; run it while the stream is read.
-    pub fn attach(
-        &self,
-        caller: Caller,
-        pid: Pid,
-    ) -> Result<(
-        mpsc::Receiver<Delivery>,
-        impl Future<Output = ()> + Send + 'static + use<>,
-    )> {
+    /// process. A newer stream replaces an older one.
+    pub fn attach(&self, caller: Caller, pid: Pid) -> Result<Attached> {
         if let Caller::Process(me) = caller
             && me != pid
         {

@@ -8,6 +8,8 @@
 //! in the bounded mailbox.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -45,8 +47,6 @@ pub enum Delivery {
     },
     /// A message from the mailbox.
     Message(Message),
-    /// Last item of a stream a newer Attach took over.
-    Replaced,
 }
 
 /// A live attach stream.
@@ -54,6 +54,30 @@ pub enum Delivery {
 struct Attachment {
     id: u64,
     tx: mpsc::Sender<Delivery>,
+    /// Cancelled when a newer Attach takes over.
+    replaced: CancellationToken,
+}
+
+/// One attach stream, as the control plane serves it.
+pub struct Attached {
+    /// What to send down the stream, starting with [`Delivery::Attached`];
+    /// it ends when the process exits.
+    pub deliveries: mpsc::Receiver<Delivery>,
+    /// Cancelled when a newer Attach replaces this one: end the stream then,
+    /// so deliveries still in it go to the new one.
+    pub replaced: CancellationToken,
+    /// Sends tasks that older streams took and nobody answered; run it
+    /// while `deliveries` is read.
+    pub resend: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("deliveries", &self.deliveries)
+            .field("replaced", &self.replaced)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A task handed to the agent and not yet answered.
@@ -94,15 +118,9 @@ impl ExecProc {
         }
     }
 
-    /// A new attach stream; the one before it, if any, ends with [`Delivery::Replaced`].
-    /// Tasks sent on earlier streams and still unanswered are sent again on this one
-    /// by `resend`, which the caller runs once it reads the stream.
-    pub(crate) fn attach(
-        self: &Arc<Self>,
-    ) -> (
-        mpsc::Receiver<Delivery>,
-        impl Future<Output = ()> + Send + 'static + use<>,
-    ) {
+    /// A new attach stream, replacing the one before it, if any. Tasks sent
+    /// on earlier streams and still unanswered are sent again on this one.
+    pub(crate) fn attach(&self) -> Attached {
         let id = self.next_attach.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         // A fresh channel has room: the notice is always the first item.
@@ -110,11 +128,14 @@ impl ExecProc {
             pid: self.pid,
             name: self.name.clone(),
         });
-        let old = self
-            .attach
-            .send_replace(Some(Attachment { id, tx: tx.clone() }));
+        let replaced = CancellationToken::new();
+        let old = self.attach.send_replace(Some(Attachment {
+            id,
+            tx: tx.clone(),
+            replaced: replaced.clone(),
+        }));
         if let Some(old) = old {
-            let _ = old.tx.try_send(Delivery::Replaced);
+            old.replaced.cancel();
         }
         let resend: Vec<Delivery> = self
             .pending
@@ -126,14 +147,18 @@ impl ExecProc {
                 p.delivery.clone()
             })
             .collect();
-        let resend = async move {
+        let resend = Box::pin(async move {
             for delivery in resend {
                 if tx.send(delivery).await.is_err() {
                     return;
                 }
             }
-        };
-        (rx, resend)
+        });
+        Attached {
+            deliveries: rx,
+            replaced,
+            resend,
+        }
     }
 
     /// Ends the attach stream for good: the process has exited.
@@ -242,8 +267,15 @@ impl Runtime for ExecAgent {
             },
         );
         let _forget = Forget(proc, request_id);
-        proc.deliver_task(request_id, delivery).await;
-        rx.await.unwrap_or_else(|_| {
+        let deliver = proc.deliver_task(request_id, delivery);
+        tokio::pin!(deliver);
+        let mut rx = rx;
+        // An answer ends the wait even while a send to a stalled stream is pending.
+        let answer = tokio::select! {
+            answer = &mut rx => answer,
+            () = &mut deliver => rx.await,
+        };
+        answer.unwrap_or_else(|_| {
             Err(format!(
                 "process {} ended before answering request {request_id}",
                 proc.pid

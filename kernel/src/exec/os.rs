@@ -151,9 +151,11 @@ async fn watch(
             let _ = child.wait().await;
         }
         signal(Signal::KILL);
+        settle(group).await;
         return;
     };
     signal(Signal::KILL);
+    settle(group).await;
     *proc.os.lock() = OsState::Done;
     // Whoever takes the process out of the table of exec processes ends it;
     // if a kill did already, there is nothing left to report.
@@ -170,6 +172,19 @@ async fn watch(
     tracing::info!(pid = %proc.pid, name = %proc.name, code, %reason, "exec process ended");
     if let Some(inner) = kernel.upgrade() {
         Kernel { inner }.exit_external(proc.pid, code, reason).await;
+    }
+}
+
+/// Helpers the leader left behind die of SIGKILL asynchronously: give them
+/// a moment, so the group is usually gone when the exit completes. Bounded,
+/// because a helper whose zombie nobody reaps still counts as a member.
+async fn settle(group: Option<rustix::process::Pid>) {
+    let Some(group) = group else { return };
+    for _ in 0..40 {
+        if rustix::process::test_kill_process_group(group).is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

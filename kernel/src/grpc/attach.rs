@@ -2,25 +2,27 @@
 //! needs beyond the rest of the API. See the proto for why they are a
 //! server stream plus a unary call rather than one bidi stream.
 
-use std::pin::Pin;
-
-use futures::{Stream, StreamExt};
 use hivekernel_agents::{Pid, RequestId};
 use hivekernel_proto::v1 as pb;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::enums;
 use super::service::caller;
-use super::streams::Stop;
-use crate::exec::Delivery;
+use super::streams::{Stop, send};
+use crate::exec::{Attached, Delivery};
 use crate::kernel::Kernel;
 
-/// The stream an `Attach` call answers with.
-pub(crate) type AttachStream = Pin<Box<dyn Stream<Item = Result<pb::Delivery, Status>> + Send>>;
+/// Deliveries in flight between the forwarder and the client.
+const BUFFER: usize = 16;
 
-/// Opens the caller's attach stream; it ends when the process exits, a newer
-/// Attach replaces it (ABORTED), the server drains or the kernel stops.
+/// The stream an `Attach` call answers with.
+pub(crate) type AttachStream = ReceiverStream<Result<pb::Delivery, Status>>;
+
+/// Opens the caller's attach stream. A kernel-tracked task forwards the
+/// deliveries; the stream ends when the process exits, with ABORTED when a
+/// newer Attach replaces it, and when the server drains or the kernel stops.
 pub(crate) fn attach(
     kernel: &Kernel,
     stop: &Stop,
@@ -31,18 +33,37 @@ pub(crate) fn attach(
         0 => caller.pid(),
         pid => Pid(pid),
     };
-    let (rx, resend) = kernel.attach(caller, pid)?;
-    kernel.tracker().spawn(resend);
+    let Attached {
+        mut deliveries,
+        replaced,
+        resend,
+    } = kernel.attach(caller, pid)?;
+    let (tx, rx) = mpsc::channel(BUFFER);
     let stop = stop.clone();
-    let stream = ReceiverStream::new(rx)
-        .map(|delivery| match delivery {
-            Delivery::Replaced => Err(Status::aborted(
-                "a newer Attach of this process replaced this stream",
-            )),
-            other => Ok(delivery_to_proto(other)),
-        })
-        .take_until(async move { stop.cancelled().await });
-    Ok(Response::new(Box::pin(stream)))
+    let forward = async move {
+        loop {
+            let delivery = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tx.closed() => return,
+                () = replaced.cancelled() => {
+                    let ended = Status::aborted("a newer Attach of this process replaced this stream");
+                    send(&tx, Err(ended), &stop).await;
+                    return;
+                }
+                delivery = deliveries.recv() => delivery,
+            };
+            let Some(delivery) = delivery else { return };
+            if !send(&tx, Ok(delivery_to_proto(delivery)), &stop).await {
+                return;
+            }
+        }
+    };
+    kernel.tracker().spawn(async move {
+        // Ending the forwarder drops the deliveries, which ends the resend too.
+        tokio::join!(forward, resend);
+    });
+    Ok(Response::new(ReceiverStream::new(rx)))
 }
 
 /// Answers one of the caller's tasks.
@@ -90,8 +111,6 @@ fn delivery_to_proto(delivery: Delivery) -> pb::Delivery {
             request_id: message.request_id.map_or(0, |id| id.0),
             via: message.via.map_or(0, |pid| pid.0),
         }),
-        // Mapped to a status by the caller; never sent as an item.
-        Delivery::Replaced => return pb::Delivery { item: None },
     };
     pb::Delivery { item: Some(item) }
 }

@@ -122,7 +122,7 @@ impl Stop {
 }
 
 /// Sends `item`; false when the client has gone or the stream must stop.
-async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool {
+pub(crate) async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool {
     tokio::select! {
         biased;
         () = stop.cancelled() => false,
