@@ -697,6 +697,8 @@ fn exec_fields_are_checked_with_their_runtime() {
     assert_issue(&issues, "agents[2] (c).command", &["not found in PATH"]);
     assert_issue(&issues, "agents[3] (d).env", &["set by the kernel"]);
     assert_eq!(issues.len(), 5, "{issues:#?}");
+    let issues = self::issues(r#"{"kernel": {"default_runtime": "exec"}}"#);
+    assert_issue(&issues, "kernel.default_runtime", &["its own command"]);
 }
 
 #[test]

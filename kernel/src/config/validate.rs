@@ -105,6 +105,10 @@ impl<'a> Context<'a> {
         let tasks_ok = at_least_one(tasks, "kernel.max_concurrent_tasks", issues);
         if let Some(problem) = self.runtime_problem(&k.default_runtime) {
             issues.push(ConfigIssue::new("kernel.default_runtime", problem));
+        } else if k.default_runtime == EXEC_RUNTIME {
+            let message = "exec cannot be the default: every exec agent needs its own command \
+                           (name runtime exec on those agents)";
+            issues.push(ConfigIssue::new("kernel.default_runtime", message));
         }
 
         // A kernel value that is itself wrong would only produce noise about the agents.
