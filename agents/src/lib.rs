@@ -27,8 +27,8 @@ pub mod tools;
 
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
-    ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState, Role,
-    SpawnRequest, Tier,
+    ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState,
+    Role, SpawnRequest, Tier,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};

@@ -186,6 +186,21 @@ pub struct SpawnRequest {
     /// Only the kernel's own config sets this; it is not taken from clients.
     #[serde(skip)]
     pub workspace: Option<PathBuf>,
+    /// The OS command of an `exec` process. Set by the kernel's config and
+    /// the control plane; never taken from a model's tool arguments.
+    #[serde(skip)]
+    pub exec: Option<ExecCommand>,
+}
+
+/// The OS process an `exec` process runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecCommand {
+    /// Program and arguments; the program is a name looked up in `PATH` or an absolute path.
+    pub argv: Vec<String>,
+    /// Variables added to the kernel's environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory; `None` takes the process's workspace directory.
+    pub cwd: Option<PathBuf>,
 }
 
 impl SpawnRequest {
@@ -205,6 +220,7 @@ impl SpawnRequest {
             restart: None,
             strategy: None,
             workspace: None,
+            exec: None,
         }
     }
 }
@@ -268,6 +284,9 @@ pub struct ProcessInfo {
     /// Times the kernel restarted it.
     #[serde(default)]
     pub restarts: u32,
+    /// Where an `exec` process's stdout and stderr go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<String>,
 }
 
 /// Model calls a process made through its kernel, as the provider counted them.

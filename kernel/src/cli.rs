@@ -173,11 +173,18 @@ pub struct SpawnArgs {
     /// How its children are restarted: one_for_one, one_for_all or rest_for_one [default: the role's]
     #[arg(long)]
     pub strategy: Option<Strategy>,
+    /// Variable for an exec process's environment, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
     /// Print `{"pid": N}` instead of the bare PID.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
+    /// The OS command of an exec process, after `--` (runtime exec is then the default):
+    /// a program name looked up in PATH or an absolute path, and its arguments.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// Arguments of `hivekernel kill`.
@@ -294,6 +301,13 @@ fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     let count = config.agents.len();
     let noun = if count == 1 { "agent" } else { "agents" };
     output::print(&format!("ok: {}: {count} {noun}\n", path.display()))
+}
+
+/// Parses `KEY=VALUE`.
+fn parse_env(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
 }
 
 /// Parses a positive number of seconds, fractions allowed.

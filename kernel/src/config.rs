@@ -202,6 +202,9 @@ pub struct AgentSpec {
     pub restart: Option<RestartSpec>,
     /// Its strategy for its children; `None` takes its role's from `roles`.
     pub strategy: Option<Strategy>,
+    /// Runtime `exec`: the OS command (relative paths in it resolved against
+    /// the config file's directory, which is also its working directory).
+    pub exec: Option<hivekernel_agents::ExecCommand>,
 }
 
 impl Config {

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::{AgentSpec, Config, ConfigError};
+use crate::exec::ExecRuntime;
 use crate::kernel::{Caller, Kernel};
 use crate::llm::choose_provider;
 use crate::restore::Restored;
@@ -99,7 +100,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         .map_err(StartError::Provider)?;
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
-    let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
+    let mut registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
         ToolRegistry::configured(&config.tools),
         agent_settings,
     ));
@@ -140,6 +141,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 
     let _lock = lock_data_dir(&data_dir)?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
+    let auth = Authenticator::new(token);
+    registry.enable_exec(ExecRuntime::new(auth.clone(), addr));
+
     tracing::info!(provider = %chosen.description, "model provider");
     let kernel = Kernel::start_with(
         settings,
@@ -174,12 +178,12 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     );
 
     let token_cancelled = kernel.shutdown_token();
-    let mut server = kernel.tracker().spawn(grpc::serve(
-        kernel.clone(),
-        listener,
-        Authenticator::new(token),
-        async move { token_cancelled.cancelled().await },
-    ));
+    let mut server =
+        kernel
+            .tracker()
+            .spawn(grpc::serve(kernel.clone(), listener, auth, async move {
+                token_cancelled.cancelled().await
+            }));
 
     // A control plane that dies is as fatal as a signal.
     let early = tokio::select! {
@@ -269,6 +273,10 @@ async fn start_agents(
             .await
             .map(|info| info.runtime)
             .unwrap_or_default();
+        if runtime == crate::exec::EXEC_RUNTIME {
+            tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
+            continue;
+        }
         // Only the tool_agent talks to a model; say which, per agent.
         let provider = match (runtime.as_str(), kernel.provider_name()) {
             ("tool_agent", Some(provider)) => provider,
@@ -293,6 +301,7 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request.workspace = agent.workspace.clone();
     request.restart = agent.restart;
     request.strategy = agent.strategy;
+    request.exec = agent.exec.clone();
     request
 }
 

@@ -70,6 +70,16 @@ pub enum KernelError {
     /// The caller may not do this.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// An answer names a task its process does not have pending.
+    #[error(
+        "process {pid} has no pending task {request_id} (answered already, timed out, or its requester gave up)"
+    )]
+    TaskNotPending {
+        /// The answering process.
+        pid: Pid,
+        /// The request it named.
+        request_id: hivekernel_agents::RequestId,
+    },
     /// The receiver's mailbox is full.
     #[error("mailbox of process {pid} is full ({capacity} messages)")]
     MailboxFull {
@@ -97,7 +107,7 @@ impl KernelError {
     pub fn kind(&self) -> ErrorKind {
         use KernelError::*;
         match self {
-            NotFound(_) => ErrorKind::NotFound,
+            NotFound(_) | TaskNotPending { .. } => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,
             TooManyChildren { .. } | MailboxFull { .. } | DepthExceeded { .. } => {

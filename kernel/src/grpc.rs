@@ -7,9 +7,10 @@
 //! caller and nothing else in the request can change who it is.
 //!
 //! Layout: `service` (the Kernel service handlers), `streams` (producers of
-//! the streaming RPCs), `convert` (proto <-> kernel types and argument
+//! the streaming RPCs), `attach` (Attach and CompleteTask, for external agents), `convert` (proto <-> kernel types and argument
 //! checks), `status` (`KernelError` -> `tonic::Status`).
 
+mod attach;
 mod convert;
 pub(crate) mod enums;
 mod service;

@@ -200,10 +200,12 @@ impl Kernel {
     /// A snapshot of one live or zombie process.
     pub async fn get_process(&self, _caller: Caller, pid: Pid) -> Result<ProcessInfo> {
         let table = self.inner.table.read();
-        table
+        let info = table
             .get(pid)
             .map(|entry| entry.info(pid))
-            .ok_or(KernelError::NotFound(pid))
+            .ok_or(KernelError::NotFound(pid))?;
+        drop(table);
+        Ok(self.with_log_path(info))
     }
 
     /// PIDs of `root`'s subtree in depth-first pre-order, at most `max_depth` levels below it.
@@ -222,9 +224,15 @@ impl Kernel {
 
     /// Snapshots of the given processes, skipping any that are gone.
     pub fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
-        let table = self.inner.table.read();
-        pids.iter()
-            .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
+        let infos: Vec<ProcessInfo> = {
+            let table = self.inner.table.read();
+            pids.iter()
+                .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
+                .collect()
+        };
+        infos
+            .into_iter()
+            .map(|info| self.with_log_path(info))
             .collect()
     }
 

@@ -19,6 +19,7 @@
 //! - [`events`]: typed, sequenced kernel events with replay.
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters.
 //! - [`runtime`]: the runtime registry and the per-process runner.
+//! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
 //! - [`auth`]: the admin token file and bearer-token authentication.
 //! - [`grpc`]: the tonic server: the Kernel service, health, reflection, auth layer.
@@ -33,6 +34,7 @@ mod counter;
 pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod exec;
 pub mod grpc;
 pub mod kernel;
 pub mod llm;
@@ -48,6 +50,7 @@ mod supervisor;
 mod syscalls;
 
 pub use error::KernelError;
+pub use exec::EXIT_CANNOT_START;
 pub use kernel::{Caller, Kernel};
 pub use restore::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};

@@ -152,6 +152,7 @@ impl Entry {
             usage: p.usage.snapshot(),
             exit: self.exit.clone(),
             restarts: self.restarts(),
+            log_path: None,
         }
     }
 }

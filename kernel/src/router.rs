@@ -489,7 +489,7 @@ pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
     Ok(())
 }
 
-fn check_payload(field: &str, text: &str) -> Result<()> {
+pub(crate) fn check_payload(field: &str, text: &str) -> Result<()> {
     if text.len() > MAX_PAYLOAD_BYTES {
         return Err(KernelError::InvalidArgument(format!(
             "{field} is {} bytes (at most {MAX_PAYLOAD_BYTES})",

@@ -17,10 +17,12 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use hivekernel_agents::echo::EchoFactory;
 use hivekernel_agents::tool_agent::{AgentSettings, ToolAgentFactory};
 use hivekernel_agents::tools::ToolRegistry;
-use hivekernel_agents::{Runtime, RuntimeFactory};
+use hivekernel_agents::{ExecCommand, Runtime, RuntimeFactory};
 use tokio::time::Instant;
 
+use crate::error::KernelError;
 use crate::events::EventKind;
+use crate::exec::{self, EXEC_RUNTIME, ExecRuntime};
 use crate::kernel::{Inner, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
@@ -33,6 +35,17 @@ pub struct RuntimeRegistry {
     factories: BTreeMap<String, Arc<dyn RuntimeFactory>>,
     /// Tool names the `tool_agent` runtime offers (for config checks).
     tools: Vec<&'static str>,
+    /// The `exec` runtime, once the kernel's gRPC server is known.
+    exec: Option<Arc<ExecRuntime>>,
+}
+
+/// How a spawn's runtime is made.
+#[derive(Debug)]
+pub(crate) enum Maker<'a> {
+    /// An in-process runtime.
+    Factory(&'a Arc<dyn RuntimeFactory>),
+    /// An OS process (the `exec` runtime).
+    Exec(&'a Arc<ExecRuntime>, exec::Checked),
 }
 
 impl RuntimeRegistry {
@@ -56,6 +69,46 @@ impl RuntimeRegistry {
         registry
     }
 
+    /// Enables the `exec` runtime: external agents started as OS processes
+    /// that reach the kernel over gRPC. Without it, spawns naming `exec` are refused.
+    pub fn enable_exec(&mut self, exec: ExecRuntime) {
+        self.exec = Some(Arc::new(exec));
+    }
+
+    /// The `exec` runtime, when enabled.
+    pub(crate) fn exec(&self) -> Option<&Arc<ExecRuntime>> {
+        self.exec.as_ref()
+    }
+
+    /// How to make runtime `name`; `command` is the OS command, for `exec` only.
+    pub(crate) fn maker(
+        &self,
+        name: &str,
+        command: Option<ExecCommand>,
+    ) -> Result<Maker<'_>, KernelError> {
+        if name == EXEC_RUNTIME {
+            let Some(runtime) = &self.exec else {
+                return Err(KernelError::InvalidArgument(
+                    "the exec runtime is not enabled in this kernel (it needs the gRPC server; \
+                     `hivekernel start` enables it)"
+                        .into(),
+                ));
+            };
+            return Ok(Maker::Exec(runtime, exec::check(command)?));
+        }
+        if command.is_some() {
+            return Err(KernelError::InvalidArgument(format!(
+                "a command is only for runtime exec, not {name}"
+            )));
+        }
+        self.get(name).map(Maker::Factory).ok_or_else(|| {
+            KernelError::InvalidArgument(format!(
+                "unknown runtime {name:?} (known: {})",
+                self.names().join(", ")
+            ))
+        })
+    }
+
     /// Adds (or replaces) a runtime.
     pub fn register(&mut self, name: impl Into<String>, factory: Arc<dyn RuntimeFactory>) {
         self.factories.insert(name.into(), factory);
@@ -66,15 +119,25 @@ impl RuntimeRegistry {
         self.factories.get(name)
     }
 
-    /// Registered names, sorted.
+    /// Registered names, sorted; `exec` when enabled.
     pub fn names(&self) -> Vec<&str> {
-        self.factories.keys().map(String::as_str).collect()
+        let mut names: Vec<&str> = self.factories.keys().map(String::as_str).collect();
+        if self.exec.is_some() {
+            names.push(EXEC_RUNTIME);
+            names.sort_unstable();
+        }
+        names
     }
 
-    /// What a config may name: these runtimes and the `tool_agent`'s tools.
+    /// What a config may name: these runtimes, `exec` (which `hivekernel
+    /// start` always enables), and the `tool_agent`'s tools.
     pub fn known(&self) -> crate::config::Known {
+        let mut runtimes: Vec<String> = self.factories.keys().cloned().collect();
+        runtimes.push(EXEC_RUNTIME.to_owned());
+        runtimes.sort_unstable();
+        runtimes.dedup();
         crate::config::Known {
-            runtimes: self.factories.keys().cloned().collect(),
+            runtimes,
             tools: self.tools.iter().map(|&tool| tool.to_owned()).collect(),
         }
     }

@@ -3,14 +3,17 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hivekernel_agents::{Limits, Pid, ProcessContext, Role, SpawnRequest, Workspace};
+use hivekernel_agents::{
+    Limits, Pid, ProcessContext, RestartSpec, Role, Runtime, SpawnRequest, Strategy, Workspace,
+};
 
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
+use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared};
-use crate::runtime::run_process;
+use crate::runtime::{Maker, run_process};
 use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
 
@@ -34,7 +37,7 @@ impl Kernel {
     pub(crate) async fn spawn_as(
         &self,
         caller: Caller,
-        request: SpawnRequest,
+        mut request: SpawnRequest,
         reuse: Option<Pid>,
     ) -> Result<Pid> {
         self.check_running()?;
@@ -44,166 +47,208 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
-        let runtime_name = request
-            .runtime
-            .clone()
-            .unwrap_or_else(|| self.inner.settings.default_runtime.clone());
-        let factory = self.inner.runtimes.get(&runtime_name).ok_or_else(|| {
-            KernelError::InvalidArgument(format!(
-                "unknown runtime {runtime_name:?} (known: {})",
-                self.inner.runtimes.names().join(", ")
-            ))
-        })?;
-
-        let (restart, strategy) = self.supervision_for(&request)?;
-
-        // The table lock is a guard that must not live across the await below.
-        let pid = {
-            let parent = request.parent;
-            let mut table = self.inner.table.write();
-            // Checked again under the lock: shutdown's last pass holds it too.
-            self.check_running()?;
-            let Some(parent_entry) = table.get(parent) else {
-                return Err(KernelError::NotFound(parent));
-            };
-            if !parent_entry.is_alive() {
-                return Err(KernelError::ParentNotAlive {
-                    pid: parent,
-                    state: "zombie",
-                });
-            }
-            if parent_entry.is_restarting() {
-                return Err(KernelError::ParentNotAlive {
-                    pid: parent,
-                    state: "restarting",
-                });
-            }
-            if let Caller::Process(me) = caller
-                && me != parent
-            {
-                return Err(KernelError::PermissionDenied(format!(
-                    "process {me} may only spawn its own children, not children of {parent}"
-                )));
-            }
-            let pctx = &parent_entry.proc.ctx;
-            if !pctx.role.may_spawn() {
-                return Err(KernelError::RoleMayNotSpawn {
-                    parent,
-                    role: pctx.role.as_str(),
-                });
-            }
-            let tier = request.tier.unwrap_or(pctx.tier);
-            if tier.rank() > pctx.tier.rank() {
-                return Err(KernelError::TierAboveParent {
-                    child: tier.as_str(),
-                    parent: pctx.tier.as_str(),
-                });
-            }
-            let depth = parent_entry.depth + 1;
-            let kernel_max_depth = self.inner.settings.max_depth;
-            if depth > kernel_max_depth {
-                return Err(KernelError::DepthExceeded {
-                    parent,
-                    depth,
-                    why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
-                });
-            }
-            let plimits = parent_entry.proc.limits;
-            if plimits.max_depth == 0 {
-                return Err(KernelError::DepthExceeded {
-                    parent,
-                    depth,
-                    why: format!("process {parent} allows no levels below it (max_depth 0)"),
-                });
-            }
-            if parent_entry.live_children >= plimits.max_children {
-                return Err(KernelError::TooManyChildren {
-                    parent,
-                    count: parent_entry.live_children,
-                    max: plimits.max_children,
-                });
-            }
-            let limits = narrow_limits(&plimits, &request)?;
-
-            let pid = match reuse {
-                Some(pid) => pid,
-                None => Pid(self
-                    .inner
-                    .pids
-                    .take(self.inner.store.as_ref(), &self.inner.tracker)),
-            };
-            let ctx = ProcessContext {
-                pid,
-                name: Arc::from(request.name.as_str()),
-                role: request.role,
-                tier,
-                model: Arc::from(request.model.as_str()),
-                system_prompt: Arc::from(request.system_prompt.as_str()),
-                tools: Arc::from(request.tools),
-                workspace: Some(match request.workspace {
-                    Some(dir) => Workspace::At(Arc::from(dir)),
-                    None => Workspace::Under(self.inner.workspace_root.clone()),
-                }),
-                syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
-            };
-            let runtime = factory.create(&ctx).map_err(|e| {
-                KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}"))
-            })?;
-            let settings = &self.inner.settings;
-            let proc = Arc::new(ProcShared {
-                ctx,
-                runtime_name: Arc::from(runtime_name.as_str()),
-                limits,
-                metadata: request.metadata,
-                started_at_unix_ms: unix_ms(SystemTime::now()),
-                mailbox: Mailbox::new(
-                    settings.mailbox_capacity,
-                    std::time::Duration::from_millis(settings.mailbox_aging_ms),
-                ),
-                running: Default::default(),
-                blocked: Default::default(),
-                usage: Default::default(),
-            });
-            let runner =
-                self.inner
-                    .tracker
-                    .spawn(run_process(self.downgrade(), proc.clone(), runtime));
-            if let Some(parent_entry) = table.get_mut(parent) {
-                parent_entry.children.insert(pid);
-                parent_entry.live_children += 1;
-            }
-            let event = EventKind::Spawned {
-                ppid: parent,
-                name: proc.ctx.name.clone(),
-                role: proc.ctx.role,
-                tier,
-                runtime: proc.runtime_name.clone(),
-            };
-            table.entries.insert(
-                pid,
-                Entry {
-                    ppid: parent,
-                    depth,
-                    children: Default::default(),
-                    live_children: 0,
-                    proc,
-                    runner: Some(runner),
-                    exit: None,
-                    exit_waiters: Vec::new(),
-                    sup: Supervision::for_spawn(restart, strategy),
-                },
-            );
-            drop(table);
-            self.inner.events.emit(pid, event);
-            pid
+        let runtime_name = match (&request.runtime, &request.exec) {
+            (Some(name), _) => name.clone(),
+            (None, Some(_)) => EXEC_RUNTIME.to_owned(),
+            (None, None) => self.inner.settings.default_runtime.clone(),
         };
+        let maker = self
+            .inner
+            .runtimes
+            .maker(&runtime_name, request.exec.take())?;
+        let mut supervision = self.supervision_for(&request)?;
+        if matches!(maker, Maker::Exec(..)) {
+            // The OS process starts only at spawn: an exec process is not restarted.
+            supervision.0 = RestartSpec::default();
+        }
+        let admitted = Admitted {
+            runtime_name: &runtime_name,
+            maker,
+            supervision,
+            reuse,
+        };
+        let (pid, launch) = self.admit(caller, request, admitted)?;
         if let Some(store) = &self.inner.store
             && let Err(err) = self.inner.pids.committed(store, pid.0).await
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
         }
+        if let Some(launch) = launch {
+            self.launch_exec(launch).await;
+        }
         Ok(pid)
     }
+
+    /// The checks that need the table, then the insert; sync, so the table
+    /// lock can never be held across an await.
+    fn admit(
+        &self,
+        caller: Caller,
+        request: SpawnRequest,
+        admitted: Admitted<'_, '_>,
+    ) -> Result<(Pid, Option<Launch>)> {
+        let Admitted {
+            runtime_name,
+            maker,
+            supervision: (restart, strategy),
+            reuse,
+        } = admitted;
+        let parent = request.parent;
+        let mut table = self.inner.table.write();
+        // Checked again under the lock: shutdown's last pass holds it too.
+        self.check_running()?;
+        let Some(parent_entry) = table.get(parent) else {
+            return Err(KernelError::NotFound(parent));
+        };
+        if !parent_entry.is_alive() {
+            return Err(KernelError::ParentNotAlive {
+                pid: parent,
+                state: "zombie",
+            });
+        }
+        if parent_entry.is_restarting() {
+            return Err(KernelError::ParentNotAlive {
+                pid: parent,
+                state: "restarting",
+            });
+        }
+        if let Caller::Process(me) = caller
+            && me != parent
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} may only spawn its own children, not children of {parent}"
+            )));
+        }
+        let pctx = &parent_entry.proc.ctx;
+        if !pctx.role.may_spawn() {
+            return Err(KernelError::RoleMayNotSpawn {
+                parent,
+                role: pctx.role.as_str(),
+            });
+        }
+        let tier = request.tier.unwrap_or(pctx.tier);
+        if tier.rank() > pctx.tier.rank() {
+            return Err(KernelError::TierAboveParent {
+                child: tier.as_str(),
+                parent: pctx.tier.as_str(),
+            });
+        }
+        let depth = parent_entry.depth + 1;
+        let kernel_max_depth = self.inner.settings.max_depth;
+        if depth > kernel_max_depth {
+            return Err(KernelError::DepthExceeded {
+                parent,
+                depth,
+                why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
+            });
+        }
+        let plimits = parent_entry.proc.limits;
+        if plimits.max_depth == 0 {
+            return Err(KernelError::DepthExceeded {
+                parent,
+                depth,
+                why: format!("process {parent} allows no levels below it (max_depth 0)"),
+            });
+        }
+        if parent_entry.live_children >= plimits.max_children {
+            return Err(KernelError::TooManyChildren {
+                parent,
+                count: parent_entry.live_children,
+                max: plimits.max_children,
+            });
+        }
+        let limits = narrow_limits(&plimits, &request)?;
+
+        let pid = match reuse {
+            Some(pid) => pid,
+            None => Pid(self
+                .inner
+                .pids
+                .take(self.inner.store.as_ref(), &self.inner.tracker)),
+        };
+        let ctx = ProcessContext {
+            pid,
+            name: Arc::from(request.name.as_str()),
+            role: request.role,
+            tier,
+            model: Arc::from(request.model.as_str()),
+            system_prompt: Arc::from(request.system_prompt.as_str()),
+            tools: Arc::from(request.tools),
+            workspace: Some(match request.workspace {
+                Some(dir) => Workspace::At(Arc::from(dir)),
+                None => Workspace::Under(self.inner.workspace_root.clone()),
+            }),
+            syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
+        };
+        let settings = &self.inner.settings;
+        let (runtime, launch): (Arc<dyn Runtime>, _) = match maker {
+            Maker::Factory(factory) => {
+                let runtime = factory.create(&ctx).map_err(|e| {
+                    KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}"))
+                })?;
+                (runtime, None)
+            }
+            Maker::Exec(exec, command) => {
+                let timeout = std::time::Duration::from_secs(limits.timeout_seconds.max(1));
+                let (agent, launch) = exec.prepare(&ctx, command, timeout, &settings.data_dir);
+                (Arc::new(agent), Some(launch))
+            }
+        };
+        let proc = Arc::new(ProcShared {
+            ctx,
+            runtime_name: Arc::from(runtime_name),
+            limits,
+            metadata: request.metadata,
+            started_at_unix_ms: unix_ms(SystemTime::now()),
+            mailbox: Mailbox::new(
+                settings.mailbox_capacity,
+                std::time::Duration::from_millis(settings.mailbox_aging_ms),
+            ),
+            running: Default::default(),
+            blocked: Default::default(),
+            usage: Default::default(),
+        });
+        let runner = self
+            .inner
+            .tracker
+            .spawn(run_process(self.downgrade(), proc.clone(), runtime));
+        if let Some(parent_entry) = table.get_mut(parent) {
+            parent_entry.children.insert(pid);
+            parent_entry.live_children += 1;
+        }
+        let event = EventKind::Spawned {
+            ppid: parent,
+            name: proc.ctx.name.clone(),
+            role: proc.ctx.role,
+            tier,
+            runtime: proc.runtime_name.clone(),
+        };
+        table.entries.insert(
+            pid,
+            Entry {
+                ppid: parent,
+                depth,
+                children: Default::default(),
+                live_children: 0,
+                proc,
+                runner: Some(runner),
+                exit: None,
+                exit_waiters: Vec::new(),
+                sup: Supervision::for_spawn(restart, strategy),
+            },
+        );
+        drop(table);
+        self.inner.events.emit(pid, event);
+        Ok((pid, launch))
+    }
+}
+
+/// What `admit` needs besides the request.
+struct Admitted<'r, 'f> {
+    runtime_name: &'r str,
+    maker: Maker<'f>,
+    supervision: (RestartSpec, Strategy),
+    reuse: Option<Pid>,
 }
 
 /// Rejects empty, overlong or control-character names.

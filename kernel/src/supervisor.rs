@@ -206,6 +206,25 @@ impl Kernel {
     /// Called by a process's own runner when its runtime failed: the process
     /// and its subtree exit with `exit_code`, and its restart policy applies.
     pub(crate) async fn exit_self(&self, proc: &Arc<ProcShared>, exit_code: i32, reason: String) {
+        self.exit_with(proc, exit_code, reason, true).await;
+    }
+
+    /// Ends a live process and its subtree with `exit_code`, from outside its
+    /// runner (the OS process of an `exec` process ended).
+    pub(crate) async fn exit_external(&self, pid: Pid, exit_code: i32, reason: String) {
+        let proc = self.inner.table.read().get(pid).map(|e| e.proc.clone());
+        if let Some(proc) = proc {
+            self.exit_with(&proc, exit_code, reason, false).await;
+        }
+    }
+
+    async fn exit_with(
+        &self,
+        proc: &Arc<ProcShared>,
+        exit_code: i32,
+        reason: String,
+        from_runner: bool,
+    ) {
         let pid = proc.ctx.pid;
         let mut exits = Exits::new(Stop::Abort);
         {
@@ -218,8 +237,10 @@ impl Kernel {
                 _ => return,
             }
         }
-        // The caller is the exiting runner: it must not wait for itself.
-        exits.runners.retain(|(runner, _)| *runner != pid);
+        if from_runner {
+            // The caller is the exiting runner: it must not wait for itself.
+            exits.runners.retain(|(runner, _)| *runner != pid);
+        }
         self.finish_exits(exits).await;
     }
 
@@ -335,6 +356,8 @@ impl Kernel {
             }
             // Quiescence: once this is done, none of the subtree's tasks runs.
             join_runners(&mut runners).await;
+            // Nor any OS process of an exec process among them.
+            kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
             for (pid, env) in undelivered {
                 kernel.fail_undelivered(pid, env);
             }

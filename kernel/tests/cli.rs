@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -336,4 +336,112 @@ fn sigterm_stops_the_kernel_cleanly() {
     assert!(status.success(), "exit {status}:\n{}", kernel.log());
     assert!(!kernel.data_dir().join("kernel.addr").exists());
     kernel.cli(&["ps", "--token", "x"]).failed(3);
+}
+
+/// Whether OS process `pid` exists and is not a zombie.
+fn os_alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_whitespace().next().map(|state| state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn exec_agents_log_to_files_shown_by_ps_and_end_with_the_kernel() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"os_pid=$$ as $HIVEKERNEL_PID\" >&2\nexec sleep 600\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = write_config(
+        dir.path(),
+        r#"{ "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo" },
+             "agents": [ { "name": "shell", "runtime": "exec", "command": ["./agent.sh"] } ] }"#,
+    );
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    // The command comes last, after `--`; the connection flags go before it.
+    let data = kernel.data_dir();
+    let run = hivekernel(&[
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        "cli-sh",
+        "--addr",
+        &kernel.addr,
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo \"os_pid=$$ as $HIVEKERNEL_PID\" >&2; exec sleep 600",
+    ]);
+    let spawned: u64 = run.ok().trim().parse().unwrap();
+    let logs = kernel.data_dir().join("logs");
+    let mut os_pids = Vec::new();
+    for name in ["shell", "cli-sh"] {
+        let pid = kernel.pid_of(name);
+        if name == "cli-sh" {
+            assert_eq!(pid, spawned);
+        }
+        let procs = kernel.ps();
+        let entry = find(&procs, pid).unwrap();
+        assert_eq!(entry["runtime"], "exec");
+        let log = PathBuf::from(entry["log_path"].as_str().unwrap());
+        assert_eq!(log, logs.join(format!("{pid}-{name}.log")));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let text = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("os_pid=") {
+                break text;
+            }
+            assert!(Instant::now() < deadline, "nothing in {log:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(text.contains(&format!(" as {pid}")), "{text}");
+        let os_pid: String = text["os_pid=".len() + text.find("os_pid=").unwrap()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        assert!(os_alive(&os_pid));
+        os_pids.push(os_pid);
+    }
+    let queen = find(&kernel.ps(), 1).unwrap().clone();
+    assert!(queen["log_path"].is_null(), "{queen}");
+
+    let pid = kernel.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = kernel.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running:\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit {status}:\n{}", kernel.log());
+    for os_pid in os_pids {
+        assert!(
+            !os_alive(&os_pid),
+            "OS process {os_pid} outlived the kernel"
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`capture`]: a runtime factory that hands the test a process's real context.
+//! - [`exec`]: a served kernel with the `exec` runtime, the Python examples, `/proc` checks.
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
 //! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
 //! - [`web_server`]: a loopback HTTP server serving fixed pages by path, for `web_fetch`.
@@ -10,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod capture;
+pub mod exec;
 pub mod llm_server;
 pub mod probe;
 pub mod web_server;

@@ -166,6 +166,7 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         })),
         "exit": p.exit.as_ref().map(exit_json),
         "restarts": p.restarts,
+        "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
     })
 }
 

@@ -79,6 +79,8 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         strategy: args
             .strategy
             .map_or(PbStrategy::Unspecified, names::strategy_to_proto) as i32,
+        command: args.command,
+        env: args.env.into_iter().collect(),
     };
     let mut session = Session::connect(&args.client).await?;
     let pid = session

@@ -82,6 +82,8 @@ pub(super) struct RawAgent {
     pub(super) metadata: Option<Value>,
     pub(super) restart: Option<Value>,
     pub(super) strategy: Option<String>,
+    pub(super) command: Option<Vec<String>>,
+    pub(super) env: Option<BTreeMap<String, String>>,
 }
 
 /// An agent entry after phase 1.

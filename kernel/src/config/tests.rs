@@ -8,7 +8,7 @@ use super::*;
 
 fn known() -> Known {
     Known {
-        runtimes: vec!["echo".into(), "tool_agent".into()],
+        runtimes: vec!["echo".into(), "exec".into(), "tool_agent".into()],
         tools: vec![
             "execute_task".into(),
             "read_file".into(),
@@ -206,7 +206,7 @@ fn default_runtime_must_be_known() {
     assert_issue(
         &found,
         "kernel.default_runtime",
-        &["\"python\"", "echo, tool_agent"],
+        &["\"python\"", "echo, exec, tool_agent"],
     );
 }
 
@@ -293,7 +293,7 @@ fn agent_runtime_must_be_known() {
     assert_issue(
         &found,
         "agents[0] (a).runtime",
-        &["\"docker\"", "echo, tool_agent"],
+        &["\"docker\"", "echo, exec, tool_agent"],
     );
 }
 
@@ -779,4 +779,69 @@ fn restart_and_strategy_mistakes_are_all_reported_where_they_are() {
 fn roles_must_be_an_object() {
     let found = issues(r#"{"roles": ["daemon"]}"#);
     assert_issue(&found, "roles", &["expected a JSON object"]);
+}
+
+#[test]
+fn exec_agents_take_a_command_relative_to_the_config() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let fixture = Fixture::new();
+    let agent = fixture.write("agents/run.sh", "#!/bin/sh\n");
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = fixture
+        .load(
+            r#"{"agents": [
+                {"name": "sh", "runtime": "exec", "command": ["../agents/run.sh", "--flag"],
+                 "env": {"MODE": "test"}},
+                {"name": "implied", "command": ["sh", "../agents/run.sh"]}]}"#,
+        )
+        .unwrap();
+    let configs = std::path::absolute(fixture.root().join("configs")).unwrap();
+    let exec = config.agents[0].exec.clone().unwrap();
+    assert_eq!(
+        exec.argv,
+        [
+            configs.join("../agents/run.sh").display().to_string(),
+            "--flag".into()
+        ]
+    );
+    assert_eq!(exec.env.get("MODE").map(String::as_str), Some("test"));
+    assert_eq!(exec.cwd, Some(configs.clone()));
+    let implied = config.agents[1].exec.clone().unwrap();
+    assert_eq!(implied.argv, ["sh", "../agents/run.sh"]);
+    assert_eq!(implied.cwd, Some(configs));
+}
+
+#[test]
+fn exec_fields_are_checked_with_their_runtime() {
+    let issues = issues(
+        r#"{"agents": [
+            {"name": "a", "runtime": "exec"},
+            {"name": "b", "runtime": "echo", "command": ["sh"], "env": {"A": "1"}},
+            {"name": "c", "runtime": "exec", "command": ["no-such-program-hk"]},
+            {"name": "d", "command": ["sh"], "env": {"HIVEKERNEL_PID": "1"}}]}"#,
+    );
+    assert_issue(&issues, "agents[0] (a).command", &["needs a command"]);
+    assert_issue(
+        &issues,
+        "agents[1] (b).command",
+        &["only for runtime exec", "echo"],
+    );
+    assert_issue(&issues, "agents[1] (b).env", &["only for runtime exec"]);
+    assert_issue(&issues, "agents[2] (c).command", &["not found in PATH"]);
+    assert_issue(&issues, "agents[3] (d).env", &["set by the kernel"]);
+    assert_eq!(issues.len(), 5, "{issues:#?}");
+    let issues = self::issues(r#"{"kernel": {"default_runtime": "exec"}}"#);
+    assert_issue(&issues, "kernel.default_runtime", &["its own command"]);
+}
+
+#[test]
+fn shipped_python_agent_config_is_valid() {
+    let known = crate::runtime::RuntimeRegistry::builtin().known();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/python-agent.json");
+    let config = Config::load(&path, &known).unwrap_or_else(|err| panic!("{err}"));
+    let exec = config.agents[0].exec.clone().unwrap();
+    assert_eq!(exec.argv[1], "../sdk-examples/python/echo_agent.py");
+    let cwd = exec.cwd.unwrap();
+    assert!(cwd.join(&exec.argv[1]).is_file(), "{cwd:?}");
 }

@@ -7,12 +7,13 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use hivekernel_agents::{LimitOverrides, Role, Tier};
+use hivekernel_agents::{ExecCommand, LimitOverrides, Role, Tier};
 
 use crate::store::Synchronous;
 
-use super::parse::{Agent, RawKernel, Section};
+use super::parse::{Agent, RawAgent, RawKernel, Section};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
+use crate::exec::EXEC_RUNTIME;
 
 /// Longest agent name, in bytes.
 const MAX_NAME_BYTES: usize = 128;
@@ -106,6 +107,10 @@ impl<'a> Context<'a> {
         let tasks_ok = at_least_one(tasks, "kernel.max_concurrent_tasks", issues);
         if let Some(problem) = self.runtime_problem(&k.default_runtime) {
             issues.push(ConfigIssue::new("kernel.default_runtime", problem));
+        } else if k.default_runtime == EXEC_RUNTIME {
+            let message = "exec cannot be the default: every exec agent needs its own command \
+                           (name runtime exec on those agents)";
+            issues.push(ConfigIssue::new("kernel.default_runtime", message));
         }
         let synchronous = match k.synchronous.as_str() {
             "normal" => Synchronous::Normal,
@@ -203,6 +208,7 @@ impl<'a> Context<'a> {
             .as_deref()
             .and_then(|dir| self.path_field(dir, &loc("workspace"), issues));
 
+        let exec = self.exec_command(raw, &loc, issues);
         self.check_tools(&raw.tools, &loc("tools"), issues);
         check_limits(&limits.value, ceilings, &loc("limits"), issues);
         let restart = super::supervision::restart(raw.restart.as_ref(), &loc("restart"), issues);
@@ -223,6 +229,7 @@ impl<'a> Context<'a> {
             metadata: metadata.value,
             restart,
             strategy,
+            exec,
         };
         Checked {
             index,
@@ -230,6 +237,68 @@ impl<'a> Context<'a> {
             name_ok,
             spec,
         }
+    }
+
+    /// The OS command of an `exec` agent: `command` and `env` go with runtime
+    /// `exec` only (which `command` implies when no runtime is named). A
+    /// relative program path with a slash resolves against the config's
+    /// directory, which is also the command's working directory.
+    fn exec_command(
+        &self,
+        raw: &RawAgent,
+        loc: &dyn Fn(&str) -> String,
+        issues: &mut Vec<ConfigIssue>,
+    ) -> Option<ExecCommand> {
+        let exec = match raw.runtime.as_deref() {
+            Some(runtime) => runtime == EXEC_RUNTIME,
+            None => raw.command.is_some(),
+        };
+        if !exec {
+            for (field, given) in [
+                ("command", raw.command.is_some()),
+                ("env", raw.env.is_some()),
+            ] {
+                if given {
+                    let runtime = raw.runtime.as_deref().unwrap_or("the default runtime");
+                    issues.push(ConfigIssue::new(
+                        loc(field),
+                        format!("{field} is only for runtime exec, not {runtime}"),
+                    ));
+                }
+            }
+            return None;
+        }
+        let Some(mut argv) = raw.command.clone() else {
+            issues.push(ConfigIssue::new(
+                loc("command"),
+                "runtime exec needs a command: the program and its arguments",
+            ));
+            return None;
+        };
+        // Absolute, so neither depends on the directory the kernel runs in.
+        let base = if self.base.as_os_str().is_empty() {
+            std::env::current_dir().unwrap_or_default()
+        } else {
+            std::path::absolute(self.base).unwrap_or_else(|_| self.base.to_owned())
+        };
+        if let Some(program) = argv.first_mut()
+            && program.contains('/') && !Path::new(program.as_str()).is_absolute() {
+                *program = base.join(program.as_str()).display().to_string();
+            }
+        let command = ExecCommand {
+            argv,
+            env: raw.env.clone().unwrap_or_default(),
+            cwd: Some(base),
+        };
+        if let Err(problem) = crate::exec::command::check(&command) {
+            let field = if problem.starts_with("env") {
+                "env"
+            } else {
+                "command"
+            };
+            issues.push(ConfigIssue::new(loc(field), problem));
+        }
+        Some(command)
     }
 
     /// Why `name` is not a registered runtime, listing the ones that are.

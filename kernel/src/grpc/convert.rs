@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, RestartSpec, Role,
+    ExecCommand, ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, RestartSpec, Role,
     SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
@@ -57,6 +57,20 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         strategy: enums::strategy_from_proto(strategy),
         // Clients never pick a host directory: the kernel derives it from the name.
         workspace: None,
+        exec: exec_command(req.command, req.env),
+    })
+}
+
+/// The OS command of an `exec` spawn; none when neither field is set.
+/// The kernel checks it (non-empty, no NUL bytes, sizes, the program exists).
+fn exec_command(
+    argv: Vec<String>,
+    env: std::collections::HashMap<String, String>,
+) -> Option<ExecCommand> {
+    (!argv.is_empty() || !env.is_empty()).then(|| ExecCommand {
+        argv,
+        env: env.into_iter().collect(),
+        cwd: None,
     })
 }
 
@@ -160,6 +174,7 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
             completion_tokens: info.usage.completion_tokens,
         }),
         restarts: info.restarts,
+        log_path: info.log_path.unwrap_or_default(),
     }
 }
 

@@ -8,8 +8,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::convert;
 use super::streams::{self, Stop};
+use super::{attach, convert};
 use crate::kernel::{Caller, Kernel};
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
@@ -36,7 +36,7 @@ impl KernelService {
 }
 
 /// The caller the authentication layer attached to the request.
-fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+pub(super) fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
     request
         .extensions()
         .get::<Caller>()
@@ -156,5 +156,18 @@ impl KernelRpc for KernelService {
             since,
             subscription,
         )))
+    }
+
+    type AttachStream = attach::AttachStream;
+
+    async fn attach(&self, request: Request<pb::AttachRequest>) -> Rpc<Self::AttachStream> {
+        attach::attach(&self.kernel, &self.stop, request)
+    }
+
+    async fn complete_task(
+        &self,
+        request: Request<pb::CompleteTaskRequest>,
+    ) -> Rpc<pb::CompleteTaskResponse> {
+        attach::complete_task(&self.kernel, request)
     }
 }

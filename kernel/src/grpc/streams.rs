@@ -146,7 +146,7 @@ pub(crate) struct Stop {
 }
 
 impl Stop {
-    async fn cancelled(&self) {
+    pub(crate) async fn cancelled(&self) {
         tokio::select! {
             () = self.kernel.cancelled() => {}
             () = self.server.cancelled() => {}
@@ -155,7 +155,7 @@ impl Stop {
 }
 
 /// Sends `item`; false when the client has gone or the stream must stop.
-async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool {
+pub(crate) async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool {
     tokio::select! {
         biased;
         () = stop.cancelled() => false,

@@ -1,0 +1,266 @@
+//! The `exec` runtime: a process whose agent is an OS process in any
+//! language, talking to the kernel over gRPC.
+//!
+//! At spawn the kernel starts the command in its own process group, with
+//! stdout and stderr going to `<data_dir>/logs/<pid>-<name>.log`, and with
+//! `HIVEKERNEL_ADDR`, `HIVEKERNEL_PID` and `HIVEKERNEL_TOKEN` in its
+//! environment. The token is issued for that PID only and revoked when the
+//! process ends. The agent attaches (`Attach`) to receive its mailbox and
+//! answers tasks with `CompleteTask`; every other RPC it makes acts as its
+//! process, under the same checks as an in-process agent.
+//!
+//! The OS process and the kernel process end together: an OS exit ends the
+//! kernel process with the OS status (code, or 128 + signal), and any end of
+//! the kernel process (kill, an ancestor's exit, shutdown) stops the OS
+//! process group before the exit is complete.
+//!
+//! Layout: `command` (checks before anything starts), `agent` (the attach
+//! stream, pending tasks and the `Runtime` the runner drives), `os` (start,
+//! watch and stop the OS process).
+
+mod agent;
+pub mod command;
+mod os;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hivekernel_agents::{ExecCommand, Pid, ProcessContext, RequestId, TaskReply};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+pub(crate) use agent::ExecAgent;
+use agent::ExecProc;
+pub use agent::{Attached, Delivery};
+pub(crate) use os::Launch;
+use os::OsState;
+
+use crate::auth::Authenticator;
+use crate::error::{KernelError, Result};
+use crate::kernel::{Caller, Kernel};
+
+/// The name the runtime is registered under.
+pub const EXEC_RUNTIME: &str = "exec";
+
+/// Exit code of an `exec` process whose OS process could not be started.
+pub const EXIT_CANNOT_START: i32 = 127;
+
+/// The `exec` runtime of one kernel: what it hands its OS processes, and
+/// the kernel side of every live `exec` process.
+#[derive(Debug)]
+pub struct ExecRuntime {
+    auth: Authenticator,
+    /// `HIVEKERNEL_ADDR`: where the agents reach the control plane (`host:port`).
+    addr: String,
+    procs: Mutex<FxHashMap<Pid, Arc<ExecProc>>>,
+}
+
+impl ExecRuntime {
+    /// A runtime whose processes get tokens from `auth` (the one the gRPC
+    /// server checks) and reach the server at `listen` (an unspecified
+    /// address becomes loopback).
+    pub fn new(auth: Authenticator, listen: SocketAddr) -> Self {
+        let mut addr = listen;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        ExecRuntime {
+            auth,
+            addr: addr.to_string(),
+            procs: Mutex::default(),
+        }
+    }
+
+    /// The kernel side of a new process; the OS process starts with [`Launch::start`].
+    /// Called under the table lock, so it only allocates.
+    pub(crate) fn prepare(
+        self: &Arc<Self>,
+        ctx: &ProcessContext,
+        checked: Checked,
+        timeout: Duration,
+        data_dir: &Path,
+    ) -> (ExecAgent, Launch) {
+        let proc = Arc::new(ExecProc::new(ctx.pid, ctx.name.clone(), timeout));
+        self.procs.lock().insert(ctx.pid, proc.clone());
+        let launch = Launch {
+            runtime: self.clone(),
+            proc: proc.clone(),
+            program: checked.program,
+            command: checked.command,
+            log_path: log_path(data_dir, ctx.pid, &ctx.name),
+            workspace: ctx.workspace_dir(),
+        };
+        (ExecAgent(proc), launch)
+    }
+
+    /// Takes `pid` out of the live set and revokes its token; `false` when
+    /// it was not there (not an exec process, or already ended).
+    fn forget(&self, pid: Pid) -> bool {
+        let Some(proc) = self.procs.lock().remove(&pid) else {
+            return false;
+        };
+        self.auth.revoke(pid);
+        proc.detach();
+        true
+    }
+
+    fn get(&self, pid: Pid) -> Option<Arc<ExecProc>> {
+        self.procs.lock().get(&pid).cloned()
+    }
+
+    /// Ends the OS processes of the `exec` processes among `pids`: their
+    /// tokens stop working and their streams end at once, then every group
+    /// gets SIGTERM, the grace period and SIGKILL, in parallel. Returns when
+    /// all of them are gone.
+    pub(crate) async fn stop(&self, pids: impl Iterator<Item = Pid>) {
+        let procs: Vec<Arc<ExecProc>> = {
+            let mut live = self.procs.lock();
+            if live.is_empty() {
+                return;
+            }
+            pids.filter_map(|pid| live.remove(&pid)).collect()
+        };
+        for proc in &procs {
+            self.auth.revoke(proc.pid);
+            proc.detach();
+            proc.stop.cancel();
+        }
+        for proc in procs {
+            let state = std::mem::replace(&mut *proc.os.lock(), OsState::Done);
+            if let OsState::Running(watcher) = state {
+                // The watcher ends once the group is gone; a panic in it changes nothing here.
+                let _ = watcher.await;
+            }
+        }
+    }
+}
+
+/// A command that passed [`command::check`], with its program resolved.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    program: PathBuf,
+    command: ExecCommand,
+}
+
+/// Checks an `exec` spawn's command before the spawn takes the table lock.
+pub(crate) fn check(command: Option<ExecCommand>) -> Result<Checked> {
+    let command = command.ok_or_else(|| {
+        KernelError::InvalidArgument(
+            "runtime exec needs a command: the program and its arguments".into(),
+        )
+    })?;
+    let program = command::check(&command).map_err(KernelError::InvalidArgument)?;
+    Ok(Checked { program, command })
+}
+
+/// `<data_dir>/logs/<pid>-<name>.log`, the name reduced to characters safe in a file name.
+pub fn log_path(data_dir: &Path, pid: Pid, name: &str) -> PathBuf {
+    let safe: String = name
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    data_dir.join("logs").join(format!("{pid}-{safe}.log"))
+}
+
+impl Kernel {
+    fn exec_runtime(&self) -> Result<&Arc<ExecRuntime>> {
+        self.inner.runtimes.exec().ok_or_else(|| {
+            KernelError::FailedPrecondition("this kernel has no exec runtime".into())
+        })
+    }
+
+    /// The exec process `caller` is, refusing anyone else.
+    fn exec_caller(&self, caller: Caller, what: &str) -> Result<Arc<ExecProc>> {
+        let Caller::Process(pid) = caller else {
+            return Err(KernelError::PermissionDenied(format!(
+                "only an exec process's own token may {what}; the admin token acts as the kernel"
+            )));
+        };
+        self.exec_runtime()?.get(pid).ok_or_else(|| {
+            KernelError::FailedPrecondition(format!("process {pid} is not a running exec process"))
+        })
+    }
+
+    /// Opens the attach stream of `pid` for `caller`, which must be that
+    /// process. A newer stream replaces an older one.
+    pub fn attach(&self, caller: Caller, pid: Pid) -> Result<Attached> {
+        if let Caller::Process(me) = caller
+            && me != pid
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} may only attach to itself, not to {pid}"
+            )));
+        }
+        let proc = self.exec_caller(caller, "attach")?;
+        Ok(proc.attach())
+    }
+
+    /// Answers task `request_id` of `caller`, an exec process.
+    pub fn complete_task(
+        &self,
+        caller: Caller,
+        request_id: RequestId,
+        reply: TaskReply,
+    ) -> Result<()> {
+        let text = match &reply {
+            Ok(output) => output,
+            Err(error) => error,
+        };
+        crate::router::check_payload("output", text)?;
+        let proc = self.exec_caller(caller, "answer its tasks")?;
+        if proc.complete(request_id, reply) {
+            Ok(())
+        } else {
+            Err(KernelError::TaskNotPending {
+                pid: proc.pid,
+                request_id,
+            })
+        }
+    }
+
+    /// Fills in the log path of an `exec` process.
+    pub(crate) fn with_log_path(
+        &self,
+        mut info: hivekernel_agents::ProcessInfo,
+    ) -> hivekernel_agents::ProcessInfo {
+        if info.runtime == EXEC_RUNTIME {
+            let path = log_path(&self.inner.settings.data_dir, info.pid, &info.name);
+            // Absolute, so it means the same to a client in any directory.
+            let path = std::path::absolute(&path).unwrap_or(path);
+            info.log_path = Some(path.display().to_string());
+        }
+        info
+    }
+
+    /// Ends the OS processes of the exec processes among `pids` (see [`ExecRuntime::stop`]).
+    pub(crate) async fn stop_exec(&self, pids: impl Iterator<Item = Pid>) {
+        if let Some(exec) = self.inner.runtimes.exec() {
+            exec.stop(pids).await;
+        }
+    }
+
+    /// Starts the OS process of a process just spawned; if it cannot start,
+    /// the process exits with [`EXIT_CANNOT_START`] and the reason.
+    pub(crate) async fn launch_exec(&self, launch: Launch) {
+        let pid = launch.proc.pid;
+        let runtime = launch.runtime.clone();
+        if let Err(why) = launch.start(self) {
+            tracing::warn!(%pid, reason = %why, "exec process did not start");
+            if runtime.forget(pid) {
+                self.exit_external(pid, EXIT_CANNOT_START, why).await;
+            }
+        }
+    }
+}

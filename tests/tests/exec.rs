@@ -1,0 +1,633 @@
+//! External agents (runtime `exec`) end to end: a real kernel served over
+//! gRPC, real OS processes, the Python client and the Python echo agent
+//! from sdk-examples, and small shell agents driven from Rust.
+//!
+//! The Python tests need an interpreter with grpcio: `$HIVEKERNEL_PYTHON`
+//! (CI sets it), else `python3`. Without grpcio they fail, saying how to fix
+//! it; `HIVEKERNEL_SKIP_PYTHON_EXAMPLES=1` skips them instead.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hivekernel_agents::Pid;
+use hivekernel_kernel::Caller;
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::delivery::Item;
+use hivekernel_tests::exec::{
+    Client, ExecKernel, client_py, find_after, group_members, os_alive, python,
+};
+use hivekernel_tests::wait_until;
+use tonic::{Code, Status, Streaming};
+
+const STEP: Duration = Duration::from_secs(20);
+
+fn assert_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, needle: &str) {
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(needle),
+        "{needle:?} not in {:?}",
+        status.message()
+    );
+}
+
+/// Spawns an exec process under PID 1 as the admin.
+async fn spawn_exec(client: &mut Client, name: &str, command: &[&str]) -> u64 {
+    client
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: name.into(),
+            runtime: "exec".into(),
+            command: command.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pid
+}
+
+/// The log file the kernel reports for `pid`.
+async fn log_of(client: &mut Client, pid: u64) -> PathBuf {
+    let info = client
+        .get_process(pb::GetProcessRequest { pid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.runtime, "exec");
+    assert!(!info.log_path.is_empty(), "{info:?}");
+    PathBuf::from(info.log_path)
+}
+
+/// Waits until the log at `path` holds `text`.
+async fn wait_for_log(path: &Path, text: &str) {
+    let what = format!("{text:?} in {}", path.display());
+    wait_until(&what, STEP, || async {
+        std::fs::read_to_string(path).is_ok_and(|log| log.contains(text))
+    })
+    .await;
+}
+
+/// A shell agent that logs its OS pid and token, then sleeps without attaching.
+const SLEEPER: &str = r#"echo "os_pid=$$ token=$HIVEKERNEL_TOKEN addr=$HIVEKERNEL_ADDR pid=$HIVEKERNEL_PID" >&2; exec sleep 600"#;
+
+/// Spawns [`SLEEPER`] and returns its PID, log, OS pid and token.
+async fn sleeper(served: &ExecKernel, name: &str) -> (u64, PathBuf, u32, String) {
+    let mut admin = served.admin();
+    let pid = spawn_exec(&mut admin, name, &["sh", "-c", SLEEPER]).await;
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "os_pid=").await;
+    let os_pid = find_after(&log, "os_pid").unwrap().parse().unwrap();
+    let token = find_after(&log, "token").unwrap();
+    (pid, log, os_pid, token)
+}
+
+/// The next item of an attach stream, within [`STEP`].
+async fn next(stream: &mut Streaming<pb::Delivery>) -> Item {
+    tokio::time::timeout(STEP, stream.message())
+        .await
+        .expect("a delivery in time")
+        .unwrap()
+        .expect("the stream is still open")
+        .item
+        .expect("a delivery has an item")
+}
+
+async fn attach(client: &mut Client) -> Streaming<pb::Delivery> {
+    let mut stream = client
+        .attach(pb::AttachRequest { pid: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(next(&mut stream).await, Item::Attached(_)));
+    stream
+}
+
+async fn complete(client: &mut Client, request_id: u64, output: &str) -> Result<(), Status> {
+    client
+        .complete_task(pb::CompleteTaskRequest {
+            request_id,
+            success: true,
+            output: output.into(),
+            error: String::new(),
+        })
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn python_client_spawns_an_agent_that_answers_tasks() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let spawned = client_py(&python, &served, &["spawn", "--name", "py-echo"]).await;
+    let pid: u64 = spawned.ok().parse().unwrap();
+
+    let mut admin = served.admin();
+    let log = log_of(&mut admin, pid).await;
+    assert!(log.starts_with(served.data_dir().join("logs")), "{log:?}");
+    assert_eq!(
+        log.file_name().unwrap(),
+        format!("{pid}-py-echo.log").as_str()
+    );
+    wait_for_log(&log, "attached as py-echo").await;
+
+    let tree = client_py(&python, &served, &["tree"]).await;
+    let line = format!("py-echo ({pid}) exec");
+    assert!(tree.ok().contains(&line), "{line:?} not in {tree:#?}");
+    assert!(tree.ok().contains(log.to_str().unwrap()), "{tree:#?}");
+
+    let pid_text = pid.to_string();
+    let echoed = client_py(&python, &served, &["exec", &pid_text, "hello there"]).await;
+    assert_eq!(echoed.ok(), "echo: hello there");
+    // The agent reads its own record with its token: an RPC acting as itself.
+    let whoami = client_py(&python, &served, &["exec", &pid_text, "whoami"]).await;
+    assert_eq!(whoami.ok(), format!("py-echo (pid {pid})"));
+
+    // Its messages and stderr go to its log.
+    client_py(&python, &served, &["send", &pid_text, "note for the log"]).await;
+    wait_for_log(&log, "note for the log").await;
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn python_agent_token_cannot_act_as_pid_1() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "py"])
+        .await
+        .ok()
+        .parse()
+        .unwrap();
+    let report = client_py(
+        &python,
+        &served,
+        &["exec", &pid.to_string(), "check-permissions"],
+    )
+    .await;
+    let codes: serde_json::Value = serde_json::from_str(report.ok()).unwrap();
+    let codes = codes.as_object().unwrap();
+    assert_eq!(codes.len(), 5, "{codes:?}");
+    for (call, code) in codes {
+        assert_eq!(code, "PERMISSION_DENIED", "{call} with the agent's token");
+    }
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn killing_the_python_agent_leaves_no_os_process() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "doomed"])
+        .await
+        .ok()
+        .parse()
+        .unwrap();
+    let mut admin = served.admin();
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "attached as doomed").await;
+    let os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
+    assert!(os_alive(os_pid));
+    assert_eq!(group_members(os_pid), [os_pid], "it leads its own group");
+
+    let killed = client_py(&python, &served, &["kill", &pid.to_string()]).await;
+    assert_eq!(killed.ok(), pid.to_string());
+    // Kill returns once the OS process is gone, not before.
+    assert!(!os_alive(os_pid), "OS process {os_pid} outlived its kill");
+    assert!(group_members(os_pid).is_empty());
+    let record = admin
+        .wait_child(pb::WaitChildRequest { pid, timeout_ms: 1 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(record.exit_code, hivekernel_kernel::EXIT_KILLED);
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn a_crash_of_the_python_agent_is_an_exit_with_its_status() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let mut events = served.kernel.subscribe(None);
+    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "crasher"])
+        .await
+        .ok()
+        .parse()
+        .unwrap();
+    let mut admin = served.admin();
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "attached as crasher").await;
+    let os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
+
+    client_py(&python, &served, &["send", &pid.to_string(), "exit 3"]).await;
+    let record = admin
+        .wait_child(pb::WaitChildRequest {
+            pid,
+            timeout_ms: 20_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((record.pid, record.exit_code), (pid, 3));
+    assert_eq!(record.reason, "OS process exited with status 3");
+    assert!(!os_alive(os_pid));
+
+    let exited = tokio::time::timeout(STEP, async {
+        loop {
+            let event = events.live.recv().await.unwrap();
+            if event.pid == Pid(pid) && event.kind.name() == "exited" {
+                return event;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let detail = serde_json::to_value(&exited.kind).unwrap();
+    assert_eq!(detail["exit_code"], 3, "{detail}");
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_leaves_no_os_process() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "py"])
+        .await
+        .ok()
+        .parse()
+        .unwrap();
+    let mut admin = served.admin();
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "attached as py").await;
+    let python_os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
+    // One that ignores SIGTERM, with a helper of its own: both need SIGKILL.
+    let stubborn = spawn_exec(
+        &mut admin,
+        "stubborn",
+        &[
+            "sh",
+            "-c",
+            r#"trap '' TERM; sleep 600 & echo "os_pid=$$ helper=$!" >&2; wait"#,
+        ],
+    )
+    .await;
+    let stubborn_log = log_of(&mut admin, stubborn).await;
+    wait_for_log(&stubborn_log, "helper=").await;
+    let stubborn_os_pid: u32 = find_after(&stubborn_log, "os_pid")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let helper: u32 = find_after(&stubborn_log, "helper")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(os_alive(python_os_pid) && os_alive(stubborn_os_pid) && os_alive(helper));
+
+    served.stop().await;
+    // Leaders are reaped before shutdown returns; the helper dies of its
+    // SIGKILL asynchronously.
+    for os_pid in [python_os_pid, stubborn_os_pid] {
+        assert!(!os_alive(os_pid), "OS process {os_pid} outlived the kernel");
+    }
+    wait_until("the helper to die", STEP, || async { !os_alive(helper) }).await;
+    wait_until("the group to be empty", STEP, || async {
+        group_members(stubborn_os_pid).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_process_token_acts_only_as_its_process_and_dies_with_it() {
+    let served = ExecKernel::start().await;
+    let (pid, _log, _os_pid, token) = sleeper(&served, "holder").await;
+    assert!(token.starts_with(&format!("p{pid}.")), "{token}");
+    let mut me = served.client(&token);
+
+    let own = me
+        .get_process(pb::GetProcessRequest { pid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(own.name, "holder");
+    let mut child = pb::SpawnRequest {
+        parent: 1,
+        name: "impostor".into(),
+        runtime: "echo".into(),
+        ..Default::default()
+    };
+    assert_code(
+        me.spawn(child.clone()).await,
+        Code::PermissionDenied,
+        "only spawn its own",
+    );
+    child.parent = pid;
+    let grandchild = me.spawn(child).await.unwrap().into_inner().pid;
+    assert_code(
+        me.send_message(pb::SendMessageRequest {
+            to: grandchild,
+            from: 1,
+            payload: "x".into(),
+            ..Default::default()
+        })
+        .await,
+        Code::PermissionDenied,
+        "caller's own pid",
+    );
+    assert_code(
+        me.attach(pb::AttachRequest { pid: 1 }).await,
+        Code::PermissionDenied,
+        "only attach to itself",
+    );
+    assert_code(
+        me.wait_child(pb::WaitChildRequest { pid, timeout_ms: 1 })
+            .await,
+        Code::PermissionDenied,
+        "not the parent",
+    );
+    assert_code(
+        me.kill(pb::KillRequest {
+            pid: 1,
+            reason: String::new(),
+        })
+        .await,
+        Code::PermissionDenied,
+        "PID 1",
+    );
+    assert_code(
+        complete(&mut me, 999, "x").await,
+        Code::NotFound,
+        "no pending task 999",
+    );
+    // The admin is not a process: it can neither attach nor answer.
+    let mut admin = served.admin();
+    assert_code(
+        admin.attach(pb::AttachRequest { pid }).await,
+        Code::PermissionDenied,
+        "own token",
+    );
+    assert_code(
+        complete(&mut admin, 1, "x").await,
+        Code::PermissionDenied,
+        "own token",
+    );
+
+    admin
+        .kill(pb::KillRequest {
+            pid,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_code(
+        me.get_process(pb::GetProcessRequest { pid: 1 }).await,
+        Code::Unauthenticated,
+        "invalid token",
+    );
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn deliveries_wait_for_the_agent_and_a_new_attach_takes_over() {
+    let served = ExecKernel::start().await;
+    let (pid, _log, _os_pid, token) = sleeper(&served, "late").await;
+    let mut admin = served.admin();
+    // Sent before anyone attached: they wait.
+    admin
+        .send_message(pb::SendMessageRequest {
+            to: pid,
+            payload: "early note".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ask = |description: &str| {
+        let mut admin = served.admin();
+        let request = pb::ExecuteTaskRequest {
+            pid,
+            description: description.into(),
+            ..Default::default()
+        };
+        tokio::spawn(async move { admin.execute_task(request).await.map(|r| r.into_inner()) })
+    };
+    let first = ask("early task");
+
+    let mut me = served.client(&token);
+    let mut stream = attach(&mut me).await;
+    let mut task_id = 0;
+    for _ in 0..2 {
+        match next(&mut stream).await {
+            Item::Task(task) => {
+                assert_eq!((task.description.as_str(), task.from), ("early task", 1));
+                assert!(task.deadline_unix_ms > 0);
+                task_id = task.request_id;
+            }
+            Item::Message(message) => {
+                assert_eq!((message.payload.as_str(), message.from), ("early note", 1));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    complete(&mut me, task_id, "done early").await.unwrap();
+    let reply = first.await.unwrap().unwrap();
+    assert!(reply.success, "{reply:?}");
+    assert_eq!(
+        (reply.request_id, reply.output.as_str()),
+        (task_id, "done early")
+    );
+    assert_code(
+        complete(&mut me, task_id, "again").await,
+        Code::NotFound,
+        "no pending task",
+    );
+
+    // A task taken on one stream and not answered is sent again on the next.
+    let second = ask("second task");
+    let Item::Task(taken) = next(&mut stream).await else {
+        panic!("expected the second task");
+    };
+    let mut replacement = attach(&mut me).await;
+    let ended = tokio::time::timeout(STEP, stream.message()).await.unwrap();
+    assert_code(ended, Code::Aborted, "newer Attach");
+    let Item::Task(again) = next(&mut replacement).await else {
+        panic!("expected the second task again");
+    };
+    assert_eq!(again.request_id, taken.request_id);
+    complete(&mut me, again.request_id, "second done")
+        .await
+        .unwrap();
+    assert_eq!(second.await.unwrap().unwrap().output, "second done");
+
+    // Its process ends: so does the stream.
+    admin
+        .kill(pb::KillRequest {
+            pid,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(STEP, replacement.message())
+        .await
+        .unwrap();
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn task_deadlines_apply_before_the_agent_attaches() {
+    let served = ExecKernel::start().await;
+    let (pid, _log, _os_pid, token) = sleeper(&served, "slow").await;
+    let mut admin = served.admin();
+    let late = admin
+        .execute_task(pb::ExecuteTaskRequest {
+            pid,
+            description: "too late".into(),
+            timeout_ms: 200,
+            ..Default::default()
+        })
+        .await;
+    assert_code(late, Code::DeadlineExceeded, "no reply");
+    admin
+        .send_message(pb::SendMessageRequest {
+            to: pid,
+            payload: "after the deadline".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The abandoned task is not handed to the agent; the message after it is.
+    let mut me = served.client(&token);
+    let mut stream = attach(&mut me).await;
+    match next(&mut stream).await {
+        Item::Message(message) => assert_eq!(message.payload, "after the deadline"),
+        other => panic!("expected the message, got {other:?}"),
+    }
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let pid = spawn_exec(
+        &mut admin,
+        "stubborn",
+        &[
+            "sh",
+            "-c",
+            r#"trap '' TERM; sleep 600 & echo "os_pid=$$ helper=$!" >&2; wait"#,
+        ],
+    )
+    .await;
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "helper=").await;
+    let os_pid: u32 = find_after(&log, "os_pid").unwrap().parse().unwrap();
+    let helper: u32 = find_after(&log, "helper").unwrap().parse().unwrap();
+    assert_eq!(group_members(os_pid).len(), 2);
+
+    let started = Instant::now();
+    let killed = served
+        .kernel
+        .kill(Caller::Admin, Pid(pid), "")
+        .await
+        .unwrap();
+    assert_eq!(killed, [Pid(pid)]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "SIGKILL came before the grace period: {:?}",
+        started.elapsed()
+    );
+    // The leader is reaped before kill returns; a helper dies of its SIGKILL
+    // asynchronously, and its zombie is reaped by whoever adopted it.
+    assert!(!os_alive(os_pid));
+    wait_until("the helper to die", STEP, || async { !os_alive(helper) }).await;
+    wait_until("the group to be empty", STEP, || async {
+        group_members(os_pid).is_empty()
+    })
+    .await;
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn an_os_exit_is_a_kernel_exit_with_its_status_or_signal() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let cases: [(&str, i32, &str); 3] = [
+        ("exit 0", 0, "exited with status 0"),
+        ("echo failing >&2; exit 3", 3, "exited with status 3"),
+        ("kill -KILL $$", 137, "killed by signal 9 (SIGKILL)"),
+    ];
+    for (script, code, reason) in cases {
+        let pid = spawn_exec(&mut admin, "short", &["sh", "-c", script]).await;
+        let record = admin
+            .wait_child(pb::WaitChildRequest {
+                pid,
+                timeout_ms: 20_000,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(record.exit_code, code, "{script}: {record:?}");
+        assert!(record.reason.contains(reason), "{script}: {record:?}");
+    }
+    let logs = served.data_dir().join("logs");
+    let failing = std::fs::read_dir(&logs)
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.unwrap().path()).ok())
+        .any(|log| log.contains("failing"));
+    assert!(failing, "the stderr of an exec process goes to its log");
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn bad_commands_are_refused_with_invalid_argument() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let spawn = |runtime: &str, command: &[&str], env: &[(&str, &str)]| pb::SpawnRequest {
+        parent: 1,
+        name: "bad".into(),
+        runtime: runtime.into(),
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    let cases = [
+        (spawn("exec", &[], &[]), "needs a command"),
+        (
+            spawn("exec", &["sh", "a\0b"], &[]),
+            "command[1] contains a NUL",
+        ),
+        (spawn("exec", &["./agent.py"], &[]), "relative path"),
+        (
+            spawn("exec", &["no-such-program-hk"], &[]),
+            "not found in PATH",
+        ),
+        (
+            spawn("exec", &["sh"], &[("HIVEKERNEL_TOKEN", "x")]),
+            "set by the kernel",
+        ),
+        (spawn("echo", &["sh"], &[]), "only for runtime exec"),
+    ];
+    for (request, needle) in cases {
+        assert_code(admin.spawn(request).await, Code::InvalidArgument, needle);
+    }
+    // Nothing was started for any of them.
+    assert_eq!(served.kernel.live_count(), 1);
+    // A command alone implies runtime exec.
+    let implied = admin
+        .spawn(spawn("", &["sh", "-c", "exec sleep 600"], &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+    let info = admin
+        .get_process(pb::GetProcessRequest { pid: implied })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.runtime, "exec");
+    served.stop().await;
+}
