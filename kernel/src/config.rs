@@ -11,6 +11,7 @@
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
 //! the restart specs and strategies of roles and agents).
 
+mod cron;
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
@@ -43,6 +44,8 @@ pub struct Config {
     pub tools: ToolSettings,
     /// Agents started as children of PID 1, in file order.
     pub agents: Vec<AgentSpec>,
+    /// Agent specs the cron `spawn` action starts from; never started on their own.
+    pub templates: Vec<AgentSpec>,
 }
 
 /// What the config may name: registered runtimes and tools.
@@ -205,6 +208,8 @@ pub struct AgentSpec {
     /// Runtime `exec`: the OS command (relative paths in it resolved against
     /// the config file's directory, which is also its working directory).
     pub exec: Option<hivekernel_agents::ExecCommand>,
+    /// Its cron entries (`target` is set to its PID once it runs).
+    pub cron: Vec<crate::cron::CronSpec>,
 }
 
 impl Config {
@@ -258,7 +263,15 @@ fn load_sections(
             agents.push(checks.agent(raw, &ceilings, issues));
         }
     }
-    let agents = validate::across_agents(agents, entries.len(), &ceilings, issues);
+    let mut agents = validate::across_agents(agents, entries.len(), &ceilings, issues);
+    let mut templates = Vec::new();
+    for (index, value) in document.templates.unwrap_or_default().iter().enumerate() {
+        if let Some(raw) = parse::entry("templates", index, value, issues) {
+            templates.push(checks.agent(raw, &ceilings, issues));
+        }
+    }
+    let templates = cron::templates(templates, issues);
+    cron::agent_entries(&mut agents, &entries, &templates, issues);
     Some(Config {
         path: path.to_path_buf(),
         kernel,
@@ -266,6 +279,7 @@ fn load_sections(
         agent,
         tools,
         agents,
+        templates,
     })
 }
 

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use hivekernel_agents::SpawnRequest;
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
+use hivekernel_agents::{Pid, SpawnRequest};
 use tokio::net::TcpListener;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
@@ -140,7 +140,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     })?;
 
     let _lock = lock_data_dir(&data_dir)?;
-    let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
+    let (store, mut recovered) = open_store(&data_dir, settings.synchronous).await?;
     let auth = Authenticator::new(token);
     registry.enable_exec(ExecRuntime::new(auth.clone(), addr));
 
@@ -151,10 +151,14 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         Some(chosen.provider),
         Some((store, &recovered)),
     );
-    if let Err(err) = start_agents(&kernel, &config.agents, &recovered).await {
-        kernel.shutdown().await;
-        return Err(err);
-    }
+    let pids = match start_agents(&kernel, &config.agents, &recovered).await {
+        Ok(pids) => pids,
+        Err(err) => {
+            kernel.shutdown().await;
+            return Err(err);
+        }
+    };
+    let stored_cron = std::mem::take(&mut recovered.cron);
     let restored = kernel.restore(recovered);
     if restored != Restored::default() {
         tracing::info!(
@@ -164,6 +168,28 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
             failed_requests = restored.failed_requests,
             "restored state from the store"
         );
+    }
+    kernel.set_cron_templates(
+        config
+            .templates
+            .iter()
+            .map(|t| (t.name.clone(), spawn_request(t)))
+            .collect(),
+    );
+    let declared = config
+        .agents
+        .iter()
+        .zip(&pids)
+        .flat_map(|(agent, pid)| {
+            agent.cron.iter().map(|entry| {
+                let mut entry = entry.clone();
+                entry.target = *pid;
+                (*pid, entry)
+            })
+        })
+        .collect();
+    for problem in kernel.start_cron(stored_cron, declared).await {
+        tracing::warn!(%problem, "cron entry not loaded");
     }
 
     let addr_file = data_dir.join("kernel.addr");
@@ -259,7 +285,8 @@ async fn start_agents(
     kernel: &Kernel,
     agents: &[AgentSpec],
     recovered: &Recovered,
-) -> Result<(), StartError> {
+) -> Result<Vec<Pid>, StartError> {
+    let mut pids = Vec::with_capacity(agents.len());
     for agent in agents {
         let pid = kernel
             .spawn_declared(spawn_request(agent), Some(recovered))
@@ -268,6 +295,7 @@ async fn start_agents(
                 name: agent.name.clone(),
                 source,
             })?;
+        pids.push(pid);
         let runtime = kernel
             .get_process(Caller::Admin, pid)
             .await
@@ -284,7 +312,7 @@ async fn start_agents(
         };
         tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, %provider, model = %agent.model, "agent started");
     }
-    Ok(())
+    Ok(pids)
 }
 
 /// The spawn request for a config-declared agent (a child of PID 1).

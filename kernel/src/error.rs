@@ -97,6 +97,9 @@ pub enum KernelError {
     /// The kernel is shutting down.
     #[error("kernel is shutting down")]
     ShuttingDown,
+    /// No cron entry has this name.
+    #[error("no cron entry named {0:?}")]
+    NoSuchCron(String),
     /// The store could not commit what the call needs (nothing was acknowledged).
     #[error("not committed: {0}")]
     Store(#[from] crate::store::StoreError),
@@ -107,7 +110,7 @@ impl KernelError {
     pub fn kind(&self) -> ErrorKind {
         use KernelError::*;
         match self {
-            NotFound(_) | TaskNotPending { .. } => ErrorKind::NotFound,
+            NotFound(_) | TaskNotPending { .. } | NoSuchCron(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,
             TooManyChildren { .. } | MailboxFull { .. } | DepthExceeded { .. } => {

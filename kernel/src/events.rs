@@ -118,6 +118,15 @@ pub enum EventKind {
         /// The window.
         within_seconds: u64,
     },
+    /// A cron entry ran (or skipped a slot); the event concerns its target.
+    CronRun {
+        /// The entry.
+        name: Arc<str>,
+        /// `ok`, `failed`, `skipped` or `missed`.
+        status: String,
+        /// How long the action took.
+        duration_ms: u64,
+    },
     /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
@@ -144,6 +153,7 @@ impl EventKind {
             EventKind::TaskFinished { .. } => "task_finished",
             EventKind::Restarted { .. } => "restarted",
             EventKind::Escalated { .. } => "escalated",
+            EventKind::CronRun { .. } => "cron_run",
             EventKind::Lagged { .. } => "lagged",
             EventKind::ReplayDone { .. } => "replay_done",
         }

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::KernelSettings;
 use crate::counter::Counter;
+use crate::cron::Cron;
 use crate::error::{KernelError, Result};
 use crate::events::{EventBus, Subscription, unix_ms};
 use crate::mailbox::Mailbox;
@@ -71,6 +72,7 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     pub(crate) stopping: AtomicBool,
     pub(crate) reaper: Reaper,
+    pub(crate) cron: Cron,
 }
 
 /// Events retained in memory for replay.
@@ -170,10 +172,12 @@ impl Kernel {
                 shutdown: CancellationToken::new(),
                 stopping: AtomicBool::new(false),
                 reaper: Reaper::default(),
+                cron: Cron::default(),
             }
         });
         let kernel = Kernel { inner };
         kernel.start_reaper();
+        kernel.start_cron_timer();
         kernel
     }
 

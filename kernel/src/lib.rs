@@ -15,6 +15,7 @@
 //! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
 //! - `restore`: coming back after a restart: config agents keep their PIDs.
 //! - `state`: per-process durable values (a daemon's conversation).
+//! - [`cron`]: schedules that run tasks, spawn agents from templates or send messages.
 //! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
 //! - [`events`]: typed, sequenced kernel events with replay.
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters.
@@ -31,6 +32,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 mod counter;
+pub mod cron;
 pub mod daemon;
 pub mod error;
 pub mod events;

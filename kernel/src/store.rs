@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 
 use crate::events::Event;
 
-pub use recover::{Recovered, StoredMessage, StoredProcess, StoredRequest};
+pub use recover::{Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "hivekernel.db";
@@ -152,6 +152,25 @@ pub(crate) enum Write {
     Declared {
         name: String,
         pid: Pid,
+    },
+    /// A cron entry was added or (config) declared; `spec` is its JSON.
+    CronPut {
+        name: String,
+        spec: String,
+        owner: Pid,
+        source: &'static str,
+        created_ms: u64,
+    },
+    CronRemove(String),
+    /// A cron entry is about to run for the slot `at_ms`.
+    CronFired {
+        name: String,
+        at_ms: u64,
+    },
+    /// A run (or skipped slot) of a cron entry.
+    CronRun {
+        name: String,
+        run: crate::cron::CronRun,
     },
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,

@@ -23,6 +23,7 @@ pub(super) struct Document {
     pub(super) tool_agent: Option<Value>,
     pub(super) roles: Option<Value>,
     pub(super) agents: Option<Vec<Value>>,
+    pub(super) templates: Option<Vec<Value>>,
 }
 
 /// The `kernel` section as written; missing fields take the defaults.
@@ -82,6 +83,8 @@ pub(super) struct RawAgent {
     pub(super) metadata: Option<Value>,
     pub(super) restart: Option<Value>,
     pub(super) strategy: Option<String>,
+    /// Read by `cron::agent_entries`.
+    pub(super) cron: Option<Value>,
     pub(super) command: Option<Vec<String>>,
     pub(super) env: Option<BTreeMap<String, String>>,
 }
@@ -142,9 +145,19 @@ pub(super) fn kernel(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> Se
 
 /// Parses `agents[index]`; `None` when it is not an object at all.
 pub(super) fn agent(index: usize, value: &Value, issues: &mut Vec<ConfigIssue>) -> Option<Agent> {
+    entry("agents", index, value, issues)
+}
+
+/// Parses `<list>[index]` as an agent entry (`agents`, `templates`).
+pub(super) fn entry(
+    list: &str,
+    index: usize,
+    value: &Value,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<Agent> {
     let Value::Object(map) = value else {
         issues.push(ConfigIssue::new(
-            format!("agents[{index}]"),
+            format!("{list}[{index}]"),
             format!("an agent must be a JSON object, found {}", describe(value)),
         ));
         return None;
@@ -154,8 +167,8 @@ pub(super) fn agent(index: usize, value: &Value, issues: &mut Vec<ConfigIssue>) 
         .and_then(Value::as_str)
         .filter(|name| validate::name_problem(name).is_none());
     let label = match name {
-        Some(name) => format!("agents[{index}] ({name})"),
-        None => format!("agents[{index}]"),
+        Some(name) => format!("{list}[{index}] ({name})"),
+        None => format!("{list}[{index}]"),
     };
     let fields = section::<RawAgent>(Some(value), &label, issues);
     let limits = section(fields.value.limits.as_ref(), &at(&label, "limits"), issues);

@@ -845,3 +845,75 @@ fn shipped_python_agent_config_is_valid() {
     let cwd = exec.cwd.unwrap();
     assert!(cwd.join(&exec.argv[1]).is_file(), "{cwd:?}");
 }
+
+#[test]
+fn agents_carry_cron_entries_and_templates_are_parsed_but_not_started() {
+    use crate::cron::{CronAction, Missed, Overlap};
+    let config = Fixture::new()
+        .load(
+            r#"{"templates": [{"name": "checker", "role": "task", "system_prompt": "Check."}],
+                "agents": [{"name": "maid", "role": "daemon", "cron": [
+                    {"name": "health-check", "expression": "0 */5 * * * *",
+                     "description": "Check the health of every agent"},
+                    {"name": "audit", "expression": "30 2 * * 1-5", "action": "spawn",
+                     "template": "checker", "overlap": "allow", "missed": "run_once"},
+                    {"name": "nudge", "expression": "@hourly", "action": "message",
+                     "enabled": false}]}]}"#,
+        )
+        .unwrap();
+    assert_eq!(config.templates.len(), 1);
+    assert_eq!(config.templates[0].name, "checker");
+    let cron = &config.agents[0].cron;
+    assert_eq!(cron.len(), 3);
+    assert_eq!(cron[0].action, CronAction::Execute);
+    assert_eq!(cron[0].description, "Check the health of every agent");
+    assert_eq!(cron[1].action, CronAction::Spawn);
+    assert_eq!(cron[1].template.as_deref(), Some("checker"));
+    assert_eq!(
+        (cron[1].overlap, cron[1].missed),
+        (Overlap::Allow, Missed::RunOnce)
+    );
+    assert!(!cron[2].enabled);
+}
+
+#[test]
+fn cron_mistakes_are_all_reported_where_they_are() {
+    let found = issues(
+        r#"{"templates": [{"name": "t"}, {"name": "t", "cron": []}],
+            "agents": [{"name": "a", "cron": [
+                {"name": "x", "expression": "* * *"},
+                {"name": "y", "expression": "* * * * *", "action": "launch"},
+                {"name": "z", "expression": "* * * * *", "action": "spawn", "template": "ghost"},
+                {"name": "w", "expression": "* * * * *", "overlap": "queue", "missed": "all"},
+                {"name": "v", "expression": "* * * * *", "when": "now"},
+                {"name": "fine", "expression": "@daily"}]},
+              {"name": "b", "cron": [{"name": "fine", "expression": "@daily"}]},
+              {"name": "c", "cron": {"name": "q"}}]}"#,
+    );
+    assert_issue(&found, "agents[0] (a).cron[0].expression", &["got 3"]);
+    assert_issue(
+        &found,
+        "agents[0] (a).cron[1].action",
+        &["\"launch\"", "execute, spawn or message"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).cron[2].template",
+        &["\"ghost\"", "known: t"],
+    );
+    assert_issue(&found, "agents[0] (a).cron[3].overlap", &["\"queue\""]);
+    assert_issue(&found, "agents[0] (a).cron[3].missed", &["\"all\""]);
+    assert_issue(&found, "agents[0] (a).cron[4]", &["unknown field `when`"]);
+    assert_issue(
+        &found,
+        "agents[1] (b).cron[0].name",
+        &["duplicate cron name \"fine\""],
+    );
+    assert_issue(&found, "agents[2] (c).cron", &["JSON array"]);
+    assert_issue(
+        &found,
+        "templates[1] (t).name",
+        &["duplicate template name \"t\""],
+    );
+    assert_issue(&found, "templates[1] (t).cron", &["take no cron entries"]);
+}

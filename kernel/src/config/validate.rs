@@ -36,6 +36,19 @@ pub(super) struct Checked {
     label: String,
     name_ok: bool,
     spec: AgentSpec,
+    /// The entry had a `cron` field (read separately, by `cron::agent_entries`).
+    has_cron: bool,
+}
+
+impl Checked {
+    pub(super) fn has_cron(&self) -> bool {
+        self.has_cron
+    }
+
+    /// Its location label and spec.
+    pub(super) fn into_parts(self) -> (String, AgentSpec) {
+        (self.label, self.spec)
+    }
 }
 
 /// What every check needs: where relative paths start and which runtimes and tools exist.
@@ -230,12 +243,15 @@ impl<'a> Context<'a> {
             restart,
             strategy,
             exec,
+            // Filled from the raw entry by `cron::agent_entries`.
+            cron: Vec::new(),
         };
         Checked {
             index,
             label,
             name_ok,
             spec,
+            has_cron: raw.cron.is_some(),
         }
     }
 
@@ -282,9 +298,11 @@ impl<'a> Context<'a> {
             std::path::absolute(self.base).unwrap_or_else(|_| self.base.to_owned())
         };
         if let Some(program) = argv.first_mut()
-            && program.contains('/') && !Path::new(program.as_str()).is_absolute() {
-                *program = base.join(program.as_str()).display().to_string();
-            }
+            && program.contains('/')
+            && !Path::new(program.as_str()).is_absolute()
+        {
+            *program = base.join(program.as_str()).display().to_string();
+        }
         let command = ExecCommand {
             argv,
             env: raw.env.clone().unwrap_or_default(),

@@ -45,6 +45,27 @@ pub struct StoredRequest {
     pub to: Pid,
 }
 
+/// A cron entry as stored.
+#[derive(Debug, Clone)]
+pub struct StoredCron {
+    /// Its name.
+    pub name: String,
+    /// Its spec, as JSON.
+    pub spec: String,
+    /// Who owns it.
+    pub owner: Pid,
+    /// `config` or `api`.
+    pub source: String,
+    /// When it was added.
+    pub created_ms: u64,
+    /// The last slot it fired for.
+    pub last_fire_ms: Option<u64>,
+    /// Runs so far.
+    pub runs: u64,
+    /// The latest runs, oldest first.
+    pub history: Vec<crate::cron::CronRun>,
+}
+
 /// Everything a restarting kernel needs from the store.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
@@ -64,6 +85,8 @@ pub struct Recovered {
     pub messages: Vec<StoredMessage>,
     /// Unanswered requests, oldest first.
     pub requests: Vec<StoredRequest>,
+    /// Cron entries.
+    pub cron: Vec<StoredCron>,
 }
 
 impl Recovered {
@@ -157,6 +180,39 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
 
+    let mut stmt = conn.prepare(
+        "SELECT name, spec, owner, source, created_ms, last_fire_ms, runs FROM cron ORDER BY name",
+    )?;
+    let mut cron = stmt
+        .query_map([], |r| {
+            Ok(StoredCron {
+                name: r.get(0)?,
+                spec: r.get(1)?,
+                owner: Pid(from_sql_u64(r.get(2)?)),
+                source: r.get(3)?,
+                created_ms: from_sql_u64(r.get(4)?),
+                last_fire_ms: r.get::<_, Option<i64>>(5)?.map(from_sql_u64),
+                runs: from_sql_u64(r.get(6)?),
+                history: Vec::new(),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT at_ms, status, duration_ms, output FROM cron_runs WHERE name = ?1 ORDER BY id",
+    )?;
+    for entry in &mut cron {
+        entry.history = stmt
+            .query_map([&entry.name], |r| {
+                Ok(crate::cron::CronRun {
+                    at_unix_ms: from_sql_u64(r.get(0)?),
+                    status: r.get(1)?,
+                    duration_ms: from_sql_u64(r.get(2)?),
+                    output: r.get(3)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+    }
+
     Ok(Recovered {
         next_pid,
         next_id,
@@ -166,5 +222,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         declared,
         messages,
         requests,
+        cron,
     })
 }

@@ -59,6 +59,25 @@ const MIGRATIONS: &[&str] = &[
          value TEXT NOT NULL,
          PRIMARY KEY (pid, key)
      ) STRICT;",
+    // 2: cron entries and their run history.
+    "CREATE TABLE cron (
+         name         TEXT PRIMARY KEY,
+         spec         TEXT NOT NULL,
+         owner        INTEGER NOT NULL,
+         source       TEXT NOT NULL,
+         created_ms   INTEGER NOT NULL,
+         last_fire_ms INTEGER,
+         runs         INTEGER NOT NULL DEFAULT 0
+     ) STRICT;
+     CREATE TABLE cron_runs (
+         id          INTEGER PRIMARY KEY,
+         name        TEXT NOT NULL,
+         at_ms       INTEGER NOT NULL,
+         status      TEXT NOT NULL,
+         duration_ms INTEGER NOT NULL,
+         output      TEXT NOT NULL
+     ) STRICT;
+     CREATE INDEX cron_runs_by_name ON cron_runs (name, id);",
 ];
 
 /// The schema version this build writes.

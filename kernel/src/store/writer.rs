@@ -156,6 +156,57 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             )?
             .execute((name, to_sql_u64(pid.0)))?;
         }
+        Write::CronPut {
+            name,
+            spec,
+            owner,
+            source,
+            created_ms,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO cron (name, spec, owner, source, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, owner = excluded.owner,
+                 source = excluded.source",
+            )?
+            .execute((
+                name,
+                spec,
+                to_sql_u64(owner.0),
+                source,
+                to_sql_u64(*created_ms),
+            ))?;
+        }
+        Write::CronRemove(name) => {
+            tx.prepare_cached("DELETE FROM cron WHERE name = ?1")?
+                .execute([name])?;
+            tx.prepare_cached("DELETE FROM cron_runs WHERE name = ?1")?
+                .execute([name])?;
+        }
+        Write::CronFired { name, at_ms } => {
+            tx.prepare_cached("UPDATE cron SET last_fire_ms = ?2 WHERE name = ?1")?
+                .execute((name, to_sql_u64(*at_ms)))?;
+        }
+        Write::CronRun { name, run } => {
+            tx.prepare_cached(
+                "INSERT INTO cron_runs (name, at_ms, status, duration_ms, output)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute((
+                name,
+                to_sql_u64(run.at_unix_ms),
+                &run.status,
+                to_sql_u64(run.duration_ms),
+                &run.output,
+            ))?;
+            tx.prepare_cached("UPDATE cron SET runs = runs + 1 WHERE name = ?1")?
+                .execute([name])?;
+            // Only the latest runs are kept.
+            tx.prepare_cached(
+                "DELETE FROM cron_runs WHERE name = ?1 AND id NOT IN
+                 (SELECT id FROM cron_runs WHERE name = ?1 ORDER BY id DESC LIMIT ?2)",
+            )?
+            .execute((name, crate::cron::HISTORY as i64))?;
+        }
         Write::Flush => {}
     }
     Ok(())

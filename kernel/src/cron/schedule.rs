@@ -1,0 +1,570 @@
+//! The entries, their next slots, and the timer task that fires them.
+//!
+//! Next slots sit in a deadline-ordered set; the timer task sleeps until the
+//! first one or until a change wakes it (a `Notify`), never polling. Wall
+//! time comes from a clock anchored to the system time and advanced by
+//! tokio's monotonic clock, so tests drive it with a paused tokio clock; a
+//! system clock that jumps ahead (a suspended machine) re-anchors it.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cron::Schedule;
+use hivekernel_agents::{Pid, SpawnRequest};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap, expr};
+use crate::error::{KernelError, Result};
+use crate::events::unix_ms;
+use crate::kernel::{Caller, Kernel};
+use crate::store::{StoredCron, Write};
+
+/// The longest the timer sleeps before looking at the clock again.
+const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Longest entry name, in bytes.
+pub const MAX_CRON_NAME_BYTES: usize = 128;
+
+/// Wall time in Unix ms: system time at the anchor plus tokio time since.
+#[derive(Debug)]
+struct Clock {
+    anchor: Mutex<(u64, Instant)>,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            anchor: Mutex::new((unix_ms(SystemTime::now()), Instant::now())),
+        }
+    }
+
+    fn anchor(&self) -> (u64, Instant) {
+        *self.anchor.lock()
+    }
+
+    fn set_anchor(&self, anchor: (u64, Instant)) {
+        *self.anchor.lock() = anchor;
+    }
+
+    fn now_ms(&self) -> u64 {
+        let mut anchor = self.anchor.lock();
+        let elapsed = Instant::now().saturating_duration_since(anchor.1);
+        let computed = anchor.0.saturating_add(elapsed.as_millis() as u64);
+        let system = unix_ms(SystemTime::now());
+        if system > computed + 1000 {
+            *anchor = (system, Instant::now());
+            return system;
+        }
+        computed
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    spec: CronSpec,
+    schedule: Schedule,
+    owner: Pid,
+    source: CronSource,
+    created_ms: u64,
+    last_fire_ms: Option<u64>,
+    next_ms: Option<u64>,
+    running: usize,
+    runs: u64,
+    history: VecDeque<CronRun>,
+}
+
+impl Entry {
+    fn info(&self) -> CronInfo {
+        CronInfo {
+            spec: self.spec.clone(),
+            owner: self.owner,
+            source: self.source,
+            next_run_unix_ms: self.next_ms,
+            last_run_unix_ms: self.last_fire_ms,
+            created_unix_ms: self.created_ms,
+            runs: self.runs,
+            running: self.running > 0,
+            history: self.history.iter().cloned().collect(),
+        }
+    }
+
+    fn record(&mut self, run: CronRun) {
+        self.runs += 1;
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(run);
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// (slot, name), earliest first.
+    due: BTreeSet<(u64, String)>,
+}
+
+impl State {
+    /// Sets `name`'s next slot to the first after `after_ms` (none when disabled).
+    fn reschedule(&mut self, name: &str, after_ms: u64) {
+        let Some(entry) = self.entries.get_mut(name) else {
+            return;
+        };
+        if let Some(old) = entry.next_ms.take() {
+            self.due.remove(&(old, name.to_owned()));
+        }
+        if entry.spec.enabled {
+            entry.next_ms = expr::next_after(&entry.schedule, after_ms);
+            if let Some(next) = entry.next_ms {
+                self.due.insert((next, name.to_owned()));
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) -> Option<Entry> {
+        let entry = self.entries.remove(name)?;
+        if let Some(next) = entry.next_ms {
+            self.due.remove(&(next, name.to_owned()));
+        }
+        Some(entry)
+    }
+}
+
+/// The kernel's cron: entries, templates for `spawn`, the timer's wake-up.
+#[derive(Debug)]
+pub(crate) struct Cron {
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+    clock: Clock,
+    /// `templates` from the config, by name.
+    templates: RwLock<HashMap<String, SpawnRequest>>,
+}
+
+impl Default for Cron {
+    fn default() -> Self {
+        Cron {
+            state: Mutex::new(State::default()),
+            wake: Arc::new(Notify::new()),
+            clock: Clock::new(),
+            templates: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl Cron {
+    pub(crate) fn template(&self, name: &str) -> Option<SpawnRequest> {
+        self.templates.read().get(name).cloned()
+    }
+}
+
+impl Kernel {
+    /// Wall time as cron sees it (Unix ms).
+    pub fn cron_now_ms(&self) -> u64 {
+        self.inner.cron.clock.now_ms()
+    }
+
+    /// Makes this kernel's cron clock read what `other`'s reads, for
+    /// embedders (and tests under a paused clock) that run one kernel after
+    /// another in the same process.
+    pub fn align_cron_clock(&self, other: &Kernel) {
+        self.inner
+            .cron
+            .clock
+            .set_anchor(other.inner.cron.clock.anchor());
+    }
+
+    /// Adds an entry owned by the caller; a process may only aim it at
+    /// itself or its descendants.
+    pub async fn add_cron(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
+        self.check_running()?;
+        let schedule = self.check_cron(caller, &spec)?;
+        if self
+            .inner
+            .cron
+            .state
+            .lock()
+            .entries
+            .contains_key(&spec.name)
+        {
+            return Err(KernelError::FailedPrecondition(format!(
+                "a cron entry named {:?} already exists",
+                spec.name
+            )));
+        }
+        let owner = caller.pid();
+        let created_ms = self.cron_now_ms();
+        if let Some(store) = &self.inner.store {
+            store
+                .commit(Write::CronPut {
+                    name: spec.name.clone(),
+                    spec: serde_json::to_string(&spec).unwrap_or_default(),
+                    owner,
+                    source: CronSource::Api.as_str(),
+                    created_ms,
+                })
+                .await?;
+        }
+        let info = {
+            let mut state = self.inner.cron.state.lock();
+            let name = spec.name.clone();
+            state.entries.insert(
+                name.clone(),
+                Entry {
+                    spec,
+                    schedule,
+                    owner,
+                    source: CronSource::Api,
+                    created_ms,
+                    last_fire_ms: None,
+                    next_ms: None,
+                    running: 0,
+                    runs: 0,
+                    history: VecDeque::new(),
+                },
+            );
+            state.reschedule(&name, created_ms);
+            state.entries.get(&name).map(Entry::info)
+        };
+        self.inner.cron.wake.notify_one();
+        info.ok_or_else(|| KernelError::FailedPrecondition("cron entry vanished".into()))
+    }
+
+    /// Removes an entry the caller owns (the operator may remove any added through the API).
+    pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
+        {
+            let state = self.inner.cron.state.lock();
+            let entry = state
+                .entries
+                .get(name)
+                .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))?;
+            if caller != Caller::Admin && entry.owner != caller.pid() {
+                return Err(KernelError::PermissionDenied(format!(
+                    "cron entry {name:?} belongs to process {}",
+                    entry.owner
+                )));
+            }
+            if entry.source == CronSource::Config {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "cron entry {name:?} is declared in the config; remove it there"
+                )));
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            store.commit(Write::CronRemove(name.to_owned())).await?;
+        }
+        self.inner.cron.state.lock().remove(name);
+        self.inner.cron.wake.notify_one();
+        Ok(())
+    }
+
+    /// Entries the caller owns (every entry for the operator), by name.
+    pub fn list_cron(&self, caller: Caller) -> Vec<CronInfo> {
+        let state = self.inner.cron.state.lock();
+        let mut infos: Vec<CronInfo> = state
+            .entries
+            .values()
+            .filter(|e| caller == Caller::Admin || e.owner == caller.pid())
+            .map(Entry::info)
+            .collect();
+        infos.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        infos
+    }
+
+    /// Sets the `templates` the `spawn` action may use.
+    pub fn set_cron_templates(&self, templates: HashMap<String, SpawnRequest>) {
+        *self.inner.cron.templates.write() = templates;
+    }
+
+    /// At start: takes the stored entries back, replaces the config's with
+    /// `declared` (owner, spec), and settles slots missed while down. Call
+    /// once, after the config agents are back; returns what could not be
+    /// loaded.
+    pub async fn start_cron(
+        &self,
+        stored: Vec<StoredCron>,
+        declared: Vec<(Pid, CronSpec)>,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        let now = self.cron_now_ms();
+        let mut kept: HashMap<String, StoredCron> =
+            stored.into_iter().map(|s| (s.name.clone(), s)).collect();
+        let mut entries = Vec::new();
+        for (owner, spec) in declared {
+            let previous = kept.remove(&spec.name);
+            match expr::parse(&spec.expression) {
+                Ok(schedule) => {
+                    if let Some(store) = &self.inner.store {
+                        store.submit(Write::CronPut {
+                            name: spec.name.clone(),
+                            spec: serde_json::to_string(&spec).unwrap_or_default(),
+                            owner,
+                            source: CronSource::Config.as_str(),
+                            created_ms: previous.as_ref().map_or(now, |p| p.created_ms),
+                        });
+                    }
+                    entries.push((spec, schedule, owner, CronSource::Config, previous));
+                }
+                Err(why) => problems.push(format!("cron {:?}: {why}", spec.name)),
+            }
+        }
+        for (name, stored) in kept {
+            let spec = serde_json::from_str::<CronSpec>(&stored.spec)
+                .map_err(|e| e.to_string())
+                .and_then(|spec| expr::parse(&spec.expression).map(|s| (spec, s)));
+            match (stored.source.as_str(), spec) {
+                // A config entry no longer in the config goes with it.
+                ("config", _) => {
+                    if let Some(store) = &self.inner.store {
+                        store.submit(Write::CronRemove(name));
+                    }
+                }
+                (_, Ok((spec, schedule))) => {
+                    let owner = stored.owner;
+                    entries.push((spec, schedule, owner, CronSource::Api, Some(stored)));
+                }
+                (_, Err(why)) => problems.push(format!("stored cron {name:?}: {why}")),
+            }
+        }
+
+        let mut missed_now = Vec::new();
+        {
+            let mut state = self.inner.cron.state.lock();
+            for (spec, schedule, owner, source, previous) in entries {
+                let name = spec.name.clone();
+                let (created_ms, last_fire_ms, runs, history) = match previous {
+                    Some(p) => (p.created_ms, p.last_fire_ms, p.runs, p.history),
+                    None => (now, None, 0, Vec::new()),
+                };
+                let since = last_fire_ms.unwrap_or(created_ms);
+                let missed = spec.enabled
+                    && expr::next_after(&schedule, since).is_some_and(|slot| slot <= now);
+                let run_once = missed && spec.missed == Missed::RunOnce;
+                state.entries.insert(
+                    name.clone(),
+                    Entry {
+                        spec,
+                        schedule,
+                        owner,
+                        source,
+                        created_ms,
+                        last_fire_ms,
+                        next_ms: None,
+                        running: 0,
+                        runs,
+                        history: history.into(),
+                    },
+                );
+                // Never a slot at or before the last one fired, whatever the clock says.
+                state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
+                if run_once {
+                    missed_now.push(name);
+                } else if missed {
+                    let run = CronRun {
+                        at_unix_ms: now,
+                        status: "missed".into(),
+                        duration_ms: 0,
+                        output: "slots passed while the kernel was down".into(),
+                    };
+                    self.record_run(&mut state, &name, run);
+                }
+            }
+        }
+        for name in missed_now {
+            self.fire(&name, now).await;
+        }
+        self.inner.cron.wake.notify_one();
+        problems
+    }
+
+    /// Fires whatever is due, then sleeps until the next slot or a change.
+    /// The task holds the kernel only while it works, never while it sleeps.
+    pub(crate) fn start_cron_timer(&self) {
+        let weak = self.downgrade();
+        let shutdown = self.inner.shutdown.clone();
+        let wake = self.inner.cron.wake.clone();
+        self.inner.tracker.spawn(async move {
+            loop {
+                let notified = wake.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let wait = {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let kernel = Kernel { inner };
+                    if kernel.is_stopping() {
+                        return;
+                    }
+                    let now = kernel.cron_now_ms();
+                    let due: Vec<(u64, String)> = {
+                        let state = kernel.inner.cron.state.lock();
+                        let due = state.due.iter().take_while(|(slot, _)| *slot <= now);
+                        due.cloned().collect()
+                    };
+                    for (slot, name) in &due {
+                        kernel.fire(name, *slot).await;
+                    }
+                    if !due.is_empty() {
+                        continue;
+                    }
+                    let state = kernel.inner.cron.state.lock();
+                    state.due.first().map_or(MAX_SLEEP, |(slot, _)| {
+                        Duration::from_millis(slot.saturating_sub(now)).min(MAX_SLEEP)
+                    })
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = &mut notified => {}
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        });
+    }
+
+    /// Fires `name` for `slot`: reschedules it, then (unless the overlap
+    /// policy skips it) commits the slot and starts the action.
+    async fn fire(&self, name: &str, slot: u64) {
+        let spec = {
+            let mut state = self.inner.cron.state.lock();
+            state.reschedule(name, slot.max(self.cron_now_ms()));
+            let Some(entry) = state.entries.get_mut(name) else {
+                return;
+            };
+            if entry.running > 0 && entry.spec.overlap == Overlap::Skip {
+                let run = CronRun {
+                    at_unix_ms: slot,
+                    status: "skipped".into(),
+                    duration_ms: 0,
+                    output: "the previous run was still going".into(),
+                };
+                self.record_run(&mut state, name, run);
+                return;
+            }
+            entry.running += 1;
+            entry.last_fire_ms = Some(slot);
+            entry.spec.clone()
+        };
+        // At most once: the slot is on disk before anything runs.
+        if let Some(store) = &self.inner.store
+            && let Err(err) = store
+                .commit(Write::CronFired {
+                    name: name.to_owned(),
+                    at_ms: slot,
+                })
+                .await
+        {
+            tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
+            let mut state = self.inner.cron.state.lock();
+            if let Some(entry) = state.entries.get_mut(name) {
+                entry.running -= 1;
+            }
+            return;
+        }
+        let kernel = self.clone();
+        let name = name.to_owned();
+        self.inner.tracker.spawn(async move {
+            let started = Instant::now();
+            let outcome = kernel.run_cron(&spec).await;
+            let run = CronRun {
+                at_unix_ms: slot,
+                status: if outcome.is_ok() { "ok" } else { "failed" }.into(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                output: super::run::preview(match &outcome {
+                    Ok(text) | Err(text) => text,
+                }),
+            };
+            let mut state = kernel.inner.cron.state.lock();
+            if let Some(entry) = state.entries.get_mut(&name) {
+                entry.running = entry.running.saturating_sub(1);
+            }
+            kernel.record_run(&mut state, &name, run);
+        });
+    }
+
+    /// Adds a run to `name`'s history, in memory, in the store and as an event.
+    fn record_run(&self, state: &mut State, name: &str, run: CronRun) {
+        let Some(entry) = state.entries.get_mut(name) else {
+            return;
+        };
+        if let Some(store) = &self.inner.store {
+            store.submit(Write::CronRun {
+                name: name.to_owned(),
+                run: run.clone(),
+            });
+        }
+        self.inner.events.emit(
+            entry.spec.target,
+            crate::events::EventKind::CronRun {
+                name: Arc::from(name),
+                status: run.status.clone(),
+                duration_ms: run.duration_ms,
+            },
+        );
+        entry.record(run);
+    }
+
+    /// Checks a spec and parses its expression.
+    fn check_cron(&self, caller: Caller, spec: &CronSpec) -> Result<Schedule> {
+        let bad = |what: String| Err(KernelError::InvalidArgument(what));
+        if spec.name.trim().is_empty()
+            || spec.name.len() > MAX_CRON_NAME_BYTES
+            || spec.name.chars().any(char::is_control)
+        {
+            return bad(format!(
+                "cron name must be 1 to {MAX_CRON_NAME_BYTES} bytes without control characters, got {:?}",
+                spec.name
+            ));
+        }
+        let schedule =
+            expr::parse(&spec.expression).or_else(|why| bad(format!("cron expression: {why}")))?;
+        if spec.description.len() > crate::MAX_PAYLOAD_BYTES {
+            return bad(format!(
+                "cron description is {} bytes (at most {})",
+                spec.description.len(),
+                crate::MAX_PAYLOAD_BYTES
+            ));
+        }
+        match (spec.action, &spec.template) {
+            (super::CronAction::Spawn, None) => {
+                return bad("cron action spawn needs a template".into());
+            }
+            (super::CronAction::Spawn, Some(template))
+                if self.inner.cron.template(template).is_none() =>
+            {
+                let known: Vec<String> = self.inner.cron.templates.read().keys().cloned().collect();
+                return bad(format!(
+                    "unknown template {template:?} (known: {})",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+            (super::CronAction::Execute | super::CronAction::Message, Some(_)) => {
+                return bad("a template is only for the spawn action".into());
+            }
+            _ => {}
+        }
+        let target = spec.target;
+        let table = self.inner.table.read();
+        let entry = table.get(target).ok_or(KernelError::NotFound(target))?;
+        if !entry.is_alive() {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {target} has exited"
+            )));
+        }
+        if target == Pid::KERNEL && spec.action != super::CronAction::Spawn {
+            return bad("PID 1 runs no tasks and reads no messages; aim at an agent".into());
+        }
+        if let Caller::Process(me) = caller
+            && me != target
+            && !table.is_ancestor(me, target)
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} may only schedule cron for itself or its descendants, not {target}"
+            )));
+        }
+        Ok(schedule)
+    }
+}

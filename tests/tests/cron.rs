@@ -1,0 +1,345 @@
+//! Cron end to end under a paused clock: real kernels, real `probe` agents,
+//! real SQLite stores; time moves only when the test says so.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use hivekernel_agents::{Pid, Role};
+use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::cron::{CronAction, CronInfo, CronSpec, Missed, Overlap};
+use hivekernel_kernel::{Caller, Kernel, KernelError};
+use hivekernel_tests::{open_store, registry, spawn_probe, test_settings};
+
+/// Every ten seconds, on the wall clock's multiples of ten.
+const EVERY_10_S: &str = "*/10 * * * * *";
+
+fn settings() -> KernelSettings {
+    KernelSettings {
+        task_timeout_seconds: 120,
+        ..test_settings()
+    }
+}
+
+fn spec(name: &str, target: Pid, description: &str) -> CronSpec {
+    CronSpec {
+        name: name.into(),
+        expression: EVERY_10_S.into(),
+        action: CronAction::Execute,
+        target,
+        template: None,
+        description: description.into(),
+        enabled: true,
+        overlap: Overlap::Skip,
+        missed: Missed::Skip,
+    }
+}
+
+fn info(kernel: &Kernel, name: &str) -> CronInfo {
+    kernel
+        .list_cron(Caller::Admin)
+        .into_iter()
+        .find(|i| i.spec.name == name)
+        .unwrap_or_else(|| panic!("no cron entry {name}"))
+}
+
+/// Slots of a 10 s schedule in `(from, to]`.
+fn slots(from: u64, to: u64) -> u64 {
+    to / 10_000 - from / 10_000
+}
+
+/// Lets time pass on the paused clock, in steps, so work scheduled meanwhile
+/// runs; each step also gives the store's writer thread a real millisecond,
+/// since the paused clock does not wait for threads.
+async fn pass(ms: u64) {
+    for _ in 0..ms / 100 {
+        std::thread::sleep(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn statuses(info: &CronInfo) -> Vec<&str> {
+    info.history.iter().map(|r| r.status.as_str()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_runs_its_task_at_every_slot_and_keeps_the_answers() {
+    let (runtimes, _) = registry();
+    let kernel = Kernel::start(settings(), runtimes);
+    let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
+    let start = kernel.cron_now_ms();
+    let added = kernel
+        .add_cron(Caller::Admin, spec("tick", agent, "tock"))
+        .await
+        .unwrap();
+    assert_eq!(added.next_run_unix_ms, Some((start / 10_000 + 1) * 10_000));
+
+    pass(35_000).await;
+    let now = kernel.cron_now_ms();
+    let tick = info(&kernel, "tick");
+    assert_eq!(tick.runs, slots(start, now), "{tick:?}");
+    assert!(
+        tick.history
+            .iter()
+            .all(|r| r.status == "ok" && r.output == "tock")
+    );
+    let at: Vec<u64> = tick.history.iter().map(|r| r.at_unix_ms).collect();
+    assert!(at.iter().all(|t| t % 10_000 == 0), "{at:?}");
+    assert!(tick.next_run_unix_ms.unwrap() > now);
+    kernel.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_that_comes_while_the_last_run_goes_on_is_skipped_unless_overlap_is_allowed() {
+    let (runtimes, _) = registry();
+    let kernel = Kernel::start(settings(), runtimes);
+    let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
+    let mut slow = spec("slow", agent, "sleep 25000");
+    kernel.add_cron(Caller::Admin, slow.clone()).await.unwrap();
+    slow.name = "slow-overlapping".into();
+    slow.overlap = Overlap::Allow;
+    kernel.add_cron(Caller::Admin, slow).await.unwrap();
+
+    // From the first slot: +10 and +20 come while its run (25 s) goes on.
+    let first = info(&kernel, "slow").next_run_unix_ms.unwrap();
+    let wait = first.saturating_sub(kernel.cron_now_ms()) + 26_000;
+    pass(wait).await;
+
+    let skip = info(&kernel, "slow");
+    assert_eq!(statuses(&skip), ["skipped", "skipped", "ok"], "{skip:?}");
+    let allow = info(&kernel, "slow-overlapping");
+    assert_eq!(statuses(&allow), ["ok"], "{allow:?}");
+    assert!(allow.running, "the later runs are still going");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, recovered) = open_store(dir.path()).await;
+    let (runtimes, _) = registry();
+    let first = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    let agent = first
+        .spawn_declared(
+            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
+            Some(&recovered),
+        )
+        .await
+        .unwrap();
+    first
+        .add_cron(Caller::Admin, spec("skipper", agent, "s"))
+        .await
+        .unwrap();
+    let mut once = spec("catcher", agent, "c");
+    once.missed = Missed::RunOnce;
+    first.add_cron(Caller::Admin, once).await.unwrap();
+    pass(12_000).await;
+    assert!(info(&first, "catcher").runs >= 1);
+    let last = info(&first, "catcher").last_run_unix_ms.unwrap();
+    first.shutdown().await;
+
+    // A minute of downtime: six slots pass.
+    pass(60_000).await;
+
+    let (store, mut recovered) = open_store(dir.path()).await;
+    let (runtimes, _) = registry();
+    let second = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    second.align_cron_clock(&first);
+    let back = second
+        .spawn_declared(
+            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
+            Some(&recovered),
+        )
+        .await
+        .unwrap();
+    assert_eq!(back, agent);
+    let stored = std::mem::take(&mut recovered.cron);
+    assert_eq!(stored.len(), 2);
+    let problems = second.start_cron(stored, Vec::new()).await;
+    assert!(problems.is_empty(), "{problems:?}");
+    pass(500).await;
+
+    // Waiting on the store lets the paused clock jump, so regular slots may
+    // have run too; the catch-up is the one run off the 10 s grid.
+    let catcher = info(&second, "catcher");
+    let catch_up: Vec<_> = catcher
+        .history
+        .iter()
+        .filter(|r| r.at_unix_ms > last + 60_000 && r.at_unix_ms % 10_000 != 0)
+        .collect();
+    assert_eq!(catch_up.len(), 1, "{catcher:?}");
+    assert_eq!(catch_up[0].status, "ok");
+    let skipper = info(&second, "skipper");
+    let missed: Vec<_> = skipper
+        .history
+        .iter()
+        .filter(|r| r.status == "missed")
+        .collect();
+    assert_eq!(missed.len(), 1, "{skipper:?}");
+    assert!(
+        skipper
+            .history
+            .iter()
+            .all(|r| r.status != "ok" || r.at_unix_ms % 10_000 == 0),
+        "the skipper caught up: {skipper:?}"
+    );
+    second.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, recovered) = open_store(dir.path()).await;
+    let (runtimes, _) = registry();
+    let first = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    let agent = first
+        .spawn_declared(
+            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
+            Some(&recovered),
+        )
+        .await
+        .unwrap();
+    first
+        .add_cron(Caller::Admin, spec("long", agent, "sleep 100000"))
+        .await
+        .unwrap();
+    let slot = info(&first, "long").next_run_unix_ms.unwrap();
+    pass(slot.saturating_sub(first.cron_now_ms()) + 500).await;
+    let fired = info(&first, "long");
+    assert!(
+        fired.running && fired.last_run_unix_ms == Some(slot),
+        "{fired:?}"
+    );
+    // The crash: the store has the slot, nothing else finished.
+    first.store().unwrap().flush().await.unwrap();
+
+    let (store, mut recovered) = open_store(dir.path()).await;
+    let (runtimes, _) = registry();
+    let second = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    second.align_cron_clock(&first);
+    let back = second
+        .spawn_declared(
+            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
+            Some(&recovered),
+        )
+        .await
+        .unwrap();
+    let stored = std::mem::take(&mut recovered.cron);
+    second.start_cron(stored, Vec::new()).await;
+    let long = info(&second, "long");
+    assert!(long.last_run_unix_ms >= Some(slot), "{long:?}");
+    assert!(long.next_run_unix_ms.unwrap() > slot, "{long:?}");
+    pass(2_000).await;
+    // Waiting on the store may let the paused clock reach later slots; the
+    // one fired before the crash must never run again.
+    let long = info(&second, "long");
+    // The first kernel's own run of the slot may have finished and been
+    // recorded meanwhile; a second record of it would be a second firing.
+    let records = long.history.iter().filter(|r| r.at_unix_ms == slot).count();
+    assert!(
+        records <= 1,
+        "slot {slot} ran again after the restart: {long:?}"
+    );
+    assert_eq!(back, agent);
+    second.shutdown().await;
+    first.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_entries_are_refused_and_change_nothing() {
+    let (runtimes, _) = registry();
+    let kernel = Kernel::start(settings(), runtimes);
+    let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Lead).await;
+    let other = spawn_probe(&kernel, Pid::KERNEL, "other", Role::Agent).await;
+    let child = kernel
+        .spawn(
+            Caller::Admin,
+            hivekernel_tests::probe_request(agent, "child", Role::Worker),
+        )
+        .await
+        .unwrap();
+    let cases: Vec<(CronSpec, Caller, &str)> = vec![
+        (spec("", agent, "x"), Caller::Admin, "cron name"),
+        (
+            CronSpec {
+                expression: "* * *".into(),
+                ..spec("e", agent, "x")
+            },
+            Caller::Admin,
+            "got 3",
+        ),
+        (
+            CronSpec {
+                expression: "99 * * * *".into(),
+                ..spec("e", agent, "x")
+            },
+            Caller::Admin,
+            "cannot parse",
+        ),
+        (
+            CronSpec {
+                action: CronAction::Spawn,
+                ..spec("s", agent, "x")
+            },
+            Caller::Admin,
+            "needs a template",
+        ),
+        (
+            CronSpec {
+                action: CronAction::Spawn,
+                template: Some("ghost".into()),
+                ..spec("s", agent, "x")
+            },
+            Caller::Admin,
+            "unknown template \"ghost\"",
+        ),
+        (
+            spec("k", Pid::KERNEL, "x"),
+            Caller::Admin,
+            "aim at an agent",
+        ),
+        (spec("n", Pid(999), "x"), Caller::Admin, "999"),
+        (
+            spec("p", other, "x"),
+            Caller::Process(agent),
+            "only schedule cron",
+        ),
+    ];
+    for (spec, caller, says) in cases {
+        let err = kernel.add_cron(caller, spec.clone()).await.unwrap_err();
+        assert!(err.to_string().contains(says), "{spec:?}: {err}");
+    }
+    assert!(kernel.list_cron(Caller::Admin).is_empty());
+
+    // A process may schedule for its descendants; names are unique.
+    kernel
+        .add_cron(Caller::Process(agent), spec("mine", child, "x"))
+        .await
+        .unwrap();
+    let dup = kernel
+        .add_cron(Caller::Admin, spec("mine", agent, "y"))
+        .await
+        .unwrap_err();
+    assert!(dup.to_string().contains("already exists"), "{dup}");
+    assert_eq!(kernel.list_cron(Caller::Process(agent)).len(), 1);
+    assert!(kernel.list_cron(Caller::Process(other)).is_empty());
+    let denied = kernel
+        .remove_cron(Caller::Process(other), "mine")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(denied, KernelError::PermissionDenied(_)),
+        "{denied}"
+    );
+    let missing = kernel
+        .remove_cron(Caller::Admin, "ghost")
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, KernelError::NoSuchCron(_)), "{missing}");
+    kernel
+        .remove_cron(Caller::Process(agent), "mine")
+        .await
+        .unwrap();
+    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    kernel.shutdown().await;
+}
