@@ -110,6 +110,28 @@ impl TaskSpec {
     }
 }
 
+/// A cron entry as a process asks for it; action and policy names as in the
+/// config (empty takes the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CronRequest {
+    /// Unique name.
+    pub name: String,
+    /// The schedule: 5-field crontab, 6/7 fields with seconds, or `@daily`...
+    pub expression: String,
+    /// `execute`, `spawn` or `message`.
+    pub action: String,
+    /// Who it acts on; `None`: the caller.
+    pub target: Option<Pid>,
+    /// For `spawn`: a config template.
+    pub template: Option<String>,
+    /// The task or message text.
+    pub description: String,
+    /// `skip` or `allow`.
+    pub overlap: String,
+    /// `skip` or `run_once`.
+    pub missed: String,
+}
+
 /// The kernel operations available to a running process, acting as that process.
 #[async_trait]
 pub trait Syscalls: Send + Sync + fmt::Debug {
@@ -180,6 +202,33 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         Err(SyscallError::new(
             ErrorKind::FailedPrecondition,
             "this kernel does not let processes exit on their own",
+        ))
+    }
+
+    /// Adds a cron entry owned by this process, aimed at itself or a
+    /// descendant; answers the entry as the kernel shows it (JSON).
+    async fn schedule_cron(&self, request: CronRequest) -> Result<serde_json::Value, SyscallError> {
+        let _ = request;
+        Err(SyscallError::new(
+            ErrorKind::FailedPrecondition,
+            "this kernel has no cron",
+        ))
+    }
+
+    /// This process's cron entries (JSON), by name.
+    async fn list_cron(&self) -> Result<Vec<serde_json::Value>, SyscallError> {
+        Err(SyscallError::new(
+            ErrorKind::FailedPrecondition,
+            "this kernel has no cron",
+        ))
+    }
+
+    /// Removes one of this process's cron entries.
+    async fn remove_cron(&self, name: &str) -> Result<(), SyscallError> {
+        let _ = name;
+        Err(SyscallError::new(
+            ErrorKind::FailedPrecondition,
+            "this kernel has no cron",
         ))
     }
 

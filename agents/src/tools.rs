@@ -16,6 +16,7 @@ use crate::llm::ToolSchema;
 use crate::runtime::ProcessContext;
 
 mod args;
+pub mod cron;
 pub mod orchestrate;
 pub mod process;
 pub mod web;
@@ -106,6 +107,7 @@ impl ToolRegistry {
     pub fn configured(settings: &ToolSettings) -> Self {
         let mut registry = ToolRegistry::default();
         process::register(&mut registry);
+        cron::register(&mut registry);
         registry.register(Arc::new(orchestrate::Orchestrate::new(
             settings.orchestrate.clone(),
         )));

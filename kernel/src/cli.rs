@@ -15,6 +15,7 @@
 //! - `events`: `events`.
 
 mod client;
+mod cron;
 mod error;
 mod events;
 mod names;
@@ -66,6 +67,68 @@ pub enum Command {
     Wait(WaitArgs),
     /// Print kernel events: the retained ones, or a live stream with --follow.
     Events(EventsArgs),
+    /// List, add and remove cron entries.
+    #[command(subcommand)]
+    Cron(CronCommand),
+}
+
+/// `hivekernel cron ...`.
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// List cron entries with their next and last runs.
+    Ls {
+        /// One JSON array, with each entry's run history.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Add a cron entry; prints it.
+    Add(CronAddArgs),
+    /// Remove a cron entry added through the API.
+    Rm {
+        /// The entry's name.
+        name: String,
+        /// Print `{"removed": NAME}`.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// Arguments of `hivekernel cron add`.
+#[derive(Debug, Args)]
+pub struct CronAddArgs {
+    /// Unique name.
+    pub name: String,
+    /// 5-field crontab line, 6/7 fields with seconds (and a year), or @hourly, @daily, ...
+    pub expression: String,
+    /// The task or message text.
+    pub description: String,
+    /// The process it acts on: the task's or message's receiver, or the spawned agent's parent.
+    #[arg(long, value_name = "PID")]
+    pub target: u64,
+    /// execute, spawn or message
+    #[arg(long, default_value = "execute")]
+    pub action: String,
+    /// For spawn: a `templates` entry of the config.
+    #[arg(long)]
+    pub template: Option<String>,
+    /// skip or allow
+    #[arg(long, default_value = "skip")]
+    pub overlap: String,
+    /// skip or run_once
+    #[arg(long, default_value = "skip")]
+    pub missed: String,
+    /// Add it disabled.
+    #[arg(long)]
+    pub disabled: bool,
+    /// Print the entry as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// Arguments of `hivekernel start`.
@@ -282,6 +345,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Exec(args) => task::exec(args).await,
         Command::Send(args) => task::send(args).await,
         Command::Events(args) => events::events(args).await,
+        Command::Cron(command) => cron::run(command).await,
     }
 }
 

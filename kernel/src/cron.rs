@@ -115,6 +115,76 @@ fn enabled() -> bool {
     true
 }
 
+/// A spec's fields as text, the way gRPC and the cron tools spell them
+/// (empty action and policies take the defaults).
+#[derive(Debug, Clone)]
+pub struct CronText {
+    /// Unique name.
+    pub name: String,
+    /// The schedule.
+    pub expression: String,
+    /// `execute`, `spawn` or `message`.
+    pub action: String,
+    /// Who it acts on.
+    pub target: Pid,
+    /// For `spawn`.
+    pub template: Option<String>,
+    /// The task or message text.
+    pub description: String,
+    /// Whether it fires.
+    pub enabled: bool,
+    /// `skip` or `allow`.
+    pub overlap: String,
+    /// `skip` or `run_once`.
+    pub missed: String,
+}
+
+impl CronSpec {
+    /// Reads the names in `text`; an unknown one is an error naming the field
+    /// and the allowed values. The rest is checked when the entry is added.
+    pub fn from_text(text: CronText) -> Result<CronSpec, String> {
+        let action = match text.action.as_str() {
+            "" | "execute" => CronAction::Execute,
+            "spawn" => CronAction::Spawn,
+            "message" => CronAction::Message,
+            other => {
+                return Err(format!(
+                    "action: unknown {other:?} (expected execute, spawn or message)"
+                ));
+            }
+        };
+        let overlap = match text.overlap.as_str() {
+            "" | "skip" => Overlap::Skip,
+            "allow" => Overlap::Allow,
+            other => {
+                return Err(format!(
+                    "overlap: unknown {other:?} (expected skip or allow)"
+                ));
+            }
+        };
+        let missed = match text.missed.as_str() {
+            "" | "skip" => Missed::Skip,
+            "run_once" => Missed::RunOnce,
+            other => {
+                return Err(format!(
+                    "missed: unknown {other:?} (expected skip or run_once)"
+                ));
+            }
+        };
+        Ok(CronSpec {
+            name: text.name,
+            expression: text.expression,
+            action,
+            target: text.target,
+            template: text.template.filter(|t| !t.is_empty()),
+            description: text.description,
+            enabled: text.enabled,
+            overlap,
+            missed,
+        })
+    }
+}
+
 /// One run of an entry (or a slot it skipped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CronRun {

@@ -12,6 +12,7 @@
 
 mod attach;
 mod convert;
+mod cron;
 pub(crate) mod enums;
 mod service;
 mod status;

@@ -6,10 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
-    ExitRecord, MessageId, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest, SyscallError,
-    Syscalls, TaskReply, TaskSpec,
+    CronRequest, ErrorKind, ExitRecord, MessageId, Outgoing, Pid, ProcessInfo, RequestId,
+    SpawnRequest, SyscallError, Syscalls, TaskReply, TaskSpec,
 };
 
+use crate::cron::{CronSpec, CronText};
 use crate::error::KernelError;
 use crate::kernel::{Caller, Inner, Kernel};
 
@@ -78,6 +79,35 @@ impl Syscalls for KernelSyscalls {
 
     async fn exit(&self, code: i32, reason: &str) -> Result<(), SyscallError> {
         Ok(self.kernel()?.exit_process(self.pid, code, reason).await?)
+    }
+
+    async fn schedule_cron(&self, request: CronRequest) -> Result<serde_json::Value, SyscallError> {
+        let spec = CronSpec::from_text(CronText {
+            name: request.name,
+            expression: request.expression,
+            action: request.action,
+            target: request.target.unwrap_or(self.pid),
+            template: request.template,
+            description: request.description,
+            enabled: true,
+            overlap: request.overlap,
+            missed: request.missed,
+        })
+        .map_err(|why| SyscallError::new(ErrorKind::InvalidArgument, why))?;
+        let info = self.kernel()?.add_cron(self.caller(), spec).await?;
+        Ok(serde_json::to_value(info).unwrap_or_default())
+    }
+
+    async fn list_cron(&self) -> Result<Vec<serde_json::Value>, SyscallError> {
+        let infos = self.kernel()?.list_cron(self.caller());
+        Ok(infos
+            .into_iter()
+            .map(|info| serde_json::to_value(info).unwrap_or_default())
+            .collect())
+    }
+
+    async fn remove_cron(&self, name: &str) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.remove_cron(self.caller(), name).await?)
     }
 
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {

@@ -265,3 +265,63 @@ fn a_second_kernel_on_the_same_data_directory_is_refused() {
     // The first kernel is untouched.
     assert_eq!(kernel.ps().len(), 3);
 }
+
+#[test]
+fn cron_entries_added_with_the_cli_run_and_survive_kill_9() {
+    let mut kernel = Kernel::start();
+    let helper = kernel.pid_of("helper").to_string();
+    let added = kernel
+        .cli(&[
+            "cron",
+            "add",
+            "beat",
+            "* * * * * *",
+            "ping",
+            "--target",
+            &helper,
+            "--json",
+        ])
+        .json();
+    assert_eq!(added["name"], "beat");
+    assert_eq!(added["source"], "api");
+    assert!(added["next_run_unix_ms"].as_u64().unwrap() > 0);
+
+    let bad = kernel.cli(&["cron", "add", "bad", "* * *", "x", "--target", &helper]);
+    assert!(bad.failed(1).contains("got 3"), "{bad:#?}");
+
+    let runs = |kernel: &Kernel| -> Vec<Value> {
+        match kernel.cli(&["cron", "ls", "--json"]).json() {
+            Value::Array(entries) => entries,
+            other => panic!("not an array: {other}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        let entries = runs(&kernel);
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let done = entries[0]["runs"].as_u64().unwrap();
+        if done >= 1 {
+            assert_eq!(entries[0]["history"][0]["status"], "ok");
+            assert_eq!(entries[0]["history"][0]["output"], "ping");
+            break done;
+        }
+        assert!(Instant::now() < deadline, "no run in 10 s: {entries:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let table = kernel.cli(&["cron", "ls"]);
+    assert!(table.ok().starts_with("NAME"), "{table:#?}");
+    assert!(table.ok().contains("beat"), "{table:#?}");
+
+    kernel.kill_9();
+    kernel.restart();
+    let entries = runs(&kernel);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0]["runs"].as_u64().unwrap() >= before);
+    assert_eq!(entries[0]["target"].as_u64(), Some(helper.parse().unwrap()));
+
+    let removed = kernel.cli(&["cron", "rm", "beat", "--json"]).json();
+    assert_eq!(removed["removed"], "beat");
+    assert!(runs(&kernel).is_empty());
+    let again = kernel.cli(&["cron", "rm", "beat"]);
+    assert!(again.failed(1).contains("no cron entry"), "{again:#?}");
+}

@@ -343,3 +343,106 @@ async fn bad_entries_are_refused_and_change_nothing() {
     assert!(kernel.list_cron(Caller::Admin).is_empty());
     kernel.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
+    use hivekernel_agents::tools::{ToolContext, ToolRegistry};
+    use serde_json::json;
+
+    let (kernel, process) = hivekernel_tests::capture::captured_process("planner").await;
+    let tools = ToolRegistry::builtin();
+    let call = |tool: &'static str, args: serde_json::Value| {
+        let tools = &tools;
+        let process = &process;
+        async move {
+            let ctx = ToolContext {
+                process,
+                workspace: None,
+            };
+            tools.get(tool).unwrap().call(&ctx, args).await
+        }
+    };
+    let scheduled = call(
+        "schedule_cron",
+        json!({"name": "nightly", "expression": "0 3 * * *", "task": "tidy up"}),
+    )
+    .await
+    .unwrap();
+    assert!(scheduled.starts_with("scheduled nightly"), "{scheduled}");
+    let entries = kernel.list_cron(Caller::Admin);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].owner, process.pid);
+    assert_eq!(entries[0].spec.target, process.pid);
+
+    let listed: serde_json::Value =
+        serde_json::from_str(&call("list_cron", json!({})).await.unwrap()).unwrap();
+    assert_eq!(listed[0]["name"], "nightly");
+    assert_eq!(listed[0]["pid"], process.pid.0);
+
+    for (args, says) in [
+        (
+            json!({"name": "x", "expression": "* *", "task": "t"}),
+            "got 2",
+        ),
+        (
+            json!({"name": "x", "expression": "@daily", "task": "t", "pid": 1}),
+            "aim at an agent",
+        ),
+        (
+            json!({"name": "x", "expression": "@daily", "task": "t", "action": "launch"}),
+            "action",
+        ),
+        (json!({"name": "x", "expression": "@daily"}), "task"),
+        (
+            json!({"name": "nightly", "expression": "@daily", "task": "t"}),
+            "already exists",
+        ),
+    ] {
+        let err = call("schedule_cron", args.clone()).await.unwrap_err();
+        assert!(err.to_string().contains(says), "{args}: {err}");
+    }
+    assert_eq!(kernel.list_cron(Caller::Admin).len(), 1);
+
+    assert_eq!(
+        call("remove_cron", json!({"name": "nightly"}))
+            .await
+            .unwrap(),
+        "removed nightly"
+    );
+    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    let gone = call("remove_cron", json!({"name": "nightly"}))
+        .await
+        .unwrap_err();
+    assert!(gone.to_string().contains("no cron entry"), "{gone}");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_spawn_action_runs_a_fresh_agent_from_a_template_and_reaps_it() {
+    let (runtimes, _) = registry();
+    let kernel = Kernel::start(settings(), runtimes);
+    let lead = spawn_probe(&kernel, Pid::KERNEL, "lead", Role::Lead).await;
+    let template = hivekernel_tests::probe_request(Pid::KERNEL, "checker", Role::Task);
+    kernel.set_cron_templates([("checker".to_owned(), template)].into());
+    let mut entry = spec("audit", lead, "all clear");
+    entry.action = CronAction::Spawn;
+    entry.template = Some("checker".into());
+    kernel.add_cron(Caller::Admin, entry).await.unwrap();
+
+    pass(25_000).await;
+    let audit = info(&kernel, "audit");
+    assert!(audit.runs >= 2, "{audit:?}");
+    assert!(
+        audit
+            .history
+            .iter()
+            .all(|r| r.status == "ok" && r.output == "all clear"),
+        "{audit:?}"
+    );
+    let left = kernel
+        .list_processes(Caller::Admin, lead, None)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1, "spawned agents left behind: {left:?}");
+    kernel.shutdown().await;
+}

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert};
+use super::{attach, convert, cron};
 use crate::kernel::{Caller, Kernel};
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
@@ -156,6 +156,32 @@ impl KernelRpc for KernelService {
             since,
             subscription,
         )))
+    }
+
+    async fn add_cron(&self, request: Request<pb::CronSpec>) -> Rpc<pb::CronEntry> {
+        let caller = caller(&request)?;
+        let spec = cron::spec(caller, request.into_inner())?;
+        let info = self.kernel.add_cron(caller, spec).await?;
+        Ok(Response::new(cron::entry(info)))
+    }
+
+    async fn remove_cron(
+        &self,
+        request: Request<pb::RemoveCronRequest>,
+    ) -> Rpc<pb::RemoveCronResponse> {
+        let caller = caller(&request)?;
+        self.kernel
+            .remove_cron(caller, &request.get_ref().name)
+            .await?;
+        Ok(Response::new(pb::RemoveCronResponse {}))
+    }
+
+    async fn list_cron(&self, request: Request<pb::ListCronRequest>) -> Rpc<pb::ListCronResponse> {
+        let caller = caller(&request)?;
+        let entries = self.kernel.list_cron(caller);
+        Ok(Response::new(pb::ListCronResponse {
+            entries: entries.into_iter().map(cron::entry).collect(),
+        }))
     }
 
     type AttachStream = attach::AttachStream;

@@ -1,0 +1,177 @@
+//! `schedule_cron`, `list_cron` and `remove_cron`: an agent's own schedules.
+//!
+//! They act through `Syscalls`, so an agent may aim an entry only at itself
+//! or a descendant, and sees and removes only its own entries.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Tool, ToolContext, ToolError, ToolRegistry, decode};
+use crate::process::Pid;
+use crate::syscalls::CronRequest;
+
+/// Adds the three cron tools.
+pub fn register(registry: &mut ToolRegistry) {
+    registry.register(Arc::new(ScheduleCron));
+    registry.register(Arc::new(ListCron));
+    registry.register(Arc::new(RemoveCron));
+}
+
+/// Adds a cron entry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScheduleCron;
+
+/// Lists the caller's cron entries.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListCron;
+
+/// Removes one of the caller's cron entries.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RemoveCron;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleArgs {
+    name: String,
+    expression: String,
+    task: String,
+    action: Option<String>,
+    pid: Option<u64>,
+    template: Option<String>,
+    overlap: Option<String>,
+    missed: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveArgs {
+    name: String,
+}
+
+fn refused(err: crate::syscalls::SyscallError) -> ToolError {
+    ToolError::new(err.message)
+}
+
+#[async_trait]
+impl Tool for ScheduleCron {
+    fn name(&self) -> &'static str {
+        "schedule_cron"
+    }
+
+    fn description(&self) -> &'static str {
+        "Schedule a recurring task, spawn or message (cron expression, UTC) for yourself or a descendant."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": { "type": "string", "description": "Unique name of the entry." },
+                "expression": { "type": "string", "description": "5-field crontab line (e.g. \"*/15 * * * *\"), 6 fields with seconds first, or @hourly/@daily." },
+                "task": { "type": "string", "description": "The task (or message) text." },
+                "action": { "type": "string", "enum": ["execute", "spawn", "message"], "description": "execute (default): run the task on pid; spawn: start an agent from a template under pid and run it there; message: send the text to pid." },
+                "pid": { "type": "integer", "minimum": 2, "description": "Yourself (default) or a descendant." },
+                "template": { "type": "string", "description": "For spawn: a template name from the config." },
+                "overlap": { "type": "string", "enum": ["skip", "allow"], "description": "A slot that comes while the last run still goes on: skip (default) or allow." },
+                "missed": { "type": "string", "enum": ["skip", "run_once"], "description": "Slots missed while the kernel was down: skip (default) or run_once." }
+            },
+            "required": ["name", "expression", "task"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
+        let args: ScheduleArgs = decode(self, args)?;
+        let request = CronRequest {
+            name: args.name,
+            expression: args.expression,
+            action: args.action.unwrap_or_default(),
+            target: args.pid.map(Pid),
+            template: args.template,
+            description: args.task,
+            overlap: args.overlap.unwrap_or_default(),
+            missed: args.missed.unwrap_or_default(),
+        };
+        let entry = ctx
+            .process
+            .syscalls
+            .schedule_cron(request)
+            .await
+            .map_err(refused)?;
+        Ok(format!(
+            "scheduled {}; next run at {} (Unix ms)",
+            entry["name"].as_str().unwrap_or_default(),
+            entry["next_run_unix_ms"]
+        ))
+    }
+}
+
+#[async_trait]
+impl Tool for ListCron {
+    fn name(&self) -> &'static str {
+        "list_cron"
+    }
+
+    fn description(&self) -> &'static str {
+        "List your cron entries with their next run and latest runs."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({ "type": "object", "properties": {}, "additionalProperties": false })
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
+        let _: serde_json::Map<String, Value> = decode(self, args)?;
+        let entries = ctx.process.syscalls.list_cron().await.map_err(refused)?;
+        let summaries: Vec<Value> = entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "name": e["name"],
+                    "expression": e["expression"],
+                    "action": e["action"],
+                    "pid": e["target"],
+                    "task": e["description"],
+                    "next_run_unix_ms": e["next_run_unix_ms"],
+                    "runs": e["runs"],
+                    "last": e["history"].as_array().and_then(|h| h.last()).cloned(),
+                })
+            })
+            .collect();
+        serde_json::to_string(&summaries)
+            .map_err(|err| ToolError::new(format!("cannot encode answer: {err}")))
+    }
+}
+
+#[async_trait]
+impl Tool for RemoveCron {
+    fn name(&self) -> &'static str {
+        "remove_cron"
+    }
+
+    fn description(&self) -> &'static str {
+        "Remove one of your cron entries by name."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": { "name": { "type": "string", "description": "The entry's name." } },
+            "required": ["name"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
+        let args: RemoveArgs = decode(self, args)?;
+        ctx.process
+            .syscalls
+            .remove_cron(&args.name)
+            .await
+            .map_err(refused)?;
+        Ok(format!("removed {}", args.name))
+    }
+}

@@ -1,0 +1,161 @@
+//! `cron ls`, `cron add` and `cron rm`.
+
+use std::fmt::Write as _;
+
+use hivekernel_proto::v1::{CronEntry, CronSpec, ListCronRequest, RemoveCronRequest};
+use serde_json::{Value, json};
+
+use super::client::Session;
+use super::{CliError, CronAddArgs, CronCommand, output};
+
+/// Runs one `cron` subcommand.
+pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
+    match command {
+        CronCommand::Ls { json, client } => {
+            let mut session = Session::connect(&client).await?;
+            let entries = session
+                .client
+                .list_cron(ListCronRequest {})
+                .await
+                .map_err(|status| session.error(status))?
+                .into_inner()
+                .entries;
+            if json {
+                let all: Vec<Value> = entries.iter().map(entry_json).collect();
+                output::print(&output::line(&Value::Array(all).to_string()))
+            } else {
+                output::print(&table(&entries))
+            }
+        }
+        CronCommand::Add(args) => add(args).await,
+        CronCommand::Rm { name, json, client } => {
+            let mut session = Session::connect(&client).await?;
+            session
+                .client
+                .remove_cron(RemoveCronRequest { name: name.clone() })
+                .await
+                .map_err(|status| session.error(status))?;
+            if json {
+                output::print(&output::line(&json!({ "removed": name }).to_string()))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn add(args: CronAddArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let spec = CronSpec {
+        name: args.name,
+        expression: args.expression,
+        action: args.action,
+        target: args.target,
+        template: args.template.unwrap_or_default(),
+        description: args.description,
+        disabled: args.disabled,
+        overlap: args.overlap,
+        missed: args.missed,
+    };
+    let entry = session
+        .client
+        .add_cron(spec)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    if args.json {
+        output::print(&output::line(&entry_json(&entry).to_string()))
+    } else {
+        output::print(&table(&[entry]))
+    }
+}
+
+/// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry.
+fn table(entries: &[CronEntry]) -> String {
+    let mut rows = vec![
+        [
+            "NAME", "SCHEDULE", "ACTION", "TARGET", "NEXT", "LAST", "STATUS", "RUNS",
+        ]
+        .map(str::to_owned),
+    ];
+    for entry in entries {
+        let spec = entry.spec.clone().unwrap_or_default();
+        let time = |ms: u64| {
+            if ms == 0 {
+                "-".to_owned()
+            } else {
+                output::rfc3339_utc(ms)
+            }
+        };
+        let status = match (&entry.history.last(), entry.running, spec.disabled) {
+            (_, _, true) => "disabled".to_owned(),
+            (_, true, _) => "running".to_owned(),
+            (Some(run), _, _) => run.status.clone(),
+            (None, _, _) => "-".to_owned(),
+        };
+        rows.push([
+            spec.name,
+            spec.expression,
+            spec.action,
+            spec.target.to_string(),
+            time(entry.next_run_unix_ms),
+            time(entry.last_run_unix_ms),
+            status,
+            entry.runs.to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|col| {
+            rows.iter()
+                .map(|r| r[col].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (col, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<width$}  ", width = widths[col]);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn entry_json(entry: &CronEntry) -> Value {
+    let spec = entry.spec.clone().unwrap_or_default();
+    let history: Vec<Value> = entry
+        .history
+        .iter()
+        .map(|run| {
+            json!({
+                "at_unix_ms": run.at_unix_ms,
+                "status": run.status,
+                "duration_ms": run.duration_ms,
+                "output": run.output,
+            })
+        })
+        .collect();
+    let some = |ms: u64| (ms != 0).then_some(ms);
+    json!({
+        "name": spec.name,
+        "expression": spec.expression,
+        "action": spec.action,
+        "target": spec.target,
+        "template": (!spec.template.is_empty()).then_some(&spec.template),
+        "description": spec.description,
+        "enabled": !spec.disabled,
+        "overlap": spec.overlap,
+        "missed": spec.missed,
+        "owner": entry.owner,
+        "source": entry.source,
+        "next_run_unix_ms": some(entry.next_run_unix_ms),
+        "last_run_unix_ms": some(entry.last_run_unix_ms),
+        "created_unix_ms": entry.created_unix_ms,
+        "runs": entry.runs,
+        "running": entry.running,
+        "history": history,
+    })
+}
