@@ -3,7 +3,7 @@
 //! a restart, finds its memory again) and recalls by full-text search.
 //!
 //! Recall runs an FTS5 query over the text and tags of the caller's entries,
-//! ranked by bm25 (tags weigh double; words are stemmed, so `deploying`
+//! ranked by bm25 (words are stemmed, so `deploying`
 //! finds `deploy`). The query is never handed to FTS5 as written: it is cut
 //! into words (letters and digits), each word becomes a quoted FTS5 string,
 //! and the strings are joined with `OR`, so no input can be an FTS5 operator

@@ -96,7 +96,7 @@ fn hit(row: &Row<'_>) -> rusqlite::Result<MemoryHit> {
 
 impl Store {
     /// `pid`'s entries matching the FTS5 expression `query`, best first
-    /// (bm25, tags weighing double); without a query, the newest entries.
+    /// (bm25); without a query, the newest entries.
     pub(crate) async fn recall(
         &self,
         pid: Pid,
@@ -110,7 +110,7 @@ impl Store {
                 Some(query) => {
                     let mut stmt = conn.prepare_cached(
                         "SELECT m.id, m.key, m.text, m.tags, m.created_ms, m.updated_ms,
-                                bm25(memory_fts, 1.0, 2.0) AS rank
+                                bm25(memory_fts) AS rank
                          FROM memory_fts JOIN memory m ON m.id = memory_fts.rowid
                          WHERE memory_fts MATCH ?1 AND m.pid = ?2
                          ORDER BY rank, m.id DESC
