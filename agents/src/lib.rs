@@ -8,6 +8,8 @@
 //! - [`process`]: PIDs, roles, tiers, states, limits, spawn requests, exit records.
 //! - [`message`]: priorities, message and task envelopes as a runtime sees them.
 //! - [`supervision`]: restart policies and specs, supervision strategies.
+//! - [`artifact`]: artifacts (named blobs with an owner and a visibility) as processes see them.
+//! - [`memory`]: agent memory entries and recall hits.
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
@@ -15,8 +17,10 @@
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
+pub mod artifact;
 pub mod echo;
 pub mod llm;
+pub mod memory;
 pub mod message;
 pub mod process;
 pub mod runtime;
@@ -25,6 +29,8 @@ pub mod syscalls;
 pub mod tool_agent;
 pub mod tools;
 
+pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
+pub use memory::{MemoryEntry, MemoryHit, NewMemory};
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
     ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState,

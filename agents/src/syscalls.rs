@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact};
 use crate::llm::{ChatRequest, ChatResponse, LlmError};
+use crate::memory::{MemoryEntry, MemoryHit, NewMemory};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
 use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
 
@@ -241,4 +243,56 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
             "this kernel has no model provider configured".into(),
         ))
     }
+
+    /// Stores an artifact owned by this process, replacing its artifact of
+    /// the same name; returns once committed. The default refuses.
+    async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {
+        let _ = artifact;
+        Err(no_store("artifacts"))
+    }
+
+    /// An artifact this process may read, with its content. The default refuses.
+    async fn get_artifact(&self, id: ArtifactId) -> Result<Artifact, SyscallError> {
+        let _ = id;
+        Err(no_store("artifacts"))
+    }
+
+    /// The artifacts this process may read, newest first, optionally only
+    /// `owner`'s. The default refuses.
+    async fn list_artifacts(&self, owner: Option<Pid>) -> Result<Vec<ArtifactInfo>, SyscallError> {
+        let _ = owner;
+        Err(no_store("artifacts"))
+    }
+
+    /// Deletes an artifact this process or one of its descendants owns. The default refuses.
+    async fn delete_artifact(&self, id: ArtifactId) -> Result<(), SyscallError> {
+        let _ = id;
+        Err(no_store("artifacts"))
+    }
+
+    /// Remembers `entry` in this process's own memory; returns once
+    /// committed. The default refuses.
+    async fn memory_store(&self, entry: NewMemory) -> Result<MemoryEntry, SyscallError> {
+        let _ = entry;
+        Err(no_store("memory"))
+    }
+
+    /// The entries of this process's memory that best match `query`, best
+    /// first, at most `limit` (the kernel's default when `None`). The default refuses.
+    async fn memory_recall(
+        &self,
+        query: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<MemoryHit>, SyscallError> {
+        let _ = (query, limit);
+        Err(no_store("memory"))
+    }
+}
+
+/// The refusal of a kernel that keeps nothing on disk.
+fn no_store(what: &str) -> SyscallError {
+    SyscallError::new(
+        ErrorKind::FailedPrecondition,
+        format!("this kernel has no store, so it keeps no {what}"),
+    )
 }

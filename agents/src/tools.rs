@@ -14,9 +14,12 @@ use async_trait::async_trait;
 
 use crate::llm::ToolSchema;
 use crate::runtime::ProcessContext;
+use crate::syscalls::SyscallError;
 
 mod args;
+pub mod artifacts;
 pub mod cron;
+pub mod memory;
 pub mod orchestrate;
 pub mod process;
 pub mod web;
@@ -82,6 +85,17 @@ pub trait Tool: Send + Sync + fmt::Debug {
     }
 }
 
+/// The kernel's refusal, as the model sees it.
+pub(crate) fn refused(err: SyscallError) -> ToolError {
+    ToolError::new(err.message)
+}
+
+/// `value` as compact JSON.
+pub(crate) fn to_json(value: &impl serde::Serialize) -> Result<String, ToolError> {
+    serde_json::to_string(value)
+        .map_err(|err| ToolError::new(format!("cannot encode answer: {err}")))
+}
+
 /// What the configurable built-in tools need from config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolSettings {
@@ -113,6 +127,8 @@ impl ToolRegistry {
         )));
         workspace::register(&mut registry);
         web::register(&mut registry, settings.web.clone());
+        artifacts::register(&mut registry);
+        memory::register(&mut registry);
         registry
     }
 

@@ -13,7 +13,9 @@
 //! - `process`: `ps`, `spawn`, `kill`, `wait`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
+//! - `artifacts`: `artifacts ls | put | get | rm`.
 
+mod artifacts;
 mod client;
 mod cron;
 mod error;
@@ -28,7 +30,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use hivekernel_agents::{Priority, RestartPolicy, Role, Strategy, Tier};
+use hivekernel_agents::{Priority, RestartPolicy, Role, Strategy, Tier, Visibility};
 
 pub use error::CliError;
 
@@ -70,6 +72,9 @@ pub enum Command {
     /// List, add and remove cron entries.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Store, list, read and delete artifacts.
+    #[command(subcommand)]
+    Artifacts(ArtifactsCommand),
 }
 
 /// `hivekernel cron ...`.
@@ -333,6 +338,75 @@ pub struct EventsArgs {
     pub client: ClientArgs,
 }
 
+/// `hivekernel artifacts ...`.
+#[derive(Debug, Subcommand)]
+pub enum ArtifactsCommand {
+    /// List artifacts, newest first (the admin sees every one): a table, or JSON.
+    Ls(ArtifactsLsArgs),
+    /// Store FILE (or stdin, with -) as artifact NAME; prints its id. Storing
+    /// a name the owner already has replaces that artifact.
+    Put(ArtifactsPutArgs),
+    /// Write an artifact's content, byte for byte, to stdout or to a file.
+    Get(ArtifactsGetArgs),
+    /// Delete an artifact.
+    Rm(ArtifactsRmArgs),
+}
+
+/// Arguments of `hivekernel artifacts ls`.
+#[derive(Debug, Args)]
+pub struct ArtifactsLsArgs {
+    /// Only this process's artifacts.
+    #[arg(long, value_name = "PID")]
+    pub owner: Option<u64>,
+    /// Print one JSON array of artifact objects.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel artifacts put`.
+#[derive(Debug, Args)]
+pub struct ArtifactsPutArgs {
+    /// The artifact's name (unique per owner).
+    pub name: String,
+    /// The file to store, or - for stdin.
+    #[arg(value_name = "FILE|-")]
+    pub file: PathBuf,
+    /// Store it as this process's [default: PID 1, the kernel]
+    #[arg(long, value_name = "PID")]
+    pub owner: Option<u64>,
+    /// MIME type [default: text/plain]
+    #[arg(long = "type", value_name = "TYPE")]
+    pub content_type: Option<String>,
+    /// Who may read it: private, user, subtree or global [default: user]
+    #[arg(long)]
+    pub visibility: Option<Visibility>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel artifacts get`.
+#[derive(Debug, Args)]
+pub struct ArtifactsGetArgs {
+    /// The artifact's id.
+    pub id: u64,
+    /// Write the content to this file instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel artifacts rm`.
+#[derive(Debug, Args)]
+pub struct ArtifactsRmArgs {
+    /// The artifact's id.
+    pub id: u64,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 /// Runs one command; the caller turns an error into its exit code.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
@@ -346,6 +420,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Send(args) => task::send(args).await,
         Command::Events(args) => events::events(args).await,
         Command::Cron(command) => cron::run(command).await,
+        Command::Artifacts(ArtifactsCommand::Ls(args)) => artifacts::ls(args).await,
+        Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
+        Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
+        Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
     }
 }
 

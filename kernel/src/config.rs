@@ -9,12 +9,14 @@
 //! Layout: `parse` (phase 1: JSON into raw structs), `validate` (phase 2:
 //! semantic checks and path resolution), `model` (both phases for the `llm`
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
-//! the restart specs and strategies of roles and agents).
+//! the restart specs and strategies of roles and agents), `storage` (both
+//! phases for `kernel.artifacts` and `kernel.memory`).
 
 mod cron;
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
+mod storage;
 mod supervision;
 mod validate;
 
@@ -135,6 +137,10 @@ pub struct KernelSettings {
     pub synchronous: crate::store::Synchronous,
     /// Defaults per role (the `roles` section); a role not listed has none.
     pub roles: HashMap<Role, RoleSettings>,
+    /// Size limits on artifacts (`kernel.artifacts`).
+    pub artifacts: crate::ArtifactSettings,
+    /// Size limits on agent memory (`kernel.memory`).
+    pub memory: crate::MemorySettings,
 }
 
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
@@ -172,6 +178,8 @@ impl Default for KernelSettings {
             synchronous: Default::default(),
             workspace: None,
             roles: HashMap::new(),
+            artifacts: Default::default(),
+            memory: Default::default(),
         }
     }
 }

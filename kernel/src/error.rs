@@ -94,6 +94,15 @@ pub enum KernelError {
     /// No answer before the deadline.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// No artifact with this id, or none the caller may see.
+    #[error("artifact {0} not found")]
+    ArtifactNotFound(hivekernel_agents::ArtifactId),
+    /// A size limit from config stands in the way; the message names it.
+    #[error("{0}")]
+    LimitExceeded(String),
+    /// The kernel keeps nothing on disk, so it cannot keep this.
+    #[error("this kernel has no store, so it keeps no {0}; start it with a data directory")]
+    NoStore(&'static str),
     /// The kernel is shutting down.
     #[error("kernel is shutting down")]
     ShuttingDown,
@@ -110,13 +119,18 @@ impl KernelError {
     pub fn kind(&self) -> ErrorKind {
         use KernelError::*;
         match self {
-            NotFound(_) | TaskNotPending { .. } | NoSuchCron(_) => ErrorKind::NotFound,
+            NotFound(_) | TaskNotPending { .. } | NoSuchCron(_) | ArtifactNotFound(_) => {
+                ErrorKind::NotFound
+            }
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,
-            TooManyChildren { .. } | MailboxFull { .. } | DepthExceeded { .. } => {
-                ErrorKind::ResourceExhausted
+            TooManyChildren { .. }
+            | MailboxFull { .. }
+            | DepthExceeded { .. }
+            | LimitExceeded(_) => ErrorKind::ResourceExhausted,
+            ParentNotAlive { .. } | FailedPrecondition(_) | NoStore(_) => {
+                ErrorKind::FailedPrecondition
             }
-            ParentNotAlive { .. } | FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             TierAboveParent { .. } | RoleMayNotSpawn { .. } | LimitExceedsParent { .. } => {
                 ErrorKind::PermissionDenied
             }

@@ -64,7 +64,10 @@ pub async fn serve(
             authenticate(&auth, request)
         }))
         .add_service(health_service)
-        .add_service(KernelServer::new(KernelService::new(kernel, drain.clone())))
+        .add_service(
+            KernelServer::new(KernelService::new(kernel.clone(), drain.clone()))
+                .max_decoding_message_size(max_request_bytes(&kernel)),
+        )
         .add_optional_service(reflection_v1())
         .add_optional_service(reflection_v1alpha());
 
@@ -102,6 +105,14 @@ pub async fn serve(
             Ok(())
         }
     }
+}
+
+/// Largest request the server decodes: tonic's 4 MiB default, or more
+/// when the largest artifact allowed (plus room for its other fields) needs it.
+fn max_request_bytes(kernel: &Kernel) -> usize {
+    const DEFAULT: usize = 4 << 20;
+    let artifact = usize::try_from(kernel.settings().artifacts.max_bytes).unwrap_or(usize::MAX);
+    artifact.saturating_add(64 << 10).max(DEFAULT)
 }
 
 /// The authentication layer's check: replaces the credential with the caller it names.

@@ -16,9 +16,12 @@
 //! - `restore`: coming back after a restart: config agents keep their PIDs.
 //! - `state`: per-process durable values (a daemon's conversation).
 //! - [`cron`]: schedules that run tasks, spawn agents from templates or send messages.
+//! - `artifacts`: named blobs with an owner, a content type and a visibility.
+//! - `memory`: agent memory, a namespace per process with full-text recall.
 //! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
 //! - [`events`]: typed, sequenced kernel events with replay.
-//! - [`store`]: the SQLite store: events, processes, pending messages, counters.
+//! - [`store`]: the SQLite store: events, processes, pending messages, counters,
+//!   artifacts, agent memory.
 //! - [`runtime`]: the runtime registry and the per-process runner.
 //! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
@@ -28,6 +31,7 @@
 //! - [`cli`]: the `hivekernel` command line.
 //! - [`error`]: the [`KernelError`] type.
 
+mod artifacts;
 pub mod auth;
 pub mod cli;
 pub mod config;
@@ -41,6 +45,7 @@ pub mod grpc;
 pub mod kernel;
 pub mod llm;
 mod mailbox;
+mod memory;
 mod process;
 mod restore;
 mod router;
@@ -51,9 +56,17 @@ pub mod store;
 mod supervisor;
 mod syscalls;
 
+pub use artifacts::{
+    ArtifactSettings, DEFAULT_CONTENT_TYPE, MAX_ARTIFACT_NAME_BYTES, MAX_CONTENT_TYPE_BYTES,
+    MAX_LISTED_ARTIFACTS,
+};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
 pub use kernel::{Caller, Kernel};
+pub use memory::{
+    DEFAULT_RECALL_LIMIT, MAX_MEMORY_KEY_BYTES, MAX_MEMORY_TAG_BYTES, MAX_MEMORY_TAGS,
+    MAX_QUERY_WORDS, MemorySettings,
+};
 pub use restore::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;

@@ -182,6 +182,18 @@ impl ProcessTable {
         a.depth < p.depth && self.ancestor_at(pid, a.depth) == Some(ancestor)
     }
 
+    /// The PIDs from PID 1 down to `pid`, both included; `None` if `pid` is not in the table.
+    pub(crate) fn lineage(&self, pid: Pid) -> Option<Vec<Pid>> {
+        let mut line = vec![pid];
+        let mut entry = self.get(pid)?;
+        while entry.depth > 0 {
+            line.push(entry.ppid);
+            entry = self.get(entry.ppid)?;
+        }
+        line.reverse();
+        Some(line)
+    }
+
     /// The ancestor of `pid` (or `pid` itself) at `depth`, walking up the tree.
     fn ancestor_at(&self, pid: Pid, depth: u32) -> Option<Pid> {
         let mut cur = pid;

@@ -17,8 +17,10 @@
 //! a commit also survives a power loss.
 //!
 //! Layout: `schema` (migrations), `writer` (the writer thread), `recover`
-//! (what a restart reads back).
+//! (what a restart reads back), `artifacts` and `memory` (their tables).
 
+mod artifacts;
+mod memory;
 mod recover;
 mod schema;
 mod writer;
@@ -27,13 +29,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hivekernel_agents::{MessageId, Pid, RequestId};
+use hivekernel_agents::{ArtifactId, MessageId, Pid, RequestId};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::events::Event;
 
+pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
+pub(crate) use memory::MemoryWrite;
 pub use recover::{Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest};
 
 /// File name of the database inside the data directory.
@@ -172,11 +176,31 @@ pub(crate) enum Write {
         name: String,
         run: crate::cron::CronRun,
     },
+    /// An artifact, replacing its owner's artifact of the same name, unless
+    /// the owner's artifacts would pass their limit ([`Applied::Refused`]).
+    Artifact(Box<ArtifactWrite>),
+    /// An artifact is deleted.
+    ArtifactDeleted(ArtifactId),
+    /// A memory entry, replacing the namespace's entry with the same key,
+    /// unless the namespace would pass its limit ([`Applied::Refused`]).
+    Memory(Box<MemoryWrite>),
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
 }
 
-type Ack = oneshot::Sender<Result<(), StoreError>>;
+/// What a committed write did, for the writes whose caller needs more than "committed".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// Written.
+    Done,
+    /// Written under `id` (a new row, or the one it replaced, first written at `created_ms`).
+    Stored { id: u64, created_ms: u64 },
+    /// Refused by a check inside the transaction; nothing was written, and
+    /// the rest of the batch is not affected.
+    Refused(String),
+}
+
+type Ack = oneshot::Sender<Result<Applied, StoreError>>;
 
 /// What the writer takes from the queue.
 #[derive(Debug)]
@@ -266,6 +290,15 @@ impl Store {
         &self,
         write: Write,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + use<> {
+        let applied = self.commit_applied(write);
+        async move { applied.await.map(drop) }
+    }
+
+    /// [`Store::commit`], answering what the write did.
+    pub(crate) fn commit_applied(
+        &self,
+        write: Write,
+    ) -> impl Future<Output = Result<Applied, StoreError>> + Send + use<> {
         let (tx, rx) = oneshot::channel();
         let queued = self.enqueue(std::iter::once(Op {
             write,

@@ -6,8 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
-    CronRequest, ErrorKind, ExitRecord, MessageId, Outgoing, Pid, ProcessInfo, RequestId,
-    SpawnRequest, SyscallError, Syscalls, TaskReply, TaskSpec,
+    Artifact, ArtifactId, ArtifactInfo, CronRequest, ErrorKind, ExitRecord, MemoryEntry, MemoryHit,
+    MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
+    SyscallError, Syscalls, TaskReply, TaskSpec,
 };
 
 use crate::cron::{CronSpec, CronText};
@@ -159,6 +160,43 @@ impl Syscalls for KernelSyscalls {
         Ok(self
             .kernel()?
             .list_processes(self.caller(), root, max_depth)
+            .await?)
+    }
+
+    async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {
+        Ok(self
+            .kernel()?
+            .store_artifact(self.caller(), None, artifact)
+            .await?)
+    }
+
+    async fn get_artifact(&self, id: ArtifactId) -> Result<Artifact, SyscallError> {
+        Ok(self.kernel()?.get_artifact(self.caller(), id).await?)
+    }
+
+    async fn list_artifacts(&self, owner: Option<Pid>) -> Result<Vec<ArtifactInfo>, SyscallError> {
+        Ok(self
+            .kernel()?
+            .list_artifacts(self.caller(), owner, None)
+            .await?)
+    }
+
+    async fn delete_artifact(&self, id: ArtifactId) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.delete_artifact(self.caller(), id).await?)
+    }
+
+    async fn memory_store(&self, entry: NewMemory) -> Result<MemoryEntry, SyscallError> {
+        Ok(self.kernel()?.memory_store(self.caller(), entry).await?)
+    }
+
+    async fn memory_recall(
+        &self,
+        query: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<MemoryHit>, SyscallError> {
+        Ok(self
+            .kernel()?
+            .memory_recall(self.caller(), query, limit)
             .await?)
     }
 }

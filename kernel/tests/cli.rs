@@ -445,3 +445,113 @@ fn exec_agents_log_to_files_shown_by_ps_and_end_with_the_kernel() {
         );
     }
 }
+
+#[test]
+fn artifacts_put_ls_get_rm_survive_kill_9() {
+    let mut kernel = Kernel::start();
+    let queen = kernel.pid_of("queen").to_string();
+    let file = kernel.dir.path().join("report.bin");
+    let bytes: Vec<u8> = vec![0, 159, 146, 150, b'\n', 255];
+    std::fs::write(&file, &bytes).unwrap();
+    let put = kernel.cli(&[
+        "artifacts",
+        "put",
+        "report.bin",
+        file.to_str().unwrap(),
+        "--owner",
+        &queen,
+        "--type",
+        "application/octet-stream",
+        "--visibility",
+        "subtree",
+    ]);
+    let report: u64 = put.ok().trim().parse().unwrap();
+
+    // `-` reads stdin.
+    let data = kernel.data_dir();
+    let mut child = Command::new(support::binary())
+        .args(["artifacts", "put", "notes.txt", "-", "--addr", &kernel.addr])
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove("HIVEKERNEL_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello, artifacts\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let notes: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+
+    let listed = kernel.cli(&["artifacts", "ls", "--json"]).json();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["id"], notes, "newest first");
+    assert_eq!(listed[0]["owner"], 1);
+    assert_eq!(listed[0]["content_type"], "text/plain");
+    assert_eq!(listed[0]["visibility"], "user");
+    assert_eq!(listed[1]["owner_name"], "queen");
+    assert_eq!(listed[1]["visibility"], "subtree");
+    assert_eq!(listed[1]["size"], bytes.len());
+    let table = kernel.cli(&["artifacts", "ls", "--owner", &queen]);
+    let text = table.ok();
+    assert!(text.starts_with("ID "), "{text}");
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(
+        text.contains("report.bin") && !text.contains("notes.txt"),
+        "{text}"
+    );
+
+    assert_eq!(
+        kernel.cli(&["artifacts", "get", &notes.to_string()]).ok(),
+        "hello, artifacts\n"
+    );
+    let copy = kernel.dir.path().join("copy.bin");
+    kernel
+        .cli(&[
+            "artifacts",
+            "get",
+            &report.to_string(),
+            "-o",
+            copy.to_str().unwrap(),
+        ])
+        .ok();
+    assert_eq!(std::fs::read(&copy).unwrap(), bytes, "byte for byte");
+
+    // Acknowledged means committed: a kill -9 loses nothing.
+    kernel.kill_9();
+    kernel.restart();
+    assert_eq!(kernel.pid_of("queen").to_string(), queen);
+    assert_eq!(
+        kernel.cli(&["artifacts", "get", &notes.to_string()]).ok(),
+        "hello, artifacts\n"
+    );
+
+    kernel.cli(&["artifacts", "rm", &report.to_string()]).ok();
+    let gone = kernel.cli(&["artifacts", "get", &report.to_string()]);
+    assert!(gone.failed(1).contains("not found"), "{gone:#?}");
+    kernel.cli(&["artifacts", "rm", "999999"]).failed(1);
+    let listed = kernel.cli(&["artifacts", "ls", "--json"]).json();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+
+    let missing = kernel.cli(&["artifacts", "put", "x", "/no/such/file"]);
+    assert!(missing.failed(2).contains("/no/such/file"), "{missing:#?}");
+    let bad = kernel.cli(&[
+        "artifacts",
+        "put",
+        "x",
+        file.to_str().unwrap(),
+        "--visibility",
+        "everyone",
+    ]);
+    assert!(
+        bad.failed(2).contains("private, user, subtree, global"),
+        "{bad:#?}"
+    );
+}

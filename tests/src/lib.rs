@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`capture`]: a runtime factory that hands the test a process's real context.
 //! - [`exec`]: a served kernel with the `exec` runtime, the Python examples, `/proc` checks.
+//! - [`durable`]: in-process kernels on a real SQLite file, and calling tools as their processes.
+//! - [`served`]: a kernel's gRPC server on loopback and an admin client.
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
 //! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
 //! - [`web_server`]: a loopback HTTP server serving fixed pages by path, for `web_fetch`.
@@ -11,9 +13,11 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod capture;
+pub mod durable;
 pub mod exec;
 pub mod llm_server;
 pub mod probe;
+pub mod served;
 pub mod web_server;
 
 use std::future::Future;

@@ -12,7 +12,9 @@ use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
-use hivekernel_agents::{ExitRecord, Pid, Role, SpawnRequest, TaskSpec};
+use hivekernel_agents::{
+    ExitRecord, NewArtifact, NewMemory, Pid, Role, SpawnRequest, TaskSpec, Visibility,
+};
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::store::Recovered;
 use hivekernel_kernel::{Caller, KERNEL_RESTART, Kernel, KernelError, Restored};
@@ -318,5 +320,69 @@ async fn a_restarted_process_is_alive_again_in_the_store() {
         "restarted, so alive: {recovered:?}"
     );
     assert!(recovered.zombies.is_empty(), "{recovered:?}");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let keeper = || probe_request(Pid::KERNEL, "keeper", Role::Lead);
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let pid = kernel
+        .spawn_declared(keeper(), Some(&recovered))
+        .await
+        .unwrap();
+    let me = Caller::Process(pid);
+    let mut private = NewArtifact::text("diary", "dear diary");
+    private.visibility = Some(Visibility::Private);
+    let diary = kernel.store_artifact(me, None, private).await.unwrap();
+    let worker = kernel
+        .spawn(Caller::Admin, probe_request(pid, "worker", Role::Worker))
+        .await
+        .unwrap();
+    let mut shared = NewArtifact::text("report", "for my parent");
+    shared.visibility = Some(Visibility::Subtree);
+    let report = kernel
+        .store_artifact(Caller::Process(worker), None, shared)
+        .await
+        .unwrap();
+    let note = NewMemory {
+        text: "The release train leaves on Thursdays.".into(),
+        key: Some("release".into()),
+        tags: vec!["schedule".into()],
+    };
+    let remembered = kernel.memory_store(me, note).await.unwrap();
+    kernel.shutdown().await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let again = kernel
+        .spawn_declared(keeper(), Some(&recovered))
+        .await
+        .unwrap();
+    assert_eq!(again, pid, "a config agent comes back with its PID");
+    kernel.restore(recovered);
+
+    let got = kernel.get_artifact(me, diary.id).await.unwrap();
+    assert_eq!(got.content, b"dear diary");
+    assert_eq!(got.info, diary);
+    // The worker did not come back; its artifact did, and its parent still reads it.
+    let got = kernel.get_artifact(me, report.id).await.unwrap();
+    assert_eq!(got.info.owner, worker);
+    assert_eq!(got.content, b"for my parent");
+    let hits = kernel
+        .memory_recall(me, "release train", None)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_eq!(hits[0].entry, remembered);
+
+    // Ids keep growing across the restart.
+    let later = kernel
+        .store_artifact(me, None, NewArtifact::text("later", "x"))
+        .await
+        .unwrap();
+    assert!(later.id > report.id, "{later:?}");
     kernel.shutdown().await;
 }

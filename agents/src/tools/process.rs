@@ -19,13 +19,11 @@ mod tree;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::args::invalid;
-use super::{Tool, ToolError, ToolRegistry, decode};
+use super::{Tool, ToolError, ToolRegistry, decode, refused, to_json};
 use crate::process::ProcessInfo;
-use crate::syscalls::SyscallError;
 
 pub use inspect::{GetProcessInfo, ListChildren, ListSiblings};
 pub use tasks::{DelegateAsync, ExecuteTask, SendMessage};
@@ -63,17 +61,6 @@ fn timeout(
             format!("field `{field}` must be between 1 and {MAX_TIMEOUT_SECONDS} seconds, got {s}"),
         )),
     }
-}
-
-/// The kernel's refusal, as the model sees it.
-fn refused(err: SyscallError) -> ToolError {
-    ToolError::new(err.message)
-}
-
-/// `value` as compact JSON.
-fn to_json(value: &impl Serialize) -> Result<String, ToolError> {
-    serde_json::to_string(value)
-        .map_err(|err| ToolError::new(format!("cannot encode answer: {err}")))
 }
 
 /// The one-line view of a process that listings show.

@@ -5,8 +5,11 @@ use hivekernel_proto::v1 as pb;
 
 pub(super) use crate::grpc::enums::{
     policy_to_proto, priority_to_proto, role_to_proto, strategy_to_proto, tier_to_proto,
+    visibility_to_proto,
 };
-use crate::grpc::enums::{role_from_proto, state_from_proto, tier_from_proto};
+use crate::grpc::enums::{
+    role_from_proto, state_from_proto, tier_from_proto, visibility_from_proto,
+};
 
 /// The lowercase name of a proto enum value: `unspecified` or `unknown` when it has none.
 fn name<P: TryFrom<i32>, K>(
@@ -35,6 +38,11 @@ pub(super) fn state(value: i32) -> &'static str {
     name::<pb::ProcessState, _>(value, state_from_proto, |s| s.as_str())
 }
 
+/// The lowercase artifact visibility name.
+pub(super) fn visibility(value: i32) -> &'static str {
+    name::<pb::Visibility, _>(value, visibility_from_proto, |v| v.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use hivekernel_agents as agents;
@@ -48,6 +56,9 @@ mod tests {
         }
         for &t in agents::Tier::ALL {
             assert_eq!(tier(tier_to_proto(t) as i32), t.as_str());
+        }
+        for &v in agents::Visibility::ALL {
+            assert_eq!(visibility(visibility_to_proto(v) as i32), v.as_str());
         }
         assert_eq!(state(pb::ProcessState::Zombie as i32), "zombie");
         assert_eq!(role(0), "unspecified");

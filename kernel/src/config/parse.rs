@@ -43,6 +43,8 @@ pub(super) struct RawKernel {
     pub(super) default_runtime: String,
     pub(super) workspace: Option<String>,
     pub(super) synchronous: String,
+    pub(super) artifacts: Option<Value>,
+    pub(super) memory: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -62,6 +64,8 @@ impl Default for RawKernel {
             default_runtime: defaults.default_runtime,
             workspace: None,
             synchronous: "normal".to_owned(),
+            artifacts: None,
+            memory: None,
         }
     }
 }

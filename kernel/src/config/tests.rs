@@ -917,3 +917,51 @@ fn cron_mistakes_are_all_reported_where_they_are() {
     );
     assert_issue(&found, "templates[1] (t).cron", &["take no cron entries"]);
 }
+
+#[test]
+fn artifact_and_memory_limits_load_and_are_checked_by_name() {
+    let fixture = Fixture::new();
+    let config = fixture
+        .load(
+            r#"{ "kernel": {
+                "artifacts": { "max_bytes": 2048, "max_bytes_per_owner": 8192 },
+                "memory": { "max_entry_bytes": 512, "max_bytes_per_agent": 4096, "max_results": 7 }
+            } }"#,
+        )
+        .unwrap();
+    assert_eq!(
+        config.kernel.artifacts,
+        crate::ArtifactSettings {
+            max_bytes: 2048,
+            max_bytes_per_owner: 8192
+        }
+    );
+    assert_eq!(
+        config.kernel.memory,
+        crate::MemorySettings {
+            max_entry_bytes: 512,
+            max_bytes_per_agent: 4096,
+            max_results: 7
+        }
+    );
+    let defaults = fixture.load("{}").unwrap().kernel;
+    assert_eq!(defaults.artifacts, crate::ArtifactSettings::default());
+    assert_eq!(defaults.memory, crate::MemorySettings::default());
+
+    let found = issues(
+        r#"{ "kernel": {
+            "artifacts": { "max_bytes": 0, "max_bytes_per_owner": "lots", "colour": 1 },
+            "memory": { "max_entry_bytes": 2000000, "max_results": 0 }
+        } }"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.artifacts.max_bytes",
+        &["between 1 and 67108864", "got 0"],
+    );
+    assert_issue(&found, "kernel.artifacts.max_bytes_per_owner", &["lots"]);
+    assert_issue(&found, "kernel.artifacts.colour", &["unknown field"]);
+    assert_issue(&found, "kernel.memory.max_entry_bytes", &["got 2000000"]);
+    assert_issue(&found, "kernel.memory.max_results", &["between 1 and 1000"]);
+    assert_eq!(found.len(), 5, "{found:#?}");
+}

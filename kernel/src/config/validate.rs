@@ -161,6 +161,8 @@ impl<'a> Context<'a> {
             synchronous,
             // Filled from the `roles` section.
             roles: Default::default(),
+            artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
+            memory: super::storage::memory(k.memory.as_ref(), issues),
         };
         (settings, ceilings)
     }

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    ExecCommand, ExitRecord, LimitOverrides, Limits, Outgoing, Pid, ProcessInfo, RestartSpec, Role,
-    SpawnRequest, TaskSpec,
+    Artifact, ArtifactInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, NewArtifact, Outgoing,
+    Pid, ProcessInfo, RestartSpec, Role, SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
@@ -16,10 +16,15 @@ use crate::kernel::Caller;
 
 /// A PID that must be non-zero.
 pub(crate) fn required_pid(field: &str, value: u64) -> Result<Pid, Status> {
+    required_id(field, value).map(Pid)
+}
+
+/// An id that must be non-zero.
+pub(crate) fn required_id(field: &str, value: u64) -> Result<u64, Status> {
     if value == 0 {
         return Err(Status::invalid_argument(format!("{field} must be set")));
     }
-    Ok(Pid(value))
+    Ok(value)
 }
 
 /// A duration in milliseconds where 0 means "none"; the kernel checks the range.
@@ -148,6 +153,42 @@ pub(crate) fn task_spec(req: pb::ExecuteTaskRequest) -> Result<TaskSpec, Status>
         params: req.params.into_iter().collect(),
         timeout: optional_millis(req.timeout_ms),
     })
+}
+
+/// An artifact to store and its owner (`None`: the caller).
+pub(crate) fn new_artifact(
+    req: pb::StoreArtifactRequest,
+) -> Result<(Option<Pid>, NewArtifact), Status> {
+    let visibility = pb::Visibility::try_from(req.visibility)
+        .map_err(|_| unknown("visibility", req.visibility))?;
+    let artifact = NewArtifact {
+        name: req.name,
+        content_type: (!req.content_type.is_empty()).then_some(req.content_type),
+        visibility: enums::visibility_from_proto(visibility),
+        content: req.content,
+    };
+    Ok(((req.owner != 0).then_some(Pid(req.owner)), artifact))
+}
+
+pub(crate) fn artifact_info(info: ArtifactInfo) -> pb::ArtifactInfo {
+    pb::ArtifactInfo {
+        id: info.id.0,
+        name: info.name,
+        owner: info.owner.0,
+        owner_name: info.owner_name,
+        content_type: info.content_type,
+        visibility: enums::visibility_to_proto(info.visibility) as i32,
+        size: info.size,
+        created_at_unix_ms: info.created_at_unix_ms,
+        updated_at_unix_ms: info.updated_at_unix_ms,
+    }
+}
+
+pub(crate) fn artifact(artifact: Artifact) -> pb::Artifact {
+    pb::Artifact {
+        info: Some(artifact_info(artifact.info)),
+        content: artifact.content,
+    }
 }
 
 pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {

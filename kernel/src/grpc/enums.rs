@@ -2,7 +2,7 @@
 //!
 //! `*_from_proto` answers `None` for `UNSPECIFIED`; callers pick the default.
 
-use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier};
+use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier, Visibility};
 use hivekernel_proto::v1 as pb;
 
 /// Declares `$to(kernel) -> proto` and `$from(proto) -> Option<kernel>` from one variant list.
@@ -43,6 +43,13 @@ mapping!(
     ProcessState,
     ProcessState,
     [Idle, Running, Blocked, Sleeping, Zombie, Dead, Restarting]
+);
+mapping!(
+    visibility_to_proto,
+    visibility_from_proto,
+    Visibility,
+    Visibility,
+    [Private, User, Subtree, Global]
 );
 mapping!(
     priority_to_proto,

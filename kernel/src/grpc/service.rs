@@ -1,7 +1,7 @@
 //! The `hivekernel.v1.Kernel` service: each handler converts the request,
 //! calls the kernel as the authenticated caller, and converts the answer.
 
-use hivekernel_agents::Pid;
+use hivekernel_agents::{ArtifactId, Pid};
 use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_server::Kernel as KernelRpc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -195,5 +195,46 @@ impl KernelRpc for KernelService {
         request: Request<pb::CompleteTaskRequest>,
     ) -> Rpc<pb::CompleteTaskResponse> {
         attach::complete_task(&self.kernel, request)
+    }
+
+    async fn store_artifact(
+        &self,
+        request: Request<pb::StoreArtifactRequest>,
+    ) -> Rpc<pb::ArtifactInfo> {
+        let caller = caller(&request)?;
+        let (owner, artifact) = convert::new_artifact(request.into_inner())?;
+        let info = self.kernel.store_artifact(caller, owner, artifact).await?;
+        Ok(Response::new(convert::artifact_info(info)))
+    }
+
+    async fn get_artifact(&self, request: Request<pb::GetArtifactRequest>) -> Rpc<pb::Artifact> {
+        let caller = caller(&request)?;
+        let id = ArtifactId(convert::required_id("id", request.get_ref().id)?);
+        let artifact = self.kernel.get_artifact(caller, id).await?;
+        Ok(Response::new(convert::artifact(artifact)))
+    }
+
+    async fn list_artifacts(
+        &self,
+        request: Request<pb::ListArtifactsRequest>,
+    ) -> Rpc<pb::ListArtifactsResponse> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let owner = (req.owner != 0).then_some(Pid(req.owner));
+        let limit = (req.limit != 0).then_some(req.limit as usize);
+        let listed = self.kernel.list_artifacts(caller, owner, limit).await?;
+        Ok(Response::new(pb::ListArtifactsResponse {
+            artifacts: listed.into_iter().map(convert::artifact_info).collect(),
+        }))
+    }
+
+    async fn delete_artifact(
+        &self,
+        request: Request<pb::DeleteArtifactRequest>,
+    ) -> Rpc<pb::DeleteArtifactResponse> {
+        let caller = caller(&request)?;
+        let id = ArtifactId(convert::required_id("id", request.get_ref().id)?);
+        self.kernel.delete_artifact(caller, id).await?;
+        Ok(Response::new(pb::DeleteArtifactResponse {}))
     }
 }

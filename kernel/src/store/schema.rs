@@ -59,7 +59,52 @@ const MIGRATIONS: &[&str] = &[
          value TEXT NOT NULL,
          PRIMARY KEY (pid, key)
      ) STRICT;",
-    // 2: cron entries and their run history.
+    // 2: artifacts; agent memory with its full-text index. `lineage` is the
+    // owner's PID path from PID 1, `/1/.../owner/`, recorded at store time
+    // (a parent never changes), so subtree visibility outlives the owner.
+    "CREATE TABLE artifacts (
+         id           INTEGER PRIMARY KEY,
+         owner_pid    INTEGER NOT NULL,
+         owner_name   TEXT NOT NULL,
+         lineage      TEXT NOT NULL,
+         name         TEXT NOT NULL,
+         content_type TEXT NOT NULL,
+         visibility   TEXT NOT NULL,
+         size         INTEGER NOT NULL,
+         content      BLOB NOT NULL,
+         created_ms   INTEGER NOT NULL,
+         updated_ms   INTEGER NOT NULL,
+         UNIQUE (owner_pid, name)
+     ) STRICT;
+     CREATE TABLE memory (
+         id         INTEGER PRIMARY KEY,
+         pid        INTEGER NOT NULL,
+         key        TEXT,
+         text       TEXT NOT NULL,
+         tags       TEXT NOT NULL,
+         size       INTEGER NOT NULL,
+         created_ms INTEGER NOT NULL,
+         updated_ms INTEGER NOT NULL
+     ) STRICT;
+     CREATE INDEX memory_by_pid ON memory (pid, updated_ms);
+     CREATE UNIQUE INDEX memory_by_key ON memory (pid, key) WHERE key IS NOT NULL;
+     CREATE VIRTUAL TABLE memory_fts USING fts5(
+         text, tags, content = 'memory', content_rowid = 'id',
+         tokenize = 'porter unicode61 remove_diacritics 2'
+     );
+     CREATE TRIGGER memory_fts_insert AFTER INSERT ON memory BEGIN
+         INSERT INTO memory_fts (rowid, text, tags) VALUES (new.id, new.text, new.tags);
+     END;
+     CREATE TRIGGER memory_fts_delete AFTER DELETE ON memory BEGIN
+         INSERT INTO memory_fts (memory_fts, rowid, text, tags)
+         VALUES ('delete', old.id, old.text, old.tags);
+     END;
+     CREATE TRIGGER memory_fts_update AFTER UPDATE ON memory BEGIN
+         INSERT INTO memory_fts (memory_fts, rowid, text, tags)
+         VALUES ('delete', old.id, old.text, old.tags);
+         INSERT INTO memory_fts (rowid, text, tags) VALUES (new.id, new.text, new.tags);
+     END;",
+    // 3: cron entries and their run history.
     "CREATE TABLE cron (
          name         TEXT PRIMARY KEY,
          spec         TEXT NOT NULL,
@@ -159,6 +204,40 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .expect("sync");
         assert_eq!(sync, 2, "FULL");
+    }
+
+    #[test]
+    fn the_bundled_sqlite_has_fts5_and_the_memory_index_follows_its_table() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open(&dir.path().join("db"), Synchronous::Normal).expect("open");
+        let fts5: bool = conn
+            .query_row("SELECT sqlite_compileoption_used('ENABLE_FTS5')", [], |r| {
+                r.get(0)
+            })
+            .expect("compile options");
+        assert!(fts5, "the bundled SQLite is built without FTS5");
+        let insert = "INSERT INTO memory (id, pid, text, tags, size, created_ms, updated_ms)
+                      VALUES (?1, 2, ?2, '', 1, 0, 0)";
+        conn.execute(insert, (1, "deploying the kernel"))
+            .expect("insert");
+        conn.execute(insert, (2, "apricot jam")).expect("insert");
+        let hits = |conn: &Connection, query: &str| -> Vec<i64> {
+            let mut stmt = conn
+                .prepare("SELECT rowid FROM memory_fts WHERE memory_fts MATCH ?1 ORDER BY rank")
+                .expect("prepare");
+            stmt.query_map([query], |r| r.get(0))
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows")
+        };
+        assert_eq!(hits(&conn, "deploy"), [1], "porter stemming");
+        conn.execute("UPDATE memory SET text = 'plum jam' WHERE id = 2", [])
+            .expect("update");
+        assert_eq!(hits(&conn, "apricot"), Vec::<i64>::new());
+        assert_eq!(hits(&conn, "plum"), [2]);
+        conn.execute("DELETE FROM memory WHERE id = 2", [])
+            .expect("delete");
+        assert_eq!(hits(&conn, "jam"), Vec::<i64>::new());
     }
 
     #[test]

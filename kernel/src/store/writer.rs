@@ -7,7 +7,7 @@ use rusqlite::{Connection, Transaction};
 
 use crate::events::{Event, EventKind};
 
-use super::{Op, Shared, Write, sqlite_error, to_sql_u64};
+use super::{Applied, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
 
 /// Runs until the store is closed and its queue is empty.
 pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
@@ -38,10 +38,11 @@ fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
     let result = conn
         .transaction()
         .and_then(|tx| {
+            let mut applied = Vec::with_capacity(ops.len());
             for op in &ops {
-                apply(&tx, &op.write)?;
+                applied.push(apply(&tx, &op.write)?);
             }
-            tx.commit()
+            tx.commit().map(|()| applied)
         })
         .map_err(|err| sqlite_error(&shared.path, "cannot commit", err));
     if let Err(err) = &result {
@@ -55,14 +56,35 @@ fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
     if let Some(seq) = newest {
         shared.persisted_event_seq.fetch_max(seq, Ordering::AcqRel);
     }
-    for op in ops {
-        if let Some(ack) = op.ack {
-            let _ = ack.send(result.clone());
+    match result {
+        Ok(applied) => {
+            for (op, applied) in ops.into_iter().zip(applied) {
+                if let Some(ack) = op.ack {
+                    let _ = ack.send(Ok(applied));
+                }
+            }
+        }
+        Err(err) => {
+            for op in ops {
+                if let Some(ack) = op.ack {
+                    let _ = ack.send(Err(err.clone()));
+                }
+            }
         }
     }
 }
 
-fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
+fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<Applied> {
+    match write {
+        Write::Artifact(artifact) => artifacts::put(tx, artifact),
+        Write::ArtifactDeleted(id) => artifacts::delete(tx, *id),
+        Write::Memory(entry) => memory::put(tx, entry),
+        other => apply_plain(tx, other).map(|()| Applied::Done),
+    }
+}
+
+/// The writes that cannot be refused.
+fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
     match write {
         Write::Event(event) => {
             let body = serde_json::to_string(&**event)
@@ -208,6 +230,8 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             .execute((name, crate::cron::HISTORY as i64))?;
         }
         Write::Flush => {}
+        // Dispatched by `apply`.
+        Write::Artifact(_) | Write::ArtifactDeleted(_) | Write::Memory(_) => {}
     }
     Ok(())
 }
