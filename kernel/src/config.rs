@@ -135,6 +135,8 @@ pub struct KernelSettings {
     pub workspace: Option<PathBuf>,
     /// How hard the store pushes each commit to disk.
     pub synchronous: crate::store::Synchronous,
+    /// Events the store keeps (the newest ones).
+    pub event_log_limit: u64,
     /// Defaults per role (the `roles` section); a role not listed has none.
     pub roles: HashMap<Role, RoleSettings>,
     /// Size limits on artifacts (`kernel.artifacts`).
@@ -176,6 +178,7 @@ impl Default for KernelSettings {
             shutdown_grace_ms: 5000,
             default_runtime: "tool_agent".to_owned(),
             synchronous: Default::default(),
+            event_log_limit: crate::store::DEFAULT_EVENT_LOG_LIMIT,
             workspace: None,
             roles: HashMap::new(),
             artifacts: Default::default(),

@@ -141,6 +141,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 
     let _lock = lock_data_dir(&data_dir)?;
     let (store, mut recovered) = open_store(&data_dir, settings.synchronous).await?;
+    store.set_event_log_limit(settings.event_log_limit);
     let auth = Authenticator::new(token);
     registry.enable_exec(ExecRuntime::new(auth.clone(), addr));
 

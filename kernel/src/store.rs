@@ -40,6 +40,9 @@ pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, li
 pub(crate) use memory::MemoryWrite;
 pub use recover::{Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest};
 
+/// Events the store keeps unless told otherwise (`kernel.event_log_limit`).
+pub const DEFAULT_EVENT_LOG_LIMIT: u64 = 1_000_000;
+
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "hivekernel.db";
 
@@ -227,6 +230,8 @@ struct Shared {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Sequence number of the newest committed event.
     persisted_event_seq: AtomicU64,
+    /// Events kept in the store; older ones are pruned as new ones arrive.
+    event_log_limit: AtomicU64,
 }
 
 /// Handle to the store; cheap to clone.
@@ -250,6 +255,7 @@ impl Store {
             read: Mutex::new(read),
             writer: Mutex::new(None),
             persisted_event_seq: AtomicU64::new(recovered.next_event_seq.saturating_sub(1)),
+            event_log_limit: AtomicU64::new(DEFAULT_EVENT_LOG_LIMIT),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -267,6 +273,14 @@ impl Store {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// Keeps only the newest `limit` events (at least 1,000); older ones are
+    /// pruned in the batches that add new ones.
+    pub fn set_event_log_limit(&self, limit: u64) {
+        self.shared
+            .event_log_limit
+            .store(limit.max(1_000), Ordering::Relaxed);
     }
 
     /// Sequence number of the newest event known to be committed.

@@ -386,3 +386,55 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
     assert!(later.id > report.id, "{later:?}");
     kernel.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_log_keeps_the_newest_events_within_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, recovered) = open_store(dir.path()).await;
+    store.set_event_log_limit(1_000);
+    let settings = KernelSettings {
+        max_children: 10_000,
+        ..test_settings()
+    };
+    let (runtimes, _) = hivekernel_tests::registry();
+    let kernel = Kernel::start_with(settings, runtimes, None, Some((store.clone(), &recovered)));
+    let lead = kernel
+        .spawn(
+            Caller::Admin,
+            probe_request(Pid::KERNEL, "lead", Role::Lead),
+        )
+        .await
+        .unwrap();
+    for i in 0..4_000 {
+        let mut request = SpawnRequest::new(lead, format!("w{i}"));
+        request.runtime = Some("echo".into());
+        kernel.spawn(Caller::Admin, request).await.unwrap();
+    }
+    kernel.kill(Caller::Admin, lead, "done").await.unwrap();
+    store.flush().await.unwrap();
+    // One more batch after the pruning point.
+    kernel
+        .spawn(
+            Caller::Admin,
+            probe_request(Pid::KERNEL, "late", Role::Agent),
+        )
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let last = kernel.last_event_seq();
+    assert!(last > 12_000, "{last}");
+    kernel.shutdown().await;
+
+    let db = rusqlite::Connection::open(dir.path().join("hivekernel.db")).unwrap();
+    let (rows, first): (i64, i64) = db
+        .query_row("SELECT count(*), min(seq) FROM events", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(rows < 12_000, "nothing pruned: {rows} rows");
+    assert!(first > 1, "the oldest events are still there");
+    let newest: i64 = db
+        .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert!(newest as u64 >= last, "the newest events were pruned");
+}

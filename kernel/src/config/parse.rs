@@ -43,6 +43,7 @@ pub(super) struct RawKernel {
     pub(super) default_runtime: String,
     pub(super) workspace: Option<String>,
     pub(super) synchronous: String,
+    pub(super) event_log_limit: u64,
     pub(super) artifacts: Option<Value>,
     pub(super) memory: Option<Value>,
 }
@@ -64,6 +65,7 @@ impl Default for RawKernel {
             default_runtime: defaults.default_runtime,
             workspace: None,
             synchronous: "normal".to_owned(),
+            event_log_limit: defaults.event_log_limit,
             artifacts: None,
             memory: None,
         }

@@ -125,6 +125,12 @@ impl<'a> Context<'a> {
                            (name runtime exec on those agents)";
             issues.push(ConfigIssue::new("kernel.default_runtime", message));
         }
+        in_range(
+            k.event_log_limit,
+            1_000..=1_000_000_000,
+            "kernel.event_log_limit",
+            issues,
+        );
         let synchronous = match k.synchronous.as_str() {
             "normal" => Synchronous::Normal,
             "full" => Synchronous::Full,
@@ -159,6 +165,7 @@ impl<'a> Context<'a> {
             default_runtime: k.default_runtime.clone(),
             workspace,
             synchronous,
+            event_log_limit: k.event_log_limit,
             // Filled from the `roles` section.
             roles: Default::default(),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),

@@ -9,8 +9,12 @@ use crate::events::{Event, EventKind};
 
 use super::{Applied, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
 
+/// Events written between two prunings of the event log.
+const PRUNE_EVERY: u64 = 10_000;
+
 /// Runs until the store is closed and its queue is empty.
 pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
+    let mut since_prune = 0u64;
     loop {
         let (ops, closed) = {
             let mut queue = shared.queue.lock();
@@ -21,7 +25,15 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
             (std::mem::take(&mut queue.ops), queue.closed)
         };
         if !ops.is_empty() {
+            since_prune += ops
+                .iter()
+                .filter(|op| matches!(op.write, Write::Event(_)))
+                .count() as u64;
             commit_batch(&mut conn, shared, ops);
+        }
+        if since_prune >= PRUNE_EVERY {
+            since_prune = 0;
+            prune_events(&conn, shared);
         }
         if closed && shared.queue.lock().ops.is_empty() {
             break;
@@ -30,6 +42,21 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     // Fold the WAL back into the database so a stopped kernel leaves one file.
     if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
         tracing::warn!(error = %err, "store: checkpoint at close failed");
+    }
+}
+
+/// Deletes the events older than the newest `event_log_limit`.
+fn prune_events(conn: &Connection, shared: &Shared) {
+    let limit = shared.event_log_limit.load(Ordering::Relaxed);
+    let newest = shared.persisted_event_seq.load(Ordering::Acquire);
+    let Some(first_kept) = newest.checked_sub(limit) else {
+        return;
+    };
+    let pruned = conn
+        .prepare_cached("DELETE FROM events WHERE seq <= ?1")
+        .and_then(|mut stmt| stmt.execute([to_sql_u64(first_kept)]));
+    if let Err(err) = pruned {
+        tracing::warn!(error = %err, "store: old events not pruned");
     }
 }
 
