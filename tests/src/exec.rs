@@ -14,37 +14,12 @@ use hivekernel_proto::v1::kernel_client::KernelClient;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Status};
 
 /// The admin token of every [`ExecKernel`].
 pub const ADMIN_TOKEN: &str = "exec-tests-admin-token-0123456789abcdef";
 
-/// Adds `authorization: Bearer <token>` to every call.
-#[derive(Debug, Clone)]
-pub struct Bearer(MetadataValue<Ascii>);
-
-impl Bearer {
-    /// A bearer for `token`.
-    pub fn new(token: &str) -> Self {
-        Bearer(format!("Bearer {token}").parse().unwrap())
-    }
-}
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.0.clone());
-        Ok(request)
-    }
-}
-
-/// A Kernel client sending one token.
-pub type Client = KernelClient<InterceptedService<Channel, Bearer>>;
+pub use crate::served::{Bearer, Client};
 
 /// A kernel with the `exec` runtime, served on loopback, with its own data directory.
 #[derive(Debug)]

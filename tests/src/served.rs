@@ -21,6 +21,13 @@ pub const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 #[derive(Debug, Clone)]
 pub struct Bearer(MetadataValue<Ascii>);
 
+impl Bearer {
+    /// A bearer for `token`.
+    pub fn new(token: &str) -> Self {
+        Bearer(format!("Bearer {token}").parse().unwrap())
+    }
+}
+
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         request
@@ -30,7 +37,7 @@ impl Interceptor for Bearer {
     }
 }
 
-/// A generated client carrying the admin token.
+/// A generated client carrying one token.
 pub type Client = KernelClient<InterceptedService<Channel, Bearer>>;
 
 /// A kernel's gRPC server on loopback, until the kernel shuts down.
@@ -68,7 +75,7 @@ impl Served {
 
     /// A client acting as the admin; receives messages of any size.
     pub fn admin(&self) -> Client {
-        let bearer = Bearer(format!("Bearer {TOKEN}").parse().unwrap());
+        let bearer = Bearer::new(TOKEN);
         KernelClient::with_interceptor(self.channel.clone(), bearer)
             .max_decoding_message_size(usize::MAX)
     }

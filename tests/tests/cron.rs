@@ -35,6 +35,22 @@ fn spec(name: &str, target: Pid, description: &str) -> CronSpec {
     }
 }
 
+/// A kernel on the store in `dir` with one config agent, a probe named
+/// `agent`, brought up as `hivekernel start` does; and what the store read back.
+async fn durable(dir: &std::path::Path) -> (Kernel, Pid, hivekernel_kernel::store::Recovered) {
+    let (store, recovered) = open_store(dir).await;
+    let (runtimes, _) = registry();
+    let kernel = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    let agent = kernel
+        .spawn_declared(
+            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
+            Some(&recovered),
+        )
+        .await
+        .unwrap();
+    (kernel, agent, recovered)
+}
+
 fn info(kernel: &Kernel, name: &str) -> CronInfo {
     kernel
         .list_cron(Caller::Admin)
@@ -116,16 +132,7 @@ async fn a_slot_that_comes_while_the_last_run_goes_on_is_skipped_unless_overlap_
 #[tokio::test(start_paused = true)]
 async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, recovered) = open_store(dir.path()).await;
-    let (runtimes, _) = registry();
-    let first = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
-    let agent = first
-        .spawn_declared(
-            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
-            Some(&recovered),
-        )
-        .await
-        .unwrap();
+    let (first, agent, _) = durable(dir.path()).await;
     first
         .add_cron(Caller::Admin, spec("skipper", agent, "s"))
         .await
@@ -141,17 +148,8 @@ async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
     // A minute of downtime: six slots pass.
     pass(60_000).await;
 
-    let (store, mut recovered) = open_store(dir.path()).await;
-    let (runtimes, _) = registry();
-    let second = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    let (second, back, mut recovered) = durable(dir.path()).await;
     second.align_cron_clock(&first);
-    let back = second
-        .spawn_declared(
-            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
-            Some(&recovered),
-        )
-        .await
-        .unwrap();
     assert_eq!(back, agent);
     let stored = std::mem::take(&mut recovered.cron);
     assert_eq!(stored.len(), 2);
@@ -189,16 +187,7 @@ async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, recovered) = open_store(dir.path()).await;
-    let (runtimes, _) = registry();
-    let first = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
-    let agent = first
-        .spawn_declared(
-            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
-            Some(&recovered),
-        )
-        .await
-        .unwrap();
+    let (first, agent, _) = durable(dir.path()).await;
     first
         .add_cron(Caller::Admin, spec("long", agent, "sleep 100000"))
         .await
@@ -213,17 +202,8 @@ async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
     // The crash: the store has the slot, nothing else finished.
     first.store().unwrap().flush().await.unwrap();
 
-    let (store, mut recovered) = open_store(dir.path()).await;
-    let (runtimes, _) = registry();
-    let second = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
+    let (second, back, mut recovered) = durable(dir.path()).await;
     second.align_cron_clock(&first);
-    let back = second
-        .spawn_declared(
-            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
-            Some(&recovered),
-        )
-        .await
-        .unwrap();
     let stored = std::mem::take(&mut recovered.cron);
     second.start_cron(stored, Vec::new()).await;
     let long = info(&second, "long");
