@@ -18,6 +18,7 @@
 //! - `tree`: kill of a 10,000-process tree, listing 100,000 processes.
 //! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
 //! - `agent`: a `tool_agent` turn and `orchestrate` against a loopback model server.
+//! - `durable`: acknowledged sends on a kernel with a store, beside hand-written SQLite.
 
 // A bench crate's root is this file, so its modules would resolve beside it
 // in benches/, where Cargo would take each for a bench of its own.
@@ -25,6 +26,8 @@
 mod agent;
 #[path = "kernel/cold.rs"]
 mod cold;
+#[path = "kernel/durable.rs"]
+mod durable;
 #[path = "kernel/grpc.rs"]
 mod grpc;
 #[path = "kernel/report.rs"]
@@ -46,10 +49,10 @@ use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
                      [--json] [--smoke] [--only NAME[,NAME]]\n\
-                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate";
+                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable";
 
 /// The `--only` names, in the order they run and print.
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "spawn",
     "memory",
     "route",
@@ -59,6 +62,7 @@ const GROUPS: [&str; 9] = [
     "cold",
     "turn",
     "orchestrate",
+    "durable",
 ];
 
 /// How much work each measurement does: the full run, or a smoke run for CI.
@@ -244,6 +248,7 @@ async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'st
         "cold" => (cold::run(sizes).await, Some(cold::FLOOR)),
         "turn" => (agent::turn(sizes).await, Some(agent::FLOOR)),
         "orchestrate" => (agent::orchestrate(sizes).await, Some(agent::FLOOR)),
+        "durable" => (durable::run(sizes).await, Some(durable::FLOOR)),
         other => unreachable!("no group {other}"),
     }
 }
