@@ -1,6 +1,5 @@
 //! `artifacts ls`, `put`, `get` and `rm`, and how listings are rendered.
 
-use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 
 use hivekernel_proto::v1::{
@@ -126,22 +125,7 @@ fn table(artifacts: &[ArtifactInfo]) -> String {
             output::rfc3339_utc(a.updated_at_unix_ms),
         ]
     }));
-    let mut widths = [0usize; HEADER.len()];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut text = String::new();
-        for (cell, width) in row.iter().zip(widths) {
-            let _ = write!(text, "{cell:<width$}  ");
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    }
-    out
+    output::aligned(&rows)
 }
 
 /// One artifact's description as JSON, with the lowercase visibility name.

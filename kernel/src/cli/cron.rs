@@ -1,7 +1,5 @@
 //! `cron ls`, `cron add` and `cron rm`.
 
-use std::fmt::Write as _;
-
 use hivekernel_proto::v1::{CronEntry, CronSpec, ListCronRequest, RemoveCronRequest};
 use serde_json::{Value, json};
 
@@ -104,24 +102,7 @@ fn table(entries: &[CronEntry]) -> String {
             entry.runs.to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|col| {
-            rows.iter()
-                .map(|r| r[col].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (col, cell) in row.iter().enumerate() {
-            let _ = write!(line, "{cell:<width$}  ", width = widths[col]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    output::aligned(&rows)
 }
 
 fn entry_json(entry: &CronEntry) -> Value {

@@ -51,14 +51,19 @@ pub(super) fn table(procs: &[ProcessInfo]) -> String {
             p.runtime.clone(),
         ]
     }));
-    let mut widths = [0usize; HEADER.len()];
-    for row in &rows {
+    aligned(&rows)
+}
+
+/// Rows as left-aligned columns two spaces apart, each line trimmed.
+pub(super) fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         let mut text = String::new();
         for (cell, width) in row.iter().zip(widths) {
             let _ = write!(text, "{cell:<width$}  ");
