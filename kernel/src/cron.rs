@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use run::CRON_MESSAGE;
 pub(crate) use schedule::Cron;
-pub use schedule::MAX_CRON_NAME_BYTES;
+pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
 
 /// What an entry does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

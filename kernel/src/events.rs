@@ -332,7 +332,7 @@ impl EventBus {
             Some(since) => {
                 let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
                 let backlog = match &self.store {
-                    Some(store) if since + 1 < first => Some(Backlog {
+                    Some(store) if since.saturating_add(1) < first => Some(Backlog {
                         store: store.clone(),
                         after: since,
                         before: first,

@@ -129,27 +129,31 @@ impl Kernel {
             return Ok(id);
         };
         let copy = target.route.copy_to.map(|parent| (parent, body.clone()));
-        // Queued in the store before the mailbox, so that a delivery's
-        // removal can never reach the store ahead of the message itself.
-        let committed = self.inner.store.as_ref().map(|store| {
-            let now = unix_ms(SystemTime::now());
-            store.commit(Write::Message {
-                id,
-                to,
-                body: serde_json::to_string(&body).unwrap_or_default(),
-                created_ms: now,
-                expires_ms: message
-                    .ttl
-                    .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
-            })
-        });
-        let env = Envelope::new(id, Item::Message(body), message.ttl).durable(committed.is_some());
+        // Committed before it enters the mailbox: the runner cannot take it,
+        // nor remove it from the store, before it is there; and a send
+        // answered with an error was never delivered.
+        let durable = match &self.inner.store {
+            Some(store) => {
+                let now = unix_ms(SystemTime::now());
+                store
+                    .commit(Write::Message {
+                        id,
+                        to,
+                        body: serde_json::to_string(&body).unwrap_or_default(),
+                        created_ms: now,
+                        expires_ms: message
+                            .ttl
+                            .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
+                    })
+                    .await?;
+                true
+            }
+            None => false,
+        };
+        let env = Envelope::new(id, Item::Message(body), message.ttl).durable(durable);
         if let Err(err) = self.push(&proc, env) {
-            self.message_done(id, true);
+            self.message_done(id, durable);
             return Err(err);
-        }
-        if let Some(committed) = committed {
-            committed.await?;
         }
         if let Some((parent, mut copy)) = copy {
             copy.id = MessageId(self.next_id());
@@ -186,7 +190,7 @@ impl Kernel {
             )));
         }
         let (tx, rx) = oneshot::channel();
-        let (request_id, timeout) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
+        let (request_id, timeout, _) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
         let _blocked = self.blocked_guard(caller);
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => Ok((request_id, reply)),
@@ -203,30 +207,26 @@ impl Kernel {
     /// Sends a task and returns at once; the reply lands in the caller's
     /// mailbox as a `task_response` naming the returned request id.
     pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
-        let to = task.to;
-        let (request_id, _) = self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
+        let (request_id, _, recorded) =
+            self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
         // Acknowledged once recorded: after a crash the requester is told the
         // request failed instead of waiting forever.
-        if let Some(store) = &self.inner.store {
-            store
-                .commit(Write::Request {
-                    id: request_id,
-                    from: caller.pid(),
-                    to,
-                    created_ms: unix_ms(SystemTime::now()),
-                })
-                .await?;
+        if let Some(recorded) = recorded {
+            recorded.await?;
         }
         Ok(request_id)
     }
 
     /// Routes a task request into the target's mailbox.
+    /// For a `delegate_async` with a store, the request is queued for the
+    /// store before the task enters the mailbox (so its answer's removal can
+    /// never reach the store first); the returned future resolves on commit.
     fn submit(
         &self,
         caller: Caller,
         spec: TaskSpec,
         reply: ReplyTo,
-    ) -> Result<(RequestId, Duration)> {
+    ) -> Result<(RequestId, Duration, Option<Recorded>)> {
         self.check_running()?;
         check_payload("description", &spec.description)?;
         let from = caller.pid();
@@ -240,6 +240,7 @@ impl Kernel {
             check_duration("timeout", timeout)?;
         }
         let timeout = spec.timeout.unwrap_or(target.timeout);
+        let spec_to = spec.to;
         let request_id = RequestId(self.next_id());
         let copy = target
             .route
@@ -251,12 +252,29 @@ impl Kernel {
             description: spec.description,
             params: spec.params,
         };
+        let recorded = match (&self.inner.store, &reply) {
+            (Some(store), ReplyTo::Mailbox(requester)) => {
+                let commit = store.commit(Write::Request {
+                    id: request_id,
+                    from: *requester,
+                    to: spec_to,
+                    created_ms: unix_ms(SystemTime::now()),
+                });
+                Some(Box::pin(commit) as Recorded)
+            }
+            _ => None,
+        };
         let item = Item::Task {
             task,
             priority: Priority::Normal,
             reply,
         };
-        self.push(&proc, Envelope::new(MessageId(request_id.0), item, None))?;
+        if let Err(err) = self.push(&proc, Envelope::new(MessageId(request_id.0), item, None)) {
+            if let (Some(store), Some(_)) = (&self.inner.store, &recorded) {
+                store.submit(Write::RequestDone(request_id));
+            }
+            return Err(err);
+        }
         if let Some((parent, description)) = copy {
             let copy = Message {
                 id: MessageId(self.next_id()),
@@ -270,7 +288,7 @@ impl Kernel {
             };
             self.deliver_system(parent, copy);
         }
-        Ok((request_id, timeout))
+        Ok((request_id, timeout, recorded))
     }
 
     /// Checks the route and finds the receiver (`proc` is `None` for PID 1).
@@ -474,6 +492,11 @@ impl Kernel {
         }
     }
 }
+
+/// A store write the caller waits for.
+type Recorded = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<(), crate::store::StoreError>> + Send>,
+>;
 
 /// Longest timeout or TTL the kernel accepts.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);

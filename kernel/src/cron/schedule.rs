@@ -26,6 +26,8 @@ use crate::store::{StoredCron, Write};
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 /// Longest entry name, in bytes.
 pub const MAX_CRON_NAME_BYTES: usize = 128;
+/// Entries one process may own (the operator's are not counted).
+pub const MAX_CRON_PER_PROCESS: usize = 64;
 
 /// Wall time in Unix ms: system time at the anchor plus tokio time since.
 #[derive(Debug)]
@@ -73,6 +75,9 @@ struct Entry {
     running: usize,
     runs: u64,
     history: VecDeque<CronRun>,
+    /// Tells this entry apart from an earlier one of the same name, so a
+    /// run of the earlier one never counts for it.
+    generation: u64,
 }
 
 impl Entry {
@@ -123,6 +128,13 @@ impl State {
         }
     }
 
+    /// Puts `entry` in place of any entry of its name, slot included.
+    fn insert(&mut self, entry: Entry) {
+        let name = entry.spec.name.clone();
+        self.remove(&name);
+        self.entries.insert(name, entry);
+    }
+
     fn remove(&mut self, name: &str) -> Option<Entry> {
         let entry = self.entries.remove(name)?;
         if let Some(next) = entry.next_ms {
@@ -140,6 +152,10 @@ pub(crate) struct Cron {
     clock: Clock,
     /// `templates` from the config, by name.
     templates: RwLock<HashMap<String, SpawnRequest>>,
+    /// Held by add and remove across their store commit, so two changes to
+    /// one name never interleave.
+    admin: Arc<tokio::sync::Mutex<()>>,
+    generations: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Cron {
@@ -149,11 +165,18 @@ impl Default for Cron {
             wake: Arc::new(Notify::new()),
             clock: Clock::new(),
             templates: RwLock::new(HashMap::new()),
+            admin: Arc::new(tokio::sync::Mutex::new(())),
+            generations: std::sync::atomic::AtomicU64::new(1),
         }
     }
 }
 
 impl Cron {
+    fn generation(&self) -> u64 {
+        self.generations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn template(&self, name: &str) -> Option<SpawnRequest> {
         self.templates.read().get(name).cloned()
     }
@@ -180,38 +203,57 @@ impl Kernel {
     pub async fn add_cron(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
         self.check_running()?;
         let schedule = self.check_cron(caller, &spec)?;
-        if self
-            .inner
-            .cron
-            .state
-            .lock()
-            .entries
-            .contains_key(&spec.name)
-        {
-            return Err(KernelError::FailedPrecondition(format!(
-                "a cron entry named {:?} already exists",
-                spec.name
-            )));
-        }
         let owner = caller.pid();
-        let created_ms = self.cron_now_ms();
-        if let Some(store) = &self.inner.store {
-            store
-                .commit(Write::CronPut {
-                    name: spec.name.clone(),
-                    spec: serde_json::to_string(&spec).unwrap_or_default(),
-                    owner,
-                    source: CronSource::Api.as_str(),
-                    created_ms,
-                })
-                .await?;
+        if owner != Pid::KERNEL {
+            let owned = self
+                .inner
+                .cron
+                .state
+                .lock()
+                .entries
+                .values()
+                .filter(|e| e.owner == owner)
+                .count();
+            if owned >= MAX_CRON_PER_PROCESS {
+                return Err(KernelError::LimitExceeded(format!(
+                    "process {owner} already has {owned} cron entries (at most {MAX_CRON_PER_PROCESS})"
+                )));
+            }
         }
-        let info = {
-            let mut state = self.inner.cron.state.lock();
-            let name = spec.name.clone();
-            state.entries.insert(
-                name.clone(),
-                Entry {
+        // In a task the kernel owns: a caller that gives up (a cancelled RPC)
+        // cannot leave the store and memory out of step.
+        let kernel = self.clone();
+        let task = self.inner.tracker.spawn(async move {
+            let _admin = kernel.inner.cron.admin.clone().lock_owned().await;
+            if kernel
+                .inner
+                .cron
+                .state
+                .lock()
+                .entries
+                .contains_key(&spec.name)
+            {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "a cron entry named {:?} already exists",
+                    spec.name
+                )));
+            }
+            let created_ms = kernel.cron_now_ms();
+            if let Some(store) = &kernel.inner.store {
+                store
+                    .commit(Write::CronPut {
+                        name: spec.name.clone(),
+                        spec: serde_json::to_string(&spec).unwrap_or_default(),
+                        owner,
+                        source: CronSource::Api.as_str(),
+                        created_ms,
+                    })
+                    .await?;
+            }
+            let info = {
+                let mut state = kernel.inner.cron.state.lock();
+                let name = spec.name.clone();
+                state.insert(Entry {
                     spec,
                     schedule,
                     owner,
@@ -222,41 +264,53 @@ impl Kernel {
                     running: 0,
                     runs: 0,
                     history: VecDeque::new(),
-                },
-            );
-            state.reschedule(&name, created_ms);
-            state.entries.get(&name).map(Entry::info)
-        };
-        self.inner.cron.wake.notify_one();
-        info.ok_or_else(|| KernelError::FailedPrecondition("cron entry vanished".into()))
+                    generation: kernel.inner.cron.generation(),
+                });
+                state.reschedule(&name, created_ms);
+                state.entries.get(&name).map(Entry::info)
+            };
+            kernel.inner.cron.wake.notify_one();
+            info.ok_or_else(|| KernelError::FailedPrecondition("cron entry vanished".into()))
+        });
+        task.await
+            .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron change failed".into())))
     }
 
     /// Removes an entry the caller owns (the operator may remove any added through the API).
     pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
-        {
-            let state = self.inner.cron.state.lock();
-            let entry = state
-                .entries
-                .get(name)
-                .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))?;
-            if caller != Caller::Admin && entry.owner != caller.pid() {
-                return Err(KernelError::PermissionDenied(format!(
-                    "cron entry {name:?} belongs to process {}",
-                    entry.owner
-                )));
+        let kernel = self.clone();
+        let name = name.to_owned();
+        // In a task the kernel owns, like `add_cron`.
+        let task = self.inner.tracker.spawn(async move {
+            let _admin = kernel.inner.cron.admin.clone().lock_owned().await;
+            {
+                let state = kernel.inner.cron.state.lock();
+                let entry = state
+                    .entries
+                    .get(&name)
+                    .ok_or_else(|| KernelError::NoSuchCron(name.clone()))?;
+                if caller != Caller::Admin && entry.owner != caller.pid() {
+                    return Err(KernelError::PermissionDenied(format!(
+                        "cron entry {name:?} belongs to process {}",
+                        entry.owner
+                    )));
+                }
+                if entry.source == CronSource::Config {
+                    return Err(KernelError::FailedPrecondition(format!(
+                        "cron entry {name:?} is declared in the config; remove it there"
+                    )));
+                }
             }
-            if entry.source == CronSource::Config {
-                return Err(KernelError::FailedPrecondition(format!(
-                    "cron entry {name:?} is declared in the config; remove it there"
-                )));
+            // Out of memory first: no run starts or finishes for it meanwhile.
+            kernel.inner.cron.state.lock().remove(&name);
+            kernel.inner.cron.wake.notify_one();
+            if let Some(store) = &kernel.inner.store {
+                store.commit(Write::CronRemove(name)).await?;
             }
-        }
-        if let Some(store) = &self.inner.store {
-            store.commit(Write::CronRemove(name.to_owned())).await?;
-        }
-        self.inner.cron.state.lock().remove(name);
-        self.inner.cron.wake.notify_one();
-        Ok(())
+            Ok(())
+        });
+        task.await
+            .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron change failed".into())))
     }
 
     /// Entries the caller owns (every entry for the operator), by name.
@@ -322,6 +376,26 @@ impl Kernel {
                 }
                 (_, Ok((spec, schedule))) => {
                     let owner = stored.owner;
+                    // Processes that did not come back take their entries with them.
+                    let gone = |pid: Pid| {
+                        pid != Pid::KERNEL
+                            && !self
+                                .inner
+                                .table
+                                .read()
+                                .get(pid)
+                                .is_some_and(|e| e.is_alive())
+                    };
+                    if gone(owner) || gone(spec.target) {
+                        problems.push(format!(
+                            "cron {name:?} removed: its owner {owner} or target {} did not come back",
+                            spec.target
+                        ));
+                        if let Some(store) = &self.inner.store {
+                            store.submit(Write::CronRemove(name));
+                        }
+                        continue;
+                    }
                     entries.push((spec, schedule, owner, CronSource::Api, Some(stored)));
                 }
                 (_, Err(why)) => problems.push(format!("stored cron {name:?}: {why}")),
@@ -341,21 +415,19 @@ impl Kernel {
                 let missed = spec.enabled
                     && expr::next_after(&schedule, since).is_some_and(|slot| slot <= now);
                 let run_once = missed && spec.missed == Missed::RunOnce;
-                state.entries.insert(
-                    name.clone(),
-                    Entry {
-                        spec,
-                        schedule,
-                        owner,
-                        source,
-                        created_ms,
-                        last_fire_ms,
-                        next_ms: None,
-                        running: 0,
-                        runs,
-                        history: history.into(),
-                    },
-                );
+                state.insert(Entry {
+                    spec,
+                    schedule,
+                    owner,
+                    source,
+                    created_ms,
+                    last_fire_ms,
+                    next_ms: None,
+                    running: 0,
+                    runs,
+                    history: history.into(),
+                    generation: self.inner.cron.generation(),
+                });
                 // Never a slot at or before the last one fired, whatever the clock says.
                 state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
                 if run_once {
@@ -372,7 +444,7 @@ impl Kernel {
             }
         }
         for name in missed_now {
-            self.fire(&name, now).await;
+            self.fire(&name, now, false).await;
         }
         self.inner.cron.wake.notify_one();
         problems
@@ -402,7 +474,7 @@ impl Kernel {
                         due.cloned().collect()
                     };
                     for (slot, name) in &due {
-                        kernel.fire(name, *slot).await;
+                        kernel.fire(name, *slot, true).await;
                     }
                     if !due.is_empty() {
                         continue;
@@ -423,9 +495,15 @@ impl Kernel {
 
     /// Fires `name` for `slot`: reschedules it, then (unless the overlap
     /// policy skips it) commits the slot and starts the action.
-    async fn fire(&self, name: &str, slot: u64) {
-        let spec = {
+    async fn fire(&self, name: &str, slot: u64, due: bool) {
+        let (spec, generation) = {
             let mut state = self.inner.cron.state.lock();
+            let current = state.entries.get(name).and_then(|e| e.next_ms);
+            // A slot of an entry since removed or replaced: drop it, never fire it.
+            if due && current != Some(slot) {
+                state.due.remove(&(slot, name.to_owned()));
+                return;
+            }
             state.reschedule(name, slot.max(self.cron_now_ms()));
             let Some(entry) = state.entries.get_mut(name) else {
                 return;
@@ -442,7 +520,7 @@ impl Kernel {
             }
             entry.running += 1;
             entry.last_fire_ms = Some(slot);
-            entry.spec.clone()
+            (entry.spec.clone(), entry.generation)
         };
         // At most once: the slot is on disk before anything runs.
         if let Some(store) = &self.inner.store
@@ -455,8 +533,10 @@ impl Kernel {
         {
             tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
             let mut state = self.inner.cron.state.lock();
-            if let Some(entry) = state.entries.get_mut(name) {
-                entry.running -= 1;
+            if let Some(entry) = state.entries.get_mut(name)
+                && entry.generation == generation
+            {
+                entry.running = entry.running.saturating_sub(1);
             }
             return;
         }
@@ -474,8 +554,12 @@ impl Kernel {
                 }),
             };
             let mut state = kernel.inner.cron.state.lock();
-            if let Some(entry) = state.entries.get_mut(&name) {
-                entry.running = entry.running.saturating_sub(1);
+            // Only the entry that fired counts the run, not one that replaced it.
+            match state.entries.get_mut(&name) {
+                Some(entry) if entry.generation == generation => {
+                    entry.running = entry.running.saturating_sub(1);
+                }
+                _ => return,
             }
             kernel.record_run(&mut state, &name, run);
         });

@@ -303,6 +303,13 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
         EventKind::Reaped { .. } => {
             tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?
                 .execute([pid])?;
+            // A PID is never reused, so its state is dead weight, unless a
+            // config agent comes back as it.
+            tx.prepare_cached(
+                "DELETE FROM process_state WHERE pid = ?1
+                 AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
+            )?
+            .execute([pid])?;
         }
         _ => {}
     }
