@@ -238,7 +238,18 @@ async fn handle(
                     };
                     (outcome, ReplyTo::Waiter(tx))
                 }
-                other => (Some(tokio::time::timeout(limit, work).await), other),
+                other => {
+                    // Answered as failed if this handler is dropped first (its
+                    // process killed or its runtime failed mid-task).
+                    let unanswered = Unanswered {
+                        kernel: kernel.clone(),
+                        worker: pid,
+                        request_id,
+                        reply: Some(other),
+                    };
+                    let outcome = tokio::time::timeout(limit, work).await;
+                    (Some(outcome), unanswered.disarm())
+                }
             };
             let Some(outcome) = outcome else {
                 return Ok(());
@@ -298,6 +309,43 @@ async fn handle(
                 )),
             }
         }
+    }
+}
+
+/// A `delegate_async` reply port held while its task runs: dropped before
+/// [`Unanswered::disarm`], it tells the requester the task failed, so a
+/// killed worker never leaves its requester waiting.
+struct Unanswered {
+    kernel: Weak<Inner>,
+    worker: hivekernel_agents::Pid,
+    request_id: hivekernel_agents::RequestId,
+    reply: Option<ReplyTo>,
+}
+
+impl Unanswered {
+    /// The reply port, for the normal answer.
+    fn disarm(mut self) -> ReplyTo {
+        self.reply
+            .take()
+            .unwrap_or(ReplyTo::Mailbox(hivekernel_agents::Pid::KERNEL))
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let Some(inner) = self.kernel.upgrade() else {
+            return;
+        };
+        let kernel = Kernel { inner };
+        // A stop keeps the request in the store: the restart reports it.
+        if kernel.is_stopping() {
+            return;
+        }
+        let why = format!("process {} exited before answering", self.worker);
+        kernel.deliver_reply(self.worker, self.request_id, reply, Err(why));
     }
 }
 

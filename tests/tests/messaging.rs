@@ -393,3 +393,61 @@ async fn top_level_siblings_send_no_copies_to_the_kernel() {
         "a copy reached the kernel as an event"
     );
 }
+
+#[tokio::test]
+async fn a_delegated_task_whose_worker_is_killed_mid_task_is_answered_as_failed() {
+    let (kernel, journal) = kernel();
+    let lead = spawn_probe(&kernel, Pid::KERNEL, "lead", Role::Lead).await;
+    let (_, worker) = kernel
+        .execute_task(Caller::Admin, TaskSpec::new(lead, "spawn slow worker"))
+        .await
+        .unwrap();
+    let worker = Pid(worker.unwrap().parse().unwrap());
+    kernel
+        .execute_task(
+            Caller::Admin,
+            TaskSpec::new(lead, format!("delegate {} sleep 60000", worker.0)),
+        )
+        .await
+        .unwrap()
+        .1
+        .unwrap();
+    wait_until(
+        "the worker is on the task",
+        Duration::from_secs(10),
+        || async {
+            kernel
+                .get_process(Caller::Admin, worker)
+                .await
+                .is_ok_and(|p| p.state == hivekernel_agents::ProcessState::Running)
+        },
+    )
+    .await;
+    kernel.kill(Caller::Admin, worker, "stop").await.unwrap();
+    wait_until(
+        "the lead hears of its request",
+        Duration::from_secs(10),
+        || async {
+            journal
+                .of(lead)
+                .iter()
+                .any(|m| m.kind == hivekernel_agents::message::kinds::TASK_RESPONSE)
+        },
+    )
+    .await;
+    let response = journal
+        .of(lead)
+        .into_iter()
+        .find(|m| m.kind == hivekernel_agents::message::kinds::TASK_RESPONSE)
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_str(&response.payload).unwrap();
+    assert_eq!(body["success"], false);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("exited before answering"),
+        "{body}"
+    );
+    kernel.shutdown().await;
+}
