@@ -318,22 +318,7 @@ fn events_replay_in_sequence_order() {
 #[test]
 fn sigterm_stops_the_kernel_cleanly() {
     let mut kernel = Kernel::start();
-    let pid = kernel.child.id().to_string();
-    let signal = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(signal.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = kernel.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 10 s after SIGTERM:\n{}",
-            kernel.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "exit {status}:\n{}", kernel.log());
+    kernel.stop();
     assert!(!kernel.data_dir().join("kernel.addr").exists());
     kernel.cli(&["ps", "--token", "x"]).failed(3);
 }
@@ -417,27 +402,7 @@ fn exec_agents_log_to_files_shown_by_ps_and_end_with_the_kernel() {
     let queen = find(&kernel.ps(), 1).unwrap().clone();
     assert!(queen["log_path"].is_null(), "{queen}");
 
-    let pid = kernel.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = kernel.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running:\n{}",
-            kernel.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "exit {status}:\n{}", kernel.log());
+    kernel.stop();
     for os_pid in os_pids {
         assert!(
             !os_alive(&os_pid),

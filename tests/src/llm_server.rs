@@ -251,6 +251,18 @@ impl LlmServer {
         format!("http://{}/v1", self.addr)
     }
 
+    /// An OpenAI-compatible provider talking to this server: a 10 s request
+    /// timeout and no retries, so a scripted failure shows at once.
+    pub fn provider(&self) -> hivekernel_agents::llm::OpenAiProvider {
+        hivekernel_agents::llm::OpenAiProvider::new(hivekernel_agents::llm::OpenAiSettings {
+            base_url: self.base_url(),
+            request_timeout: Duration::from_secs(10),
+            max_retries: 0,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     /// Every request body received so far, in arrival order (non-JSON as a string).
     pub fn requests(&self) -> Vec<Value> {
         self.state.requests.lock().clone()

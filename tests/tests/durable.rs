@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
@@ -28,13 +27,7 @@ const STEP: Duration = Duration::from_secs(10);
 
 /// A durable kernel on `<dir>/hivekernel.db` whose agents talk to `server`.
 async fn durable(dir: &std::path::Path, server: &LlmServer) -> (Kernel, Journal, Recovered) {
-    let provider = OpenAiProvider::new(OpenAiSettings {
-        base_url: server.base_url(),
-        request_timeout: Duration::from_secs(10),
-        max_retries: 0,
-        ..OpenAiSettings::default()
-    })
-    .unwrap();
+    let provider = server.provider();
     let settings = KernelSettings {
         workspace: Some(dir.join("workspace")),
         ..test_settings()

@@ -85,6 +85,20 @@ async fn sleeper(served: &ExecKernel, name: &str) -> (u64, PathBuf, u32, String)
 }
 
 /// The next item of an attach stream, within [`STEP`].
+/// Spawns `echo_agent.py` named `name` through the Python client and waits
+/// until it has attached; its PID and the OS pid it logged.
+async fn python_agent(python: &Path, served: &ExecKernel, name: &str) -> (u64, u32) {
+    let pid: u64 = client_py(python, served, &["spawn", "--name", name])
+        .await
+        .ok()
+        .parse()
+        .unwrap();
+    let log = log_of(&mut served.admin(), pid).await;
+    wait_for_log(&log, &format!("attached as {name}")).await;
+    let os_pid = find_after(&log, "os pid").unwrap().parse().unwrap();
+    (pid, os_pid)
+}
+
 async fn next(stream: &mut Streaming<pb::Delivery>) -> Item {
     tokio::time::timeout(STEP, stream.message())
         .await
@@ -179,15 +193,8 @@ async fn python_agent_token_cannot_act_as_pid_1() {
 async fn killing_the_python_agent_leaves_no_os_process() {
     let Some(python) = python() else { return };
     let served = ExecKernel::start().await;
-    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "doomed"])
-        .await
-        .ok()
-        .parse()
-        .unwrap();
+    let (pid, os_pid) = python_agent(&python, &served, "doomed").await;
     let mut admin = served.admin();
-    let log = log_of(&mut admin, pid).await;
-    wait_for_log(&log, "attached as doomed").await;
-    let os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
     assert!(os_alive(os_pid));
     assert_eq!(group_members(os_pid), [os_pid], "it leads its own group");
 
@@ -210,15 +217,8 @@ async fn a_crash_of_the_python_agent_is_an_exit_with_its_status() {
     let Some(python) = python() else { return };
     let served = ExecKernel::start().await;
     let mut events = served.kernel.subscribe(None);
-    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "crasher"])
-        .await
-        .ok()
-        .parse()
-        .unwrap();
+    let (pid, os_pid) = python_agent(&python, &served, "crasher").await;
     let mut admin = served.admin();
-    let log = log_of(&mut admin, pid).await;
-    wait_for_log(&log, "attached as crasher").await;
-    let os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
 
     client_py(&python, &served, &["send", &pid.to_string(), "exit 3"]).await;
     let record = admin
@@ -252,15 +252,8 @@ async fn a_crash_of_the_python_agent_is_an_exit_with_its_status() {
 async fn shutdown_leaves_no_os_process() {
     let Some(python) = python() else { return };
     let served = ExecKernel::start().await;
-    let pid: u64 = client_py(&python, &served, &["spawn", "--name", "py"])
-        .await
-        .ok()
-        .parse()
-        .unwrap();
+    let (_, python_os_pid) = python_agent(&python, &served, "py").await;
     let mut admin = served.admin();
-    let log = log_of(&mut admin, pid).await;
-    wait_for_log(&log, "attached as py").await;
-    let python_os_pid: u32 = find_after(&log, "os pid").unwrap().parse().unwrap();
     // One that ignores SIGTERM, with a helper of its own: both need SIGKILL.
     let stubborn = spawn_exec(
         &mut admin,

@@ -6,9 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{ErrorKind, MemoryHit, NewMemory, Pid, Role, SpawnRequest, TaskSpec};
@@ -370,13 +368,7 @@ async fn a_tool_agent_remembers_and_stores_an_artifact_through_the_model_loop() 
         Scripted::content("noted"),
     ])
     .await;
-    let provider = OpenAiProvider::new(OpenAiSettings {
-        base_url: server.base_url(),
-        request_timeout: Duration::from_secs(10),
-        max_retries: 0,
-        ..OpenAiSettings::default()
-    })
-    .unwrap();
+    let provider = server.provider();
     let (registry, _) = agent_registry(AgentSettings::default(), &ToolSettings::default());
     let (store, recovered) = open_store(dir.path()).await;
     let kernel = Kernel::start_with(

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{Pid, Role, SpawnRequest, TaskSpec};
@@ -25,13 +24,7 @@ fn kernel_for(
     agent: AgentSettings,
     tools: ToolSettings,
 ) -> Kernel {
-    let provider = OpenAiProvider::new(OpenAiSettings {
-        base_url: server.base_url(),
-        request_timeout: Duration::from_secs(10),
-        max_retries: 0,
-        ..OpenAiSettings::default()
-    })
-    .unwrap();
+    let provider = server.provider();
     let settings = hivekernel_kernel::config::KernelSettings {
         workspace: Some(workspace.to_owned()),
         default_runtime: "tool_agent".into(),
