@@ -48,7 +48,16 @@ pub(crate) fn parse(expression: &str) -> Result<Schedule, String> {
             }
         }
     };
-    Schedule::from_str(&normalized).map_err(|err| format!("cannot parse {text:?}: {err}"))
+    Schedule::from_str(&normalized).map_err(|err| {
+        // The parser draws a caret under the 6-field form; its last line says what is wrong.
+        let err = err.to_string();
+        let why = err
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("invalid");
+        format!("cannot parse {text:?}: {why}")
+    })
 }
 
 /// The first time `schedule` fires strictly after `after_ms` (Unix ms).
