@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`process`]: PIDs, roles, tiers, states, limits, spawn requests, exit records.
 //! - [`message`]: priorities, message and task envelopes as a runtime sees them.
+//! - [`capability`]: capabilities a role grants, and sets of them.
 //! - [`supervision`]: restart policies and specs, supervision strategies.
 //! - [`artifact`]: artifacts (named blobs with an owner and a visibility) as processes see them.
 //! - [`memory`]: agent memory entries and recall hits.
@@ -18,6 +19,7 @@
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod artifact;
+pub mod capability;
 pub mod echo;
 pub mod llm;
 pub mod memory;
@@ -30,6 +32,7 @@ pub mod tool_agent;
 pub mod tools;
 
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
+pub use capability::{Capabilities, Capability};
 pub use memory::{MemoryEntry, MemoryHit, NewMemory};
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{

@@ -72,7 +72,7 @@ macro_rules! named_enum {
 pub(crate) use named_enum;
 
 named_enum!(
-    /// What a process is for; decides what it may do (a `task` may not spawn).
+    /// What a process is for; the `roles` config section grants each its capabilities.
     Role, "role" {
         Kernel = "kernel",
         Daemon = "daemon",
@@ -83,13 +83,6 @@ named_enum!(
         Task = "task",
     }
 );
-
-impl Role {
-    /// Whether a process of this role may have children.
-    pub fn may_spawn(self) -> bool {
-        self != Role::Task
-    }
-}
 
 named_enum!(
     /// How much judgement a process is trusted with; a child's tier is never above its parent's.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::capability::Capability;
 use crate::llm::ToolSchema;
 use crate::runtime::ProcessContext;
 use crate::syscalls::SyscallError;
@@ -64,6 +65,10 @@ pub trait Tool: Send + Sync + fmt::Debug {
 
     /// One line saying what it does.
     fn description(&self) -> &'static str;
+
+    /// The capability a process must hold to be given this tool; `None`:
+    /// any process may have it.
+    fn capability(&self) -> Option<Capability>;
 
     /// JSON schema of its arguments object.
     fn parameters(&self) -> serde_json::Value;
@@ -145,5 +150,13 @@ impl ToolRegistry {
     /// Registered names, sorted.
     pub fn names(&self) -> Vec<&'static str> {
         self.tools.keys().copied().collect()
+    }
+
+    /// Each registered tool's name and the capability it needs, sorted by name.
+    pub fn capabilities(&self) -> Vec<(&'static str, Option<Capability>)> {
+        self.tools
+            .iter()
+            .map(|(name, tool)| (*name, tool.capability()))
+            .collect()
     }
 }

@@ -23,6 +23,7 @@
 
 use std::time::SystemTime;
 
+use hivekernel_agents::Capability;
 use hivekernel_agents::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Pid, Visibility};
 
 use crate::error::{KernelError, Result};
@@ -64,6 +65,20 @@ impl Kernel {
     /// admin may name another process), replacing `owner`'s artifact of the
     /// same name; returns once committed. A refused store changes nothing.
     pub async fn store_artifact(
+        &self,
+        caller: Caller,
+        owner: Option<Pid>,
+        artifact: NewArtifact,
+    ) -> Result<ArtifactInfo> {
+        let result = match self.require(caller, Capability::WriteArtifact, "store artifacts") {
+            Ok(()) => self.store_artifact_checked(caller, owner, artifact).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "store_artifact", result)
+    }
+
+    /// [`Kernel::store_artifact`], once the caller holds the capability.
+    async fn store_artifact_checked(
         &self,
         caller: Caller,
         owner: Option<Pid>,
@@ -192,6 +207,15 @@ impl Kernel {
     /// Deletes an artifact: the admin any, a process one that it or a
     /// descendant of it owns (whatever its visibility).
     pub async fn delete_artifact(&self, caller: Caller, id: ArtifactId) -> Result<()> {
+        let result = match self.require(caller, Capability::WriteArtifact, "delete artifacts") {
+            Ok(()) => self.delete_artifact_checked(caller, id).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "delete_artifact", result)
+    }
+
+    /// [`Kernel::delete_artifact`], once the caller holds the capability.
+    async fn delete_artifact_checked(&self, caller: Caller, id: ArtifactId) -> Result<()> {
         let store = self.artifact_store()?;
         let stored = store
             .artifact(id, false)

@@ -28,7 +28,9 @@ use std::time::Duration;
 
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
-use hivekernel_agents::{LimitOverrides, RestartSpec, Role, Strategy, Tier};
+use hivekernel_agents::{
+    Capabilities, Capability, LimitOverrides, RestartSpec, Role, Strategy, Tier,
+};
 
 /// A validated startup config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +59,8 @@ pub struct Known {
     pub runtimes: Vec<String>,
     /// Registered tool names.
     pub tools: Vec<String>,
+    /// The capability each tool that needs one needs.
+    pub tool_capabilities: BTreeMap<String, Capability>,
 }
 
 /// Which model provider the kernel uses.
@@ -152,9 +156,23 @@ pub struct RoleSettings {
     pub restart: Option<RestartSpec>,
     /// Strategy of processes of this role for their children; `None`: one_for_one.
     pub strategy: Option<Strategy>,
+    /// What processes of this role may do; `None`: every capability.
+    pub capabilities: Option<Capabilities>,
 }
 
 impl KernelSettings {
+    /// What processes of `role` may do: its `roles` entry's list, else every
+    /// capability (PID 1 always has every one).
+    pub fn capabilities(&self, role: Role) -> Capabilities {
+        if role == Role::Kernel {
+            return Capabilities::ALL;
+        }
+        self.roles
+            .get(&role)
+            .and_then(|settings| settings.capabilities)
+            .unwrap_or(Capabilities::ALL)
+    }
+
     /// The root of the agents' workspaces.
     pub fn workspace_root(&self) -> PathBuf {
         self.workspace
@@ -271,14 +289,14 @@ fn load_sections(
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {
         if let Some(raw) = parse::agent(index, value, issues) {
-            agents.push(checks.agent(raw, &ceilings, issues));
+            agents.push(checks.agent(raw, &ceilings, &kernel, issues));
         }
     }
     let mut agents = validate::across_agents(agents, entries.len(), &ceilings, issues);
     let mut templates = Vec::new();
     for (index, value) in document.templates.unwrap_or_default().iter().enumerate() {
         if let Some(raw) = parse::entry("templates", index, value, issues) {
-            templates.push(checks.agent(raw, &ceilings, issues));
+            templates.push(checks.agent(raw, &ceilings, &kernel, issues));
         }
     }
     let templates = cron::templates(templates, issues);

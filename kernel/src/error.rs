@@ -1,6 +1,6 @@
 //! The kernel's error type: one variant per way an operation is refused.
 
-use hivekernel_agents::{ErrorKind, Pid, SyscallError};
+use hivekernel_agents::{Capability, ErrorKind, Pid, Role, SyscallError};
 
 /// Why a kernel operation was refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,13 +46,17 @@ pub enum KernelError {
         /// The parent's tier.
         parent: &'static str,
     },
-    /// The parent's role may not have children.
-    #[error("process {parent} has role {role}, which may not spawn children")]
-    RoleMayNotSpawn {
-        /// The parent.
-        parent: Pid,
+    /// The process's role does not grant what it asked to do.
+    #[error("process {pid} (role {role}) lacks capability {capability}, needed to {action}")]
+    MissingCapability {
+        /// The process that asked.
+        pid: Pid,
         /// Its role.
-        role: &'static str,
+        role: Role,
+        /// The capability it lacks.
+        capability: Capability,
+        /// What it asked to do.
+        action: &'static str,
     },
     /// A requested limit is larger than the parent's.
     #[error("limit {field} = {requested} exceeds the parent's {allowed}")]
@@ -131,7 +135,7 @@ impl KernelError {
             ParentNotAlive { .. } | FailedPrecondition(_) | NoStore(_) => {
                 ErrorKind::FailedPrecondition
             }
-            TierAboveParent { .. } | RoleMayNotSpawn { .. } | LimitExceedsParent { .. } => {
+            TierAboveParent { .. } | MissingCapability { .. } | LimitExceedsParent { .. } => {
                 ErrorKind::PermissionDenied
             }
             DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
@@ -139,6 +143,14 @@ impl KernelError {
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
             Store(_) => ErrorKind::Internal,
         }
+    }
+}
+
+impl KernelError {
+    /// Whether this is a refusal by policy (a capability, a limit from the
+    /// parent, a budget, a rate), which the kernel reports as a `denied` event.
+    pub fn is_denial(&self) -> bool {
+        self.kind() == ErrorKind::PermissionDenied
     }
 }
 

@@ -88,6 +88,14 @@ pub enum EventKind {
         /// Why.
         reason: String,
     },
+    /// The kernel refused this process something by policy (a capability,
+    /// its parent's tools or limits, a budget, a rate limit).
+    Denied {
+        /// What it asked to do (`spawn`, `kill`, `send_message`, ...).
+        action: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A task finished on this process.
     TaskFinished {
         /// Its request id.
@@ -150,6 +158,7 @@ impl EventKind {
             EventKind::MessageDropped { .. } => "message_dropped",
             EventKind::KernelMessage { .. } => "kernel_message",
             EventKind::RouteDenied { .. } => "route_denied",
+            EventKind::Denied { .. } => "denied",
             EventKind::TaskFinished { .. } => "task_finished",
             EventKind::Restarted { .. } => "restarted",
             EventKind::Escalated { .. } => "escalated",

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::llm::Provider;
-use hivekernel_agents::{Limits, Pid, ProcessContext, ProcessInfo, Role, Tier};
+use hivekernel_agents::{Capabilities, Limits, Pid, ProcessContext, ProcessInfo, Role, Tier};
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -142,6 +142,7 @@ impl Kernel {
                 running: Default::default(),
                 blocked: Default::default(),
                 usage: Default::default(),
+                caps: Capabilities::ALL,
             };
             let mut entries = rustc_hash::FxHashMap::default();
             entries.insert(

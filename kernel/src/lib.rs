@@ -10,6 +10,7 @@
 //! - [`kernel`]: the `Kernel` handle, shared state, queries, shutdown.
 //! - `process`: the process table and tree queries.
 //! - `spawn`: spawn validation and creation.
+//! - `acl`: role capabilities, the tools a child may get, `denied` events.
 //! - `supervisor`: kill of subtrees, exit records, `wait_child`, the zombie reaper.
 //! - `mailbox`: bounded priority mailboxes with aging and TTL.
 //! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
@@ -31,6 +32,7 @@
 //! - [`cli`]: the `hivekernel` command line.
 //! - [`error`]: the [`KernelError`] type.
 
+mod acl;
 mod artifacts;
 pub mod auth;
 pub mod cli;

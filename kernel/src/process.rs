@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use hivekernel_agents::llm::Usage;
 use hivekernel_agents::{
-    ExitRecord, Limits, LlmUsage, Pid, ProcessContext, ProcessInfo, ProcessState,
+    Capabilities, ExitRecord, Limits, LlmUsage, Pid, ProcessContext, ProcessInfo, ProcessState,
 };
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -31,6 +31,8 @@ pub(crate) struct ProcShared {
     pub(crate) blocked: AtomicU32,
     /// Model calls made through the kernel, and their tokens.
     pub(crate) usage: UsageCounters,
+    /// What it may do: its role's capabilities, narrowed to its parent's.
+    pub(crate) caps: Capabilities,
 }
 
 /// Model usage of one process, counted as the provider reported it.

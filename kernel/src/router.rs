@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use hivekernel_agents::Capability;
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
     Message, MessageId, Outgoing, Pid, Priority, RequestId, Role, Task, TaskReply, TaskSpec,
@@ -100,6 +101,15 @@ pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, R
 impl Kernel {
     /// Fire-and-forget: puts a message in `message.to`'s mailbox.
     pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+        let result = match self.require(caller, Capability::SendMessage, "send messages") {
+            Ok(()) => self.send_message_checked(caller, message).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "send_message", result)
+    }
+
+    /// [`Kernel::send_message`], once the caller holds the capability.
+    async fn send_message_checked(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
         self.check_running()?;
         check_payload("payload", &message.payload)?;
         if let Some(ttl) = message.ttl {

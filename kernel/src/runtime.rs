@@ -17,7 +17,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use hivekernel_agents::echo::EchoFactory;
 use hivekernel_agents::tool_agent::{AgentSettings, ToolAgentFactory};
 use hivekernel_agents::tools::ToolRegistry;
-use hivekernel_agents::{ExecCommand, Runtime, RuntimeFactory};
+use hivekernel_agents::{Capability, ExecCommand, Runtime, RuntimeFactory};
 use tokio::time::Instant;
 
 use crate::error::KernelError;
@@ -33,8 +33,9 @@ use crate::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeRegistry {
     factories: BTreeMap<String, Arc<dyn RuntimeFactory>>,
-    /// Tool names the `tool_agent` runtime offers (for config checks).
-    tools: Vec<&'static str>,
+    /// Tools the `tool_agent` runtime offers and the capability each needs,
+    /// sorted by name (for config and spawn checks).
+    tools: Vec<(&'static str, Option<Capability>)>,
     /// The `exec` runtime, once the kernel's gRPC server is known.
     exec: Option<Arc<ExecRuntime>>,
 }
@@ -61,7 +62,7 @@ impl RuntimeRegistry {
     /// `echo`, and `tool_agent` made by `factory`.
     pub fn with_tool_agent(factory: ToolAgentFactory) -> Self {
         let mut registry = RuntimeRegistry {
-            tools: factory.tools().names(),
+            tools: factory.tools().capabilities(),
             ..RuntimeRegistry::default()
         };
         registry.register("echo", Arc::new(EchoFactory::default()));
@@ -119,6 +120,13 @@ impl RuntimeRegistry {
         self.factories.get(name)
     }
 
+    /// The capability a process needs to be given tool `name`; `None` for a
+    /// tool any process may have, or one this kernel does not know.
+    pub(crate) fn tool_capability(&self, name: &str) -> Option<Capability> {
+        let at = self.tools.binary_search_by(|(tool, _)| (*tool).cmp(name));
+        at.ok().and_then(|i| self.tools[i].1)
+    }
+
     /// Registered names, sorted; `exec` when enabled.
     pub fn names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.factories.keys().map(String::as_str).collect();
@@ -138,7 +146,16 @@ impl RuntimeRegistry {
         runtimes.dedup();
         crate::config::Known {
             runtimes,
-            tools: self.tools.iter().map(|&tool| tool.to_owned()).collect(),
+            tools: self
+                .tools
+                .iter()
+                .map(|(tool, _)| (*tool).to_owned())
+                .collect(),
+            tool_capabilities: self
+                .tools
+                .iter()
+                .filter_map(|(tool, cap)| Some(((*tool).to_owned(), (*cap)?)))
+                .collect(),
         }
     }
 }

@@ -4,9 +4,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use hivekernel_agents::{
-    Limits, Pid, ProcessContext, RestartSpec, Role, Runtime, SpawnRequest, Strategy, Workspace,
+    Capability, Limits, Pid, ProcessContext, RestartSpec, Role, Runtime, SpawnRequest, Strategy,
+    Workspace,
 };
 
+use crate::acl::ChildGrant;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
@@ -25,9 +27,11 @@ impl Kernel {
     ///
     /// Refused when: the name is empty or malformed; the runtime is unknown;
     /// the caller is not the parent (or the admin); the parent is not alive;
-    /// the parent's role may not spawn; the child's tier is above the
+    /// the parent lacks `spawn_children`; a tool is not the parent's or needs
+    /// a capability the child does not get; the child's tier is above the
     /// parent's; the child would be deeper than allowed; the parent has its
     /// maximum of live children; a requested limit exceeds the parent's.
+    /// Refusals by policy are also reported as `denied` events of the parent.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
         self.spawn_as(caller, request, None).await
     }
@@ -67,7 +71,9 @@ impl Kernel {
             supervision,
             reuse,
         };
-        let (pid, launch) = self.admit(caller, request, admitted)?;
+        let parent = request.parent;
+        let admitted = self.admit(caller, request, admitted);
+        let (pid, launch) = self.report_denial(Caller::Process(parent), "spawn", admitted)?;
         if let Some(store) = &self.inner.store
             && let Err(err) = self.inner.pids.committed(store, pid.0).await
         {
@@ -120,12 +126,23 @@ impl Kernel {
             )));
         }
         let pctx = &parent_entry.proc.ctx;
-        if !pctx.role.may_spawn() {
-            return Err(KernelError::RoleMayNotSpawn {
-                parent,
-                role: pctx.role.as_str(),
+        let parent_caps = parent_entry.proc.caps;
+        if !parent_caps.contains(Capability::SpawnChildren) {
+            return Err(KernelError::MissingCapability {
+                pid: parent,
+                role: pctx.role,
+                capability: Capability::SpawnChildren,
+                action: "spawn children",
             });
         }
+        let grant = ChildGrant {
+            parent,
+            parent_role: pctx.role,
+            parent_caps,
+            parent_tools: &pctx.tools,
+            role_caps: self.inner.settings.capabilities(request.role),
+        };
+        let caps = grant.check(request.role, &request.tools, &self.inner.runtimes)?;
         let tier = request.tier.unwrap_or(pctx.tier);
         if tier.rank() > pctx.tier.rank() {
             return Err(KernelError::TierAboveParent {
@@ -207,6 +224,7 @@ impl Kernel {
             running: Default::default(),
             blocked: Default::default(),
             usage: Default::default(),
+            caps,
         });
         let runner = self
             .inner

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use hivekernel_agents::Capability;
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{ExitRecord, Message, Pid, Priority};
 use parking_lot::Mutex;
@@ -169,6 +170,15 @@ impl Kernel {
     /// Kills `pid` and its subtree, leaves first, and waits until none of them runs.
     /// Returns the PIDs that exited, leaves first.
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
+        let result = match self.require(caller, Capability::KillProcesses, "kill processes") {
+            Ok(()) => self.kill_checked(caller, pid, reason).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "kill", result)
+    }
+
+    /// [`Kernel::kill`], once the caller holds the capability.
+    async fn kill_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
         if pid == Pid::KERNEL {
             return Err(KernelError::PermissionDenied(
                 "PID 1 is the kernel; stop it with SIGTERM or SIGINT".into(),

@@ -23,20 +23,33 @@ pub mod web_server;
 use std::future::Future;
 use std::time::Duration;
 
-use hivekernel_kernel::config::KernelSettings;
+use hivekernel_agents::{Capability, Role};
+use hivekernel_kernel::config::{KernelSettings, RoleSettings};
 use hivekernel_kernel::store::{Recovered, Store, Synchronous};
 use hivekernel_kernel::{Kernel, RuntimeRegistry};
 pub use probe::Journal;
 
 /// Settings with small limits and short timeouts, suitable for tests; the
-/// default runtime is `echo`, so kernel tests need no model.
+/// default runtime is `echo`, so kernel tests need no model. Every role has
+/// every capability except `task`, which may not spawn (as in the shipped config).
 pub fn test_settings() -> KernelSettings {
+    let task = RoleSettings {
+        capabilities: Some(
+            Capability::ALL
+                .iter()
+                .copied()
+                .filter(|c| *c != Capability::SpawnChildren)
+                .collect(),
+        ),
+        ..RoleSettings::default()
+    };
     KernelSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         default_runtime: "echo".into(),
         task_timeout_seconds: 10,
         zombie_timeout_seconds: 30,
         shutdown_grace_ms: 500,
+        roles: [(Role::Task, task)].into(),
         ..KernelSettings::default()
     }
 }

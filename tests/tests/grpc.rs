@@ -517,7 +517,7 @@ async fn each_error_class_maps_to_its_grpc_code() {
     assert_status(
         client.spawn(spawn_req(task, "child")).await,
         Code::PermissionDenied,
-        "may not spawn",
+        "lacks capability spawn_children",
     );
 
     // A full parent.

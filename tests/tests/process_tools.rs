@@ -35,7 +35,15 @@ async fn fixture() -> Fixture {
     runtimes.register("capture", capture.clone());
     let kernel = Kernel::start(test_settings(), runtimes);
     Fixture {
-        lead: captured(&kernel, &capture, Pid::KERNEL, "lead", Role::Lead).await,
+        lead: captured_with(
+            &kernel,
+            &capture,
+            Pid::KERNEL,
+            "lead",
+            Role::Lead,
+            &["read_file"],
+        )
+        .await,
         kernel,
         journal,
         capture,
@@ -51,8 +59,21 @@ async fn captured(
     name: &str,
     role: Role,
 ) -> ProcessContext {
+    captured_with(kernel, capture, parent, name, role, &[]).await
+}
+
+/// [`captured`], given `tools` (which its children may be given too).
+async fn captured_with(
+    kernel: &Kernel,
+    capture: &Capture,
+    parent: Pid,
+    name: &str,
+    role: Role,
+    tools: &[&str],
+) -> ProcessContext {
     let mut request = SpawnRequest::new(parent, name);
     request.role = role;
+    request.tools = tools.iter().map(|t| (*t).to_owned()).collect();
     request.runtime = Some("capture".into());
     kernel.spawn(Caller::Admin, request).await.unwrap();
     capture.take().unwrap()
@@ -279,7 +300,7 @@ async fn kernel_refusals_come_back_as_tool_errors() {
         .await
         .unwrap_err()
         .0;
-    assert!(err.contains("may not spawn"), "{err}");
+    assert!(err.contains("lacks capability spawn_children"), "{err}");
 
     let peer = spawn_probe(&fx.kernel, Pid::KERNEL, "peer", Role::Worker).await;
     let err = fx.refused("kill_child", json!({"pid": peer.0})).await;

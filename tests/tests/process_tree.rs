@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use hivekernel_agents::message::kinds;
-use hivekernel_agents::{ErrorKind, LimitOverrides, Pid, ProcessState, Role, SpawnRequest, Tier};
+use hivekernel_agents::{
+    Capability, ErrorKind, LimitOverrides, Pid, ProcessState, Role, SpawnRequest, Tier,
+};
 use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::{Caller, EXIT_KILLED, EXIT_PANICKED, KernelError};
 use hivekernel_tests::{
@@ -182,9 +184,11 @@ async fn a_task_may_not_spawn() {
         .unwrap_err();
     assert_eq!(
         err,
-        KernelError::RoleMayNotSpawn {
-            parent: task,
-            role: "task"
+        KernelError::MissingCapability {
+            pid: task,
+            role: Role::Task,
+            capability: Capability::SpawnChildren,
+            action: "spawn children",
         }
     );
     // The same rule through the process's own syscalls.
@@ -195,7 +199,11 @@ async fn a_task_may_not_spawn() {
         )
         .await
         .unwrap();
-    assert!(reply.unwrap_err().contains("may not spawn"));
+    assert!(
+        reply
+            .unwrap_err()
+            .contains("lacks capability spawn_children")
+    );
 }
 
 #[tokio::test]

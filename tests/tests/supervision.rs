@@ -602,14 +602,14 @@ async fn role_defaults_come_from_the_settings_and_a_request_overrides_them() {
         Role::Worker,
         RoleSettings {
             restart: Some(restart(Permanent, 3)),
-            strategy: None,
+            ..RoleSettings::default()
         },
     );
     settings.roles.insert(
         Role::Lead,
         RoleSettings {
-            restart: None,
             strategy: Some(Strategy::OneForAll),
+            ..RoleSettings::default()
         },
     );
     let (kernel, _) = kernel_with(settings);

@@ -4,6 +4,7 @@
 //! Content goes in and out as text; an artifact whose bytes are not UTF-8
 //! (stored over gRPC, say) is described but not shown.
 
+use crate::capability::Capability;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -61,6 +62,10 @@ impl Tool for StoreArtifact {
         "store_artifact"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::WriteArtifact)
+    }
+
     fn description(&self) -> &'static str {
         "Store a named text artifact (a result to keep or share); storing a name again replaces it. Answers its id."
     }
@@ -116,6 +121,10 @@ impl Tool for GetArtifact {
         "get_artifact"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
     fn description(&self) -> &'static str {
         "Read an artifact by id: its description and text content as JSON."
     }
@@ -157,6 +166,10 @@ impl Tool for GetArtifact {
 impl Tool for ListArtifacts {
     fn name(&self) -> &'static str {
         "list_artifacts"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {

@@ -3,6 +3,7 @@
 //! They act through `Syscalls`, so an agent may aim an entry only at itself
 //! or a descendant, and sees and removes only its own entries.
 
+use crate::capability::Capability;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -61,6 +62,10 @@ impl Tool for ScheduleCron {
         "schedule_cron"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::ManageCron)
+    }
+
     fn description(&self) -> &'static str {
         "Schedule a recurring task, spawn or message (cron expression, UTC) for yourself or a descendant."
     }
@@ -115,6 +120,10 @@ impl Tool for ListCron {
         "list_cron"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
     fn description(&self) -> &'static str {
         "List your cron entries with their next run and latest runs."
     }
@@ -150,6 +159,10 @@ impl Tool for ListCron {
 impl Tool for RemoveCron {
     fn name(&self) -> &'static str {
         "remove_cron"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::ManageCron)
     }
 
     fn description(&self) -> &'static str {

@@ -1,6 +1,7 @@
 //! `memory_store` and `memory_recall`: an agent's own long-term memory, kept
 //! by the kernel across restarts and searched by words.
 
+use crate::capability::Capability;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -49,6 +50,10 @@ impl Tool for MemoryStore {
         "memory_store"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
     fn description(&self) -> &'static str {
         "Remember a text for later (kept across restarts; only you can recall it). Storing a key again replaces that entry."
     }
@@ -87,6 +92,10 @@ impl Tool for MemoryStore {
 impl Tool for MemoryRecall {
     fn name(&self) -> &'static str {
         "memory_recall"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {

@@ -20,6 +20,7 @@
 //! its failure or timeout, and, when the caller's task is abandoned
 //! mid-flight, by a guard that dismisses whatever is still running.
 
+use crate::capability::Capability;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +97,10 @@ struct Args {
 impl Tool for Orchestrate {
     fn name(&self) -> &'static str {
         "orchestrate"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::SpawnChildren)
     }
 
     fn description(&self) -> &'static str {

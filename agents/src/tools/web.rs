@@ -39,6 +39,7 @@ mod fetch;
 mod guard;
 mod html;
 
+use crate::capability::Capability;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,6 +139,10 @@ struct Args {
 impl Tool for WebFetch {
     fn name(&self) -> &'static str {
         "web_fetch"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::NetworkAccess)
     }
 
     fn description(&self) -> &'static str {

@@ -1,8 +1,9 @@
-//! Supervision in the config, both phases: the `roles` section (defaults per
-//! role) and the `restart` and `strategy` fields an agent or a role may set.
+//! Roles in the config, both phases: the `roles` section (capabilities and
+//! supervision defaults per role) and the `restart` and `strategy` fields an agent or a role may set.
 //!
 //! ```json
 //! "roles": {
+//!   "worker": { "capabilities": ["file_read", "send_message"] },
 //!   "daemon": { "restart": { "policy": "permanent", "max_restarts": 3,
 //!                            "within_seconds": 60, "backoff_ms": [1000, 30000] } },
 //!   "lead":   { "strategy": "one_for_all" }
@@ -12,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use hivekernel_agents::{RestartPolicy, RestartSpec, Role, Strategy};
+use hivekernel_agents::{Capabilities, Capability, RestartPolicy, RestartSpec, Role, Strategy};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -25,6 +26,7 @@ use super::{ConfigIssue, RoleSettings, at};
 pub(super) struct RawRole {
     restart: Option<Value>,
     strategy: Option<String>,
+    capabilities: Option<Vec<String>>,
 }
 
 /// A `restart` object as written; absent numbers take the defaults.
@@ -81,9 +83,35 @@ pub(super) fn roles(
         let raw = section::<RawRole>(Some(settings), &location, issues).value;
         let restart = restart(raw.restart.as_ref(), &at(&location, "restart"), issues);
         let strategy = strategy(raw.strategy.as_deref(), &at(&location, "strategy"), issues);
-        roles.insert(role, RoleSettings { restart, strategy });
+        let capabilities = raw
+            .capabilities
+            .map(|names| capabilities(&names, &at(&location, "capabilities"), issues));
+        roles.insert(
+            role,
+            RoleSettings {
+                restart,
+                strategy,
+                capabilities,
+            },
+        );
     }
     roles
+}
+
+/// Parses a `capabilities` list at `location`; unknown and repeated names are issues.
+fn capabilities(names: &[String], location: &str, issues: &mut Vec<ConfigIssue>) -> Capabilities {
+    let mut set = Capabilities::NONE;
+    for (i, name) in names.iter().enumerate() {
+        match name.parse::<Capability>() {
+            Ok(capability) if set.contains(capability) => issues.push(ConfigIssue::new(
+                format!("{location}[{i}]"),
+                format!("duplicate capability {name:?}"),
+            )),
+            Ok(capability) => set = set.with(capability),
+            Err(problem) => issues.push(ConfigIssue::new(format!("{location}[{i}]"), problem)),
+        }
+    }
+    set
 }
 
 /// Parses and checks a `restart` object at `location`; `None` when absent.

@@ -14,6 +14,11 @@ fn known() -> Known {
             "read_file".into(),
             "spawn_child".into(),
         ],
+        tool_capabilities: [
+            ("read_file".into(), Capability::FileRead),
+            ("spawn_child".into(), Capability::SpawnChildren),
+        ]
+        .into(),
     }
 }
 
@@ -707,7 +712,7 @@ fn restart_and_strategy_mistakes_are_all_reported_where_they_are() {
                       "daemon": {"restart": {"policy": "forever"}},
                       "task": {"restart": {"policy": "temporary", "backoff_ms": [500, 100]}},
                       "worker": {"restart": {"max_restarts": 2}},
-                      "agent": {"capabilities": []},
+                      "agent": {"capabilities": ["root", "file_read", "file_read"], "limits": {}},
                       "lead": {"strategy": "all_for_one"}},
             "agents": [{"name": "a",
                         "restart": {"policy": "permanent", "within_seconds": 0,
@@ -738,8 +743,18 @@ fn restart_and_strategy_mistakes_are_all_reported_where_they_are() {
     );
     assert_issue(
         &found,
-        "roles.agent.capabilities",
-        &["unknown field `capabilities`", "`restart`", "`strategy`"],
+        "roles.agent.limits",
+        &["unknown field `limits`", "`capabilities`", "`restart`"],
+    );
+    assert_issue(
+        &found,
+        "roles.agent.capabilities[0]",
+        &["unknown capability \"root\"", "spawn_children"],
+    );
+    assert_issue(
+        &found,
+        "roles.agent.capabilities[2]",
+        &["duplicate capability \"file_read\""],
     );
     assert_issue(
         &found,
@@ -772,7 +787,7 @@ fn restart_and_strategy_mistakes_are_all_reported_where_they_are() {
         "agents[1] (b).restart.backoff_ms",
         &["at most 3600000 ms, got 7200000"],
     );
-    assert_eq!(found.len(), 13, "{found:#?}");
+    assert_eq!(found.len(), 15, "{found:#?}");
 }
 
 #[test]
@@ -964,4 +979,24 @@ fn artifact_and_memory_limits_load_and_are_checked_by_name() {
     assert_issue(&found, "kernel.memory.max_entry_bytes", &["got 2000000"]);
     assert_issue(&found, "kernel.memory.max_results", &["between 1 and 1000"]);
     assert_eq!(found.len(), 5, "{found:#?}");
+}
+
+#[test]
+fn a_tool_needs_a_capability_its_role_grants() {
+    let found = issues(
+        r#"{"roles": {"worker": {"capabilities": ["send_message"]}},
+            "agents": [{"name": "w", "role": "worker", "tools": ["execute_task", "read_file"]},
+                       {"name": "a", "role": "agent", "tools": ["read_file", "spawn_child"]}]}"#,
+    );
+    assert_issue(
+        &found,
+        "agents[0] (w).tools[1]",
+        &[
+            "tool \"read_file\" needs capability file_read",
+            "role worker",
+            "roles.worker.capabilities",
+        ],
+    );
+    // A role the config does not list has every capability.
+    assert_eq!(found.len(), 1, "{found:#?}");
 }

@@ -179,6 +179,7 @@ impl<'a> Context<'a> {
         &self,
         agent: Agent,
         ceilings: &Ceilings,
+        kernel: &KernelSettings,
         issues: &mut Vec<ConfigIssue>,
     ) -> Checked {
         let Agent {
@@ -232,6 +233,7 @@ impl<'a> Context<'a> {
 
         let exec = self.exec_command(raw, &loc, issues);
         self.check_tools(&raw.tools, &loc("tools"), issues);
+        self.check_tool_capabilities(&raw.tools, kernel, role, &loc("tools"), issues);
         check_limits(&limits.value, ceilings, &loc("limits"), issues);
         let restart = super::supervision::restart(raw.restart.as_ref(), &loc("restart"), issues);
         let strategy = raw.strategy.as_deref();
@@ -366,6 +368,31 @@ impl<'a> Context<'a> {
                 ));
             } else {
                 first_seen.insert(tool, i);
+            }
+        }
+    }
+
+    /// Checks that `role` grants every capability the tools need.
+    fn check_tool_capabilities(
+        &self,
+        tools: &[String],
+        kernel: &KernelSettings,
+        role: Role,
+        location: &str,
+        issues: &mut Vec<ConfigIssue>,
+    ) {
+        let granted = kernel.capabilities(role);
+        for (i, tool) in tools.iter().enumerate() {
+            if let Some(&needed) = self.known.tool_capabilities.get(tool)
+                && !granted.contains(needed)
+            {
+                issues.push(ConfigIssue::new(
+                    format!("{location}[{i}]"),
+                    format!(
+                        "tool {tool:?} needs capability {needed}, which role {role} does not \
+                         have (roles.{role}.capabilities)"
+                    ),
+                ));
             }
         }
     }

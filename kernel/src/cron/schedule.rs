@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cron::Schedule;
+use hivekernel_agents::Capability;
 use hivekernel_agents::{Pid, SpawnRequest};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
@@ -201,6 +202,15 @@ impl Kernel {
     /// Adds an entry owned by the caller; a process may only aim it at
     /// itself or its descendants.
     pub async fn add_cron(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
+        let result = match self.require(caller, Capability::ManageCron, "add cron entries") {
+            Ok(()) => self.add_cron_checked(caller, spec).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "add_cron", result)
+    }
+
+    /// [`Kernel::add_cron`], once the caller holds the capability.
+    async fn add_cron_checked(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
         self.check_running()?;
         let schedule = self.check_cron(caller, &spec)?;
         let owner = caller.pid();
@@ -278,6 +288,15 @@ impl Kernel {
 
     /// Removes an entry the caller owns (the operator may remove any added through the API).
     pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
+        let result = match self.require(caller, Capability::ManageCron, "remove cron entries") {
+            Ok(()) => self.remove_cron_checked(caller, name).await,
+            Err(err) => Err(err),
+        };
+        self.report_denial(caller, "remove_cron", result)
+    }
+
+    /// [`Kernel::remove_cron`], once the caller holds the capability.
+    async fn remove_cron_checked(&self, caller: Caller, name: &str) -> Result<()> {
         let kernel = self.clone();
         let name = name.to_owned();
         // In a task the kernel owns, like `add_cron`.

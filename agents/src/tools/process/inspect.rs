@@ -1,5 +1,6 @@
 //! `list_children`, `list_siblings` and `get_process_info`.
 
+use crate::capability::Capability;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -41,6 +42,10 @@ impl Tool for ListChildren {
         "list_children"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
     fn description(&self) -> &'static str {
         "List your live children as JSON: pid, name, role, tier, state."
     }
@@ -65,6 +70,10 @@ impl Tool for ListChildren {
 impl Tool for ListSiblings {
     fn name(&self) -> &'static str {
         "list_siblings"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {
@@ -94,6 +103,10 @@ impl Tool for ListSiblings {
 impl Tool for GetProcessInfo {
     fn name(&self) -> &'static str {
         "get_process_info"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {

@@ -1,5 +1,6 @@
 //! `execute_task`, `delegate_async` and `send_message`.
 
+use crate::capability::Capability;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -53,6 +54,10 @@ impl Tool for ExecuteTask {
         "execute_task"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
     fn description(&self) -> &'static str {
         "Run a task on another process and wait for its output (default timeout: the target's)."
     }
@@ -87,6 +92,10 @@ impl Tool for ExecuteTask {
 impl Tool for DelegateAsync {
     fn name(&self) -> &'static str {
         "delegate_async"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {
@@ -124,6 +133,10 @@ impl Tool for DelegateAsync {
 impl Tool for SendMessage {
     fn name(&self) -> &'static str {
         "send_message"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::SendMessage)
     }
 
     fn description(&self) -> &'static str {

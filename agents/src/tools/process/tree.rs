@@ -1,5 +1,6 @@
 //! `spawn_child`, `kill_child` and `wait_child`.
 
+use crate::capability::Capability;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -62,6 +63,10 @@ impl Tool for SpawnChild {
         "spawn_child"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::SpawnChildren)
+    }
+
     fn description(&self) -> &'static str {
         "Spawn a child process under you; role, tier, model and limits default to what the kernel allows."
     }
@@ -72,7 +77,7 @@ impl Tool for SpawnChild {
             "type": "object",
             "properties": {
                 "name": { "type": "string", "description": "Name of the new process." },
-                "role": { "type": "string", "enum": role_names(), "description": "Its role (default agent); a task may not spawn." },
+                "role": { "type": "string", "enum": role_names(), "description": "Its role (default agent); the role decides what it may do." },
                 "tier": { "type": "string", "enum": tiers, "description": "Its tier (default yours); never above yours." },
                 "prompt": { "type": "string", "description": "Its system prompt." },
                 "tools": { "type": "array", "items": { "type": "string" }, "description": "Tool names it may use." },
@@ -134,6 +139,10 @@ impl Tool for KillChild {
         "kill_child"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::KillProcesses)
+    }
+
     fn description(&self) -> &'static str {
         "Kill one of your descendants and everything below it; answers the PIDs that exited."
     }
@@ -166,6 +175,10 @@ impl Tool for KillChild {
 impl Tool for WaitChild {
     fn name(&self) -> &'static str {
         "wait_child"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
     }
 
     fn description(&self) -> &'static str {

@@ -1,5 +1,6 @@
 //! `read_file`, `write_file`, `edit_file` and `list_dir`.
 
+use crate::capability::Capability;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -68,6 +69,10 @@ impl Tool for ReadFile {
         "read_file"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::FileRead)
+    }
+
     fn description(&self) -> &'static str {
         "Read a text file in your workspace (up to 256 KiB per call; use offset to continue)."
     }
@@ -123,6 +128,10 @@ impl Tool for WriteFile {
         "write_file"
     }
 
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::FileWrite)
+    }
+
     fn description(&self) -> &'static str {
         "Create or replace a file in your workspace (parent directories are created; up to 1 MiB)."
     }
@@ -167,6 +176,10 @@ impl Tool for WriteFile {
 impl Tool for EditFile {
     fn name(&self) -> &'static str {
         "edit_file"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::FileWrite)
     }
 
     fn description(&self) -> &'static str {
@@ -268,6 +281,10 @@ fn occurrences(text: &str, needle: &str) -> (usize, usize) {
 impl Tool for ListDir {
     fn name(&self) -> &'static str {
         "list_dir"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::FileRead)
     }
 
     fn description(&self) -> &'static str {

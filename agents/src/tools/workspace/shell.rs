@@ -17,6 +17,7 @@
 //! [`SHELL_OUTPUT_LIMIT`](super::SHELL_OUTPUT_LIMIT) bytes; the rest is read
 //! and dropped, so a flood neither fills memory nor blocks the writer.
 
+use crate::capability::Capability;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -56,6 +57,10 @@ struct Args {
 impl Tool for ShellExec {
     fn name(&self) -> &'static str {
         "shell_exec"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        Some(Capability::ShellExec)
     }
 
     fn description(&self) -> &'static str {

@@ -1,0 +1,143 @@
+//! Capabilities: what a process may do, granted per role in config.
+//!
+//! A process holds the capabilities of its role, narrowed to its parent's,
+//! so a child never holds more than its parent. Every kernel operation a
+//! process asks for, and every tool it is given, names the capability it
+//! needs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::process::named_enum;
+
+named_enum!(
+    /// One right a role can grant.
+    Capability, "capability" {
+        /// Create child processes (`spawn_child`, `orchestrate`).
+        SpawnChildren = "spawn_children",
+        /// End processes in its subtree (`kill_child`).
+        KillProcesses = "kill_processes",
+        /// Send messages (`send_message`).
+        SendMessage = "send_message",
+        /// Store and delete artifacts (`store_artifact`).
+        WriteArtifact = "write_artifact",
+        /// Run shell commands in its workspace (`shell_exec`).
+        ShellExec = "shell_exec",
+        /// Write files in its workspace (`write_file`, `edit_file`).
+        FileWrite = "file_write",
+        /// Read files in its workspace (`read_file`, `list_dir`).
+        FileRead = "file_read",
+        /// Reach the network (`web_fetch`).
+        NetworkAccess = "network_access",
+        /// Add and remove cron entries (`schedule_cron`, `remove_cron`).
+        ManageCron = "manage_cron",
+        /// Give a child its own token budget (`max_tokens_total` at spawn).
+        BudgetAllocate = "budget_allocate",
+    }
+);
+
+impl Capability {
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+}
+
+/// A set of capabilities.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Capabilities(u16);
+
+impl Capabilities {
+    /// No capability.
+    pub const NONE: Capabilities = Capabilities(0);
+    /// Every capability.
+    pub const ALL: Capabilities = Capabilities((1 << Capability::ALL.len()) - 1);
+
+    /// Whether `capability` is in the set.
+    pub fn contains(self, capability: Capability) -> bool {
+        self.0 & capability.bit() != 0
+    }
+
+    /// The set with `capability` added.
+    pub fn with(self, capability: Capability) -> Capabilities {
+        Capabilities(self.0 | capability.bit())
+    }
+
+    /// What both sets hold.
+    pub fn intersect(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 & other.0)
+    }
+
+    /// The members, in declaration order.
+    pub fn iter(self) -> impl Iterator<Item = Capability> {
+        Capability::ALL
+            .iter()
+            .copied()
+            .filter(move |c| self.contains(*c))
+    }
+
+    /// The members' names, in declaration order.
+    pub fn names(self) -> Vec<&'static str> {
+        self.iter().map(Capability::as_str).collect()
+    }
+}
+
+impl FromIterator<Capability> for Capabilities {
+    fn from_iter<I: IntoIterator<Item = Capability>>(iter: I) -> Self {
+        iter.into_iter()
+            .fold(Capabilities::NONE, Capabilities::with)
+    }
+}
+
+impl fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.names()).finish()
+    }
+}
+
+impl Serialize for Capabilities {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Capabilities {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let list = Vec::<Capability>::deserialize(deserializer)?;
+        Ok(list.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn sets_hold_what_was_put_in() {
+        let set: Capabilities = [Capability::ShellExec, Capability::FileRead]
+            .into_iter()
+            .collect();
+        assert!(set.contains(Capability::ShellExec));
+        assert!(!set.contains(Capability::FileWrite));
+        assert_eq!(set.names(), ["shell_exec", "file_read"]);
+        assert_eq!(Capabilities::ALL.iter().count(), Capability::ALL.len());
+        assert_eq!(
+            Capabilities::ALL.intersect(set),
+            set,
+            "ALL is the identity of intersect"
+        );
+        assert_eq!(set.intersect(Capabilities::NONE), Capabilities::NONE);
+    }
+
+    #[test]
+    fn serde_uses_the_names() {
+        let set = Capabilities::NONE.with(Capability::ManageCron);
+        let json = serde_json::to_string(&set).unwrap();
+        assert_eq!(json, r#"["manage_cron"]"#);
+        assert_eq!(serde_json::from_str::<Capabilities>(&json).unwrap(), set);
+        assert!(serde_json::from_str::<Capabilities>(r#"["root"]"#).is_err());
+    }
+}
