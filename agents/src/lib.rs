@@ -36,8 +36,8 @@ pub use capability::{Capabilities, Capability};
 pub use memory::{MemoryEntry, MemoryHit, NewMemory};
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
-    ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo, ProcessState,
-    Role, SpawnRequest, Tier,
+    BudgetInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo,
+    ProcessState, Role, SpawnRequest, Tier,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};

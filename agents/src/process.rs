@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capability::Capabilities;
 use crate::supervision::{RestartSpec, Strategy};
 
 /// A process id. PID 1 is the kernel; PIDs are never reused.
@@ -128,6 +129,16 @@ pub struct Limits {
     pub timeout_seconds: u64,
     /// Tasks this process works on at the same time.
     pub max_concurrent_tasks: u32,
+    /// Its own token budget, allocated from its parent's at spawn; `None`:
+    /// it draws on its nearest ancestor's budget, or is unlimited without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_total: Option<u64>,
+    /// Children it may spawn per minute; `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawns_per_minute: Option<u32>,
+    /// Model calls it may make per minute; `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_calls_per_minute: Option<u32>,
 }
 
 /// Requested limits: `None` inherits from the parent (narrowed where needed).
@@ -142,6 +153,15 @@ pub struct LimitOverrides {
     pub timeout_seconds: Option<u64>,
     /// See [`Limits::max_concurrent_tasks`].
     pub max_concurrent_tasks: Option<u32>,
+    /// See [`Limits::max_tokens_total`]; taken from the parent's budget.
+    #[serde(default)]
+    pub max_tokens_total: Option<u64>,
+    /// See [`Limits::spawns_per_minute`].
+    #[serde(default)]
+    pub spawns_per_minute: Option<u32>,
+    /// See [`Limits::llm_calls_per_minute`].
+    #[serde(default)]
+    pub llm_calls_per_minute: Option<u32>,
 }
 
 /// Everything needed to create a process; the kernel validates it against the parent.
@@ -280,6 +300,28 @@ pub struct ProcessInfo {
     /// Where an `exec` process's stdout and stderr go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_path: Option<String>,
+    /// What it may do: its role's capabilities, narrowed to its parent's.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+    /// Its usage plus every descendant's, exited ones included.
+    #[serde(default)]
+    pub subtree_usage: LlmUsage,
+    /// The token budget it draws on; `None`: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetInfo>,
+}
+
+/// A token budget as seen from one process that draws on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetInfo {
+    /// The process it was allocated to (the process itself, or an ancestor).
+    pub owner: Pid,
+    /// Tokens allocated.
+    pub max_tokens_total: u64,
+    /// Tokens consumed, and not returned by children that exited.
+    pub used: u64,
+    /// Tokens left for new calls and allocations.
+    pub remaining: u64,
 }
 
 /// Model calls a process made through its kernel, as the provider counted them.
@@ -291,11 +333,19 @@ pub struct LlmUsage {
     pub prompt_tokens: u64,
     /// Completion tokens over every call.
     pub completion_tokens: u64,
+    /// What the calls cost, in billionths of a US dollar, from the price table.
+    #[serde(default)]
+    pub cost_nano_usd: u64,
 }
 
 impl LlmUsage {
     /// Prompt plus completion tokens.
     pub fn total_tokens(&self) -> u64 {
         self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+
+    /// What the calls cost, in US dollars.
+    pub fn cost_usd(&self) -> f64 {
+        self.cost_nano_usd as f64 / 1e9
     }
 }

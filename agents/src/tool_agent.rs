@@ -343,6 +343,8 @@ impl ToolAgent {
                     budget = (sent.min(budget) * 3 / 4).max(context::MIN_BUDGET_TOKENS);
                     tracing::info!(pid = %ctx.pid, attempt, budget, %why, "context too long; shortening and retrying");
                 }
+                // Said as is: the task's reason starts with `budget_exceeded`.
+                Err(err @ LlmError::BudgetExceeded(_)) => return Err(err.to_string()),
                 Err(err) => return Err(format!("model call failed: {err}")),
             }
         }

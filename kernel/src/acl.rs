@@ -48,9 +48,16 @@ impl Kernel {
         action: &'static str,
         result: Result<T>,
     ) -> Result<T> {
-        if let Err(err) = &result
-            && err.is_denial()
-        {
+        if let Err(err) = &result {
+            self.report(caller, action, err);
+        }
+        result
+    }
+
+    /// Reports `err` as a `denied` event of the caller's process if it is a
+    /// refusal by policy.
+    pub(crate) fn report(&self, caller: Caller, action: &'static str, err: &KernelError) {
+        if err.is_denial() {
             self.inner.events.emit(
                 caller.pid(),
                 EventKind::Denied {
@@ -59,7 +66,6 @@ impl Kernel {
                 },
             );
         }
-        result
     }
 }
 

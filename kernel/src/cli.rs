@@ -24,6 +24,7 @@ mod names;
 mod output;
 mod process;
 mod task;
+mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,6 +76,20 @@ pub enum Command {
     /// Store, list, read and delete artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
+    /// Model calls, tokens, cost and token budgets per process and per subtree.
+    Usage(UsageArgs),
+}
+
+/// Arguments of `hivekernel usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only the subtree under this PID [default: 1]
+    pub pid: Option<u64>,
+    /// Print one JSON array, one object per process.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// `hivekernel cron ...`.
@@ -424,6 +439,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
+        Command::Usage(args) => usage::usage(args).await,
     }
 }
 

@@ -147,6 +147,8 @@ pub struct KernelSettings {
     pub artifacts: crate::ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
     pub memory: crate::MemorySettings,
+    /// What model calls cost, by model name (filled from `llm.prices`).
+    pub prices: crate::Prices,
 }
 
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
@@ -201,6 +203,7 @@ impl Default for KernelSettings {
             roles: HashMap::new(),
             artifacts: Default::default(),
             memory: Default::default(),
+            prices: Default::default(),
         }
     }
 }
@@ -282,7 +285,8 @@ fn load_sections(
     let kernel = parse::kernel(document.kernel.as_ref(), issues);
     let checks = validate::Context::new(base, known);
     let (mut kernel, ceilings) = checks.kernel(&kernel, issues);
-    let (llm, context) = model::llm(document.llm.as_ref(), issues);
+    let (llm, context, prices) = model::llm(document.llm.as_ref(), issues);
+    kernel.prices = prices;
     let (agent, tools) = model::tool_agent(document.tool_agent.as_ref(), &checks, context, issues);
     kernel.roles = supervision::roles(document.roles.as_ref(), issues);
     let mut agents = Vec::new();

@@ -107,6 +107,12 @@ pub enum KernelError {
     /// The kernel keeps nothing on disk, so it cannot keep this.
     #[error("this kernel has no store, so it keeps no {0}; start it with a data directory")]
     NoStore(&'static str),
+    /// The token budget a process draws on is used up.
+    #[error("budget_exceeded: {0}")]
+    BudgetExceeded(String),
+    /// A per-process rate limit (`spawns_per_minute`, `llm_calls_per_minute`) stands in the way.
+    #[error("{0}")]
+    RateLimited(String),
     /// The kernel is shutting down.
     #[error("kernel is shutting down")]
     ShuttingDown,
@@ -131,7 +137,9 @@ impl KernelError {
             TooManyChildren { .. }
             | MailboxFull { .. }
             | DepthExceeded { .. }
-            | LimitExceeded(_) => ErrorKind::ResourceExhausted,
+            | LimitExceeded(_)
+            | BudgetExceeded(_)
+            | RateLimited(_) => ErrorKind::ResourceExhausted,
             ParentNotAlive { .. } | FailedPrecondition(_) | NoStore(_) => {
                 ErrorKind::FailedPrecondition
             }
@@ -150,7 +158,10 @@ impl KernelError {
     /// Whether this is a refusal by policy (a capability, a limit from the
     /// parent, a budget, a rate), which the kernel reports as a `denied` event.
     pub fn is_denial(&self) -> bool {
-        self.kind() == ErrorKind::PermissionDenied
+        matches!(
+            self,
+            KernelError::BudgetExceeded(_) | KernelError::RateLimited(_)
+        ) || self.kind() == ErrorKind::PermissionDenied
     }
 }
 

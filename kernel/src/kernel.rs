@@ -120,6 +120,9 @@ impl Kernel {
                 max_depth: settings.max_depth,
                 timeout_seconds: settings.task_timeout_seconds,
                 max_concurrent_tasks: settings.max_concurrent_tasks,
+                max_tokens_total: None,
+                spawns_per_minute: None,
+                llm_calls_per_minute: None,
             };
             let ctx = ProcessContext {
                 pid: Pid::KERNEL,
@@ -142,6 +145,7 @@ impl Kernel {
                 running: Default::default(),
                 blocked: Default::default(),
                 usage: Default::default(),
+                budget: None,
                 caps: Capabilities::ALL,
             };
             let mut entries = rustc_hash::FxHashMap::default();

@@ -11,6 +11,8 @@
 //! - `process`: the process table and tree queries.
 //! - `spawn`: spawn validation and creation.
 //! - `acl`: role capabilities, the tools a child may get, `denied` events.
+//! - `budget`: token budgets that flow down the tree; model prices.
+//! - `usage`: model usage per process and subtree; per-process rate limits.
 //! - `supervisor`: kill of subtrees, exit records, `wait_child`, the zombie reaper.
 //! - `mailbox`: bounded priority mailboxes with aging and TTL.
 //! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
@@ -35,6 +37,7 @@
 mod acl;
 mod artifacts;
 pub mod auth;
+mod budget;
 pub mod cli;
 pub mod config;
 mod counter;
@@ -57,11 +60,13 @@ mod state;
 pub mod store;
 mod supervisor;
 mod syscalls;
+mod usage;
 
 pub use artifacts::{
     ArtifactSettings, DEFAULT_CONTENT_TYPE, MAX_ARTIFACT_NAME_BYTES, MAX_CONTENT_TYPE_BYTES,
     MAX_LISTED_ARTIFACTS,
 };
+pub use budget::{Price, Prices};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
 pub use kernel::{Caller, Kernel};

@@ -6,11 +6,14 @@ use std::sync::Arc;
 
 use hivekernel_agents::Pid;
 use hivekernel_agents::llm::{
-    ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider,
+    ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider,
+    ScriptedProvider, Usage,
 };
 
 use crate::config::{LlmConfig, ProviderChoice};
-use crate::kernel::Kernel;
+use crate::error::KernelError;
+use crate::kernel::{Caller, Kernel};
+use crate::process::ProcShared;
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
@@ -98,9 +101,55 @@ impl Kernel {
                 }
             }
         };
+        let refused = |err: KernelError| {
+            self.report(Caller::Process(pid), "llm_call", &err);
+            match err {
+                KernelError::BudgetExceeded(why) => LlmError::BudgetExceeded(why),
+                other => LlmError::Refused(other.to_string()),
+            }
+        };
+        let what = format!("process {pid} may not call a model now");
+        proc.usage
+            .take_llm_call(proc.limits.llm_calls_per_minute, &what)
+            .map_err(refused)?;
+        let left = proc.budget.as_ref().map(|pool| pool.check(pid));
+        // The answer may not take more than is left.
+        let capped = left
+            .transpose()
+            .map_err(refused)?
+            .map(|left| u32::try_from(left).unwrap_or(u32::MAX))
+            .filter(|left| request.max_tokens.is_none_or(|max| max > *left))
+            .map(|left| ChatRequest {
+                max_tokens: Some(left),
+                ..request.clone()
+            });
+        let request = capped.as_ref().unwrap_or(request);
         let response = llm.chat(request).await?;
-        proc.usage.record(response.usage);
+        self.charge(&proc, response.usage);
         Ok(response)
+    }
+
+    /// Counts one call's usage for the process, its budget and its ancestors' subtrees.
+    fn charge(&self, proc: &ProcShared, usage: Usage) {
+        let cost = self
+            .inner
+            .settings
+            .prices
+            .get(proc.ctx.model.as_ref())
+            .map_or(0, |price| price.cost_nano_usd(usage));
+        proc.usage.record_own(usage, cost);
+        if let Some(pool) = &proc.budget {
+            pool.charge(usage.total());
+        }
+        let table = self.inner.table.read();
+        let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
+        while let Some(ppid) = at {
+            let Some(entry) = table.get(ppid) else {
+                break;
+            };
+            entry.proc.usage.record_descendant(usage, cost);
+            at = (entry.depth > 0).then_some(entry.ppid);
+        }
     }
 }
 

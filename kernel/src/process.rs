@@ -2,17 +2,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use hivekernel_agents::llm::Usage;
 use hivekernel_agents::{
-    Capabilities, ExitRecord, Limits, LlmUsage, Pid, ProcessContext, ProcessInfo, ProcessState,
+    Capabilities, ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState,
 };
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::budget::Pool;
 use crate::mailbox::Mailbox;
 use crate::supervisor::Supervision;
+use crate::usage::Meter;
 
 /// The part of a process that its runner, senders and readers share without
 /// taking the table lock.
@@ -29,46 +30,12 @@ pub(crate) struct ProcShared {
     pub(crate) running: AtomicU32,
     /// Calls this process is blocked in (execute_task, wait_child).
     pub(crate) blocked: AtomicU32,
-    /// Model calls made through the kernel, and their tokens.
-    pub(crate) usage: UsageCounters,
+    /// Model calls made through the kernel, their tokens and cost; rate limits.
+    pub(crate) usage: Meter,
+    /// The token budget it draws on (its own, or its nearest ancestor's).
+    pub(crate) budget: Option<Arc<Pool>>,
     /// What it may do: its role's capabilities, narrowed to its parent's.
     pub(crate) caps: Capabilities,
-}
-
-/// Model usage of one process, counted as the provider reported it.
-#[derive(Debug, Default)]
-pub(crate) struct UsageCounters {
-    calls: AtomicU64,
-    prompt_tokens: AtomicU64,
-    completion_tokens: AtomicU64,
-}
-
-impl UsageCounters {
-    pub(crate) fn record(&self, usage: Usage) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.prompt_tokens
-            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
-        self.completion_tokens
-            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
-    }
-
-    /// Counters starting where these stand: a restarted process keeps its usage.
-    pub(crate) fn carried(&self) -> UsageCounters {
-        let now = self.snapshot();
-        UsageCounters {
-            calls: AtomicU64::new(now.calls),
-            prompt_tokens: AtomicU64::new(now.prompt_tokens),
-            completion_tokens: AtomicU64::new(now.completion_tokens),
-        }
-    }
-
-    pub(crate) fn snapshot(&self) -> LlmUsage {
-        LlmUsage {
-            calls: self.calls.load(Ordering::Relaxed),
-            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
-            completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
-        }
-    }
 }
 
 impl ProcShared {
@@ -152,6 +119,9 @@ impl Entry {
             started_at_unix_ms: p.started_at_unix_ms,
             metadata: p.metadata.clone(),
             usage: p.usage.snapshot(),
+            subtree_usage: p.usage.subtree(),
+            capabilities: p.caps,
+            budget: p.budget.as_ref().map(|pool| pool.info()),
             exit: self.exit.clone(),
             restarts: self.restarts(),
             log_path: None,

@@ -9,6 +9,7 @@ use hivekernel_agents::{
 };
 
 use crate::acl::ChildGrant;
+use crate::budget::Pool;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
@@ -175,6 +176,36 @@ impl Kernel {
             });
         }
         let limits = narrow_limits(&plimits, &request)?;
+        let lender = parent_entry.proc.budget.clone();
+        if let Some(amount) = limits.max_tokens_total {
+            if matches!(caller, Caller::Process(_))
+                && !parent_caps.contains(Capability::BudgetAllocate)
+            {
+                return Err(KernelError::MissingCapability {
+                    pid: parent,
+                    role: pctx.role,
+                    capability: Capability::BudgetAllocate,
+                    action: "give a child its own token budget",
+                });
+            }
+            if let Some(lender) = &lender
+                && amount > lender.remaining()
+            {
+                return Err(KernelError::PermissionDenied(format!(
+                    "max_tokens_total {amount} exceeds the {} tokens left in the budget of \
+                     process {}",
+                    lender.remaining(),
+                    lender.owner()
+                )));
+            }
+        }
+        if matches!(caller, Caller::Process(_)) {
+            let what = format!("process {parent} may not spawn now");
+            parent_entry
+                .proc
+                .usage
+                .take_spawn(plimits.spawns_per_minute, &what)?;
+        }
 
         let pid = match reuse {
             Some(pid) => pid,
@@ -182,6 +213,10 @@ impl Kernel {
                 .inner
                 .pids
                 .take(self.inner.store.as_ref(), &self.inner.tracker)),
+        };
+        let budget = match limits.max_tokens_total {
+            Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
+            None => lender,
         };
         let ctx = ProcessContext {
             pid,
@@ -199,12 +234,19 @@ impl Kernel {
         };
         let settings = &self.inner.settings;
         let (runtime, launch): (Arc<dyn Runtime>, _) = match maker {
-            Maker::Factory(factory) => {
-                let runtime = factory.create(&ctx).map_err(|e| {
-                    KernelError::InvalidArgument(format!("runtime {runtime_name}: {e}"))
-                })?;
-                (runtime, None)
-            }
+            Maker::Factory(factory) => match factory.create(&ctx) {
+                Ok(runtime) => (runtime, None),
+                Err(err) => {
+                    if let Some(pool) = &budget
+                        && pool.owner() == pid
+                    {
+                        pool.close();
+                    }
+                    return Err(KernelError::InvalidArgument(format!(
+                        "runtime {runtime_name}: {err}"
+                    )));
+                }
+            },
             Maker::Exec(exec, command) => {
                 let timeout = std::time::Duration::from_secs(limits.timeout_seconds.max(1));
                 let (agent, launch) = exec.prepare(&ctx, command, timeout, &settings.data_dir);
@@ -224,6 +266,7 @@ impl Kernel {
             running: Default::default(),
             blocked: Default::default(),
             usage: Default::default(),
+            budget,
             caps,
         });
         let runner = self
@@ -313,7 +356,41 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
         }
     }
     let r = &request.limits;
+    let rate = |field: &'static str, requested: Option<u32>, allowed: Option<u32>| match (
+        requested, allowed,
+    ) {
+        (None, allowed) => Ok(allowed),
+        (Some(0), _) => Err(KernelError::InvalidArgument(format!(
+            "limit {field} must be at least 1 (leave it out for the parent's)"
+        ))),
+        (Some(v), Some(max)) if v > max => Err(KernelError::LimitExceedsParent {
+            field,
+            requested: v.into(),
+            allowed: max.into(),
+        }),
+        (Some(v), _) => Ok(Some(v)),
+    };
     Ok(Limits {
+        max_tokens_total: match r.max_tokens_total {
+            Some(0) => {
+                return Err(KernelError::InvalidArgument(
+                    "limit max_tokens_total must be at least 1 (leave it out to draw on the \
+                     parent's budget)"
+                        .into(),
+                ));
+            }
+            requested => requested,
+        },
+        spawns_per_minute: rate(
+            "spawns_per_minute",
+            r.spawns_per_minute,
+            parent.spawns_per_minute,
+        )?,
+        llm_calls_per_minute: rate(
+            "llm_calls_per_minute",
+            r.llm_calls_per_minute,
+            parent.llm_calls_per_minute,
+        )?,
         max_children: pick("max_children", r.max_children, parent.max_children, 0)?,
         max_depth: pick(
             "max_depth",

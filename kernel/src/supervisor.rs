@@ -130,6 +130,12 @@ impl Exits {
         now: u64,
     ) -> (&Exited, bool) {
         self.stop(entry, pid, code, reason, now);
+        // For good: what its budget did not use goes back to the lender.
+        if let Some(pool) = &entry.proc.budget
+            && pool.owner() == pid
+        {
+            pool.close();
+        }
         let exited = &self.exited[self.exited.len() - 1];
         let waiters = std::mem::take(&mut entry.exit_waiters);
         let collected = !waiters.is_empty() && {

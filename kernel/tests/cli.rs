@@ -66,7 +66,10 @@ fn ps_json_lists_the_kernel_and_the_config_agents() {
     assert_eq!(queen["state"], "idle");
     assert_eq!(queen["model"], "sonnet");
     assert_eq!(queen["runtime"], "echo");
-    assert_eq!(queen["tools"], serde_json::json!(["spawn_child"]));
+    assert_eq!(
+        queen["tools"],
+        serde_json::json!(["spawn_child", "read_file"])
+    );
     assert_eq!(queen["depth"], 1);
     assert_eq!(queen["children"], 0);
     assert_eq!(queen["mailbox_len"], 0);
@@ -166,7 +169,14 @@ fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
     let queen = kernel.pid_of("queen");
     let parent = queen.to_string();
     let pid = kernel.spawn(&[
-        "--parent", &parent, "--name", "w1", "--role", "worker", "--tools", "a,b",
+        "--parent",
+        &parent,
+        "--name",
+        "w1",
+        "--role",
+        "worker",
+        "--tools",
+        "read_file,spawn_child",
     ]);
     let json = kernel
         .cli(&["spawn", "--parent", &parent, "--name", "w2", "--json"])
@@ -180,7 +190,22 @@ fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
     assert_eq!(w1["name"], "w1");
     assert_eq!(w1["role"], "worker");
     assert_eq!(w1["tier"], "tactical", "inherited from the parent");
-    assert_eq!(w1["tools"], serde_json::json!(["a", "b"]));
+    assert_eq!(w1["tools"], serde_json::json!(["read_file", "spawn_child"]));
+    // A child only gets tools its parent has.
+    let greedy = kernel.cli(&[
+        "spawn",
+        "--parent",
+        &parent,
+        "--name",
+        "w4",
+        "--tools",
+        "shell_exec",
+    ]);
+    let stderr = greedy.failed(1);
+    assert!(
+        stderr.contains("permission denied") && stderr.contains("shell_exec not among the tools"),
+        "{stderr}"
+    );
     assert_eq!(find(&procs, pid2).unwrap()["role"], "agent");
     assert_eq!(find(&procs, queen).unwrap()["children"], 2);
 

@@ -45,6 +45,8 @@ pub type Client = KernelClient<InterceptedService<Channel, Bearer>>;
 pub struct Served {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Its authenticator: issue process tokens with it.
+    pub auth: Authenticator,
     channel: Channel,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -55,10 +57,11 @@ impl Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = kernel.shutdown_token();
+        let auth = Authenticator::new(TOKEN.to_owned());
         let server = tokio::spawn(grpc::serve(
             kernel.clone(),
             listener,
-            Authenticator::new(TOKEN.to_owned()),
+            auth.clone(),
             async move { stop.cancelled().await },
         ));
         let channel = Endpoint::from_shared(format!("http://{addr}"))
@@ -68,6 +71,7 @@ impl Served {
             .unwrap();
         Served {
             addr,
+            auth,
             channel,
             server,
         }
@@ -78,6 +82,11 @@ impl Served {
         let bearer = Bearer::new(TOKEN);
         KernelClient::with_interceptor(self.channel.clone(), bearer)
             .max_decoding_message_size(usize::MAX)
+    }
+
+    /// A client presenting `token` (any string: a process token, or a forged one).
+    pub fn with_token(&self, token: &str) -> Client {
+        KernelClient::with_interceptor(self.channel.clone(), Bearer::new(token))
     }
 
     /// Waits for the server to stop (after the kernel's shutdown).

@@ -215,6 +215,7 @@ async fn spawn_refuses_limits_larger_than_the_parents() {
         max_depth: Some(3),
         timeout_seconds: Some(5),
         max_concurrent_tasks: Some(2),
+        ..LimitOverrides::default()
     };
     let lead = kernel.spawn(Caller::Admin, request).await.unwrap();
     type Widen = fn(&mut LimitOverrides);

@@ -37,9 +37,13 @@ pub enum LlmError {
     /// The provider's settings are unusable.
     #[error("invalid LLM provider settings: {0}")]
     Config(String),
-    /// The kernel did not pass the call on (no provider configured, shutting down).
+    /// The kernel did not pass the call on (no provider configured, shutting
+    /// down, a rate limit).
     #[error("model call refused: {0}")]
     Refused(String),
+    /// The budget the process draws on is used up; its task ends.
+    #[error("budget_exceeded: {0}")]
+    BudgetExceeded(String),
 }
 
 fn retry_after_note(retry_after: &Option<Duration>) -> String {

@@ -225,6 +225,7 @@ impl Orchestrate {
             max_depth: Some(0),
             timeout_seconds: Some(timeout.as_secs().max(1)),
             max_concurrent_tasks: Some(1),
+            ..LimitOverrides::default()
         };
         request
             .metadata

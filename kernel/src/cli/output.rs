@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use hivekernel_proto::v1::{Event, ExitRecord, Limits, ProcessInfo};
+use hivekernel_proto::v1::{Event, ExitRecord, Limits, LlmUsage, ProcessInfo};
 use serde_json::{Map, Value, json};
 
 use super::{CliError, names};
@@ -163,15 +163,29 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         "mailbox_len": p.mailbox_len,
         "started_at_unix_ms": p.started_at_unix_ms,
         "metadata": p.metadata,
-        "usage": p.usage.as_ref().map(|u| json!({
-            "calls": u.calls,
-            "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
+        "usage": p.usage.as_ref().map(usage_json),
+        "subtree_usage": p.subtree_usage.as_ref().map(usage_json),
+        "budget": p.budget.as_ref().map(|b| json!({
+            "owner": b.owner,
+            "max_tokens_total": b.max_tokens_total,
+            "used": b.used,
+            "remaining": b.remaining,
         })),
+        "capabilities": p.capabilities,
         "exit": p.exit.as_ref().map(exit_json),
         "restarts": p.restarts,
         "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
+    })
+}
+
+/// Model usage as JSON, with its total and its cost in dollars.
+pub(super) fn usage_json(u: &LlmUsage) -> Value {
+    json!({
+        "calls": u.calls,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
+        "cost_usd": u.cost_usd,
     })
 }
 
@@ -181,6 +195,10 @@ fn limits_json(limits: &Limits) -> Value {
         "max_depth": limits.max_depth,
         "timeout_seconds": limits.timeout_seconds,
         "max_concurrent_tasks": limits.max_concurrent_tasks,
+        "max_tokens_total": (limits.max_tokens_total > 0).then_some(limits.max_tokens_total),
+        "spawns_per_minute": (limits.spawns_per_minute > 0).then_some(limits.spawns_per_minute),
+        "llm_calls_per_minute": (limits.llm_calls_per_minute > 0)
+            .then_some(limits.llm_calls_per_minute),
     })
 }
 

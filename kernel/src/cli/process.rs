@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use hivekernel_proto::v1::{
-    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, RestartSpec, Role as PbRole,
-    SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
+    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, ProcessInfo, RestartSpec,
+    Role as PbRole, SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
 };
 use serde_json::{Value, json};
 
@@ -14,8 +14,22 @@ use super::{CliError, KillArgs, PsArgs, SpawnArgs, WaitArgs, names, output};
 /// Lists the tree under `--root` (default PID 1) as a table, a tree or JSON.
 pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
+    let procs = list(&mut session, args.root.unwrap_or(0)).await?;
+    let text = if args.json {
+        let all = procs.iter().map(output::process_json).collect();
+        format!("{:#}\n", Value::Array(all))
+    } else if args.tree {
+        output::tree(&procs)
+    } else {
+        output::table(&procs)
+    };
+    output::print(&text)
+}
+
+/// The subtree under `root` (0: PID 1), parents first.
+pub(super) async fn list(session: &mut Session, root: u64) -> Result<Vec<ProcessInfo>, CliError> {
     let request = ListProcessesRequest {
-        root: args.root.unwrap_or(0),
+        root,
         max_depth: 0,
         batch_size: 0,
     };
@@ -33,15 +47,7 @@ pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
     {
         procs.extend(batch.processes);
     }
-    let text = if args.json {
-        let all = procs.iter().map(output::process_json).collect();
-        format!("{:#}\n", Value::Array(all))
-    } else if args.tree {
-        output::tree(&procs)
-    } else {
-        output::table(&procs)
-    };
-    output::print(&text)
+    Ok(procs)
 }
 
 /// Spawns one process and prints its PID.

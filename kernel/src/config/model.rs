@@ -10,7 +10,8 @@
 //!   "context_tokens": { "sonnet": 128000 },
 //!   "default_context_tokens": 128000,
 //!   "max_completion_tokens": 4096,
-//!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16
+//!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16,
+//!   "prices": { "gpt-4o": { "input_per_million": 2.5, "output_per_million": 10 } }
 //! },
 //! "tool_agent": {
 //!   "max_tool_iterations": 10,
@@ -36,6 +37,7 @@ use serde_json::Value;
 use super::parse::section;
 use super::validate::{Context, in_range, read_prompt};
 use super::{ConfigIssue, LlmConfig, ProviderChoice};
+use crate::budget::{Price, Prices};
 
 /// The `llm` section as written.
 #[derive(Debug, Deserialize)]
@@ -51,6 +53,7 @@ pub(super) struct RawLlm {
     request_timeout_seconds: u64,
     max_retries: u32,
     max_in_flight: usize,
+    prices: BTreeMap<String, Value>,
 }
 
 impl Default for RawLlm {
@@ -68,6 +71,7 @@ impl Default for RawLlm {
             request_timeout_seconds: llm.request_timeout.as_secs(),
             max_retries: llm.max_retries,
             max_in_flight: llm.max_in_flight,
+            prices: BTreeMap::new(),
         }
     }
 }
@@ -152,7 +156,7 @@ pub(super) struct ContextSizes {
 pub(super) fn llm(
     value: Option<&Value>,
     issues: &mut Vec<ConfigIssue>,
-) -> (LlmConfig, ContextSizes) {
+) -> (LlmConfig, ContextSizes, Prices) {
     let raw = section::<RawLlm>(value, "llm", issues).value;
     let provider = match raw.provider.as_str() {
         "auto" => ProviderChoice::Auto,
@@ -218,6 +222,7 @@ pub(super) fn llm(
     );
     in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
     in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
+    let prices = prices(&raw.prices, &raw.models, issues);
     let config = LlmConfig {
         provider,
         base_url: raw.base_url,
@@ -232,7 +237,39 @@ pub(super) fn llm(
         default_context_tokens: raw.default_context_tokens,
         max_completion_tokens: raw.max_completion_tokens,
     };
-    (config, sizes)
+    (config, sizes, prices)
+}
+
+/// Parses `llm.prices`: model name -> dollars per million tokens. A price
+/// given for a provider's model id also applies to the names mapped to it.
+fn prices(
+    raw: &BTreeMap<String, Value>,
+    models: &BTreeMap<String, String>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Prices {
+    let mut prices = Prices::new();
+    for (name, value) in raw {
+        let location = format!("llm.prices.{name}");
+        let price = section::<Price>(Some(value), &location, issues).value;
+        for (field, dollars) in [
+            ("input_per_million", price.input_per_million),
+            ("output_per_million", price.output_per_million),
+        ] {
+            if !(dollars.is_finite() && (0.0..=1_000_000.0).contains(&dollars)) {
+                issues.push(ConfigIssue::new(
+                    format!("{location}.{field}"),
+                    format!("must be between 0 and 1000000 dollars, got {dollars}"),
+                ));
+            }
+        }
+        prices.insert(name.clone(), price);
+    }
+    for (name, id) in models {
+        if let Some(price) = prices.get(id).copied() {
+            prices.entry(name.clone()).or_insert(price);
+        }
+    }
+    prices
 }
 
 /// Parses and checks `tool_agent`.

@@ -170,6 +170,8 @@ impl<'a> Context<'a> {
             roles: Default::default(),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
+            // Filled from `llm.prices`.
+            prices: Default::default(),
         };
         (settings, ceilings)
     }

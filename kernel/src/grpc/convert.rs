@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use hivekernel_agents::{
-    Artifact, ArtifactInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, NewArtifact, Outgoing,
-    Pid, ProcessInfo, RestartSpec, Role, SpawnRequest, TaskSpec,
+    Artifact, ArtifactInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, NewArtifact,
+    Outgoing, Pid, ProcessInfo, RestartSpec, Role, SpawnRequest, TaskSpec,
 };
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
@@ -117,6 +117,9 @@ fn limit_overrides(limits: pb::Limits) -> LimitOverrides {
         max_depth: set(limits.max_depth),
         timeout_seconds: set(limits.timeout_seconds),
         max_concurrent_tasks: set(limits.max_concurrent_tasks),
+        max_tokens_total: set(limits.max_tokens_total),
+        spawns_per_minute: set(limits.spawns_per_minute),
+        llm_calls_per_minute: set(limits.llm_calls_per_minute),
     }
 }
 
@@ -209,13 +212,31 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
         started_at_unix_ms: info.started_at_unix_ms,
         metadata: info.metadata.into_iter().collect(),
         exit: info.exit.map(exit_record),
-        usage: Some(pb::LlmUsage {
-            calls: info.usage.calls,
-            prompt_tokens: info.usage.prompt_tokens,
-            completion_tokens: info.usage.completion_tokens,
-        }),
+        usage: Some(usage(info.usage)),
         restarts: info.restarts,
         log_path: info.log_path.unwrap_or_default(),
+        capabilities: info
+            .capabilities
+            .names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        subtree_usage: Some(usage(info.subtree_usage)),
+        budget: info.budget.map(|b| pb::Budget {
+            owner: b.owner.0,
+            max_tokens_total: b.max_tokens_total,
+            used: b.used,
+            remaining: b.remaining,
+        }),
+    }
+}
+
+fn usage(usage: LlmUsage) -> pb::LlmUsage {
+    pb::LlmUsage {
+        calls: usage.calls,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        cost_usd: usage.cost_usd(),
     }
 }
 
@@ -276,6 +297,9 @@ fn limits(limits: Limits) -> pb::Limits {
         max_depth: limits.max_depth,
         timeout_seconds: limits.timeout_seconds,
         max_concurrent_tasks: limits.max_concurrent_tasks,
+        max_tokens_total: limits.max_tokens_total.unwrap_or(0),
+        spawns_per_minute: limits.spawns_per_minute.unwrap_or(0),
+        llm_calls_per_minute: limits.llm_calls_per_minute.unwrap_or(0),
     }
 }
 

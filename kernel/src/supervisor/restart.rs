@@ -364,6 +364,7 @@ impl Kernel {
             running: Default::default(),
             blocked: Default::default(),
             usage: old.usage.carried(),
+            budget: old.budget.clone(),
             caps: old.caps,
         });
         let runner = self

@@ -72,7 +72,7 @@ pub const CONFIG: &str = r#"{
               "default_runtime": "echo" },
   "agents": [
     { "name": "queen", "role": "daemon", "cognitive_tier": "tactical", "runtime": "echo",
-      "model": "sonnet", "system_prompt": "You coordinate.", "tools": ["spawn_child"],
+      "model": "sonnet", "system_prompt": "You coordinate.", "tools": ["spawn_child", "read_file"],
       "limits": { "max_children": 8, "max_depth": 3 }, "metadata": { "purpose": "coordinator" } },
     { "name": "helper", "role": "agent", "cognitive_tier": "operational",
       "system_prompt": "You answer." }
