@@ -170,6 +170,7 @@ impl<'a> Context<'a> {
             roles: Default::default(),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
+            tls: super::tls::tls(k.tls.as_ref(), self, issues),
         };
         (settings, ceilings)
     }
