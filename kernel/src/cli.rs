@@ -162,9 +162,22 @@ pub struct StartArgs {
     /// Data directory, instead of the config's `kernel.data_dir`.
     #[arg(long, value_name = "DIR", env = "HIVEKERNEL_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Allow listening on an address that is not loopback.
+    /// Allow listening on an address that is not loopback without TLS.
     #[arg(long)]
     pub insecure_remote: bool,
+    /// Serve TLS with this certificate chain (PEM), instead of the config's `kernel.tls.cert`.
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: accept only clients with a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "PEM")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// What local clients and exec agents trust for this kernel (PEM), copied to
+    /// <DATA_DIR>/tls-ca.pem [default: the --tls-cert file]
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `hivekernel config ...`.
@@ -201,6 +214,16 @@ pub struct ClientArgs {
         default_value = ".hivekernel"
     )]
     pub data_dir: PathBuf,
+    /// CA certificate (PEM) to trust for a kernel that serves TLS; makes a bare
+    /// ADDR https [default for https: <DATA_DIR>/tls-ca.pem, written by the kernel]
+    #[arg(long, value_name = "PEM", env = "HIVEKERNEL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for a kernel that requires one (mutual TLS).
+    #[arg(long, value_name = "PEM", env = "HIVEKERNEL_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", env = "HIVEKERNEL_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Arguments of `hivekernel ps`.
@@ -449,6 +472,12 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
         listen: args.listen,
         data_dir: args.data_dir,
         insecure_remote: args.insecure_remote,
+        tls: crate::tls::TlsFlags {
+            cert: args.tls_cert,
+            key: args.tls_key,
+            client_ca: args.tls_client_ca,
+            ca: args.tls_ca,
+        },
     };
     daemon::run(options).await.map_err(CliError::Start)
 }

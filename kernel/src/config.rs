@@ -10,7 +10,8 @@
 //! semantic checks and path resolution), `model` (both phases for the `llm`
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
 //! the restart specs and strategies of roles and agents), `storage` (both
-//! phases for `kernel.artifacts` and `kernel.memory`).
+//! phases for `kernel.artifacts` and `kernel.memory`), `tls` (both phases
+//! for `kernel.tls`).
 
 mod cron;
 mod model;
@@ -18,6 +19,7 @@ pub(crate) use model::base_url_problem;
 mod parse;
 mod storage;
 mod supervision;
+mod tls;
 mod validate;
 
 use std::collections::{BTreeMap, HashMap};
@@ -149,6 +151,8 @@ pub struct KernelSettings {
     pub memory: crate::MemorySettings,
     /// What model calls cost, by model name (filled from `llm.prices`).
     pub prices: crate::Prices,
+    /// TLS on the control plane (`kernel.tls`); `None`: plain text.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
@@ -204,6 +208,7 @@ impl Default for KernelSettings {
             artifacts: Default::default(),
             memory: Default::default(),
             prices: Default::default(),
+            tls: None,
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::llm::choose_provider;
 use crate::restore::Restored;
 use crate::runtime::RuntimeRegistry;
 use crate::store::{DB_FILE, Recovered, Store, Synchronous};
+use crate::tls::{ServerTls, TRUST_FILE, TlsError, TlsFlags};
 use crate::{KernelError, grpc};
 
 /// What `hivekernel start` was asked to do.
@@ -28,8 +29,10 @@ pub struct StartOptions {
     pub listen: Option<SocketAddr>,
     /// Overrides `kernel.data_dir` (relative to the working directory).
     pub data_dir: Option<PathBuf>,
-    /// Allows listening on a non-loopback address.
+    /// Allows listening on a non-loopback address without TLS.
     pub insecure_remote: bool,
+    /// TLS files given on the command line; each replaces the config's.
+    pub tls: TlsFlags,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -41,6 +44,9 @@ pub enum StartError {
     /// The command line asks for something refused.
     #[error("{0}")]
     Usage(String),
+    /// A TLS file is missing or unusable; nothing was started.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
     /// The model provider cannot be set up (a missing key, a bad endpoint).
     #[error("model provider: {0}")]
     Provider(String),
@@ -87,7 +93,10 @@ impl StartError {
     /// 2 for config and usage errors, 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Config(_) | StartError::Usage(_) | StartError::Provider(_) => 2,
+            StartError::Config(_)
+            | StartError::Usage(_)
+            | StartError::Tls(_)
+            | StartError::Provider(_) => 2,
             _ => 1,
         }
     }
@@ -111,15 +120,18 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     if let Some(dir) = &options.data_dir {
         settings.data_dir = dir.clone();
     }
-    if !settings.listen.ip().is_loopback() {
+    settings.tls = options.tls.over(settings.tls).map_err(StartError::Usage)?;
+    let tls = settings.tls.as_ref().map(ServerTls::load).transpose()?;
+    if !settings.listen.ip().is_loopback() && tls.is_none() {
         if !options.insecure_remote {
             return Err(StartError::Usage(format!(
-                "refusing to listen on {}, which is not a loopback address: anyone who can reach it \
-                 may try the control plane; pass --insecure-remote to allow it",
+                "refusing to listen on {}, which is not a loopback address, in plain text: anyone \
+                 who can reach it may read the tokens and try the control plane; pass --tls-cert \
+                 and --tls-key to serve TLS, or --insecure-remote to allow plain text",
                 settings.listen
             )));
         }
-        tracing::warn!(listen = %settings.listen, "listening on a non-loopback address (--insecure-remote)");
+        tracing::warn!(listen = %settings.listen, "listening on a non-loopback address in plain text (--insecure-remote)");
     }
 
     let data_dir = settings.data_dir.clone();
@@ -140,10 +152,11 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     })?;
 
     let _lock = lock_data_dir(&data_dir)?;
+    let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, mut recovered) = open_store(&data_dir, settings.synchronous).await?;
     store.set_event_log_limit(settings.event_log_limit);
     let auth = Authenticator::new(token);
-    registry.enable_exec(ExecRuntime::new(auth.clone(), addr));
+    registry.enable_exec(ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file));
 
     tracing::info!(provider = %chosen.description, "model provider");
     let kernel = Kernel::start_with(
@@ -194,23 +207,31 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     }
 
     let addr_file = data_dir.join("kernel.addr");
-    if let Err(err) = write_addr_file(&addr_file, addr) {
+    let url = client_url(addr, tls.is_some());
+    if let Err(err) = write_addr_file(&addr_file, &url) {
         kernel.shutdown().await;
         return Err(err);
     }
+    let security = match &tls {
+        None => "plain text",
+        Some(tls) if tls.is_mutual() => "TLS, client certificates required",
+        Some(_) => "TLS",
+    };
     tracing::info!(
         data_dir = %data_dir.display(),
         admin_token = %crate::auth::admin_token_path(&data_dir).display(),
-        "listening on {addr}"
+        security,
+        "listening on {addr} ({url})"
     );
 
     let token_cancelled = kernel.shutdown_token();
-    let mut server =
-        kernel
-            .tracker()
-            .spawn(grpc::serve(kernel.clone(), listener, auth, async move {
-                token_cancelled.cancelled().await
-            }));
+    let mut server = kernel.tracker().spawn(grpc::serve_with_tls(
+        kernel.clone(),
+        listener,
+        auth,
+        tls.map(|tls| tls.config()),
+        async move { token_cancelled.cancelled().await },
+    ));
 
     // A control plane that dies is as fatal as a signal.
     let early = tokio::select! {
@@ -334,12 +355,50 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request
 }
 
-fn write_addr_file(path: &Path, addr: SocketAddr) -> Result<(), StartError> {
-    std::fs::write(path, format!("http://{addr}\n")).map_err(|source| StartError::Io {
+/// The URL local clients use: `https` with TLS, and loopback for an
+/// unspecified address (a certificate never names 0.0.0.0).
+fn client_url(mut addr: SocketAddr, tls: bool) -> String {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{addr}")
+}
+
+fn write_addr_file(path: &Path, url: &str) -> Result<(), StartError> {
+    std::fs::write(path, format!("{url}\n")).map_err(|source| StartError::Io {
         what: "cannot write",
         path: path.to_owned(),
         source,
     })
+}
+
+/// Writes `<data_dir>/tls-ca.pem`, what local clients and exec agents trust
+/// for this kernel, and returns its absolute path; without TLS, removes a
+/// stale one so nothing trusts a kernel that is gone.
+fn write_trust_file(
+    data_dir: &Path,
+    tls: Option<&ServerTls>,
+) -> Result<Option<PathBuf>, StartError> {
+    let path = data_dir.join(TRUST_FILE);
+    let io = |what, source| StartError::Io {
+        what,
+        path: path.clone(),
+        source,
+    };
+    let Some(tls) = tls else {
+        return match std::fs::remove_file(&path) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(io("cannot remove", err)),
+            _ => Ok(None),
+        };
+    };
+    std::fs::write(&path, tls.trust_pem()).map_err(|err| io("cannot write", err))?;
+    // Exec agents may run in another directory.
+    let absolute = std::path::absolute(&path).map_err(|err| io("cannot resolve", err))?;
+    Ok(Some(absolute))
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -173,3 +173,17 @@ impl From<KernelError> for SyscallError {
 
 /// Shorthand for kernel results.
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
+
+/// An error and its causes, `a: b: c`, without repeats.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
+}

@@ -4,8 +4,9 @@
 //! At spawn the kernel starts the command in its own process group, with
 //! stdout and stderr going to `<data_dir>/logs/<pid>-<name>.log`, and with
 //! `HIVEKERNEL_ADDR`, `HIVEKERNEL_PID` and `HIVEKERNEL_TOKEN` in its
-//! environment. The token is issued for that PID only and revoked when the
-//! process ends. The agent attaches (`Attach`) to receive its mailbox and
+//! environment, and `HIVEKERNEL_TLS_CA` (the PEM to trust for the server)
+//! when the control plane serves TLS. The token is issued for that PID only
+//! and revoked when the process ends. The agent attaches (`Attach`) to receive its mailbox and
 //! answers tasks with `CompleteTask`; every other RPC it makes acts as its
 //! process, under the same checks as an in-process agent.
 //!
@@ -54,6 +55,8 @@ pub struct ExecRuntime {
     auth: Authenticator,
     /// `HIVEKERNEL_ADDR`: where the agents reach the control plane (`host:port`).
     addr: String,
+    /// `HIVEKERNEL_TLS_CA`: what the agents trust for the server, when it serves TLS.
+    tls_ca: Option<PathBuf>,
     procs: Mutex<FxHashMap<Pid, Arc<ExecProc>>>,
 }
 
@@ -72,8 +75,16 @@ impl ExecRuntime {
         ExecRuntime {
             auth,
             addr: addr.to_string(),
+            tls_ca: None,
             procs: Mutex::default(),
         }
+    }
+
+    /// The server serves TLS: agents get `HIVEKERNEL_TLS_CA`, the PEM file
+    /// to trust for it (`None`: plain text, as by default).
+    pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Self {
+        self.tls_ca = ca;
+        self
     }
 
     /// The kernel side of a new process; the OS process starts with [`Launch::start`].

@@ -27,7 +27,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::InterceptorLayer;
-use tonic::transport::Server;
+use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Status};
 use tonic_health::ServingStatus;
 
@@ -42,12 +42,23 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// A ping unanswered this long closes the connection.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the control plane on `listener` until `shutdown` resolves, then
-/// lets open calls finish for a short grace period.
+/// Serves the control plane in plain text on `listener` until `shutdown`
+/// resolves, then lets open calls finish for a short grace period.
 pub async fn serve(
     kernel: Kernel,
     listener: TcpListener,
     auth: Authenticator,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    serve_with_tls(kernel, listener, auth, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given (see [`crate::tls::ServerTls`]).
+pub async fn serve_with_tls(
+    kernel: Kernel,
+    listener: TcpListener,
+    auth: Authenticator,
+    tls: Option<ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (mut health, health_service) = tonic_health::server::health_reporter();
@@ -57,7 +68,12 @@ pub async fn serve(
         .await;
 
     let drain = CancellationToken::new();
-    let router = Server::builder()
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        // Handshakes run in tonic's own tasks, so a slow client never holds up accepting.
+        server = server.tls_config(tls)?;
+    }
+    let router = server
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .layer(InterceptorLayer::new(move |request| {

@@ -29,6 +29,7 @@
 //! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
 //! - [`auth`]: the admin token file and bearer-token authentication.
+//! - [`tls`]: TLS and mutual TLS on the control plane: the PEM files, server and client settings.
 //! - [`grpc`]: the tonic server: the Kernel service, health, reflection, auth layer.
 //! - [`daemon`]: `hivekernel start`: config, agents, server, graceful shutdown.
 //! - [`cli`]: the `hivekernel` command line.
@@ -60,6 +61,7 @@ mod state;
 pub mod store;
 mod supervisor;
 mod syscalls;
+pub mod tls;
 mod usage;
 
 pub use artifacts::{

@@ -15,7 +15,10 @@ tasks, send messages, follow events.
 
 The kernel's address and the admin token come from --addr / --token, then
 HIVEKERNEL_ADDR / HIVEKERNEL_TOKEN, then the kernel's data directory
-(--data-dir, default .hivekernel: kernel.addr and admin.token).
+(--data-dir, default .hivekernel: kernel.addr and admin.token). A kernel
+that serves TLS (an https:// address, or HIVEKERNEL_TLS_CA set) is trusted
+by HIVEKERNEL_TLS_CA, else <data-dir>/tls-ca.pem; HIVEKERNEL_TLS_CERT and
+HIVEKERNEL_TLS_KEY give a client certificate for mutual TLS.
 """
 
 import argparse
@@ -186,7 +189,11 @@ def main():
     args = parser().parse_args()
     pb, _ = hivekernel_sdk.stubs()
     addr = hivekernel_sdk.address(args.addr, args.data_dir)
-    stub = hivekernel_sdk.connect(addr, hivekernel_sdk.token(args.token, args.data_dir))
+    stub = hivekernel_sdk.connect(
+        addr,
+        hivekernel_sdk.token(args.token, args.data_dir),
+        hivekernel_sdk.tls_credentials(args.addr, args.data_dir),
+    )
     try:
         return args.run(stub, pb, args) or 0
     except grpc.RpcError as err:

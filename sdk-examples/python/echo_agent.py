@@ -3,7 +3,8 @@
 
 The kernel starts it (runtime `exec`) with three variables in its
 environment: HIVEKERNEL_ADDR (where the kernel listens), HIVEKERNEL_PID (the
-process it is) and HIVEKERNEL_TOKEN (a token that acts as that process only).
+process it is) and HIVEKERNEL_TOKEN (a token that acts as that process only),
+plus HIVEKERNEL_TLS_CA (the certificate to trust) when the kernel serves TLS.
 It attaches to its mailbox and handles what arrives, in order:
 
 tasks, answered with CompleteTask:
@@ -85,7 +86,8 @@ def main():
     except (KeyError, ValueError) as err:
         sys.exit(f"echo_agent: run me through the kernel (runtime exec); missing or bad {err}")
     pb, _ = hivekernel_sdk.stubs()
-    stub = hivekernel_sdk.connect(addr, bearer)
+    # HIVEKERNEL_TLS_CA is set when the kernel serves TLS.
+    stub = hivekernel_sdk.connect(addr, bearer, hivekernel_sdk.tls_credentials(addr))
     log(f"starting, os pid {os.getpid()}, kernel at {addr}")
     try:
         for delivery in stub.Attach(pb.AttachRequest()):

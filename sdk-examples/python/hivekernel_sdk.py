@@ -2,11 +2,12 @@
 
 - stubs(): the generated messages (pb) and service stub module (rpc),
   generating them from proto/ first if needed;
-- connect(addr, token): a Kernel stub whose every call carries
-  `authorization: Bearer <token>`;
-- address() / token(): where the kernel is and the credential to use, from
-  flags, the environment (HIVEKERNEL_ADDR, HIVEKERNEL_TOKEN) or the kernel's
-  data directory (kernel.addr, admin.token).
+- connect(addr, token, tls): a Kernel stub whose every call carries
+  `authorization: Bearer <token>`, over TLS when `tls` credentials are given;
+- address() / token() / tls_credentials(): where the kernel is, the
+  credential to use and what to trust, from flags, the environment
+  (HIVEKERNEL_ADDR, HIVEKERNEL_TOKEN, HIVEKERNEL_TLS_*) or the kernel's data
+  directory (kernel.addr, admin.token, tls-ca.pem).
 """
 
 import collections
@@ -32,12 +33,17 @@ def stubs():
     return kernel_pb2, kernel_pb2_grpc
 
 
-def address(flag=None, data_dir=".hivekernel"):
-    """The kernel's host:port: the flag, HIVEKERNEL_ADDR, <data_dir>/kernel.addr, or the default."""
+def _raw_address(flag, data_dir):
     addr = flag or os.environ.get("HIVEKERNEL_ADDR")
     if not addr:
         path = pathlib.Path(data_dir) / "kernel.addr"
         addr = path.read_text().strip() if path.is_file() else DEFAULT_ADDR
+    return addr
+
+
+def address(flag=None, data_dir=".hivekernel"):
+    """The kernel's host:port: the flag, HIVEKERNEL_ADDR, <data_dir>/kernel.addr, or the default."""
+    addr = _raw_address(flag, data_dir)
     # grpcio wants host:port, not a URL.
     for scheme in ("http://", "https://"):
         if addr.startswith(scheme):
@@ -94,8 +100,38 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         return continuation(self._with_token(details), request)
 
 
-def connect(addr, bearer):
-    """A hivekernel.v1.Kernel stub on a plaintext channel to addr, sending `bearer` on every call."""
+def tls_credentials(flag=None, data_dir=".hivekernel"):
+    """TLS channel credentials for the kernel, or None when it speaks plain text.
+
+    TLS is on when HIVEKERNEL_TLS_CA is set (the kernel gives it to its exec
+    agents) or the address (flag, HIVEKERNEL_ADDR, kernel.addr) is https://.
+    The server is trusted by HIVEKERNEL_TLS_CA, else <data_dir>/tls-ca.pem;
+    HIVEKERNEL_TLS_CERT and HIVEKERNEL_TLS_KEY add a client certificate, for a
+    kernel that requires one (mutual TLS).
+    """
+    ca = os.environ.get("HIVEKERNEL_TLS_CA")
+    if not ca and not _raw_address(flag, data_dir).startswith("https://"):
+        return None
+    ca = pathlib.Path(ca or pathlib.Path(data_dir) / "tls-ca.pem")
+    cert, key = os.environ.get("HIVEKERNEL_TLS_CERT"), os.environ.get("HIVEKERNEL_TLS_KEY")
+    try:
+        roots = ca.read_bytes()
+        chain = pathlib.Path(cert).read_bytes() if cert else None
+        private = pathlib.Path(key).read_bytes() if key else None
+    except OSError as err:
+        sys.exit(f"cannot read {err.filename}: {err.strerror} (HIVEKERNEL_TLS_CA, _CERT, _KEY)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=roots, private_key=private, certificate_chain=chain
+    )
+
+
+def connect(addr, bearer, tls=None):
+    """A hivekernel.v1.Kernel stub on a channel to addr (TLS with `tls` credentials,
+    else plain text), sending `bearer` on every call."""
     _, rpc = stubs()
-    channel = grpc.intercept_channel(grpc.insecure_channel(addr), _Bearer(bearer))
+    if tls is None:
+        channel = grpc.insecure_channel(addr)
+    else:
+        channel = grpc.secure_channel(addr, tls)
+    channel = grpc.intercept_channel(channel, _Bearer(bearer))
     return rpc.KernelStub(channel)

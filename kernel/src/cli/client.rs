@@ -1,5 +1,5 @@
-//! Connecting to a running kernel: the address, the admin token, the bearer
-//! interceptor, and turning gRPC statuses into [`CliError`]s.
+//! Connecting to a running kernel: the address, TLS, the admin token, the
+//! bearer interceptor, and turning gRPC statuses into [`CliError`]s.
 
 use std::io;
 use std::path::Path;
@@ -9,10 +9,12 @@ use hivekernel_proto::v1::kernel_client::KernelClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
 use super::{CliError, ClientArgs};
+use crate::error::error_chain;
+use crate::tls::{self, TRUST_FILE};
 
 /// Where the kernel listens unless told otherwise.
 const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
@@ -30,21 +32,30 @@ pub(super) struct Session {
     pub(super) client: Client,
     addr: String,
     token_hint: String,
+    /// Whether the connection is TLS, for the hints of connection failures.
+    secure: bool,
 }
 
 impl Session {
     /// Connects to the kernel named by `args` and loads the token.
     pub(super) async fn connect(args: &ClientArgs) -> Result<Session, CliError> {
         let addr = resolve_addr(args);
-        let endpoint = Endpoint::from_shared(addr.clone())
+        let tls = client_tls(args, &addr)?;
+        let secure = tls.is_some();
+        let mut endpoint = Endpoint::from_shared(addr.clone())
             .map_err(|err| CliError::Usage(format!("invalid kernel address {addr:?}: {err}")))?
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(|err| {
+                CliError::Usage(format!("TLS settings for {addr}: {}", error_chain(&err)))
+            })?;
+        }
         // Connect before reading the token: when the kernel is down, "cannot
         // connect" is the real problem even if the token file is missing too.
-        let channel = endpoint.connect().await.map_err(|err| CliError::Connect {
-            addr: addr.clone(),
-            cause: error_chain(&err),
-        })?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|err| connect_error(&addr, error_chain(&err), secure))?;
         let (token, token_hint) = load_token(args.token.as_deref(), &args.data_dir)?;
         let client = KernelClient::with_interceptor(channel, Bearer::new(&token)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -52,6 +63,7 @@ impl Session {
             client,
             addr,
             token_hint,
+            secure,
         })
     }
 
@@ -62,10 +74,22 @@ impl Session {
         } else {
             status.message().to_owned()
         };
+        // Only a status made on this side has a source: the connection
+        // failed (a refused TLS handshake shows up here), the kernel said nothing.
+        if let Some(source) = std::error::Error::source(&status) {
+            let chain = error_chain(source);
+            let cause = if chain.contains(&message) {
+                chain
+            } else {
+                format!("{message}: {chain}")
+            };
+            return connect_error(&self.addr, cause, self.secure);
+        }
         match status.code() {
             Code::Unavailable => CliError::Connect {
                 addr: self.addr.clone(),
                 cause: message,
+                hint: NOT_RUNNING,
             },
             Code::Unauthenticated => CliError::Unauthenticated {
                 message,
@@ -78,22 +102,104 @@ impl Session {
 
 /// `--addr` (or `HIVEKERNEL_ADDR`), else the address the kernel wrote to its data directory.
 fn resolve_addr(args: &ClientArgs) -> String {
+    let tls = args.tls_ca.is_some() || args.tls_cert.is_some();
     if let Some(addr) = &args.addr {
-        return endpoint_uri(addr);
+        return endpoint_uri(addr, tls);
     }
     match std::fs::read_to_string(args.data_dir.join("kernel.addr")) {
-        Ok(addr) if !addr.trim().is_empty() => endpoint_uri(&addr),
+        Ok(addr) if !addr.trim().is_empty() => endpoint_uri(&addr, tls),
         _ => DEFAULT_ADDR.to_owned(),
     }
 }
 
-/// Accepts a URL or a bare `host:port` (taken as plain-text HTTP/2).
-fn endpoint_uri(addr: &str) -> String {
+/// Accepts a URL or a bare `host:port`: https when TLS settings are given,
+/// else plain-text HTTP/2.
+fn endpoint_uri(addr: &str, tls: bool) -> String {
     let addr = addr.trim();
     if addr.contains("://") {
         addr.to_owned()
+    } else if tls {
+        format!("https://{addr}")
     } else {
         format!("http://{addr}")
+    }
+}
+
+/// The TLS settings for `addr`: `None` for plain text. An https address
+/// without `--tls-ca` trusts what a local kernel wrote to its data
+/// directory; TLS settings with a plain-text address are refused rather
+/// than ignored, so the token never goes out in clear by mistake.
+fn client_tls(args: &ClientArgs, addr: &str) -> Result<Option<ClientTlsConfig>, CliError> {
+    let identity = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(CliError::Usage(
+                "--tls-cert (or HIVEKERNEL_TLS_CERT) needs --tls-key (or HIVEKERNEL_TLS_KEY)"
+                    .into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(CliError::Usage(
+                "--tls-key (or HIVEKERNEL_TLS_KEY) needs --tls-cert (or HIVEKERNEL_TLS_CERT)"
+                    .into(),
+            ));
+        }
+    };
+    if !addr.to_ascii_lowercase().starts_with("https://") {
+        if args.tls_ca.is_some() || identity.is_some() {
+            return Err(CliError::Usage(format!(
+                "{addr} is plain text, but TLS settings were given (--tls-ca, --tls-cert, \
+                 --tls-key or HIVEKERNEL_TLS_*): use an https:// address, or drop them"
+            )));
+        }
+        return Ok(None);
+    }
+    let ca = match &args.tls_ca {
+        Some(ca) => ca.clone(),
+        None => {
+            let local = args.data_dir.join(TRUST_FILE);
+            if !local.exists() {
+                return Err(CliError::Usage(format!(
+                    "{addr} serves TLS: pass --tls-ca (or HIVEKERNEL_TLS_CA) with the CA that \
+                     signed its certificate (there is no {} from a local kernel)",
+                    local.display()
+                )));
+            }
+            local
+        }
+    };
+    tls::client_config(&ca, identity)
+        .map(Some)
+        .map_err(|err| CliError::Usage(err.to_string()))
+}
+
+const NOT_RUNNING: &str = "is `hivekernel start` running?";
+
+/// A failed connection, with the likely fix: TLS problems are told apart by
+/// what rustls reported (a handshake the kernel refused may read as a
+/// closed connection, so that is what is left when nothing else matches).
+fn connect_error(addr: &str, cause: String, secure: bool) -> CliError {
+    let refused = cause.contains("Connection refused") || cause.contains("tcp connect error");
+    let hint = if refused {
+        NOT_RUNNING
+    } else if !secure {
+        // A TLS server drops a plain-text client at once (or answers with
+        // bytes that read as a bad HTTP/2 frame).
+        "if the kernel serves TLS, use its https:// address (as in its kernel.addr) and --tls-ca"
+    } else if cause.contains("UnknownIssuer") || cause.contains("NotValidForName") {
+        "the kernel's certificate is not trusted: check --tls-ca (HIVEKERNEL_TLS_CA) \
+         and that the certificate names the host in the address"
+    } else if cause.contains("InvalidContentType") || cause.contains("corrupt message") {
+        "the kernel does not seem to serve TLS: try an http:// address"
+    } else {
+        "if the kernel requires client certificates, pass --tls-cert and --tls-key \
+         (HIVEKERNEL_TLS_CERT, HIVEKERNEL_TLS_KEY) with a certificate its client CA signed"
+    };
+    CliError::Connect {
+        addr: addr.to_owned(),
+        cause,
+        hint,
     }
 }
 
@@ -138,20 +244,6 @@ fn load_token(flag: Option<&str>, data_dir: &Path) -> Result<(String, String), C
     }
 }
 
-/// An error and its causes, `a: b: c`, without repeats.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
-}
-
 /// Adds `authorization: Bearer <token>` to every request.
 #[derive(Debug, Clone)]
 pub(super) struct Bearer(MetadataValue<Ascii>);
@@ -181,9 +273,10 @@ mod tests {
 
     #[test]
     fn bare_host_port_becomes_http() {
-        assert_eq!(endpoint_uri("127.0.0.1:9"), "http://127.0.0.1:9");
-        assert_eq!(endpoint_uri(" http://h:1\n"), "http://h:1");
-        assert_eq!(endpoint_uri("https://h:1"), "https://h:1");
+        assert_eq!(endpoint_uri("127.0.0.1:9", false), "http://127.0.0.1:9");
+        assert_eq!(endpoint_uri("127.0.0.1:9", true), "https://127.0.0.1:9");
+        assert_eq!(endpoint_uri(" http://h:1\n", true), "http://h:1");
+        assert_eq!(endpoint_uri("https://h:1", false), "https://h:1");
     }
 
     #[test]
@@ -225,6 +318,9 @@ mod tests {
             addr: None,
             token: None,
             data_dir: dir.path().to_owned(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         };
         assert_eq!(resolve_addr(&args), DEFAULT_ADDR);
         std::fs::write(dir.path().join("kernel.addr"), "http://127.0.0.1:4242\n")?;

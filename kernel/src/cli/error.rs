@@ -18,12 +18,14 @@ pub enum CliError {
     #[error(transparent)]
     Start(StartError),
     /// The kernel could not be reached (exit 3).
-    #[error("cannot connect to {addr}: {cause}; is `hivekernel start` running?")]
+    #[error("cannot connect to {addr}: {cause}; {hint}")]
     Connect {
         /// The address tried.
         addr: String,
         /// What went wrong.
         cause: String,
+        /// The likely fix.
+        hint: &'static str,
     },
     /// The kernel refused the token (exit 1).
     #[error("unauthenticated: {message}; {hint}")]

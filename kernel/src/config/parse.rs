@@ -46,6 +46,7 @@ pub(super) struct RawKernel {
     pub(super) event_log_limit: u64,
     pub(super) artifacts: Option<Value>,
     pub(super) memory: Option<Value>,
+    pub(super) tls: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -68,6 +69,7 @@ impl Default for RawKernel {
             event_log_limit: defaults.event_log_limit,
             artifacts: None,
             memory: None,
+            tls: None,
         }
     }
 }

@@ -1000,3 +1000,35 @@ fn a_tool_needs_a_capability_its_role_grants() {
     // A role the config does not list has every capability.
     assert_eq!(found.len(), 1, "{found:#?}");
 }
+
+#[test]
+fn kernel_tls_resolves_paths_and_reports_every_problem() {
+    let fixture = Fixture::new();
+    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    fixture.write("configs/tls/server.pem", &pair.cert.pem());
+    fixture.write("configs/tls/server.key", &pair.signing_key.serialize_pem());
+    let config = fixture
+        .load(r#"{"kernel": {"tls": {"cert": "tls/server.pem", "key": "tls/server.key"}}}"#)
+        .unwrap();
+    let tls = config.kernel.tls.unwrap();
+    assert_eq!(tls.cert, fixture.root().join("configs/tls/server.pem"));
+    assert_eq!((tls.client_ca, tls.ca), (None, None));
+
+    let found = fixture.issues(
+        r#"{"kernel": {"tls": {"cert": "tls/server.key", "key": "tls/server.pem",
+                               "client_ca": "tls/none.pem", "crl": "x"}}}"#,
+    );
+    assert_issue(&found, "kernel.tls.crl", &["unknown field"]);
+    assert_issue(&found, "kernel.tls.cert", &["server.key", "no certificate"]);
+    assert_issue(&found, "kernel.tls.key", &["server.pem", "no private key"]);
+    assert_issue(
+        &found,
+        "kernel.tls.client_ca",
+        &["cannot read TLS client CA"],
+    );
+
+    let found = fixture.issues(r#"{"kernel": {"tls": {"key": "k.pem", "ca": "ca.pem"}}}"#);
+    assert_issue(&found, "kernel.tls.cert", &["missing"]);
+    let found = fixture.issues(r#"{"kernel": {"tls": {"ca": "ca.pem"}}}"#);
+    assert_issue(&found, "kernel.tls.ca", &["needs cert and key"]);
+}

@@ -172,6 +172,7 @@ impl<'a> Context<'a> {
             memory: super::storage::memory(k.memory.as_ref(), issues),
             // Filled from `llm.prices`.
             prices: Default::default(),
+            tls: super::tls::tls(k.tls.as_ref(), self, issues),
         };
         (settings, ceilings)
     }

@@ -13,8 +13,16 @@ pub const MAX_ENV: usize = 1024;
 /// Most bytes over all arguments, and over all variables.
 pub const MAX_COMMAND_BYTES: usize = 128 * 1024;
 
-/// Variables the kernel sets for every `exec` process; a command may not set them.
-pub const RESERVED_ENV: [&str; 3] = ["HIVEKERNEL_ADDR", "HIVEKERNEL_PID", "HIVEKERNEL_TOKEN"];
+/// The PEM file an `exec` process trusts for a server that serves TLS.
+pub const TLS_CA_ENV: &str = "HIVEKERNEL_TLS_CA";
+
+/// Variables the kernel sets (or clears) for every `exec` process; a command may not set them.
+pub const RESERVED_ENV: [&str; 4] = [
+    "HIVEKERNEL_ADDR",
+    "HIVEKERNEL_PID",
+    "HIVEKERNEL_TOKEN",
+    TLS_CA_ENV,
+];
 
 /// Why `command` cannot be run, naming the field (`command[2]`, `env.FOO`).
 /// On success, the program to execute: an absolute path.

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::ExecRuntime;
 use super::agent::ExecProc;
+use super::command::TLS_CA_ENV;
 use crate::kernel::{Inner, Kernel};
 
 /// Where the OS process of an `exec` process is in its life.
@@ -87,6 +88,12 @@ impl Launch {
         if let Some(dir) = &cwd {
             cmd.current_dir(dir);
         }
+        // Agents choose TLS by this variable: one inherited from the kernel's
+        // environment must not make them try TLS against a plain-text server.
+        match &runtime.tls_ca {
+            Some(ca) => cmd.env(TLS_CA_ENV, ca),
+            None => cmd.env_remove(TLS_CA_ENV),
+        };
         let grace = Duration::from_millis(kernel.settings().shutdown_grace_ms);
         let mut os = proc.os.lock();
         // A kill that came first wins: nothing is started for a process that has ended.

@@ -48,13 +48,16 @@ impl Run {
     }
 }
 
-/// Runs the binary with `args`, ignoring any HIVEKERNEL_* in the environment.
+/// Runs the binary with `args`, ignoring any HIVEKERNEL_* connection settings in the environment.
 pub fn hivekernel(args: &[&str]) -> Run {
     let output = Command::new(binary())
         .args(args)
         .env_remove("HIVEKERNEL_ADDR")
         .env_remove("HIVEKERNEL_TOKEN")
         .env_remove("HIVEKERNEL_DATA_DIR")
+        .env_remove("HIVEKERNEL_TLS_CA")
+        .env_remove("HIVEKERNEL_TLS_CERT")
+        .env_remove("HIVEKERNEL_TLS_KEY")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .output()
