@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
-use hivekernel_agents::{Pid, SpawnRequest};
+use hivekernel_agents::{Pid, Role, SpawnRequest};
 use tokio::net::TcpListener;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
@@ -132,6 +132,24 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
             )));
         }
         tracing::warn!(listen = %settings.listen, "listening on a non-loopback address in plain text (--insecure-remote)");
+    }
+    let unrestricted: Vec<&str> = Role::ALL
+        .iter()
+        .filter(|role| **role != Role::Kernel)
+        .filter(|role| {
+            settings
+                .roles
+                .get(role)
+                .is_none_or(|r| r.capabilities.is_none())
+        })
+        .map(|role| role.as_str())
+        .collect();
+    if !unrestricted.is_empty() {
+        tracing::warn!(
+            roles = %unrestricted.join(", "),
+            "roles without a capabilities list have every capability; list them under \
+             roles.<role>.capabilities"
+        );
     }
 
     let data_dir = settings.data_dir.clone();
