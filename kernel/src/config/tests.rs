@@ -653,6 +653,29 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
 }
 
 #[test]
+fn web_allow_addresses_are_ip_addresses() {
+    let config = Fixture::new()
+        .load(r#"{"tool_agent": {"web": {"allow_addresses": ["10.0.0.7", "::1"]}}}"#)
+        .unwrap();
+    assert_eq!(
+        config.tools.web.allow_addresses,
+        [
+            "10.0.0.7".parse::<std::net::IpAddr>().unwrap(),
+            "::1".parse().unwrap()
+        ]
+    );
+    assert!(!config.tools.web.allow_private_networks);
+    let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": ["intranet.local"]}}}"#);
+    assert_issue(
+        &found,
+        "tool_agent.web.allow_addresses",
+        &["invalid IP address syntax"],
+    );
+    let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": "10.0.0.7"}}}"#);
+    assert_issue(&found, "tool_agent.web.allow_addresses", &["a sequence"]);
+}
+
+#[test]
 fn roles_and_agents_carry_restart_specs_and_strategies() {
     use hivekernel_agents::{RestartPolicy, RestartSpec, Strategy};
     let config = Fixture::new()
