@@ -23,6 +23,8 @@ mod schedule;
 use hivekernel_agents::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::error::shown;
+
 pub use run::CRON_MESSAGE;
 pub(crate) use schedule::Cron;
 pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
@@ -149,7 +151,8 @@ impl CronSpec {
             "message" => CronAction::Message,
             other => {
                 return Err(format!(
-                    "action: unknown {other:?} (expected execute, spawn or message)"
+                    "action: unknown {} (expected execute, spawn or message)",
+                    shown(other)
                 ));
             }
         };
@@ -158,7 +161,8 @@ impl CronSpec {
             "allow" => Overlap::Allow,
             other => {
                 return Err(format!(
-                    "overlap: unknown {other:?} (expected skip or allow)"
+                    "overlap: unknown {} (expected skip or allow)",
+                    shown(other)
                 ));
             }
         };
@@ -167,7 +171,8 @@ impl CronSpec {
             "run_once" => Missed::RunOnce,
             other => {
                 return Err(format!(
-                    "missed: unknown {other:?} (expected skip or run_once)"
+                    "missed: unknown {} (expected skip or run_once)",
+                    shown(other)
                 ));
             }
         };

@@ -16,8 +16,22 @@ pub fn decode<T: DeserializeOwned>(tool: &dyn Tool, args: Value) -> Result<T, To
     serde_json::from_value(args).map_err(|err| invalid(tool, err))
 }
 
+/// Most bytes of the reason an argument error carries: a reason may quote
+/// the bad value, which may be megabytes long.
+const MAX_REASON_BYTES: usize = 1024;
+
 /// An argument error for `tool`.
 pub(crate) fn invalid(tool: &dyn Tool, why: impl std::fmt::Display) -> ToolError {
+    let mut why = why.to_string();
+    if why.len() > MAX_REASON_BYTES {
+        let total = why.len();
+        let cut = (0..=MAX_REASON_BYTES)
+            .rev()
+            .find(|&i| why.is_char_boundary(i))
+            .unwrap_or(0);
+        why.truncate(cut);
+        why.push_str(&format!("... [{total} bytes]"));
+    }
     ToolError::new(format!("invalid arguments for {}: {why}", tool.name()))
 }
 
