@@ -7,9 +7,19 @@ use super::{Tool, ToolError};
 
 /// Decodes `tool`'s arguments; a value of the wrong type is named by its
 /// field (serde alone says only what type it expected). No arguments at all
-/// reads as `{}`.
+/// reads as `{}`; anything else but an object is refused (serde would read an
+/// array as the fields in order).
 pub fn decode<T: DeserializeOwned>(tool: &dyn Tool, args: Value) -> Result<T, ToolError> {
     let args = if args.is_null() { json!({}) } else { args };
+    if !args.is_object() {
+        return Err(invalid(
+            tool,
+            format!(
+                "invalid type: the arguments must be a JSON object, got {}",
+                shown(&args)
+            ),
+        ));
+    }
     if let Some(why) = mismatch(&tool.parameters(), &args, "") {
         return Err(invalid(tool, why));
     }
