@@ -109,6 +109,13 @@ fn unknown_top_level_key_lists_the_sections() {
 }
 
 #[test]
+fn an_empty_key_has_a_location_too() {
+    let found = issues(r#"{"": 1, "kernel": {"": 2}}"#);
+    assert_issue(&found, "\"\"", &["unknown field ``"]);
+    assert_issue(&found, "kernel.\"\"", &["unknown field ``"]);
+}
+
+#[test]
 fn unknown_fields_are_errors_at_every_level() {
     let found = issues(
         r#"{"kernel": {"listen_addr": "x"},
