@@ -29,6 +29,13 @@ pub use run::CRON_MESSAGE;
 pub(crate) use schedule::Cron;
 pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
 
+/// The first time `expression` fires strictly after `after_ms` (Unix ms),
+/// `None` when it never fires again; or why the expression is refused, as
+/// the config check and `add_cron` say it.
+pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
+    expr::parse(expression).map(|schedule| expr::next_after(&schedule, after_ms))
+}
+
 /// What an entry does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
