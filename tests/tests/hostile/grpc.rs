@@ -56,6 +56,7 @@ fn spawn(parent: u64, name: &str) -> pb::SpawnRequest {
 
 #[tokio::test]
 async fn malformed_requests_are_refused_and_change_nothing() {
+    let _heavy = crate::HEAVY.lock().await;
     let (kernel, journal) = kernel_with(test_settings());
     let target = spawn_probe(&kernel, Pid::KERNEL, "target", Role::Lead).await;
     let served = Served::start(&kernel).await;
@@ -373,7 +374,7 @@ async fn malformed_requests_are_refused_and_change_nothing() {
 
     // A request over the server's size limit is refused by the transport; the server carries on.
     let too_big = pb::SpawnRequest {
-        system_prompt: "p".repeat(64 << 20),
+        system_prompt: "p".repeat(5 << 20),
         ..spawn(t, "big")
     };
     let status = client.spawn(too_big).await.unwrap_err();

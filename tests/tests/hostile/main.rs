@@ -16,6 +16,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+/// Held by the tests that allocate megabytes, so that the flood test's
+/// peak-memory bound measures the flood alone.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 mod config;
 mod grpc;
 mod props;
