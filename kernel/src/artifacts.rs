@@ -306,7 +306,8 @@ fn check_content_type(value: &str) -> Result<()> {
         Err(KernelError::InvalidArgument(format!(
             "content type must look like type/subtype (such as text/plain or \
              application/json; charset=utf-8), at most {MAX_CONTENT_TYPE_BYTES} bytes of \
-             printable ASCII, got {value:?}"
+             printable ASCII, got {}",
+            crate::error::shown(value)
         )))
     }
 }

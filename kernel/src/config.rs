@@ -370,8 +370,10 @@ impl fmt::Display for ConfigIssue {
     }
 }
 
-/// `base.field`, or just `field` at the top level.
+/// `base.field`, or just `field` at the top level; an empty key reads `""`,
+/// so that even it has a location.
 fn at(base: &str, field: &str) -> String {
+    let field = if field.is_empty() { "\"\"" } else { field };
     if base.is_empty() {
         field.to_owned()
     } else {

@@ -23,9 +23,18 @@ mod schedule;
 use hivekernel_agents::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::error::shown;
+
 pub use run::CRON_MESSAGE;
 pub(crate) use schedule::Cron;
 pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
+
+/// The first time `expression` fires strictly after `after_ms` (Unix ms),
+/// `None` when it never fires again; or why the expression is refused, as
+/// the config check and `add_cron` say it.
+pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
+    expr::parse(expression).map(|schedule| expr::next_after(&schedule, after_ms))
+}
 
 /// What an entry does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -149,7 +158,8 @@ impl CronSpec {
             "message" => CronAction::Message,
             other => {
                 return Err(format!(
-                    "action: unknown {other:?} (expected execute, spawn or message)"
+                    "action: unknown {} (expected execute, spawn or message)",
+                    shown(other)
                 ));
             }
         };
@@ -158,7 +168,8 @@ impl CronSpec {
             "allow" => Overlap::Allow,
             other => {
                 return Err(format!(
-                    "overlap: unknown {other:?} (expected skip or allow)"
+                    "overlap: unknown {} (expected skip or allow)",
+                    shown(other)
                 ));
             }
         };
@@ -167,7 +178,8 @@ impl CronSpec {
             "run_once" => Missed::RunOnce,
             other => {
                 return Err(format!(
-                    "missed: unknown {other:?} (expected skip or run_once)"
+                    "missed: unknown {} (expected skip or run_once)",
+                    shown(other)
                 ));
             }
         };

@@ -73,7 +73,8 @@ impl Kernel {
         {
             return Err(KernelError::InvalidArgument(format!(
                 "memory key must be at most {MAX_MEMORY_KEY_BYTES} bytes without control \
-                 characters, got {key:?}"
+                 characters, got {}",
+                crate::error::shown(key)
             )));
         }
         let tags = check_tags(tags)?;
@@ -149,7 +150,8 @@ fn check_tags(tags: Vec<String>) -> Result<Vec<String>> {
         if bad {
             return Err(KernelError::InvalidArgument(format!(
                 "memory tag must be 1 to {MAX_MEMORY_TAG_BYTES} bytes without spaces or control \
-                 characters, got {tag:?}"
+                 characters, got {}",
+                crate::error::shown(&tag)
             )));
         }
         if !kept.contains(&tag) {

@@ -47,7 +47,8 @@ impl Kernel {
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_STATE_KEY_BYTES || key.chars().any(char::is_control) {
         return Err(KernelError::InvalidArgument(format!(
-            "state key must be 1 to {MAX_STATE_KEY_BYTES} bytes without control characters, got {key:?}"
+            "state key must be 1 to {MAX_STATE_KEY_BYTES} bytes without control characters, got {}",
+            crate::error::shown(key)
         )));
     }
     Ok(())

@@ -74,9 +74,14 @@ pub struct WebServer {
 }
 
 impl WebServer {
-    /// Serves `pages`, each `(path, page)`.
+    /// Serves `pages`, each `(path, page)`, on 127.0.0.1.
     pub async fn start(pages: Vec<(&str, Page)>) -> WebServer {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        WebServer::start_on(std::net::Ipv4Addr::LOCALHOST.into(), pages).await
+    }
+
+    /// Serves `pages` on `ip` (another loopback address such as 127.0.0.2, say).
+    pub async fn start_on(ip: std::net::IpAddr, pages: Vec<(&str, Page)>) -> WebServer {
+        let listener = TcpListener::bind((ip, 0))
             .await
             .expect("bind the loopback web server");
         let addr = listener.local_addr().expect("loopback web server address");
@@ -89,12 +94,17 @@ impl WebServer {
         WebServer { addr, seen, task }
     }
 
-    /// The server's port on 127.0.0.1.
+    /// The server's port.
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
 
-    /// `http://127.0.0.1:PORT<path>`.
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://IP:PORT<path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -4,7 +4,9 @@
 //! The only server a test can run is on loopback, so the refusals run with
 //! `allow_private_networks = false` and assert the server saw no request,
 //! while the positive cases (and redirects out of the server into refused
-//! places) run with it set to true.
+//! places) run with it set to true. A redirect into loopback runs with the
+//! page server alone allowed (`allow_addresses`) and a second server on
+//! 127.0.0.2 as the target.
 
 #![allow(clippy::unwrap_used)]
 
@@ -482,6 +484,108 @@ async fn a_closed_port_is_a_connect_error() {
     assert!(
         err.starts_with(&format!("cannot connect to {url}: ")) && err.contains("refused"),
         "{err}"
+    );
+    fx.finish().await;
+}
+
+#[tokio::test]
+async fn a_redirect_from_an_allowed_server_into_loopback_is_refused() {
+    // The allowed server is 127.0.0.1 alone (`allow_addresses`); the target,
+    // on 127.0.0.2, is loopback like any other and must never be reached.
+    let target = WebServer::start_on(
+        [127, 0, 0, 2].into(),
+        vec![("/secret", Page::html("<p>secret</p>"))],
+    )
+    .await;
+    let b = target.port();
+    let fx = fixture(vec![
+        ("/page", Page::html("<p>allowed</p>")),
+        (
+            "/to-target",
+            Page::redirect(&format!("http://127.0.0.2:{b}/secret")),
+        ),
+        (
+            "/to-decimal",
+            Page::Redirect(301, format!("http://2130706434:{b}/secret")),
+        ),
+        (
+            "/to-mapped",
+            Page::Redirect(307, format!("http://[::ffff:127.0.0.2]:{b}/secret")),
+        ),
+        (
+            "/to-v6",
+            Page::Redirect(308, format!("http://[::1]:{b}/secret")),
+        ),
+        ("/to-private", Page::redirect("http://10.0.0.1/")),
+        (
+            "/to-metadata",
+            Page::redirect("http://169.254.169.254/latest/meta-data/"),
+        ),
+    ])
+    .await;
+    let allowed = WebSettings {
+        allow_addresses: vec![[127, 0, 0, 1].into()],
+        ..settings(false)
+    };
+    // The allow-list opens the allowed server...
+    let url = fx.server.url("/page");
+    let out = fx
+        .call(allowed.clone(), json!({ "url": url }))
+        .await
+        .unwrap();
+    assert!(out.starts_with(&format!("HTTP 200 {url}")), "{out}");
+    // ...and nothing else: not the target directly, nor through a redirect.
+    let direct = target.url("/secret");
+    let err = fx.refused(allowed.clone(), json!({ "url": direct })).await;
+    assert!(
+        err.contains("refused: address 127.0.0.2 is loopback"),
+        "{err}"
+    );
+    for (path, to, why) in [
+        (
+            "/to-target",
+            format!("http://127.0.0.2:{b}/secret"),
+            "address 127.0.0.2 is loopback",
+        ),
+        (
+            "/to-decimal",
+            format!("http://127.0.0.2:{b}/secret"),
+            "address 127.0.0.2 is loopback",
+        ),
+        (
+            "/to-mapped",
+            format!("http://[::ffff:7f00:2]:{b}/secret"),
+            "(carrying IPv4 127.0.0.2) is loopback",
+        ),
+        (
+            "/to-v6",
+            format!("http://[::1]:{b}/secret"),
+            "address ::1 is loopback",
+        ),
+        ("/to-private", "http://10.0.0.1/".to_owned(), "private"),
+        (
+            "/to-metadata",
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "cloud metadata",
+        ),
+    ] {
+        let from = fx.server.url(path);
+        let err = fx.refused(allowed.clone(), json!({ "url": from })).await;
+        let hop = format!("refused redirect from {from} to {to}: ");
+        assert!(err.contains(&hop) && err.contains(why), "{path}: {err}");
+    }
+    assert_eq!(target.paths(), Vec::<String>::new());
+    assert_eq!(
+        fx.server.paths(),
+        [
+            "/page",
+            "/to-target",
+            "/to-decimal",
+            "/to-mapped",
+            "/to-v6",
+            "/to-private",
+            "/to-metadata"
+        ]
     );
     fx.finish().await;
 }

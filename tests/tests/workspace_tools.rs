@@ -103,8 +103,9 @@ impl Fixture {
     }
 }
 
-/// Everything under `root` but outside `skip`: path to kind and content,
-/// links not followed.
+/// Everything under `root` but outside `skip`: path to kind, content and
+/// modification time, links not followed. (The directories holding `skip`
+/// are listed without their time: creating the workspace touches them.)
 fn snapshot(root: &Path, skip: &Path) -> BTreeMap<PathBuf, String> {
     let mut seen = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
@@ -115,13 +116,21 @@ fn snapshot(root: &Path, skip: &Path) -> BTreeMap<PathBuf, String> {
                 continue;
             }
             let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mtime = meta.modified().unwrap();
             let what = if meta.is_symlink() {
-                format!("link {}", std::fs::read_link(&path).unwrap().display())
+                format!(
+                    "link {} {mtime:?}",
+                    std::fs::read_link(&path).unwrap().display()
+                )
             } else if meta.is_dir() {
                 stack.push(path.clone());
-                "dir".to_owned()
+                if skip.starts_with(&path) {
+                    "dir".to_owned()
+                } else {
+                    format!("dir {mtime:?}")
+                }
             } else {
-                format!("file {:?}", std::fs::read(&path).unwrap())
+                format!("file {:?} {mtime:?}", std::fs::read(&path).unwrap())
             };
             seen.insert(path, what);
         }
@@ -380,6 +389,8 @@ async fn traversal_forms_are_refused_for_every_file_tool() {
         "/etc/passwd".to_owned(),
         sentinel.display().to_string(),
         "\\..\\x".to_owned(),
+        "..\\..\\x".to_owned(),
+        "\\etc\\passwd".to_owned(),
         "..\\..\\sentinel\\secret.txt".to_owned(),
         "C:\\x".to_owned(),
         "C:/x".to_owned(),
@@ -538,6 +549,28 @@ async fn a_link_made_by_the_shell_is_not_written_through() {
         );
     }
     assert!(!fx.sentinel().join("pwned").exists());
+
+    // A leaf link to the secret itself, made the same way.
+    let command = format!("ln -s {} leaf", fx.sentinel().join("secret.txt").display());
+    let out = fx
+        .call("shell_exec", json!({"command": command}))
+        .await
+        .unwrap();
+    assert!(out.starts_with("exit code: 0"), "{out}");
+    for (tool, args) in [
+        ("write_file", json!({"path": "leaf", "content": "pwned"})),
+        (
+            "edit_file",
+            json!({"path": "leaf", "old": "top", "new": "x"}),
+        ),
+        ("read_file", json!({"path": "leaf"})),
+    ] {
+        let err = fx.refused(tool, args.clone()).await;
+        assert!(
+            err.contains("outside the workspace"),
+            "{tool} {args}: {err}"
+        );
+    }
     fx.finish().await;
 }
 
@@ -745,6 +778,11 @@ async fn bad_arguments_are_clear_errors() {
         ("list_dir", json!({"dir": "."}), "unknown field `dir`"),
         ("list_dir", json!({"path": null}), ""),
         ("shell_exec", json!({"cmd": "ls"}), "unknown field `cmd`"),
+        (
+            "shell_exec",
+            json!({"command": "ls", "cwd": "/"}),
+            "unknown field `cwd`",
+        ),
         (
             "shell_exec",
             json!({"command": "ls", "timeout_seconds": 0}),

@@ -7,17 +7,41 @@ use super::{Tool, ToolError};
 
 /// Decodes `tool`'s arguments; a value of the wrong type is named by its
 /// field (serde alone says only what type it expected). No arguments at all
-/// reads as `{}`.
+/// reads as `{}`; anything else but an object is refused (serde would read an
+/// array as the fields in order).
 pub fn decode<T: DeserializeOwned>(tool: &dyn Tool, args: Value) -> Result<T, ToolError> {
     let args = if args.is_null() { json!({}) } else { args };
+    if !args.is_object() {
+        return Err(invalid(
+            tool,
+            format!(
+                "invalid type: the arguments must be a JSON object, got {}",
+                shown(&args)
+            ),
+        ));
+    }
     if let Some(why) = mismatch(&tool.parameters(), &args, "") {
         return Err(invalid(tool, why));
     }
     serde_json::from_value(args).map_err(|err| invalid(tool, err))
 }
 
+/// Most bytes of the reason an argument error carries: a reason may quote
+/// the bad value, which may be megabytes long.
+const MAX_REASON_BYTES: usize = 1024;
+
 /// An argument error for `tool`.
 pub(crate) fn invalid(tool: &dyn Tool, why: impl std::fmt::Display) -> ToolError {
+    let mut why = why.to_string();
+    if why.len() > MAX_REASON_BYTES {
+        let total = why.len();
+        let cut = (0..=MAX_REASON_BYTES)
+            .rev()
+            .find(|&i| why.is_char_boundary(i))
+            .unwrap_or(0);
+        why.truncate(cut);
+        why.push_str(&format!("... [{total} bytes]"));
+    }
     ToolError::new(format!("invalid arguments for {}: {why}", tool.name()))
 }
 

@@ -46,6 +46,11 @@ struct ScheduleArgs {
     missed: Option<String>,
 }
 
+/// `list_cron` takes no arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RemoveArgs {
@@ -133,7 +138,7 @@ impl Tool for ListCron {
     }
 
     async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
-        let _: serde_json::Map<String, Value> = decode(self, args)?;
+        let NoArgs {} = decode(self, args)?;
         let entries = ctx.process.syscalls.list_cron().await.map_err(refused)?;
         let summaries: Vec<Value> = entries
             .iter()

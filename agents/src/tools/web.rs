@@ -18,7 +18,8 @@
 //!
 //! Proxies from the environment are ignored (a proxy would resolve the name
 //! itself, past the resolver). Loopback, private, link-local and similar
-//! internal ranges are refused unless `allow_private_networks` is set;
+//! internal ranges are refused unless `allow_private_networks` is set, or
+//! the address is one of `allow_addresses` (an intranet service, say);
 //! unspecified, broadcast, multicast, reserved and cloud metadata addresses
 //! are refused always.
 //!
@@ -40,6 +41,7 @@ mod guard;
 mod html;
 
 use crate::capability::Capability;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +53,7 @@ use serde_json::{Value, json};
 use super::args::invalid;
 use super::{Tool, ToolContext, ToolError, ToolRegistry, decode};
 use fetch::Limits;
-use guard::GuardedResolver;
+use guard::{GuardedResolver, Reach};
 
 /// Longest URL accepted, in bytes.
 const MAX_URL_BYTES: usize = 8 * 1024;
@@ -61,6 +63,9 @@ const MAX_URL_BYTES: usize = 8 * 1024;
 pub struct WebSettings {
     /// Whether loopback, private and link-local addresses may be fetched.
     pub allow_private_networks: bool,
+    /// Internal addresses that may be fetched even so, one by one (cloud
+    /// metadata and the other never-fetched addresses stay refused).
+    pub allow_addresses: Vec<IpAddr>,
     /// Most body bytes read per fetch (also the cap on the `max_bytes` argument).
     pub max_bytes: usize,
     /// Deadline for a whole fetch (also the cap on `timeout_seconds`).
@@ -75,6 +80,7 @@ impl Default for WebSettings {
     fn default() -> Self {
         WebSettings {
             allow_private_networks: false,
+            allow_addresses: Vec::new(),
             max_bytes: 2 * 1024 * 1024,
             timeout: Duration::from_secs(30),
             max_redirects: 5,
@@ -109,11 +115,19 @@ impl WebFetch {
                 .redirect(reqwest::redirect::Policy::none())
                 .no_proxy()
                 .dns_resolver(Arc::new(GuardedResolver {
-                    allow_private: self.settings.allow_private_networks,
+                    reach: self.reach(),
                 }))
                 .build()
                 .map_err(|err| format!("web_fetch cannot build its HTTP client: {err}"))
         })
+    }
+
+    /// Which internal addresses the settings open.
+    fn reach(&self) -> Reach {
+        Reach {
+            private: self.settings.allow_private_networks,
+            addresses: Arc::from(self.settings.allow_addresses.as_slice()),
+        }
     }
 
     /// The settings it runs under.
@@ -183,13 +197,13 @@ impl Tool for WebFetch {
             Some(s) => Duration::from_secs(s).min(self.settings.timeout),
         };
         let url = parse(self, &args.url)?;
-        guard::check_url(&url, self.settings.allow_private_networks)
-            .map_err(|why| ToolError::new(format!("refused: {why}")))?;
+        let reach = self.reach();
+        guard::check_url(&url, &reach).map_err(|why| ToolError::new(format!("refused: {why}")))?;
         let client = self.client().as_ref().map_err(ToolError::new)?;
         let limits = Limits {
             max_bytes,
             max_redirects: self.settings.max_redirects,
-            allow_private: self.settings.allow_private_networks,
+            reach,
         };
         let fetched = async { fetch::fetch(client, &url, limits).await?.render() };
         tokio::time::timeout(timeout, fetched).await.map_err(|_| {

@@ -18,8 +18,8 @@
 //!   "max_tool_result_bytes": 65536,
 //!   "orchestrate": { "worker_prompt_file": "../prompts/worker.md", "max_workers": 8,
 //!                    "subtask_timeout_seconds": 120, "worker_model": "mini" },
-//!   "web": { "allow_private_networks": false, "max_bytes": 2097152,
-//!            "timeout_seconds": 30, "max_redirects": 5 }
+//!   "web": { "allow_private_networks": false, "allow_addresses": ["10.0.0.7"],
+//!            "max_bytes": 2097152, "timeout_seconds": 30, "max_redirects": 5 }
 //! }
 //! ```
 
@@ -127,6 +127,7 @@ impl Default for RawOrchestrate {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawWeb {
     allow_private_networks: bool,
+    allow_addresses: Vec<std::net::IpAddr>,
     max_bytes: usize,
     timeout_seconds: u64,
     max_redirects: u32,
@@ -137,6 +138,7 @@ impl Default for RawWeb {
         let defaults = WebSettings::default();
         RawWeb {
             allow_private_networks: defaults.allow_private_networks,
+            allow_addresses: defaults.allow_addresses,
             max_bytes: defaults.max_bytes,
             timeout_seconds: defaults.timeout.as_secs(),
             max_redirects: defaults.max_redirects,
@@ -368,6 +370,7 @@ fn web(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> WebSettings {
     );
     WebSettings {
         allow_private_networks: raw.allow_private_networks,
+        allow_addresses: raw.allow_addresses,
         max_bytes: raw.max_bytes,
         timeout: Duration::from_secs(raw.timeout_seconds),
         max_redirects: raw.max_redirects,

@@ -114,6 +114,13 @@ fn unknown_top_level_key_lists_the_sections() {
 }
 
 #[test]
+fn an_empty_key_has_a_location_too() {
+    let found = issues(r#"{"": 1, "kernel": {"": 2}}"#);
+    assert_issue(&found, "\"\"", &["unknown field ``"]);
+    assert_issue(&found, "kernel.\"\"", &["unknown field ``"]);
+}
+
+#[test]
 fn unknown_fields_are_errors_at_every_level() {
     let found = issues(
         r#"{"kernel": {"listen_addr": "x"},
@@ -655,6 +662,29 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         config.tools.orchestrate.subtask_timeout,
         Duration::from_secs(9)
     );
+}
+
+#[test]
+fn web_allow_addresses_are_ip_addresses() {
+    let config = Fixture::new()
+        .load(r#"{"tool_agent": {"web": {"allow_addresses": ["10.0.0.7", "::1"]}}}"#)
+        .unwrap();
+    assert_eq!(
+        config.tools.web.allow_addresses,
+        [
+            "10.0.0.7".parse::<std::net::IpAddr>().unwrap(),
+            "::1".parse().unwrap()
+        ]
+    );
+    assert!(!config.tools.web.allow_private_networks);
+    let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": ["intranet.local"]}}}"#);
+    assert_issue(
+        &found,
+        "tool_agent.web.allow_addresses",
+        &["invalid IP address syntax"],
+    );
+    let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": "10.0.0.7"}}}"#);
+    assert_issue(&found, "tool_agent.web.allow_addresses", &["a sequence"]);
 }
 
 #[test]

@@ -614,8 +614,8 @@ impl Kernel {
             || spec.name.chars().any(char::is_control)
         {
             return bad(format!(
-                "cron name must be 1 to {MAX_CRON_NAME_BYTES} bytes without control characters, got {:?}",
-                spec.name
+                "cron name must be 1 to {MAX_CRON_NAME_BYTES} bytes without control characters, got {}",
+                crate::error::shown(&spec.name)
             ));
         }
         let schedule =

@@ -23,7 +23,7 @@ pub(super) fn spec(caller: Caller, spec: pb::CronSpec) -> Result<CronSpec, Statu
         overlap: spec.overlap,
         missed: spec.missed,
     })
-    .map_err(Status::invalid_argument)
+    .map_err(|why| Status::invalid_argument(crate::error::capped(why)))
 }
 
 /// An entry as the API shows it.

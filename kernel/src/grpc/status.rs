@@ -7,7 +7,7 @@ use crate::error::KernelError;
 
 impl From<KernelError> for Status {
     fn from(err: KernelError) -> Self {
-        Status::new(code(err.kind()), err.to_string())
+        Status::new(code(err.kind()), err.message())
     }
 }
 
@@ -67,5 +67,18 @@ mod tests {
             assert_eq!(status.code(), expected);
             assert_eq!(status.message(), message);
         }
+    }
+
+    #[test]
+    fn a_huge_message_is_cut() {
+        let status = Status::from(KernelError::InvalidArgument("é".repeat(1 << 20)));
+        assert!(status.message().len() <= crate::error::MAX_MESSAGE_BYTES);
+        assert!(
+            status
+                .message()
+                .ends_with("... [message cut: 2097170 bytes]"),
+            "{}",
+            &status.message()[4000..]
+        );
     }
 }

@@ -7,19 +7,19 @@ use std::fmt::Write as _;
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use reqwest::{Client, Response, StatusCode, Url};
 
-use super::guard::{ResolveError, redirect_target};
+use super::guard::{Reach, ResolveError, redirect_target};
 use super::html;
 use crate::tools::ToolError;
 
 /// What one fetch may do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Limits {
     /// Most body bytes read.
     pub(super) max_bytes: usize,
     /// Most redirects followed.
     pub(super) max_redirects: u32,
-    /// Whether internal addresses may be reached (for redirect targets).
-    pub(super) allow_private: bool,
+    /// Which internal addresses may be reached (for redirect targets).
+    pub(super) reach: Reach,
 }
 
 /// A final response with its body read up to the cap.
@@ -119,7 +119,7 @@ pub(super) async fn fetch(client: &Client, start: &Url, limits: Limits) -> Resul
                     limits.max_redirects
                 )));
             }
-            url = redirect_target(&url, location, limits.allow_private).map_err(ToolError::new)?;
+            url = redirect_target(&url, location, &limits.reach).map_err(ToolError::new)?;
             redirects += 1;
             continue;
         }

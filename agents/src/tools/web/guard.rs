@@ -5,7 +5,7 @@
 //! - **public**: always allowed;
 //! - **internal** (loopback, RFC 1918, unique local, link-local, CGNAT,
 //!   documentation and benchmarking ranges, ...): allowed only with
-//!   `allow_private_networks`;
+//!   `allow_private_networks`, or one by one when listed in `allow_addresses`;
 //! - **never** (unspecified, broadcast, multicast, reserved, cloud metadata
 //!   endpoints): refused whatever the settings, since no legitimate fetch
 //!   targets them.
@@ -15,6 +15,7 @@
 //! judged by the IPv4 address they carry.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -24,7 +25,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 pub(super) enum Class {
     /// Reachable from the public internet.
     Public,
-    /// A private or local network; allowed only with `allow_private_networks`.
+    /// A private or local network; allowed only as [`Reach`] says.
     Internal(&'static str),
     /// Never fetched.
     Never(&'static str),
@@ -128,11 +129,33 @@ pub(super) fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     }
 }
 
+/// Which internal addresses may be reached; never-class addresses stay
+/// refused whatever it says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Reach {
+    /// Every internal address (`allow_private_networks`).
+    pub(super) private: bool,
+    /// These internal addresses only (`allow_addresses`); an IPv4-mapped
+    /// IPv6 address counts as its IPv4 address.
+    pub(super) addresses: Arc<[IpAddr]>,
+}
+
+impl Reach {
+    /// Whether the internal address `ip` may be reached.
+    fn allows(&self, ip: IpAddr) -> bool {
+        self.private
+            || self
+                .addresses
+                .iter()
+                .any(|allowed| allowed.to_canonical() == ip.to_canonical())
+    }
+}
+
 /// Why `ip` may not be fetched, if it may not.
-pub(super) fn refusal(ip: IpAddr, allow_private: bool) -> Option<String> {
+pub(super) fn refusal(ip: IpAddr, reach: &Reach) -> Option<String> {
     let why = match classify(ip) {
         Class::Public => return None,
-        Class::Internal(_) if allow_private => return None,
+        Class::Internal(_) if reach.allows(ip) => return None,
         Class::Internal(why) | Class::Never(why) => why,
     };
     let carried = match ip {
@@ -148,7 +171,7 @@ pub(super) fn refusal(ip: IpAddr, allow_private: bool) -> Option<String> {
 /// Checks a URL before any request is made: http or https, a host, no
 /// credentials, and an IP-literal host must be allowed. (Names are checked
 /// by [`GuardedResolver`] when they are resolved.)
-pub(super) fn check_url(url: &Url, allow_private: bool) -> Result<(), String> {
+pub(super) fn check_url(url: &Url, reach: &Reach) -> Result<(), String> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
             "scheme `{}:` is not allowed; only http and https",
@@ -166,33 +189,28 @@ pub(super) fn check_url(url: &Url, allow_private: bool) -> Result<(), String> {
     // this is exactly the set of hosts the connector uses without DNS.
     let literal = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
     match literal.unwrap_or(host).parse::<IpAddr>() {
-        Ok(ip) => refusal(ip, allow_private).map_or(Ok(()), Err),
+        Ok(ip) => refusal(ip, reach).map_or(Ok(()), Err),
         Err(_) => Ok(()),
     }
 }
 
 /// Where a redirect from `from` to `location` leads, checked like the first
 /// URL; the error names the hop.
-pub(super) fn redirect_target(
-    from: &Url,
-    location: &str,
-    allow_private: bool,
-) -> Result<Url, String> {
+pub(super) fn redirect_target(from: &Url, location: &str, reach: &Reach) -> Result<Url, String> {
     let to = from
         .join(location)
         .map_err(|err| format!("redirect from {from} to {location:?}: not a valid URL: {err}"))?;
-    check_url(&to, allow_private)
-        .map_err(|why| format!("refused redirect from {from} to {to}: {why}"))?;
+    check_url(&to, reach).map_err(|why| format!("refused redirect from {from} to {to}: {why}"))?;
     Ok(to)
 }
 
 /// A resolver that drops every address [`refusal`] refuses and fails when
 /// none is left. reqwest connects only to what it returns, so the check and
 /// the connection see the same addresses.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct GuardedResolver {
-    /// Whether internal addresses are allowed.
-    pub(super) allow_private: bool,
+    /// Which internal addresses are allowed.
+    pub(super) reach: Reach,
 }
 
 /// Why a name gave no address to connect to; its text is what the model sees.
@@ -208,7 +226,7 @@ pub(super) enum ResolveError {
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
-        let allow_private = self.allow_private;
+        let reach = self.reach.clone();
         let host = name.as_str().to_owned();
         Box::pin(async move {
             let found = tokio::net::lookup_host((host.as_str(), 0))
@@ -217,7 +235,7 @@ impl Resolve for GuardedResolver {
             let mut allowed: Vec<SocketAddr> = Vec::new();
             let mut refused = Vec::new();
             for addr in found {
-                match refusal(addr.ip(), allow_private) {
+                match refusal(addr.ip(), &reach) {
                     None => allowed.push(addr),
                     Some(why) => refused.push(why),
                 }
@@ -241,6 +259,19 @@ impl Resolve for GuardedResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Internal addresses refused.
+    fn closed() -> Reach {
+        Reach::default()
+    }
+
+    /// Internal addresses allowed (`allow_private_networks`).
+    fn open() -> Reach {
+        Reach {
+            private: true,
+            ..Reach::default()
+        }
+    }
 
     fn class(ip: &str) -> Class {
         classify(
@@ -331,7 +362,7 @@ mod tests {
             assert!(
                 refusal(
                     ip.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-                    true
+                    &open()
                 )
                 .is_some()
             );
@@ -352,7 +383,7 @@ mod tests {
             let ip: IpAddr = ip.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             let carried: IpAddr = carried.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             assert_eq!(classify(ip), classify(carried), "{ip}");
-            let why = refusal(ip, false).unwrap_or_default();
+            let why = refusal(ip, &closed()).unwrap_or_default();
             assert!(why.contains(&format!("carrying IPv4 {carried}")), "{why}");
         }
     }
@@ -360,10 +391,31 @@ mod tests {
     #[test]
     fn allow_private_opens_internal_but_not_never() {
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        assert!(refusal(loopback, false).is_some_and(|w| w.contains("loopback")));
-        assert_eq!(refusal(loopback, true), None);
+        assert!(refusal(loopback, &closed()).is_some_and(|w| w.contains("loopback")));
+        assert_eq!(refusal(loopback, &open()), None);
         let metadata = IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254));
-        assert!(refusal(metadata, true).is_some_and(|w| w.contains("metadata")));
+        assert!(refusal(metadata, &open()).is_some_and(|w| w.contains("metadata")));
+    }
+
+    #[test]
+    fn listed_addresses_open_one_by_one_but_never_the_never_class() {
+        let reach = Reach {
+            private: false,
+            addresses: Arc::from([
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+            ]),
+        };
+        let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
+        assert_eq!(refusal(v4(127, 0, 0, 1), &reach), None);
+        assert_eq!(
+            refusal(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped()), &reach),
+            None
+        );
+        assert!(refusal(v4(127, 0, 0, 2), &reach).is_some_and(|w| w.contains("loopback")));
+        assert!(refusal(IpAddr::V6(Ipv6Addr::LOCALHOST), &reach).is_some());
+        assert!(refusal(v4(10, 0, 0, 1), &reach).is_some());
+        assert!(refusal(v4(169, 254, 169, 254), &reach).is_some_and(|w| w.contains("metadata")));
     }
 
     fn url(text: &str) -> Url {
@@ -390,18 +442,21 @@ mod tests {
             ("http://0.0.0.0:80/", "unspecified"),
             ("http://[fe80::1]/", "link-local"),
         ] {
-            let why = check_url(&url(text), false).err().unwrap_or_default();
+            let why = check_url(&url(text), &closed()).err().unwrap_or_default();
             assert!(why.contains(expected), "{text}: {why:?}");
         }
-        assert_eq!(check_url(&url("https://example.com/a?b"), false), Ok(()));
-        assert_eq!(check_url(&url("http://93.184.216.34/"), false), Ok(()));
-        assert_eq!(check_url(&url("http://127.0.0.1:9/"), true), Ok(()));
+        assert_eq!(
+            check_url(&url("https://example.com/a?b"), &closed()),
+            Ok(())
+        );
+        assert_eq!(check_url(&url("http://93.184.216.34/"), &closed()), Ok(()));
+        assert_eq!(check_url(&url("http://127.0.0.1:9/"), &open()), Ok(()));
     }
 
     #[test]
     fn redirect_hops_are_checked_like_the_first_url() {
         let from = url("http://example.com/start");
-        let why = redirect_target(&from, "http://127.0.0.1/admin", false)
+        let why = redirect_target(&from, "http://127.0.0.1/admin", &closed())
             .err()
             .unwrap_or_default();
         assert!(
@@ -410,29 +465,27 @@ mod tests {
             ) && why.contains("loopback"),
             "{why}"
         );
-        let why = redirect_target(&from, "ftp://example.com/x", true)
+        let why = redirect_target(&from, "ftp://example.com/x", &open())
             .err()
             .unwrap_or_default();
         assert!(why.contains("scheme `ftp:`"), "{why}");
-        let why = redirect_target(&from, "http://[::ffff:a9fe:a9fe]/", true)
+        let why = redirect_target(&from, "http://[::ffff:a9fe:a9fe]/", &open())
             .err()
             .unwrap_or_default();
         assert!(why.contains("metadata"), "{why}");
         assert_eq!(
-            redirect_target(&from, "/next?q=1", false).map(String::from),
+            redirect_target(&from, "/next?q=1", &closed()).map(String::from),
             Ok("http://example.com/next?q=1".to_owned())
         );
         assert_eq!(
-            redirect_target(&from, "http://127.0.0.1/admin", true).map(String::from),
+            redirect_target(&from, "http://127.0.0.1/admin", &open()).map(String::from),
             Ok("http://127.0.0.1/admin".to_owned())
         );
     }
 
     #[tokio::test]
     async fn resolver_refuses_names_of_internal_addresses() {
-        let guarded = GuardedResolver {
-            allow_private: false,
-        };
+        let guarded = GuardedResolver { reach: closed() };
         let name: Name = "localhost".parse().unwrap_or_else(|_| panic!("name"));
         let err = guarded
             .resolve(name)
@@ -444,9 +497,7 @@ mod tests {
             err.contains("refused: localhost resolves only to addresses that may not be fetched"),
             "{err}"
         );
-        let open = GuardedResolver {
-            allow_private: true,
-        };
+        let open = GuardedResolver { reach: open() };
         let name: Name = "localhost".parse().unwrap_or_else(|_| panic!("name"));
         let addrs: Vec<SocketAddr> = open
             .resolve(name)

@@ -11,6 +11,8 @@ use crate::tools::ToolError;
 
 /// Longest path accepted, in bytes (Linux's `PATH_MAX`).
 const MAX_PATH_BYTES: usize = 4096;
+/// Most bytes of a path a message quotes.
+const SHOWN_PATH_BYTES: usize = 256;
 
 /// A path checked to lead inside the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +97,20 @@ pub(super) fn names(path: &str) -> Result<Vec<&str>, ToolError> {
 
 /// `path` refused for reason `why`.
 pub(super) fn refused(path: &str, why: &str) -> ToolError {
-    ToolError::new(format!("path {path:?} refused: {why}"))
+    ToolError::new(format!("path {} refused: {why}", shown(path)))
+}
+
+/// `path` quoted for a message, cut to about [`SHOWN_PATH_BYTES`]: a refused
+/// path may be megabytes long, and the message goes back to the model.
+fn shown(path: &str) -> String {
+    if path.len() <= SHOWN_PATH_BYTES {
+        return format!("{path:?}");
+    }
+    let cut = (0..=SHOWN_PATH_BYTES)
+        .rev()
+        .find(|&i| path.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{:?}... ({} bytes)", &path[..cut], path.len())
 }
 
 /// `path` failed with `err`, said plainly.
@@ -112,7 +127,7 @@ pub(super) fn failed(path: &str, err: &io::Error) -> ToolError {
         }
         _ => err.to_string(),
     };
-    ToolError::new(format!("{path:?}: {why}"))
+    ToolError::new(format!("{}: {why}", shown(path)))
 }
 
 #[cfg(test)]
@@ -148,6 +163,12 @@ mod tests {
             assert!(err.contains("refused"), "{bad:?}: {err}");
             assert!(err.contains(&format!("{bad:?}")), "{bad:?}: {err}");
         }
-        assert!(names(&"a/".repeat(3000)).is_err());
+        let long = "a/".repeat(3000);
+        let err = names(&long).err().map(|e| e.0).unwrap_or_default();
+        assert!(
+            err.contains("longer than 4096 bytes") && err.contains("... (6000 bytes)"),
+            "{err}"
+        );
+        assert!(err.len() < 400, "{err}");
     }
 }

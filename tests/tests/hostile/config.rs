@@ -1,0 +1,245 @@
+//! Malformed startup configs: every mistake is reported at its location, and
+//! `hivekernel start` with one of them starts nothing (its data directory is
+//! never created).
+
+use std::path::Path;
+
+use hivekernel_kernel::RuntimeRegistry;
+use hivekernel_kernel::config::{Config, ConfigIssue};
+use hivekernel_kernel::daemon::{self, StartError, StartOptions};
+
+/// (config text, where the issue is, a fragment of its message).
+fn cases() -> Vec<(String, &'static str, &'static str)> {
+    let huge_name = "n".repeat(1 << 20);
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    vec![
+        (String::new(), "", "invalid JSON"),
+        ("\u{feff}{}".into(), "", "invalid JSON"),
+        ("{".into(), "", "invalid JSON"),
+        ("null".into(), "", "must be a JSON object"),
+        ("\"kernel\"".into(), "", "must be a JSON object"),
+        (deep, "", "recursion limit"),
+        (
+            r#"{"kernel": 5}"#.into(),
+            "kernel",
+            "expected a JSON object",
+        ),
+        (
+            r#"{"kernel": {"max_depth": "8"}}"#.into(),
+            "kernel.max_depth",
+            "invalid type: string \"8\"",
+        ),
+        (
+            r#"{"kernel": {"max_depth": 1e300}}"#.into(),
+            "kernel.max_depth",
+            "invalid type: floating point",
+        ),
+        (
+            r#"{"kernel": {"mailbox_capacity": 18446744073709551616}}"#.into(),
+            "kernel.mailbox_capacity",
+            "invalid type",
+        ),
+        (
+            r#"{"kernel": {"max_children": -1}}"#.into(),
+            "kernel.max_children",
+            "invalid value: integer `-1`",
+        ),
+        (
+            r#"{"kernel": {"max_depth": 4294967296}}"#.into(),
+            "kernel.max_depth",
+            "invalid value: integer `4294967296`",
+        ),
+        (
+            r#"{"kernel": {"mailbox_capacity": 0}}"#.into(),
+            "kernel.mailbox_capacity",
+            "got 0",
+        ),
+        (
+            r#"{"kernel": {"listen": "127.0.0.1:99999"}}"#.into(),
+            "kernel.listen",
+            "99999",
+        ),
+        (
+            r#"{"kernel": {"rm_rf": true}}"#.into(),
+            "kernel.rm_rf",
+            "unknown field `rm_rf`",
+        ),
+        (r#"{"agents": {"name": "a"}}"#.into(), "agents", "sequence"),
+        (
+            r#"{"agents": [7]}"#.into(),
+            "agents[0]",
+            "must be a JSON object",
+        ),
+        (r#"{"agents": [{}]}"#.into(), "agents[0].name", "missing"),
+        (
+            r#"{"agents": [{"name": ""}]}"#.into(),
+            "agents[0].name",
+            "empty",
+        ),
+        (
+            r#"{"agents": [{"name": "a\u0000b"}]}"#.into(),
+            "agents[0].name",
+            "control",
+        ),
+        (
+            format!(r#"{{"agents": [{{"name": "{huge_name}"}}]}}"#),
+            "agents[0].name",
+            "at most 128",
+        ),
+        (
+            r#"{"agents": [{"name": "a"}, {"name": "a"}]}"#.into(),
+            "agents[1] (a).name",
+            "duplicate",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "role": "root"}]}"#.into(),
+            "agents[0] (a).role",
+            "root",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "role": "kernel"}]}"#.into(),
+            "agents[0] (a).role",
+            "kernel",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "tools": ["read_file", "read_file"]}]}"#.into(),
+            "agents[0] (a).tools[1]",
+            "read_file",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "tools": ["rm_rf"]}]}"#.into(),
+            "agents[0] (a).tools[0]",
+            "rm_rf",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "limits": {"max_depth": 1000}}]}"#.into(),
+            "agents[0] (a).limits.max_depth",
+            "1000",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "system_prompt_file": "no/such/prompt.md"}]}"#.into(),
+            "agents[0] (a).system_prompt_file",
+            "prompt.md",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "cron": [{"name": "c", "expression": "61 * * * *"}]}]}"#
+                .into(),
+            "agents[0] (a).cron[0].expression",
+            "cannot parse",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "cron": [{"name": "c", "expression": "* * *"}]}]}"#.into(),
+            "agents[0] (a).cron[0].expression",
+            "got 3",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "cron": [{"name": "", "expression": "@daily"}]}]}"#.into(),
+            "agents[0] (a).cron[0].name",
+            "non-empty",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "cron": [{"name": "c", "expression": "@daily"},
+                                                 {"name": "c", "expression": "@hourly"}]}]}"#
+                .into(),
+            "agents[0] (a).cron[1].name",
+            "duplicate cron name",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "cron": "@daily"}]}"#.into(),
+            "agents[0] (a).cron",
+            "array",
+        ),
+        (
+            r#"{"tool_agent": {"web": {"allow_addresses": ["intranet"]}}}"#.into(),
+            "tool_agent.web.allow_addresses",
+            "invalid IP address",
+        ),
+        (
+            r#"{"roles": {"task": {"restart": {"policy": "forever"}}}}"#.into(),
+            "roles.task.restart.policy",
+            "forever",
+        ),
+    ]
+}
+
+fn load(text: &str, path: &Path) -> Result<Config, Vec<ConfigIssue>> {
+    Config::from_str_at(text, path, &RuntimeRegistry::builtin().known()).map_err(|e| e.issues)
+}
+
+#[test]
+fn every_malformed_config_is_refused_at_its_location() {
+    let _heavy = crate::HEAVY.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("startup.json");
+    for (text, location, says) in cases() {
+        let shown = &text[..text.len().min(80)];
+        let issues = match load(&text, &path) {
+            Ok(_) => panic!("accepted: {shown}"),
+            Err(issues) => issues,
+        };
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.location == location && i.message.contains(says)),
+            "{shown}: no issue at {location:?} saying {says:?} in {issues:#?}"
+        );
+        for issue in &issues {
+            assert!(!issue.message.is_empty(), "{shown}: {issues:#?}");
+            // A message never echoes a huge value back whole.
+            assert!(
+                issue.message.len() < 4096,
+                "{shown}: {}",
+                issue.message.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn bytes_that_are_not_utf8_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("startup.json");
+    std::fs::write(&path, b"{\"kernel\": {\"data_dir\": \"\xff\xfe\"}}").unwrap();
+    let err = Config::load(&path, &RuntimeRegistry::builtin().known()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("UTF-8"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn start_with_a_malformed_config_starts_nothing() {
+    let _heavy = crate::HEAVY.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("startup.json");
+    let data_dir = dir.path().join("data");
+    for (text, location, _) in cases() {
+        std::fs::write(&path, &text).unwrap();
+        let options = StartOptions {
+            config: path.clone(),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            data_dir: Some(data_dir.clone()),
+            insecure_remote: false,
+            tls: Default::default(),
+        };
+        let err = daemon::run(options).await.unwrap_err();
+        assert!(matches!(err, StartError::Config(_)), "{location}: {err}");
+        assert_eq!(err.exit_code(), 2);
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&path.display().to_string()) && shown.contains(location),
+            "{location}: {shown}"
+        );
+        assert!(
+            !data_dir.exists(),
+            "{location}: the data directory was created"
+        );
+    }
+    // The directory holds the config file and nothing else.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["startup.json"]);
+}

@@ -1,0 +1,516 @@
+//! Malformed gRPC arguments against the real server: each is refused with
+//! the status its class maps to and a message naming the field, and the
+//! process tree, the cron table and the target's mailbox are unchanged.
+//! Then a mailbox flood: RESOURCE_EXHAUSTED at capacity, never beyond, and
+//! the flooded process carries on.
+
+use std::time::Duration;
+
+use hivekernel_agents::{Pid, ProcessState, Role, TaskSpec};
+use hivekernel_kernel::{Caller, MAX_PAYLOAD_BYTES};
+use hivekernel_proto::v1 as pb;
+use hivekernel_tests::served::{Client, Served};
+use hivekernel_tests::{kernel_with, probe_request, spawn_probe, test_settings, wait_until};
+use tokio_stream::StreamExt;
+use tonic::{Code, Status};
+
+/// Every process as (pid, ppid, name, state, children, mailbox length).
+async fn tree(client: &mut Client) -> Vec<(u64, u64, String, i32, u32, u32)> {
+    let mut stream = client
+        .list_processes(pb::ListProcessesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut all = Vec::new();
+    while let Some(batch) = stream.next().await {
+        for p in batch.unwrap().processes {
+            all.push((p.pid, p.ppid, p.name, p.state, p.children, p.mailbox_len));
+        }
+    }
+    all
+}
+
+#[track_caller]
+fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, Status>, code: Code, says: &str) {
+    let status = match result {
+        Ok(answer) => panic!("{what} was accepted: {answer:?}"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), code, "{what}: {status:?}");
+    assert!(
+        status.message().contains(says),
+        "{what}: {says:?} not in {:?}",
+        status.message()
+    );
+    assert!(status.message().len() < 4096, "{what}: a long message");
+}
+
+fn spawn(parent: u64, name: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        parent,
+        name: name.into(),
+        runtime: "probe".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn malformed_requests_are_refused_and_change_nothing() {
+    let _heavy = crate::HEAVY.lock().await;
+    let (kernel, journal) = kernel_with(test_settings());
+    let target = spawn_probe(&kernel, Pid::KERNEL, "target", Role::Lead).await;
+    let served = Served::start(&kernel).await;
+    let mut client = served.admin();
+    let before = tree(&mut client).await;
+    let t = target.0;
+
+    let max = u64::MAX.to_string();
+    let with = |f: fn(&mut pb::SpawnRequest)| {
+        let mut req = spawn(t, "child");
+        f(&mut req);
+        req
+    };
+    let spawns: Vec<(&str, pb::SpawnRequest, Code, &str)> = vec![
+        (
+            "empty name",
+            spawn(t, ""),
+            Code::InvalidArgument,
+            "name must not be empty",
+        ),
+        ("blank name", spawn(t, "   "), Code::InvalidArgument, "name"),
+        (
+            "control character",
+            spawn(t, "a\u{7}b"),
+            Code::InvalidArgument,
+            "control",
+        ),
+        (
+            "long name",
+            spawn(t, &"n".repeat(129)),
+            Code::InvalidArgument,
+            "at most 128",
+        ),
+        (
+            "3 MiB name",
+            spawn(t, &"n".repeat(3 << 20)),
+            Code::InvalidArgument,
+            "at most 128",
+        ),
+        (
+            "parent 0",
+            spawn(0, "child"),
+            Code::InvalidArgument,
+            "parent must be set",
+        ),
+        (
+            "unknown parent",
+            spawn(u64::MAX, "child"),
+            Code::NotFound,
+            &max,
+        ),
+        (
+            "unknown role",
+            with(|r| r.role = 99),
+            Code::InvalidArgument,
+            "role: unknown enum value 99",
+        ),
+        (
+            "negative tier",
+            with(|r| r.tier = -1),
+            Code::InvalidArgument,
+            "tier: unknown enum value -1",
+        ),
+        (
+            "unknown strategy",
+            with(|r| r.strategy = 77),
+            Code::InvalidArgument,
+            "strategy: unknown enum value 77",
+        ),
+        (
+            "kernel role",
+            with(|r| r.role = pb::Role::Kernel as i32),
+            Code::InvalidArgument,
+            "kernel",
+        ),
+        (
+            "unknown runtime",
+            with(|r| r.runtime = "docker".into()),
+            Code::InvalidArgument,
+            "unknown runtime",
+        ),
+        (
+            "restart without a policy",
+            with(|r| r.restart = Some(pb::RestartSpec::default())),
+            Code::InvalidArgument,
+            "restart.policy must be set",
+        ),
+        (
+            "limits above the parent's",
+            with(|r| {
+                r.limits = Some(pb::Limits {
+                    max_children: u32::MAX,
+                    ..Default::default()
+                })
+            }),
+            Code::PermissionDenied,
+            "max_children",
+        ),
+    ];
+    for (what, req, code, says) in spawns {
+        refused(what, client.spawn(req).await, code, says);
+    }
+
+    let pid0 = "pid must be set";
+    refused(
+        "get pid 0",
+        client.get_process(pb::GetProcessRequest { pid: 0 }).await,
+        Code::InvalidArgument,
+        pid0,
+    );
+    refused(
+        "kill pid 0",
+        client
+            .kill(pb::KillRequest {
+                pid: 0,
+                reason: "x".into(),
+            })
+            .await,
+        Code::InvalidArgument,
+        pid0,
+    );
+    refused(
+        "wait pid 0",
+        client
+            .wait_child(pb::WaitChildRequest {
+                pid: 0,
+                timeout_ms: 10,
+            })
+            .await,
+        Code::InvalidArgument,
+        pid0,
+    );
+    refused(
+        "execute on pid 0",
+        client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: 0,
+                description: "x".into(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        pid0,
+    );
+    refused(
+        "kill an unknown pid",
+        client
+            .kill(pb::KillRequest {
+                pid: u64::MAX,
+                reason: String::new(),
+            })
+            .await,
+        Code::NotFound,
+        &max,
+    );
+
+    let message = |f: fn(&mut pb::SendMessageRequest)| {
+        let mut req = pb::SendMessageRequest {
+            to: t,
+            payload: "hello".into(),
+            ..Default::default()
+        };
+        f(&mut req);
+        req
+    };
+    let sends: Vec<(&str, pb::SendMessageRequest, Code, &str)> = vec![
+        (
+            "to 0",
+            message(|m| m.to = 0),
+            Code::InvalidArgument,
+            "to must be set",
+        ),
+        (
+            "payload over the limit",
+            message(|m| m.payload = "p".repeat(MAX_PAYLOAD_BYTES + 1)),
+            Code::InvalidArgument,
+            "at most 1048576",
+        ),
+        (
+            "unknown priority",
+            message(|m| m.priority = 17),
+            Code::InvalidArgument,
+            "priority",
+        ),
+        (
+            "negative priority",
+            message(|m| m.priority = -3),
+            Code::InvalidArgument,
+            "priority",
+        ),
+        (
+            "endless ttl",
+            message(|m| m.ttl_ms = u64::MAX),
+            Code::InvalidArgument,
+            "ttl",
+        ),
+        (
+            "someone else's from",
+            message(|m| m.from = 7),
+            Code::PermissionDenied,
+            "from",
+        ),
+    ];
+    for (what, req, code, says) in sends {
+        refused(what, client.send_message(req).await, code, says);
+    }
+    refused(
+        "a task description over the limit",
+        client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: t,
+                description: "d".repeat(MAX_PAYLOAD_BYTES + 1),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "at most 1048576",
+    );
+    refused(
+        "an endless task timeout",
+        client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: t,
+                description: "x".into(),
+                timeout_ms: u64::MAX,
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "timeout",
+    );
+
+    let cron = |f: fn(&mut pb::CronSpec)| {
+        let mut spec = pb::CronSpec {
+            name: "nightly".into(),
+            expression: "@daily".into(),
+            target: t,
+            description: "x".into(),
+            ..Default::default()
+        };
+        f(&mut spec);
+        spec
+    };
+    let crons: Vec<(&str, pb::CronSpec, &str)> = vec![
+        ("empty name", cron(|c| c.name = String::new()), "name"),
+        (
+            "bad minute",
+            cron(|c| c.expression = "61 * * * *".into()),
+            "cannot parse",
+        ),
+        (
+            "three fields",
+            cron(|c| c.expression = "* * *".into()),
+            "got 3",
+        ),
+        (
+            "empty expression",
+            cron(|c| c.expression = " ".into()),
+            "empty",
+        ),
+        (
+            "huge expression",
+            cron(|c| c.expression = "* ".repeat(10_000)),
+            "bytes",
+        ),
+        (
+            "bad weekday",
+            cron(|c| c.expression = "0 0 * * 9".into()),
+            "day-of-week 9",
+        ),
+        (
+            "unknown action",
+            cron(|c| c.action = "explode".into()),
+            "explode",
+        ),
+        (
+            "huge name",
+            cron(|c| c.name = "n".repeat(2 << 20)),
+            "(2097152 bytes)",
+        ),
+        (
+            "huge action",
+            cron(|c| c.action = "a".repeat(2 << 20)),
+            "(2097152 bytes)",
+        ),
+        (
+            "unknown overlap",
+            cron(|c| c.overlap = "maybe".into()),
+            "maybe",
+        ),
+        (
+            "unknown missed",
+            cron(|c| c.missed = "later".into()),
+            "later",
+        ),
+        ("unknown target", cron(|c| c.target = u64::MAX), &max),
+        (
+            "description over the limit",
+            cron(|c| c.description = "d".repeat(MAX_PAYLOAD_BYTES + 1)),
+            "1048576",
+        ),
+    ];
+    for (what, spec, says) in crons {
+        let status = client.add_cron(spec).await.unwrap_err();
+        assert!(
+            matches!(status.code(), Code::InvalidArgument | Code::NotFound),
+            "{what}: {status:?}"
+        );
+        assert!(
+            status.message().contains(says),
+            "{what}: {says:?} not in {status:?}"
+        );
+        assert!(status.message().len() < 4096, "{what}: a long message");
+    }
+
+    // A request over the server's size limit is refused by the transport; the server carries on.
+    let too_big = pb::SpawnRequest {
+        system_prompt: "p".repeat(5 << 20),
+        ..spawn(t, "big")
+    };
+    let status = client.spawn(too_big).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+
+    assert_eq!(tree(&mut client).await, before);
+    let crons = client.list_cron(pb::ListCronRequest {}).await.unwrap();
+    assert!(crons.into_inner().entries.is_empty());
+    assert!(journal.of(target).is_empty(), "{:?}", journal.of(target));
+    // And the kernel still works.
+    let child = client
+        .spawn(spawn(t, "fine"))
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+    assert!(child > t);
+    kernel.shutdown().await;
+    served.stopped().await;
+}
+
+#[tokio::test]
+async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
+    const CAPACITY: usize = 16;
+    let mut settings = test_settings();
+    settings.mailbox_capacity = CAPACITY;
+    let (kernel, journal) = kernel_with(settings);
+    let mut request = probe_request(Pid::KERNEL, "slow", Role::Agent);
+    request.limits.max_concurrent_tasks = Some(1);
+    let slow = kernel.spawn(Caller::Admin, request).await.unwrap();
+    let served = Served::start(&kernel).await;
+    let mut client = served.admin();
+
+    // Busy with one task, so nothing is taken from its mailbox meanwhile.
+    let busy = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move {
+            kernel
+                .execute_task(Caller::Admin, TaskSpec::new(slow, "sleep 1500"))
+                .await
+        })
+    };
+    wait_until(
+        "the process to be busy",
+        Duration::from_secs(10),
+        || async {
+            kernel.get_process(Caller::Admin, slow).await.unwrap().state == ProcessState::Running
+        },
+    )
+    .await;
+
+    let mut accepted = 0;
+    let refusal = loop {
+        let sent = client
+            .send_message(pb::SendMessageRequest {
+                to: slow.0,
+                payload: format!("flood {accepted}"),
+                ..Default::default()
+            })
+            .await;
+        let info = client
+            .get_process(pb::GetProcessRequest { pid: slow.0 })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            info.mailbox_len as usize <= CAPACITY,
+            "{} queued",
+            info.mailbox_len
+        );
+        match sent {
+            Ok(_) => accepted += 1,
+            Err(status) => break status,
+        }
+        assert!(accepted <= CAPACITY, "more than the capacity accepted");
+    };
+    assert_eq!(accepted, CAPACITY);
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    assert!(
+        refusal.message().contains(&slow.to_string())
+            && refusal.message().contains(&format!("{CAPACITY}")),
+        "{refusal:?}"
+    );
+    // Refused again, still at capacity.
+    for _ in 0..50 {
+        let status = client
+            .send_message(pb::SendMessageRequest {
+                to: slow.0,
+                payload: "more".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+    }
+
+    // It finishes its task, works through exactly what was accepted, and answers again.
+    assert_eq!(busy.await.unwrap().unwrap().1, Ok("slept 1500".to_owned()));
+    wait_until("the accepted messages", Duration::from_secs(10), || async {
+        journal.of(slow).len() == CAPACITY
+    })
+    .await;
+    let payloads: Vec<String> = journal.of(slow).into_iter().map(|m| m.payload).collect();
+    let expected: Vec<String> = (0..CAPACITY).map(|i| format!("flood {i}")).collect();
+    assert_eq!(payloads, expected);
+    let answer = client
+        .execute_task(pb::ExecuteTaskRequest {
+            pid: slow.0,
+            description: "still here".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.success && answer.output == "still here",
+        "{answer:?}"
+    );
+    let info = client
+        .get_process(pb::GetProcessRequest { pid: slow.0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.mailbox_len, 0);
+    assert_eq!(info.exit, None);
+    client
+        .send_message(pb::SendMessageRequest {
+            to: slow.0,
+            payload: "after".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    kernel.shutdown().await;
+    served.stopped().await;
+}

@@ -1,0 +1,27 @@
+//! Hostile input against the real parts: a real kernel, its gRPC server on
+//! loopback, real files, real processes. Each case asserts the refusal (an
+//! error that says what was wrong) and that nothing changed.
+//!
+//! Path traversal, symlink escapes and the sentinel directory are in
+//! `workspace_tools.rs`, the SSRF cases in `web_fetch.rs`, beside the tools'
+//! other tests; what is here needs `/proc`, a gRPC server, or many shapes
+//! of input at once.
+//!
+//! # Layout
+//! - `shell`: `shell_exec` timeouts and floods, checked in `/proc` and in memory.
+//! - `config`: malformed startup configs through the parser and `hivekernel start`.
+//! - `grpc`: malformed gRPC arguments, and a mailbox flood over gRPC.
+//! - `tool_args`: every built-in tool given arguments of the wrong shape.
+//! - `props`: property tests: config, cron and tool arguments never panic.
+
+#![allow(clippy::unwrap_used)]
+
+/// Held by the tests that allocate megabytes, so that the flood test's
+/// peak-memory bound measures the flood alone.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+mod config;
+mod grpc;
+mod props;
+mod shell;
+mod tool_args;
