@@ -545,3 +545,25 @@ fn artifacts_put_ls_get_rm_survive_kill_9() {
         "{bad:#?}"
     );
 }
+
+#[test]
+fn usage_shows_tokens_cost_and_budget_per_process_and_subtree() {
+    let kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    let run = kernel.cli(&["usage"]);
+    let table = run.ok();
+    assert!(table.starts_with("PID  NAME"), "{table}");
+    assert!(
+        table.contains("SUBTREE_COST") && table.contains("queen"),
+        "{table}"
+    );
+    let rows = kernel.cli(&["usage", &queen.to_string(), "--json"]).json();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "only the subtree under the queen: {rows:?}");
+    assert_eq!(rows[0]["pid"], queen);
+    assert_eq!(rows[0]["usage"]["cost_usd"], 0.0);
+    assert_eq!(rows[0]["subtree_usage"]["total_tokens"], 0);
+    assert!(rows[0]["budget"].is_null(), "no budget given: unlimited");
+    let missing = kernel.cli(&["usage", "999"]);
+    assert!(missing.failed(1).contains("999"));
+}

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use hivekernel_proto::v1::{Event, ExitRecord, Limits, LlmUsage, ProcessInfo};
+use hivekernel_proto::v1::{Budget, Event, ExitRecord, Limits, LlmUsage, ProcessInfo};
 use serde_json::{Map, Value, json};
 
 use super::{CliError, names};
@@ -165,16 +165,21 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         "metadata": p.metadata,
         "usage": p.usage.as_ref().map(usage_json),
         "subtree_usage": p.subtree_usage.as_ref().map(usage_json),
-        "budget": p.budget.as_ref().map(|b| json!({
-            "owner": b.owner,
-            "max_tokens_total": b.max_tokens_total,
-            "used": b.used,
-            "remaining": b.remaining,
-        })),
+        "budget": p.budget.as_ref().map(budget_json),
         "capabilities": p.capabilities,
         "exit": p.exit.as_ref().map(exit_json),
         "restarts": p.restarts,
         "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
+    })
+}
+
+/// A token budget as JSON.
+pub(super) fn budget_json(b: &Budget) -> Value {
+    json!({
+        "owner": b.owner,
+        "max_tokens_total": b.max_tokens_total,
+        "used": b.used,
+        "remaining": b.remaining,
     })
 }
 

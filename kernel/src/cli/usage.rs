@@ -28,12 +28,7 @@ fn row_json(p: &ProcessInfo) -> Value {
         "model": p.model,
         "usage": p.usage.as_ref().map(output::usage_json),
         "subtree_usage": p.subtree_usage.as_ref().map(output::usage_json),
-        "budget": p.budget.as_ref().map(|b| json!({
-            "owner": b.owner,
-            "max_tokens_total": b.max_tokens_total,
-            "used": b.used,
-            "remaining": b.remaining,
-        })),
+        "budget": p.budget.as_ref().map(output::budget_json),
     })
 }
 
