@@ -70,11 +70,11 @@ impl Kernel {
         owner: Option<Pid>,
         artifact: NewArtifact,
     ) -> Result<ArtifactInfo> {
-        let result = match self.require(caller, Capability::WriteArtifact, "store artifacts") {
-            Ok(()) => self.store_artifact_checked(caller, owner, artifact).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::WriteArtifact, "store artifacts")?;
+            self.store_artifact_checked(caller, owner, artifact).await
         };
-        self.report_denial(caller, "store_artifact", result)
+        self.report_denial(caller, "store_artifact", result.await)
     }
 
     /// [`Kernel::store_artifact`], once the caller holds the capability.
@@ -207,11 +207,11 @@ impl Kernel {
     /// Deletes an artifact: the admin any, a process one that it or a
     /// descendant of it owns (whatever its visibility).
     pub async fn delete_artifact(&self, caller: Caller, id: ArtifactId) -> Result<()> {
-        let result = match self.require(caller, Capability::WriteArtifact, "delete artifacts") {
-            Ok(()) => self.delete_artifact_checked(caller, id).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::WriteArtifact, "delete artifacts")?;
+            self.delete_artifact_checked(caller, id).await
         };
-        self.report_denial(caller, "delete_artifact", result)
+        self.report_denial(caller, "delete_artifact", result.await)
     }
 
     /// [`Kernel::delete_artifact`], once the caller holds the capability.

@@ -42,28 +42,17 @@ impl PoolState {
 }
 
 impl Pool {
-    /// A pool of `amount` tokens for `owner`, taken from `lender` when given.
-    /// Refused when the lender has less than `amount` left.
+    /// A pool of `amount` (at least 1, as spawn checks) tokens for `owner`,
+    /// taken from `lender` when given. Refused when the lender has less than
+    /// `amount` left.
     pub(crate) fn allocate(
         owner: Pid,
         amount: u64,
         lender: Option<&Arc<Pool>>,
     ) -> Result<Arc<Pool>> {
-        if amount == 0 {
-            return Err(KernelError::InvalidArgument(
-                "limit max_tokens_total must be at least 1".into(),
-            ));
-        }
         if let Some(lender) = lender {
             let mut state = lender.state.lock();
-            let left = state.remaining(lender.allocated);
-            if state.closed || amount > left {
-                return Err(KernelError::PermissionDenied(format!(
-                    "max_tokens_total {amount} exceeds the {left} tokens left in the budget of \
-                     process {}",
-                    lender.owner
-                )));
-            }
+            lender.check_lend(&state, amount)?;
             state.lent += amount;
         }
         Ok(Arc::new(Pool {
@@ -72,6 +61,23 @@ impl Pool {
             lender: lender.cloned(),
             state: Mutex::default(),
         }))
+    }
+
+    /// Refuses lending `amount` when less than that is left.
+    pub(crate) fn can_lend(&self, amount: u64) -> Result<()> {
+        self.check_lend(&self.state.lock(), amount)
+    }
+
+    fn check_lend(&self, state: &PoolState, amount: u64) -> Result<()> {
+        let left = state.remaining(self.allocated);
+        if state.closed || amount > left {
+            return Err(KernelError::PermissionDenied(format!(
+                "max_tokens_total {amount} exceeds the {left} tokens left in the budget of \
+                 process {}",
+                self.owner
+            )));
+        }
+        Ok(())
     }
 
     /// The process the pool was allocated to.

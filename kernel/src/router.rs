@@ -101,11 +101,11 @@ pub(crate) fn route(table: &ProcessTable, from: Pid, to: Pid) -> Result<Route, R
 impl Kernel {
     /// Fire-and-forget: puts a message in `message.to`'s mailbox.
     pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
-        let result = match self.require(caller, Capability::SendMessage, "send messages") {
-            Ok(()) => self.send_message_checked(caller, message).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::SendMessage, "send messages")?;
+            self.send_message_checked(caller, message).await
         };
-        self.report_denial(caller, "send_message", result)
+        self.report_denial(caller, "send_message", result.await)
     }
 
     /// [`Kernel::send_message`], once the caller holds the capability.

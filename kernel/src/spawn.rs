@@ -188,15 +188,9 @@ impl Kernel {
                     action: "give a child its own token budget",
                 });
             }
-            if let Some(lender) = &lender
-                && amount > lender.remaining()
-            {
-                return Err(KernelError::PermissionDenied(format!(
-                    "max_tokens_total {amount} exceeds the {} tokens left in the budget of \
-                     process {}",
-                    lender.remaining(),
-                    lender.owner()
-                )));
+            // Checked before a PID is taken, so a refusal uses none.
+            if let Some(lender) = &lender {
+                lender.can_lend(amount)?;
             }
         }
         if matches!(caller, Caller::Process(_)) {

@@ -176,11 +176,11 @@ impl Kernel {
     /// Kills `pid` and its subtree, leaves first, and waits until none of them runs.
     /// Returns the PIDs that exited, leaves first.
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
-        let result = match self.require(caller, Capability::KillProcesses, "kill processes") {
-            Ok(()) => self.kill_checked(caller, pid, reason).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::KillProcesses, "kill processes")?;
+            self.kill_checked(caller, pid, reason).await
         };
-        self.report_denial(caller, "kill", result)
+        self.report_denial(caller, "kill", result.await)
     }
 
     /// [`Kernel::kill`], once the caller holds the capability.

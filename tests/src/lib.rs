@@ -63,6 +63,20 @@ pub fn registry() -> (RuntimeRegistry, Journal) {
     (registry, journal)
 }
 
+/// Runs `task` on `pid` as the admin; the task's output or its error.
+pub async fn run_task(
+    kernel: &Kernel,
+    pid: hivekernel_agents::Pid,
+    task: &str,
+) -> Result<String, String> {
+    let spec = hivekernel_agents::TaskSpec::new(pid, task);
+    let (_, reply) = kernel
+        .execute_task(hivekernel_kernel::Caller::Admin, spec)
+        .await
+        .unwrap();
+    reply
+}
+
 /// An in-process kernel with [`test_settings`] and [`registry`].
 pub fn kernel() -> (Kernel, Journal) {
     kernel_with(test_settings())

@@ -248,15 +248,11 @@ async fn a_crash_of_the_python_agent_is_an_exit_with_its_status() {
     served.stop().await;
 }
 
-#[tokio::test]
-async fn shutdown_leaves_no_os_process() {
-    let Some(python) = python() else { return };
-    let served = ExecKernel::start().await;
-    let (_, python_os_pid) = python_agent(&python, &served, "py").await;
-    let mut admin = served.admin();
-    // One that ignores SIGTERM, with a helper of its own: both need SIGKILL.
-    let stubborn = spawn_exec(
-        &mut admin,
+/// Spawns an exec agent that ignores SIGTERM and has a helper of its own:
+/// (its PID, its OS PID, the helper's OS PID), once both run.
+async fn spawn_stubborn(admin: &mut Client) -> (u64, u32, u32) {
+    let pid = spawn_exec(
+        admin,
         "stubborn",
         &[
             "sh",
@@ -265,16 +261,30 @@ async fn shutdown_leaves_no_os_process() {
         ],
     )
     .await;
-    let stubborn_log = log_of(&mut admin, stubborn).await;
-    wait_for_log(&stubborn_log, "helper=").await;
-    let stubborn_os_pid: u32 = find_after(&stubborn_log, "os_pid")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let helper: u32 = find_after(&stubborn_log, "helper")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let log = log_of(admin, pid).await;
+    wait_for_log(&log, "helper=").await;
+    let os_pid: u32 = find_after(&log, "os_pid").unwrap().parse().unwrap();
+    let helper: u32 = find_after(&log, "helper").unwrap().parse().unwrap();
+    (pid, os_pid, helper)
+}
+
+/// Waits until `helper` (killed asynchronously) and the group led by `leader` are gone.
+async fn group_gone(leader: u32, helper: u32) {
+    wait_until("the helper to die", STEP, || async { !os_alive(helper) }).await;
+    wait_until("the group to be empty", STEP, || async {
+        group_members(leader).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_leaves_no_os_process() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let (_, python_os_pid) = python_agent(&python, &served, "py").await;
+    let mut admin = served.admin();
+    // One that ignores SIGTERM, with a helper of its own: both need SIGKILL.
+    let (_, stubborn_os_pid, helper) = spawn_stubborn(&mut admin).await;
     assert!(os_alive(python_os_pid) && os_alive(stubborn_os_pid) && os_alive(helper));
 
     served.stop().await;
@@ -283,11 +293,7 @@ async fn shutdown_leaves_no_os_process() {
     for os_pid in [python_os_pid, stubborn_os_pid] {
         assert!(!os_alive(os_pid), "OS process {os_pid} outlived the kernel");
     }
-    wait_until("the helper to die", STEP, || async { !os_alive(helper) }).await;
-    wait_until("the group to be empty", STEP, || async {
-        group_members(stubborn_os_pid).is_empty()
-    })
-    .await;
+    group_gone(stubborn_os_pid, helper).await;
 }
 
 #[tokio::test]
@@ -502,20 +508,7 @@ async fn task_deadlines_apply_before_the_agent_attaches() {
 async fn an_agent_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let served = ExecKernel::start().await;
     let mut admin = served.admin();
-    let pid = spawn_exec(
-        &mut admin,
-        "stubborn",
-        &[
-            "sh",
-            "-c",
-            r#"trap '' TERM; sleep 600 & echo "os_pid=$$ helper=$!" >&2; wait"#,
-        ],
-    )
-    .await;
-    let log = log_of(&mut admin, pid).await;
-    wait_for_log(&log, "helper=").await;
-    let os_pid: u32 = find_after(&log, "os_pid").unwrap().parse().unwrap();
-    let helper: u32 = find_after(&log, "helper").unwrap().parse().unwrap();
+    let (pid, os_pid, helper) = spawn_stubborn(&mut admin).await;
     assert_eq!(group_members(os_pid).len(), 2);
 
     let started = Instant::now();
@@ -533,11 +526,7 @@ async fn an_agent_that_ignores_sigterm_is_killed_after_the_grace_period() {
     // The leader is reaped before kill returns; a helper dies of its SIGKILL
     // asynchronously, and its zombie is reaped by whoever adopted it.
     assert!(!os_alive(os_pid));
-    wait_until("the helper to die", STEP, || async { !os_alive(helper) }).await;
-    wait_until("the group to be empty", STEP, || async {
-        group_members(os_pid).is_empty()
-    })
-    .await;
+    group_gone(os_pid, helper).await;
     served.stop().await;
 }
 

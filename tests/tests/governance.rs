@@ -10,7 +10,7 @@ use std::sync::Arc;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{
-    BudgetInfo, Capability, ErrorKind, LimitOverrides, Pid, Role, SpawnRequest, TaskSpec,
+    BudgetInfo, Capability, ErrorKind, LimitOverrides, Pid, Role, SpawnRequest,
 };
 use hivekernel_kernel::config::{Config, KernelSettings};
 use hivekernel_kernel::events::EventKind;
@@ -18,7 +18,7 @@ use hivekernel_kernel::{Caller, Kernel, KernelError, Price, RuntimeRegistry};
 use hivekernel_proto::v1 as pb;
 use hivekernel_tests::llm_server::{LlmServer, Scripted};
 use hivekernel_tests::served::Served;
-use hivekernel_tests::{agent_kernel, registry, test_settings};
+use hivekernel_tests::{agent_kernel, registry, run_task, test_settings};
 use tonic::Code;
 
 const ROOT: Pid = Pid::KERNEL;
@@ -82,14 +82,6 @@ async fn budget(kernel: &Kernel, pid: Pid) -> BudgetInfo {
     info.budget.unwrap()
 }
 
-async fn run(kernel: &Kernel, pid: Pid, task: &str) -> Result<String, String> {
-    let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(pid, task))
-        .await
-        .unwrap();
-    reply
-}
-
 async fn pids(kernel: &Kernel) -> Vec<Pid> {
     let all = kernel.list_processes(Caller::Admin, ROOT, None).await;
     all.unwrap().into_iter().map(|p| p.pid).collect()
@@ -126,7 +118,7 @@ async fn budgets_are_lent_by_the_parent_charged_from_provider_usage_and_returned
         .unwrap();
     assert_eq!(budget(&kernel, lead).await.remaining, 600, "400 lent");
 
-    assert_eq!(run(&kernel, child, "work").await.unwrap(), "done");
+    assert_eq!(run_task(&kernel, child, "work").await.unwrap(), "done");
     let spent = budget(&kernel, child).await;
     assert_eq!(
         (spent.owner, spent.used, spent.remaining),
@@ -184,10 +176,10 @@ async fn an_exhausted_budget_ends_the_task_with_budget_exceeded_and_calls_no_mod
         .await
         .unwrap();
 
-    assert_eq!(run(&kernel, agent, "one").await.unwrap(), "first");
+    assert_eq!(run_task(&kernel, agent, "one").await.unwrap(), "first");
     // The answer may not take more than the budget has left.
     assert_eq!(server.requests()[0]["max_tokens"], 100);
-    let err = run(&kernel, agent, "two").await.unwrap_err();
+    let err = run_task(&kernel, agent, "two").await.unwrap_err();
     assert!(err.starts_with("budget_exceeded: "), "{err}");
     assert!(err.contains("max_tokens_total 100"), "{err}");
     assert_eq!(server.request_count(), 1, "no call past the budget");
@@ -222,7 +214,7 @@ async fn cost_comes_from_the_price_table_per_process_and_per_subtree() {
         )
         .await
         .unwrap();
-    run(&kernel, child, "work").await.unwrap();
+    run_task(&kernel, child, "work").await.unwrap();
 
     // 1000 * $2.50/M + 100 * $10/M = $0.0035.
     let own = kernel.get_process(Caller::Admin, child).await.unwrap();
@@ -256,10 +248,10 @@ async fn rate_limits_refuse_spawns_and_model_calls_past_the_allowance() {
     let mut lead = request(ROOT, "lead", Role::Lead, "probe");
     lead.limits.spawns_per_minute = Some(2);
     let lead = kernel.spawn(Caller::Admin, lead).await.unwrap();
-    run(&kernel, lead, "spawn a").await.unwrap();
-    run(&kernel, lead, "spawn b").await.unwrap();
+    run_task(&kernel, lead, "spawn a").await.unwrap();
+    run_task(&kernel, lead, "spawn b").await.unwrap();
     let before = pids(&kernel).await;
-    let err = run(&kernel, lead, "spawn c").await.unwrap_err();
+    let err = run_task(&kernel, lead, "spawn c").await.unwrap_err();
     assert!(err.contains("rate limit spawns_per_minute = 2"), "{err}");
     assert_eq!(pids(&kernel).await, before);
     // A child may not ask for a higher rate than its parent.
@@ -280,8 +272,8 @@ async fn rate_limits_refuse_spawns_and_model_calls_past_the_allowance() {
     let mut agent = request(ROOT, "chatty", Role::Agent, "tool_agent");
     agent.limits.llm_calls_per_minute = Some(1);
     let agent = kernel.spawn(Caller::Admin, agent).await.unwrap();
-    assert_eq!(run(&kernel, agent, "a").await.unwrap(), "one");
-    let err = run(&kernel, agent, "b").await.unwrap_err();
+    assert_eq!(run_task(&kernel, agent, "a").await.unwrap(), "one");
+    let err = run_task(&kernel, agent, "b").await.unwrap_err();
     assert!(err.contains("rate limit llm_calls_per_minute = 1"), "{err}");
     assert_eq!(server.request_count(), 1);
 

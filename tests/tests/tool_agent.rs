@@ -14,7 +14,7 @@ use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_tests::llm_server::{
     LlmServer, Scripted, last_message, scripted_answer, system_message,
 };
-use hivekernel_tests::{agent_kernel, test_settings, wait_until};
+use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
 use serde_json::Value;
 
 /// A kernel whose agents talk to `server`, with workspaces under `workspace`.
@@ -49,14 +49,6 @@ async fn spawn_agent(kernel: &Kernel, name: &str, role: Role, tools: &[&str]) ->
     request.system_prompt = format!("You are {name}.");
     request.tools = tools.iter().map(|t| (*t).to_owned()).collect();
     kernel.spawn(Caller::Admin, request).await.unwrap()
-}
-
-async fn run(kernel: &Kernel, pid: Pid, task: &str) -> Result<String, String> {
-    let (_, reply) = kernel
-        .execute_task(Caller::Admin, TaskSpec::new(pid, task))
-        .await
-        .unwrap();
-    reply
 }
 
 /// Live descendants of `pid` (zombies and the process itself excluded).
@@ -114,7 +106,7 @@ async fn a_daemon_task_orchestrates_workers_end_to_end_and_leaves_none() {
     let (kernel, _dir) = default_kernel(&server);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
-    let answer = run(
+    let answer = run_task(
         &kernel,
         lead,
         "count the apples; weigh the pears; sort the plums",
@@ -170,7 +162,7 @@ async fn a_failed_and_a_timed_out_worker_are_reported_and_every_worker_is_gone()
     let kernel = kernel_for(&server, dir.path(), AgentSettings::default(), tools);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
-    run(&kernel, lead, "fine work; broken work; slow work")
+    run_task(&kernel, lead, "fine work; broken work; slow work")
         .await
         .unwrap();
     let result = orchestrate_result(&server);
@@ -232,7 +224,7 @@ async fn an_unusable_plan_is_a_tool_error_and_spawns_nothing() {
     .await;
     let (kernel, _dir) = default_kernel(&server);
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
-    let answer = run(&kernel, lead, "apples; pears").await.unwrap();
+    let answer = run_task(&kernel, lead, "apples; pears").await.unwrap();
     assert!(
         answer.contains("error: the model's plan is not usable (no JSON array"),
         "{answer}"
@@ -251,7 +243,7 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
     request.runtime = Some("echo".into());
     let helper = kernel.spawn(Caller::Admin, request).await.unwrap();
 
-    let answer = run(
+    let answer = run_task(
         &kernel,
         boss,
         &format!("delegate: {helper} count the stars"),
@@ -281,7 +273,7 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
     assert!(last_message(&result_request).contains(&format!("succeeded, from process {helper}")));
 
     // A daemon keeps its conversation: the next task sees the delegated result.
-    run(&kernel, boss, "what came back?").await.unwrap();
+    run_task(&kernel, boss, "what came back?").await.unwrap();
     let last = server.requests().pop().unwrap();
     let history = last["messages"].to_string();
     assert!(history.contains("Result of delegated request"), "{history}");
@@ -295,11 +287,11 @@ async fn task_role_agents_start_every_input_fresh() {
     let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "solo", Role::Agent, &[]).await;
     assert_eq!(
-        run(&kernel, agent, "first").await.unwrap(),
+        run_task(&kernel, agent, "first").await.unwrap(),
         "solo handled: first"
     );
     assert_eq!(
-        run(&kernel, agent, "second").await.unwrap(),
+        run_task(&kernel, agent, "second").await.unwrap(),
         "solo handled: second"
     );
     let last = server.requests().pop().unwrap();
@@ -333,7 +325,7 @@ async fn tools_not_on_the_list_are_refused_whatever_the_model_asks() {
     );
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_children"]).await;
     assert_eq!(
-        run(&kernel, agent, "try everything").await.unwrap(),
+        run_task(&kernel, agent, "try everything").await.unwrap(),
         "finished"
     );
 
@@ -378,7 +370,7 @@ async fn malformed_tool_calls_come_back_as_errors_and_the_agent_carries_on() {
     let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_dir"]).await;
     assert_eq!(
-        run(&kernel, agent, "look around").await.unwrap(),
+        run_task(&kernel, agent, "look around").await.unwrap(),
         "recovered"
     );
     let results = tool_results(&server.requests()[1]);
@@ -397,13 +389,13 @@ async fn malformed_tool_calls_come_back_as_errors_and_the_agent_carries_on() {
     assert!(results[3].starts_with("error: "), "{results:?}");
 
     // An unreadable HTTP answer fails the task, not the process.
-    let failed = run(&kernel, agent, "again").await.unwrap_err();
+    let failed = run_task(&kernel, agent, "again").await.unwrap_err();
     assert!(
         failed.contains("model call failed: invalid response"),
         "{failed}"
     );
     assert_eq!(
-        run(&kernel, agent, "and again").await.unwrap(),
+        run_task(&kernel, agent, "and again").await.unwrap(),
         "still alive"
     );
     kernel.shutdown().await;
@@ -420,7 +412,7 @@ async fn the_round_limit_ends_a_task_that_never_stops_calling_tools() {
     };
     let kernel = kernel_for(&server, dir.path(), agent_settings, worker_tools());
     let agent = spawn_agent(&kernel, "looper", Role::Agent, &["list_children"]).await;
-    let failed = run(&kernel, agent, "loop").await.unwrap_err();
+    let failed = run_task(&kernel, agent, "loop").await.unwrap_err();
     assert!(
         failed.contains("no final answer after 3 rounds of tool calls"),
         "{failed}"
@@ -440,10 +432,10 @@ async fn a_context_length_error_shortens_the_request_and_retries() {
     .await;
     let (kernel, _dir) = default_kernel(&server);
     let daemon = spawn_agent(&kernel, "keeper", Role::Daemon, &[]).await;
-    run(&kernel, daemon, &"old context ".repeat(2000))
+    run_task(&kernel, daemon, &"old context ".repeat(2000))
         .await
         .unwrap();
-    assert_eq!(run(&kernel, daemon, "now").await.unwrap(), "fits now");
+    assert_eq!(run_task(&kernel, daemon, "now").await.unwrap(), "fits now");
     let sizes: Vec<usize> = server
         .requests()
         .iter()
@@ -465,7 +457,7 @@ async fn context_length_errors_past_three_retries_fail_the_task_clearly() {
     .await;
     let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &[]).await;
-    let failed = run(&kernel, agent, "too big").await.unwrap_err();
+    let failed = run_task(&kernel, agent, "too big").await.unwrap_err();
     assert!(failed.contains("context length exceeded"), "{failed}");
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -484,8 +476,8 @@ async fn usage_from_the_provider_is_recorded_against_the_process() {
     .await;
     let (kernel, _dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "counted", Role::Agent, &[]).await;
-    run(&kernel, agent, "a").await.unwrap();
-    run(&kernel, agent, "b").await.unwrap();
+    run_task(&kernel, agent, "a").await.unwrap();
+    run_task(&kernel, agent, "b").await.unwrap();
     let usage = kernel
         .get_process(Caller::Admin, agent)
         .await
@@ -511,7 +503,7 @@ async fn workspace_tools_work_in_the_agents_own_directory() {
     .await;
     let (kernel, dir) = default_kernel(&server);
     let agent = spawn_agent(&kernel, "scribe", Role::Agent, &["write_file"]).await;
-    assert_eq!(run(&kernel, agent, "write").await.unwrap(), "written");
+    assert_eq!(run_task(&kernel, agent, "write").await.unwrap(), "written");
     let written = std::fs::read_to_string(dir.path().join("scribe/notes/a.txt")).unwrap();
     assert_eq!(written, "hello");
     kernel.shutdown().await;

@@ -202,11 +202,11 @@ impl Kernel {
     /// Adds an entry owned by the caller; a process may only aim it at
     /// itself or its descendants.
     pub async fn add_cron(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
-        let result = match self.require(caller, Capability::ManageCron, "add cron entries") {
-            Ok(()) => self.add_cron_checked(caller, spec).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::ManageCron, "add cron entries")?;
+            self.add_cron_checked(caller, spec).await
         };
-        self.report_denial(caller, "add_cron", result)
+        self.report_denial(caller, "add_cron", result.await)
     }
 
     /// [`Kernel::add_cron`], once the caller holds the capability.
@@ -288,11 +288,11 @@ impl Kernel {
 
     /// Removes an entry the caller owns (the operator may remove any added through the API).
     pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
-        let result = match self.require(caller, Capability::ManageCron, "remove cron entries") {
-            Ok(()) => self.remove_cron_checked(caller, name).await,
-            Err(err) => Err(err),
+        let result = async {
+            self.require(caller, Capability::ManageCron, "remove cron entries")?;
+            self.remove_cron_checked(caller, name).await
         };
-        self.report_denial(caller, "remove_cron", result)
+        self.report_denial(caller, "remove_cron", result.await)
     }
 
     /// [`Kernel::remove_cron`], once the caller holds the capability.
