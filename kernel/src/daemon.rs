@@ -8,6 +8,7 @@ use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Pid, Role, SpawnRequest};
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::{AgentSpec, Config, ConfigError};
@@ -104,6 +105,7 @@ impl StartError {
 
 /// Runs the kernel in the foreground until SIGINT or SIGTERM.
 pub async fn run(options: StartOptions) -> Result<(), StartError> {
+    let mut signals = Signals::install();
     let config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
     let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
         .map_err(StartError::Provider)?;
@@ -253,7 +255,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 
     // A control plane that dies is as fatal as a signal.
     let early = tokio::select! {
-        () = shutdown_signal() => None,
+        () = signals.recv() => None,
         served = &mut server => Some(served),
     };
     let unexpected = early.is_some();
@@ -419,19 +421,43 @@ fn write_trust_file(
     Ok(Some(absolute))
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot listen for SIGTERM; only Ctrl-C will stop the kernel");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGINT and SIGTERM, listened for from the moment `start` begins: one
+/// that arrives while the kernel is still starting (or just after
+/// `kernel.addr` appears) stops it cleanly once started, instead of killing
+/// it with the signal's default action.
+struct Signals {
+    term: Option<Signal>,
+    int: Option<Signal>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(signal) => Some(signal),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for {name}");
+                None
+            }
+        };
+        Signals {
+            term: listen(SignalKind::terminate(), "SIGTERM"),
+            int: listen(SignalKind::interrupt(), "SIGINT"),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    }
+
+    /// Resolves on the first SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => {}
+            () = next(&mut self.int) => {}
+        }
     }
 }
