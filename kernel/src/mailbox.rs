@@ -104,7 +104,9 @@ pub(crate) enum PushError {
 
 #[derive(Debug, Default)]
 struct Queues {
-    levels: [VecDeque<Envelope>; 4],
+    /// One queue per priority, made on the first push: most processes idle,
+    /// and four empty queues inline would cost every one of them 128 bytes.
+    levels: Option<Box<[VecDeque<Envelope>; 4]>>,
     len: usize,
     closed: bool,
     /// Earliest expiry among queued messages (a lower bound), so a full
@@ -153,8 +155,7 @@ impl Mailbox {
                     if let Some(at) = env.expires_at {
                         q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
                     }
-                    q.levels[env.priority().level()].push_back(env);
-                    q.len += 1;
+                    q.enqueue(env);
                     Ok(())
                 }
             }
@@ -177,8 +178,7 @@ impl Mailbox {
             if let Some(at) = env.expires_at {
                 q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
             }
-            q.levels[env.priority().level()].push_back(env);
-            q.len += 1;
+            q.enqueue(env);
         }
         self.ready.notify_one();
         Ok(())
@@ -196,23 +196,32 @@ impl Mailbox {
 
     /// Waits for the next message; `None` once the mailbox is closed.
     /// Expired messages met on the way go to `on_expired`.
+    ///
+    /// Only the wake-up future lives across the await: this future sits in
+    /// every idle process's task, so its size is memory per agent.
     pub(crate) async fn recv(&self, mut on_expired: impl FnMut(Envelope)) -> Option<Envelope> {
-        let mut expired = Vec::new();
         loop {
-            let popped = {
-                let mut q = self.queues.lock();
-                if q.closed {
-                    return None;
-                }
-                q.pop(self.aging, &mut expired)
-            };
-            expired.drain(..).for_each(&mut on_expired);
-            if popped.is_some() {
-                return popped;
+            if let Some(next) = self.poll_queues(&mut on_expired) {
+                return next;
             }
             // Single consumer: a push between the check and here leaves a permit.
             self.ready.notified().await;
         }
+    }
+
+    /// `Some(None)` when closed, `Some(Some(_))` with the next message,
+    /// `None` when there is nothing to take yet.
+    fn poll_queues(&self, on_expired: &mut impl FnMut(Envelope)) -> Option<Option<Envelope>> {
+        let mut expired = Vec::new();
+        let popped = {
+            let mut q = self.queues.lock();
+            if q.closed {
+                return Some(None);
+            }
+            q.pop(self.aging, &mut expired)
+        };
+        expired.into_iter().for_each(on_expired);
+        popped.map(Some)
     }
 
     /// Refuses further pushes and returns what was still queued; the consumer
@@ -232,7 +241,11 @@ impl Mailbox {
             return Vec::new();
         }
         q.len = 0;
-        q.levels.iter_mut().flat_map(|l| l.drain(..)).collect()
+        q.levels
+            .iter_mut()
+            .flat_map(|levels| levels.iter_mut())
+            .flat_map(|level| level.drain(..))
+            .collect()
     }
 
     /// Messages waiting now (including expired ones not yet dropped).
@@ -247,13 +260,20 @@ impl Mailbox {
 }
 
 impl Queues {
+    fn enqueue(&mut self, env: Envelope) {
+        let levels = self.levels.get_or_insert_with(Default::default);
+        levels[env.priority().level()].push_back(env);
+        self.len += 1;
+    }
+
     /// Pops the head with the best effective priority. The clock is read
     /// only when it matters: several levels compete, or a TTL must be checked.
     fn pop(&mut self, aging: Duration, expired: &mut Vec<Envelope>) -> Option<Envelope> {
+        let levels = self.levels.as_deref_mut()?;
         let mut now = None;
         loop {
             let mut heads = [None; 4];
-            for (level, queue) in self.levels.iter().enumerate() {
+            for (level, queue) in levels.iter().enumerate() {
                 heads[level] = queue.front().map(|head| head.enqueued_at);
             }
             let competing = heads.iter().flatten().count();
@@ -275,7 +295,7 @@ impl Queues {
                     .min()?
                     .1
             };
-            let env = self.levels[level].pop_front()?;
+            let env = levels[level].pop_front()?;
             self.len -= 1;
             if env.expires_at.is_some() && env.expired(*now.get_or_insert_with(Instant::now)) {
                 expired.push(env);
@@ -291,7 +311,7 @@ impl Queues {
             return purged;
         }
         let mut next_expiry = None;
-        for queue in &mut self.levels {
+        for queue in self.levels.iter_mut().flat_map(|levels| levels.iter_mut()) {
             let mut i = 0;
             while i < queue.len() {
                 match queue[i].expires_at {

@@ -82,7 +82,7 @@ pub(crate) struct Entry {
     pub(crate) proc: Arc<ProcShared>,
     pub(crate) runner: Option<JoinHandle<()>>,
     /// Set once the process has exited (it is then a zombie).
-    pub(crate) exit: Option<ExitRecord>,
+    pub(crate) exit: Option<Box<ExitRecord>>,
     pub(crate) exit_waiters: Vec<oneshot::Sender<ExitRecord>>,
     /// Restart policy, strategy and restart history; `None` is the common
     /// case (temporary, one_for_one, never restarted) and costs one word.
@@ -122,7 +122,7 @@ impl Entry {
             subtree_usage: p.usage.subtree(),
             capabilities: p.caps,
             budget: p.budget.as_ref().map(|pool| pool.info()),
-            exit: self.exit.clone(),
+            exit: self.exit.as_deref().cloned(),
             restarts: self.restarts(),
             log_path: None,
         }

@@ -32,12 +32,13 @@ use crate::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 /// Runtimes by name; the kernel's only link to what runs inside processes.
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeRegistry {
-    factories: BTreeMap<String, Arc<dyn RuntimeFactory>>,
+    /// Keyed by name, shared with every process of that runtime.
+    factories: BTreeMap<Arc<str>, Arc<dyn RuntimeFactory>>,
     /// Tools the `tool_agent` runtime offers and the capability each needs,
     /// sorted by name (for config and spawn checks).
     tools: Vec<(&'static str, Option<Capability>)>,
-    /// The `exec` runtime, once the kernel's gRPC server is known.
-    exec: Option<Arc<ExecRuntime>>,
+    /// The `exec` runtime, once the kernel's gRPC server is known, and its name.
+    exec: Option<(Arc<str>, Arc<ExecRuntime>)>,
 }
 
 /// How a spawn's runtime is made.
@@ -73,46 +74,48 @@ impl RuntimeRegistry {
     /// Enables the `exec` runtime: external agents started as OS processes
     /// that reach the kernel over gRPC. Without it, spawns naming `exec` are refused.
     pub fn enable_exec(&mut self, exec: ExecRuntime) {
-        self.exec = Some(Arc::new(exec));
+        self.exec = Some((Arc::from(EXEC_RUNTIME), Arc::new(exec)));
     }
 
     /// The `exec` runtime, when enabled.
     pub(crate) fn exec(&self) -> Option<&Arc<ExecRuntime>> {
-        self.exec.as_ref()
+        self.exec.as_ref().map(|(_, exec)| exec)
     }
 
-    /// How to make runtime `name`; `command` is the OS command, for `exec` only.
+    /// How to make runtime `name`, and the name as the registry shares it;
+    /// `command` is the OS command, for `exec` only.
     pub(crate) fn maker(
         &self,
         name: &str,
         command: Option<ExecCommand>,
-    ) -> Result<Maker<'_>, KernelError> {
+    ) -> Result<(Arc<str>, Maker<'_>), KernelError> {
         if name == EXEC_RUNTIME {
-            let Some(runtime) = &self.exec else {
+            let Some((name, runtime)) = &self.exec else {
                 return Err(KernelError::InvalidArgument(
                     "the exec runtime is not enabled in this kernel (it needs the gRPC server; \
                      `hivekernel start` enables it)"
                         .into(),
                 ));
             };
-            return Ok(Maker::Exec(runtime, exec::check(command)?));
+            return Ok((name.clone(), Maker::Exec(runtime, exec::check(command)?)));
         }
         if command.is_some() {
             return Err(KernelError::InvalidArgument(format!(
                 "a command is only for runtime exec, not {name}"
             )));
         }
-        self.get(name).map(Maker::Factory).ok_or_else(|| {
-            KernelError::InvalidArgument(format!(
+        match self.factories.get_key_value(name) {
+            Some((name, factory)) => Ok((name.clone(), Maker::Factory(factory))),
+            None => Err(KernelError::InvalidArgument(format!(
                 "unknown runtime {name:?} (known: {})",
                 self.names().join(", ")
-            ))
-        })
+            ))),
+        }
     }
 
     /// Adds (or replaces) a runtime.
     pub fn register(&mut self, name: impl Into<String>, factory: Arc<dyn RuntimeFactory>) {
-        self.factories.insert(name.into(), factory);
+        self.factories.insert(Arc::from(name.into()), factory);
     }
 
     /// The factory registered under `name`.
@@ -129,7 +132,7 @@ impl RuntimeRegistry {
 
     /// Registered names, sorted; `exec` when enabled.
     pub fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.factories.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = self.factories.keys().map(|name| &**name).collect();
         if self.exec.is_some() {
             names.push(EXEC_RUNTIME);
             names.sort_unstable();
@@ -140,7 +143,8 @@ impl RuntimeRegistry {
     /// What a config may name: these runtimes, `exec` (which `hivekernel
     /// start` always enables), and the `tool_agent`'s tools.
     pub fn known(&self) -> crate::config::Known {
-        let mut runtimes: Vec<String> = self.factories.keys().cloned().collect();
+        let mut runtimes: Vec<String> =
+            self.factories.keys().map(|name| name.to_string()).collect();
         runtimes.push(EXEC_RUNTIME.to_owned());
         runtimes.sort_unstable();
         runtimes.dedup();
@@ -175,31 +179,40 @@ pub(crate) async fn run_process(
     let mut inflight: Option<FuturesUnordered<Work>> = None;
     let busy = |inflight: &Option<FuturesUnordered<Work>>| inflight.as_ref().map_or(0, |f| f.len());
     let fatal: Option<Fatal> = loop {
-        tokio::select! {
+        // No await in the branches: what they bind would otherwise stay in
+        // this future's state, which every idle process's task carries.
+        let step = tokio::select! {
             biased;
-            Some(outcome) = next_done(&mut inflight), if busy(&inflight) > 0 => {
-                if let Err(fatal) = outcome {
-                    break Some(fatal);
-                }
-            }
+            Some(outcome) = next_done(&mut inflight), if busy(&inflight) > 0 => Step::Finished(outcome),
             env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if busy(&inflight) < max => {
-                let Some(env) = env else { break None };
-                let mut work: Work = Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env));
-                // Most items finish without waiting (a message a runtime only
-                // notes, an echo): poll once here and queue only what must wait.
-                match futures::poll!(work.as_mut()) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(fatal)) => break Some(fatal),
-                    Poll::Pending => inflight.get_or_insert_with(FuturesUnordered::new).push(work),
+                match env {
+                    Some(env) => Step::Start(Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env))),
+                    None => Step::Closed,
                 }
             }
+        };
+        match step {
+            Step::Finished(Ok(())) => {}
+            Step::Finished(Err(fatal)) => break Some(fatal),
+            Step::Closed => break None,
+            // Most items finish without waiting (a message a runtime only
+            // notes, an echo): poll once here and queue only what must wait.
+            Step::Start(mut work) => match futures::poll!(work.as_mut()) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(fatal)) => break Some(fatal),
+                Poll::Pending => inflight
+                    .get_or_insert_with(FuturesUnordered::new)
+                    .push(work),
+            },
         }
     };
     match fatal {
         Some((code, reason)) => {
             drop(inflight);
             if let Some(inner) = kernel.upgrade() {
-                Kernel { inner }.exit_self(&proc, code, reason).await;
+                // Boxed: inline, this rarely taken path would size every idle
+                // process's task.
+                Box::pin(Kernel { inner }.exit_self(&proc, code, reason)).await;
             }
         }
         // Closed by kill or shutdown: finish what is in flight (kill aborts instead).
@@ -209,6 +222,16 @@ pub(crate) async fn run_process(
             }
         }
     }
+}
+
+/// What the runner does next.
+enum Step {
+    /// An item in flight finished.
+    Finished(Result<(), Fatal>),
+    /// A new item, to start handling.
+    Start(Work),
+    /// The mailbox closed.
+    Closed,
 }
 
 /// One mailbox item being handled.

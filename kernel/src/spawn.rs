@@ -1,6 +1,6 @@
 //! Spawn: every rule a new process must pass, then the table insert.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 use hivekernel_agents::{
@@ -52,22 +52,19 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
-        let runtime_name = match (&request.runtime, &request.exec) {
-            (Some(name), _) => name.clone(),
-            (None, Some(_)) => EXEC_RUNTIME.to_owned(),
-            (None, None) => self.inner.settings.default_runtime.clone(),
+        let requested = match (&request.runtime, &request.exec) {
+            (Some(name), _) => name.as_str(),
+            (None, Some(_)) => EXEC_RUNTIME,
+            (None, None) => self.inner.settings.default_runtime.as_str(),
         };
-        let maker = self
-            .inner
-            .runtimes
-            .maker(&runtime_name, request.exec.take())?;
+        let (runtime_name, maker) = self.inner.runtimes.maker(requested, request.exec.take())?;
         let mut supervision = self.supervision_for(&request)?;
         if matches!(maker, Maker::Exec(..)) {
             // The OS process starts only at spawn: an exec process is not restarted.
             supervision.0 = RestartSpec::default();
         }
         let admitted = Admitted {
-            runtime_name: &runtime_name,
+            runtime_name,
             maker,
             supervision,
             reuse,
@@ -92,7 +89,7 @@ impl Kernel {
         &self,
         caller: Caller,
         request: SpawnRequest,
-        admitted: Admitted<'_, '_>,
+        admitted: Admitted<'_>,
     ) -> Result<(Pid, Option<Launch>)> {
         let Admitted {
             runtime_name,
@@ -217,9 +214,9 @@ impl Kernel {
             name: Arc::from(request.name.as_str()),
             role: request.role,
             tier,
-            model: Arc::from(request.model.as_str()),
-            system_prompt: Arc::from(request.system_prompt.as_str()),
-            tools: Arc::from(request.tools),
+            model: shared_str(&request.model, &pctx.model),
+            system_prompt: shared_str(&request.system_prompt, &pctx.system_prompt),
+            tools: shared_tools(request.tools, &pctx.tools),
             workspace: Some(match request.workspace {
                 Some(dir) => Workspace::At(Arc::from(dir)),
                 None => Workspace::Under(self.inner.workspace_root.clone()),
@@ -249,7 +246,7 @@ impl Kernel {
         };
         let proc = Arc::new(ProcShared {
             ctx,
-            runtime_name: Arc::from(runtime_name),
+            runtime_name,
             limits,
             metadata: request.metadata,
             started_at_unix_ms: unix_ms(SystemTime::now()),
@@ -299,11 +296,36 @@ impl Kernel {
 }
 
 /// What `admit` needs besides the request.
-struct Admitted<'r, 'f> {
-    runtime_name: &'r str,
+struct Admitted<'f> {
+    runtime_name: Arc<str>,
     maker: Maker<'f>,
     supervision: (RestartSpec, Strategy),
     reuse: Option<Pid>,
+}
+
+/// `value` shared instead of copied where it can be: the parent's when the
+/// same (workers mostly run their parent's model), or the one empty string.
+fn shared_str(value: &str, parent: &Arc<str>) -> Arc<str> {
+    static EMPTY: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+    if value == &**parent {
+        parent.clone()
+    } else if value.is_empty() {
+        EMPTY.clone()
+    } else {
+        Arc::from(value)
+    }
+}
+
+/// [`shared_str`] for a tool list.
+fn shared_tools(tools: Vec<String>, parent: &Arc<[String]>) -> Arc<[String]> {
+    static NONE: LazyLock<Arc<[String]>> = LazyLock::new(|| Arc::from(Vec::new()));
+    if tools == **parent {
+        parent.clone()
+    } else if tools.is_empty() {
+        NONE.clone()
+    } else {
+        Arc::from(tools)
+    }
 }
 
 /// Rejects empty, overlong or control-character names.

@@ -285,7 +285,7 @@ impl Kernel {
                     "process {me} is not the parent of {pid}"
                 )));
             }
-            if let Some(record) = entry.exit.clone() {
+            if let Some(record) = entry.exit.as_deref().cloned() {
                 reap(&mut table, pid);
                 drop(table);
                 self.inner.events.emit(
@@ -539,7 +539,7 @@ fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, e
     let ppid = entry.ppid;
     let (exited, collected) = exits.exit(entry, top, exit_code, &Arc::from(reason), now);
     let record = exited.record();
-    entry.exit = Some(record.clone());
+    entry.exit = Some(Box::new(record.clone()));
     if let Some(parent) = table.get_mut(ppid) {
         parent.live_children = parent.live_children.saturating_sub(1);
     }
