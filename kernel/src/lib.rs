@@ -64,6 +64,10 @@ mod syscalls;
 pub mod tls;
 mod usage;
 
+/// The global allocator the `hivekernel` binary runs with (mimalloc); the
+/// benchmark binary uses it too, so it measures what ships.
+pub use mimalloc::MiMalloc as Allocator;
+
 pub use artifacts::{
     ArtifactSettings, DEFAULT_CONTENT_TYPE, MAX_ARTIFACT_NAME_BYTES, MAX_CONTENT_TYPE_BYTES,
     MAX_LISTED_ARTIFACTS,

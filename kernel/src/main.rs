@@ -7,6 +7,9 @@ use clap::Parser;
 use hivekernel_kernel::cli::{self, Cli};
 use tracing_subscriber::EnvFilter;
 
+#[global_allocator]
+static ALLOCATOR: hivekernel_kernel::Allocator = hivekernel_kernel::Allocator;
+
 #[tokio::main]
 async fn main() {
     let args = Cli::parse();

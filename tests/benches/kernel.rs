@@ -20,6 +20,11 @@
 //! - `agent`: a `tool_agent` turn and `orchestrate` against a loopback model server.
 //! - `durable`: acknowledged sends on a kernel with a store, beside hand-written SQLite.
 
+/// The allocator the `hivekernel` binary runs with, so in-process figures
+/// measure the kernel as it ships.
+#[global_allocator]
+static ALLOCATOR: hivekernel_kernel::Allocator = hivekernel_kernel::Allocator;
+
 // A bench crate's root is this file, so its modules would resolve beside it
 // in benches/, where Cargo would take each for a bench of its own.
 #[path = "kernel/agent.rs"]
