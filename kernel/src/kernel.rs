@@ -138,6 +138,7 @@ impl Kernel {
             let kernel_proc = ProcShared {
                 ctx,
                 runtime_name: Arc::from("kernel"),
+                runtime: None,
                 limits,
                 metadata: Default::default(),
                 started_at_unix_ms: unix_ms(SystemTime::now()),
@@ -157,7 +158,6 @@ impl Kernel {
                     children: Default::default(),
                     live_children: 0,
                     proc: Arc::new(kernel_proc),
-                    runner: None,
                     exit: None,
                     exit_waiters: Vec::new(),
                     sup: None,

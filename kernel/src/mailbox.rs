@@ -12,6 +12,7 @@ use std::time::Duration;
 use hivekernel_agents::{Message, MessageId, Pid, Priority, Task, TaskReply};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Where the answer to a task goes.
@@ -112,9 +113,21 @@ struct Queues {
     /// Earliest expiry among queued messages (a lower bound), so a full
     /// mailbox is scanned for expired messages only when one may have expired.
     next_expiry: Option<Instant>,
+    /// Whether the consumer was started (by the first push) or can no
+    /// longer be (closed first).
+    started: bool,
+    /// The consumer's task. It lives under this lock so that the push that
+    /// starts it and the close that takes it are never interleaved: a closer
+    /// always gets every consumer that will ever run.
+    runner: Option<JoinHandle<()>>,
 }
 
-/// A bounded priority mailbox with a single consumer.
+/// What a close hands back: items still queued, and the consumer's task if
+/// one was started.
+pub(crate) type Closed = (Vec<Envelope>, Option<JoinHandle<()>>);
+
+/// A bounded priority mailbox with a single consumer, which the first push
+/// starts: a process that was never sent anything runs no task.
 #[derive(Debug)]
 pub(crate) struct Mailbox {
     queues: Mutex<Queues>,
@@ -134,11 +147,13 @@ impl Mailbox {
         }
     }
 
-    /// Enqueue. When full, expired messages are purged first and handed to `on_expired`.
+    /// Enqueue. When full, expired messages are purged first and handed to
+    /// `on_expired`. The first push calls `start` for the consumer's task.
     pub(crate) fn push(
         &self,
         env: Envelope,
         on_expired: impl FnMut(Envelope),
+        start: impl FnOnce() -> Option<JoinHandle<()>>,
     ) -> Result<(), PushError> {
         let mut purged = Vec::new();
         let result = {
@@ -152,10 +167,7 @@ impl Mailbox {
                 if q.len >= self.capacity {
                     Err(PushError::Full)
                 } else {
-                    if let Some(at) = env.expires_at {
-                        q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
-                    }
-                    q.enqueue(env);
+                    q.enqueue(env, start);
                     Ok(())
                 }
             }
@@ -169,16 +181,17 @@ impl Mailbox {
 
     /// Enqueue a message restored from the store after a restart, even past
     /// capacity: it was acknowledged before the restart and must not be lost.
-    pub(crate) fn push_restored(&self, env: Envelope) -> Result<(), PushError> {
+    pub(crate) fn push_restored(
+        &self,
+        env: Envelope,
+        start: impl FnOnce() -> Option<JoinHandle<()>>,
+    ) -> Result<(), PushError> {
         {
             let mut q = self.queues.lock();
             if q.closed {
                 return Err(PushError::Closed);
             }
-            if let Some(at) = env.expires_at {
-                q.next_expiry = Some(q.next_expiry.map_or(at, |n| n.min(at)));
-            }
-            q.enqueue(env);
+            q.enqueue(env, start);
         }
         self.ready.notify_one();
         Ok(())
@@ -224,28 +237,32 @@ impl Mailbox {
         popped.map(Some)
     }
 
-    /// Refuses further pushes and returns what was still queued; the consumer
-    /// wakes to find the mailbox closed.
-    pub(crate) fn close(&self) -> Vec<Envelope> {
-        let drained = self.close_without_wake();
+    /// Refuses further pushes and returns what was still queued, and the
+    /// consumer's task; the consumer wakes to find the mailbox closed.
+    pub(crate) fn close(&self) -> Closed {
+        let closed = self.close_without_wake();
         self.ready.notify_one();
-        drained
+        closed
     }
 
     /// [`Mailbox::close`] for a consumer that is about to be aborted: waking
     /// it would only schedule its task once more before the abort does.
-    pub(crate) fn close_without_wake(&self) -> Vec<Envelope> {
+    pub(crate) fn close_without_wake(&self) -> Closed {
         let mut q = self.queues.lock();
         q.closed = true;
+        q.started = true;
+        let runner = q.runner.take();
         if q.len == 0 {
-            return Vec::new();
+            return (Vec::new(), runner);
         }
         q.len = 0;
-        q.levels
+        let pending = q
+            .levels
             .iter_mut()
             .flat_map(|levels| levels.iter_mut())
             .flat_map(|level| level.drain(..))
-            .collect()
+            .collect();
+        (pending, runner)
     }
 
     /// Messages waiting now (including expired ones not yet dropped).
@@ -260,10 +277,17 @@ impl Mailbox {
 }
 
 impl Queues {
-    fn enqueue(&mut self, env: Envelope) {
+    fn enqueue(&mut self, env: Envelope, start: impl FnOnce() -> Option<JoinHandle<()>>) {
+        if let Some(at) = env.expires_at {
+            self.next_expiry = Some(self.next_expiry.map_or(at, |n| n.min(at)));
+        }
         let levels = self.levels.get_or_insert_with(Default::default);
         levels[env.priority().level()].push_back(env);
         self.len += 1;
+        if !self.started {
+            self.started = true;
+            self.runner = start();
+        }
     }
 
     /// Pops the head with the best effective priority. The clock is read
@@ -360,30 +384,48 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn serves_higher_priority_first_and_fifo_within_a_level() {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
-        mailbox.push(message(1, Priority::Low), |_| {}).unwrap();
-        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
         mailbox
-            .push(message(3, Priority::Critical), |_| {})
+            .push(message(1, Priority::Low), |_| {}, || None)
             .unwrap();
-        mailbox.push(message(4, Priority::Normal), |_| {}).unwrap();
-        mailbox.push(message(5, Priority::High), |_| {}).unwrap();
+        mailbox
+            .push(message(2, Priority::Normal), |_| {}, || None)
+            .unwrap();
+        mailbox
+            .push(message(3, Priority::Critical), |_| {}, || None)
+            .unwrap();
+        mailbox
+            .push(message(4, Priority::Normal), |_| {}, || None)
+            .unwrap();
+        mailbox
+            .push(message(5, Priority::High), |_| {}, || None)
+            .unwrap();
         assert_eq!(drain(&mailbox), vec![3, 5, 2, 4, 1]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn aging_lifts_a_waiting_message_above_newer_urgent_ones() {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
-        mailbox.push(message(1, Priority::Low), |_| {}).unwrap();
+        mailbox
+            .push(message(1, Priority::Low), |_| {}, || None)
+            .unwrap();
         // Waiting 10 s lifts low two levels, to high.
         tokio::time::advance(Duration::from_secs(10)).await;
-        mailbox.push(message(2, Priority::High), |_| {}).unwrap();
-        mailbox.push(message(3, Priority::Normal), |_| {}).unwrap();
+        mailbox
+            .push(message(2, Priority::High), |_| {}, || None)
+            .unwrap();
+        mailbox
+            .push(message(3, Priority::Normal), |_| {}, || None)
+            .unwrap();
         // Equal effective level: the older message goes first.
         assert_eq!(drain(&mailbox), vec![1, 2, 3]);
 
-        mailbox.push(message(4, Priority::Low), |_| {}).unwrap();
+        mailbox
+            .push(message(4, Priority::Low), |_| {}, || None)
+            .unwrap();
         tokio::time::advance(Duration::from_secs(4)).await;
-        mailbox.push(message(5, Priority::Normal), |_| {}).unwrap();
+        mailbox
+            .push(message(5, Priority::Normal), |_| {}, || None)
+            .unwrap();
         // Not yet a full interval: low stays behind normal.
         assert_eq!(drain(&mailbox), vec![5, 4]);
     }
@@ -395,9 +437,12 @@ mod tests {
             .push(
                 message_ttl(1, Priority::High, Some(Duration::from_millis(100))),
                 |_| {},
+                || None,
             )
             .unwrap();
-        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
+        mailbox
+            .push(message(2, Priority::Normal), |_| {}, || None)
+            .unwrap();
         tokio::time::advance(Duration::from_millis(150)).await;
         let mut expired = Vec::new();
         let next = mailbox.try_pop(|e| expired.push(e.id.0)).unwrap();
@@ -413,12 +458,15 @@ mod tests {
             .push(
                 message_ttl(1, Priority::Normal, Some(Duration::from_millis(10))),
                 |_| {},
+                || None,
             )
             .unwrap();
-        mailbox.push(message(2, Priority::Normal), |_| {}).unwrap();
+        mailbox
+            .push(message(2, Priority::Normal), |_| {}, || None)
+            .unwrap();
         assert_eq!(
             mailbox
-                .push(message(3, Priority::Critical), |_| {})
+                .push(message(3, Priority::Critical), |_| {}, || None)
                 .unwrap_err(),
             PushError::Full
         );
@@ -426,7 +474,11 @@ mod tests {
         tokio::time::advance(Duration::from_millis(20)).await;
         let mut purged = Vec::new();
         mailbox
-            .push(message(4, Priority::Normal), |e| purged.push(e.id.0))
+            .push(
+                message(4, Priority::Normal),
+                |e| purged.push(e.id.0),
+                || None,
+            )
             .unwrap();
         assert_eq!(purged, vec![1]);
         assert_eq!(drain(&mailbox), vec![2, 4]);
@@ -444,16 +496,56 @@ mod tests {
             })
         };
         tokio::task::yield_now().await;
-        mailbox.push(message(7, Priority::Normal), |_| {}).unwrap();
+        mailbox
+            .push(message(7, Priority::Normal), |_| {}, || None)
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let leftover = mailbox.close();
+        let (leftover, runner) = mailbox.close();
         assert!(leftover.is_empty());
+        assert!(
+            runner.is_none(),
+            "no consumer was started through this mailbox"
+        );
         assert_eq!(reader.await.unwrap(), (Some(7), None));
         assert_eq!(
             mailbox
-                .push(message(8, Priority::Normal), |_| {})
+                .push(message(8, Priority::Normal), |_| {}, || None)
                 .unwrap_err(),
             PushError::Closed
         );
+    }
+
+    #[tokio::test]
+    async fn the_first_push_starts_the_consumer_once_and_close_hands_it_over() {
+        let mailbox = Mailbox::new(4, Duration::from_secs(5));
+        let starts = std::sync::atomic::AtomicU32::new(0);
+        let start = || {
+            starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(tokio::spawn(std::future::pending::<()>()))
+        };
+        mailbox
+            .push(message(1, Priority::Normal), |_| {}, start)
+            .unwrap();
+        mailbox
+            .push(message(2, Priority::Normal), |_| {}, start)
+            .unwrap();
+        assert_eq!(starts.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let (pending, runner) = mailbox.close_without_wake();
+        assert_eq!(
+            pending.iter().map(|e| e.id.0).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        let runner = runner.expect("the consumer the first push started");
+        runner.abort();
+        assert!(runner.await.unwrap_err().is_cancelled());
+        // Closed: nothing starts another consumer.
+        assert_eq!(
+            mailbox
+                .push(message(3, Priority::Normal), |_| {}, start)
+                .unwrap_err(),
+            PushError::Closed
+        );
+        assert!(mailbox.close().1.is_none());
+        assert_eq!(starts.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

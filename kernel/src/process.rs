@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use hivekernel_agents::{
-    Capabilities, ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState,
+    Capabilities, ExitRecord, Limits, Pid, ProcessContext, ProcessInfo, ProcessState, Runtime,
 };
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use crate::budget::Pool;
 use crate::mailbox::Mailbox;
@@ -22,6 +21,9 @@ pub(crate) struct ProcShared {
     /// Identity and syscalls, as handed to the runtime.
     pub(crate) ctx: ProcessContext,
     pub(crate) runtime_name: Arc<str>,
+    /// What runs inside it, once its first mailbox item starts its runner;
+    /// `None` for PID 1, which runs nothing.
+    pub(crate) runtime: Option<Arc<dyn Runtime>>,
     pub(crate) limits: Limits,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) started_at_unix_ms: u64,
@@ -80,7 +82,6 @@ pub(crate) struct Entry {
     pub(crate) children: BTreeSet<Pid>,
     pub(crate) live_children: u32,
     pub(crate) proc: Arc<ProcShared>,
-    pub(crate) runner: Option<JoinHandle<()>>,
     /// Set once the process has exited (it is then a zombie).
     pub(crate) exit: Option<Box<ExitRecord>>,
     pub(crate) exit_waiters: Vec<oneshot::Sender<ExitRecord>>,

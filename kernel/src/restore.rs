@@ -152,7 +152,7 @@ impl Kernel {
                 (Some(proc), Ok(message), Ok(ttl)) => {
                     let env = Envelope::new(stored.id, Item::Message(message), ttl).durable(true);
                     proc.mailbox
-                        .push_restored(env)
+                        .push_restored(env, || self.start_runner(&proc))
                         .map_err(|_| format!("process {} has exited", stored.to))
                 }
                 (None, _, _) => Err(format!(

@@ -346,11 +346,12 @@ impl Kernel {
     }
 
     /// Pushes into a mailbox, reporting expired messages it purged.
-    fn push(&self, proc: &ProcShared, env: Envelope) -> Result<()> {
+    fn push(&self, proc: &Arc<ProcShared>, env: Envelope) -> Result<()> {
         let pid = proc.ctx.pid;
+        let on_expired = |expired| self.report_expired(pid, expired);
         match proc
             .mailbox
-            .push(env, |expired| self.report_expired(pid, expired))
+            .push(env, on_expired, || self.start_runner(proc))
         {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(KernelError::MailboxFull {

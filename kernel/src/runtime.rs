@@ -18,6 +18,7 @@ use hivekernel_agents::echo::EchoFactory;
 use hivekernel_agents::tool_agent::{AgentSettings, ToolAgentFactory};
 use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Capability, ExecCommand, Runtime, RuntimeFactory};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::KernelError;
@@ -167,12 +168,13 @@ impl RuntimeRegistry {
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
 
-/// Drives one process until its mailbox closes or its runtime fails.
-pub(crate) async fn run_process(
-    kernel: Weak<Inner>,
-    proc: Arc<ProcShared>,
-    runtime: Arc<dyn Runtime>,
-) {
+/// Drives one process until its mailbox closes or its runtime fails. Started
+/// by the first item pushed into its mailbox ([`Kernel::start_runner`]), so
+/// a process that is never sent anything costs no task.
+pub(crate) async fn run_process(kernel: Weak<Inner>, proc: Arc<ProcShared>) {
+    let Some(runtime) = proc.runtime.clone() else {
+        return;
+    };
     let max = proc.limits.max_concurrent_tasks.max(1) as usize;
     let pid = proc.ctx.pid;
     // Created on first need: most processes idle, and an idle one should cost little.
@@ -221,6 +223,18 @@ pub(crate) async fn run_process(
                 while inflight.next().await.is_some() {}
             }
         }
+    }
+}
+
+impl Kernel {
+    /// The task that drives `proc`, for its mailbox to start on the first push.
+    pub(crate) fn start_runner(&self, proc: &Arc<ProcShared>) -> Option<JoinHandle<()>> {
+        proc.runtime.as_ref()?;
+        Some(
+            self.inner
+                .tracker
+                .spawn(run_process(self.downgrade(), proc.clone())),
+        )
     }
 }
 

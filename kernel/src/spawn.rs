@@ -16,7 +16,7 @@ use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared};
-use crate::runtime::{Maker, run_process};
+use crate::runtime::Maker;
 use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
 
@@ -247,6 +247,7 @@ impl Kernel {
         let proc = Arc::new(ProcShared {
             ctx,
             runtime_name,
+            runtime: Some(runtime),
             limits,
             metadata: request.metadata,
             started_at_unix_ms: unix_ms(SystemTime::now()),
@@ -260,10 +261,6 @@ impl Kernel {
             budget,
             caps,
         });
-        let runner = self
-            .inner
-            .tracker
-            .spawn(run_process(self.downgrade(), proc.clone(), runtime));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
             parent_entry.live_children += 1;
@@ -283,7 +280,6 @@ impl Kernel {
                 children: Default::default(),
                 live_children: 0,
                 proc,
-                runner: Some(runner),
                 exit: None,
                 exit_waiters: Vec::new(),
                 sup: Supervision::for_spawn(restart, strategy),

@@ -151,13 +151,14 @@ impl Exits {
     /// without telling anyone waiting for it: a process about to be
     /// restarted keeps its waiters.
     fn stop(&mut self, entry: &mut Entry, pid: Pid, code: i32, reason: &Arc<str>, now: u64) {
-        let pending = match self.stop {
+        let (pending, runner) = match self.stop {
             Stop::Abort => entry.proc.mailbox.close_without_wake(),
             Stop::Drain => entry.proc.mailbox.close(),
         };
         self.undelivered
             .extend(pending.into_iter().map(|env| (pid, env)));
-        if let Some(runner) = entry.runner.take() {
+        // None when it was never sent anything: no task ever ran for it.
+        if let Some(runner) = runner {
             self.runners.push((pid, runner));
         }
         let exited = Exited {

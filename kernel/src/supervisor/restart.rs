@@ -26,7 +26,6 @@ use crate::events::{EventKind, unix_ms};
 use crate::kernel::Kernel;
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcShared, ProcessTable};
-use crate::runtime::run_process;
 
 /// A process's restart policy, its strategy for its children, and its restart history.
 #[derive(Debug)]
@@ -354,6 +353,7 @@ impl Kernel {
         let proc = Arc::new(ProcShared {
             ctx: old.ctx.clone(),
             runtime_name: old.runtime_name.clone(),
+            runtime: Some(runtime),
             limits: old.limits,
             metadata: old.metadata.clone(),
             started_at_unix_ms: unix_ms(SystemTime::now()),
@@ -367,12 +367,8 @@ impl Kernel {
             budget: old.budget.clone(),
             caps: old.caps,
         });
-        let runner = self
-            .inner
-            .tracker
-            .spawn(run_process(self.downgrade(), proc.clone(), runtime));
+        // Its runner starts with the first item in its new mailbox.
         entry.proc = proc;
-        entry.runner = Some(runner);
         let Some(sup) = entry.sup.as_mut() else {
             return Ok(0);
         };
