@@ -264,8 +264,13 @@ impl EventBus {
 
     /// Records an event about `pid` and returns its sequence number.
     pub fn emit(&self, pid: Pid, kind: EventKind) -> u64 {
+        self.emit_at(pid, kind, unix_ms(SystemTime::now()))
+    }
+
+    /// [`EventBus::emit`] with a timestamp the caller already read.
+    pub(crate) fn emit_at(&self, pid: Pid, kind: EventKind, at_unix_ms: u64) -> u64 {
         let mut ring = self.ring.lock();
-        let event = self.retained(&mut ring, pid, kind, unix_ms(SystemTime::now()));
+        let event = self.retained(&mut ring, pid, kind, at_unix_ms);
         let seq = event.seq;
         if let Some(store) = &self.store {
             store.submit(Write::Event(event.clone()));

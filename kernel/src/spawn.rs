@@ -244,13 +244,15 @@ impl Kernel {
                 (Arc::new(agent), Some(launch))
             }
         };
+        // One clock read for the start time and the spawned event.
+        let now = unix_ms(SystemTime::now());
         let proc = Arc::new(ProcShared {
             ctx,
             runtime_name,
             runtime: Some(runtime),
             limits,
             metadata: request.metadata,
-            started_at_unix_ms: unix_ms(SystemTime::now()),
+            started_at_unix_ms: now,
             mailbox: Mailbox::new(
                 settings.mailbox_capacity,
                 std::time::Duration::from_millis(settings.mailbox_aging_ms),
@@ -286,7 +288,7 @@ impl Kernel {
             },
         );
         drop(table);
-        self.inner.events.emit(pid, event);
+        self.inner.events.emit_at(pid, event, now);
         Ok((pid, launch))
     }
 }
@@ -303,10 +305,10 @@ struct Admitted<'f> {
 /// same (workers mostly run their parent's model), or the one empty string.
 fn shared_str(value: &str, parent: &Arc<str>) -> Arc<str> {
     static EMPTY: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
-    if value == &**parent {
-        parent.clone()
-    } else if value.is_empty() {
+    if value.is_empty() {
         EMPTY.clone()
+    } else if value == &**parent {
+        parent.clone()
     } else {
         Arc::from(value)
     }
@@ -315,10 +317,10 @@ fn shared_str(value: &str, parent: &Arc<str>) -> Arc<str> {
 /// [`shared_str`] for a tool list.
 fn shared_tools(tools: Vec<String>, parent: &Arc<[String]>) -> Arc<[String]> {
     static NONE: LazyLock<Arc<[String]>> = LazyLock::new(|| Arc::from(Vec::new()));
-    if tools == **parent {
-        parent.clone()
-    } else if tools.is_empty() {
+    if tools.is_empty() {
         NONE.clone()
+    } else if tools == **parent {
+        parent.clone()
     } else {
         Arc::from(tools)
     }
