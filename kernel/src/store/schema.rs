@@ -175,13 +175,19 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             supported: SCHEMA_VERSION,
         });
     }
-    for (version, sql) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
-        let tx = conn.transaction().map_err(err("cannot migrate"))?;
-        tx.execute_batch(sql).map_err(err("cannot migrate"))?;
-        tx.pragma_update(None, "user_version", version as i64 + 1)
-            .map_err(err("cannot migrate"))?;
-        tx.commit().map_err(err("cannot migrate"))?;
+    if found == SCHEMA_VERSION {
+        return Ok(());
     }
+    // Every pending step in one transaction: a new database is created in
+    // one commit (it is on the cold-start path), and a crash mid-migration
+    // leaves the old version whole.
+    let tx = conn.transaction().map_err(err("cannot migrate"))?;
+    for sql in MIGRATIONS.iter().skip(found.max(0) as usize) {
+        tx.execute_batch(sql).map_err(err("cannot migrate"))?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(err("cannot migrate"))?;
+    tx.commit().map_err(err("cannot migrate"))?;
     Ok(())
 }
 
