@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use hivekernel_agents::{Pid, SpawnRequest};
+use hivekernel_agents::{Outgoing, Pid, SpawnRequest};
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_proto::v1 as pb;
 
@@ -23,39 +23,66 @@ pub(crate) const LIST_FLOOR: &str = "iterate a HashMap of as many small structs 
 pub(crate) async fn kill(sizes: &Sizes) -> Vec<Row> {
     let (leads, workers) = sizes.tree;
     let total = 1 + leads + leads * workers;
-    let (ours, floor) = paired_medians(
-        sizes.runs,
-        || kill_tree(leads, workers),
-        || abort_tasks(total),
-    )
-    .await;
-    vec![
-        Row::new(
-            "kill",
-            format!(
-                "kill a {}-process tree ({leads} x {workers}) to quiescence",
-                count(total)
-            ),
-            Unit::Nanos,
-            ours,
-            Some(floor),
+    let mut rows = Vec::new();
+    for busy in [false, true] {
+        let (ours, floor) = paired_medians(
+            sizes.runs,
+            || kill_tree(leads, workers, busy),
+            || abort_tasks(total),
         )
-        .target(Target::at_most(30e6, Unit::Nanos)),
-    ]
+        .await;
+        let what = if busy {
+            "echo processes that each handled a message"
+        } else {
+            "idle processes"
+        };
+        rows.push(
+            Row::new(
+                "kill",
+                format!(
+                    "kill a {}-process tree ({leads} x {workers}) of {what}",
+                    count(total)
+                ),
+                Unit::Nanos,
+                ours,
+                Some(floor),
+            )
+            .target(Target::at_most(30e6, Unit::Nanos))
+            .note(if busy {
+                "a runner task per process, aborted and awaited"
+            } else {
+                "never sent anything: no runner task to stop"
+            }),
+        );
+    }
+    rows
 }
 
-/// Builds root -> `leads` -> `workers` each, then times `kill(root)`.
-async fn kill_tree(leads: usize, workers: usize) -> f64 {
+/// Builds root -> `leads` -> `workers` each, then times `kill(root)` until
+/// it returns, when none of the tree's runners runs any more. With `busy`,
+/// the processes are echo agents that have each handled one message first,
+/// so each has its runner task.
+async fn kill_tree(leads: usize, workers: usize, busy: bool) -> f64 {
     let kernel = start_kernel();
     let spawn = |parent: Pid, name: String, max_children: usize| {
         let mut request = SpawnRequest::new(parent, name);
         request.limits.max_children = Some(max_children as u32);
+        if busy {
+            request.runtime = Some("echo".into());
+        }
         let kernel = kernel.clone();
         async move {
-            kernel
+            let pid = kernel
                 .spawn(Caller::Admin, request)
                 .await
-                .expect("spawn a tree process")
+                .expect("spawn a tree process");
+            if busy {
+                kernel
+                    .send_message(Caller::Admin, Outgoing::new(pid, "x"))
+                    .await
+                    .expect("a message to a tree process");
+            }
+            pid
         }
     };
     let root = spawn(Pid::KERNEL, "root".into(), leads).await;
