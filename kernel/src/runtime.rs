@@ -17,7 +17,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use hivekernel_agents::echo::EchoFactory;
 use hivekernel_agents::tool_agent::{AgentSettings, ToolAgentFactory};
 use hivekernel_agents::tools::ToolRegistry;
-use hivekernel_agents::{Capability, ExecCommand, Runtime, RuntimeFactory};
+use hivekernel_agents::{
+    Capability, ExecCommand, Message, MessageId, Runtime, RuntimeFactory, Task,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -188,7 +190,7 @@ pub(crate) async fn run_process(kernel: Weak<Inner>, proc: Arc<ProcShared>) {
             Some(outcome) = next_done(&mut inflight), if busy(&inflight) > 0 => Step::Finished(outcome),
             env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if busy(&inflight) < max => {
                 match env {
-                    Some(env) => Step::Start(Box::pin(handle(kernel.clone(), proc.clone(), runtime.clone(), env))),
+                    Some(env) => Step::Start(handle(kernel.clone(), proc.clone(), runtime.clone(), env)),
                     None => Step::Closed,
                 }
             }
@@ -267,102 +269,126 @@ fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelo
     }
 }
 
-/// Handles one mailbox item; `Err` ends the process.
-async fn handle(
+/// Starts handling one mailbox item; `Err` from the work ends the process.
+/// Messages and tasks are separate futures, so a message (the common case)
+/// is not moved to the heap at the size of a task's.
+fn handle(
     kernel: Weak<Inner>,
     proc: Arc<ProcShared>,
     runtime: Arc<dyn Runtime>,
     env: Envelope,
-) -> Result<(), Fatal> {
-    let pid = proc.ctx.pid;
+) -> Work {
     let (id, durable) = (env.id, env.durable);
     match env.item {
-        Item::Task { task, reply, .. } => {
-            let _running = CountGuard::enter(&proc.running);
-            let started = Instant::now();
-            let (request_id, from) = (task.request_id, task.from);
-            let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
-            let work = AssertUnwindSafe(runtime.execute(&proc.ctx, task)).catch_unwind();
-            let (outcome, reply) = match reply {
-                // Stop working as soon as a blocked requester gives up.
-                ReplyTo::Waiter(mut tx) => {
-                    let outcome = tokio::select! {
-                        outcome = tokio::time::timeout(limit, work) => Some(outcome),
-                        _ = tx.closed() => None,
-                    };
-                    (outcome, ReplyTo::Waiter(tx))
-                }
-                other => {
-                    // Answered as failed if this handler is dropped first (its
-                    // process killed or its runtime failed mid-task).
-                    let unanswered = Unanswered {
-                        kernel: kernel.clone(),
-                        worker: pid,
-                        request_id,
-                        reply: Some(other),
-                    };
-                    let outcome = tokio::time::timeout(limit, work).await;
-                    (Some(outcome), unanswered.disarm())
-                }
-            };
-            let Some(outcome) = outcome else {
-                return Ok(());
-            };
-            let (answer, fatal) = match outcome {
-                Ok(Ok(answer)) => (answer, None),
-                Ok(Err(panic)) => {
-                    let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
-                    (Err(why.clone()), Some((EXIT_PANICKED, why)))
-                }
-                Err(_) => (
-                    Err(format!("task timed out after {} s", limit.as_secs())),
-                    None,
-                ),
-            };
-            let Some(inner) = kernel.upgrade() else {
-                return Ok(());
-            };
-            let kernel = Kernel { inner };
-            let success = answer.is_ok();
-            kernel.deliver_reply(pid, request_id, reply, answer);
-            kernel.inner.events.emit(
-                pid,
-                EventKind::TaskFinished {
-                    request_id,
-                    from,
-                    success,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                },
-            );
-            fatal.map_or(Ok(()), Err)
-        }
+        Item::Task { task, reply, .. } => Box::pin(handle_task(kernel, proc, runtime, task, reply)),
         Item::Message(message) => {
-            let _running = CountGuard::enter(&proc.running);
-            if durable {
-                // Delivered means handed over: gone from the store first, so
-                // a crash can never hand the same message over twice.
-                let done = kernel.upgrade().and_then(|inner| {
-                    let store = inner.store.as_ref()?;
-                    Some(store.commit(Write::MessageDone(id)))
-                });
-                if let Some(done) = done
-                    && let Err(err) = done.await
-                {
-                    tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
-                }
-            }
-            match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
-                .catch_unwind()
-                .await
-            {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
-                Err(panic) => Err((
-                    EXIT_PANICKED,
-                    format!("runtime panicked: {}", panic_text(panic.as_ref())),
-                )),
-            }
+            Box::pin(handle_message(kernel, proc, runtime, message, id, durable))
         }
+    }
+}
+
+/// Works on one task and sends its reply.
+async fn handle_task(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    task: Task,
+    reply: ReplyTo,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    let _running = CountGuard::enter(&proc.running);
+    let started = Instant::now();
+    let (request_id, from) = (task.request_id, task.from);
+    let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
+    let work = AssertUnwindSafe(runtime.execute(&proc.ctx, task)).catch_unwind();
+    let (outcome, reply) = match reply {
+        // Stop working as soon as a blocked requester gives up.
+        ReplyTo::Waiter(mut tx) => {
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(limit, work) => Some(outcome),
+                _ = tx.closed() => None,
+            };
+            (outcome, ReplyTo::Waiter(tx))
+        }
+        other => {
+            // Answered as failed if this handler is dropped first (its
+            // process killed or its runtime failed mid-task).
+            let unanswered = Unanswered {
+                kernel: kernel.clone(),
+                worker: pid,
+                request_id,
+                reply: Some(other),
+            };
+            let outcome = tokio::time::timeout(limit, work).await;
+            (Some(outcome), unanswered.disarm())
+        }
+    };
+    let Some(outcome) = outcome else {
+        return Ok(());
+    };
+    let (answer, fatal) = match outcome {
+        Ok(Ok(answer)) => (answer, None),
+        Ok(Err(panic)) => {
+            let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
+            (Err(why.clone()), Some((EXIT_PANICKED, why)))
+        }
+        Err(_) => (
+            Err(format!("task timed out after {} s", limit.as_secs())),
+            None,
+        ),
+    };
+    let Some(inner) = kernel.upgrade() else {
+        return Ok(());
+    };
+    let kernel = Kernel { inner };
+    let success = answer.is_ok();
+    kernel.deliver_reply(pid, request_id, reply, answer);
+    kernel.inner.events.emit(
+        pid,
+        EventKind::TaskFinished {
+            request_id,
+            from,
+            success,
+            duration_ms: started.elapsed().as_millis() as u64,
+        },
+    );
+    fatal.map_or(Ok(()), Err)
+}
+
+/// Hands one message to the runtime (once it has left the store, when durable).
+async fn handle_message(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    message: Message,
+    id: MessageId,
+    durable: bool,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    let _running = CountGuard::enter(&proc.running);
+    if durable {
+        // Delivered means handed over: gone from the store first, so
+        // a crash can never hand the same message over twice.
+        let done = kernel.upgrade().and_then(|inner| {
+            let store = inner.store.as_ref()?;
+            Some(store.commit(Write::MessageDone(id)))
+        });
+        if let Some(done) = done
+            && let Err(err) = done.await
+        {
+            tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
+        }
+    }
+    match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
+        Err(panic) => Err((
+            EXIT_PANICKED,
+            format!("runtime panicked: {}", panic_text(panic.as_ref())),
+        )),
     }
 }
 
