@@ -377,6 +377,11 @@ mod tests {
         Envelope::new(MessageId(id), Item::Message(body), ttl)
     }
 
+    /// Pushes `env`, which must be accepted, starting no consumer.
+    fn put(mailbox: &Mailbox, env: Envelope) {
+        mailbox.push(env, |_| {}, || None).unwrap();
+    }
+
     fn drain(mailbox: &Mailbox) -> Vec<u64> {
         std::iter::from_fn(|| mailbox.try_pop(|_| {}).map(|e| e.id.0)).collect()
     }
@@ -384,48 +389,28 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn serves_higher_priority_first_and_fifo_within_a_level() {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
-        mailbox
-            .push(message(1, Priority::Low), |_| {}, || None)
-            .unwrap();
-        mailbox
-            .push(message(2, Priority::Normal), |_| {}, || None)
-            .unwrap();
-        mailbox
-            .push(message(3, Priority::Critical), |_| {}, || None)
-            .unwrap();
-        mailbox
-            .push(message(4, Priority::Normal), |_| {}, || None)
-            .unwrap();
-        mailbox
-            .push(message(5, Priority::High), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(1, Priority::Low));
+        put(&mailbox, message(2, Priority::Normal));
+        put(&mailbox, message(3, Priority::Critical));
+        put(&mailbox, message(4, Priority::Normal));
+        put(&mailbox, message(5, Priority::High));
         assert_eq!(drain(&mailbox), vec![3, 5, 2, 4, 1]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn aging_lifts_a_waiting_message_above_newer_urgent_ones() {
         let mailbox = Mailbox::new(16, Duration::from_secs(5));
-        mailbox
-            .push(message(1, Priority::Low), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(1, Priority::Low));
         // Waiting 10 s lifts low two levels, to high.
         tokio::time::advance(Duration::from_secs(10)).await;
-        mailbox
-            .push(message(2, Priority::High), |_| {}, || None)
-            .unwrap();
-        mailbox
-            .push(message(3, Priority::Normal), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(2, Priority::High));
+        put(&mailbox, message(3, Priority::Normal));
         // Equal effective level: the older message goes first.
         assert_eq!(drain(&mailbox), vec![1, 2, 3]);
 
-        mailbox
-            .push(message(4, Priority::Low), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(4, Priority::Low));
         tokio::time::advance(Duration::from_secs(4)).await;
-        mailbox
-            .push(message(5, Priority::Normal), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(5, Priority::Normal));
         // Not yet a full interval: low stays behind normal.
         assert_eq!(drain(&mailbox), vec![5, 4]);
     }
@@ -440,9 +425,7 @@ mod tests {
                 || None,
             )
             .unwrap();
-        mailbox
-            .push(message(2, Priority::Normal), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(2, Priority::Normal));
         tokio::time::advance(Duration::from_millis(150)).await;
         let mut expired = Vec::new();
         let next = mailbox.try_pop(|e| expired.push(e.id.0)).unwrap();
@@ -461,9 +444,7 @@ mod tests {
                 || None,
             )
             .unwrap();
-        mailbox
-            .push(message(2, Priority::Normal), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(2, Priority::Normal));
         assert_eq!(
             mailbox
                 .push(message(3, Priority::Critical), |_| {}, || None)
@@ -496,9 +477,7 @@ mod tests {
             })
         };
         tokio::task::yield_now().await;
-        mailbox
-            .push(message(7, Priority::Normal), |_| {}, || None)
-            .unwrap();
+        put(&mailbox, message(7, Priority::Normal));
         tokio::time::sleep(Duration::from_millis(20)).await;
         let (leftover, runner) = mailbox.close();
         assert!(leftover.is_empty());
