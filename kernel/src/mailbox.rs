@@ -113,12 +113,10 @@ struct Queues {
     /// Earliest expiry among queued messages (a lower bound), so a full
     /// mailbox is scanned for expired messages only when one may have expired.
     next_expiry: Option<Instant>,
-    /// Whether the consumer was started (by the first push) or can no
-    /// longer be (closed first).
-    started: bool,
-    /// The consumer's task. It lives under this lock so that the push that
-    /// starts it and the close that takes it are never interleaved: a closer
-    /// always gets every consumer that will ever run.
+    /// The consumer's task, started by the first accepted push. It lives
+    /// under this lock so that the push that starts it and the close that
+    /// takes it are never interleaved: a closer always gets every consumer
+    /// that will ever run (a closed mailbox accepts no push).
     runner: Option<JoinHandle<()>>,
 }
 
@@ -250,7 +248,6 @@ impl Mailbox {
     pub(crate) fn close_without_wake(&self) -> Closed {
         let mut q = self.queues.lock();
         q.closed = true;
-        q.started = true;
         let runner = q.runner.take();
         if q.len == 0 {
             return (Vec::new(), runner);
@@ -284,8 +281,7 @@ impl Queues {
         let levels = self.levels.get_or_insert_with(Default::default);
         levels[env.priority().level()].push_back(env);
         self.len += 1;
-        if !self.started {
-            self.started = true;
+        if self.runner.is_none() {
             self.runner = start();
         }
     }
