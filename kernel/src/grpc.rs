@@ -18,14 +18,22 @@ mod service;
 mod status;
 mod streams;
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use hivekernel_proto::v1::kernel_server::{KernelServer, SERVICE_NAME};
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
 use tonic::service::InterceptorLayer;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Status};
@@ -84,8 +92,8 @@ pub async fn serve_with_tls(
             KernelServer::new(KernelService::new(kernel.clone(), drain.clone()))
                 .max_decoding_message_size(max_request_bytes(&kernel)),
         )
-        .add_optional_service(reflection_v1())
-        .add_optional_service(reflection_v1alpha());
+        .add_service(OnFirstCall::new(reflection_v1))
+        .add_service(OnFirstCall::new(reflection_v1alpha));
 
     let incoming = TcpListenerStream::new(listener).map(|conn| {
         // Unary calls are small request/response pairs: do not let Nagle delay them.
@@ -148,6 +156,71 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
     request.metadata_mut().remove("authorization");
     request.extensions_mut().insert(caller);
     Ok(request)
+}
+
+/// A service made on its first call, and shared by every call after it.
+///
+/// Making a reflection service decodes every descriptor it describes, the
+/// largest piece of CPU between `kernel.addr` and the first answered RPC,
+/// for a service most clients never call. A service that cannot be made
+/// answers UNIMPLEMENTED, as if it were not there.
+struct OnFirstCall<S, F> {
+    made: Arc<OnceLock<Option<S>>>,
+    make: F,
+}
+
+impl<S, F: Fn() -> Option<S>> OnFirstCall<S, F> {
+    fn new(make: F) -> Self {
+        OnFirstCall {
+            made: Arc::new(OnceLock::new()),
+            make,
+        }
+    }
+}
+
+impl<S, F: Clone> Clone for OnFirstCall<S, F> {
+    fn clone(&self) -> Self {
+        OnFirstCall {
+            made: self.made.clone(),
+            make: self.make.clone(),
+        }
+    }
+}
+
+impl<S: NamedService, F> NamedService for OnFirstCall<S, F> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, F, B> Service<http::Request<B>> for OnFirstCall<S, F>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    F: Fn() -> Option<S>,
+    B: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let Some(service) = self.made.get_or_init(&self.make) else {
+            let status = Status::unimplemented(format!("{} is unavailable", S::NAME));
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        };
+        let mut service = service.clone();
+        Box::pin(async move {
+            std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+            service.call(request).await
+        })
+    }
 }
 
 /// Every service this server describes: the kernel's, health and reflection itself.
