@@ -112,6 +112,9 @@ pub struct ToolAgentFactory {
     tools: Arc<ToolRegistry>,
     settings: Arc<AgentSettings>,
     toolsets: Mutex<HashMap<Arc<[String]>, Cached>>,
+    /// The toolset of an empty tool list, the commonest, kept out of the
+    /// cache so spawning a worker takes neither its lock nor a hash.
+    no_tools: Cached,
 }
 
 /// A resolved tool list, and the stateless agent that uses it.
@@ -119,6 +122,29 @@ pub struct ToolAgentFactory {
 struct Cached {
     toolset: Arc<Toolset>,
     stateless: Arc<ToolAgent>,
+}
+
+impl Cached {
+    fn new(tools: BTreeMap<String, Arc<dyn Tool>>, settings: &Arc<AgentSettings>) -> Self {
+        let schemas: Vec<ToolSchema> = tools.values().map(|tool| tool.schema()).collect();
+        let tokens = estimate_request_tokens(&ChatRequest {
+            tools: schemas.clone(),
+            ..ChatRequest::new("", Vec::new())
+        });
+        let toolset = Arc::new(Toolset {
+            tools,
+            schemas,
+            tokens,
+        });
+        Cached {
+            stateless: Arc::new(ToolAgent {
+                toolset: toolset.clone(),
+                history: None,
+                settings: settings.clone(),
+            }),
+            toolset,
+        }
+    }
 }
 
 /// Distinct tool lists whose toolsets are kept for reuse.
@@ -136,9 +162,11 @@ pub struct Toolset {
 impl ToolAgentFactory {
     /// A factory drawing tools from `tools`.
     pub fn new(tools: ToolRegistry, settings: AgentSettings) -> Self {
+        let settings = Arc::new(settings);
         ToolAgentFactory {
             tools: Arc::new(tools),
-            settings: Arc::new(settings),
+            no_tools: Cached::new(BTreeMap::new(), &settings),
+            settings,
             toolsets: Mutex::new(HashMap::new()),
         }
     }
@@ -151,6 +179,9 @@ impl ToolAgentFactory {
     /// The toolset for `names` and its stateless agent, shared with every
     /// process that has the same list.
     fn cached(&self, names: &Arc<[String]>) -> Result<Cached, RuntimeError> {
+        if names.is_empty() {
+            return Ok(self.no_tools.clone());
+        }
         if let Some(found) = self.toolsets.lock().get(names) {
             return Ok(found.clone());
         }
@@ -164,24 +195,7 @@ impl ToolAgentFactory {
             };
             tools.insert(name.clone(), tool.clone());
         }
-        let schemas: Vec<ToolSchema> = tools.values().map(|tool| tool.schema()).collect();
-        let tokens = estimate_request_tokens(&ChatRequest {
-            tools: schemas.clone(),
-            ..ChatRequest::new("", Vec::new())
-        });
-        let toolset = Arc::new(Toolset {
-            tools,
-            schemas,
-            tokens,
-        });
-        let cached = Cached {
-            stateless: Arc::new(ToolAgent {
-                toolset: toolset.clone(),
-                history: None,
-                settings: self.settings.clone(),
-            }),
-            toolset,
-        };
+        let cached = Cached::new(tools, &self.settings);
         let mut cache = self.toolsets.lock();
         if cache.len() < TOOLSET_CACHE {
             cache.insert(names.clone(), cached.clone());
