@@ -159,7 +159,7 @@ impl Kernel {
                     live_children: 0,
                     proc: Arc::new(kernel_proc),
                     exit: None,
-                    exit_waiters: Vec::new(),
+                    exit_waiters: None,
                     sup: None,
                 },
             );

@@ -283,7 +283,7 @@ impl Kernel {
                 live_children: 0,
                 proc,
                 exit: None,
-                exit_waiters: Vec::new(),
+                exit_waiters: None,
                 sup: Supervision::for_spawn(restart, strategy),
             },
         );

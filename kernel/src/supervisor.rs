@@ -137,7 +137,7 @@ impl Exits {
             pool.close();
         }
         let exited = &self.exited[self.exited.len() - 1];
-        let waiters = std::mem::take(&mut entry.exit_waiters);
+        let waiters = entry.exit_waiters.take().map(|w| *w).unwrap_or_default();
         let collected = !waiters.is_empty() && {
             let record = exited.record();
             waiters
@@ -299,8 +299,9 @@ impl Kernel {
             }
             let (tx, rx) = oneshot::channel();
             // Waiters that timed out are gone; don't let them pile up.
-            entry.exit_waiters.retain(|waiter| !waiter.is_closed());
-            entry.exit_waiters.push(tx);
+            let waiters = entry.exit_waiters.get_or_insert_default();
+            waiters.retain(|waiter| !waiter.is_closed());
+            waiters.push(tx);
             rx
         };
         let _blocked = self.blocked_guard(caller);
@@ -328,7 +329,7 @@ impl Kernel {
             let mut table = self.inner.table.write();
             let roots: Vec<Pid> = table
                 .get(Pid::KERNEL)
-                .map(|k| k.children.iter().copied().collect())
+                .map(|k| k.children.iter().collect())
                 .unwrap_or_default();
             for root in roots {
                 if table.get(root).is_some_and(|e| e.is_alive()) {
@@ -589,7 +590,7 @@ fn reap(table: &mut ProcessTable, pid: Pid) {
         return;
     };
     if let Some(parent) = table.get_mut(entry.ppid) {
-        parent.children.remove(&pid);
+        parent.children.remove(pid);
     }
 }
 

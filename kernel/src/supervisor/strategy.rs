@@ -27,17 +27,8 @@ pub(super) fn stop_siblings(
     };
     let siblings: Vec<Pid> = match entry.strategy() {
         Strategy::OneForOne => return Vec::new(),
-        Strategy::OneForAll => entry
-            .children
-            .iter()
-            .copied()
-            .filter(|&pid| pid != failed)
-            .collect(),
-        Strategy::RestForOne => entry
-            .children
-            .range(Pid(failed.0.saturating_add(1))..)
-            .copied()
-            .collect(),
+        Strategy::OneForAll => entry.children.iter().filter(|&pid| pid != failed).collect(),
+        Strategy::RestForOne => entry.children.after(failed).collect(),
     };
     let reason = format!("restart: sibling {failed} failed");
     let mut joined = Vec::new();
