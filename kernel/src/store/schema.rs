@@ -143,16 +143,7 @@ pub(super) fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, 
     let mut conn = Connection::open(path).map_err(err("cannot open"))?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(err("cannot set busy_timeout"))?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(err("cannot switch to WAL"))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Sqlite {
-            path: path.display().to_string(),
-            what: "cannot switch to WAL",
-            message: format!("journal_mode is {mode}"),
-        });
-    }
+    switch_to_wal(&conn, path)?;
     conn.pragma_update(None, "synchronous", synchronous.pragma())
         .map_err(err("cannot set synchronous"))?;
     migrate(&mut conn, path)?;
@@ -188,16 +179,7 @@ fn create(path: &Path) -> Result<(), StoreError> {
     conn.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
         .map_err(err("cannot create"))?;
     migrate(&mut conn, path)?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(err("cannot switch to WAL"))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Sqlite {
-            path: path.display().to_string(),
-            what: "cannot switch to WAL",
-            message: format!("journal_mode is {mode}"),
-        });
-    }
+    switch_to_wal(&conn, path)?;
     conn.close()
         .map_err(|(_, e)| sqlite_error(path, "cannot create", e))?;
     let synced = std::fs::File::open(&building).and_then(|file| file.sync_all());
@@ -209,6 +191,21 @@ fn create(path: &Path) -> Result<(), StoreError> {
         synced.map_err(|e| io_error(path, "cannot sync the data directory", &e))?;
     }
     Ok(())
+}
+
+/// Puts the database in WAL mode (recorded in the file), or says why not.
+fn switch_to_wal(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(|e| sqlite_error(path, "cannot switch to WAL", e))?;
+    if mode.eq_ignore_ascii_case("wal") {
+        return Ok(());
+    }
+    Err(StoreError::Sqlite {
+        path: path.display().to_string(),
+        what: "cannot switch to WAL",
+        message: format!("journal_mode is {mode}"),
+    })
 }
 
 fn io_error(path: &Path, what: &'static str, err: &std::io::Error) -> StoreError {
