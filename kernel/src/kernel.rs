@@ -26,6 +26,7 @@ use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store, Write};
 use crate::supervisor::Reaper;
 use crate::syscalls::KernelSyscalls;
+use crate::usage::Meter;
 
 /// Who is asking. The identity comes from the caller's credential, never from the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +114,13 @@ impl Kernel {
         let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
         let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
         let first_seq = start(store::Counter::EventSeq, 1);
+        // PID 1's subtree is the whole kernel: its usage carries on.
+        let kernel_usage = store
+            .as_ref()
+            .and_then(|(_, r)| r.usage.get(&Pid::KERNEL))
+            .map_or_else(Meter::default, |kept| {
+                Meter::starting_at(kept.own, kept.subtree)
+            });
         let store = store.map(|(store, _)| store);
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let limits = Limits {
@@ -145,7 +153,7 @@ impl Kernel {
                 mailbox: Mailbox::new(0, Duration::from_secs(1)),
                 running: Default::default(),
                 blocked: Default::default(),
-                usage: Default::default(),
+                usage: kernel_usage,
                 budget: None,
                 caps: Capabilities::ALL,
             };

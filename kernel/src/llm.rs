@@ -14,6 +14,7 @@ use crate::config::{LlmConfig, ProviderChoice};
 use crate::error::KernelError;
 use crate::kernel::{Caller, Kernel};
 use crate::process::ProcShared;
+use crate::store::Write;
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
@@ -125,12 +126,14 @@ impl Kernel {
             });
         let request = capped.as_ref().unwrap_or(request);
         let response = llm.chat(request).await?;
-        self.charge(&proc, response.usage);
+        self.charge(&proc, response.usage).await;
         Ok(response)
     }
 
-    /// Counts one call's usage for the process, its budget and its ancestors' subtrees.
-    fn charge(&self, proc: &ProcShared, usage: Usage) {
+    /// Counts one call's usage for the process, its budget and its ancestors'
+    /// subtrees, and waits until the store has it: tokens a crash would forget
+    /// could be spent twice.
+    async fn charge(&self, proc: &ProcShared, usage: Usage) {
         let cost = self
             .inner
             .settings
@@ -141,14 +144,33 @@ impl Kernel {
         if let Some(pool) = &proc.budget {
             pool.charge(usage.total());
         }
-        let table = self.inner.table.read();
-        let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
-        while let Some(ppid) = at {
-            let Some(entry) = table.get(ppid) else {
-                break;
-            };
-            entry.proc.usage.record_descendant(usage, cost);
-            at = (entry.depth > 0).then_some(entry.ppid);
+        let kept = |pid: Pid, proc: &ProcShared| Write::Usage {
+            pid,
+            own: proc.usage.snapshot(),
+            subtree: proc.usage.subtree(),
+        };
+        let mut writes = vec![kept(proc.ctx.pid, proc)];
+        {
+            let table = self.inner.table.read();
+            let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
+            while let Some(ppid) = at {
+                let Some(entry) = table.get(ppid) else {
+                    break;
+                };
+                entry.proc.usage.record_descendant(usage, cost);
+                writes.push(kept(ppid, &entry.proc));
+                at = (entry.depth > 0).then_some(entry.ppid);
+            }
+        }
+        let Some(store) = &self.inner.store else {
+            return;
+        };
+        let last = writes.pop();
+        store.submit_all(writes);
+        if let Some(last) = last
+            && let Err(err) = store.commit(last).await
+        {
+            tracing::warn!(pid = %proc.ctx.pid, error = %err, "model usage not stored");
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
-use crate::store::{Recovered, Write};
+use crate::store::{Recovered, StoredUsage, Write};
 use crate::supervisor::EXIT_KILLED;
 
 /// Why processes that did not come back are dead.
@@ -47,10 +47,27 @@ impl Kernel {
             .and_then(|r| r.declared.get(&name).copied())
             .filter(|pid| *pid > Pid::KERNEL && self.inner.table.read().get(*pid).is_none());
         let pid = self.spawn_as(Caller::Admin, request, previous).await?;
+        if let Some(kept) = recovered.and_then(|r| r.usage.get(&pid)) {
+            self.carry_usage(pid, kept);
+        }
         if let Some(store) = &self.inner.store {
             store.commit(Write::Declared { name, pid }).await?;
         }
         Ok(pid)
+    }
+
+    /// A config agent back as `pid` carries on with the usage it had, and
+    /// its own budget with what it had spent (its subtree's tokens).
+    fn carry_usage(&self, pid: Pid, kept: &StoredUsage) {
+        let Some(proc) = self.inner.table.read().get(pid).map(|e| e.proc.clone()) else {
+            return;
+        };
+        proc.usage.add_kept(kept.own, kept.subtree);
+        if let Some(pool) = &proc.budget
+            && pool.owner() == pid
+        {
+            pool.charge(kept.subtree.total_tokens());
+        }
     }
 
     /// Settles what the store remembers from before the restart, once the

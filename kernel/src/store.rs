@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hivekernel_agents::{ArtifactId, MessageId, Pid, RequestId};
+use hivekernel_agents::{ArtifactId, LlmUsage, MessageId, Pid, RequestId};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -38,7 +38,9 @@ use crate::events::Event;
 
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
-pub use recover::{Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest};
+pub use recover::{
+    Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
+};
 
 /// Events the store keeps unless told otherwise (`kernel.event_log_limit`).
 pub const DEFAULT_EVENT_LOG_LIMIT: u64 = 1_000_000;
@@ -154,6 +156,13 @@ pub(crate) enum Write {
         pid: Pid,
         key: String,
         value: Option<String>,
+    },
+    /// The model usage of `pid` and of its subtree, as counted now (counts
+    /// only grow: an older snapshot never overwrites a newer one).
+    Usage {
+        pid: Pid,
+        own: LlmUsage,
+        subtree: LlmUsage,
     },
     /// A config-declared agent runs as `pid` (and comes back as it after a restart).
     Declared {

@@ -36,13 +36,22 @@ struct Counts {
 
 impl Counts {
     fn add(&self, usage: Usage, cost_nano_usd: u64) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.add_all(LlmUsage {
+            calls: 1,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cost_nano_usd,
+        });
+    }
+
+    fn add_all(&self, usage: LlmUsage) {
+        self.calls.fetch_add(usage.calls, Ordering::Relaxed);
         self.prompt_tokens
             .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
         self.completion_tokens
             .fetch_add(usage.completion_tokens, Ordering::Relaxed);
         self.cost_nano_usd
-            .fetch_add(cost_nano_usd, Ordering::Relaxed);
+            .fetch_add(usage.cost_nano_usd, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> LlmUsage {
@@ -96,15 +105,30 @@ impl Meter {
 
     /// A meter starting where this one stands: a restarted process keeps its usage.
     pub(crate) fn carried(&self) -> Meter {
-        let meter = Meter::default();
-        if let Some(counters) = self.0.get() {
-            let _ = meter.0.set(Box::new(Counters {
-                own: Counts::from_snapshot(counters.own.snapshot()),
-                subtree: Counts::from_snapshot(counters.subtree.snapshot()),
-                ..Counters::default()
-            }));
+        match self.0.get() {
+            Some(counters) => {
+                Meter::starting_at(counters.own.snapshot(), counters.subtree.snapshot())
+            }
+            None => Meter::default(),
         }
+    }
+
+    /// A meter starting at `own` and `subtree`, as the store kept them.
+    pub(crate) fn starting_at(own: LlmUsage, subtree: LlmUsage) -> Meter {
+        let meter = Meter::default();
+        let _ = meter.0.set(Box::new(Counters {
+            own: Counts::from_snapshot(own),
+            subtree: Counts::from_snapshot(subtree),
+            ..Counters::default()
+        }));
         meter
+    }
+
+    /// Adds what the store kept from before a restart to what is counted now.
+    pub(crate) fn add_kept(&self, own: LlmUsage, subtree: LlmUsage) {
+        let counters = self.counters();
+        counters.own.add_all(own);
+        counters.subtree.add_all(subtree);
     }
 
     /// Takes one model call from the `per_minute` allowance, if there is one.

@@ -325,3 +325,73 @@ fn cron_entries_added_with_the_cli_run_and_survive_kill_9() {
     let again = kernel.cli(&["cron", "rm", "beat"]);
     assert!(again.failed(1).contains("no cron entry"), "{again:#?}");
 }
+
+/// `saver` (a tool agent on the offline provider) with a budget of its own.
+const SAVER: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "tool_agent" },
+  "llm": { "provider": "scripted" },
+  "agents": [
+    { "name": "saver", "role": "daemon", "system_prompt": "You answer briefly.",
+      "limits": { "max_tokens_total": 100000 } }
+  ]
+}"#;
+
+/// `usage --json` rows by PID.
+fn usage_by_pid(kernel: &Kernel) -> HashMap<u64, Value> {
+    let Value::Array(rows) = kernel.cli(&["usage", "--json"]).json() else {
+        panic!("usage --json is not an array");
+    };
+    rows.into_iter()
+        .map(|row| (row["pid"].as_u64().unwrap(), row))
+        .collect()
+}
+
+#[test]
+fn model_usage_and_spent_budget_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SAVER);
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    let saver = kernel.pid_of("saver");
+    kernel.cli(&["exec", &saver.to_string(), "say hello"]).ok();
+    // A child drawing on saver's budget, gone after the crash.
+    let child = kernel.spawn(&["--parent", &saver.to_string(), "--name", "scratch"]);
+    kernel
+        .cli(&["exec", &child.to_string(), "say hello too"])
+        .ok();
+    let before = usage_by_pid(&kernel);
+    let own = before[&saver]["usage"]["total_tokens"].as_u64().unwrap();
+    let subtree = before[&saver]["subtree_usage"]["total_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(own > 0 && subtree > own, "{before:?}");
+    assert_eq!(before[&saver]["budget"]["used"], subtree);
+
+    // Charged before the answer came back: nothing to flush.
+    kernel.kill_9();
+    kernel.restart();
+
+    let after = usage_by_pid(&kernel);
+    let row = &after[&saver];
+    assert_eq!(row["usage"], before[&saver]["usage"], "{row}");
+    assert_eq!(
+        row["subtree_usage"], before[&saver]["subtree_usage"],
+        "{row}"
+    );
+    assert_eq!(row["budget"]["used"], subtree, "{row}");
+    assert_eq!(row["budget"]["remaining"], 100_000 - subtree, "{row}");
+    assert_eq!(after[&1]["subtree_usage"]["total_tokens"], subtree);
+    assert!(!after.contains_key(&child), "{after:?}");
+    // What is kept of a process that did not come back is dead weight: gone.
+    let db = rusqlite::Connection::open(kernel.data_dir().join("hivekernel.db")).unwrap();
+    let rows: i64 = db
+        .query_row(
+            "SELECT count(*) FROM usage WHERE pid = ?1",
+            [child as i64],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        rows, 0,
+        "usage of process {child} kept after it was recorded dead"
+    );
+}

@@ -381,6 +381,85 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every call costs 50 tokens, whatever it is asked.
+    let server =
+        LlmServer::answering(|_: &Value| Scripted::content_with_usage("done", 30, 20)).await;
+    let thrifty = || {
+        let mut request = agent("thrifty", Role::Lead);
+        request.limits.max_tokens_total = Some(120);
+        request
+    };
+    let usage_of = |kernel: &Kernel, pid: Pid| {
+        let kernel = kernel.clone();
+        async move { kernel.get_process(Caller::Admin, pid).await.unwrap() }
+    };
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let pid = kernel
+        .spawn_declared(thrifty(), Some(&recovered))
+        .await
+        .unwrap();
+    run(&kernel, pid, "one").await;
+    // A child without a budget of its own draws on its parent's.
+    let mut helper = agent("helper", Role::Worker);
+    helper.parent = pid;
+    let child = kernel.spawn(Caller::Admin, helper).await.unwrap();
+    run(&kernel, child, "two").await;
+    let before = usage_of(&kernel, pid).await;
+    assert_eq!(before.usage.total_tokens(), 50);
+    assert_eq!(before.subtree_usage.total_tokens(), 100);
+    assert_eq!(before.budget.unwrap().remaining, 20);
+    kernel.shutdown().await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let kept: std::collections::BTreeSet<Pid> = recovered.usage.keys().copied().collect();
+    // A clean stop ends the child for good: its usage went with it.
+    assert_eq!(kept, [Pid::KERNEL, pid].into(), "{:?}", recovered.usage);
+    assert_eq!(
+        kernel
+            .spawn_declared(thrifty(), Some(&recovered))
+            .await
+            .unwrap(),
+        pid
+    );
+    kernel.restore(recovered);
+    let after = usage_of(&kernel, pid).await;
+    assert_eq!(after.usage, before.usage, "its own calls are still counted");
+    assert_eq!(after.subtree_usage, before.subtree_usage);
+    let budget = after.budget.unwrap();
+    assert_eq!(
+        (budget.max_tokens_total, budget.used, budget.remaining),
+        (120, 100, 20),
+        "the restart did not give the spent tokens back"
+    );
+    let whole = usage_of(&kernel, Pid::KERNEL).await;
+    assert_eq!(
+        whole.subtree_usage.total_tokens(),
+        100,
+        "PID 1 counts the whole kernel"
+    );
+
+    // 20 tokens left: one more call, then the budget is spent for good.
+    run(&kernel, pid, "three").await;
+    let calls = server.request_count();
+    let (_, reply) = kernel
+        .execute_task(Caller::Admin, TaskSpec::new(pid, "four"))
+        .await
+        .unwrap();
+    let err = reply.unwrap_err();
+    assert!(err.starts_with("budget_exceeded: "), "{err}");
+    assert_eq!(server.request_count(), calls, "no call past the budget");
+    kernel.shutdown().await;
+
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    assert_eq!(recovered.usage[&pid].subtree.total_tokens(), 150);
+    assert_eq!(recovered.usage[&Pid::KERNEL].subtree.total_tokens(), 150);
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_log_keeps_the_newest_events_within_its_limit() {
     let dir = tempfile::tempdir().unwrap();
     let (store, recovered) = open_store(dir.path()).await;

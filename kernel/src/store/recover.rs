@@ -1,9 +1,9 @@
 //! What a restart reads back: counters, processes, pending messages and
-//! unanswered requests.
+//! unanswered requests, cron entries and model usage.
 
 use std::path::Path;
 
-use hivekernel_agents::{Message, MessageId, Pid, RequestId};
+use hivekernel_agents::{LlmUsage, Message, MessageId, Pid, RequestId};
 use rusqlite::Connection;
 
 use super::{Counter, StoreError, from_sql_u64, sqlite_error};
@@ -87,6 +87,18 @@ pub struct Recovered {
     pub requests: Vec<StoredRequest>,
     /// Cron entries.
     pub cron: Vec<StoredCron>,
+    /// Model usage of the processes alive at the last stop and of config
+    /// agents, by PID (PID 1's is the whole kernel's).
+    pub usage: std::collections::HashMap<Pid, StoredUsage>,
+}
+
+/// Model usage of one process as the store kept it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredUsage {
+    /// Its own calls.
+    pub own: LlmUsage,
+    /// Its calls and every descendant's.
+    pub subtree: LlmUsage,
 }
 
 impl Recovered {
@@ -213,6 +225,30 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
             .collect::<rusqlite::Result<Vec<_>>>()?;
     }
 
+    let mut stmt = conn.prepare(
+        "SELECT pid, calls, prompt_tokens, completion_tokens, cost_nano_usd, subtree_calls,
+                subtree_prompt_tokens, subtree_completion_tokens, subtree_cost_nano_usd
+         FROM usage",
+    )?;
+    let usage = stmt
+        .query_map([], |r| {
+            let at = |i| r.get::<_, i64>(i).map(from_sql_u64);
+            let counts = |first: usize| -> rusqlite::Result<LlmUsage> {
+                Ok(LlmUsage {
+                    calls: at(first)?,
+                    prompt_tokens: at(first + 1)?,
+                    completion_tokens: at(first + 2)?,
+                    cost_nano_usd: at(first + 3)?,
+                })
+            };
+            let kept = StoredUsage {
+                own: counts(1)?,
+                subtree: counts(5)?,
+            };
+            Ok((Pid(from_sql_u64(r.get(0)?)), kept))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
     Ok(Recovered {
         next_pid,
         next_id,
@@ -223,5 +259,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         messages,
         requests,
         cron,
+        usage,
     })
 }

@@ -126,6 +126,19 @@ const MIGRATIONS: &[&str] = &[
          output      TEXT NOT NULL
      ) STRICT;
      CREATE INDEX cron_runs_by_name ON cron_runs (name, id);",
+    // 4: model usage of live processes and config agents (which come back
+    // after a restart with their usage and what their budget has spent).
+    "CREATE TABLE usage (
+         pid                       INTEGER PRIMARY KEY,
+         calls                     INTEGER NOT NULL,
+         prompt_tokens             INTEGER NOT NULL,
+         completion_tokens         INTEGER NOT NULL,
+         cost_nano_usd             INTEGER NOT NULL,
+         subtree_calls             INTEGER NOT NULL,
+         subtree_prompt_tokens     INTEGER NOT NULL,
+         subtree_completion_tokens INTEGER NOT NULL,
+         subtree_cost_nano_usd     INTEGER NOT NULL
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

@@ -198,6 +198,35 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                     .execute((to_sql_u64(pid.0), key))?;
             }
         },
+        Write::Usage { pid, own, subtree } => {
+            tx.prepare_cached(
+                "INSERT INTO usage (pid, calls, prompt_tokens, completion_tokens, cost_nano_usd,
+                     subtree_calls, subtree_prompt_tokens, subtree_completion_tokens,
+                     subtree_cost_nano_usd)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (pid) DO UPDATE SET
+                     calls = max(calls, excluded.calls),
+                     prompt_tokens = max(prompt_tokens, excluded.prompt_tokens),
+                     completion_tokens = max(completion_tokens, excluded.completion_tokens),
+                     cost_nano_usd = max(cost_nano_usd, excluded.cost_nano_usd),
+                     subtree_calls = max(subtree_calls, excluded.subtree_calls),
+                     subtree_prompt_tokens = max(subtree_prompt_tokens, excluded.subtree_prompt_tokens),
+                     subtree_completion_tokens =
+                         max(subtree_completion_tokens, excluded.subtree_completion_tokens),
+                     subtree_cost_nano_usd = max(subtree_cost_nano_usd, excluded.subtree_cost_nano_usd)",
+            )?
+            .execute((
+                to_sql_u64(pid.0),
+                to_sql_u64(own.calls),
+                to_sql_u64(own.prompt_tokens),
+                to_sql_u64(own.completion_tokens),
+                to_sql_u64(own.cost_nano_usd),
+                to_sql_u64(subtree.calls),
+                to_sql_u64(subtree.prompt_tokens),
+                to_sql_u64(subtree.completion_tokens),
+                to_sql_u64(subtree.cost_nano_usd),
+            ))?;
+        }
         Write::Declared { name, pid } => {
             tx.prepare_cached(
                 "INSERT INTO declared (name, pid) VALUES (?1, ?2)
@@ -303,15 +332,58 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
         EventKind::Reaped { .. } => {
             tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?
                 .execute([pid])?;
-            // A PID is never reused, so its state is dead weight, unless a
-            // config agent comes back as it.
-            tx.prepare_cached(
+            // A PID is never reused, so its state and usage are dead weight,
+            // unless a config agent comes back as it.
+            for sql in [
                 "DELETE FROM process_state WHERE pid = ?1
                  AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
-            )?
-            .execute([pid])?;
+                "DELETE FROM usage WHERE pid = ?1
+                 AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
+            ] {
+                tx.prepare_cached(sql)?.execute([pid])?;
+            }
         }
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use hivekernel_agents::{LlmUsage, Pid};
+
+    use super::*;
+    use crate::store::{Synchronous, recover, schema};
+
+    fn counts(calls: u64) -> LlmUsage {
+        LlmUsage {
+            calls,
+            prompt_tokens: 10 * calls,
+            completion_tokens: calls,
+            cost_nano_usd: 100 * calls,
+        }
+    }
+
+    #[test]
+    fn an_older_usage_snapshot_never_lowers_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hivekernel.db");
+        let mut conn = schema::open(&path, Synchronous::Normal).unwrap();
+        let usage = |calls, subtree| Write::Usage {
+            pid: Pid(7),
+            own: counts(calls),
+            subtree: counts(subtree),
+        };
+        // Two calls charged at once can reach the queue newest first.
+        let tx = conn.transaction().unwrap();
+        for write in [usage(2, 5), usage(1, 6), usage(0, 0)] {
+            apply_plain(&tx, &write).unwrap();
+        }
+        tx.commit().unwrap();
+        let kept = recover::load(&conn, &path).unwrap().usage[&Pid(7)];
+        assert_eq!(kept.own, counts(2));
+        assert_eq!(kept.subtree, counts(6));
+    }
 }
