@@ -64,7 +64,13 @@ fn provider(server: &LlmServer) -> OpenAiProvider {
     .expect("provider settings")
 }
 
-fn start(provider: Arc<dyn Provider>, max_children: u32, max_workers: u32) -> Kernel {
+/// A kernel as `hivekernel start` runs it: with its store, which every
+/// model call's usage is committed to. The store lives in the returned directory.
+async fn start(
+    provider: Arc<dyn Provider>,
+    max_children: u32,
+    max_workers: u32,
+) -> (Kernel, tempfile::TempDir) {
     let settings = KernelSettings {
         listen: "127.0.0.1:0".parse().expect("address"),
         max_children,
@@ -76,7 +82,16 @@ fn start(provider: Arc<dyn Provider>, max_children: u32, max_workers: u32) -> Ke
     let mut tools = ToolSettings::default();
     tools.orchestrate.max_workers = max_workers;
     tools.orchestrate.subtask_timeout = Duration::from_secs(600);
-    hivekernel_tests::agent_kernel(settings, provider, AgentSettings::default(), &tools).0
+    let dir = tempfile::tempdir().expect("a directory for the store");
+    let (registry, _) = hivekernel_tests::agent_registry(AgentSettings::default(), &tools);
+    let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
+    let kernel = Kernel::start_with(
+        settings,
+        registry,
+        Some(provider),
+        Some((store, &recovered)),
+    );
+    (kernel, dir)
 }
 
 async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str], max_children: u32) -> Pid {
@@ -104,7 +119,7 @@ pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
         inner: provider(&server),
         nanos: AtomicU64::new(0),
     });
-    let kernel = start(timed.clone(), 32, 8);
+    let (kernel, _store) = start(timed.clone(), 32, 8).await;
     // A task-role agent: every turn starts fresh, so each does the same work.
     let mut request = SpawnRequest::new(Pid::KERNEL, "solo");
     request.role = Role::Agent;
@@ -187,7 +202,7 @@ pub(crate) async fn orchestrate(sizes: &Sizes) -> Vec<Row> {
         nanos: AtomicU64::new(0),
     });
     let n = u32::try_from(workers).expect("worker count");
-    let kernel = start(timed.clone(), n + 8, n);
+    let (kernel, _store) = start(timed.clone(), n + 8, n).await;
     let lead = spawn_agent(&kernel, "lead", &["orchestrate"], n).await;
     let task: String = (1..=workers).map(|i| format!("- subtask {i}\n")).collect();
     let mut makespans = Vec::new();
