@@ -41,4 +41,6 @@ pub use process::{
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
-pub use syscalls::{CronRequest, ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec};
+pub use syscalls::{
+    CronRequest, ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport,
+};

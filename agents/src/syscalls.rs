@@ -134,6 +134,17 @@ pub struct CronRequest {
     pub missed: String,
 }
 
+/// A tool call a runtime made, reported to the kernel for its event log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallReport {
+    /// The tool it asked for (as the model named it).
+    pub tool: String,
+    /// How long the call took.
+    pub duration: std::time::Duration,
+    /// Why it failed; `None` when the tool returned a result.
+    pub error: Option<String>,
+}
+
 /// The kernel operations available to a running process, acting as that process.
 #[async_trait]
 pub trait Syscalls: Send + Sync + fmt::Debug {
@@ -232,6 +243,12 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
             ErrorKind::FailedPrecondition,
             "this kernel has no cron",
         ))
+    }
+
+    /// Reports a finished tool call; the kernel records it as a `tool_call`
+    /// event of this process. The default drops it.
+    fn tool_called(&self, report: ToolCallReport) {
+        let _ = report;
     }
 
     /// One model call through the kernel's provider. The kernel records the

@@ -51,7 +51,7 @@ use crate::llm::{
 use crate::message::{Message, Task, TaskReply, kinds};
 use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
-use crate::syscalls::{ErrorKind, SyscallError};
+use crate::syscalls::{ErrorKind, SyscallError, ToolCallReport};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
 
 /// Retries of one model call after the provider says the context is too long.
@@ -364,20 +364,33 @@ impl ToolAgent {
         }
     }
 
-    /// Runs one tool call; every failure becomes an `error: ...` result for the model.
+    /// Runs one tool call, reported to the kernel; every failure becomes an
+    /// `error: ...` result for the model.
     async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> String {
+        let started = std::time::Instant::now();
+        let result = self.call_tool(ctx, call).await;
+        ctx.syscalls.tool_called(ToolCallReport {
+            tool: call.name.clone(),
+            duration: started.elapsed(),
+            error: result.as_ref().err().cloned(),
+        });
+        let text = result.unwrap_or_else(|err| format!("error: {err}"));
+        cap(text, self.settings.max_tool_result_bytes)
+    }
+
+    async fn call_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> Result<String, String> {
         let tools = &self.toolset.tools;
         let Some(tool) = tools.get(&call.name) else {
             let available: Vec<&str> = tools.keys().map(String::as_str).collect();
-            return format!(
-                "error: tool {:?} is not available to this agent (available: {})",
+            return Err(format!(
+                "tool {:?} is not available to this agent (available: {})",
                 call.name,
                 if available.is_empty() {
                     "none".to_owned()
                 } else {
                     available.join(", ")
                 }
-            );
+            ));
         };
         let raw = call.arguments.trim();
         let args = if raw.is_empty() {
@@ -385,14 +398,12 @@ impl ToolAgent {
         } else {
             match serde_json::from_str::<serde_json::Value>(raw) {
                 Ok(args) if args.is_object() => args,
-                Ok(_) => {
-                    return format!("error: arguments for {} must be a JSON object", call.name);
-                }
+                Ok(_) => return Err(format!("arguments for {} must be a JSON object", call.name)),
                 Err(err) => {
-                    return format!(
-                        "error: arguments for {} are not valid JSON: {err}",
+                    return Err(format!(
+                        "arguments for {} are not valid JSON: {err}",
                         call.name
-                    );
+                    ));
                 }
             }
         };
@@ -401,11 +412,9 @@ impl ToolAgent {
             process: ctx,
             workspace: workspace.as_deref(),
         };
-        let result = match tool.call(&tool_ctx, args).await {
-            Ok(text) => text,
-            Err(err) => format!("error: {err}"),
-        };
-        cap(result, self.settings.max_tool_result_bytes)
+        tool.call(&tool_ctx, args)
+            .await
+            .map_err(|err| err.to_string())
     }
 
     /// Keeps a finished turn in a daemon's conversation, trimmed to the

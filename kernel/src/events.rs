@@ -135,6 +135,35 @@ pub enum EventKind {
         /// How long the action took.
         duration_ms: u64,
     },
+    /// This process made a model call through the kernel (refusals by
+    /// policy are `denied` events instead: no call was made).
+    LlmCall {
+        /// The model it named.
+        model: Arc<str>,
+        /// Prompt tokens the provider reported (0 when the call failed).
+        prompt_tokens: u64,
+        /// Completion tokens the provider reported.
+        completion_tokens: u64,
+        /// What it cost, in billionths of a US dollar, from `llm.prices`.
+        cost_nano_usd: u64,
+        /// From the request to the answer (retries included).
+        duration_ms: u64,
+        /// Why it failed; absent when it answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// This process's runtime ran one of its tools.
+    ToolCall {
+        /// The tool it asked for.
+        tool: String,
+        /// Whether the tool returned a result (not an error).
+        ok: bool,
+        /// How long the tool ran.
+        duration_ms: u64,
+        /// Why it failed (cut to 512 bytes); absent when it did not.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
@@ -163,6 +192,8 @@ impl EventKind {
             EventKind::Restarted { .. } => "restarted",
             EventKind::Escalated { .. } => "escalated",
             EventKind::CronRun { .. } => "cron_run",
+            EventKind::LlmCall { .. } => "llm_call",
+            EventKind::ToolCall { .. } => "tool_call",
             EventKind::Lagged { .. } => "lagged",
             EventKind::ReplayDone { .. } => "replay_done",
         }

@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use hivekernel_agents::Pid;
 use hivekernel_agents::llm::{
     ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider,
     ScriptedProvider, Usage,
 };
+use hivekernel_agents::{Pid, ToolCallReport};
 
 use crate::config::{LlmConfig, ProviderChoice};
 use crate::error::KernelError;
+use crate::events::EventKind;
 use crate::kernel::{Caller, Kernel};
 use crate::process::ProcShared;
 use crate::store::Write;
@@ -125,15 +126,47 @@ impl Kernel {
                 ..request.clone()
             });
         let request = capped.as_ref().unwrap_or(request);
-        let response = llm.chat(request).await?;
-        self.charge(&proc, response.usage).await;
-        Ok(response)
+        let started = std::time::Instant::now();
+        let answer = llm.chat(request).await;
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (usage, error) = match &answer {
+            Ok(response) => (response.usage, None),
+            Err(err) => (Usage::default(), Some(cut(err.to_string()))),
+        };
+        let cost_nano_usd = if answer.is_ok() {
+            self.charge(&proc, usage).await
+        } else {
+            0
+        };
+        self.inner.events.emit(
+            pid,
+            EventKind::LlmCall {
+                model: proc.ctx.model.clone(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                cost_nano_usd,
+                duration_ms,
+                error,
+            },
+        );
+        answer
+    }
+
+    /// Records a tool call `pid`'s runtime made, as a `tool_call` event.
+    pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
+        let kind = EventKind::ToolCall {
+            ok: report.error.is_none(),
+            tool: report.tool,
+            duration_ms: u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX),
+            error: report.error.map(cut),
+        };
+        self.inner.events.emit(pid, kind);
     }
 
     /// Counts one call's usage for the process, its budget and its ancestors'
     /// subtrees, and waits until the store has it: tokens a crash would forget
     /// could be spent twice.
-    async fn charge(&self, proc: &ProcShared, usage: Usage) {
+    async fn charge(&self, proc: &ProcShared, usage: Usage) -> u64 {
         let cost = self
             .inner
             .settings
@@ -163,7 +196,7 @@ impl Kernel {
             }
         }
         let Some(store) = &self.inner.store else {
-            return;
+            return cost;
         };
         let last = writes.pop();
         store.submit_all(writes);
@@ -172,7 +205,24 @@ impl Kernel {
         {
             tracing::warn!(pid = %proc.ctx.pid, error = %err, "model usage not stored");
         }
+        cost
     }
+}
+
+/// Error texts in events are cut to this many bytes.
+const EVENT_ERROR_BYTES: usize = 512;
+
+/// `text` cut to [`EVENT_ERROR_BYTES`] on a character boundary.
+fn cut(mut text: String) -> String {
+    if text.len() > EVENT_ERROR_BYTES {
+        let mut end = EVENT_ERROR_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 #[cfg(test)]

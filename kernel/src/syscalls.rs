@@ -8,7 +8,7 @@ use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
     Artifact, ArtifactId, ArtifactInfo, CronRequest, ErrorKind, ExitRecord, MemoryEntry, MemoryHit,
     MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
-    SyscallError, Syscalls, TaskReply, TaskSpec,
+    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
 };
 
 use crate::cron::{CronSpec, CronText};
@@ -109,6 +109,12 @@ impl Syscalls for KernelSyscalls {
 
     async fn remove_cron(&self, name: &str) -> Result<(), SyscallError> {
         Ok(self.kernel()?.remove_cron(self.caller(), name).await?)
+    }
+
+    fn tool_called(&self, report: ToolCallReport) {
+        if let Ok(kernel) = self.kernel() {
+            kernel.tool_called(self.pid, report);
+        }
     }
 
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{Pid, Role, SpawnRequest, TaskSpec};
+use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_tests::llm_server::{
     LlmServer, Scripted, last_message, scripted_answer, system_message,
@@ -527,5 +528,79 @@ async fn an_unknown_tool_in_a_spawn_request_is_refused_with_the_known_ones() {
         "{err}"
     );
     assert_eq!(kernel.live_count(), 1);
+    kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn model_and_tool_calls_are_events_of_the_process_that_made_them() {
+    let server = LlmServer::start(vec![
+        Scripted::tool_calls(&[("c1", "list_dir", "{}"), ("c2", "rm_rf", "{}")]),
+        Scripted::content_with_usage("looked", 12, 3),
+        Scripted::status(200, "this is not JSON"),
+    ])
+    .await;
+    let (kernel, _dir) = default_kernel(&server);
+    let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_dir"]).await;
+    assert_eq!(
+        run_task(&kernel, agent, "look around").await.unwrap(),
+        "looked"
+    );
+    run_task(&kernel, agent, "again").await.unwrap_err();
+
+    let events = kernel.subscribe(Some(0)).replay;
+    let mine = || events.iter().filter(|e| e.pid == agent);
+    let calls: Vec<_> = mine()
+        .filter_map(|e| match &e.kind {
+            EventKind::LlmCall {
+                model,
+                prompt_tokens,
+                completion_tokens,
+                error,
+                ..
+            } => Some((
+                model.to_string(),
+                *prompt_tokens,
+                *completion_tokens,
+                error.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls.iter().all(|c| c.0 == "test-model"), "{calls:?}");
+    assert_eq!(calls[0].3, None);
+    assert_eq!((calls[1].1, calls[1].2, calls[1].3.clone()), (12, 3, None));
+    let failed = calls[2].3.as_deref().unwrap_or_default();
+    assert!(failed.contains("invalid response"), "{calls:?}");
+    assert_eq!(
+        (calls[2].1, calls[2].2),
+        (0, 0),
+        "a failed call charges nothing"
+    );
+
+    let tools: Vec<_> = mine()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCall {
+                tool, ok, error, ..
+            } => Some((tool.clone(), *ok, error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tools.len(), 2, "{tools:?}");
+    assert_eq!(
+        (tools[0].0.as_str(), tools[0].1, &tools[0].2),
+        ("list_dir", true, &None)
+    );
+    assert_eq!((tools[1].0.as_str(), tools[1].1), ("rm_rf", false));
+    let refused = tools[1].2.as_deref().unwrap_or_default();
+    assert!(refused.contains("not available to this agent"), "{refused}");
+    // Each event names its kind in the log's JSON.
+    let json = serde_json::to_value(
+        mine()
+            .find(|e| matches!(e.kind, EventKind::ToolCall { .. }))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(json["type"], "tool_call", "{json}");
     kernel.shutdown().await;
 }
