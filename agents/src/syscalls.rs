@@ -294,6 +294,13 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         Err(no_store("memory"))
     }
 
+    /// Deletes this process's memory entry under `key`; returns once
+    /// committed. The default refuses.
+    async fn memory_forget(&self, key: &str) -> Result<(), SyscallError> {
+        let _ = key;
+        Err(no_store("memory"))
+    }
+
     /// The entries of this process's memory that best match `query`, best
     /// first, at most `limit` (the kernel's default when `None`). The default refuses.
     async fn memory_recall(

@@ -135,7 +135,7 @@ impl Kernel {
             .await?
         {
             Applied::Stored { id, created_ms } => (ArtifactId(id), created_ms),
-            Applied::Done => (id, at_ms),
+            Applied::Done | Applied::Absent => (id, at_ms),
             Applied::Refused(why) => return Err(KernelError::LimitExceeded(why)),
         };
         Ok(ArtifactInfo {

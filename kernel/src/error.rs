@@ -119,6 +119,9 @@ pub enum KernelError {
     /// No cron entry has this name.
     #[error("no cron entry named {}", shown(.0))]
     NoSuchCron(String),
+    /// The caller's memory has no entry with this key.
+    #[error("no memory entry with key {}", shown(.0))]
+    NoSuchMemory(String),
     /// The store could not commit what the call needs (nothing was acknowledged).
     #[error("not committed: {0}")]
     Store(#[from] crate::store::StoreError),
@@ -129,9 +132,11 @@ impl KernelError {
     pub fn kind(&self) -> ErrorKind {
         use KernelError::*;
         match self {
-            NotFound(_) | TaskNotPending { .. } | NoSuchCron(_) | ArtifactNotFound(_) => {
-                ErrorKind::NotFound
-            }
+            NotFound(_)
+            | TaskNotPending { .. }
+            | NoSuchCron(_)
+            | NoSuchMemory(_)
+            | ArtifactNotFound(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,
             TooManyChildren { .. }

@@ -11,8 +11,9 @@
 //! entry matching more of the words ranks higher. A query with no words
 //! lists the newest entries instead.
 //!
-//! The admin's namespace is PID 1's. Entries outlive their process, like
-//! artifacts.
+//! The admin's namespace is PID 1's. An entry stays until its key is
+//! forgotten or its process is reaped (a config agent's stays for when it
+//! comes back: nobody else could ever recall it).
 
 use std::time::SystemTime;
 
@@ -102,7 +103,7 @@ impl Kernel {
         };
         let (id, created_ms) = match store.commit_applied(Write::Memory(Box::new(write))).await? {
             Applied::Stored { id, created_ms } => (id, created_ms),
-            Applied::Done => (id, at_ms),
+            Applied::Done | Applied::Absent => (id, at_ms),
             Applied::Refused(why) => return Err(KernelError::LimitExceeded(why)),
         };
         Ok(MemoryEntry {
@@ -113,6 +114,25 @@ impl Kernel {
             created_at_unix_ms: created_ms,
             updated_at_unix_ms: at_ms,
         })
+    }
+
+    /// Deletes the caller's entry under `key`; returns once committed.
+    pub async fn memory_forget(&self, caller: Caller, key: &str) -> Result<()> {
+        if key.is_empty() {
+            return Err(KernelError::InvalidArgument(
+                "memory key must not be empty".into(),
+            ));
+        }
+        let store = self.store().ok_or(KernelError::NoStore("memory"))?;
+        let write = Write::MemoryForget {
+            pid: caller.pid(),
+            key: key.to_owned(),
+        };
+        match store.commit_applied(write).await? {
+            Applied::Absent => Err(KernelError::NoSuchMemory(key.to_owned())),
+            Applied::Refused(why) => Err(KernelError::FailedPrecondition(why)),
+            Applied::Done | Applied::Stored { .. } => Ok(()),
+        }
     }
 
     /// The caller's entries that best match `query`, best first, at most

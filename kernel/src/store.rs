@@ -196,6 +196,12 @@ pub(crate) enum Write {
     /// A memory entry, replacing the namespace's entry with the same key,
     /// unless the namespace would pass its limit ([`Applied::Refused`]).
     Memory(Box<MemoryWrite>),
+    /// `pid`'s memory entry under `key` is deleted ([`Applied::Absent`]
+    /// when there is none).
+    MemoryForget {
+        pid: Pid,
+        key: String,
+    },
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
 }
@@ -210,6 +216,8 @@ pub(crate) enum Applied {
     /// Refused by a check inside the transaction; nothing was written, and
     /// the rest of the batch is not affected.
     Refused(String),
+    /// Nothing matched what it was to change or delete; nothing changed.
+    Absent,
 }
 
 type Ack = oneshot::Sender<Result<Applied, StoreError>>;

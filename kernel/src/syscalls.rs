@@ -195,6 +195,10 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.memory_store(self.caller(), entry).await?)
     }
 
+    async fn memory_forget(&self, key: &str) -> Result<(), SyscallError> {
+        Ok(self.kernel()?.memory_forget(self.caller(), key).await?)
+    }
+
     async fn memory_recall(
         &self,
         query: &str,

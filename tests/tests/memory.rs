@@ -349,6 +349,98 @@ async fn the_tools_store_and_recall_as_the_calling_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_is_forgotten_by_key_in_the_callers_namespace_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let hive = Durable::start(dir.path(), test_settings()).await;
+    let me = hive.captured(Pid::KERNEL, "me", Role::Agent).await;
+    let other = hive.captured(Pid::KERNEL, "other", Role::Agent).await;
+    let keyed = |text: &str| json!({"text": text, "key": "staging"});
+    call_tool(&me, "memory_store", keyed("Staging is db-2."))
+        .await
+        .unwrap();
+    call_tool(&me, "memory_store", json!({"text": "Lunch is at noon."}))
+        .await
+        .unwrap();
+    call_tool(&other, "memory_store", keyed("Their staging is db-9."))
+        .await
+        .unwrap();
+
+    let out = call_tool(&me, "memory_forget", json!({"key": "staging"}))
+        .await
+        .unwrap();
+    assert_eq!(out, r#"forgot the entry with key "staging""#);
+    assert_eq!(
+        texts(&recall(&hive.kernel, me.pid, "").await),
+        ["Lunch is at noon."]
+    );
+    assert_eq!(
+        texts(&recall(&hive.kernel, other.pid, "staging").await),
+        ["Their staging is db-9."],
+        "another process's entry under the same key is untouched"
+    );
+
+    let again = call_tool(&me, "memory_forget", json!({"key": "staging"}))
+        .await
+        .unwrap_err();
+    assert!(
+        again.0.contains(r#"no memory entry with key "staging""#),
+        "{again}"
+    );
+    let err = hive
+        .kernel
+        .memory_forget(Caller::Process(me.pid), "staging")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let empty = hive.kernel.memory_forget(Caller::Process(me.pid), "").await;
+    assert_eq!(empty.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let bad = call_tool(&me, "memory_forget", json!({}))
+        .await
+        .unwrap_err();
+    assert!(bad.0.contains("missing field `key`"), "{bad}");
+    hive.kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_of_a_reaped_process_is_deleted_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let hive = Durable::start(dir.path(), test_settings()).await;
+    let lead = hive.captured(Pid::KERNEL, "lead", Role::Lead).await;
+    let worker = hive.captured(lead.pid, "worker", Role::Worker).await;
+    remember(&hive.kernel, worker.pid, note("Scratch notes of a worker.")).await;
+    hive.kernel
+        .memory_store(Caller::Admin, note("The admin's own note."))
+        .await
+        .unwrap();
+    // The lead stays a zombie for PID 1 to collect; the worker is reaped at once.
+    hive.kernel
+        .kill(Caller::Admin, lead.pid, "done")
+        .await
+        .unwrap();
+    hive.kernel.shutdown().await;
+
+    let db = rusqlite::Connection::open(dir.path().join("hivekernel.db")).unwrap();
+    let rows = |pid: Pid| -> i64 {
+        db.query_row(
+            "SELECT count(*) FROM memory WHERE pid = ?1",
+            [pid.0 as i64],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(rows(worker.pid), 0, "nobody could recall it any more");
+    assert_eq!(rows(Pid::KERNEL), 1);
+    let indexed: i64 = db
+        .query_row(
+            "SELECT count(*) FROM memory_fts WHERE memory_fts MATCH 'scratch'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexed, 0, "the full-text index follows");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_agent_remembers_and_stores_an_artifact_through_the_model_loop() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::start(vec![

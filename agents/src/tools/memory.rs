@@ -1,5 +1,5 @@
-//! `memory_store` and `memory_recall`: an agent's own long-term memory, kept
-//! by the kernel across restarts and searched by words.
+//! `memory_store`, `memory_recall` and `memory_forget`: an agent's own
+//! long-term memory, kept by the kernel across restarts and searched by words.
 
 use crate::capability::Capability;
 use std::sync::Arc;
@@ -20,13 +20,18 @@ pub struct MemoryStore;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MemoryRecall;
 
+/// Deletes an entry of the caller's memory by its key.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryForget;
+
 /// Most entries one recall may ask for; the kernel may cap it lower.
 const MAX_RECALL: u64 = 1000;
 
-/// Adds `memory_store` and `memory_recall`.
+/// Adds `memory_store`, `memory_recall` and `memory_forget`.
 pub fn register(registry: &mut ToolRegistry) {
     registry.register(Arc::new(MemoryStore));
     registry.register(Arc::new(MemoryRecall));
+    registry.register(Arc::new(MemoryForget));
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +47,12 @@ struct StoreArgs {
 struct RecallArgs {
     query: Option<String>,
     limit: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForgetArgs {
+    key: String,
 }
 
 #[async_trait]
@@ -132,5 +143,41 @@ impl Tool for MemoryRecall {
             .await
             .map_err(refused)?;
         to_json(&hits)
+    }
+}
+
+#[async_trait]
+impl Tool for MemoryForget {
+    fn name(&self) -> &'static str {
+        "memory_forget"
+    }
+
+    fn capability(&self) -> Option<Capability> {
+        None
+    }
+
+    fn description(&self) -> &'static str {
+        "Forget the entry of your memory stored under a key (what is no longer true)."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "key": { "type": "string", "description": "The key the entry was stored under." }
+            },
+            "required": ["key"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
+        let args: ForgetArgs = decode(self, args)?;
+        ctx.process
+            .syscalls
+            .memory_forget(&args.key)
+            .await
+            .map_err(refused)?;
+        Ok(format!("forgot the entry with key {:?}", args.key))
     }
 }

@@ -1,6 +1,6 @@
 //! The `memory` table and its FTS5 index `memory_fts` (kept in step by
 //! triggers): the writer's side (store with the per-agent limit checked in
-//! the same transaction) and recall.
+//! the same transaction, forget by key) and recall.
 
 use hivekernel_agents::{MemoryEntry, MemoryHit, Pid};
 use rusqlite::{OptionalExtension, Row, Transaction};
@@ -74,6 +74,17 @@ pub(super) fn put(tx: &Transaction<'_>, write: &MemoryWrite) -> rusqlite::Result
     Ok(Applied::Stored {
         id: write.id,
         created_ms: write.at_ms,
+    })
+}
+
+pub(super) fn forget(tx: &Transaction<'_>, pid: Pid, key: &str) -> rusqlite::Result<Applied> {
+    let deleted = tx
+        .prepare_cached("DELETE FROM memory WHERE pid = ?1 AND key = ?2")?
+        .execute((to_sql_u64(pid.0), key))?;
+    Ok(if deleted == 0 {
+        Applied::Absent
+    } else {
+        Applied::Done
     })
 }
 

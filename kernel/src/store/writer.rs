@@ -106,6 +106,7 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<Applied> {
         Write::Artifact(artifact) => artifacts::put(tx, artifact),
         Write::ArtifactDeleted(id) => artifacts::delete(tx, *id),
         Write::Memory(entry) => memory::put(tx, entry),
+        Write::MemoryForget { pid, key } => memory::forget(tx, *pid, key),
         other => apply_plain(tx, other).map(|()| Applied::Done),
     }
 }
@@ -287,7 +288,10 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
         }
         Write::Flush => {}
         // Dispatched by `apply`.
-        Write::Artifact(_) | Write::ArtifactDeleted(_) | Write::Memory(_) => {}
+        Write::Artifact(_)
+        | Write::ArtifactDeleted(_)
+        | Write::Memory(_)
+        | Write::MemoryForget { .. } => {}
     }
     Ok(())
 }
@@ -332,12 +336,15 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
         EventKind::Reaped { .. } => {
             tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?
                 .execute([pid])?;
-            // A PID is never reused, so its state and usage are dead weight,
-            // unless a config agent comes back as it.
+            // A PID is never reused, so its state, usage and memory are dead
+            // weight, unless a config agent comes back as it.
             for sql in [
                 "DELETE FROM process_state WHERE pid = ?1
                  AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
                 "DELETE FROM usage WHERE pid = ?1
+                 AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
+                // Memory is recalled only by its own PID: nobody can reach it now.
+                "DELETE FROM memory WHERE pid = ?1
                  AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
             ] {
                 tx.prepare_cached(sql)?.execute([pid])?;
