@@ -169,6 +169,12 @@ pub enum EventKind {
         /// Events skipped.
         missed: u64,
     },
+    /// Stream marker (seq 0), first in a replay: this many events after the
+    /// requested start had already left the log (`kernel.event_log_limit`).
+    Pruned {
+        /// Events that cannot be replayed.
+        missed: u64,
+    },
     /// Stream marker (seq 0): the replay requested is complete; live events follow.
     ReplayDone {
         /// Sequence number of the last replayed event (the requested start when none were).
@@ -195,6 +201,7 @@ impl EventKind {
             EventKind::LlmCall { .. } => "llm_call",
             EventKind::ToolCall { .. } => "tool_call",
             EventKind::Lagged { .. } => "lagged",
+            EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",
         }
     }
@@ -231,6 +238,8 @@ pub struct Event {
 /// Retained events plus a live feed that continues exactly after them.
 #[derive(Debug)]
 pub struct Subscription {
+    /// Events after `since` that had left the log already: they cannot be replayed.
+    pub pruned: u64,
     /// Events with `after < seq < before` that are only in the store: read
     /// them (in chunks) before `replay`.
     pub backlog: Option<Backlog>,
@@ -373,13 +382,19 @@ impl EventBus {
     /// Retained events after `since` (when given), then everything emitted later.
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         let ring = self.ring.lock();
-        let (backlog, replay) = match since {
+        let (pruned, backlog, replay) = match since {
             Some(since) => {
                 let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
+                // Gone: pruned from the store, or (without one) dropped from the ring.
+                let gone_through = match &self.store {
+                    Some(store) => store.events_pruned_through().min(first - 1),
+                    None => first - 1,
+                };
+                let after = since.max(gone_through);
                 let backlog = match &self.store {
-                    Some(store) if since.saturating_add(1) < first => Some(Backlog {
+                    Some(store) if after.saturating_add(1) < first => Some(Backlog {
                         store: store.clone(),
-                        after: since,
+                        after,
                         before: first,
                     }),
                     _ => None,
@@ -390,11 +405,12 @@ impl EventBus {
                     .skip_while(|e| e.seq <= since)
                     .cloned()
                     .collect();
-                (backlog, replay)
+                (gone_through.saturating_sub(since), backlog, replay)
             }
-            None => (None, Vec::new()),
+            None => (0, None, Vec::new()),
         };
         Subscription {
+            pruned,
             backlog,
             replay,
             live: self.live.subscribe(),

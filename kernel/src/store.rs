@@ -105,6 +105,8 @@ pub(crate) enum Counter {
     Pid,
     Id,
     EventSeq,
+    /// Not handed out: the newest pruned event's sequence number.
+    EventsPrunedThrough,
 }
 
 impl Counter {
@@ -113,6 +115,7 @@ impl Counter {
             Counter::Pid => "next_pid",
             Counter::Id => "next_id",
             Counter::EventSeq => "next_event_seq",
+            Counter::EventsPrunedThrough => "events_pruned_through",
         }
     }
 }
@@ -249,6 +252,8 @@ struct Shared {
     persisted_event_seq: AtomicU64,
     /// Events kept in the store; older ones are pruned as new ones arrive.
     event_log_limit: AtomicU64,
+    /// Every event up to this sequence number has been pruned (0: none).
+    events_pruned_through: AtomicU64,
 }
 
 /// Handle to the store; cheap to clone.
@@ -273,6 +278,7 @@ impl Store {
             writer: Mutex::new(None),
             persisted_event_seq: AtomicU64::new(recovered.next_event_seq.saturating_sub(1)),
             event_log_limit: AtomicU64::new(DEFAULT_EVENT_LOG_LIMIT),
+            events_pruned_through: AtomicU64::new(recovered.events_pruned_through),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -298,6 +304,11 @@ impl Store {
         self.shared
             .event_log_limit
             .store(limit.max(1_000), Ordering::Relaxed);
+    }
+
+    /// Every event up to this sequence number has left the log (0: none has).
+    pub(crate) fn events_pruned_through(&self) -> u64 {
+        self.shared.events_pruned_through.load(Ordering::Acquire)
     }
 
     /// Sequence number of the newest event known to be committed.

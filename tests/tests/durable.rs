@@ -17,6 +17,7 @@ use hivekernel_agents::{
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::store::Recovered;
 use hivekernel_kernel::{Caller, KERNEL_RESTART, Kernel, KernelError, Restored};
+use hivekernel_proto::v1 as pb;
 use hivekernel_tests::llm_server::{LlmServer, Scripted};
 use hivekernel_tests::{
     Journal, agent_registry, open_store, probe_request, test_settings, wait_until,
@@ -509,4 +510,51 @@ async fn the_event_log_keeps_the_newest_events_within_its_limit() {
         .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))
         .unwrap();
     assert!(newest as u64 >= last, "the newest events were pruned");
+    drop(db);
+
+    // After a restart, a replay from the start says what it can no longer give.
+    let pruned = first as u64 - 1;
+    let (store, recovered) = open_store(dir.path()).await;
+    assert_eq!(recovered.events_pruned_through, pruned);
+    let (runtimes, _) = hivekernel_tests::registry();
+    let kernel = Kernel::start_with(test_settings(), runtimes, None, Some((store, &recovered)));
+    let served = hivekernel_tests::served::Served::start(&kernel).await;
+    let mut stream = served
+        .admin()
+        .subscribe_events(pb::SubscribeEventsRequest {
+            since_seq: 0,
+            replay: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let marker = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        (marker.seq, marker.r#type.as_str()),
+        (0, "pruned"),
+        "{marker:?}"
+    );
+    let detail: Value = serde_json::from_str(&marker.detail).unwrap();
+    assert_eq!(detail["missed"], pruned, "{detail}");
+    let oldest = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        oldest.seq,
+        pruned + 1,
+        "the replay goes on from the oldest kept"
+    );
+    // A replay from within the log has nothing to report.
+    let mut stream = served
+        .admin()
+        .subscribe_events(pb::SubscribeEventsRequest {
+            since_seq: pruned,
+            replay: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let next = stream.message().await.unwrap().unwrap();
+    assert_eq!(next.seq, pruned + 1, "{next:?}");
+    drop(stream);
+    kernel.shutdown().await;
+    served.stopped().await;
 }

@@ -268,6 +268,11 @@ pub(crate) fn lagged(missed: u64, at_unix_ms: u64) -> pb::Event {
     marker(EventKind::Lagged { missed }, at_unix_ms)
 }
 
+/// The seq-0 marker that starts a replay reaching back past the log.
+pub(crate) fn pruned(missed: u64, at_unix_ms: u64) -> pb::Event {
+    marker(EventKind::Pruned { missed }, at_unix_ms)
+}
+
 /// The seq-0 marker that ends a replay.
 pub(crate) fn replay_done(last_seq: u64, at_unix_ms: u64) -> pb::Event {
     marker(EventKind::ReplayDone { last_seq }, at_unix_ms)

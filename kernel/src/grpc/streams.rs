@@ -55,8 +55,9 @@ pub(crate) fn process_batches(
 /// Stored events read per query while replaying from the store.
 const BACKLOG_CHUNK: usize = 1024;
 
-/// A stream of the subscription's replay (from the store first when it
-/// reaches back past memory), a `replay_done` marker when
+/// A stream of the subscription's replay (a `pruned` marker first when it
+/// reaches back past the log, then the store when it reaches back past
+/// memory), a `replay_done` marker when
 /// `since` asked for a replay, then live events without repeats; a lost
 /// stretch of live events becomes one `lagged` marker.
 pub(crate) fn events(
@@ -67,12 +68,19 @@ pub(crate) fn events(
 ) -> ReceiverStream<Result<pb::Event, Status>> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let Subscription {
+        pruned,
         backlog,
         replay,
         mut live,
     } = subscription;
     kernel.tracker().spawn(async move {
         let mut last_seq = 0;
+        if pruned > 0 {
+            let marker = convert::pruned(pruned, unix_ms(SystemTime::now()));
+            if !send(&tx, Ok(marker), &stop).await {
+                return;
+            }
+        }
         if let Some(backlog) = backlog {
             // Older events come from the store, a chunk at a time.
             let mut after = backlog.after;

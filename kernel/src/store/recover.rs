@@ -75,6 +75,8 @@ pub struct Recovered {
     pub next_id: u64,
     /// The next event sequence number.
     pub next_event_seq: u64,
+    /// Every event up to this sequence number was pruned from the log (0: none).
+    pub events_pruned_through: u64,
     /// Processes alive at the last stop, parents before children.
     pub processes: Vec<StoredProcess>,
     /// Processes that had exited but were not yet collected.
@@ -108,6 +110,7 @@ impl Recovered {
             Counter::Pid => self.next_pid,
             Counter::Id => self.next_id,
             Counter::EventSeq => self.next_event_seq,
+            Counter::EventsPrunedThrough => self.events_pruned_through,
         }
     }
 }
@@ -143,6 +146,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
     let next_event_seq = counter(Counter::EventSeq.key())?
         .max(max("SELECT max(seq) FROM events")? + 1)
         .max(1);
+
+    let events_pruned_through = counter(Counter::EventsPrunedThrough.key())?;
 
     let mut stmt = conn.prepare(
         "SELECT pid, ppid, name, role FROM processes
@@ -253,6 +258,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         next_pid,
         next_id,
         next_event_seq,
+        events_pruned_through,
         processes,
         zombies,
         declared,

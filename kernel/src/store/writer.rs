@@ -7,7 +7,7 @@ use rusqlite::{Connection, Transaction};
 
 use crate::events::{Event, EventKind};
 
-use super::{Applied, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
+use super::{Applied, Counter, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
 
 /// Events written between two prunings of the event log.
 const PRUNE_EVERY: u64 = 10_000;
@@ -52,11 +52,26 @@ fn prune_events(conn: &Connection, shared: &Shared) {
     let Some(first_kept) = newest.checked_sub(limit) else {
         return;
     };
-    let pruned = conn
-        .prepare_cached("DELETE FROM events WHERE seq <= ?1")
-        .and_then(|mut stmt| stmt.execute([to_sql_u64(first_kept)]));
-    if let Err(err) = pruned {
-        tracing::warn!(error = %err, "store: old events not pruned");
+    // The pruning and its mark commit together, so a replay can say what it missed.
+    let pruned = conn.unchecked_transaction().and_then(|tx| {
+        tx.prepare_cached("DELETE FROM events WHERE seq <= ?1")?
+            .execute([to_sql_u64(first_kept)])?;
+        tx.prepare_cached(
+            "INSERT INTO counters (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",
+        )?
+        .execute((Counter::EventsPrunedThrough.key(), to_sql_u64(first_kept)))?;
+        tx.commit()
+    });
+    match pruned {
+        Ok(()) => {
+            shared
+                .events_pruned_through
+                .fetch_max(first_kept, Ordering::AcqRel);
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "store: old events not pruned");
+        }
     }
 }
 
