@@ -33,6 +33,9 @@ struct PoolState {
     lent: u64,
     /// The owner exited; nothing more is charged or lent.
     closed: bool,
+    /// Tokens charged to this pool and to every pool lent from it, ever:
+    /// what the store keeps, so a restart cannot hand them out again.
+    spent: u64,
 }
 
 impl PoolState {
@@ -102,10 +105,25 @@ impl Pool {
         Ok(left)
     }
 
-    /// Charges the tokens of one call.
+    /// Charges the tokens of one call; they count as spent by every lender above too.
     pub(crate) fn charge(&self, tokens: u64) {
-        let mut state = self.state.lock();
-        state.used = state.used.saturating_add(tokens);
+        {
+            let mut state = self.state.lock();
+            state.used = state.used.saturating_add(tokens);
+            state.spent = state.spent.saturating_add(tokens);
+        }
+        let mut lender = self.lender.as_deref();
+        while let Some(pool) = lender {
+            let mut state = pool.state.lock();
+            state.spent = state.spent.saturating_add(tokens);
+            drop(state);
+            lender = pool.lender.as_deref();
+        }
+    }
+
+    /// Tokens spent from this pool and the pools lent from it, ever.
+    pub(crate) fn spent(&self) -> u64 {
+        self.state.lock().spent
     }
 
     /// The owner exited: gives what it did not use back to the lender.
@@ -190,6 +208,24 @@ mod tests {
             750,
             "closing twice returns nothing more"
         );
+    }
+
+    #[test]
+    fn what_borrowers_spend_counts_as_spent_by_every_lender() {
+        let top = Pool::allocate(Pid(2), 1000, None).unwrap();
+        let mid = Pool::allocate(Pid(3), 500, Some(&top)).unwrap();
+        let leaf = Pool::allocate(Pid(4), 100, Some(&mid)).unwrap();
+        leaf.charge(30);
+        mid.charge(20);
+        assert_eq!((top.spent(), mid.spent(), leaf.spent()), (50, 50, 30));
+        leaf.close();
+        mid.close();
+        assert_eq!(
+            top.spent(),
+            50,
+            "closing returns the rest, not the spending"
+        );
+        assert_eq!(top.remaining(), 950);
     }
 
     #[test]

@@ -131,7 +131,10 @@ impl Kernel {
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (usage, error) = match &answer {
             Ok(response) => (response.usage, None),
-            Err(err) => (Usage::default(), Some(cut(err.to_string()))),
+            Err(err) => (
+                Usage::default(),
+                Some(cut(err.to_string(), EVENT_ERROR_BYTES)),
+            ),
         };
         let cost_nano_usd = if answer.is_ok() {
             self.charge(&proc, usage).await
@@ -156,9 +159,9 @@ impl Kernel {
     pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
         let kind = EventKind::ToolCall {
             ok: report.error.is_none(),
-            tool: report.tool,
+            tool: cut(report.tool, EVENT_TOOL_BYTES),
             duration_ms: u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX),
-            error: report.error.map(cut),
+            error: report.error.map(|error| cut(error, EVENT_ERROR_BYTES)),
         };
         self.inner.events.emit(pid, kind);
     }
@@ -181,6 +184,11 @@ impl Kernel {
             pid,
             own: proc.usage.snapshot(),
             subtree: proc.usage.subtree(),
+            budget_spent: proc
+                .budget
+                .as_ref()
+                .filter(|pool| pool.owner() == pid)
+                .map(|pool| pool.spent()),
         };
         let mut writes = vec![kept(proc.ctx.pid, proc)];
         {
@@ -198,11 +206,7 @@ impl Kernel {
         let Some(store) = &self.inner.store else {
             return cost;
         };
-        let last = writes.pop();
-        store.submit_all(writes);
-        if let Some(last) = last
-            && let Err(err) = store.commit(last).await
-        {
+        if let Err(err) = store.commit_all(writes).await {
             tracing::warn!(pid = %proc.ctx.pid, error = %err, "model usage not stored");
         }
         cost
@@ -211,16 +215,19 @@ impl Kernel {
 
 /// Error texts in events are cut to this many bytes.
 const EVENT_ERROR_BYTES: usize = 512;
+/// Tool names in events (the model may make one up) are cut to this many bytes.
+const EVENT_TOOL_BYTES: usize = 128;
 
-/// `text` cut to [`EVENT_ERROR_BYTES`] on a character boundary.
-fn cut(mut text: String) -> String {
-    if text.len() > EVENT_ERROR_BYTES {
-        let mut end = EVENT_ERROR_BYTES;
+/// `text` cut to at most `max` bytes on a character boundary, ending in `…` when cut.
+fn cut(mut text: String, max: usize) -> String {
+    const MARK: char = '…';
+    if text.len() > max {
+        let mut end = max.saturating_sub(MARK.len_utf8());
         while !text.is_char_boundary(end) {
             end -= 1;
         }
         text.truncate(end);
-        text.push('…');
+        text.push(MARK);
     }
     text
 }
@@ -237,6 +244,18 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    #[test]
+    fn event_texts_are_cut_on_a_character_boundary_within_the_limit() {
+        assert_eq!(cut("short".into(), 8), "short");
+        let cut_text = cut("ééééé".into(), 8);
+        assert!(cut_text.len() <= 8, "{cut_text}");
+        assert_eq!(cut_text, "éé…");
+        assert_eq!(
+            cut("x".repeat(600), EVENT_ERROR_BYTES).len(),
+            EVENT_ERROR_BYTES
+        );
     }
 
     #[test]

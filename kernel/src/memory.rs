@@ -69,14 +69,8 @@ impl Kernel {
             ));
         }
         let key = key.filter(|k| !k.is_empty());
-        if let Some(key) = &key
-            && (key.len() > MAX_MEMORY_KEY_BYTES || key.chars().any(char::is_control))
-        {
-            return Err(KernelError::InvalidArgument(format!(
-                "memory key must be at most {MAX_MEMORY_KEY_BYTES} bytes without control \
-                 characters, got {}",
-                crate::error::shown(key)
-            )));
+        if let Some(key) = &key {
+            check_key(key)?;
         }
         let tags = check_tags(tags)?;
         let joined = tags.join(" ");
@@ -123,6 +117,7 @@ impl Kernel {
                 "memory key must not be empty".into(),
             ));
         }
+        check_key(key)?;
         let store = self.store().ok_or(KernelError::NoStore("memory"))?;
         let write = Write::MemoryForget {
             pid: caller.pid(),
@@ -157,6 +152,18 @@ impl Kernel {
         let store = self.store().ok_or(KernelError::NoStore("memory"))?;
         Ok(store.recall(caller.pid(), fts_query(query), limit).await?)
     }
+}
+
+/// A key: at most [`MAX_MEMORY_KEY_BYTES`] bytes without control characters.
+fn check_key(key: &str) -> Result<()> {
+    if key.len() > MAX_MEMORY_KEY_BYTES || key.chars().any(char::is_control) {
+        return Err(KernelError::InvalidArgument(format!(
+            "memory key must be at most {MAX_MEMORY_KEY_BYTES} bytes without control \
+             characters, got {}",
+            crate::error::shown(key)
+        )));
+    }
+    Ok(())
 }
 
 /// Tags: at most [`MAX_MEMORY_TAGS`], each 1 to [`MAX_MEMORY_TAG_BYTES`]

@@ -57,7 +57,8 @@ impl Kernel {
     }
 
     /// A config agent back as `pid` carries on with the usage it had, and
-    /// its own budget with what it had spent (its subtree's tokens).
+    /// its own budget with what that budget had spent. A budget added to the
+    /// config since starts whole: usage from before it is not charged to it.
     fn carry_usage(&self, pid: Pid, kept: &StoredUsage) {
         let Some(proc) = self.inner.table.read().get(pid).map(|e| e.proc.clone()) else {
             return;
@@ -65,8 +66,9 @@ impl Kernel {
         proc.usage.add_kept(kept.own, kept.subtree);
         if let Some(pool) = &proc.budget
             && pool.owner() == pid
+            && let Some(spent) = kept.budget_spent
         {
-            pool.charge(kept.subtree.total_tokens());
+            pool.charge(spent);
         }
     }
 

@@ -166,6 +166,8 @@ pub(crate) enum Write {
         pid: Pid,
         own: LlmUsage,
         subtree: LlmUsage,
+        /// What its own budget (if it has one) and the budgets lent from it spent.
+        budget_spent: Option<u64>,
     },
     /// A config-declared agent runs as `pid` (and comes back as it after a restart).
     Declared {
@@ -334,6 +336,31 @@ impl Store {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + use<> {
         let applied = self.commit_applied(write);
         async move { applied.await.map(drop) }
+    }
+
+    /// Queues `writes` in order under one lock, so they commit in one
+    /// transaction, and resolves once it has committed.
+    pub(crate) fn commit_all(
+        &self,
+        writes: Vec<Write>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + use<> {
+        let (tx, rx) = oneshot::channel();
+        let last = writes.len().saturating_sub(1);
+        let mut ack = Some(tx);
+        let queued = self.enqueue(writes.into_iter().enumerate().map(|(i, write)| Op {
+            write,
+            ack: if i == last { ack.take() } else { None },
+        }));
+        async move {
+            if !queued {
+                return Err(StoreError::Closed);
+            }
+            match ack {
+                // Nothing was queued: nothing to wait for.
+                Some(_) => Ok(()),
+                None => rx.await.unwrap_or(Err(StoreError::Closed)).map(drop),
+            }
+        }
     }
 
     /// [`Store::commit`], answering what the write did.

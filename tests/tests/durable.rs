@@ -461,6 +461,85 @@ async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_resta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        LlmServer::answering(|_: &Value| Scripted::content_with_usage("done", 30, 20)).await;
+    let keeper = |budget: Option<u64>| {
+        let mut request = agent("keeper", Role::Lead);
+        request.limits.max_tokens_total = budget;
+        request
+    };
+
+    // First life: no budget of its own; one call, one note; then killed and collected.
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let pid = kernel
+        .spawn_declared(keeper(None), Some(&recovered))
+        .await
+        .unwrap();
+    run(&kernel, pid, "one").await;
+    let note = NewMemory {
+        text: "The deploy key rotates monthly.".into(),
+        key: Some("deploy".into()),
+        tags: vec![],
+    };
+    kernel
+        .memory_store(Caller::Process(pid), note)
+        .await
+        .unwrap();
+    kernel.kill(Caller::Admin, pid, "done").await.unwrap();
+    kernel
+        .wait_child(Caller::Admin, pid, Some(STEP))
+        .await
+        .unwrap();
+    kernel.shutdown().await;
+
+    // Back as the same PID, now with a budget: it starts whole, since
+    // nothing was spent from it; memory and usage are still there.
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    assert_eq!(recovered.usage[&pid].budget_spent, None);
+    let again = kernel
+        .spawn_declared(keeper(Some(120)), Some(&recovered))
+        .await
+        .unwrap();
+    assert_eq!(again, pid);
+    kernel.restore(recovered);
+    let info = kernel.get_process(Caller::Admin, pid).await.unwrap();
+    assert_eq!(
+        info.usage.total_tokens(),
+        50,
+        "its usage outlived the reaping"
+    );
+    assert_eq!(info.budget.unwrap().remaining, 120);
+    let hits = kernel
+        .memory_recall(Caller::Process(pid), "deploy key", None)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1, "its memory outlived the reaping: {hits:?}");
+    run(&kernel, pid, "two").await;
+    kernel.kill(Caller::Admin, pid, "done").await.unwrap();
+    kernel
+        .wait_child(Caller::Admin, pid, Some(STEP))
+        .await
+        .unwrap();
+    kernel.shutdown().await;
+
+    // What the budget spent comes back with it.
+    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    assert_eq!(recovered.usage[&pid].budget_spent, Some(50));
+    kernel
+        .spawn_declared(keeper(Some(120)), Some(&recovered))
+        .await
+        .unwrap();
+    kernel.restore(recovered);
+    let info = kernel.get_process(Caller::Admin, pid).await.unwrap();
+    assert_eq!(info.usage.total_tokens(), 100);
+    let budget = info.budget.unwrap();
+    assert_eq!((budget.used, budget.remaining), (50, 70), "{budget:?}");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_log_keeps_the_newest_events_within_its_limit() {
     let dir = tempfile::tempdir().unwrap();
     let (store, recovered) = open_store(dir.path()).await;

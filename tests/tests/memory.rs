@@ -392,8 +392,14 @@ async fn an_entry_is_forgotten_by_key_in_the_callers_namespace_only() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let empty = hive.kernel.memory_forget(Caller::Process(me.pid), "").await;
-    assert_eq!(empty.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    for bad_key in ["".to_owned(), "k".repeat(129), "a\u{7}b".to_owned()] {
+        let err = hive
+            .kernel
+            .memory_forget(Caller::Process(me.pid), &bad_key)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad_key:?}: {err}");
+    }
     let bad = call_tool(&me, "memory_forget", json!({}))
         .await
         .unwrap_err();

@@ -1,8 +1,8 @@
 //! `events`: replay retained kernel events, or follow the live stream.
 //!
 //! A replay ends with a `replay_done` marker (seq 0); without `--follow`
-//! the command stops there. Markers are never printed, except `lagged`,
-//! which tells the reader that events were missed.
+//! the command stops there. Of the markers only `pruned` and `lagged` are
+//! printed: they tell the reader that events were missed.
 
 use hivekernel_proto::v1::{Event, SubscribeEventsRequest};
 use tonic::Streaming;

@@ -96,6 +96,15 @@ pub(crate) fn events(
                         return;
                     }
                 };
+                // Pruned while this replay was under way: say so, as at the start.
+                let next = chunk.first().map_or(backlog.before, |e| e.seq);
+                let gone_through = backlog.store.events_pruned_through().min(next - 1);
+                if gone_through > after {
+                    let marker = convert::pruned(gone_through - after, unix_ms(SystemTime::now()));
+                    if !send(&tx, Ok(marker), &stop).await {
+                        return;
+                    }
+                }
                 let Some(last) = chunk.last() else { break };
                 after = last.seq;
                 for event in &chunk {

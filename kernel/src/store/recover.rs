@@ -101,6 +101,9 @@ pub struct StoredUsage {
     pub own: LlmUsage,
     /// Its calls and every descendant's.
     pub subtree: LlmUsage,
+    /// Tokens its own budget and the budgets lent from it spent (`None`:
+    /// it had no budget of its own).
+    pub budget_spent: Option<u64>,
 }
 
 impl Recovered {
@@ -147,7 +150,11 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         .max(max("SELECT max(seq) FROM events")? + 1)
         .max(1);
 
-    let events_pruned_through = counter(Counter::EventsPrunedThrough.key())?;
+    // A log pruned before the mark was kept: everything below its oldest event.
+    let events_pruned_through = match counter(Counter::EventsPrunedThrough.key())? {
+        0 => max("SELECT min(seq) FROM events")?.saturating_sub(1),
+        through => through,
+    };
 
     let mut stmt = conn.prepare(
         "SELECT pid, ppid, name, role FROM processes
@@ -232,7 +239,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
 
     let mut stmt = conn.prepare(
         "SELECT pid, calls, prompt_tokens, completion_tokens, cost_nano_usd, subtree_calls,
-                subtree_prompt_tokens, subtree_completion_tokens, subtree_cost_nano_usd
+                subtree_prompt_tokens, subtree_completion_tokens, subtree_cost_nano_usd,
+                budget_spent
          FROM usage",
     )?;
     let usage = stmt
@@ -249,6 +257,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
             let kept = StoredUsage {
                 own: counts(1)?,
                 subtree: counts(5)?,
+                budget_spent: r.get::<_, Option<i64>>(9)?.map(from_sql_u64),
             };
             Ok((Pid(from_sql_u64(r.get(0)?)), kept))
         })?

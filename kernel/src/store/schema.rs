@@ -127,7 +127,8 @@ const MIGRATIONS: &[&str] = &[
      ) STRICT;
      CREATE INDEX cron_runs_by_name ON cron_runs (name, id);",
     // 4: model usage of live processes and config agents (which come back
-    // after a restart with their usage and what their budget has spent).
+    // after a restart with their usage and what their own budget has spent;
+    // `budget_spent` is NULL for a process without a budget of its own).
     "CREATE TABLE usage (
          pid                       INTEGER PRIMARY KEY,
          calls                     INTEGER NOT NULL,
@@ -137,7 +138,8 @@ const MIGRATIONS: &[&str] = &[
          subtree_calls             INTEGER NOT NULL,
          subtree_prompt_tokens     INTEGER NOT NULL,
          subtree_completion_tokens INTEGER NOT NULL,
-         subtree_cost_nano_usd     INTEGER NOT NULL
+         subtree_cost_nano_usd     INTEGER NOT NULL,
+         budget_spent              INTEGER
      ) STRICT;",
 ];
 

@@ -214,12 +214,17 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                     .execute((to_sql_u64(pid.0), key))?;
             }
         },
-        Write::Usage { pid, own, subtree } => {
+        Write::Usage {
+            pid,
+            own,
+            subtree,
+            budget_spent,
+        } => {
             tx.prepare_cached(
                 "INSERT INTO usage (pid, calls, prompt_tokens, completion_tokens, cost_nano_usd,
                      subtree_calls, subtree_prompt_tokens, subtree_completion_tokens,
-                     subtree_cost_nano_usd)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     subtree_cost_nano_usd, budget_spent)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT (pid) DO UPDATE SET
                      calls = max(calls, excluded.calls),
                      prompt_tokens = max(prompt_tokens, excluded.prompt_tokens),
@@ -229,7 +234,9 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                      subtree_prompt_tokens = max(subtree_prompt_tokens, excluded.subtree_prompt_tokens),
                      subtree_completion_tokens =
                          max(subtree_completion_tokens, excluded.subtree_completion_tokens),
-                     subtree_cost_nano_usd = max(subtree_cost_nano_usd, excluded.subtree_cost_nano_usd)",
+                     subtree_cost_nano_usd = max(subtree_cost_nano_usd, excluded.subtree_cost_nano_usd),
+                     budget_spent = CASE WHEN excluded.budget_spent IS NULL THEN budget_spent
+                         ELSE max(coalesce(budget_spent, 0), excluded.budget_spent) END",
             )?
             .execute((
                 to_sql_u64(pid.0),
@@ -241,6 +248,7 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                 to_sql_u64(subtree.prompt_tokens),
                 to_sql_u64(subtree.completion_tokens),
                 to_sql_u64(subtree.cost_nano_usd),
+                budget_spent.map(to_sql_u64),
             ))?;
         }
         Write::Declared { name, pid } => {
@@ -393,19 +401,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hivekernel.db");
         let mut conn = schema::open(&path, Synchronous::Normal).unwrap();
-        let usage = |calls, subtree| Write::Usage {
+        let usage = |calls, subtree, budget_spent| Write::Usage {
             pid: Pid(7),
             own: counts(calls),
             subtree: counts(subtree),
+            budget_spent,
         };
         // Two calls charged at once can reach the queue newest first.
         let tx = conn.transaction().unwrap();
-        for write in [usage(2, 5), usage(1, 6), usage(0, 0)] {
+        for write in [
+            usage(2, 5, Some(70)),
+            usage(1, 6, Some(40)),
+            usage(0, 0, None),
+        ] {
             apply_plain(&tx, &write).unwrap();
         }
         tx.commit().unwrap();
         let kept = recover::load(&conn, &path).unwrap().usage[&Pid(7)];
         assert_eq!(kept.own, counts(2));
         assert_eq!(kept.subtree, counts(6));
+        assert_eq!(kept.budget_spent, Some(70));
     }
 }
