@@ -179,3 +179,80 @@ pub(crate) async fn send<T>(tx: &mpsc::Sender<T>, item: T, stop: &Stop) -> bool 
         sent = tx.send(item) => sent.is_ok(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use hivekernel_agents::Pid;
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::config::KernelSettings;
+    use crate::events::{EventBus, EventKind};
+    use crate::runtime::RuntimeRegistry;
+    use crate::store::{DB_FILE, Store, Synchronous};
+
+    fn emit(bus: &EventBus, n: u64) {
+        for i in 0..n {
+            let kind = EventKind::Lagged { missed: i };
+            bus.emit(Pid(2), kind);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pruning_that_overtakes_a_slow_replay_is_reported_where_it_happens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DB_FILE);
+        let (store, _) = Store::open(&path, Synchronous::Normal).unwrap();
+        store.set_event_log_limit(1_000);
+        // 100 events in memory: the replay of 3,001 reads the rest from the store.
+        let bus = EventBus::with_store(100, Some(store.clone()), 1);
+        emit(&bus, 3_000);
+        store.flush().await.unwrap();
+        // Memory lets go of committed events as new ones come.
+        emit(&bus, 1);
+        let kernel = Kernel::start(KernelSettings::default(), RuntimeRegistry::default());
+        let stop = Stop {
+            kernel: CancellationToken::new(),
+            server: CancellationToken::new(),
+        };
+        let mut stream = events(&kernel, stop, Some(0), bus.subscribe(Some(0)));
+        // The replay is under way: its first chunk (1,024 events) is read.
+        let first = stream.next().await.unwrap().unwrap();
+        assert_eq!(first.seq, 1);
+
+        // Enough new events for the writer to prune the rest of the backlog.
+        emit(&bus, 12_000);
+        store.flush().await.unwrap();
+        store.flush().await.unwrap();
+        let pruned_through = store.events_pruned_through();
+        assert!(pruned_through > 3_000, "{pruned_through}");
+
+        let mut seqs = Vec::new();
+        let mut markers = Vec::new();
+        while let Some(item) = stream.next().await {
+            let event = item.unwrap();
+            if event.r#type == "replay_done" {
+                break;
+            }
+            if event.seq == 0 {
+                let detail: serde_json::Value = serde_json::from_str(&event.detail).unwrap();
+                markers.push((event.r#type.clone(), seqs.len(), detail["missed"].clone()));
+            } else {
+                seqs.push(event.seq);
+            }
+        }
+        // Chunk one, then the marker for what went meanwhile, then what memory kept.
+        assert_eq!(
+            markers,
+            [("pruned".to_owned(), 1_023, serde_json::json!(2_901 - 1_024))]
+        );
+        assert_eq!(seqs[..1_023], (2..=1_024).collect::<Vec<u64>>()[..]);
+        assert_eq!(seqs[1_023..], (2_902..=3_001).collect::<Vec<u64>>()[..]);
+        // The stream's task lives until its reader goes.
+        drop(stream);
+        kernel.shutdown().await;
+        store.close().await;
+    }
+}
