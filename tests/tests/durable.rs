@@ -61,6 +61,15 @@ async fn run(kernel: &Kernel, pid: Pid, task: &str) -> String {
     reply.unwrap()
 }
 
+/// Kills `pid` (a child of PID 1) and collects it, so it is reaped.
+async fn kill_and_collect(kernel: &Kernel, pid: Pid) {
+    kernel.kill(Caller::Admin, pid, "done").await.unwrap();
+    kernel
+        .wait_child(Caller::Admin, pid, Some(STEP))
+        .await
+        .unwrap();
+}
+
 /// Every user message the model was sent, in order, across all requests.
 fn user_texts(request: &Value) -> Vec<String> {
     request["messages"]
@@ -487,11 +496,7 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
         .memory_store(Caller::Process(pid), note)
         .await
         .unwrap();
-    kernel.kill(Caller::Admin, pid, "done").await.unwrap();
-    kernel
-        .wait_child(Caller::Admin, pid, Some(STEP))
-        .await
-        .unwrap();
+    kill_and_collect(&kernel, pid).await;
     kernel.shutdown().await;
 
     // Back as the same PID, now with a budget: it starts whole, since
@@ -517,11 +522,7 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
         .unwrap();
     assert_eq!(hits.len(), 1, "its memory outlived the reaping: {hits:?}");
     run(&kernel, pid, "two").await;
-    kernel.kill(Caller::Admin, pid, "done").await.unwrap();
-    kernel
-        .wait_child(Caller::Admin, pid, Some(STEP))
-        .await
-        .unwrap();
+    kill_and_collect(&kernel, pid).await;
     kernel.shutdown().await;
 
     // What the budget spent comes back with it.
