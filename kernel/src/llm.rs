@@ -136,10 +136,10 @@ impl Kernel {
                 Some(cut(err.to_string(), EVENT_ERROR_BYTES)),
             ),
         };
-        let cost_nano_usd = if answer.is_ok() {
-            self.charge(&proc, usage).await
+        let (cost_nano_usd, stored) = if answer.is_ok() {
+            self.charge(&proc, usage)
         } else {
-            0
+            (0, None)
         };
         self.inner.events.emit(
             pid,
@@ -152,6 +152,13 @@ impl Kernel {
                 error,
             },
         );
+        // Tokens a crash would forget could be spent twice: the answer waits
+        // for the store. (Queued already: a caller that gives up cannot undo it.)
+        if let Some(stored) = stored
+            && let Err(err) = stored.await
+        {
+            tracing::warn!(%pid, error = %err, "model usage not stored");
+        }
         answer
     }
 
@@ -167,9 +174,16 @@ impl Kernel {
     }
 
     /// Counts one call's usage for the process, its budget and its ancestors'
-    /// subtrees, and waits until the store has it: tokens a crash would forget
-    /// could be spent twice.
-    async fn charge(&self, proc: &ProcShared, usage: Usage) -> u64 {
+    /// subtrees, and queues it for the store in one transaction; answers the
+    /// call's cost and, with a store, the commit to wait for.
+    fn charge(
+        &self,
+        proc: &ProcShared,
+        usage: Usage,
+    ) -> (
+        u64,
+        Option<impl Future<Output = Result<(), crate::store::StoreError>> + use<>>,
+    ) {
         let cost = self
             .inner
             .settings
@@ -203,13 +217,12 @@ impl Kernel {
                 at = (entry.depth > 0).then_some(entry.ppid);
             }
         }
-        let Some(store) = &self.inner.store else {
-            return cost;
-        };
-        if let Err(err) = store.commit_all(writes).await {
-            tracing::warn!(pid = %proc.ctx.pid, error = %err, "model usage not stored");
-        }
-        cost
+        let stored = self
+            .inner
+            .store
+            .as_ref()
+            .map(|store| store.commit_all(writes));
+        (cost, stored)
     }
 }
 
