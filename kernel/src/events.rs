@@ -386,18 +386,18 @@ impl EventBus {
             Some(since) => {
                 let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
                 // Gone: pruned from the store, or (without one) dropped from the ring.
-                let gone_through = match &self.store {
-                    Some(store) => store.events_pruned_through().min(first - 1),
-                    None => first - 1,
-                };
-                let after = since.max(gone_through);
-                let backlog = match &self.store {
-                    Some(store) if after.saturating_add(1) < first => Some(Backlog {
-                        store: store.clone(),
-                        after,
-                        before: first,
-                    }),
-                    _ => None,
+                let (gone_through, backlog) = match &self.store {
+                    Some(store) => {
+                        let gone_through = store.events_pruned_through().min(first - 1);
+                        let after = since.max(gone_through);
+                        let backlog = (after.saturating_add(1) < first).then(|| Backlog {
+                            store: store.clone(),
+                            after,
+                            before: first,
+                        });
+                        (gone_through, backlog)
+                    }
+                    None => (first - 1, None),
                 };
                 let replay = ring
                     .events

@@ -115,12 +115,12 @@ impl Kernel {
         let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
         let first_seq = start(store::Counter::EventSeq, 1);
         // PID 1's subtree is the whole kernel: its usage carries on.
-        let kernel_usage = store
-            .as_ref()
-            .and_then(|(_, r)| r.usage.get(&Pid::KERNEL))
-            .map_or_else(Meter::default, |kept| {
-                Meter::starting_at(kept.own, kept.subtree)
-            });
+        let kernel_usage = Meter::default();
+        if let Some((_, recovered)) = &store
+            && let Some(kept) = recovered.usage.get(&Pid::KERNEL)
+        {
+            kernel_usage.add_kept(kept.own, kept.subtree);
+        }
         let store = store.map(|(store, _)| store);
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let limits = Limits {

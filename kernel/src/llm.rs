@@ -204,7 +204,12 @@ impl Kernel {
                 .filter(|pool| pool.owner() == pid)
                 .map(|pool| pool.spent()),
         };
-        let mut writes = vec![kept(proc.ctx.pid, proc)];
+        // Snapshots only for a kernel that keeps them.
+        let store = self.inner.store.as_ref();
+        let mut writes: Vec<Write> = match store {
+            Some(_) => vec![kept(proc.ctx.pid, proc)],
+            None => Vec::new(),
+        };
         {
             let table = self.inner.table.read();
             let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
@@ -213,16 +218,13 @@ impl Kernel {
                     break;
                 };
                 entry.proc.usage.record_descendant(usage, cost);
-                writes.push(kept(ppid, &entry.proc));
+                if store.is_some() {
+                    writes.push(kept(ppid, &entry.proc));
+                }
                 at = (entry.depth > 0).then_some(entry.ppid);
             }
         }
-        let stored = self
-            .inner
-            .store
-            .as_ref()
-            .map(|store| store.commit_all(writes));
-        (cost, stored)
+        (cost, store.map(|store| store.commit_all(writes)))
     }
 }
 

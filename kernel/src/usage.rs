@@ -62,15 +62,6 @@ impl Counts {
             cost_nano_usd: self.cost_nano_usd.load(Ordering::Relaxed),
         }
     }
-
-    fn from_snapshot(usage: LlmUsage) -> Counts {
-        Counts {
-            calls: AtomicU64::new(usage.calls),
-            prompt_tokens: AtomicU64::new(usage.prompt_tokens),
-            completion_tokens: AtomicU64::new(usage.completion_tokens),
-            cost_nano_usd: AtomicU64::new(usage.cost_nano_usd),
-        }
-    }
 }
 
 impl Meter {
@@ -105,22 +96,10 @@ impl Meter {
 
     /// A meter starting where this one stands: a restarted process keeps its usage.
     pub(crate) fn carried(&self) -> Meter {
-        match self.0.get() {
-            Some(counters) => {
-                Meter::starting_at(counters.own.snapshot(), counters.subtree.snapshot())
-            }
-            None => Meter::default(),
-        }
-    }
-
-    /// A meter starting at `own` and `subtree`, as the store kept them.
-    pub(crate) fn starting_at(own: LlmUsage, subtree: LlmUsage) -> Meter {
         let meter = Meter::default();
-        let _ = meter.0.set(Box::new(Counters {
-            own: Counts::from_snapshot(own),
-            subtree: Counts::from_snapshot(subtree),
-            ..Counters::default()
-        }));
+        if let Some(counters) = self.0.get() {
+            meter.add_kept(counters.own.snapshot(), counters.subtree.snapshot());
+        }
         meter
     }
 
