@@ -3,11 +3,11 @@
 //! decides who else may read them.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::process::{Pid, named_enum};
+use crate::named::named_enum;
+use crate::process::Pid;
 
 /// Kernel-wide unique artifact id; never reused, across restarts too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -6,11 +6,10 @@
 //! needs.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::process::named_enum;
+use crate::named::named_enum;
 
 named_enum!(
     /// One right a role can grant.

@@ -8,36 +8,43 @@
 //! - [`process`]: PIDs, roles, tiers, states, limits, spawn requests, exit records.
 //! - [`message`]: priorities, message and task envelopes as a runtime sees them.
 //! - [`capability`]: capabilities a role grants, and sets of them.
+//! - [`cron`]: cron actions and policies, entries as declared and as they ran.
 //! - [`supervision`]: restart policies and specs, supervision strategies.
 //! - [`artifact`]: artifacts (named blobs with an owner and a visibility) as processes see them.
 //! - [`memory`]: agent memory entries and recall hits.
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
+//! - [`text`]: cutting text to a size, with one marker.
+//! - `named`: the macro behind every lowercase string enum.
 //! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod artifact;
 pub mod capability;
+pub mod cron;
 pub mod echo;
 pub mod llm;
 pub mod memory;
 pub mod message;
+mod named;
 pub mod process;
 pub mod runtime;
 pub mod supervision;
 pub mod syscalls;
+pub mod text;
 pub mod tool_agent;
 pub mod tools;
 
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
 pub use capability::{Capabilities, Capability};
+pub use cron::{CronAction, CronInfo, CronRun, CronSource, CronSpec, Missed, Overlap};
 pub use memory::{MemoryEntry, MemoryHit, NewMemory};
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{
-    BudgetInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, Pid, ProcessInfo,
-    ProcessState, Role, SpawnRequest, Tier,
+    BudgetInfo, ExecCommand, ExitRecord, LimitOverrides, Limits, LlmUsage, MAX_NAME_BYTES, Pid,
+    ProcessInfo, ProcessState, Role, SpawnRequest, Tier, check_name,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};

@@ -3,12 +3,34 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::capability::Capabilities;
+use crate::named::named_enum;
 use crate::supervision::{RestartSpec, Strategy};
+
+/// Longest process name, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// The one rule for a process name (config agents, templates, spawns,
+/// orchestrate's workers): not blank, no control characters, at most
+/// [`MAX_NAME_BYTES`]; the error quotes the name (cut when long).
+pub fn check_name(name: &str) -> Result<(), String> {
+    let shown = crate::text::shown(name);
+    if name.trim().is_empty() {
+        Err(format!("must not be empty or only whitespace, got {shown}"))
+    } else if name.chars().any(char::is_control) {
+        Err(format!("{shown} contains control characters"))
+    } else if name.len() > MAX_NAME_BYTES {
+        Err(format!(
+            "{shown} is {} bytes long, at most {MAX_NAME_BYTES} allowed",
+            name.len()
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// A process id. PID 1 is the kernel; PIDs are never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -25,52 +47,6 @@ impl fmt::Display for Pid {
         self.0.fmt(f)
     }
 }
-
-/// Declares a lowercase string enum with `Display`, `FromStr` and a list of names.
-macro_rules! named_enum {
-    ($(#[$meta:meta])* $name:ident, $what:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name {
-            $($(#[$vmeta])* $variant),+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            /// The lowercase name used in configs, the CLI and JSON.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text),+
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = String;
-
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                match s {
-                    $($text => Ok($name::$variant),)+
-                    other => Err(format!(
-                        "unknown {} {other:?} (expected one of: {})",
-                        $what,
-                        [$($text),+].join(", ")
-                    )),
-                }
-            }
-        }
-    };
-}
-pub(crate) use named_enum;
 
 named_enum!(
     /// What a process is for; the `roles` config section grants each its capabilities.

@@ -1,13 +1,11 @@
 //! Supervision vocabulary, as in OTP: when a process is restarted, how often
 //! it may be, and how a failed child affects its siblings.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::process::named_enum;
+use crate::named::named_enum;
 
 named_enum!(
     /// When the kernel restarts a process after it exits. An explicit kill

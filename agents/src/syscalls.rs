@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact};
+use crate::cron::{CronAction, CronInfo, Missed, Overlap};
 use crate::llm::{ChatRequest, ChatResponse, LlmError};
 use crate::memory::{MemoryEntry, MemoryHit, NewMemory};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
@@ -120,18 +121,18 @@ pub struct CronRequest {
     pub name: String,
     /// The schedule: 5-field crontab, 6/7 fields with seconds, or `@daily`...
     pub expression: String,
-    /// `execute`, `spawn` or `message`.
-    pub action: String,
+    /// What it does.
+    pub action: CronAction,
     /// Who it acts on; `None`: the caller.
     pub target: Option<Pid>,
     /// For `spawn`: a config template.
     pub template: Option<String>,
     /// The task or message text.
     pub description: String,
-    /// `skip` or `allow`.
-    pub overlap: String,
-    /// `skip` or `run_once`.
-    pub missed: String,
+    /// A slot that comes while the last run still goes on.
+    pub overlap: Overlap,
+    /// Slots missed while the kernel was down.
+    pub missed: Missed,
 }
 
 /// A tool call a runtime made, reported to the kernel for its event log.
@@ -220,7 +221,7 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
 
     /// Adds a cron entry owned by this process, aimed at itself or a
     /// descendant; answers the entry as the kernel shows it (JSON).
-    async fn schedule_cron(&self, request: CronRequest) -> Result<serde_json::Value, SyscallError> {
+    async fn schedule_cron(&self, request: CronRequest) -> Result<CronInfo, SyscallError> {
         let _ = request;
         Err(SyscallError::new(
             ErrorKind::FailedPrecondition,
@@ -228,8 +229,8 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         ))
     }
 
-    /// This process's cron entries (JSON), by name.
-    async fn list_cron(&self) -> Result<Vec<serde_json::Value>, SyscallError> {
+    /// This process's cron entries, by name.
+    async fn list_cron(&self) -> Result<Vec<CronInfo>, SyscallError> {
         Err(SyscallError::new(
             ErrorKind::FailedPrecondition,
             "this kernel has no cron",

@@ -375,7 +375,7 @@ impl ToolAgent {
             error: result.as_ref().err().cloned(),
         });
         let text = result.unwrap_or_else(|err| format!("error: {err}"));
-        cap(text, self.settings.max_tool_result_bytes)
+        crate::text::cut(text, self.settings.max_tool_result_bytes)
     }
 
     async fn call_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> Result<String, String> {
@@ -443,22 +443,7 @@ impl ToolAgent {
     }
 }
 
-/// `text` cut to at most `max` bytes (on a character boundary), with a note when cut.
-fn cap(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let total = text.len();
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text.truncate(cut);
-    text.push_str(&format!("\n[... cut: {total} bytes in all]"));
-    text
-}
-
 /// The start of `text`, for logs.
-fn preview(text: &str) -> String {
-    text.chars().take(200).collect()
+fn preview(text: &str) -> &str {
+    crate::text::prefix(text, 200)
 }

@@ -187,18 +187,9 @@ impl From<KernelError> for SyscallError {
 /// process's model would get it whole in its context.
 pub const MAX_MESSAGE_BYTES: usize = 4096;
 
-/// `message`, cut to [`MAX_MESSAGE_BYTES`] with a note.
-pub(crate) fn capped(mut message: String) -> String {
-    if message.len() > MAX_MESSAGE_BYTES {
-        let total = message.len();
-        let cut = (0..=MAX_MESSAGE_BYTES - 64)
-            .rev()
-            .find(|&i| message.is_char_boundary(i))
-            .unwrap_or(0);
-        message.truncate(cut);
-        message.push_str(&format!("... [message cut: {total} bytes]"));
-    }
-    message
+/// `message`, cut to [`MAX_MESSAGE_BYTES`].
+pub(crate) fn capped(message: String) -> String {
+    hivekernel_agents::text::cut(message, MAX_MESSAGE_BYTES)
 }
 
 /// Shorthand for kernel results.
@@ -218,33 +209,4 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-/// Most bytes of a caller's value an error message quotes.
-const SHOWN_BYTES: usize = 64;
-
-/// `value` quoted for an error message, cut to about [`SHOWN_BYTES`] with its
-/// length said: a refused value may be megabytes long, and the message goes
-/// back whole to a model or into a gRPC status header.
-pub(crate) fn shown(value: &str) -> String {
-    if value.len() <= SHOWN_BYTES {
-        return format!("{value:?}");
-    }
-    let cut = (0..=SHOWN_BYTES)
-        .rev()
-        .find(|&i| value.is_char_boundary(i))
-        .unwrap_or(0);
-    format!("{:?}... ({} bytes)", &value[..cut], value.len())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shown;
-
-    #[test]
-    fn shown_values_are_cut_on_a_char_boundary() {
-        assert_eq!(shown("key"), "\"key\"");
-        let long = "é".repeat(100);
-        let text = shown(&long);
-        assert!(text.ends_with("\"... (200 bytes)"), "{text}");
-        assert!(text.len() < 100, "{text}");
-    }
-}
+pub(crate) use hivekernel_agents::text::shown;

@@ -75,6 +75,7 @@ pub use artifacts::{
 pub use budget::{Price, Prices};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
+pub use hivekernel_agents::MAX_NAME_BYTES;
 pub use kernel::{Caller, Kernel};
 pub use memory::{
     DEFAULT_RECALL_LIMIT, MAX_MEMORY_KEY_BYTES, MAX_MEMORY_TAG_BYTES, MAX_MEMORY_TAGS,
@@ -83,6 +84,5 @@ pub use memory::{
 pub use restore::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;
-pub use spawn::MAX_NAME_BYTES;
 pub use state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};
 pub use supervisor::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};

@@ -233,19 +233,7 @@ const EVENT_ERROR_BYTES: usize = 512;
 /// Tool names in events (the model may make one up) are cut to this many bytes.
 const EVENT_TOOL_BYTES: usize = 128;
 
-/// `text` cut to at most `max` bytes on a character boundary, ending in `…` when cut.
-fn cut(mut text: String, max: usize) -> String {
-    const MARK: char = '…';
-    if text.len() > max {
-        let mut end = max.saturating_sub(MARK.len_utf8());
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push(MARK);
-    }
-    text
-}
+use hivekernel_agents::text::cut;
 
 #[cfg(test)]
 mod tests {
@@ -264,13 +252,14 @@ mod tests {
     #[test]
     fn event_texts_are_cut_on_a_character_boundary_within_the_limit() {
         assert_eq!(cut("short".into(), 8), "short");
-        let cut_text = cut("ééééé".into(), 8);
-        assert!(cut_text.len() <= 8, "{cut_text}");
-        assert_eq!(cut_text, "éé…");
+        let cut_text = cut("é".repeat(100), 64);
+        assert!(cut_text.len() <= 64, "{cut_text}");
         assert_eq!(
-            cut("x".repeat(600), EVENT_ERROR_BYTES).len(),
-            EVENT_ERROR_BYTES
+            cut_text,
+            format!("{}… [cut: 200 bytes in all]", "é".repeat(18))
         );
+        let long = cut("x".repeat(600), EVENT_ERROR_BYTES);
+        assert!(long.len() <= EVENT_ERROR_BYTES && long.len() > EVENT_ERROR_BYTES - 4);
     }
 
     #[test]

@@ -463,14 +463,7 @@ impl Kernel {
     /// A message for PID 1, which keeps no mailbox: it becomes an event,
     /// its payload cut to [`KERNEL_MESSAGE_PREVIEW`] bytes so events stay small.
     fn to_kernel(&self, mut message: Message) {
-        if message.payload.len() > KERNEL_MESSAGE_PREVIEW {
-            let mut end = KERNEL_MESSAGE_PREVIEW;
-            while !message.payload.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.payload.truncate(end);
-            message.payload.push_str("...");
-        }
+        message.payload = hivekernel_agents::text::cut(message.payload, KERNEL_MESSAGE_PREVIEW);
         self.inner.events.emit(
             Pid::KERNEL,
             EventKind::KernelMessage {

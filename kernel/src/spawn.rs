@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use hivekernel_agents::{
     Capability, Limits, Pid, ProcessContext, RestartSpec, Role, Runtime, SpawnRequest, Strategy,
-    Workspace,
+    Workspace, check_name,
 };
 
 use crate::acl::ChildGrant;
@@ -19,9 +19,6 @@ use crate::process::{Entry, ProcShared};
 use crate::runtime::Maker;
 use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
-
-/// Longest process name, in bytes.
-pub const MAX_NAME_BYTES: usize = 128;
 
 impl Kernel {
     /// Creates a child of `request.parent`, acting as `caller`.
@@ -326,25 +323,9 @@ fn shared_tools(tools: Vec<String>, parent: &Arc<[String]>) -> Arc<[String]> {
     }
 }
 
-/// Rejects empty, overlong or control-character names.
+/// Refuses a name [`check_name`] refuses.
 pub(crate) fn validate_name(name: &str) -> Result<()> {
-    if name.trim().is_empty() {
-        return Err(KernelError::InvalidArgument(
-            "name must not be empty".into(),
-        ));
-    }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(KernelError::InvalidArgument(format!(
-            "name is {} bytes long (at most {MAX_NAME_BYTES})",
-            name.len()
-        )));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(KernelError::InvalidArgument(format!(
-            "name {name:?} contains control characters"
-        )));
-    }
-    Ok(())
+    check_name(name).map_err(|why| KernelError::InvalidArgument(format!("name {why}")))
 }
 
 /// The child's limits: requested values, which may not exceed the parent's;

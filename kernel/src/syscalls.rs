@@ -6,12 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
-    Artifact, ArtifactId, ArtifactInfo, CronRequest, ErrorKind, ExitRecord, MemoryEntry, MemoryHit,
-    MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
-    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
+    Artifact, ArtifactId, ArtifactInfo, CronInfo, CronRequest, CronSpec, ExitRecord, MemoryEntry,
+    MemoryHit, MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId,
+    SpawnRequest, SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
 };
 
-use crate::cron::{CronSpec, CronText};
 use crate::error::KernelError;
 use crate::kernel::{Caller, Inner, Kernel};
 
@@ -82,29 +81,23 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.exit_process(self.pid, code, reason).await?)
     }
 
-    async fn schedule_cron(&self, request: CronRequest) -> Result<serde_json::Value, SyscallError> {
-        let spec = CronSpec::from_text(CronText {
+    async fn schedule_cron(&self, request: CronRequest) -> Result<CronInfo, SyscallError> {
+        let spec = CronSpec {
             name: request.name,
             expression: request.expression,
             action: request.action,
             target: request.target.unwrap_or(self.pid),
-            template: request.template,
+            template: request.template.filter(|t| !t.is_empty()),
             description: request.description,
             enabled: true,
             overlap: request.overlap,
             missed: request.missed,
-        })
-        .map_err(|why| SyscallError::new(ErrorKind::InvalidArgument, why))?;
-        let info = self.kernel()?.add_cron(self.caller(), spec).await?;
-        Ok(serde_json::to_value(info).unwrap_or_default())
+        };
+        Ok(self.kernel()?.add_cron(self.caller(), spec).await?)
     }
 
-    async fn list_cron(&self) -> Result<Vec<serde_json::Value>, SyscallError> {
-        let infos = self.kernel()?.list_cron(self.caller());
-        Ok(infos
-            .into_iter()
-            .map(|info| serde_json::to_value(info).unwrap_or_default())
-            .collect())
+    async fn list_cron(&self) -> Result<Vec<CronInfo>, SyscallError> {
+        Ok(self.kernel()?.list_cron(self.caller()))
     }
 
     async fn remove_cron(&self, name: &str) -> Result<(), SyscallError> {

@@ -292,16 +292,9 @@ pub(super) fn is_unknown_model(code: Option<&str>, message: &str) -> bool {
         && (message.contains("not found") || message.contains("does not exist"))
 }
 
-/// `text` cut to about [`MAX_ERROR_BODY`] bytes, on a character boundary.
+/// `text` cut to [`MAX_ERROR_BODY`] bytes.
 pub(super) fn truncate(text: &str) -> String {
-    if text.len() <= MAX_ERROR_BODY {
-        return text.to_owned();
-    }
-    let mut end = MAX_ERROR_BODY;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes in all)", &text[..end], text.len())
+    crate::text::cut_str(text, MAX_ERROR_BODY)
 }
 
 #[cfg(test)]
@@ -336,6 +329,6 @@ mod tests {
         assert!(is_unknown_model(None, "The model `gpt-9` does not exist"));
         let long = "é".repeat(3000);
         let cut = truncate(&long);
-        assert!(cut.len() < 2100 && cut.ends_with("(6000 bytes in all)"));
+        assert!(cut.len() < 2100 && cut.ends_with("[cut: 6000 bytes in all]"));
     }
 }

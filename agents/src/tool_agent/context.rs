@@ -107,7 +107,6 @@ fn round_starts(turn: &[ChatMessage]) -> Vec<usize> {
 
 /// Shortens the longest message texts until `messages` fit in `room` tokens.
 fn cut_to(messages: &mut [ChatMessage], room: u64) {
-    const MARK: &str = "\n[... cut to fit the context window]";
     for _ in 0..messages.len() * 2 {
         let total = estimate_tokens(messages);
         if total <= room {
@@ -116,17 +115,12 @@ fn cut_to(messages: &mut [ChatMessage], room: u64) {
         let Some(longest) = messages.iter_mut().max_by_key(|m| m.content.len()) else {
             return;
         };
-        let excess_bytes = ((total - room) * 4) as usize + MARK.len();
-        let keep = longest.content.len().saturating_sub(excess_bytes);
-        let mut cut = keep.min(longest.content.len());
-        while !longest.content.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        if cut == 0 && longest.content.is_empty() {
+        let before = longest.content.len();
+        let max = before.saturating_sub(((total - room) * 4) as usize);
+        longest.content = crate::text::cut(std::mem::take(&mut longest.content), max);
+        if longest.content.len() >= before {
             return;
         }
-        longest.content.truncate(cut);
-        longest.content.push_str(MARK);
     }
 }
 
@@ -199,6 +193,6 @@ mod tests {
             "{}",
             estimate_tokens(&fitted)
         );
-        assert!(fitted.last().unwrap().content.ends_with("context window]"));
+        assert!(fitted.last().unwrap().content.ends_with("bytes in all]"));
     }
 }

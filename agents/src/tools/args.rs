@@ -32,16 +32,7 @@ const MAX_REASON_BYTES: usize = 1024;
 
 /// An argument error for `tool`.
 pub(crate) fn invalid(tool: &dyn Tool, why: impl std::fmt::Display) -> ToolError {
-    let mut why = why.to_string();
-    if why.len() > MAX_REASON_BYTES {
-        let total = why.len();
-        let cut = (0..=MAX_REASON_BYTES)
-            .rev()
-            .find(|&i| why.is_char_boundary(i))
-            .unwrap_or(0);
-        why.truncate(cut);
-        why.push_str(&format!("... [{total} bytes]"));
-    }
+    let why = crate::text::cut(why.to_string(), MAX_REASON_BYTES);
     ToolError::new(format!("invalid arguments for {}: {why}", tool.name()))
 }
 
@@ -94,18 +85,9 @@ fn wrong_type(property: &Value, value: &Value, field: &str) -> Option<String> {
         .find_map(|(i, item)| wrong_type(items, item, &format!("{field}[{i}]")))
 }
 
-/// `value` as JSON, cut to about 60 bytes.
+/// `value` as JSON, cut to about [`SHOWN_BYTES`](crate::text::SHOWN_BYTES).
 fn shown(value: &Value) -> String {
-    let mut shown = value.to_string();
-    if shown.len() > 60 {
-        let cut = (0..=60)
-            .rev()
-            .find(|&i| shown.is_char_boundary(i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-        shown.push_str("...");
-    }
-    shown
+    crate::text::cut(value.to_string(), crate::text::SHOWN_BYTES)
 }
 
 #[cfg(test)]

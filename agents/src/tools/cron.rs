@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, ToolRegistry, decode};
+use crate::cron::{CronAction, Missed, Overlap};
 use crate::process::Pid;
 use crate::syscalls::CronRequest;
 
@@ -39,11 +40,14 @@ struct ScheduleArgs {
     name: String,
     expression: String,
     task: String,
-    action: Option<String>,
+    #[serde(default)]
+    action: CronAction,
     pid: Option<u64>,
     template: Option<String>,
-    overlap: Option<String>,
-    missed: Option<String>,
+    #[serde(default)]
+    overlap: Overlap,
+    #[serde(default)]
+    missed: Missed,
 }
 
 /// `list_cron` takes no arguments.
@@ -82,11 +86,11 @@ impl Tool for ScheduleCron {
                 "name": { "type": "string", "description": "Unique name of the entry." },
                 "expression": { "type": "string", "description": "5-field crontab line (e.g. \"*/15 * * * *\"), 6 fields with seconds first, or @hourly/@daily." },
                 "task": { "type": "string", "description": "The task (or message) text." },
-                "action": { "type": "string", "enum": ["execute", "spawn", "message"], "description": "execute (default): run the task on pid; spawn: start an agent from a template under pid and run it there; message: send the text to pid." },
+                "action": { "type": "string", "enum": CronAction::ALL, "description": "execute (default): run the task on pid; spawn: start an agent from a template under pid and run it there; message: send the text to pid." },
                 "pid": { "type": "integer", "minimum": 2, "description": "Yourself (default) or a descendant." },
                 "template": { "type": "string", "description": "For spawn: a template name from the config." },
-                "overlap": { "type": "string", "enum": ["skip", "allow"], "description": "A slot that comes while the last run still goes on: skip (default) or allow." },
-                "missed": { "type": "string", "enum": ["skip", "run_once"], "description": "Slots missed while the kernel was down: skip (default) or run_once." }
+                "overlap": { "type": "string", "enum": Overlap::ALL, "description": "A slot that comes while the last run still goes on: skip (default) or allow." },
+                "missed": { "type": "string", "enum": Missed::ALL, "description": "Slots missed while the kernel was down: skip (default) or run_once." }
             },
             "required": ["name", "expression", "task"],
             "additionalProperties": false
@@ -98,12 +102,12 @@ impl Tool for ScheduleCron {
         let request = CronRequest {
             name: args.name,
             expression: args.expression,
-            action: args.action.unwrap_or_default(),
+            action: args.action,
             target: args.pid.map(Pid),
             template: args.template,
             description: args.task,
-            overlap: args.overlap.unwrap_or_default(),
-            missed: args.missed.unwrap_or_default(),
+            overlap: args.overlap,
+            missed: args.missed,
         };
         let entry = ctx
             .process
@@ -111,11 +115,13 @@ impl Tool for ScheduleCron {
             .schedule_cron(request)
             .await
             .map_err(refused)?;
-        Ok(format!(
-            "scheduled {}; next run at {} (Unix ms)",
-            entry["name"].as_str().unwrap_or_default(),
-            entry["next_run_unix_ms"]
-        ))
+        Ok(match entry.next_run_unix_ms {
+            Some(next) => format!(
+                "scheduled {}; next run at {next} (Unix ms)",
+                entry.spec.name
+            ),
+            None => format!("scheduled {}; it has no next run", entry.spec.name),
+        })
     }
 }
 
@@ -144,14 +150,14 @@ impl Tool for ListCron {
             .iter()
             .map(|e| {
                 json!({
-                    "name": e["name"],
-                    "expression": e["expression"],
-                    "action": e["action"],
-                    "pid": e["target"],
-                    "task": e["description"],
-                    "next_run_unix_ms": e["next_run_unix_ms"],
-                    "runs": e["runs"],
-                    "last": e["history"].as_array().and_then(|h| h.last()).cloned(),
+                    "name": e.spec.name,
+                    "expression": e.spec.expression,
+                    "action": e.spec.action,
+                    "pid": e.spec.target,
+                    "task": e.spec.description,
+                    "next_run_unix_ms": e.next_run_unix_ms,
+                    "runs": e.runs,
+                    "last": e.history.last(),
                 })
             })
             .collect();

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, decode};
 use crate::llm::{ChatMessage, ChatRequest, SUBTASKS_MARKER, SYNTHESIZE_MARKER};
-use crate::process::{LimitOverrides, Pid, Role, SpawnRequest};
+use crate::process::{LimitOverrides, MAX_NAME_BYTES, Pid, Role, SpawnRequest};
 use crate::runtime::ProcessContext;
 use crate::syscalls::{Syscalls, TaskSpec};
 
@@ -254,14 +254,13 @@ impl Orchestrate {
 }
 
 /// `<caller>-w<n>`, the caller's part shortened so the whole stays within
-/// the kernel's 128-byte name limit.
+/// the kernel's name limit.
 fn worker_name(caller: &str, index: usize) -> String {
     let suffix = format!("-w{}", index + 1);
-    let mut end = caller.len().min(128 - suffix.len());
-    while !caller.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{suffix}", &caller[..end])
+    format!(
+        "{}{suffix}",
+        crate::text::prefix(caller, MAX_NAME_BYTES - suffix.len())
+    )
 }
 
 /// The workers still running; dismissed if the call is abandoned before they finish.

@@ -97,6 +97,21 @@ pub(super) fn agent_entries(
     }
 }
 
+/// One of the cron words, its default when absent; an unknown one is reported.
+fn word<T>(text: &Option<String>, loc: &str, issues: &mut Vec<ConfigIssue>) -> T
+where
+    T: Default + std::str::FromStr<Err = String>,
+{
+    match text.as_deref().map(str::parse) {
+        None => T::default(),
+        Some(Ok(value)) => value,
+        Some(Err(why)) => {
+            issues.push(ConfigIssue::new(loc.to_owned(), why));
+            T::default()
+        }
+    }
+}
+
 /// Checks one entry; `None` when any field is wrong (each reported).
 fn entry(
     raw: RawCron,
@@ -117,18 +132,7 @@ fn entry(
     if let Err(why) = expr::parse(&raw.expression) {
         issues.push(ConfigIssue::new(at(loc, "expression"), why));
     }
-    let action = match raw.action.as_deref() {
-        None | Some("execute") => CronAction::Execute,
-        Some("spawn") => CronAction::Spawn,
-        Some("message") => CronAction::Message,
-        Some(other) => {
-            issues.push(ConfigIssue::new(
-                at(loc, "action"),
-                format!("unknown action {other:?} (expected execute, spawn or message)"),
-            ));
-            CronAction::Execute
-        }
-    };
+    let action: CronAction = word(&raw.action, &at(loc, "action"), issues);
     match (action, &raw.template) {
         (CronAction::Spawn, None) => issues.push(ConfigIssue::new(
             at(loc, "template"),
@@ -154,28 +158,8 @@ fn entry(
         )),
         _ => {}
     }
-    let overlap = match raw.overlap.as_deref() {
-        None | Some("skip") => Overlap::Skip,
-        Some("allow") => Overlap::Allow,
-        Some(other) => {
-            issues.push(ConfigIssue::new(
-                at(loc, "overlap"),
-                format!("unknown overlap policy {other:?} (expected skip or allow)"),
-            ));
-            Overlap::Skip
-        }
-    };
-    let missed = match raw.missed.as_deref() {
-        None | Some("skip") => Missed::Skip,
-        Some("run_once") => Missed::RunOnce,
-        Some(other) => {
-            issues.push(ConfigIssue::new(
-                at(loc, "missed"),
-                format!("unknown missed-run policy {other:?} (expected skip or run_once)"),
-            ));
-            Missed::Skip
-        }
-    };
+    let overlap: Overlap = word(&raw.overlap, &at(loc, "overlap"), issues);
+    let missed: Missed = word(&raw.missed, &at(loc, "missed"), issues);
     (issues.len() == before).then(|| CronSpec {
         name: raw.name,
         expression: raw.expression,

@@ -939,7 +939,7 @@ fn cron_mistakes_are_all_reported_where_they_are() {
     assert_issue(
         &found,
         "agents[0] (a).cron[1].action",
-        &["\"launch\"", "execute, spawn or message"],
+        &["\"launch\"", "execute, spawn, message"],
     );
     assert_issue(
         &found,

@@ -16,7 +16,6 @@ use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
 use crate::exec::EXEC_RUNTIME;
 
 /// Longest agent name, in bytes.
-const MAX_NAME_BYTES: usize = 128;
 /// Largest system prompt file, in bytes.
 const MAX_PROMPT_BYTES: u64 = 1024 * 1024;
 
@@ -449,21 +448,7 @@ pub(super) fn across_agents(
 
 /// Why `name` cannot name an agent, if it cannot.
 pub(super) fn name_problem(name: &str) -> Option<String> {
-    if name.trim().is_empty() {
-        Some(format!(
-            "must not be empty or only whitespace, got {name:?}"
-        ))
-    } else if name.chars().any(char::is_control) {
-        Some(format!("{name:?} contains control characters"))
-    } else if name.len() > MAX_NAME_BYTES {
-        let start: String = name.chars().take(24).collect();
-        Some(format!(
-            "{start:?}... is {} bytes long, at most {MAX_NAME_BYTES} allowed",
-            name.len()
-        ))
-    } else {
-        None
-    }
+    hivekernel_agents::check_name(name).err()
 }
 
 /// Parses a role or tier, defaulting when absent; the error lists the valid names.

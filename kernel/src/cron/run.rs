@@ -78,14 +78,7 @@ impl Kernel {
     }
 }
 
-/// `text` cut to at most [`OUTPUT_PREVIEW`] bytes on a character boundary.
+/// `text` cut to at most [`OUTPUT_PREVIEW`] bytes.
 pub(super) fn preview(text: &str) -> String {
-    if text.len() <= OUTPUT_PREVIEW {
-        return text.to_owned();
-    }
-    let mut end = OUTPUT_PREVIEW;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &text[..end])
+    hivekernel_agents::text::cut_str(text, OUTPUT_PREVIEW)
 }

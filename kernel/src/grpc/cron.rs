@@ -4,26 +4,35 @@ use hivekernel_agents::Pid;
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
 
-use crate::cron::{CronInfo, CronSpec, CronText};
+use hivekernel_agents::cron::parse_or_default;
+
+use crate::cron::{CronInfo, CronSpec};
 use crate::kernel::Caller;
 
-/// The kernel's spec for an `AddCron` request; names are checked here.
+/// The kernel's spec for an `AddCron` request; the words are read here.
 pub(super) fn spec(caller: Caller, spec: pb::CronSpec) -> Result<CronSpec, Status> {
-    CronSpec::from_text(CronText {
+    Ok(CronSpec {
+        action: word("action", &spec.action)?,
+        overlap: word("overlap", &spec.overlap)?,
+        missed: word("missed", &spec.missed)?,
         name: spec.name,
         expression: spec.expression,
-        action: spec.action,
         target: match spec.target {
             0 => caller.pid(),
             pid => Pid(pid),
         },
-        template: Some(spec.template),
+        template: Some(spec.template).filter(|t| !t.is_empty()),
         description: spec.description,
         enabled: !spec.disabled,
-        overlap: spec.overlap,
-        missed: spec.missed,
     })
-    .map_err(|why| Status::invalid_argument(crate::error::capped(why)))
+}
+
+/// One of the cron words, as gRPC sends it (empty: the default).
+fn word<T>(field: &str, text: &str) -> Result<T, Status>
+where
+    T: Default + std::str::FromStr<Err = String>,
+{
+    parse_or_default(field, text).map_err(|why| Status::invalid_argument(crate::error::capped(why)))
 }
 
 /// An entry as the API shows it.
@@ -33,13 +42,13 @@ pub(super) fn entry(info: CronInfo) -> pb::CronEntry {
         spec: Some(pb::CronSpec {
             name: spec.name.clone(),
             expression: spec.expression.clone(),
-            action: name(&spec.action),
+            action: spec.action.to_string(),
             target: spec.target.0,
             template: spec.template.clone().unwrap_or_default(),
             description: spec.description.clone(),
             disabled: !spec.enabled,
-            overlap: name(&spec.overlap),
-            missed: name(&spec.missed),
+            overlap: spec.overlap.to_string(),
+            missed: spec.missed.to_string(),
         }),
         owner: info.owner.0,
         source: info.source.as_str().to_owned(),
@@ -58,13 +67,5 @@ pub(super) fn entry(info: CronInfo) -> pb::CronEntry {
             })
             .collect(),
         created_unix_ms: info.created_unix_ms,
-    }
-}
-
-/// The snake_case name serde gives a unit variant.
-fn name<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(name)) => name,
-        _ => String::new(),
     }
 }

@@ -74,9 +74,7 @@ mod tests {
         let status = Status::from(KernelError::InvalidArgument("é".repeat(1 << 20)));
         assert!(status.message().len() <= crate::error::MAX_MESSAGE_BYTES);
         assert!(
-            status
-                .message()
-                .ends_with("... [message cut: 2097170 bytes]"),
+            status.message().ends_with("… [cut: 2097170 bytes in all]"),
             "{}",
             &status.message()[4000..]
         );

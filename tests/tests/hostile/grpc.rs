@@ -335,12 +335,12 @@ async fn malformed_requests_are_refused_and_change_nothing() {
         (
             "huge name",
             cron(|c| c.name = "n".repeat(2 << 20)),
-            "(2097152 bytes)",
+            "[cut: 2097152 bytes in all]",
         ),
         (
             "huge action",
             cron(|c| c.action = "a".repeat(2 << 20)),
-            "(2097152 bytes)",
+            "[cut: 2097152 bytes in all]",
         ),
         (
             "unknown overlap",

@@ -103,14 +103,7 @@ pub(super) fn refused(path: &str, why: &str) -> ToolError {
 /// `path` quoted for a message, cut to about [`SHOWN_PATH_BYTES`]: a refused
 /// path may be megabytes long, and the message goes back to the model.
 fn shown(path: &str) -> String {
-    if path.len() <= SHOWN_PATH_BYTES {
-        return format!("{path:?}");
-    }
-    let cut = (0..=SHOWN_PATH_BYTES)
-        .rev()
-        .find(|&i| path.is_char_boundary(i))
-        .unwrap_or(0);
-    format!("{:?}... ({} bytes)", &path[..cut], path.len())
+    crate::text::quoted(path, SHOWN_PATH_BYTES)
 }
 
 /// `path` failed with `err`, said plainly.
@@ -166,7 +159,7 @@ mod tests {
         let long = "a/".repeat(3000);
         let err = names(&long).err().map(|e| e.0).unwrap_or_default();
         assert!(
-            err.contains("longer than 4096 bytes") && err.contains("... (6000 bytes)"),
+            err.contains("longer than 4096 bytes") && err.contains("… [cut: 6000 bytes in all]"),
             "{err}"
         );
         assert!(err.len() < 400, "{err}");
