@@ -17,7 +17,7 @@ use hivekernel_agents::Pid;
 use parking_lot::RwLock;
 use tonic::Status;
 
-use crate::kernel::Caller;
+use crate::caller::Caller;
 
 /// Name of the admin token file inside the data directory.
 const ADMIN_TOKEN_FILE: &str = "admin.token";

@@ -246,7 +246,7 @@ pub struct AgentSpec {
     /// the config file's directory, which is also its working directory).
     pub exec: Option<hivekernel_agents::ExecCommand>,
     /// Its cron entries (`target` is set to its PID once it runs).
-    pub cron: Vec<crate::cron::CronSpec>,
+    pub cron: Vec<hivekernel_agents::CronSpec>,
 }
 
 impl Config {

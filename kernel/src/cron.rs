@@ -1,6 +1,6 @@
 //! Cron: schedules that run tasks, spawn short-lived agents or drop messages.
 //!
-//! An entry names a schedule ([`expr`]: 5-field crontab, or 6/7 fields with
+//! An entry names a schedule ([`crontab`](crate::crontab): 5-field crontab, or 6/7 fields with
 //! seconds), an action, a target process and a text. Entries come from the
 //! config (`agents[].cron`, owned by that agent) and from the API (gRPC, the
 //! CLI, the cron tools), and all of them are kept in the store with their
@@ -13,10 +13,11 @@
 //! default) a slot that comes while the previous run is still going is
 //! recorded as skipped.
 //!
-//! Layout: `expr` (expressions), `schedule` (the entries and the timer
+//! Layout: `schedule` (the entries and the timer
 //! task), `run` (the actions).
 
-pub(crate) mod expr;
+use crate::crontab;
+
 mod run;
 mod schedule;
 
@@ -31,5 +32,5 @@ pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
 /// `None` when it never fires again; or why the expression is refused, as
 /// the config check and `add_cron` say it.
 pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
-    expr::parse(expression).map(|schedule| expr::next_after(&schedule, after_ms))
+    crontab::parse(expression).map(|schedule| crontab::next_after(&schedule, after_ms))
 }

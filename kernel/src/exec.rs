@@ -20,7 +20,7 @@
 //! watch and stop the OS process).
 
 mod agent;
-pub mod command;
+pub use crate::command;
 mod os;
 
 use std::net::SocketAddr;
@@ -42,8 +42,7 @@ use crate::auth::Authenticator;
 use crate::error::{KernelError, Result};
 use crate::kernel::{Caller, Kernel};
 
-/// The name the runtime is registered under.
-pub const EXEC_RUNTIME: &str = "exec";
+pub use crate::command::EXEC_RUNTIME;
 
 /// Exit code of an `exec` process whose OS process could not be started.
 pub const EXIT_CANNOT_START: i32 = 127;

@@ -15,6 +15,7 @@ use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use crate::caller::Caller;
 use crate::config::KernelSettings;
 use crate::counter::Counter;
 use crate::cron::Cron;
@@ -27,25 +28,6 @@ use crate::store::{self, Recovered, Store, Write};
 use crate::supervisor::Reaper;
 use crate::syscalls::KernelSyscalls;
 use crate::usage::Meter;
-
-/// Who is asking. The identity comes from the caller's credential, never from the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Caller {
-    /// The operator holding the admin token; acts as the kernel (PID 1).
-    Admin,
-    /// A process, acting only as itself.
-    Process(Pid),
-}
-
-impl Caller {
-    /// The PID the caller acts as.
-    pub fn pid(self) -> Pid {
-        match self {
-            Caller::Admin => Pid::KERNEL,
-            Caller::Process(pid) => pid,
-        }
-    }
-}
 
 /// Cheap, cloneable handle to a running kernel.
 #[derive(Debug, Clone)]

@@ -11,8 +11,10 @@ use tokio::sync::oneshot;
 
 use crate::budget::Pool;
 use crate::mailbox::Mailbox;
-use crate::supervisor::Supervision;
 use crate::usage::Meter;
+
+mod supervision;
+pub(crate) use supervision::Supervision;
 
 /// The part of a process that its runner, senders and readers share without
 /// taking the table lock.

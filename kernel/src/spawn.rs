@@ -15,9 +15,9 @@ use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
+use crate::process::Supervision;
 use crate::process::{Entry, ProcShared};
 use crate::runtime::Maker;
-use crate::supervisor::Supervision;
 use crate::syscalls::KernelSyscalls;
 
 impl Kernel {

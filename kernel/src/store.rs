@@ -34,7 +34,7 @@ use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::events::Event;
+use crate::event::Event;
 
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
@@ -191,7 +191,7 @@ pub(crate) enum Write {
     /// A run (or skipped slot) of a cron entry.
     CronRun {
         name: String,
-        run: crate::cron::CronRun,
+        run: hivekernel_agents::CronRun,
     },
     /// An artifact, replacing its owner's artifact of the same name, unless
     /// the owner's artifacts would pass their limit ([`Applied::Refused`]).

@@ -30,7 +30,6 @@ use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
-pub(crate) use restart::Supervision;
 
 /// Exit code of a killed process.
 pub const EXIT_KILLED: i32 = 137;

@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use super::validate::Checked;
 use super::{AgentSpec, ConfigIssue, at};
-use crate::cron::{CronAction, CronSpec, Missed, Overlap, expr};
+use crate::crontab;
+use hivekernel_agents::cron::{CronAction, CronSpec, Missed, Overlap};
 
 /// One `cron[i]` entry as written.
 #[derive(Debug, Deserialize)]
@@ -129,7 +130,7 @@ fn entry(
             ),
         ));
     }
-    if let Err(why) = expr::parse(&raw.expression) {
+    if let Err(why) = crontab::parse(&raw.expression) {
         issues.push(ConfigIssue::new(at(loc, "expression"), why));
     }
     let action: CronAction = word(&raw.action, &at(loc, "action"), issues);

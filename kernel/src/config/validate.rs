@@ -13,7 +13,7 @@ use crate::store::Synchronous;
 
 use super::parse::{Agent, RawAgent, RawKernel, Section};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
-use crate::exec::EXEC_RUNTIME;
+use crate::command::{self, EXEC_RUNTIME};
 
 /// Longest agent name, in bytes.
 /// Largest system prompt file, in bytes.
@@ -321,7 +321,7 @@ impl<'a> Context<'a> {
             env: raw.env.clone().unwrap_or_default(),
             cwd: Some(base),
         };
-        if let Err(problem) = crate::exec::command::check(&command) {
+        if let Err(problem) = command::check(&command) {
             let field = if problem.starts_with("env") {
                 "env"
             } else {

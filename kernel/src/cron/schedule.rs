@@ -17,7 +17,8 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap, expr};
+use super::{CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap};
+use crate::crontab;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
@@ -122,7 +123,7 @@ impl State {
             self.due.remove(&(old, name.to_owned()));
         }
         if entry.spec.enabled {
-            entry.next_ms = expr::next_after(&entry.schedule, after_ms);
+            entry.next_ms = crontab::next_after(&entry.schedule, after_ms);
             if let Some(next) = entry.next_ms {
                 self.due.insert((next, name.to_owned()));
             }
@@ -366,7 +367,7 @@ impl Kernel {
         let mut entries = Vec::new();
         for (owner, spec) in declared {
             let previous = kept.remove(&spec.name);
-            match expr::parse(&spec.expression) {
+            match crontab::parse(&spec.expression) {
                 Ok(schedule) => {
                     if let Some(store) = &self.inner.store {
                         store.submit(Write::CronPut {
@@ -385,7 +386,7 @@ impl Kernel {
         for (name, stored) in kept {
             let spec = serde_json::from_str::<CronSpec>(&stored.spec)
                 .map_err(|e| e.to_string())
-                .and_then(|spec| expr::parse(&spec.expression).map(|s| (spec, s)));
+                .and_then(|spec| crontab::parse(&spec.expression).map(|s| (spec, s)));
             match (stored.source.as_str(), spec) {
                 // A config entry no longer in the config goes with it.
                 ("config", _) => {
@@ -432,7 +433,7 @@ impl Kernel {
                 };
                 let since = last_fire_ms.unwrap_or(created_ms);
                 let missed = spec.enabled
-                    && expr::next_after(&schedule, since).is_some_and(|slot| slot <= now);
+                    && crontab::next_after(&schedule, since).is_some_and(|slot| slot <= now);
                 let run_once = missed && spec.missed == Missed::RunOnce;
                 state.insert(Entry {
                     spec,
@@ -618,8 +619,8 @@ impl Kernel {
                 crate::error::shown(&spec.name)
             ));
         }
-        let schedule =
-            expr::parse(&spec.expression).or_else(|why| bad(format!("cron expression: {why}")))?;
+        let schedule = crontab::parse(&spec.expression)
+            .or_else(|why| bad(format!("cron expression: {why}")))?;
         if spec.description.len() > crate::MAX_PAYLOAD_BYTES {
             return bad(format!(
                 "cron description is {} bytes (at most {})",

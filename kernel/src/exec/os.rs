@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::ExecRuntime;
 use super::agent::ExecProc;
-use super::command::TLS_CA_ENV;
+use crate::command::TLS_CA_ENV;
 use crate::kernel::{Inner, Kernel};
 
 /// Where the OS process of an `exec` process is in its life.

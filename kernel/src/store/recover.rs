@@ -63,7 +63,7 @@ pub struct StoredCron {
     /// Runs so far.
     pub runs: u64,
     /// The latest runs, oldest first.
-    pub history: Vec<crate::cron::CronRun>,
+    pub history: Vec<hivekernel_agents::CronRun>,
 }
 
 /// Everything a restarting kernel needs from the store.
@@ -227,7 +227,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
     for entry in &mut cron {
         entry.history = stmt
             .query_map([&entry.name], |r| {
-                Ok(crate::cron::CronRun {
+                Ok(hivekernel_agents::CronRun {
                     at_unix_ms: from_sql_u64(r.get(0)?),
                     status: r.get(1)?,
                     duration_ms: from_sql_u64(r.get(2)?),

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::{Connection, Transaction};
 
-use crate::events::{Event, EventKind};
+use crate::event::{Event, EventKind};
 
 use super::{Applied, Counter, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
 
@@ -307,7 +307,7 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                 "DELETE FROM cron_runs WHERE name = ?1 AND id NOT IN
                  (SELECT id FROM cron_runs WHERE name = ?1 ORDER BY id DESC LIMIT ?2)",
             )?
-            .execute((name, crate::cron::HISTORY as i64))?;
+            .execute((name, hivekernel_agents::cron::HISTORY as i64))?;
         }
         Write::Flush => {}
         // Dispatched by `apply`.

@@ -1,10 +1,14 @@
-//! Checks on an `exec` command before anything is started: argv and env
+//! The `exec` runtime's name, and the checks on an `exec` command before
+//! anything is started: argv and env
 //! shapes and sizes, and that the program can be found and run.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use hivekernel_agents::ExecCommand;
+
+/// The name the `exec` runtime is registered under.
+pub const EXEC_RUNTIME: &str = "exec";
 
 /// Most arguments in a command, program included.
 pub const MAX_ARGS: usize = 1024;

@@ -1,0 +1,233 @@
+//! What happened: the kernel's event values, as the bus numbers them, the
+//! store keeps them and subscribers receive them.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hivekernel_agents::{MessageId, Pid, RequestId, Role, Tier};
+use serde::{Deserialize, Serialize};
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A process was created.
+    Spawned {
+        /// Its parent.
+        ppid: Pid,
+        /// Its name.
+        name: Arc<str>,
+        /// Its role.
+        role: Role,
+        /// Its tier.
+        tier: Tier,
+        /// Its runtime.
+        runtime: Arc<str>,
+    },
+    /// A process exited and is a zombie until collected (or was reaped with its parent).
+    Exited {
+        /// Its parent.
+        ppid: Pid,
+        /// Its name.
+        name: Arc<str>,
+        /// Exit code.
+        exit_code: i32,
+        /// Why; shared by every process one exit takes with it.
+        reason: Arc<str>,
+    },
+    /// A zombie was removed from the table.
+    Reaped {
+        /// Who removed it.
+        by: ReapCause,
+    },
+    /// A message passed its TTL before delivery and was dropped.
+    MessageExpired {
+        /// Its id.
+        message_id: MessageId,
+        /// Sender.
+        from: Pid,
+        /// Its kind.
+        kind: String,
+    },
+    /// A message the kernel produced itself could not be delivered.
+    MessageDropped {
+        /// Its id.
+        message_id: MessageId,
+        /// Sender.
+        from: Pid,
+        /// Its kind.
+        kind: String,
+        /// Why.
+        reason: String,
+    },
+    /// A message addressed to the kernel (PID 1), which keeps no mailbox.
+    KernelMessage {
+        /// Its id.
+        message_id: MessageId,
+        /// Sender.
+        from: Pid,
+        /// Its kind.
+        kind: String,
+        /// Body.
+        payload: String,
+    },
+    /// A send or task was refused by the routing rules.
+    RouteDenied {
+        /// Would-be receiver.
+        to: Pid,
+        /// Why.
+        reason: String,
+    },
+    /// The kernel refused this process something by policy (a capability,
+    /// its parent's tools or limits, a budget, a rate limit).
+    Denied {
+        /// What it asked to do (`spawn`, `kill`, `send_message`, ...).
+        action: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A task finished on this process.
+    TaskFinished {
+        /// Its request id.
+        request_id: RequestId,
+        /// Who asked.
+        from: Pid,
+        /// Whether it succeeded.
+        success: bool,
+        /// Time from pop to reply.
+        duration_ms: u64,
+    },
+    /// The kernel restarted this process (same PID, fresh mailbox and runtime) after it exited.
+    Restarted {
+        /// Times it has been restarted, this one included.
+        attempt: u32,
+        /// How long it waited after its exit (its backoff delay).
+        delay_ms: u64,
+    },
+    /// A child of this process exceeded its restart intensity: the child
+    /// stays dead and this process fails in turn (PID 1 only reports it).
+    Escalated {
+        /// The child that failed too often.
+        child: Pid,
+        /// Its name.
+        name: Arc<str>,
+        /// Restarts it had within the window.
+        restarts: u32,
+        /// The window.
+        within_seconds: u64,
+    },
+    /// A cron entry ran (or skipped a slot); the event concerns its target.
+    CronRun {
+        /// The entry.
+        name: Arc<str>,
+        /// `ok`, `failed`, `skipped` or `missed`.
+        status: String,
+        /// How long the action took.
+        duration_ms: u64,
+    },
+    /// This process made a model call through the kernel (refusals by
+    /// policy are `denied` events instead: no call was made).
+    LlmCall {
+        /// The model it named.
+        model: Arc<str>,
+        /// Prompt tokens the provider reported (0 when the call failed).
+        prompt_tokens: u64,
+        /// Completion tokens the provider reported.
+        completion_tokens: u64,
+        /// What it cost, in billionths of a US dollar, from `llm.prices`.
+        cost_nano_usd: u64,
+        /// From the request to the answer (retries included).
+        duration_ms: u64,
+        /// Why it failed; absent when it answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// This process's runtime ran one of its tools.
+    ToolCall {
+        /// The tool it asked for.
+        tool: String,
+        /// Whether the tool returned a result (not an error).
+        ok: bool,
+        /// How long the tool ran.
+        duration_ms: u64,
+        /// Why it failed (cut to 512 bytes); absent when it did not.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
+    Lagged {
+        /// Events skipped.
+        missed: u64,
+    },
+    /// Stream marker (seq 0), first in a replay: this many events after the
+    /// requested start had already left the log (`kernel.event_log_limit`).
+    Pruned {
+        /// Events that cannot be replayed.
+        missed: u64,
+    },
+    /// Stream marker (seq 0): the replay requested is complete; live events follow.
+    ReplayDone {
+        /// Sequence number of the last replayed event (the requested start when none were).
+        last_seq: u64,
+    },
+}
+
+impl EventKind {
+    /// The snake_case name, as in the `type` field of the JSON form.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Spawned { .. } => "spawned",
+            EventKind::Exited { .. } => "exited",
+            EventKind::Reaped { .. } => "reaped",
+            EventKind::MessageExpired { .. } => "message_expired",
+            EventKind::MessageDropped { .. } => "message_dropped",
+            EventKind::KernelMessage { .. } => "kernel_message",
+            EventKind::RouteDenied { .. } => "route_denied",
+            EventKind::Denied { .. } => "denied",
+            EventKind::TaskFinished { .. } => "task_finished",
+            EventKind::Restarted { .. } => "restarted",
+            EventKind::Escalated { .. } => "escalated",
+            EventKind::CronRun { .. } => "cron_run",
+            EventKind::LlmCall { .. } => "llm_call",
+            EventKind::ToolCall { .. } => "tool_call",
+            EventKind::Lagged { .. } => "lagged",
+            EventKind::Pruned { .. } => "pruned",
+            EventKind::ReplayDone { .. } => "replay_done",
+        }
+    }
+}
+
+/// Why a zombie left the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReapCause {
+    /// Its parent collected it.
+    WaitChild,
+    /// Nobody collected it within `zombie_timeout_seconds`.
+    Timeout,
+    /// Its parent exited too.
+    ParentExited,
+    /// The kernel restarted while it was alive (it was not in the config).
+    KernelRestart,
+}
+
+/// One kernel event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the kernel's event sequence, starting at 1.
+    pub seq: u64,
+    /// Wall-clock time.
+    pub at_unix_ms: u64,
+    /// The process it concerns.
+    pub pid: Pid,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
