@@ -41,7 +41,13 @@ use crate::runtime::RuntimeRegistry;
 
 /// HiveKernel: an actor-based process kernel for LLM agents.
 #[derive(Debug, Parser)]
-#[command(name = "hivekernel", version, propagate_version = true)]
+#[command(
+    name = "hivekernel",
+    version,
+    propagate_version = true,
+    after_help = "Docs: README.md (quick start), docs/CONFIG.md (every config field), \
+                  docs/ARCHITECTURE.md (how the kernel works, and the file behind each behaviour)."
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -510,7 +516,26 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+
+    #[test]
+    fn help_ends_with_where_the_docs_are() {
+        let help = Cli::command().render_help().to_string();
+        assert!(
+            help.trim_end().ends_with(
+                "docs/ARCHITECTURE.md (how the kernel works, and the file behind each behaviour)."
+            ),
+            "{help}"
+        );
+        for doc in ["README.md", "docs/CONFIG.md", "docs/ARCHITECTURE.md"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(doc);
+            assert!(path.is_file(), "{} is named in --help", path.display());
+        }
+    }
 
     #[test]
     fn seconds_parse_and_reject_nonsense() {

@@ -1,6 +1,6 @@
 //! Cron: schedules that run tasks, spawn short-lived agents or drop messages.
 //!
-//! An entry names a schedule ([`crontab`](crate::crontab): 5-field crontab, or 6/7 fields with
+//! An entry names a schedule (`crontab.rs`: 5-field crontab, or 6/7 fields with
 //! seconds), an action, a target process and a text. Entries come from the
 //! config (`agents[].cron`, owned by that agent) and from the API (gRPC, the
 //! CLI, the cron tools), and all of them are kept in the store with their

@@ -22,7 +22,7 @@ use crate::cron::Cron;
 use crate::error::{KernelError, Result};
 use crate::events::{EventBus, Subscription, unix_ms};
 use crate::mailbox::Mailbox;
-use crate::process::{Entry, ProcShared, ProcessTable};
+use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store, Write};
 use crate::supervisor::Reaper;
@@ -125,7 +125,7 @@ impl Kernel {
                 workspace: None,
                 syscalls: Arc::new(KernelSyscalls::new(weak.clone(), Pid::KERNEL)),
             };
-            let kernel_proc = ProcShared {
+            let kernel_proc = ProcShared::new(NewProc {
                 ctx,
                 runtime_name: Arc::from("kernel"),
                 runtime: None,
@@ -133,12 +133,10 @@ impl Kernel {
                 metadata: Default::default(),
                 started_at_unix_ms: unix_ms(SystemTime::now()),
                 mailbox: Mailbox::new(0, Duration::from_secs(1)),
-                running: Default::default(),
-                blocked: Default::default(),
                 usage: kernel_usage,
                 budget: None,
                 caps: Capabilities::ALL,
-            };
+            });
             let mut entries = rustc_hash::FxHashMap::default();
             entries.insert(
                 Pid::KERNEL,

@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`config`]: the JSON startup config, validated in two phases.
 //! - [`kernel`]: the `Kernel` handle, shared state, queries, shutdown.
-//! - `process`: the process table and tree queries.
+//! - [`caller`]: who is asking (`Caller`).
+//! - `process`: the process table and tree queries; a row's supervision part.
 //! - `spawn`: spawn validation and creation.
 //! - `acl`: role capabilities, the tools a child may get, `denied` events.
 //! - `budget`: token budgets that flow down the tree; model prices.
@@ -19,14 +20,17 @@
 //! - `restore`: coming back after a restart: config agents keep their PIDs.
 //! - `state`: per-process durable values (a daemon's conversation).
 //! - [`cron`]: schedules that run tasks, spawn agents from templates or send messages.
+//! - `crontab`: cron expressions: parsing and the next slot.
 //! - `artifacts`: named blobs with an owner, a content type and a visibility.
 //! - `memory`: agent memory, a namespace per process with full-text recall.
 //! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
-//! - [`events`]: typed, sequenced kernel events with replay.
+//! - [`event`]: the event values.
+//! - [`events`]: the event bus: sequencing, retention, replay.
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters,
 //!   artifacts, agent memory.
 //! - [`runtime`]: the runtime registry and the per-process runner.
 //! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
+//! - [`command`]: the checks on an `exec` command before anything starts.
 //! - `syscalls`: the `Syscalls` implementation bound to one process.
 //! - [`auth`]: the admin token file and bearer-token authentication.
 //! - [`tls`]: TLS and mutual TLS on the control plane: the PEM files, server and client settings.

@@ -42,7 +42,64 @@ pub(crate) struct ProcShared {
     pub(crate) caps: Capabilities,
 }
 
+/// What a process is made of when it is created; [`ProcShared::new`] adds
+/// the counters every incarnation starts from.
+#[derive(Debug)]
+pub(crate) struct NewProc {
+    pub(crate) ctx: ProcessContext,
+    pub(crate) runtime_name: Arc<str>,
+    pub(crate) runtime: Option<Arc<dyn Runtime>>,
+    pub(crate) limits: Limits,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) started_at_unix_ms: u64,
+    pub(crate) mailbox: Mailbox,
+    pub(crate) usage: Meter,
+    pub(crate) budget: Option<Arc<Pool>>,
+    pub(crate) caps: Capabilities,
+}
+
 impl ProcShared {
+    /// The one way a process (PID 1, a spawn, a restart) comes to be: idle,
+    /// with nothing running or blocked.
+    pub(crate) fn new(new: NewProc) -> Self {
+        ProcShared {
+            ctx: new.ctx,
+            runtime_name: new.runtime_name,
+            runtime: new.runtime,
+            limits: new.limits,
+            metadata: new.metadata,
+            started_at_unix_ms: new.started_at_unix_ms,
+            mailbox: new.mailbox,
+            running: AtomicU32::new(0),
+            blocked: AtomicU32::new(0),
+            usage: new.usage,
+            budget: new.budget,
+            caps: new.caps,
+        }
+    }
+
+    /// Its next incarnation after a restart: the same identity, limits,
+    /// metadata, usage and budget, with a fresh runtime and mailbox.
+    pub(crate) fn reincarnated(
+        &self,
+        runtime: Arc<dyn Runtime>,
+        mailbox: Mailbox,
+        started_at_unix_ms: u64,
+    ) -> Self {
+        ProcShared::new(NewProc {
+            ctx: self.ctx.clone(),
+            runtime_name: self.runtime_name.clone(),
+            runtime: Some(runtime),
+            limits: self.limits,
+            metadata: self.metadata.clone(),
+            started_at_unix_ms,
+            mailbox,
+            usage: self.usage.carried(),
+            budget: self.budget.clone(),
+            caps: self.caps,
+        })
+    }
+
     /// State of a live process, derived from counters so the hot path never
     /// writes the table.
     pub(crate) fn state(&self) -> ProcessState {

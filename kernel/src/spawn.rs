@@ -16,7 +16,7 @@ use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::Supervision;
-use crate::process::{Entry, ProcShared};
+use crate::process::{Entry, NewProc, ProcShared};
 use crate::runtime::Maker;
 use crate::syscalls::KernelSyscalls;
 
@@ -243,7 +243,7 @@ impl Kernel {
         };
         // One clock read for the start time and the spawned event.
         let now = unix_ms(SystemTime::now());
-        let proc = Arc::new(ProcShared {
+        let proc = Arc::new(ProcShared::new(NewProc {
             ctx,
             runtime_name,
             runtime: Some(runtime),
@@ -254,12 +254,10 @@ impl Kernel {
                 settings.mailbox_capacity,
                 std::time::Duration::from_millis(settings.mailbox_aging_ms),
             ),
-            running: Default::default(),
-            blocked: Default::default(),
             usage: Default::default(),
             budget,
             caps,
-        });
+        }));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
             parent_entry.live_children += 1;

@@ -183,6 +183,17 @@ impl Kernel {
         self.report_denial(caller, "kill", result.await)
     }
 
+    /// Kills `pid` and collects it (waiting up to 5 s for its exit record),
+    /// so a process started for one job leaves no zombie: orchestrate's
+    /// abandoned workers and cron's template agents end this way.
+    pub(crate) async fn dismiss(&self, caller: Caller, pid: Pid, reason: &str) {
+        if self.kill(caller, pid, reason).await.is_ok() {
+            let _ = self
+                .wait_child(caller, pid, Some(Duration::from_secs(5)))
+                .await;
+        }
+    }
+
     /// [`Kernel::kill`], once the caller holds the capability.
     async fn kill_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
         if pid == Pid::KERNEL {

@@ -60,13 +60,10 @@ impl Syscalls for KernelSyscalls {
         let (caller, reason) = (self.caller(), reason.to_owned());
         let owner = kernel.clone();
         // Owned by the kernel's tracker, which shutdown waits for.
-        owner.inner.tracker.spawn(async move {
-            if kernel.kill(caller, pid, &reason).await.is_ok() {
-                let _ = kernel
-                    .wait_child(caller, pid, Some(Duration::from_secs(5)))
-                    .await;
-            }
-        });
+        owner
+            .inner
+            .tracker
+            .spawn(async move { kernel.dismiss(caller, pid, &reason).await });
     }
 
     async fn load_state(&self, key: &str) -> Result<Option<String>, SyscallError> {

@@ -2,7 +2,6 @@
 //! (PID 1), which is an ancestor of every process.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use hivekernel_agents::{Outgoing, TaskSpec};
 
@@ -64,15 +63,7 @@ impl Kernel {
             .map_err(|e| format!("cannot spawn from template {template:?}: {e}"))?;
         task.to = pid;
         let outcome = self.execute_task(Caller::Admin, task).await;
-        if self
-            .kill(Caller::Admin, pid, "cron run finished")
-            .await
-            .is_ok()
-        {
-            let _ = self
-                .wait_child(Caller::Admin, pid, Some(Duration::from_secs(5)))
-                .await;
-        }
+        self.dismiss(Caller::Admin, pid, "cron run finished").await;
         let (_, reply) = outcome.map_err(|e| e.to_string())?;
         reply
     }

@@ -24,7 +24,7 @@ use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::kernel::Kernel;
 use crate::mailbox::Mailbox;
-use crate::process::{Entry, ProcShared, ProcessTable};
+use crate::process::{Entry, ProcessTable};
 
 /// Processes restarted together after one delay: a failed child and the
 /// siblings its parent's strategy stopped, in spawn (PID) order.
@@ -252,23 +252,11 @@ impl Kernel {
             .create(&old.ctx)
             .map_err(|e| format!("runtime {}: {e}", old.runtime_name))?;
         let settings = &self.inner.settings;
-        let proc = Arc::new(ProcShared {
-            ctx: old.ctx.clone(),
-            runtime_name: old.runtime_name.clone(),
-            runtime: Some(runtime),
-            limits: old.limits,
-            metadata: old.metadata.clone(),
-            started_at_unix_ms: unix_ms(SystemTime::now()),
-            mailbox: Mailbox::new(
-                settings.mailbox_capacity,
-                Duration::from_millis(settings.mailbox_aging_ms),
-            ),
-            running: Default::default(),
-            blocked: Default::default(),
-            usage: old.usage.carried(),
-            budget: old.budget.clone(),
-            caps: old.caps,
-        });
+        let mailbox = Mailbox::new(
+            settings.mailbox_capacity,
+            Duration::from_millis(settings.mailbox_aging_ms),
+        );
+        let proc = Arc::new(old.reincarnated(runtime, mailbox, unix_ms(SystemTime::now())));
         // Its runner starts with the first item in its new mailbox.
         entry.proc = proc;
         Ok(entry.sup.as_mut().map_or(0, |sup| sup.restarted()))
