@@ -13,13 +13,13 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::{AgentSpec, Config, ConfigError};
 use crate::exec::ExecRuntime;
-use crate::kernel::{Caller, Kernel};
+use crate::grpc;
+use crate::kernel::{AgentRefused, Caller, Declared, Kernel};
 use crate::llm::choose_provider;
 use crate::restore::Restored;
 use crate::runtime::RuntimeRegistry;
 use crate::store::{DB_FILE, Recovered, Store, Synchronous};
 use crate::tls::{ServerTls, TRUST_FILE, TlsError, TlsFlags};
-use crate::{KernelError, grpc};
 
 /// What `hivekernel start` was asked to do.
 #[derive(Debug, Clone)]
@@ -72,13 +72,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// A config agent was refused by the kernel.
-    #[error("agent {name:?} could not be started: {source}")]
-    Spawn {
-        /// The agent.
-        name: String,
-        /// Why.
-        source: KernelError,
-    },
+    #[error("{0}")]
+    Spawn(#[from] AgentRefused),
     /// The store could not be opened.
     #[error("{0}")]
     Store(String),
@@ -111,7 +106,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         .map_err(StartError::Provider)?;
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
-    let mut registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
+    let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
         ToolRegistry::configured(&config.tools),
         agent_settings,
     ));
@@ -173,28 +168,29 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
-    let (store, mut recovered) = open_store(&data_dir, settings.synchronous).await?;
-    store.set_event_log_limit(settings.event_log_limit);
+    let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
     let auth = Authenticator::new(token);
-    registry.enable_exec(ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file));
 
     tracing::info!(provider = %chosen.description, "model provider");
-    let kernel = Kernel::start_with(
-        settings,
-        registry,
-        Some(chosen.provider),
-        Some((store, &recovered)),
-    );
-    let pids = match start_agents(&kernel, &config.agents, &recovered).await {
-        Ok(pids) => pids,
-        Err(err) => {
-            kernel.shutdown().await;
-            return Err(err);
-        }
-    };
-    let stored_cron = std::mem::take(&mut recovered.cron);
-    let restored = kernel.restore(recovered);
-    if restored != Restored::default() {
+    let started = Kernel::builder(settings)
+        .runtimes(registry)
+        .llm(chosen.provider)
+        .store(store, recovered)
+        .exec(ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file))
+        .cron_templates(
+            config
+                .templates
+                .iter()
+                .map(|t| (t.name.clone(), spawn_request(t)))
+                .collect(),
+        )
+        .agents(config.agents.iter().map(declared).collect())
+        .start()
+        .await?;
+    let kernel = started.kernel;
+    log_agents(&kernel, &config.agents, &started.agents).await;
+    if started.restored != Restored::default() {
+        let restored = &started.restored;
         tracing::info!(
             ended = restored.ended,
             requeued = restored.requeued,
@@ -203,26 +199,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
             "restored state from the store"
         );
     }
-    kernel.set_cron_templates(
-        config
-            .templates
-            .iter()
-            .map(|t| (t.name.clone(), spawn_request(t)))
-            .collect(),
-    );
-    let declared = config
-        .agents
-        .iter()
-        .zip(&pids)
-        .flat_map(|(agent, pid)| {
-            agent.cron.iter().map(|entry| {
-                let mut entry = entry.clone();
-                entry.target = *pid;
-                (*pid, entry)
-            })
-        })
-        .collect();
-    for problem in kernel.start_cron(stored_cron, declared).await {
+    for problem in &started.cron_problems {
         tracing::warn!(%problem, "cron entry not loaded");
     }
 
@@ -321,25 +298,11 @@ async fn open_store(
     opened.map_err(|err| StartError::Store(err.to_string()))
 }
 
-/// Spawns the config's agents as children of PID 1, in file order, each as
-/// the PID it had before a restart.
-async fn start_agents(
-    kernel: &Kernel,
-    agents: &[AgentSpec],
-    recovered: &Recovered,
-) -> Result<Vec<Pid>, StartError> {
-    let mut pids = Vec::with_capacity(agents.len());
-    for agent in agents {
-        let pid = kernel
-            .spawn_declared(spawn_request(agent), Some(recovered))
-            .await
-            .map_err(|source| StartError::Spawn {
-                name: agent.name.clone(),
-                source,
-            })?;
-        pids.push(pid);
+/// Says which agents started, and for `tool_agent`s which provider they talk to.
+async fn log_agents(kernel: &Kernel, agents: &[AgentSpec], pids: &[Pid]) {
+    for (agent, pid) in agents.iter().zip(pids) {
         let runtime = kernel
-            .get_process(Caller::Admin, pid)
+            .get_process(Caller::Admin, *pid)
             .await
             .map(|info| info.runtime)
             .unwrap_or_default();
@@ -354,7 +317,14 @@ async fn start_agents(
         };
         tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, %provider, model = %agent.model, "agent started");
     }
-    Ok(pids)
+}
+
+/// A config agent as the builder takes it: its spawn request and its cron entries.
+pub fn declared(agent: &AgentSpec) -> Declared {
+    Declared {
+        request: spawn_request(agent),
+        cron: agent.cron.clone(),
+    }
 }
 
 /// The spawn request for a config-declared agent (a child of PID 1).

@@ -5,12 +5,15 @@
 //! them, [`router`](crate::router) moves messages and tasks. This file holds
 //! the shared state, the read-side queries and shutdown.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::llm::Provider;
-use hivekernel_agents::{Capabilities, Limits, Pid, ProcessContext, ProcessInfo, Role, Tier};
+use hivekernel_agents::{
+    Capabilities, Limits, Pid, ProcessContext, ProcessInfo, Role, SpawnRequest, Tier,
+};
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,6 +31,10 @@ use crate::store::{self, Recovered, Store, Write};
 use crate::supervisor::Reaper;
 use crate::syscalls::KernelSyscalls;
 use crate::usage::Meter;
+
+mod builder;
+
+pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 
 /// Cheap, cloneable handle to a running kernel.
 #[derive(Debug, Clone)]
@@ -62,30 +69,17 @@ pub(crate) struct Inner {
 const EVENT_RETENTION: usize = 65_536;
 
 impl Kernel {
-    /// Starts a kernel with no model provider; see [`Kernel::start_with_llm`].
-    pub fn start(settings: KernelSettings, runtimes: RuntimeRegistry) -> Kernel {
-        Self::start_with_llm(settings, runtimes, None)
-    }
-
-    /// Starts a kernel that keeps nothing on disk; see [`Kernel::start_with`].
-    pub fn start_with_llm(
-        settings: KernelSettings,
-        runtimes: RuntimeRegistry,
-        llm: Option<Arc<dyn Provider>>,
-    ) -> Kernel {
-        Self::start_with(settings, runtimes, llm, None)
-    }
-
-    /// Starts a kernel with PID 1 in its table and the reaper running; its
+    /// PID 1 in its table, the reaper and the cron timer running; its
     /// processes' model calls go to `llm`. With a store, events and messages
-    /// are persisted and counters continue from `recovered`; the restart
-    /// itself (config agents, pending messages) is [`Kernel::restore`]'s job.
-    /// Must be called inside a tokio runtime.
-    pub fn start_with(
+    /// are persisted and counters continue from `recovered`. The rest of
+    /// starting is [`KernelBuilder::start`]'s.
+    fn assemble(
         settings: KernelSettings,
         runtimes: RuntimeRegistry,
         llm: Option<Arc<dyn Provider>>,
         store: Option<(Store, &Recovered)>,
+        templates: HashMap<String, SpawnRequest>,
+        cron_anchor: Option<(u64, tokio::time::Instant)>,
     ) -> Kernel {
         let start = |counter: store::Counter, fresh: u64| {
             store
@@ -165,7 +159,7 @@ impl Kernel {
                 shutdown: CancellationToken::new(),
                 stopping: AtomicBool::new(false),
                 reaper: Reaper::default(),
-                cron: Cron::default(),
+                cron: Cron::new(templates, cron_anchor),
             }
         });
         let kernel = Kernel { inner };

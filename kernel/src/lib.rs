@@ -84,7 +84,7 @@ pub use budget::{Price, Prices};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
 pub use hivekernel_agents::MAX_NAME_BYTES;
-pub use kernel::{Caller, Kernel};
+pub use kernel::{AgentRefused, Caller, Declared, Kernel, KernelBuilder, Started};
 pub use memory::{
     DEFAULT_RECALL_LIMIT, MAX_MEMORY_KEY_BYTES, MAX_MEMORY_TAG_BYTES, MAX_MEMORY_TAGS,
     MAX_QUERY_WORDS, MemorySettings,

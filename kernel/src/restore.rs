@@ -37,7 +37,7 @@ pub struct Restored {
 impl Kernel {
     /// Spawns a config-declared agent under PID 1, as the PID it last ran as
     /// when the store knows one, and records its PID for the next restart.
-    pub async fn spawn_declared(
+    pub(crate) async fn spawn_declared(
         &self,
         request: SpawnRequest,
         recovered: Option<&Recovered>,
@@ -74,7 +74,7 @@ impl Kernel {
 
     /// Settles what the store remembers from before the restart, once the
     /// config agents are back.
-    pub fn restore(&self, recovered: Recovered) -> Restored {
+    pub(crate) fn restore(&self, recovered: Recovered) -> Restored {
         let mut restored = Restored::default();
         let alive: HashSet<Pid> = {
             let table = self.inner.table.read();

@@ -52,7 +52,7 @@ pub async fn captured_process(name: &str) -> (hivekernel_kernel::Kernel, Process
     let capture = Arc::new(Capture::default());
     let (mut runtimes, _) = crate::registry();
     runtimes.register("capture", capture.clone());
-    let kernel = Kernel::start(crate::test_settings(), runtimes);
+    let kernel = crate::start(Kernel::builder(crate::test_settings()).runtimes(runtimes)).await;
     let mut request = SpawnRequest::new(Pid::KERNEL, name);
     request.runtime = Some("capture".into());
     kernel

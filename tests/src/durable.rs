@@ -40,7 +40,12 @@ impl Durable {
         let capture = Arc::new(Capture::wrapping(Arc::new(probe)));
         runtimes.register("capture", capture.clone());
         let (store, recovered) = open_store(dir).await;
-        let kernel = Kernel::start_with(settings, runtimes, None, Some((store, &recovered)));
+        let kernel = crate::start(
+            Kernel::builder(settings)
+                .runtimes(runtimes)
+                .store(store, recovered.clone()),
+        )
+        .await;
         Durable {
             kernel,
             capture,

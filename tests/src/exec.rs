@@ -44,9 +44,13 @@ impl ExecKernel {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let auth = Authenticator::new(ADMIN_TOKEN.to_owned());
-        let (mut registry, _journal) = crate::registry();
-        registry.enable_exec(ExecRuntime::new(auth.clone(), addr));
-        let kernel = Kernel::start(settings, registry);
+        let (registry, _journal) = crate::registry();
+        let kernel = crate::start(
+            Kernel::builder(settings)
+                .runtimes(registry)
+                .exec(ExecRuntime::new(auth.clone(), addr)),
+        )
+        .await;
         let stop = kernel.shutdown_token();
         let server = tokio::spawn(grpc::serve(kernel.clone(), listener, auth, async move {
             stop.cancelled().await

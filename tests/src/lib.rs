@@ -78,19 +78,30 @@ pub async fn run_task(
 }
 
 /// An in-process kernel with [`test_settings`] and [`registry`].
-pub fn kernel() -> (Kernel, Journal) {
-    kernel_with(test_settings())
+pub async fn kernel() -> (Kernel, Journal) {
+    kernel_with(test_settings()).await
 }
 
 /// An in-process kernel with the given settings and [`registry`].
-pub fn kernel_with(settings: KernelSettings) -> (Kernel, Journal) {
+pub async fn kernel_with(settings: KernelSettings) -> (Kernel, Journal) {
     let (registry, journal) = registry();
-    (Kernel::start(settings, registry), journal)
+    (
+        start(Kernel::builder(settings).runtimes(registry)).await,
+        journal,
+    )
+}
+
+/// Starts a kernel that declares no agents, which cannot be refused.
+pub async fn start(builder: hivekernel_kernel::KernelBuilder) -> Kernel {
+    match builder.start().await {
+        Ok(started) => started.kernel,
+        Err(err) => panic!("the kernel did not start: {err}"),
+    }
 }
 
 /// An in-process kernel whose `tool_agent` processes use `provider`, `agent`
 /// and `tools` settings (workspaces under `settings.workspace`), plus `probe`.
-pub fn agent_kernel(
+pub async fn agent_kernel(
     settings: KernelSettings,
     provider: std::sync::Arc<dyn hivekernel_agents::llm::Provider>,
     agent: hivekernel_agents::tool_agent::AgentSettings,
@@ -98,7 +109,7 @@ pub fn agent_kernel(
 ) -> (Kernel, Journal) {
     let (registry, journal) = agent_registry(agent, tools);
     (
-        Kernel::start_with_llm(settings, registry, Some(provider)),
+        start(Kernel::builder(settings).runtimes(registry).llm(provider)).await,
         journal,
     )
 }

@@ -340,7 +340,7 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
 
 #[tokio::test]
 async fn a_kernel_without_a_store_refuses_artifacts_clearly() {
-    let (kernel, _) = hivekernel_tests::kernel();
+    let (kernel, _) = hivekernel_tests::kernel().await;
     let err = kernel
         .store_artifact(Caller::Admin, None, NewArtifact::text("a", "b"))
         .await

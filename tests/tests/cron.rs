@@ -8,7 +8,7 @@ use std::time::Duration;
 use hivekernel_agents::{Pid, Role};
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::cron::{CronAction, CronInfo, CronSpec, Missed, Overlap};
-use hivekernel_kernel::{Caller, Kernel, KernelError};
+use hivekernel_kernel::{Caller, Declared, Kernel, KernelError};
 use hivekernel_tests::{open_store, registry, spawn_probe, test_settings};
 
 /// Every ten seconds, on the wall clock's multiples of ten.
@@ -36,19 +36,38 @@ fn spec(name: &str, target: Pid, description: &str) -> CronSpec {
 }
 
 /// A kernel on the store in `dir` with one config agent, a probe named
-/// `agent`, brought up as `hivekernel start` does; and what the store read back.
-async fn durable(dir: &std::path::Path) -> (Kernel, Pid, hivekernel_kernel::store::Recovered) {
+/// `agent`, brought up as `hivekernel start` does (its cron clock that of
+/// `earlier`, when given); what the store read back, and the cron entries
+/// it could not load.
+async fn durable(
+    dir: &std::path::Path,
+    earlier: Option<&Kernel>,
+) -> (
+    Kernel,
+    Pid,
+    hivekernel_kernel::store::Recovered,
+    Vec<String>,
+) {
     let (store, recovered) = open_store(dir).await;
     let (runtimes, _) = registry();
-    let kernel = Kernel::start_with(settings(), runtimes, None, Some((store, &recovered)));
-    let agent = kernel
-        .spawn_declared(
-            hivekernel_tests::probe_request(Pid::KERNEL, "agent", Role::Agent),
-            Some(&recovered),
-        )
-        .await
-        .unwrap();
-    (kernel, agent, recovered)
+    let mut builder = Kernel::builder(settings())
+        .runtimes(runtimes)
+        .store(store, recovered.clone())
+        .agents(vec![Declared::new(hivekernel_tests::probe_request(
+            Pid::KERNEL,
+            "agent",
+            Role::Agent,
+        ))]);
+    if let Some(earlier) = earlier {
+        builder = builder.cron_clock_of(earlier);
+    }
+    let started = builder.start().await.unwrap();
+    (
+        started.kernel,
+        started.agents[0],
+        recovered,
+        started.cron_problems,
+    )
 }
 
 fn info(kernel: &Kernel, name: &str) -> CronInfo {
@@ -81,7 +100,7 @@ fn statuses(info: &CronInfo) -> Vec<&str> {
 #[tokio::test(start_paused = true)]
 async fn an_entry_runs_its_task_at_every_slot_and_keeps_the_answers() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(settings(), runtimes);
+    let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     let start = kernel.cron_now_ms();
     let added = kernel
@@ -108,7 +127,7 @@ async fn an_entry_runs_its_task_at_every_slot_and_keeps_the_answers() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_that_comes_while_the_last_run_goes_on_is_skipped_unless_overlap_is_allowed() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(settings(), runtimes);
+    let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     let mut slow = spec("slow", agent, "sleep 25000");
     kernel.add_cron(Caller::Admin, slow.clone()).await.unwrap();
@@ -132,7 +151,7 @@ async fn a_slot_that_comes_while_the_last_run_goes_on_is_skipped_unless_overlap_
 #[tokio::test(start_paused = true)]
 async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
     let dir = tempfile::tempdir().unwrap();
-    let (first, agent, _) = durable(dir.path()).await;
+    let (first, agent, _, _) = durable(dir.path(), None).await;
     first
         .add_cron(Caller::Admin, spec("skipper", agent, "s"))
         .await
@@ -148,12 +167,9 @@ async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
     // A minute of downtime: six slots pass.
     pass(60_000).await;
 
-    let (second, back, mut recovered) = durable(dir.path()).await;
-    second.align_cron_clock(&first);
+    let (second, back, recovered, problems) = durable(dir.path(), Some(&first)).await;
     assert_eq!(back, agent);
-    let stored = std::mem::take(&mut recovered.cron);
-    assert_eq!(stored.len(), 2);
-    let problems = second.start_cron(stored, Vec::new()).await;
+    assert_eq!(recovered.cron.len(), 2);
     assert!(problems.is_empty(), "{problems:?}");
     pass(500).await;
 
@@ -187,7 +203,7 @@ async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (first, agent, _) = durable(dir.path()).await;
+    let (first, agent, _, _) = durable(dir.path(), None).await;
     first
         .add_cron(Caller::Admin, spec("long", agent, "sleep 100000"))
         .await
@@ -201,10 +217,7 @@ async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
     // The crash: the store has the slot, nothing else finished.
     first.store().unwrap().flush().await.unwrap();
 
-    let (second, back, mut recovered) = durable(dir.path()).await;
-    second.align_cron_clock(&first);
-    let stored = std::mem::take(&mut recovered.cron);
-    second.start_cron(stored, Vec::new()).await;
+    let (second, back, _, _) = durable(dir.path(), Some(&first)).await;
     let long = info(&second, "long");
     assert!(long.last_run_unix_ms >= Some(slot), "{long:?}");
     assert!(long.next_run_unix_ms.unwrap() > slot, "{long:?}");
@@ -227,7 +240,7 @@ async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
 #[tokio::test]
 async fn bad_entries_are_refused_and_change_nothing() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(settings(), runtimes);
+    let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Lead).await;
     let other = spawn_probe(&kernel, Pid::KERNEL, "other", Role::Agent).await;
     let child = kernel
@@ -399,10 +412,14 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
 #[tokio::test(start_paused = true)]
 async fn the_spawn_action_runs_a_fresh_agent_from_a_template_and_reaps_it() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(settings(), runtimes);
-    let lead = spawn_probe(&kernel, Pid::KERNEL, "lead", Role::Lead).await;
     let template = hivekernel_tests::probe_request(Pid::KERNEL, "checker", Role::Task);
-    kernel.set_cron_templates([("checker".to_owned(), template)].into());
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(settings())
+            .runtimes(runtimes)
+            .cron_templates([("checker".to_owned(), template)].into()),
+    )
+    .await;
+    let lead = spawn_probe(&kernel, Pid::KERNEL, "lead", Role::Lead).await;
     let mut entry = spec("audit", lead, "all clear");
     entry.action = CronAction::Spawn;
     entry.template = Some("checker".into());
@@ -429,7 +446,7 @@ async fn the_spawn_action_runs_a_fresh_agent_from_a_template_and_reaps_it() {
 #[tokio::test(start_paused = true)]
 async fn a_name_changes_hands_cleanly_and_only_its_latest_entry_fires() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(settings(), runtimes);
+    let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     // Two adds of one name at once: exactly one wins.
     let (a, b) = tokio::join!(

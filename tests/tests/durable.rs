@@ -16,7 +16,7 @@ use hivekernel_agents::{
 };
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::store::Recovered;
-use hivekernel_kernel::{Caller, KERNEL_RESTART, Kernel, KernelError, Restored};
+use hivekernel_kernel::{Caller, Declared, KERNEL_RESTART, Kernel, KernelError, Restored};
 use hivekernel_proto::v1 as pb;
 use hivekernel_tests::llm_server::{LlmServer, Scripted};
 use hivekernel_tests::{
@@ -26,8 +26,18 @@ use serde_json::Value;
 
 const STEP: Duration = Duration::from_secs(10);
 
+/// A kernel brought up on `<dir>/hivekernel.db` as `hivekernel start` does,
+/// with `agents` as its config agents, and what starting it read and did.
+struct Up {
+    kernel: Kernel,
+    journal: Journal,
+    recovered: Recovered,
+    agents: Vec<Pid>,
+    restored: Restored,
+}
+
 /// A durable kernel on `<dir>/hivekernel.db` whose agents talk to `server`.
-async fn durable(dir: &std::path::Path, server: &LlmServer) -> (Kernel, Journal, Recovered) {
+async fn durable(dir: &std::path::Path, server: &LlmServer, agents: &[SpawnRequest]) -> Up {
     let provider = server.provider();
     let settings = KernelSettings {
         workspace: Some(dir.join("workspace")),
@@ -35,13 +45,21 @@ async fn durable(dir: &std::path::Path, server: &LlmServer) -> (Kernel, Journal,
     };
     let (registry, journal) = agent_registry(AgentSettings::default(), &ToolSettings::default());
     let (store, recovered) = open_store(dir).await;
-    let kernel = Kernel::start_with(
-        settings,
-        registry,
-        Some(Arc::new(provider)),
-        Some((store, &recovered)),
-    );
-    (kernel, journal, recovered)
+    let started = Kernel::builder(settings)
+        .runtimes(registry)
+        .llm(Arc::new(provider))
+        .store(store, recovered.clone())
+        .agents(agents.iter().cloned().map(Declared::new).collect())
+        .start()
+        .await
+        .unwrap();
+    Up {
+        kernel: started.kernel,
+        journal,
+        recovered,
+        agents: started.agents,
+        restored: started.restored,
+    }
 }
 
 fn agent(name: &str, role: Role) -> SpawnRequest {
@@ -86,21 +104,16 @@ async fn a_daemon_keeps_its_pid_and_its_conversation_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("noted")).await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let queen = kernel
-        .spawn_declared(agent("queen", Role::Daemon), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } =
+        durable(dir.path(), &server, &[agent("queen", Role::Daemon)]).await;
+    let queen = agents[0];
     run(&kernel, queen, "remember the word apricot").await;
     kernel.shutdown().await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let again = kernel
-        .spawn_declared(agent("queen", Role::Daemon), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } =
+        durable(dir.path(), &server, &[agent("queen", Role::Daemon)]).await;
+    let again = agents[0];
     assert_eq!(again, queen, "a config agent comes back with its PID");
-    kernel.restore(recovered);
     run(&kernel, queen, "which word was it?").await;
 
     let last = server.requests().pop().unwrap();
@@ -116,13 +129,10 @@ async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() 
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
     let mut lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
     lead.role = Role::Lead;
-    let lead_pid = kernel
-        .spawn_declared(lead.clone(), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, std::slice::from_ref(&lead)).await;
+    let lead_pid = agents[0];
     let (_, worker) = kernel
         .execute_task(
             Caller::Admin,
@@ -149,15 +159,21 @@ async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() 
     .await;
     kernel.shutdown().await;
 
-    let (kernel, journal, recovered) = durable(dir.path(), &server).await;
+    let Up {
+        kernel,
+        journal,
+        recovered,
+        agents,
+        restored,
+        ..
+    } = durable(dir.path(), &server, &[lead]).await;
     assert!(
         recovered.processes.is_empty(),
         "a clean stop ends everything"
     );
     assert_eq!(recovered.requests.len(), 1, "{:?}", recovered.requests);
-    let back = kernel.spawn_declared(lead, Some(&recovered)).await.unwrap();
+    let back = agents[0];
     assert_eq!(back, lead_pid);
-    let restored = kernel.restore(recovered);
     assert_eq!(
         restored,
         Restored {
@@ -195,12 +211,9 @@ async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() 
 async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
     let lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
-    let lead_pid = kernel
-        .spawn_declared(lead.clone(), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, std::slice::from_ref(&lead)).await;
+    let lead_pid = agents[0];
     let (_, child) = kernel
         .execute_task(
             Caller::Admin,
@@ -222,13 +235,15 @@ async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
         "both alive in the store"
     );
 
-    let (second, journal, _) = durable(dir.path(), &server).await;
-    let back = second
-        .spawn_declared(lead, Some(&recovered_now))
-        .await
-        .unwrap();
+    let Up {
+        kernel: second,
+        journal,
+        agents,
+        restored,
+        ..
+    } = durable(dir.path(), &server, &[lead]).await;
+    let back = agents[0];
     assert_eq!(back, lead_pid);
-    let restored = second.restore(recovered_now);
     assert_eq!(restored.ended, 1);
     wait_until("the lead hears of its child", STEP, || async {
         journal
@@ -261,7 +276,7 @@ async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
 async fn process_state_refuses_bad_keys_and_oversized_values() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
-    let (kernel, _, _) = durable(dir.path(), &server).await;
+    let Up { kernel, .. } = durable(dir.path(), &server, &[]).await;
     let pid = Pid(2);
     for key in [
         "",
@@ -289,7 +304,7 @@ async fn process_state_refuses_bad_keys_and_oversized_values() {
 async fn a_restarted_process_is_alive_again_in_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
-    let (kernel, _, _) = durable(dir.path(), &server).await;
+    let Up { kernel, .. } = durable(dir.path(), &server, &[]).await;
     let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
     request.restart = Some(hivekernel_agents::RestartSpec {
         policy: hivekernel_agents::RestartPolicy::Permanent,
@@ -332,11 +347,8 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
     let keeper = || probe_request(Pid::KERNEL, "keeper", Role::Lead);
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let pid = kernel
-        .spawn_declared(keeper(), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, &[keeper()]).await;
+    let pid = agents[0];
     let me = Caller::Process(pid);
     let mut private = NewArtifact::text("diary", "dear diary");
     private.visibility = Some(Visibility::Private);
@@ -359,13 +371,9 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
     let remembered = kernel.memory_store(me, note).await.unwrap();
     kernel.shutdown().await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let again = kernel
-        .spawn_declared(keeper(), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, &[keeper()]).await;
+    let again = agents[0];
     assert_eq!(again, pid, "a config agent comes back with its PID");
-    kernel.restore(recovered);
 
     let got = kernel.get_artifact(me, diary.id).await.unwrap();
     assert_eq!(got.content, b"dear diary");
@@ -406,11 +414,8 @@ async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_resta
         async move { kernel.get_process(Caller::Admin, pid).await.unwrap() }
     };
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let pid = kernel
-        .spawn_declared(thrifty(), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, &[thrifty()]).await;
+    let pid = agents[0];
     run(&kernel, pid, "one").await;
     // A child without a budget of its own draws on its parent's.
     let mut helper = agent("helper", Role::Worker);
@@ -423,18 +428,16 @@ async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_resta
     assert_eq!(before.budget.unwrap().remaining, 20);
     kernel.shutdown().await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let Up {
+        kernel,
+        recovered,
+        agents,
+        ..
+    } = durable(dir.path(), &server, &[thrifty()]).await;
     let kept: std::collections::BTreeSet<Pid> = recovered.usage.keys().copied().collect();
     // A clean stop ends the child for good: its usage went with it.
     assert_eq!(kept, [Pid::KERNEL, pid].into(), "{:?}", recovered.usage);
-    assert_eq!(
-        kernel
-            .spawn_declared(thrifty(), Some(&recovered))
-            .await
-            .unwrap(),
-        pid
-    );
-    kernel.restore(recovered);
+    assert_eq!(agents[0], pid);
     let after = usage_of(&kernel, pid).await;
     assert_eq!(after.usage, before.usage, "its own calls are still counted");
     assert_eq!(after.subtree_usage, before.subtree_usage);
@@ -463,7 +466,9 @@ async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_resta
     assert_eq!(server.request_count(), calls, "no call past the budget");
     kernel.shutdown().await;
 
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let Up {
+        kernel, recovered, ..
+    } = durable(dir.path(), &server, &[]).await;
     assert_eq!(recovered.usage[&pid].subtree.total_tokens(), 150);
     assert_eq!(recovered.usage[&Pid::KERNEL].subtree.total_tokens(), 150);
     kernel.shutdown().await;
@@ -481,11 +486,8 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
     };
 
     // First life: no budget of its own; one call, one note; then killed and collected.
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
-    let pid = kernel
-        .spawn_declared(keeper(None), Some(&recovered))
-        .await
-        .unwrap();
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, &[keeper(None)]).await;
+    let pid = agents[0];
     run(&kernel, pid, "one").await;
     let note = NewMemory {
         text: "The deploy key rotates monthly.".into(),
@@ -501,14 +503,15 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
 
     // Back as the same PID, now with a budget: it starts whole, since
     // nothing was spent from it; memory and usage are still there.
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let Up {
+        kernel,
+        recovered,
+        agents,
+        ..
+    } = durable(dir.path(), &server, &[keeper(Some(120))]).await;
     assert_eq!(recovered.usage[&pid].budget_spent, None);
-    let again = kernel
-        .spawn_declared(keeper(Some(120)), Some(&recovered))
-        .await
-        .unwrap();
+    let again = agents[0];
     assert_eq!(again, pid);
-    kernel.restore(recovered);
     let info = kernel.get_process(Caller::Admin, pid).await.unwrap();
     assert_eq!(
         info.usage.total_tokens(),
@@ -526,13 +529,10 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
     kernel.shutdown().await;
 
     // What the budget spent comes back with it.
-    let (kernel, _, recovered) = durable(dir.path(), &server).await;
+    let Up {
+        kernel, recovered, ..
+    } = durable(dir.path(), &server, &[keeper(Some(120))]).await;
     assert_eq!(recovered.usage[&pid].budget_spent, Some(50));
-    kernel
-        .spawn_declared(keeper(Some(120)), Some(&recovered))
-        .await
-        .unwrap();
-    kernel.restore(recovered);
     let info = kernel.get_process(Caller::Admin, pid).await.unwrap();
     assert_eq!(info.usage.total_tokens(), 100);
     let budget = info.budget.unwrap();
@@ -550,7 +550,12 @@ async fn the_event_log_keeps_the_newest_events_within_its_limit() {
         ..test_settings()
     };
     let (runtimes, _) = hivekernel_tests::registry();
-    let kernel = Kernel::start_with(settings, runtimes, None, Some((store.clone(), &recovered)));
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(settings)
+            .runtimes(runtimes)
+            .store(store.clone(), recovered.clone()),
+    )
+    .await;
     let lead = kernel
         .spawn(
             Caller::Admin,
@@ -597,7 +602,12 @@ async fn the_event_log_keeps_the_newest_events_within_its_limit() {
     let (store, recovered) = open_store(dir.path()).await;
     assert_eq!(recovered.events_pruned_through, pruned);
     let (runtimes, _) = hivekernel_tests::registry();
-    let kernel = Kernel::start_with(test_settings(), runtimes, None, Some((store, &recovered)));
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(test_settings())
+            .runtimes(runtimes)
+            .store(store, recovered.clone()),
+    )
+    .await;
     let served = hivekernel_tests::served::Served::start(&kernel).await;
     let mut stream = served
         .admin()

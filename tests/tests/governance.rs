@@ -36,7 +36,7 @@ fn shipped_settings() -> KernelSettings {
 }
 
 /// A kernel whose agents talk to `server`; `test-model` costs $2.50 / $10 per million tokens.
-fn llm_kernel(server: &LlmServer, dir: &tempfile::TempDir) -> Kernel {
+async fn llm_kernel(server: &LlmServer, dir: &tempfile::TempDir) -> Kernel {
     let settings = KernelSettings {
         workspace: Some(dir.path().to_owned()),
         prices: [(
@@ -56,6 +56,7 @@ fn llm_kernel(server: &LlmServer, dir: &tempfile::TempDir) -> Kernel {
         AgentSettings::default(),
         &ToolSettings::default(),
     )
+    .await
     .0
 }
 
@@ -105,7 +106,7 @@ fn denials(kernel: &Kernel) -> Vec<(Pid, String, String)> {
 async fn budgets_are_lent_by_the_parent_charged_from_provider_usage_and_returned_on_exit() {
     let server = LlmServer::start(vec![Scripted::content_with_usage("done", 120, 30)]).await;
     let dir = tempfile::tempdir().unwrap();
-    let kernel = llm_kernel(&server, &dir);
+    let kernel = llm_kernel(&server, &dir).await;
     let lead = request(ROOT, "lead", Role::Lead, "probe");
     let lead = kernel
         .spawn(Caller::Admin, with_budget(lead, 1000))
@@ -169,7 +170,7 @@ async fn an_exhausted_budget_ends_the_task_with_budget_exceeded_and_calls_no_mod
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let kernel = llm_kernel(&server, &dir);
+    let kernel = llm_kernel(&server, &dir).await;
     let agent = request(ROOT, "thrifty", Role::Agent, "tool_agent");
     let agent = kernel
         .spawn(Caller::Admin, with_budget(agent, 100))
@@ -202,7 +203,7 @@ async fn an_exhausted_budget_ends_the_task_with_budget_exceeded_and_calls_no_mod
 async fn cost_comes_from_the_price_table_per_process_and_per_subtree() {
     let server = LlmServer::start(vec![Scripted::content_with_usage("ok", 1000, 100)]).await;
     let dir = tempfile::tempdir().unwrap();
-    let kernel = llm_kernel(&server, &dir);
+    let kernel = llm_kernel(&server, &dir).await;
     let lead = kernel
         .spawn(Caller::Admin, request(ROOT, "lead", Role::Lead, "probe"))
         .await
@@ -243,7 +244,7 @@ async fn rate_limits_refuse_spawns_and_model_calls_past_the_allowance() {
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let kernel = llm_kernel(&server, &dir);
+    let kernel = llm_kernel(&server, &dir).await;
 
     let mut lead = request(ROOT, "lead", Role::Lead, "probe");
     lead.limits.spawns_per_minute = Some(2);
@@ -294,7 +295,8 @@ async fn rate_limits_refuse_spawns_and_model_calls_past_the_allowance() {
 #[tokio::test]
 async fn shipped_roles_decide_what_a_process_may_do_and_a_child_never_gets_more() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(shipped_settings(), runtimes);
+    let kernel =
+        hivekernel_tests::start(Kernel::builder(shipped_settings()).runtimes(runtimes)).await;
     let probe = |parent, name, role| request(parent, name, role, "probe");
 
     // A tool needs its capability: a worker may run shell_exec, a task may not.
@@ -393,7 +395,8 @@ async fn shipped_roles_decide_what_a_process_may_do_and_a_child_never_gets_more(
 #[tokio::test]
 async fn a_process_token_acts_only_as_its_process_with_its_capabilities() {
     let (runtimes, _) = registry();
-    let kernel = Kernel::start(shipped_settings(), runtimes);
+    let kernel =
+        hivekernel_tests::start(Kernel::builder(shipped_settings()).runtimes(runtimes)).await;
     let served = Served::start(&kernel).await;
     let mut admin = served.admin();
     let mut worker_req = pb::SpawnRequest {
@@ -460,7 +463,7 @@ async fn a_process_token_acts_only_as_its_process_with_its_capabilities() {
 
 #[tokio::test]
 async fn limits_in_a_request_never_exceed_the_parents() {
-    let (kernel, _) = hivekernel_tests::kernel();
+    let (kernel, _) = hivekernel_tests::kernel().await;
     let mut lead = request(ROOT, "lead", Role::Lead, "probe");
     lead.limits = LimitOverrides {
         llm_calls_per_minute: Some(10),

@@ -66,7 +66,7 @@ impl Served {
     }
 
     async fn start_with(settings: KernelSettings) -> Served {
-        let (kernel, _journal) = hivekernel_tests::kernel_with(settings);
+        let (kernel, _journal) = hivekernel_tests::kernel_with(settings).await;
         let stop = kernel.shutdown_token();
         Served::start_until(kernel, async move { stop.cancelled().await }).await
     }
@@ -839,7 +839,7 @@ async fn shutdown_ends_open_event_streams_and_the_server() {
 
 #[tokio::test]
 async fn server_shutdown_ends_watches_and_streams_while_the_kernel_runs() {
-    let (kernel, _journal) = hivekernel_tests::kernel();
+    let (kernel, _journal) = hivekernel_tests::kernel().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = Served::start_until(kernel.clone(), async move {
         let _ = stopped.await;

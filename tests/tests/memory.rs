@@ -280,7 +280,7 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
 
 #[tokio::test]
 async fn a_kernel_without_a_store_refuses_memory_clearly() {
-    let (kernel, _) = hivekernel_tests::kernel();
+    let (kernel, _) = hivekernel_tests::kernel().await;
     let err = kernel
         .memory_store(Caller::Admin, note("x"))
         .await
@@ -469,12 +469,13 @@ async fn a_tool_agent_remembers_and_stores_an_artifact_through_the_model_loop() 
     let provider = server.provider();
     let (registry, _) = agent_registry(AgentSettings::default(), &ToolSettings::default());
     let (store, recovered) = open_store(dir.path()).await;
-    let kernel = Kernel::start_with(
-        test_settings(),
-        registry,
-        Some(Arc::new(provider)),
-        Some((store, &recovered)),
-    );
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(test_settings())
+            .runtimes(registry)
+            .llm(Arc::new(provider))
+            .store(store, recovered.clone()),
+    )
+    .await;
     let mut request = SpawnRequest::new(Pid::KERNEL, "scribe");
     request.runtime = Some("tool_agent".into());
     request.model = "test-model".into();

@@ -53,7 +53,7 @@ async fn send(
 
 #[tokio::test]
 async fn parent_and_child_talk_both_ways() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let t = tree(&kernel).await;
     send(&kernel, t.a, t.a1, "down").await.unwrap();
     send(&kernel, t.a1, t.a, "up").await.unwrap();
@@ -72,7 +72,7 @@ async fn parent_and_child_talk_both_ways() {
 
 #[tokio::test]
 async fn siblings_talk_with_a_low_priority_copy_to_the_parent() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let t = tree(&kernel).await;
     send(&kernel, t.a1, t.a2, "hello sibling").await.unwrap();
     wait_until("delivery and copy", Duration::from_secs(5), || async {
@@ -93,7 +93,7 @@ async fn siblings_talk_with_a_low_priority_copy_to_the_parent() {
 
 #[tokio::test]
 async fn cross_branch_messages_go_through_the_nearest_common_ancestor() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let t = tree(&kernel).await;
     send(&kernel, t.a1, t.b1, "across").await.unwrap();
     wait_until("cross-branch delivery", Duration::from_secs(5), || async {
@@ -116,7 +116,7 @@ async fn cross_branch_messages_go_through_the_nearest_common_ancestor() {
 
 #[tokio::test]
 async fn a_task_may_only_address_its_parent() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let t = tree(&kernel).await;
     let mut events = kernel.subscribe(None).live;
     send(&kernel, t.a2x, t.a2, "to parent").await.unwrap();
@@ -142,7 +142,7 @@ async fn a_task_may_only_address_its_parent() {
 
 #[tokio::test]
 async fn messages_to_unknown_or_exited_processes_are_refused() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let t = tree(&kernel).await;
     assert_eq!(
         send(&kernel, t.a, Pid(777), "x").await.unwrap_err(),
@@ -162,7 +162,7 @@ async fn messages_to_unknown_or_exited_processes_are_refused() {
 
 #[tokio::test]
 async fn execute_task_replies_and_times_out() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let t = tree(&kernel).await;
     let (_, reply) = kernel
         .execute_task(Caller::Admin, TaskSpec::new(t.a1, "ping"))
@@ -197,7 +197,7 @@ async fn execute_task_replies_and_times_out() {
 
 #[tokio::test]
 async fn delegate_async_reply_lands_in_the_senders_mailbox() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let t = tree(&kernel).await;
     let (_, reply) = kernel
         .execute_task(
@@ -255,7 +255,7 @@ async fn busy_serial(
 async fn a_full_mailbox_answers_resource_exhausted() {
     let mut settings = test_settings();
     settings.mailbox_capacity = 3;
-    let (kernel, _) = kernel_with(settings);
+    let (kernel, _) = kernel_with(settings).await;
     // Keep the process busy so nothing is popped while we fill the mailbox.
     let (serial, blocker) = busy_serial(&kernel, 2000).await;
     for i in 0..3 {
@@ -289,7 +289,7 @@ async fn a_full_mailbox_answers_resource_exhausted() {
 
 #[tokio::test]
 async fn expired_messages_are_dropped_with_an_event() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let mut events = kernel.subscribe(None).live;
     let (serial, blocker) = busy_serial(&kernel, 300).await;
     let mut short = Outgoing::new(serial, "short-lived");
@@ -321,7 +321,7 @@ async fn expired_messages_are_dropped_with_an_event() {
 
 #[tokio::test]
 async fn messages_to_pid_1_become_events() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let mut events = kernel.subscribe(None).live;
     send(&kernel, a, ROOT, "hello kernel").await.unwrap();
@@ -338,7 +338,7 @@ async fn messages_to_pid_1_become_events() {
 
 #[tokio::test]
 async fn events_replay_from_a_sequence_number_without_gaps() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let first = kernel.last_event_seq();
     for i in 0..5 {
         spawn_probe(&kernel, ROOT, &format!("p{i}"), Role::Agent).await;
@@ -353,7 +353,7 @@ async fn events_replay_from_a_sequence_number_without_gaps() {
 
 #[tokio::test]
 async fn a_process_cannot_wait_on_a_task_it_gave_itself() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let err = kernel
         .execute_task(Caller::Process(a), TaskSpec::new(a, "hello me"))
@@ -364,7 +364,7 @@ async fn a_process_cannot_wait_on_a_task_it_gave_itself() {
 
 #[tokio::test]
 async fn kernel_message_events_keep_only_a_preview_of_the_payload() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let mut events = kernel.subscribe(None).live;
     let big = "é".repeat(hivekernel_kernel::KERNEL_MESSAGE_PREVIEW);
@@ -379,7 +379,7 @@ async fn kernel_message_events_keep_only_a_preview_of_the_payload() {
 
 #[tokio::test]
 async fn top_level_siblings_send_no_copies_to_the_kernel() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
     let mut events = kernel.subscribe(None).live;
@@ -396,7 +396,7 @@ async fn top_level_siblings_send_no_copies_to_the_kernel() {
 
 #[tokio::test]
 async fn a_delegated_task_whose_worker_is_killed_mid_task_is_answered_as_failed() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let lead = spawn_probe(&kernel, Pid::KERNEL, "lead", Role::Lead).await;
     let (_, worker) = kernel
         .execute_task(Caller::Admin, TaskSpec::new(lead, "spawn slow worker"))

@@ -33,7 +33,7 @@ async fn fixture() -> Fixture {
     };
     let capture = Arc::new(Capture::wrapping(Arc::new(probe)));
     runtimes.register("capture", capture.clone());
-    let kernel = Kernel::start(test_settings(), runtimes);
+    let kernel = hivekernel_tests::start(Kernel::builder(test_settings()).runtimes(runtimes)).await;
     Fixture {
         lead: captured_with(
             &kernel,

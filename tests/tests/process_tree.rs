@@ -18,7 +18,7 @@ const ROOT: Pid = Pid::KERNEL;
 
 #[tokio::test]
 async fn pid_1_is_the_kernel_and_pids_are_never_reused() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let info = kernel.get_process(Caller::Admin, ROOT).await.unwrap();
     assert_eq!(
         (info.role, info.tier, info.ppid),
@@ -38,7 +38,7 @@ async fn pid_1_is_the_kernel_and_pids_are_never_reused() {
 
 #[tokio::test]
 async fn spawn_refuses_an_empty_name() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     for name in ["", "   ", "bad\nname"] {
         let err = kernel
             .spawn(Caller::Admin, probe_request(ROOT, name, Role::Agent))
@@ -54,7 +54,7 @@ async fn spawn_refuses_an_empty_name() {
 
 #[tokio::test]
 async fn spawn_refuses_a_parent_that_is_not_alive() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     kernel.kill(Caller::Admin, parent, "").await.unwrap();
     let err = kernel
@@ -79,7 +79,7 @@ async fn spawn_refuses_a_parent_that_is_not_alive() {
 async fn spawn_refuses_beyond_the_kernel_max_depth() {
     let mut settings = test_settings();
     settings.max_depth = 3;
-    let (kernel, _) = kernel_with(settings);
+    let (kernel, _) = kernel_with(settings).await;
     let mut parent = ROOT;
     for level in 1..=3 {
         parent = spawn_probe(&kernel, parent, &format!("level{level}"), Role::Lead).await;
@@ -97,7 +97,7 @@ async fn spawn_refuses_beyond_the_kernel_max_depth() {
 
 #[tokio::test]
 async fn max_depth_narrows_per_process() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut request = probe_request(ROOT, "shallow", Role::Lead);
     request.limits.max_depth = Some(1);
     let shallow = kernel.spawn(Caller::Admin, request).await.unwrap();
@@ -123,7 +123,7 @@ async fn max_depth_narrows_per_process() {
 
 #[tokio::test]
 async fn spawn_refuses_past_max_children_and_counts_only_live_ones() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut request = probe_request(ROOT, "lead", Role::Lead);
     request.limits.max_children = Some(2);
     let lead = kernel.spawn(Caller::Admin, request).await.unwrap();
@@ -149,7 +149,7 @@ async fn spawn_refuses_past_max_children_and_counts_only_live_ones() {
 
 #[tokio::test]
 async fn spawn_refuses_a_tier_above_the_parent() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut request = probe_request(ROOT, "ops", Role::Lead);
     request.tier = Some(Tier::Operational);
     let ops = kernel.spawn(Caller::Admin, request).await.unwrap();
@@ -176,7 +176,7 @@ async fn spawn_refuses_a_tier_above_the_parent() {
 
 #[tokio::test]
 async fn a_task_may_not_spawn() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let task = spawn_probe(&kernel, ROOT, "t", Role::Task).await;
     let err = kernel
         .spawn(Caller::Admin, probe_request(task, "sub", Role::Task))
@@ -208,7 +208,7 @@ async fn a_task_may_not_spawn() {
 
 #[tokio::test]
 async fn spawn_refuses_limits_larger_than_the_parents() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut request = probe_request(ROOT, "lead", Role::Lead);
     request.limits = LimitOverrides {
         max_children: Some(4),
@@ -253,7 +253,7 @@ async fn spawn_refuses_limits_larger_than_the_parents() {
 
 #[tokio::test]
 async fn a_process_may_only_spawn_its_own_children() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
     let err = kernel
@@ -271,7 +271,7 @@ async fn a_process_may_only_spawn_its_own_children() {
 
 #[tokio::test]
 async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     let top = spawn_probe(&kernel, parent, "top", Role::Lead).await;
     let mid = spawn_probe(&kernel, top, "mid", Role::Lead).await;
@@ -319,7 +319,7 @@ async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
 
 #[tokio::test]
 async fn kill_refuses_pid_1_strangers_and_the_dead() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
     let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
     assert!(matches!(
@@ -343,7 +343,7 @@ async fn kill_refuses_pid_1_strangers_and_the_dead() {
 
 #[tokio::test]
 async fn kill_cancels_work_in_flight_and_fails_queued_tasks() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let busy = spawn_probe(&kernel, ROOT, "busy", Role::Agent).await;
     let mut tasks = Vec::new();
     for _ in 0..6 {
@@ -374,7 +374,7 @@ async fn kill_cancels_work_in_flight_and_fails_queued_tasks() {
 
 #[tokio::test]
 async fn wait_child_returns_the_exit_record_and_reaps() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     let child = spawn_probe(&kernel, parent, "child", Role::Worker).await;
 
@@ -442,7 +442,7 @@ async fn wait_child_returns_the_exit_record_and_reaps() {
 async fn uncollected_zombies_are_reaped_after_the_timeout() {
     let mut settings = test_settings();
     settings.zombie_timeout_seconds = 1;
-    let (kernel, _) = kernel_with(settings);
+    let (kernel, _) = kernel_with(settings).await;
     let child = spawn_probe(&kernel, ROOT, "child", Role::Worker).await;
     kernel.kill(Caller::Admin, child, "").await.unwrap();
     assert_eq!(
@@ -468,7 +468,7 @@ async fn uncollected_zombies_are_reaped_after_the_timeout() {
 
 #[tokio::test]
 async fn a_panicking_runtime_exits_its_process_and_the_kernel_keeps_running() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     let child = spawn_probe(&kernel, parent, "fragile", Role::Lead).await;
     let grandchild = spawn_probe(&kernel, child, "below", Role::Worker).await;
@@ -499,7 +499,7 @@ async fn a_panicking_runtime_exits_its_process_and_the_kernel_keeps_running() {
 
 #[tokio::test]
 async fn shutdown_stops_everything_and_refuses_new_work() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let lead = spawn_probe(&kernel, ROOT, "lead", Role::Lead).await;
     spawn_probe(&kernel, lead, "worker", Role::Worker).await;
     kernel.shutdown().await;
@@ -517,7 +517,7 @@ async fn shutdown_stops_everything_and_refuses_new_work() {
 
 #[tokio::test]
 async fn a_kill_whose_caller_gives_up_still_finishes_its_bookkeeping() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let parent = spawn_probe(&kernel, ROOT, "parent", Role::Lead).await;
     let child = spawn_probe(&kernel, parent, "child", Role::Lead).await;
     spawn_probe(&kernel, child, "grandchild", Role::Worker).await;
@@ -558,7 +558,7 @@ async fn a_kill_whose_caller_gives_up_still_finishes_its_bookkeeping() {
 
 #[tokio::test]
 async fn pid_1_cannot_be_waited_for() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let err = kernel
         .wait_child(Caller::Admin, ROOT, None)
         .await

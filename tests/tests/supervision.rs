@@ -123,7 +123,7 @@ fn restarted(events: &[Arc<Event>]) -> Vec<(Pid, u32)> {
 /// checking each restart on the way: the restart count before escalation is
 /// `max_restarts` and failure `max_restarts + 1` escalates.
 async fn crash_loop_escalates_at_the_intensity(strategy: Strategy, max_restarts: u32) {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let parent = spawn(&kernel, ROOT, "parent", None, Some(strategy)).await;
     let before = spawn(
@@ -241,7 +241,7 @@ async fn rest_for_one_crash_loop_escalates_exactly_at_the_intensity() {
 
 #[tokio::test(start_paused = true)]
 async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let spec = RestartSpec {
         policy: Permanent,
@@ -288,7 +288,7 @@ async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties()
 
 #[tokio::test(start_paused = true)]
 async fn a_restarting_process_keeps_its_identity_and_gets_a_fresh_mailbox() {
-    let (kernel, journal) = kernel();
+    let (kernel, journal) = kernel().await;
     let mut events = Events::new(&kernel);
     let mut request = probe_request(ROOT, "phoenix", Role::Lead);
     request.restart = Some(restart(Permanent, 3));
@@ -375,7 +375,7 @@ async fn a_restarting_process_keeps_its_identity_and_gets_a_fresh_mailbox() {
 
 #[tokio::test(start_paused = true)]
 async fn transient_restarts_after_failures_but_not_after_a_normal_exit() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let pid = spawn(
         &kernel,
@@ -420,7 +420,7 @@ async fn transient_restarts_after_failures_but_not_after_a_normal_exit() {
 
 #[tokio::test(start_paused = true)]
 async fn permanent_restarts_even_after_a_normal_exit() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let pid = spawn(
         &kernel,
@@ -441,7 +441,7 @@ async fn permanent_restarts_even_after_a_normal_exit() {
 
 #[tokio::test(start_paused = true)]
 async fn temporary_processes_are_never_restarted() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let explicit = spawn(
         &kernel,
@@ -467,7 +467,7 @@ async fn temporary_processes_are_never_restarted() {
 
 #[tokio::test(start_paused = true)]
 async fn an_explicit_kill_never_restarts() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let spec = Some(restart(Permanent, 10));
     // By the admin (gRPC Kill, CLI kill).
@@ -512,7 +512,7 @@ async fn an_explicit_kill_never_restarts() {
 
 #[tokio::test(start_paused = true)]
 async fn escalation_to_pid_1_leaves_the_child_dead_and_the_kernel_running() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let child = spawn(&kernel, ROOT, "child", Some(restart(Permanent, 1)), None).await;
     let sibling = spawn(&kernel, ROOT, "sibling", Some(restart(Permanent, 1)), None).await;
@@ -553,7 +553,7 @@ async fn escalation_to_pid_1_leaves_the_child_dead_and_the_kernel_running() {
 
 #[tokio::test(start_paused = true)]
 async fn an_escalated_parent_is_restarted_under_its_own_policy() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let parent = spawn(&kernel, ROOT, "parent", Some(restart(Permanent, 5)), None).await;
     let child = spawn(&kernel, parent, "child", Some(restart(Transient, 1)), None).await;
@@ -612,7 +612,7 @@ async fn role_defaults_come_from_the_settings_and_a_request_overrides_them() {
             ..RoleSettings::default()
         },
     );
-    let (kernel, _) = kernel_with(settings);
+    let (kernel, _) = kernel_with(settings).await;
     let mut events = Events::new(&kernel);
     // A lead: one_for_all by its role; its workers permanent by theirs.
     let lead = spawn(&kernel, ROOT, "lead", None, None).await;
@@ -636,7 +636,7 @@ async fn role_defaults_come_from_the_settings_and_a_request_overrides_them() {
 
 #[tokio::test]
 async fn spawn_refuses_an_unsound_restart_spec_naming_the_field() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     type Edit = fn(&mut RestartSpec);
     let cases: [(Edit, &str); 3] = [
         (|s| s.backoff_ms = [500, 100], "restart.backoff_ms"),
@@ -659,7 +659,7 @@ async fn spawn_refuses_an_unsound_restart_spec_naming_the_field() {
 async fn shutdown_forces_what_still_runs_after_the_grace_period() {
     let mut settings = test_settings();
     settings.shutdown_grace_ms = 500;
-    let (kernel, _) = kernel_with(settings);
+    let (kernel, _) = kernel_with(settings).await;
     let quick = spawn(&kernel, ROOT, "quick", None, None).await;
     let stubborn = spawn(&kernel, ROOT, "stubborn", None, None).await;
     let ask = |pid: Pid, task: &'static str| {
@@ -696,7 +696,7 @@ async fn shutdown_forces_what_still_runs_after_the_grace_period() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_cancels_pending_restarts() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let mut events = Events::new(&kernel);
     let spec = RestartSpec {
         backoff_ms: [60_000, 60_000],
@@ -718,7 +718,7 @@ async fn shutdown_cancels_pending_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running() {
-    let (kernel, _) = kernel();
+    let (kernel, _) = kernel().await;
     let parent = spawn(&kernel, ROOT, "parent", None, Some(Strategy::OneForAll)).await;
     let spec = RestartSpec {
         backoff_ms: [0, 0],

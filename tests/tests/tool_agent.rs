@@ -19,7 +19,7 @@ use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
 use serde_json::Value;
 
 /// A kernel whose agents talk to `server`, with workspaces under `workspace`.
-fn kernel_for(
+async fn kernel_for(
     server: &LlmServer,
     workspace: &std::path::Path,
     agent: AgentSettings,
@@ -31,13 +31,15 @@ fn kernel_for(
         default_runtime: "tool_agent".into(),
         ..test_settings()
     };
-    agent_kernel(settings, Arc::new(provider), agent, &tools).0
+    agent_kernel(settings, Arc::new(provider), agent, &tools)
+        .await
+        .0
 }
 
 /// A kernel with default agent settings and [`worker_tools`], workspaces in a fresh directory.
-fn default_kernel(server: &LlmServer) -> (Kernel, tempfile::TempDir) {
+async fn default_kernel(server: &LlmServer) -> (Kernel, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let kernel = kernel_for(server, dir.path(), AgentSettings::default(), worker_tools());
+    let kernel = kernel_for(server, dir.path(), AgentSettings::default(), worker_tools()).await;
     (kernel, dir)
 }
 
@@ -104,7 +106,7 @@ fn worker_tools() -> ToolSettings {
 #[tokio::test]
 async fn a_daemon_task_orchestrates_workers_end_to_end_and_leaves_none() {
     let server = LlmServer::answering(scripted_answer).await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
     let answer = run_task(
@@ -160,7 +162,7 @@ async fn a_failed_and_a_timed_out_worker_are_reported_and_every_worker_is_gone()
     let dir = tempfile::tempdir().unwrap();
     let mut tools = worker_tools();
     tools.orchestrate.subtask_timeout = Duration::from_secs(1);
-    let kernel = kernel_for(&server, dir.path(), AgentSettings::default(), tools);
+    let kernel = kernel_for(&server, dir.path(), AgentSettings::default(), tools).await;
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
     run_task(&kernel, lead, "fine work; broken work; slow work")
@@ -191,7 +193,7 @@ async fn an_abandoned_orchestration_kills_its_workers() {
         scripted_answer(body)
     })
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 
     let mut spec = TaskSpec::new(lead, "first part; second part");
@@ -223,7 +225,7 @@ async fn an_unusable_plan_is_a_tool_error_and_spawns_nothing() {
         scripted_answer(body)
     })
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
     let answer = run_task(&kernel, lead, "apples; pears").await.unwrap();
     assert!(
@@ -238,7 +240,7 @@ async fn an_unusable_plan_is_a_tool_error_and_spawns_nothing() {
 #[tokio::test]
 async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
     let server = LlmServer::answering(scripted_answer).await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let boss = spawn_agent(&kernel, "boss", Role::Daemon, &["delegate_async"]).await;
     let mut request = SpawnRequest::new(boss, "helper");
     request.runtime = Some("echo".into());
@@ -285,7 +287,7 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
 #[tokio::test]
 async fn task_role_agents_start_every_input_fresh() {
     let server = LlmServer::answering(scripted_answer).await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "solo", Role::Agent, &[]).await;
     assert_eq!(
         run_task(&kernel, agent, "first").await.unwrap(),
@@ -323,7 +325,8 @@ async fn tools_not_on_the_list_are_refused_whatever_the_model_asks() {
         dir.path(),
         AgentSettings::default(),
         worker_tools(),
-    );
+    )
+    .await;
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_children"]).await;
     assert_eq!(
         run_task(&kernel, agent, "try everything").await.unwrap(),
@@ -368,7 +371,7 @@ async fn malformed_tool_calls_come_back_as_errors_and_the_agent_carries_on() {
         Scripted::content("still alive"),
     ])
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_dir"]).await;
     assert_eq!(
         run_task(&kernel, agent, "look around").await.unwrap(),
@@ -411,7 +414,7 @@ async fn the_round_limit_ends_a_task_that_never_stops_calling_tools() {
         max_tool_iterations: 3,
         ..AgentSettings::default()
     };
-    let kernel = kernel_for(&server, dir.path(), agent_settings, worker_tools());
+    let kernel = kernel_for(&server, dir.path(), agent_settings, worker_tools()).await;
     let agent = spawn_agent(&kernel, "looper", Role::Agent, &["list_children"]).await;
     let failed = run_task(&kernel, agent, "loop").await.unwrap_err();
     assert!(
@@ -431,7 +434,7 @@ async fn a_context_length_error_shortens_the_request_and_retries() {
         Scripted::content("fits now"),
     ])
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let daemon = spawn_agent(&kernel, "keeper", Role::Daemon, &[]).await;
     run_task(&kernel, daemon, &"old context ".repeat(2000))
         .await
@@ -456,7 +459,7 @@ async fn context_length_errors_past_three_retries_fail_the_task_clearly() {
         Scripted::context_length_exceeded()
     })
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &[]).await;
     let failed = run_task(&kernel, agent, "too big").await.unwrap_err();
     assert!(failed.contains("context length exceeded"), "{failed}");
@@ -475,7 +478,7 @@ async fn usage_from_the_provider_is_recorded_against_the_process() {
         Scripted::content_with_usage("two", 80, 5),
     ])
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "counted", Role::Agent, &[]).await;
     run_task(&kernel, agent, "a").await.unwrap();
     run_task(&kernel, agent, "b").await.unwrap();
@@ -502,7 +505,7 @@ async fn workspace_tools_work_in_the_agents_own_directory() {
         Scripted::content("written"),
     ])
     .await;
-    let (kernel, dir) = default_kernel(&server);
+    let (kernel, dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "scribe", Role::Agent, &["write_file"]).await;
     assert_eq!(run_task(&kernel, agent, "write").await.unwrap(), "written");
     let written = std::fs::read_to_string(dir.path().join("scribe/notes/a.txt")).unwrap();
@@ -513,7 +516,7 @@ async fn workspace_tools_work_in_the_agents_own_directory() {
 #[tokio::test]
 async fn an_unknown_tool_in_a_spawn_request_is_refused_with_the_known_ones() {
     let server = LlmServer::start(Vec::new()).await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let mut request = SpawnRequest::new(Pid::KERNEL, "bad");
     request.runtime = Some("tool_agent".into());
     request.tools = vec!["read_file".into(), "teleport".into()];
@@ -539,7 +542,7 @@ async fn model_and_tool_calls_are_events_of_the_process_that_made_them() {
         Scripted::status(200, "this is not JSON"),
     ])
     .await;
-    let (kernel, _dir) = default_kernel(&server);
+    let (kernel, _dir) = default_kernel(&server).await;
     let agent = spawn_agent(&kernel, "agent", Role::Agent, &["list_dir"]).await;
     assert_eq!(
         run_task(&kernel, agent, "look around").await.unwrap(),

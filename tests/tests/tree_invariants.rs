@@ -78,7 +78,7 @@ proptest! {
     fn random_spawn_kill_wait_keeps_the_tree_sound(ops in prop::collection::vec(op(), 1..60)) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async {
-            let (kernel, _) = kernel();
+            let (kernel, _) = kernel().await;
             let mut known = vec![Pid::KERNEL];
             let mut ever: HashSet<Pid> = HashSet::from([Pid::KERNEL]);
             for op in ops {

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use cron::Schedule;
 use hivekernel_agents::Capability;
 use hivekernel_agents::{Pid, SpawnRequest};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -153,20 +153,29 @@ pub(crate) struct Cron {
     wake: Arc<Notify>,
     clock: Clock,
     /// `templates` from the config, by name.
-    templates: RwLock<HashMap<String, SpawnRequest>>,
+    templates: HashMap<String, SpawnRequest>,
     /// Held by add and remove across their store commit, so two changes to
     /// one name never interleave.
     admin: Arc<tokio::sync::Mutex<()>>,
     generations: std::sync::atomic::AtomicU64,
 }
 
-impl Default for Cron {
-    fn default() -> Self {
+impl Cron {
+    /// A cron with no entries yet; `spawn` entries may use `templates`. Its
+    /// clock starts at `anchor` (wall time at a tokio instant) when given.
+    pub(crate) fn new(
+        templates: HashMap<String, SpawnRequest>,
+        anchor: Option<(u64, Instant)>,
+    ) -> Self {
+        let clock = Clock::new();
+        if let Some(anchor) = anchor {
+            clock.set_anchor(anchor);
+        }
         Cron {
             state: Mutex::new(State::default()),
             wake: Arc::new(Notify::new()),
-            clock: Clock::new(),
-            templates: RwLock::new(HashMap::new()),
+            clock,
+            templates,
             admin: Arc::new(tokio::sync::Mutex::new(())),
             generations: std::sync::atomic::AtomicU64::new(1),
         }
@@ -180,7 +189,7 @@ impl Cron {
     }
 
     pub(crate) fn template(&self, name: &str) -> Option<SpawnRequest> {
-        self.templates.read().get(name).cloned()
+        self.templates.get(name).cloned()
     }
 }
 
@@ -190,14 +199,10 @@ impl Kernel {
         self.inner.cron.clock.now_ms()
     }
 
-    /// Makes this kernel's cron clock read what `other`'s reads, for
-    /// embedders (and tests under a paused clock) that run one kernel after
-    /// another in the same process.
-    pub fn align_cron_clock(&self, other: &Kernel) {
-        self.inner
-            .cron
-            .clock
-            .set_anchor(other.inner.cron.clock.anchor());
+    /// The anchor of this kernel's cron clock (wall time at a tokio instant),
+    /// for a kernel started after it in the same process to read the same time.
+    pub(crate) fn cron_clock_anchor(&self) -> (u64, Instant) {
+        self.inner.cron.clock.anchor()
     }
 
     /// Adds an entry owned by the caller; a process may only aim it at
@@ -346,16 +351,11 @@ impl Kernel {
         infos
     }
 
-    /// Sets the `templates` the `spawn` action may use.
-    pub fn set_cron_templates(&self, templates: HashMap<String, SpawnRequest>) {
-        *self.inner.cron.templates.write() = templates;
-    }
-
     /// At start: takes the stored entries back, replaces the config's with
     /// `declared` (owner, spec), and settles slots missed while down. Call
     /// once, after the config agents are back; returns what could not be
     /// loaded.
-    pub async fn start_cron(
+    pub(crate) async fn start_cron(
         &self,
         stored: Vec<StoredCron>,
         declared: Vec<(Pid, CronSpec)>,
@@ -635,7 +635,7 @@ impl Kernel {
             (super::CronAction::Spawn, Some(template))
                 if self.inner.cron.template(template).is_none() =>
             {
-                let known: Vec<String> = self.inner.cron.templates.read().keys().cloned().collect();
+                let known: Vec<String> = self.inner.cron.templates.keys().cloned().collect();
                 return bad(format!(
                     "unknown template {template:?} (known: {})",
                     if known.is_empty() {

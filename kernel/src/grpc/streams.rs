@@ -212,7 +212,12 @@ mod tests {
         store.flush().await.unwrap();
         // Memory lets go of committed events as new ones come.
         emit(&bus, 1);
-        let kernel = Kernel::start(KernelSettings::default(), RuntimeRegistry::default());
+        let kernel = Kernel::builder(KernelSettings::default())
+            .runtimes(RuntimeRegistry::default())
+            .start()
+            .await
+            .unwrap()
+            .kernel;
         let stop = Stop {
             kernel: CancellationToken::new(),
             server: CancellationToken::new(),

@@ -79,12 +79,12 @@ async fn durable_send(per: usize) -> (f64, Latencies) {
         default_runtime: "echo".into(),
         ..KernelSettings::default()
     };
-    let kernel = Kernel::start_with(
-        settings,
-        RuntimeRegistry::builtin(),
-        None,
-        Some((store.clone(), &recovered)),
-    );
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(settings)
+            .runtimes(RuntimeRegistry::builtin())
+            .store(store.clone(), recovered),
+    )
+    .await;
     let mut sinks = Vec::new();
     for i in 0..SINKS {
         let request = SpawnRequest::new(Pid::KERNEL, format!("sink-{i}"));

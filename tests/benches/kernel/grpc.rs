@@ -238,7 +238,7 @@ pub(crate) async fn run(sizes: &crate::Sizes) -> Vec<Row> {
             .map(|channel| Client::Health(HealthClient::new(channel)))
             .collect();
         // A fresh kernel per level: Spawn leaves its children behind.
-        let kernel = start_kernel();
+        let kernel = start_kernel().await;
         let pids = kernel_pids(&kernel).await;
         let served = Served::start(kernel).await;
         let clients: Vec<Client> = channels(&served.addr, concurrency)

@@ -96,7 +96,7 @@ async fn echo_agents(kernel: &Kernel, prefix: &str, n: usize) -> Vec<Pid> {
 /// Sends `per` messages from each of 4 tasks to its own echo agent, until
 /// every mailbox is empty again. Returns the time taken and the retries.
 async fn kernel_send(per: usize) -> (f64, u64) {
-    let kernel = start_kernel();
+    let kernel = start_kernel().await;
     let pids = echo_agents(&kernel, "sink", SENDERS).await;
     let start = Instant::now();
     let senders: Vec<_> = pids
@@ -194,7 +194,7 @@ async fn floor_send(per: usize) -> f64 {
 
 /// `n` closed-loop `execute_task` calls on one echo agent: (p50, p99) in ns.
 async fn kernel_ask(n: usize) -> (f64, f64) {
-    let kernel = start_kernel();
+    let kernel = start_kernel().await;
     let pid = echo_agents(&kernel, "echo", 1).await[0];
     let mut latencies = Latencies::with_capacity(n);
     for _ in 0..n {

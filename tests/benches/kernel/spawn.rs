@@ -37,8 +37,8 @@ pub(crate) fn settings() -> KernelSettings {
     }
 }
 
-pub(crate) fn start_kernel() -> Kernel {
-    Kernel::start(settings(), RuntimeRegistry::builtin())
+pub(crate) async fn start_kernel() -> Kernel {
+    hivekernel_tests::start(Kernel::builder(settings()).runtimes(RuntimeRegistry::builtin())).await
 }
 
 fn names(n: usize) -> Vec<String> {
@@ -88,7 +88,7 @@ pub(crate) async fn spawn(sizes: &Sizes) -> Vec<Row> {
             sizes.runs,
             || async move {
                 let names = names(n);
-                let kernel = start_kernel();
+                let kernel = start_kernel().await;
                 let spawned = spawn_agents(&kernel, names).await;
                 let start = Instant::now();
                 kernel.shutdown().await;
@@ -213,7 +213,7 @@ pub(crate) fn child(what: &str, n: usize) {
     let (before, after) = runtime.block_on(crate::on_worker(async move {
         match what.as_str() {
             MEM_KERNEL => {
-                let kernel = start_kernel();
+                let kernel = start_kernel().await;
                 settle().await;
                 let before = rss_bytes();
                 spawn_agents(&kernel, names).await;

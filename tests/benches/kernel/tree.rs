@@ -63,7 +63,7 @@ pub(crate) async fn kill(sizes: &Sizes) -> Vec<Row> {
 /// the processes are echo agents that have each handled one message first,
 /// so each has its runner task.
 async fn kill_tree(leads: usize, workers: usize, busy: bool) -> f64 {
-    let kernel = start_kernel();
+    let kernel = start_kernel().await;
     let spawn = |parent: Pid, name: String, max_children: usize| {
         let mut request = SpawnRequest::new(parent, name);
         request.limits.max_children = Some(max_children as u32);
@@ -134,7 +134,7 @@ async fn quiet() {
 
 pub(crate) async fn list(sizes: &Sizes) -> Vec<Row> {
     let n = sizes.listed;
-    let kernel = start_kernel();
+    let kernel = start_kernel().await;
     let names = (0..n).map(|i| format!("agent-{i}")).collect();
     spawn_agents(&kernel, names).await;
     let listed = n + 1;

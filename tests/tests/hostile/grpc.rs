@@ -57,7 +57,7 @@ fn spawn(parent: u64, name: &str) -> pb::SpawnRequest {
 #[tokio::test]
 async fn malformed_requests_are_refused_and_change_nothing() {
     let _heavy = crate::HEAVY.lock().await;
-    let (kernel, journal) = kernel_with(test_settings());
+    let (kernel, journal) = kernel_with(test_settings()).await;
     let target = spawn_probe(&kernel, Pid::KERNEL, "target", Role::Lead).await;
     let served = Served::start(&kernel).await;
     let mut client = served.admin();
@@ -404,7 +404,7 @@ async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
     const CAPACITY: usize = 16;
     let mut settings = test_settings();
     settings.mailbox_capacity = CAPACITY;
-    let (kernel, journal) = kernel_with(settings);
+    let (kernel, journal) = kernel_with(settings).await;
     let mut request = probe_request(Pid::KERNEL, "slow", Role::Agent);
     request.limits.max_concurrent_tasks = Some(1);
     let slow = kernel.spawn(Caller::Admin, request).await.unwrap();

@@ -1,0 +1,225 @@
+//! [`KernelBuilder`]: the one way a kernel is put together and started, by
+//! `hivekernel start`, the tests and the benchmark alike.
+//!
+//! Everything a kernel runs with is given before [`KernelBuilder::start`];
+//! nothing is configured after it returns. Starting is, in order: PID 1,
+//! the reaper and the cron timer; the config's agents as children of PID 1
+//! in the order given, each as the PID it had before a restart; what the
+//! store remembers (processes that did not come back, queued messages,
+//! unanswered requests); and the cron entries, stored and declared.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hivekernel_agents::llm::Provider;
+use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
+
+use super::Kernel;
+use crate::config::KernelSettings;
+use crate::error::KernelError;
+use crate::exec::ExecRuntime;
+use crate::restore::Restored;
+use crate::runtime::RuntimeRegistry;
+use crate::store::{Recovered, Store};
+
+/// A config agent: how to spawn it, and the cron entries it owns.
+#[derive(Debug, Clone)]
+pub struct Declared {
+    /// Its spawn request (a child of PID 1).
+    pub request: SpawnRequest,
+    /// Its cron entries; their target is set to its PID when it starts.
+    pub cron: Vec<CronSpec>,
+}
+
+impl Declared {
+    /// An agent with no cron entries.
+    pub fn new(request: SpawnRequest) -> Self {
+        Declared {
+            request,
+            cron: Vec::new(),
+        }
+    }
+}
+
+/// What a kernel is made of; see the [module docs](self).
+#[derive(Debug)]
+#[must_use = "a builder does nothing until start() is awaited"]
+pub struct KernelBuilder {
+    settings: KernelSettings,
+    runtimes: RuntimeRegistry,
+    llm: Option<Arc<dyn Provider>>,
+    store: Option<(Store, Recovered)>,
+    exec: Option<ExecRuntime>,
+    templates: HashMap<String, SpawnRequest>,
+    agents: Vec<Declared>,
+    cron_anchor: Option<(u64, tokio::time::Instant)>,
+}
+
+/// A started kernel, and what starting it did.
+#[derive(Debug)]
+pub struct Started {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// The PID of each declared agent, in the order they were given.
+    pub agents: Vec<Pid>,
+    /// What the store brought back (all zero without a store).
+    pub restored: Restored,
+    /// Stored or declared cron entries that could not be loaded.
+    pub cron_problems: Vec<String>,
+}
+
+/// A declared agent the kernel refused; the kernel was stopped again.
+#[derive(Debug, thiserror::Error)]
+#[error("agent {name:?} could not be started: {source}")]
+pub struct AgentRefused {
+    /// The agent.
+    pub name: String,
+    /// Why.
+    pub source: KernelError,
+}
+
+impl Kernel {
+    /// A kernel with these settings, the built-in runtimes, no model
+    /// provider and no store, until the builder says otherwise.
+    pub fn builder(settings: KernelSettings) -> KernelBuilder {
+        KernelBuilder {
+            settings,
+            runtimes: RuntimeRegistry::builtin(),
+            llm: None,
+            store: None,
+            exec: None,
+            templates: HashMap::new(),
+            agents: Vec::new(),
+            cron_anchor: None,
+        }
+    }
+}
+
+impl KernelBuilder {
+    /// The runtimes processes may name.
+    pub fn runtimes(mut self, runtimes: RuntimeRegistry) -> Self {
+        self.runtimes = runtimes;
+        self
+    }
+
+    /// The model provider behind every process's model calls.
+    pub fn llm(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.llm = Some(provider);
+        self
+    }
+
+    /// Keeps what must survive in `store`, continuing from what it
+    /// `recovered` (counters, config agents' PIDs and usage, queued
+    /// messages, cron entries).
+    pub fn store(mut self, store: Store, recovered: Recovered) -> Self {
+        self.store = Some((store, recovered));
+        self
+    }
+
+    /// Enables the `exec` runtime: external agents started as OS processes
+    /// that reach the kernel over gRPC. Without it, `exec` spawns are refused.
+    pub fn exec(mut self, exec: ExecRuntime) -> Self {
+        self.exec = Some(exec);
+        self
+    }
+
+    /// The config's `templates`, by name, that cron `spawn` entries start from.
+    pub fn cron_templates(mut self, templates: HashMap<String, SpawnRequest>) -> Self {
+        self.templates = templates;
+        self
+    }
+
+    /// The config's agents, started as children of PID 1 in this order.
+    pub fn agents(mut self, agents: Vec<Declared>) -> Self {
+        self.agents = agents;
+        self
+    }
+
+    /// Reads cron's wall time as `earlier` does, for embedders (and tests
+    /// under a paused tokio clock) that run one kernel after another in the
+    /// same process: the second then sees the slots the first saw pass.
+    pub fn cron_clock_of(mut self, earlier: &Kernel) -> Self {
+        self.cron_anchor = Some(earlier.cron_clock_anchor());
+        self
+    }
+
+    /// Starts the kernel; see the [module docs](self). Must be awaited
+    /// inside a tokio runtime. Fails only when a declared agent is refused,
+    /// after stopping what had started.
+    pub async fn start(self) -> Result<Started, AgentRefused> {
+        let KernelBuilder {
+            settings,
+            mut runtimes,
+            llm,
+            store,
+            exec,
+            templates,
+            agents,
+            cron_anchor,
+        } = self;
+        if let Some(exec) = exec {
+            runtimes.enable_exec(exec);
+        }
+        let (store, mut recovered) = match store {
+            Some((store, recovered)) => {
+                store.set_event_log_limit(settings.event_log_limit);
+                (Some(store), Some(recovered))
+            }
+            None => (None, None),
+        };
+        let durable = store.is_some();
+        let kernel = Kernel::assemble(
+            settings,
+            runtimes,
+            llm,
+            store.zip(recovered.as_ref()),
+            templates,
+            cron_anchor,
+        );
+        let mut pids = Vec::with_capacity(agents.len());
+        for agent in &agents {
+            match kernel
+                .spawn_declared(agent.request.clone(), recovered.as_ref())
+                .await
+            {
+                Ok(pid) => pids.push(pid),
+                Err(source) => {
+                    kernel.shutdown().await;
+                    return Err(AgentRefused {
+                        name: agent.request.name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        let stored_cron = recovered
+            .as_mut()
+            .map(|recovered| std::mem::take(&mut recovered.cron))
+            .unwrap_or_default();
+        let restored = recovered
+            .map(|recovered| kernel.restore(recovered))
+            .unwrap_or_default();
+        let declared_cron: Vec<(Pid, CronSpec)> = agents
+            .iter()
+            .zip(&pids)
+            .flat_map(|(agent, pid)| {
+                agent.cron.iter().map(|entry| {
+                    let mut entry = entry.clone();
+                    entry.target = *pid;
+                    (*pid, entry)
+                })
+            })
+            .collect();
+        let cron_problems = if durable || !declared_cron.is_empty() {
+            kernel.start_cron(stored_cron, declared_cron).await
+        } else {
+            Vec::new()
+        };
+        Ok(Started {
+            kernel,
+            agents: pids,
+            restored,
+            cron_problems,
+        })
+    }
+}
