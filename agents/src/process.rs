@@ -10,6 +10,13 @@ use crate::capability::Capabilities;
 use crate::named::named_enum;
 use crate::supervision::{RestartSpec, Strategy};
 
+/// Exit code of a killed process.
+pub const EXIT_KILLED: i32 = 137;
+/// Exit code of a process whose runtime panicked.
+pub const EXIT_PANICKED: i32 = 101;
+/// Exit code of a process whose runtime failed.
+pub const EXIT_FAILED: i32 = 1;
+
 /// Longest process name, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
 

@@ -26,6 +26,7 @@ use std::time::SystemTime;
 use hivekernel_agents::Capability;
 use hivekernel_agents::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Pid, Visibility};
 
+pub use crate::config::ArtifactSettings;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
@@ -41,24 +42,6 @@ pub const MAX_CONTENT_TYPE_BYTES: usize = 127;
 pub const MAX_LISTED_ARTIFACTS: usize = 1000;
 /// The content type of an artifact stored without one.
 pub const DEFAULT_CONTENT_TYPE: &str = "text/plain";
-
-/// Size limits on artifacts (`kernel.artifacts`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ArtifactSettings {
-    /// Largest content of one artifact, in bytes.
-    pub max_bytes: u64,
-    /// Most bytes the artifacts of one owner may total.
-    pub max_bytes_per_owner: u64,
-}
-
-impl Default for ArtifactSettings {
-    fn default() -> Self {
-        ArtifactSettings {
-            max_bytes: 1 << 20,
-            max_bytes_per_owner: 64 << 20,
-        }
-    }
-}
 
 impl Kernel {
     /// Stores `artifact` as `owner`'s (the caller when `None`; only the

@@ -18,6 +18,7 @@ mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
 mod storage;
+pub use storage::{ArtifactSettings, MemorySettings};
 mod supervision;
 mod tls;
 mod validate;
@@ -146,9 +147,9 @@ pub struct KernelSettings {
     /// Defaults per role (the `roles` section); a role not listed has none.
     pub roles: HashMap<Role, RoleSettings>,
     /// Size limits on artifacts (`kernel.artifacts`).
-    pub artifacts: crate::ArtifactSettings,
+    pub artifacts: ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
-    pub memory: crate::MemorySettings,
+    pub memory: MemorySettings,
     /// What model calls cost, by model name (filled from `llm.prices`).
     pub prices: crate::Prices,
     /// TLS on the control plane (`kernel.tls`); `None`: plain text.

@@ -9,14 +9,16 @@ use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Pid, Role, SpawnRequest};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::task::JoinHandle;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
+use crate::config::KernelSettings;
 use crate::config::{AgentSpec, Config, ConfigError};
 use crate::exec::ExecRuntime;
 use crate::grpc;
+use crate::kernel::Restored;
 use crate::kernel::{AgentRefused, Caller, Declared, Kernel};
-use crate::llm::choose_provider;
-use crate::restore::Restored;
+use crate::llm::{ChosenProvider, choose_provider};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{DB_FILE, Recovered, Store, Synchronous};
 use crate::tls::{ServerTls, TRUST_FILE, TlsError, TlsFlags};
@@ -104,12 +106,30 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
     let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
         .map_err(StartError::Provider)?;
-    let mut agent_settings = config.agent.clone();
-    agent_settings.provider = chosen.provider.name().to_owned();
-    let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
-        ToolRegistry::configured(&config.tools),
-        agent_settings,
-    ));
+    let settings = settings(&config, &options)?;
+    let tls = load_tls(&settings, options.insecure_remote)?;
+    warn_unrestricted_roles(&settings);
+    let data_dir = settings.data_dir.clone();
+    let auth = Authenticator::new(admin_token(&data_dir)?);
+    let (listener, addr) = bind(settings.listen).await?;
+    let _lock = lock_data_dir(&data_dir)?;
+    let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
+    let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
+    let exec = ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file);
+    let kernel = start_kernel(&config, settings, chosen, (store, recovered), exec).await?;
+    let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
+        Ok(file) => file,
+        Err(err) => {
+            kernel.shutdown().await;
+            return Err(err);
+        }
+    };
+    let server = serve(&kernel, listener, auth, tls);
+    stop_on_signal(kernel, server, &mut signals, &addr_file).await
+}
+
+/// The config's kernel settings with the command line's flags over them.
+fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, StartError> {
     let mut settings = config.kernel.clone();
     if let Some(listen) = options.listen {
         settings.listen = listen;
@@ -117,10 +137,23 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     if let Some(dir) = &options.data_dir {
         settings.data_dir = dir.clone();
     }
-    settings.tls = options.tls.over(settings.tls).map_err(StartError::Usage)?;
+    settings.tls = options
+        .tls
+        .clone()
+        .over(settings.tls)
+        .map_err(StartError::Usage)?;
+    Ok(settings)
+}
+
+/// The TLS files, loaded and checked; plain text on a non-loopback address
+/// is refused unless `insecure_remote`.
+fn load_tls(
+    settings: &KernelSettings,
+    insecure_remote: bool,
+) -> Result<Option<ServerTls>, StartError> {
     let tls = settings.tls.as_ref().map(ServerTls::load).transpose()?;
     if !settings.listen.ip().is_loopback() && tls.is_none() {
-        if !options.insecure_remote {
+        if !insecure_remote {
             return Err(StartError::Usage(format!(
                 "refusing to listen on {}, which is not a loopback address, in plain text: anyone \
                  who can reach it may read the tokens and try the control plane; pass --tls-cert \
@@ -130,6 +163,11 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         }
         tracing::warn!(listen = %settings.listen, "listening on a non-loopback address in plain text (--insecure-remote)");
     }
+    Ok(tls)
+}
+
+/// Says which roles have every capability because the config lists none for them.
+fn warn_unrestricted_roles(settings: &KernelSettings) {
     let unrestricted: Vec<&str> = Role::ALL
         .iter()
         .filter(|role| **role != Role::Kernel)
@@ -148,35 +186,49 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
              roles.<role>.capabilities"
         );
     }
+}
 
-    let data_dir = settings.data_dir.clone();
-    let token = load_or_create_admin_token(&data_dir).map_err(|source| StartError::Io {
+/// The admin token in `data_dir`, made on first start.
+fn admin_token(data_dir: &Path) -> Result<String, StartError> {
+    load_or_create_admin_token(data_dir).map_err(|source| StartError::Io {
         what: "cannot prepare the admin token in",
-        path: data_dir.clone(),
+        path: data_dir.to_owned(),
         source,
-    })?;
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: settings.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: settings.listen,
+    })
+}
+
+/// The control plane's listener and the address it got.
+async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind {
+        addr: listen,
         source,
-    })?;
+    };
+    let listener = TcpListener::bind(listen).await.map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, addr))
+}
 
-    let _lock = lock_data_dir(&data_dir)?;
-    let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
-    let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
-    let auth = Authenticator::new(token);
-
+/// The kernel with the config's runtimes, agents and templates, on the
+/// store; logs what starting it did.
+async fn start_kernel(
+    config: &Config,
+    settings: KernelSettings,
+    chosen: ChosenProvider,
+    (store, recovered): (Store, Recovered),
+    exec: ExecRuntime,
+) -> Result<Kernel, StartError> {
+    let mut agent_settings = config.agent.clone();
+    agent_settings.provider = chosen.provider.name().to_owned();
+    let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
+        ToolRegistry::configured(&config.tools),
+        agent_settings,
+    ));
     tracing::info!(provider = %chosen.description, "model provider");
     let started = Kernel::builder(settings)
         .runtimes(registry)
         .llm(chosen.provider)
         .store(store, recovered)
-        .exec(ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file))
+        .exec(exec)
         .cron_templates(
             config
                 .templates
@@ -202,35 +254,58 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     for problem in &started.cron_problems {
         tracing::warn!(%problem, "cron entry not loaded");
     }
+    Ok(kernel)
+}
 
+/// Writes `<data_dir>/kernel.addr`, where clients find the kernel, and says
+/// where it listens; returns the file, removed again at shutdown.
+fn publish_addr(
+    data_dir: &Path,
+    addr: SocketAddr,
+    tls: Option<&ServerTls>,
+) -> Result<PathBuf, StartError> {
     let addr_file = data_dir.join("kernel.addr");
     let url = client_url(addr, tls.is_some());
-    if let Err(err) = write_addr_file(&addr_file, &url) {
-        kernel.shutdown().await;
-        return Err(err);
-    }
-    let security = match &tls {
+    write_addr_file(&addr_file, &url)?;
+    let security = match tls {
         None => "plain text",
         Some(tls) if tls.is_mutual() => "TLS, client certificates required",
         Some(_) => "TLS",
     };
     tracing::info!(
         data_dir = %data_dir.display(),
-        admin_token = %crate::auth::admin_token_path(&data_dir).display(),
+        admin_token = %crate::auth::admin_token_path(data_dir).display(),
         security,
         "listening on {addr} ({url})"
     );
+    Ok(addr_file)
+}
 
+/// The gRPC server, owned by the kernel's tracker, stopping with the kernel.
+fn serve(
+    kernel: &Kernel,
+    listener: TcpListener,
+    auth: Authenticator,
+    tls: Option<ServerTls>,
+) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let token_cancelled = kernel.shutdown_token();
-    let mut server = kernel.tracker().spawn(grpc::serve_with_tls(
+    kernel.tracker().spawn(grpc::serve_with_tls(
         kernel.clone(),
         listener,
         auth,
         tls.map(|tls| tls.config()),
         async move { token_cancelled.cancelled().await },
-    ));
+    ))
+}
 
-    // A control plane that dies is as fatal as a signal.
+/// Serves until SIGINT or SIGTERM (or until the server fails, which is as
+/// fatal as a signal), then stops the kernel, leaves first.
+async fn stop_on_signal(
+    kernel: Kernel,
+    mut server: JoinHandle<Result<(), tonic::transport::Error>>,
+    signals: &mut Signals,
+    addr_file: &Path,
+) -> Result<(), StartError> {
     let early = tokio::select! {
         () = signals.recv() => None,
         served = &mut server => Some(served),
@@ -238,7 +313,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let unexpected = early.is_some();
     tracing::info!("shutting down: stopping processes, leaves first");
     kernel.shutdown().await;
-    let _ = std::fs::remove_file(&addr_file);
+    let _ = std::fs::remove_file(addr_file);
     let served = match early {
         Some(served) => served,
         None => server.await,

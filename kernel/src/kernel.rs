@@ -1,9 +1,10 @@
 //! The `Kernel` handle: the one API that gRPC and in-process runtimes share.
 //!
-//! Operations live in their own files by concern: [`spawn`](crate::spawn)
-//! creates processes, [`supervisor`](crate::supervisor) ends and collects
-//! them, [`router`](crate::router) moves messages and tasks. This file holds
-//! the shared state, the read-side queries and shutdown.
+//! Operations live in their own files under kernel/ by concern: `builder`
+//! puts a kernel together and starts it, `spawn` creates processes,
+//! `supervisor` ends, collects and restarts them, `router` moves messages
+//! and tasks, `runner` drives each process's runtime, `cron` runs schedules.
+//! This file holds the shared state, the read-side queries and shutdown.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,20 +22,30 @@ use tokio_util::task::TaskTracker;
 pub use crate::caller::Caller;
 use crate::config::KernelSettings;
 use crate::counter::Counter;
-use crate::cron::Cron;
 use crate::error::{KernelError, Result};
 use crate::events::{EventBus, Subscription, unix_ms};
 use crate::mailbox::Mailbox;
 use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store, Write};
-use crate::supervisor::Reaper;
-use crate::syscalls::KernelSyscalls;
 use crate::usage::Meter;
+use cron::Cron;
+use supervisor::Reaper;
+use syscalls::KernelSyscalls;
 
+mod acl;
 mod builder;
+pub(crate) mod cron;
+mod exec;
+mod restore;
+mod router;
+mod runner;
+mod spawn;
+pub(crate) mod supervisor;
+pub(crate) mod syscalls;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
+pub use restore::{KERNEL_RESTART, Restored};
 
 /// Cheap, cloneable handle to a running kernel.
 #[derive(Debug, Clone)]

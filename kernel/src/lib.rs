@@ -6,40 +6,41 @@
 //! runs the same way whichever door a call comes through.
 //!
 //! # Layout
-//! - [`config`]: the JSON startup config, validated in two phases.
-//! - [`kernel`]: the `Kernel` handle, shared state, queries, shutdown.
-//! - [`caller`]: who is asking (`Caller`).
-//! - `process`: the process table and tree queries; a row's supervision part.
-//! - `spawn`: spawn validation and creation.
-//! - `acl`: role capabilities, the tools a child may get, `denied` events.
-//! - `budget`: token budgets that flow down the tree; model prices.
-//! - `usage`: model usage per process and subtree; per-process rate limits.
-//! - `supervisor`: kill of subtrees, exit records, `wait_child`, the zombie reaper.
-//! - `mailbox`: bounded priority mailboxes with aging and TTL.
-//! - `router`: routing rules, messages, `execute_task`, `delegate_async`, replies.
-//! - `restore`: coming back after a restart: config agents keep their PIDs.
-//! - `state`: per-process durable values (a daemon's conversation).
-//! - [`cron`]: schedules that run tasks, spawn agents from templates or send messages.
-//! - `crontab`: cron expressions: parsing and the next slot.
-//! - `artifacts`: named blobs with an owner, a content type and a visibility.
-//! - `memory`: agent memory, a namespace per process with full-text recall.
-//! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
-//! - [`event`]: the event values.
-//! - [`events`]: the event bus: sequencing, retention, replay.
-//! - [`store`]: the SQLite store: events, processes, pending messages, counters,
-//!   artifacts, agent memory.
-//! - [`runtime`]: the runtime registry and the per-process runner.
-//! - [`exec`]: the `exec` runtime: agents as OS processes talking gRPC.
-//! - [`command`]: the checks on an `exec` command before anything starts.
-//! - `syscalls`: the `Syscalls` implementation bound to one process.
-//! - [`auth`]: the admin token file and bearer-token authentication.
-//! - [`tls`]: TLS and mutual TLS on the control plane: the PEM files, server and client settings.
-//! - [`grpc`]: the tonic server: the Kernel service, health, reflection, auth layer.
-//! - [`daemon`]: `hivekernel start`: config, agents, server, graceful shutdown.
-//! - [`cli`]: the `hivekernel` command line.
+//! In layers; a module imports only from the layers below it (no import
+//! cycles), and docs/ARCHITECTURE.md names the file behind each behaviour.
+//!
+//! Leaves: plain values and rules.
 //! - [`error`]: the [`KernelError`] type.
+//! - [`caller`]: who is asking (`Caller`).
+//! - [`event`]: the event values.
+//! - `crontab`: cron expressions: parsing and the next slot.
+//! - [`command`]: the `exec` runtime's name and the checks on a command.
+//! - [`config`]: the JSON startup config, read into plain data and validated in two phases.
+//!
+//! Foundation: state with a small API, knowing nothing of the kernel.
+//! - `process`: the process table and tree queries; a row's supervision part.
+//! - `mailbox`: bounded priority mailboxes with aging and TTL.
+//! - [`events`]: the event bus: sequencing, retention, replay.
+//! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
+//! - [`store`]: the SQLite store: events, processes, pending messages, counters,
+//!   artifacts, agent memory, usage.
+//! - `budget`, `usage`: token budgets down the tree, model prices; usage and rate limits.
+//! - `router`: the routing rules (who may address whom) and the message limits.
+//! - [`runtime`]: the runtime registry.
+//! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
+//! - [`auth`], [`tls`]: tokens and TLS for the control plane.
+//!
+//! Facade: [`kernel`], the `Kernel` handle and its operations, one file per
+//! concern under kernel/: `builder` (the one way to start a kernel), `spawn`,
+//! `acl`, `supervisor` (kill, exits, `wait_child`, the reaper, restarts),
+//! `router` (send, `execute_task`, `delegate_async`, replies), `runner`,
+//! `cron` (the schedules and their runs; [`cron`] re-exports its vocabulary),
+//! `exec`, `restore`, `syscalls` (the `Syscalls` bound to one process); and,
+//! still beside it, `artifacts`, `memory`, `state` and [`llm`].
+//!
+//! Doors: [`grpc`] (the tonic server: service, health, reflection, auth
+//! layer), [`daemon`] (`hivekernel start`) and [`cli`] (the command line).
 
-mod acl;
 mod artifacts;
 pub mod auth;
 mod budget;
@@ -61,14 +62,10 @@ pub mod llm;
 mod mailbox;
 mod memory;
 mod process;
-mod restore;
 mod router;
 pub mod runtime;
-mod spawn;
 mod state;
 pub mod store;
-mod supervisor;
-mod syscalls;
 pub mod tls;
 mod usage;
 
@@ -84,13 +81,13 @@ pub use budget::{Price, Prices};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
 pub use hivekernel_agents::MAX_NAME_BYTES;
+pub use hivekernel_agents::process::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};
 pub use kernel::{AgentRefused, Caller, Declared, Kernel, KernelBuilder, Started};
+pub use kernel::{KERNEL_RESTART, Restored};
 pub use memory::{
     DEFAULT_RECALL_LIMIT, MAX_MEMORY_KEY_BYTES, MAX_MEMORY_TAG_BYTES, MAX_MEMORY_TAGS,
     MAX_QUERY_WORDS, MemorySettings,
 };
-pub use restore::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;
 pub use state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};
-pub use supervisor::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};

@@ -19,6 +19,7 @@ use std::time::SystemTime;
 
 use hivekernel_agents::{MemoryEntry, MemoryHit, NewMemory};
 
+pub use crate::config::MemorySettings;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
@@ -36,27 +37,6 @@ pub const DEFAULT_RECALL_LIMIT: usize = 5;
 pub const MAX_QUERY_WORDS: usize = 32;
 /// Longest word searched for, in characters; longer ones are cut.
 const MAX_WORD_CHARS: usize = 64;
-
-/// Size limits on agent memory (`kernel.memory`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemorySettings {
-    /// Largest entry (text, key and tags), in bytes.
-    pub max_entry_bytes: u64,
-    /// Most bytes one process's entries may total.
-    pub max_bytes_per_agent: u64,
-    /// Most entries one recall returns.
-    pub max_results: u32,
-}
-
-impl Default for MemorySettings {
-    fn default() -> Self {
-        MemorySettings {
-            max_entry_bytes: 16 << 10,
-            max_bytes_per_agent: 1 << 20,
-            max_results: 20,
-        }
-    }
-}
 
 impl Kernel {
     /// Remembers `entry` in the caller's namespace, replacing the entry

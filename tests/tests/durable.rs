@@ -544,9 +544,9 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
 async fn the_event_log_keeps_the_newest_events_within_its_limit() {
     let dir = tempfile::tempdir().unwrap();
     let (store, recovered) = open_store(dir.path()).await;
-    store.set_event_log_limit(1_000);
     let settings = KernelSettings {
         max_children: 10_000,
+        event_log_limit: 1_000,
         ..test_settings()
     };
     let (runtimes, _) = hivekernel_tests::registry();

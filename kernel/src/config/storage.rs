@@ -14,7 +14,45 @@ use serde_json::Value;
 use super::ConfigIssue;
 use super::parse::section;
 use super::validate::in_range;
-use crate::{ArtifactSettings, MemorySettings};
+
+/// Size limits on artifacts (`kernel.artifacts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArtifactSettings {
+    /// Largest content of one artifact, in bytes.
+    pub max_bytes: u64,
+    /// Most bytes the artifacts of one owner may total.
+    pub max_bytes_per_owner: u64,
+}
+
+impl Default for ArtifactSettings {
+    fn default() -> Self {
+        ArtifactSettings {
+            max_bytes: 1 << 20,
+            max_bytes_per_owner: 64 << 20,
+        }
+    }
+}
+
+/// Size limits on agent memory (`kernel.memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySettings {
+    /// Largest entry (text, key and tags), in bytes.
+    pub max_entry_bytes: u64,
+    /// Most bytes one process's entries may total.
+    pub max_bytes_per_agent: u64,
+    /// Most entries one recall returns.
+    pub max_results: u32,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        MemorySettings {
+            max_entry_bytes: 16 << 10,
+            max_bytes_per_agent: 1 << 20,
+            max_results: 20,
+        }
+    }
+}
 
 /// Largest artifact the kernel accepts at all (gRPC messages grow with it).
 const MAX_ARTIFACT_BYTES: u64 = 64 << 20;

@@ -11,18 +11,18 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hivekernel_agents::ExecCommand;
 use rustix::process::Signal;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
 
 use super::ExecRuntime;
 use super::agent::ExecProc;
 use crate::command::TLS_CA_ENV;
-use crate::kernel::{Inner, Kernel};
 
 /// Where the OS process of an `exec` process is in its life.
 #[derive(Debug)]
@@ -47,9 +47,20 @@ pub(crate) struct Launch {
     pub(crate) workspace: Option<PathBuf>,
 }
 
+/// What the watcher does when the OS process ends on its own: end the
+/// kernel process with this exit code and reason.
+pub(crate) type OnExit =
+    Box<dyn FnOnce(i32, String) -> futures::future::BoxFuture<'static, ()> + Send>;
+
 impl Launch {
-    /// Starts the OS process and its watcher; `Err` says why it could not start.
-    pub(crate) fn start(self, kernel: &Kernel) -> Result<(), String> {
+    /// Starts the OS process and its watcher (owned by `tracker`); `grace`
+    /// is its SIGTERM-to-SIGKILL time. `Err` says why it could not start.
+    pub(crate) fn start(
+        self,
+        tracker: &TaskTracker,
+        grace: Duration,
+        on_exit: OnExit,
+    ) -> Result<(), String> {
         let Launch {
             runtime,
             proc,
@@ -94,7 +105,6 @@ impl Launch {
             Some(ca) => cmd.env(TLS_CA_ENV, ca),
             None => cmd.env_remove(TLS_CA_ENV),
         };
-        let grace = Duration::from_millis(kernel.settings().shutdown_grace_ms);
         let mut os = proc.os.lock();
         // A kill that came first wins: nothing is started for a process that has ended.
         if !matches!(*os, OsState::NotStarted) {
@@ -103,14 +113,8 @@ impl Launch {
         let child = cmd
             .spawn()
             .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
-        let watcher = watch(
-            kernel.downgrade(),
-            runtime.clone(),
-            proc.clone(),
-            child,
-            grace,
-        );
-        *os = OsState::Running(kernel.tracker().spawn(watcher));
+        let watcher = watch(on_exit, runtime.clone(), proc.clone(), child, grace);
+        *os = OsState::Running(tracker.spawn(watcher));
         Ok(())
     }
 }
@@ -129,9 +133,8 @@ fn open_log(path: &Path) -> io::Result<File> {
 
 /// Waits for the OS process to exit on its own, or stops it when the kernel
 /// process ends; an exit on its own ends the kernel process with its status.
-/// Holds the kernel weakly, like a runner: a process never keeps it alive.
 async fn watch(
-    kernel: Weak<Inner>,
+    on_exit: OnExit,
     runtime: Arc<ExecRuntime>,
     proc: Arc<ExecProc>,
     mut child: Child,
@@ -177,9 +180,7 @@ async fn watch(
         ),
     };
     tracing::info!(pid = %proc.pid, name = %proc.name, code, %reason, "exec process ended");
-    if let Some(inner) = kernel.upgrade() {
-        Kernel { inner }.exit_external(proc.pid, code, reason).await;
-    }
+    on_exit(code, reason).await;
 }
 
 /// Helpers the leader left behind die of SIGKILL asynchronously: give them

@@ -18,7 +18,7 @@ use super::Kernel;
 use crate::config::KernelSettings;
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
-use crate::restore::Restored;
+use crate::kernel::Restored;
 use crate::runtime::RuntimeRegistry;
 use crate::store::{Recovered, Store};
 
@@ -41,7 +41,7 @@ impl Declared {
     }
 }
 
-/// What a kernel is made of; see the [module docs](self).
+/// What a kernel is made of; [`KernelBuilder::start`] says what starting does.
 #[derive(Debug)]
 #[must_use = "a builder does nothing until start() is awaited"]
 pub struct KernelBuilder {
@@ -143,7 +143,9 @@ impl KernelBuilder {
         self
     }
 
-    /// Starts the kernel; see the [module docs](self). Must be awaited
+    /// Starts the kernel: PID 1, the reaper and the cron timer; the declared
+    /// agents, each as the PID it had before a restart; what the store
+    /// remembers; the cron entries, stored and declared. Must be awaited
     /// inside a tokio runtime. Fails only when a declared agent is refused,
     /// after stopping what had started.
     pub async fn start(self) -> Result<Started, AgentRefused> {

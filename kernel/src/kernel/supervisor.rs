@@ -31,12 +31,7 @@ use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
 
-/// Exit code of a killed process.
-pub const EXIT_KILLED: i32 = 137;
-/// Exit code of a process whose runtime panicked.
-pub const EXIT_PANICKED: i32 = 101;
-/// Exit code of a process whose runtime failed.
-pub const EXIT_FAILED: i32 = 1;
+pub(crate) use hivekernel_agents::process::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};
 
 /// Everything exits produced, to act on once the table lock is released.
 #[derive(Debug)]

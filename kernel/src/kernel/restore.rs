@@ -13,15 +13,15 @@ use hivekernel_agents::{ExitRecord, Message, MessageId, Pid, Priority, SpawnRequ
 
 use crate::error::Result;
 use crate::events::{EventKind, ReapCause, unix_ms};
+use crate::kernel::supervisor::EXIT_KILLED;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::store::{Recovered, StoredUsage, Write};
-use crate::supervisor::EXIT_KILLED;
 
 /// Why processes that did not come back are dead.
 pub const KERNEL_RESTART: &str = "kernel restart";
 
-/// What [`Kernel::restore`] did.
+/// What coming back after a restart did (see [`Started::restored`](super::Started)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restored {
     /// Processes alive before the restart that did not come back.

@@ -8,17 +8,17 @@ use hivekernel_agents::{
     Workspace, check_name,
 };
 
-use crate::acl::ChildGrant;
 use crate::budget::Pool;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
+use crate::kernel::acl::ChildGrant;
+use crate::kernel::syscalls::KernelSyscalls;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::Supervision;
 use crate::process::{Entry, NewProc, ProcShared};
 use crate::runtime::Maker;
-use crate::syscalls::KernelSyscalls;
 
 impl Kernel {
     /// Creates a child of `request.parent`, acting as `caller`.

@@ -1,0 +1,36 @@
+//! Cron: schedules that run tasks, spawn short-lived agents or drop messages.
+//!
+//! An entry names a schedule (`crontab.rs`: 5-field crontab, or 6/7 fields with
+//! seconds), an action, a target process and a text. Entries come from the
+//! config (`agents[].cron`, owned by that agent) and from the API (gRPC, the
+//! CLI, the cron tools), and all of them are kept in the store with their
+//! run history.
+//!
+//! Firing is at most once: the fire time is committed to the store before
+//! the action starts, so a crash between the two never fires the same slot
+//! twice. After downtime, a slot that passed is skipped, or run once when
+//! the entry's `missed` policy is `run_once`. With `overlap: skip` (the
+//! default) a slot that comes while the previous run is still going is
+//! recorded as skipped.
+//!
+//! Layout: `schedule` (the entries and the timer
+//! task), `run` (the actions).
+
+use crate::crontab;
+
+mod run;
+mod schedule;
+
+pub use hivekernel_agents::cron::{
+    CronAction, CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, OUTPUT_PREVIEW, Overlap,
+};
+pub use run::CRON_MESSAGE;
+pub(crate) use schedule::Cron;
+pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
+
+/// The first time `expression` fires strictly after `after_ms` (Unix ms),
+/// `None` when it never fires again; or why the expression is refused, as
+/// the config check and `add_cron` say it.
+pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
+    crontab::parse(expression).map(|schedule| crontab::next_after(&schedule, after_ms))
+}

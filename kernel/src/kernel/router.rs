@@ -1,0 +1,435 @@
+//! Routing operations: messages, `execute_task`, `delegate_async` and their replies,
+//! by the rules in the `router` module.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::Capability;
+use hivekernel_agents::message::kinds;
+use hivekernel_agents::{
+    Message, MessageId, Outgoing, Pid, Priority, RequestId, Task, TaskReply, TaskSpec,
+};
+
+use tokio::sync::oneshot;
+
+use super::{Caller, Kernel};
+use crate::error::{KernelError, Result};
+use crate::events::{EventKind, unix_ms};
+use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
+use crate::process::ProcShared;
+
+use crate::router::{
+    KERNEL_MESSAGE_PREVIEW, Route, RouteError, check_duration, check_payload, route,
+};
+use crate::store::Write;
+
+/// A store write the caller waits for.
+type Recorded = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<(), crate::store::StoreError>> + Send>,
+>;
+
+/// Where a routed item goes once the route is known.
+struct Target {
+    proc: Option<Arc<ProcShared>>,
+    route: Route,
+    timeout: Duration,
+}
+
+impl Kernel {
+    /// Fire-and-forget: puts a message in `message.to`'s mailbox.
+    pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+        let result = async {
+            self.require(caller, Capability::SendMessage, "send messages")?;
+            self.send_message_checked(caller, message).await
+        };
+        self.report_denial(caller, "send_message", result.await)
+    }
+
+    /// [`Kernel::send_message`], once the caller holds the capability.
+    async fn send_message_checked(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+        self.check_running()?;
+        check_payload("payload", &message.payload)?;
+        if let Some(ttl) = message.ttl {
+            check_duration("ttl", ttl)?;
+        }
+        if message.kind.trim().is_empty() {
+            return Err(KernelError::InvalidArgument(
+                "message type must not be empty".into(),
+            ));
+        }
+        let from = caller.pid();
+        let to = message.to;
+        let target = self.resolve(from, to)?;
+        let id = MessageId(self.next_id());
+        let body = Message {
+            id,
+            from,
+            to,
+            kind: message.kind,
+            payload: message.payload,
+            priority: message.priority,
+            request_id: None,
+            via: target.route.via,
+        };
+        let Some(proc) = target.proc else {
+            self.to_kernel(body);
+            return Ok(id);
+        };
+        let copy = target.route.copy_to.map(|parent| (parent, body.clone()));
+        // Committed before it enters the mailbox: the runner cannot take it,
+        // nor remove it from the store, before it is there; and a send
+        // answered with an error was never delivered.
+        let durable = match &self.inner.store {
+            Some(store) => {
+                let now = unix_ms(SystemTime::now());
+                store
+                    .commit(Write::Message {
+                        id,
+                        to,
+                        body: serde_json::to_string(&body).unwrap_or_default(),
+                        created_ms: now,
+                        expires_ms: message
+                            .ttl
+                            .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
+                    })
+                    .await?;
+                true
+            }
+            None => false,
+        };
+        let env = Envelope::new(id, Item::Message(body), message.ttl).durable(durable);
+        if let Err(err) = self.push(&proc, env) {
+            self.message_done(id, durable);
+            return Err(err);
+        }
+        if let Some((parent, mut copy)) = copy {
+            copy.id = MessageId(self.next_id());
+            copy.kind = kinds::SIBLING_COPY.to_owned();
+            copy.priority = Priority::Low;
+            self.deliver_system(parent, copy);
+        }
+        Ok(id)
+    }
+
+    /// Removes a durable message from the store: it was delivered, expired
+    /// or dropped. Messages left in mailboxes by a clean stop stay, to be
+    /// delivered after the restart.
+    pub(crate) fn message_done(&self, id: MessageId, durable: bool) {
+        if let Some(store) = &self.inner.store
+            && durable
+        {
+            store.submit(Write::MessageDone(id));
+        }
+    }
+
+    /// Request/reply: runs a task on `task.to` and waits for its reply.
+    pub async fn execute_task(
+        &self,
+        caller: Caller,
+        task: TaskSpec,
+    ) -> Result<(RequestId, TaskReply)> {
+        let to = task.to;
+        if let Caller::Process(me) = caller
+            && me == to
+        {
+            return Err(KernelError::InvalidArgument(format!(
+                "process {me} cannot run a task on itself and wait for the answer"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        let (request_id, timeout, _) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
+        let _blocked = self.blocked_guard(caller);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Ok((request_id, reply)),
+            Ok(Err(_)) => Err(KernelError::FailedPrecondition(format!(
+                "process {to} exited before answering request {request_id}"
+            ))),
+            Err(_) => Err(KernelError::DeadlineExceeded(format!(
+                "no reply from process {to} to request {request_id} within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Sends a task and returns at once; the reply lands in the caller's
+    /// mailbox as a `task_response` naming the returned request id.
+    pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
+        let (request_id, _, recorded) =
+            self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
+        // Acknowledged once recorded: after a crash the requester is told the
+        // request failed instead of waiting forever.
+        if let Some(recorded) = recorded {
+            recorded.await?;
+        }
+        Ok(request_id)
+    }
+
+    /// Routes a task request into the target's mailbox.
+    /// For a `delegate_async` with a store, the request is queued for the
+    /// store before the task enters the mailbox (so its answer's removal can
+    /// never reach the store first); the returned future resolves on commit.
+    fn submit(
+        &self,
+        caller: Caller,
+        spec: TaskSpec,
+        reply: ReplyTo,
+    ) -> Result<(RequestId, Duration, Option<Recorded>)> {
+        self.check_running()?;
+        check_payload("description", &spec.description)?;
+        let from = caller.pid();
+        let target = self.resolve(from, spec.to)?;
+        let Some(proc) = target.proc else {
+            return Err(KernelError::InvalidArgument(
+                "PID 1 is the kernel and does not run tasks".into(),
+            ));
+        };
+        if let Some(timeout) = spec.timeout {
+            check_duration("timeout", timeout)?;
+        }
+        let timeout = spec.timeout.unwrap_or(target.timeout);
+        let spec_to = spec.to;
+        let request_id = RequestId(self.next_id());
+        let copy = target
+            .route
+            .copy_to
+            .map(|parent| (parent, spec.description.clone()));
+        let task = Task {
+            request_id,
+            from,
+            description: spec.description,
+            params: spec.params,
+        };
+        let recorded = match (&self.inner.store, &reply) {
+            (Some(store), ReplyTo::Mailbox(requester)) => {
+                let commit = store.commit(Write::Request {
+                    id: request_id,
+                    from: *requester,
+                    to: spec_to,
+                    created_ms: unix_ms(SystemTime::now()),
+                });
+                Some(Box::pin(commit) as Recorded)
+            }
+            _ => None,
+        };
+        let item = Item::Task {
+            task,
+            priority: Priority::Normal,
+            reply,
+        };
+        if let Err(err) = self.push(&proc, Envelope::new(MessageId(request_id.0), item, None)) {
+            if let (Some(store), Some(_)) = (&self.inner.store, &recorded) {
+                store.submit(Write::RequestDone(request_id));
+            }
+            return Err(err);
+        }
+        if let Some((parent, description)) = copy {
+            let copy = Message {
+                id: MessageId(self.next_id()),
+                from,
+                to: parent,
+                kind: kinds::SIBLING_COPY.to_owned(),
+                payload: description,
+                priority: Priority::Low,
+                request_id: Some(request_id),
+                via: None,
+            };
+            self.deliver_system(parent, copy);
+        }
+        Ok((request_id, timeout, recorded))
+    }
+
+    /// Checks the route and finds the receiver (`proc` is `None` for PID 1).
+    fn resolve(&self, from: Pid, to: Pid) -> Result<Target> {
+        let table = self.inner.table.read();
+        let route = match route(&table, from, to) {
+            Ok(route) => route,
+            Err(err) => {
+                drop(table);
+                return Err(self.deny(from, to, err));
+            }
+        };
+        let entry = table.get(to).ok_or(KernelError::NotFound(to))?;
+        if !entry.is_alive() {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {to} has exited"
+            )));
+        }
+        let timeout = Duration::from_secs(entry.proc.limits.timeout_seconds.max(1));
+        let proc = (to != Pid::KERNEL).then(|| entry.proc.clone());
+        Ok(Target {
+            proc,
+            route,
+            timeout,
+        })
+    }
+
+    fn deny(&self, from: Pid, to: Pid, err: RouteError) -> KernelError {
+        match err {
+            RouteError::NoReceiver(pid) => KernelError::NotFound(pid),
+            RouteError::SenderNotAlive(pid) => {
+                KernelError::FailedPrecondition(format!("sender {pid} is not alive"))
+            }
+            RouteError::Denied(reason) => {
+                self.inner.events.emit(
+                    from,
+                    EventKind::RouteDenied {
+                        to,
+                        reason: reason.clone(),
+                    },
+                );
+                KernelError::PermissionDenied(reason)
+            }
+        }
+    }
+
+    /// Pushes into a mailbox, reporting expired messages it purged.
+    fn push(&self, proc: &Arc<ProcShared>, env: Envelope) -> Result<()> {
+        let pid = proc.ctx.pid;
+        let on_expired = |expired| self.report_expired(pid, expired);
+        match proc
+            .mailbox
+            .push(env, on_expired, || self.start_runner(proc))
+        {
+            Ok(()) => Ok(()),
+            Err(PushError::Full) => Err(KernelError::MailboxFull {
+                pid,
+                capacity: proc.mailbox.capacity(),
+            }),
+            Err(PushError::Closed) => Err(KernelError::FailedPrecondition(format!(
+                "process {pid} has exited"
+            ))),
+        }
+    }
+
+    /// Delivers a message the kernel produced (copies, exit notices, replies)
+    /// without routing checks; a failure is reported as an event, never lost silently.
+    pub(crate) fn deliver_system(&self, to: Pid, message: Message) {
+        self.deliver(to, message, false);
+    }
+
+    /// [`Kernel::deliver_system`], for a message that may already be in the store.
+    fn deliver(&self, to: Pid, message: Message, durable: bool) {
+        if to == Pid::KERNEL {
+            self.to_kernel(message);
+            return;
+        }
+        let proc = self.inner.table.read().get(to).map(|e| e.proc.clone());
+        let (id, from, kind) = (message.id, message.from, message.kind.clone());
+        let result = match proc {
+            Some(proc) => {
+                let env = Envelope::new(id, Item::Message(message), None).durable(durable);
+                self.push(&proc, env)
+            }
+            None => Err(KernelError::NotFound(to)),
+        };
+        if let Err(err) = result {
+            self.message_done(id, durable && !self.is_stopping());
+            tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
+            self.inner.events.emit(
+                to,
+                EventKind::MessageDropped {
+                    message_id: id,
+                    from,
+                    kind,
+                    reason: err.to_string(),
+                },
+            );
+        }
+    }
+
+    /// Sends a task's reply where it was asked to go.
+    pub(crate) fn deliver_reply(
+        &self,
+        worker: Pid,
+        request_id: RequestId,
+        reply_to: ReplyTo,
+        reply: TaskReply,
+    ) {
+        match reply_to {
+            ReplyTo::Waiter(tx) => {
+                // The requester may have timed out; that is its business.
+                let _ = tx.send(reply);
+            }
+            ReplyTo::Mailbox(requester) => {
+                let payload = match &reply {
+                    Ok(output) => {
+                        serde_json::json!({"request_id": request_id, "success": true, "output": output})
+                    }
+                    Err(error) => {
+                        serde_json::json!({"request_id": request_id, "success": false, "error": error})
+                    }
+                };
+                let message = Message {
+                    id: MessageId(self.next_id()),
+                    from: worker,
+                    to: requester,
+                    kind: kinds::TASK_RESPONSE.to_owned(),
+                    payload: payload.to_string(),
+                    priority: Priority::High,
+                    request_id: Some(request_id),
+                    via: None,
+                };
+                // With a store, the answer replaces the request in one
+                // ordered step: a crash leaves one or the other, never neither.
+                // A stop keeps the request, so the restart reports it failed.
+                let durable = match &self.inner.store {
+                    Some(store) if !self.is_stopping() && requester != Pid::KERNEL => {
+                        store.submit_all([
+                            Write::Message {
+                                id: message.id,
+                                to: requester,
+                                body: serde_json::to_string(&message).unwrap_or_default(),
+                                created_ms: unix_ms(SystemTime::now()),
+                                expires_ms: None,
+                            },
+                            Write::RequestDone(request_id),
+                        ]);
+                        true
+                    }
+                    Some(store) if !self.is_stopping() => {
+                        store.submit(Write::RequestDone(request_id));
+                        false
+                    }
+                    _ => false,
+                };
+                self.deliver(requester, message, durable);
+            }
+        }
+    }
+
+    /// A message for PID 1, which keeps no mailbox: it becomes an event,
+    /// its payload cut to [`KERNEL_MESSAGE_PREVIEW`] bytes so events stay small.
+    fn to_kernel(&self, mut message: Message) {
+        message.payload = hivekernel_agents::text::cut(message.payload, KERNEL_MESSAGE_PREVIEW);
+        self.inner.events.emit(
+            Pid::KERNEL,
+            EventKind::KernelMessage {
+                message_id: message.id,
+                from: message.from,
+                kind: message.kind,
+                payload: message.payload,
+            },
+        );
+    }
+
+    /// Reports a message that expired in `pid`'s mailbox; a task gets a failed reply.
+    pub(crate) fn report_expired(&self, pid: Pid, env: Envelope) {
+        self.message_done(env.id, env.durable);
+        self.inner.events.emit(
+            pid,
+            EventKind::MessageExpired {
+                message_id: env.id,
+                from: env.from(),
+                kind: env.kind().to_owned(),
+            },
+        );
+        if let Item::Task { task, reply, .. } = env.item {
+            self.deliver_reply(
+                pid,
+                task.request_id,
+                reply,
+                Err("task expired before delivery".into()),
+            );
+        }
+    }
+}

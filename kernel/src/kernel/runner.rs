@@ -1,0 +1,294 @@
+//! The runner that drives one process: pops its mailbox, hands tasks and
+//! messages to its runtime, sends replies, and turns a panic or a runtime
+//! error into an exit of the process (the kernel keeps running).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use hivekernel_agents::{Message, MessageId, Runtime, Task};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
+use super::{Inner, Kernel};
+use crate::events::EventKind;
+use crate::mailbox::{Envelope, Item, ReplyTo};
+use crate::process::{CountGuard, ProcShared};
+use crate::store::Write;
+
+/// How handling one mailbox item ended, when it ends the process.
+type Fatal = (i32, String);
+
+/// Drives one process until its mailbox closes or its runtime fails. Started
+/// by the first item pushed into its mailbox ([`Kernel::start_runner`]), so
+/// a process that is never sent anything costs no task.
+pub(crate) async fn run_process(kernel: Weak<Inner>, proc: Arc<ProcShared>) {
+    let Some(runtime) = proc.runtime.clone() else {
+        return;
+    };
+    let max = proc.limits.max_concurrent_tasks.max(1) as usize;
+    let pid = proc.ctx.pid;
+    // Created on first need: most processes idle, and an idle one should cost little.
+    let mut inflight: Option<FuturesUnordered<Work>> = None;
+    let busy = |inflight: &Option<FuturesUnordered<Work>>| inflight.as_ref().map_or(0, |f| f.len());
+    let fatal: Option<Fatal> = loop {
+        // No await in the branches: what they bind would otherwise stay in
+        // this future's state, which every idle process's task carries.
+        let step = tokio::select! {
+            biased;
+            Some(outcome) = next_done(&mut inflight), if busy(&inflight) > 0 => Step::Finished(outcome),
+            env = proc.mailbox.recv(|expired| report_expired(&kernel, pid, expired)), if busy(&inflight) < max => {
+                match env {
+                    Some(env) => Step::Start(handle(kernel.clone(), proc.clone(), runtime.clone(), env)),
+                    None => Step::Closed,
+                }
+            }
+        };
+        match step {
+            Step::Finished(Ok(())) => {}
+            Step::Finished(Err(fatal)) => break Some(fatal),
+            Step::Closed => break None,
+            // Most items finish without waiting (a message a runtime only
+            // notes, an echo): poll once here and queue only what must wait.
+            Step::Start(mut work) => match futures::poll!(work.as_mut()) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(fatal)) => break Some(fatal),
+                Poll::Pending => inflight
+                    .get_or_insert_with(FuturesUnordered::new)
+                    .push(work),
+            },
+        }
+    };
+    match fatal {
+        Some((code, reason)) => {
+            drop(inflight);
+            if let Some(inner) = kernel.upgrade() {
+                // Boxed: inline, this rarely taken path would size every idle
+                // process's task.
+                Box::pin(Kernel { inner }.exit_self(&proc, code, reason)).await;
+            }
+        }
+        // Closed by kill or shutdown: finish what is in flight (kill aborts instead).
+        None => {
+            if let Some(mut inflight) = inflight {
+                while inflight.next().await.is_some() {}
+            }
+        }
+    }
+}
+
+impl Kernel {
+    /// The task that drives `proc`, for its mailbox to start on the first push.
+    pub(crate) fn start_runner(&self, proc: &Arc<ProcShared>) -> Option<JoinHandle<()>> {
+        proc.runtime.as_ref()?;
+        Some(
+            self.inner
+                .tracker
+                .spawn(run_process(self.downgrade(), proc.clone())),
+        )
+    }
+}
+
+/// What the runner does next.
+enum Step {
+    /// An item in flight finished.
+    Finished(Result<(), Fatal>),
+    /// A new item, to start handling.
+    Start(Work),
+    /// The mailbox closed.
+    Closed,
+}
+
+/// One mailbox item being handled.
+type Work = Pin<Box<dyn Future<Output = Result<(), Fatal>> + Send>>;
+
+/// The next finished item, or pending while there is none.
+fn next_done(
+    inflight: &mut Option<FuturesUnordered<Work>>,
+) -> impl Future<Output = Option<Result<(), Fatal>>> + '_ {
+    std::future::poll_fn(move |cx| match inflight {
+        Some(work) if !work.is_empty() => work.poll_next_unpin(cx),
+        _ => Poll::Pending,
+    })
+}
+
+fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelope) {
+    if let Some(inner) = kernel.upgrade() {
+        Kernel { inner }.report_expired(pid, env);
+    }
+}
+
+/// Starts handling one mailbox item; `Err` from the work ends the process.
+/// Messages and tasks are separate futures, so a message (the common case)
+/// is not moved to the heap at the size of a task's.
+fn handle(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    env: Envelope,
+) -> Work {
+    let (id, durable) = (env.id, env.durable);
+    match env.item {
+        Item::Task { task, reply, .. } => Box::pin(handle_task(kernel, proc, runtime, task, reply)),
+        Item::Message(message) => {
+            Box::pin(handle_message(kernel, proc, runtime, message, id, durable))
+        }
+    }
+}
+
+/// Works on one task and sends its reply.
+async fn handle_task(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    task: Task,
+    reply: ReplyTo,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    let _running = CountGuard::enter(&proc.running);
+    let started = Instant::now();
+    let (request_id, from) = (task.request_id, task.from);
+    let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
+    let work = AssertUnwindSafe(runtime.execute(&proc.ctx, task)).catch_unwind();
+    let (outcome, reply) = match reply {
+        // Stop working as soon as a blocked requester gives up.
+        ReplyTo::Waiter(mut tx) => {
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(limit, work) => Some(outcome),
+                _ = tx.closed() => None,
+            };
+            (outcome, ReplyTo::Waiter(tx))
+        }
+        other => {
+            // Answered as failed if this handler is dropped first (its
+            // process killed or its runtime failed mid-task).
+            let unanswered = Unanswered {
+                kernel: kernel.clone(),
+                worker: pid,
+                request_id,
+                reply: Some(other),
+            };
+            let outcome = tokio::time::timeout(limit, work).await;
+            (Some(outcome), unanswered.disarm())
+        }
+    };
+    let Some(outcome) = outcome else {
+        return Ok(());
+    };
+    let (answer, fatal) = match outcome {
+        Ok(Ok(answer)) => (answer, None),
+        Ok(Err(panic)) => {
+            let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
+            (Err(why.clone()), Some((EXIT_PANICKED, why)))
+        }
+        Err(_) => (
+            Err(format!("task timed out after {} s", limit.as_secs())),
+            None,
+        ),
+    };
+    let Some(inner) = kernel.upgrade() else {
+        return Ok(());
+    };
+    let kernel = Kernel { inner };
+    let success = answer.is_ok();
+    kernel.deliver_reply(pid, request_id, reply, answer);
+    kernel.inner.events.emit(
+        pid,
+        EventKind::TaskFinished {
+            request_id,
+            from,
+            success,
+            duration_ms: started.elapsed().as_millis() as u64,
+        },
+    );
+    fatal.map_or(Ok(()), Err)
+}
+
+/// Hands one message to the runtime (once it has left the store, when durable).
+async fn handle_message(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    message: Message,
+    id: MessageId,
+    durable: bool,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    let _running = CountGuard::enter(&proc.running);
+    if durable {
+        // Delivered means handed over: gone from the store first, so
+        // a crash can never hand the same message over twice.
+        let done = kernel.upgrade().and_then(|inner| {
+            let store = inner.store.as_ref()?;
+            Some(store.commit(Write::MessageDone(id)))
+        });
+        if let Some(done) = done
+            && let Err(err) = done.await
+        {
+            tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
+        }
+    }
+    match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
+        Err(panic) => Err((
+            EXIT_PANICKED,
+            format!("runtime panicked: {}", panic_text(panic.as_ref())),
+        )),
+    }
+}
+
+/// A `delegate_async` reply port held while its task runs: dropped before
+/// [`Unanswered::disarm`], it tells the requester the task failed, so a
+/// killed worker never leaves its requester waiting.
+struct Unanswered {
+    kernel: Weak<Inner>,
+    worker: hivekernel_agents::Pid,
+    request_id: hivekernel_agents::RequestId,
+    reply: Option<ReplyTo>,
+}
+
+impl Unanswered {
+    /// The reply port, for the normal answer.
+    fn disarm(mut self) -> ReplyTo {
+        self.reply
+            .take()
+            .unwrap_or(ReplyTo::Mailbox(hivekernel_agents::Pid::KERNEL))
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let Some(inner) = self.kernel.upgrade() else {
+            return;
+        };
+        let kernel = Kernel { inner };
+        // A stop keeps the request in the store: the restart reports it.
+        if kernel.is_stopping() {
+            return;
+        }
+        let why = format!("process {} exited before answering", self.worker);
+        kernel.deliver_reply(self.worker, self.request_id, reply, Err(why));
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
