@@ -244,7 +244,7 @@ impl Kernel {
     }
 
     fn artifact_store(&self) -> Result<&Store> {
-        self.store().ok_or(KernelError::NoStore("artifacts"))
+        self.durable_store("artifacts")
     }
 }
 

@@ -41,11 +41,9 @@ impl Counter {
 
     /// Hands out the next value, reserving the next block in `store` when
     /// half of the current one is used.
-    pub(crate) fn take(&self, store: Option<&Store>, tracker: &TaskTracker) -> u64 {
+    pub(crate) fn take(&self, store: &Store, tracker: &TaskTracker) -> u64 {
         let value = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Some(store) = store
-            && value + self.block / 2 >= self.reserved.load(Ordering::Acquire)
-        {
+        if store.is_durable() && value + self.block / 2 >= self.reserved.load(Ordering::Acquire) {
             let until = value + self.block;
             if self.reserved.fetch_max(until, Ordering::AcqRel) < until {
                 let store = store.clone();

@@ -154,6 +154,7 @@ impl KernelError {
             DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             ShuttingDown => ErrorKind::Unavailable,
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
+            Store(crate::store::StoreError::InMemory) => ErrorKind::FailedPrecondition,
             Store(_) => ErrorKind::Internal,
         }
     }

@@ -60,18 +60,18 @@ pub struct EventBus {
     ring: Mutex<Ring>,
     retain: usize,
     live: broadcast::Sender<Arc<Event>>,
-    /// Where events are persisted, when the kernel has a store.
-    store: Option<Store>,
+    /// Where events are persisted (nowhere, in memory).
+    store: Store,
 }
 
 impl EventBus {
     /// A bus retaining the last `retain` events in memory, and no store.
     pub fn new(retain: usize) -> Self {
-        Self::with_store(retain, None, 1)
+        Self::with_store(retain, Store::in_memory(), 1)
     }
 
     /// A bus that also persists every event to `store`, numbering from `next_seq`.
-    pub fn with_store(retain: usize, store: Option<Store>, next_seq: u64) -> Self {
+    pub fn with_store(retain: usize, store: Store, next_seq: u64) -> Self {
         let (live, _) = broadcast::channel(4096);
         EventBus {
             ring: Mutex::new(Ring {
@@ -95,8 +95,8 @@ impl EventBus {
         let mut ring = self.ring.lock();
         let event = self.retained(&mut ring, pid, kind, at_unix_ms);
         let seq = event.seq;
-        if let Some(store) = &self.store {
-            store.submit(Write::Event(event.clone()));
+        if self.store.is_durable() {
+            self.store.submit(Write::Event(event.clone()));
         }
         // Sent under the ring lock so live order matches sequence order.
         let _ = self.live.send(event);
@@ -110,23 +110,18 @@ impl EventBus {
         let at_unix_ms = unix_ms(SystemTime::now());
         let mut ring = self.ring.lock();
         let live = self.live.receiver_count() > 0;
-        let mut writes = Vec::with_capacity(if self.store.is_some() {
-            events.len()
-        } else {
-            0
-        });
+        let durable = self.store.is_durable();
+        let mut writes = Vec::with_capacity(if durable { events.len() } else { 0 });
         for (pid, kind) in events {
             let event = self.retained(&mut ring, pid, kind, at_unix_ms);
-            if self.store.is_some() {
+            if durable {
                 writes.push(Write::Event(event.clone()));
             }
             if live {
                 let _ = self.live.send(event);
             }
         }
-        if let Some(store) = &self.store {
-            store.submit_all(writes);
-        }
+        self.store.submit_all(writes);
     }
 
     /// Numbers the event and keeps it in the ring.
@@ -139,23 +134,20 @@ impl EventBus {
             pid,
             kind,
         });
-        if let Some(store) = &self.store {
-            // Reserve ahead, so a crash never lets a sequence number be reused.
-            if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
-                ring.reserved_seq = seq + SEQ_BLOCK;
-                store.submit(Write::Reserve {
-                    counter: Counter::EventSeq,
-                    until: ring.reserved_seq,
-                });
-            }
-            // Only what is persisted may leave memory: the store must be able to replay it.
-            let persisted = store.persisted_event_seq();
-            while ring.events.len() >= self.retain
-                && ring.events.front().is_some_and(|e| e.seq <= persisted)
-            {
-                ring.events.pop_front();
-            }
-        } else if ring.events.len() == self.retain {
+        // Reserve ahead, so a crash never lets a sequence number be reused.
+        if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
+            ring.reserved_seq = seq + SEQ_BLOCK;
+            self.store.submit(Write::Reserve {
+                counter: Counter::EventSeq,
+                until: ring.reserved_seq,
+            });
+        }
+        // Only what is persisted may leave memory: the store must be able to
+        // replay it (in memory, everything counts as persisted).
+        let persisted = self.store.persisted_event_seq();
+        while ring.events.len() >= self.retain
+            && ring.events.front().is_some_and(|e| e.seq <= persisted)
+        {
             ring.events.pop_front();
         }
         ring.events.push_back(event.clone());
@@ -168,20 +160,14 @@ impl EventBus {
         let (pruned, backlog, replay) = match since {
             Some(since) => {
                 let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
-                // Gone: pruned from the store, or (without one) dropped from the ring.
-                let (gone_through, backlog) = match &self.store {
-                    Some(store) => {
-                        let gone_through = store.events_pruned_through().min(first - 1);
-                        let after = since.max(gone_through);
-                        let backlog = (after.saturating_add(1) < first).then(|| Backlog {
-                            store: store.clone(),
-                            after,
-                            before: first,
-                        });
-                        (gone_through, backlog)
-                    }
-                    None => (first - 1, None),
-                };
+                // Gone: pruned from the store, or (in memory) dropped from the ring.
+                let gone_through = self.store.events_pruned_through().min(first - 1);
+                let after = since.max(gone_through);
+                let backlog = (after.saturating_add(1) < first).then(|| Backlog {
+                    store: self.store.clone(),
+                    after,
+                    before: first,
+                });
                 let replay = ring
                     .events
                     .iter()

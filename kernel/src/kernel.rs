@@ -62,8 +62,8 @@ pub(crate) struct Inner {
     /// Message and request ids.
     pub(crate) ids: Counter,
     pub(crate) events: EventBus,
-    /// The SQLite store, when the kernel is durable.
-    pub(crate) store: Option<Store>,
+    /// The SQLite store, or its in-memory form.
+    pub(crate) store: Store,
     pub(crate) runtimes: RuntimeRegistry,
     /// Root of the workspaces of processes that have no directory of their own.
     pub(crate) workspace_root: Arc<std::path::Path>,
@@ -81,21 +81,20 @@ const EVENT_RETENTION: usize = 65_536;
 
 impl Kernel {
     /// PID 1 in its table, the reaper and the cron timer running; its
-    /// processes' model calls go to `llm`. With a store, events and messages
-    /// are persisted and counters continue from `recovered`. The rest of
+    /// processes' model calls go to `llm`. Events, messages and usage go to
+    /// `store`, and counters continue from what it `recovered`. The rest of
     /// starting is [`KernelBuilder::start`]'s.
     fn assemble(
         settings: KernelSettings,
         runtimes: RuntimeRegistry,
         llm: Option<Arc<dyn Provider>>,
-        store: Option<(Store, &Recovered)>,
+        store: Store,
+        recovered: Option<&Recovered>,
         templates: HashMap<String, SpawnRequest>,
         cron_anchor: Option<(u64, tokio::time::Instant)>,
     ) -> Kernel {
         let start = |counter: store::Counter, fresh: u64| {
-            store
-                .as_ref()
-                .map_or(fresh, |(_, r)| r.next(counter).max(fresh))
+            recovered.map_or(fresh, |r| r.next(counter).max(fresh))
         };
         // A crash skips at most a block: PIDs are seen by people, keep their jump small.
         let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
@@ -103,12 +102,9 @@ impl Kernel {
         let first_seq = start(store::Counter::EventSeq, 1);
         // PID 1's subtree is the whole kernel: its usage carries on.
         let kernel_usage = Meter::default();
-        if let Some((_, recovered)) = &store
-            && let Some(kept) = recovered.usage.get(&Pid::KERNEL)
-        {
+        if let Some(kept) = recovered.and_then(|r| r.usage.get(&Pid::KERNEL)) {
             kernel_usage.add_kept(kept.own, kept.subtree);
         }
-        let store = store.map(|(store, _)| store);
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let limits = Limits {
                 max_children: settings.max_children,
@@ -267,20 +263,19 @@ impl Kernel {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
-        if let Some(store) = &self.inner.store {
-            // A clean stop leaves no gap: the next start continues exactly here.
-            let settle = [
-                (store::Counter::Pid, self.inner.pids.peek()),
-                (store::Counter::Id, self.inner.ids.peek()),
-                (store::Counter::EventSeq, self.inner.events.next_seq()),
-            ];
-            store.submit_all(
-                settle
-                    .into_iter()
-                    .map(|(counter, next)| Write::Settle { counter, next }),
-            );
-            store.close().await;
-        }
+        // A clean stop leaves no gap: the next start continues exactly here.
+        let settle = [
+            (store::Counter::Pid, self.inner.pids.peek()),
+            (store::Counter::Id, self.inner.ids.peek()),
+            (store::Counter::EventSeq, self.inner.events.next_seq()),
+        ];
+        let store = &self.inner.store;
+        store.submit_all(
+            settle
+                .into_iter()
+                .map(|(counter, next)| Write::Settle { counter, next }),
+        );
+        store.close().await;
     }
 
     /// Whether [`Kernel::shutdown`] has begun.
@@ -299,14 +294,18 @@ impl Kernel {
     }
 
     pub(crate) fn next_id(&self) -> u64 {
-        self.inner
-            .ids
-            .take(self.inner.store.as_ref(), &self.inner.tracker)
+        self.inner.ids.take(&self.inner.store, &self.inner.tracker)
     }
 
-    /// The store, when the kernel is durable.
+    /// The store, when the kernel keeps one on disk.
     pub fn store(&self) -> Option<&Store> {
-        self.inner.store.as_ref()
+        Some(&self.inner.store).filter(|store| store.is_durable())
+    }
+
+    /// The store, for what only a kernel with a data directory keeps
+    /// (artifacts, memory); refused with FAILED_PRECONDITION otherwise.
+    pub(crate) fn durable_store(&self, what: &'static str) -> Result<&Store> {
+        self.store().ok_or(KernelError::NoStore(what))
     }
 
     pub(crate) fn check_running(&self) -> Result<()> {

@@ -205,10 +205,11 @@ impl Kernel {
                 .map(|pool| pool.spent()),
         };
         // Snapshots only for a kernel that keeps them.
-        let store = self.inner.store.as_ref();
-        let mut writes: Vec<Write> = match store {
-            Some(_) => vec![kept(proc.ctx.pid, proc)],
-            None => Vec::new(),
+        let store = &self.inner.store;
+        let durable = store.is_durable();
+        let mut writes: Vec<Write> = match durable {
+            true => vec![kept(proc.ctx.pid, proc)],
+            false => Vec::new(),
         };
         {
             let table = self.inner.table.read();
@@ -218,13 +219,13 @@ impl Kernel {
                     break;
                 };
                 entry.proc.usage.record_descendant(usage, cost);
-                if store.is_some() {
+                if durable {
                     writes.push(kept(ppid, &entry.proc));
                 }
                 at = (entry.depth > 0).then_some(entry.ppid);
             }
         }
-        (cost, store.map(|store| store.commit_all(writes)))
+        (cost, durable.then(|| store.commit_all(writes)))
     }
 }
 

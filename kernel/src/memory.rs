@@ -62,7 +62,7 @@ impl Kernel {
                 limits.max_entry_bytes
             )));
         }
-        let store = self.store().ok_or(KernelError::NoStore("memory"))?;
+        let store = self.durable_store("memory")?;
         let at_ms = unix_ms(SystemTime::now());
         let id = self.next_id();
         let write = MemoryWrite {
@@ -98,7 +98,7 @@ impl Kernel {
             ));
         }
         check_key(key)?;
-        let store = self.store().ok_or(KernelError::NoStore("memory"))?;
+        let store = self.durable_store("memory")?;
         let write = Write::MemoryForget {
             pid: caller.pid(),
             key: key.to_owned(),
@@ -129,7 +129,7 @@ impl Kernel {
             Some(n) => n.min(most),
             None => DEFAULT_RECALL_LIMIT.min(most),
         };
-        let store = self.store().ok_or(KernelError::NoStore("memory"))?;
+        let store = self.durable_store("memory")?;
         Ok(store.recall(caller.pid(), fts_query(query), limit).await?)
     }
 }

@@ -17,7 +17,8 @@ impl Kernel {
     /// `pid`'s durable value under `key`.
     pub async fn load_state(&self, pid: Pid, key: &str) -> Result<Option<String>> {
         check_key(key)?;
-        let Some(store) = &self.inner.store else {
+        // In memory nothing was kept: there is no value, not an error.
+        let Some(store) = self.store() else {
             return Ok(None);
         };
         Ok(store.state(pid, key.to_owned()).await?)
@@ -35,11 +36,11 @@ impl Kernel {
                 value.len()
             )));
         }
-        let Some(store) = &self.inner.store else {
-            return Ok(());
-        };
         let key = key.to_owned();
-        store.commit(Write::State { pid, key, value }).await?;
+        self.inner
+            .store
+            .commit(Write::State { pid, key, value })
+            .await?;
         Ok(())
     }
 }

@@ -93,6 +93,9 @@ pub enum StoreError {
         /// Newest version this build knows.
         supported: i64,
     },
+    /// The kernel keeps nothing on disk, so there is nothing to read.
+    #[error("this kernel has no store")]
+    InMemory,
     /// The store was closed (the kernel is stopping).
     #[error("store is closed")]
     Closed,
@@ -227,6 +230,16 @@ pub(crate) enum Applied {
 
 type Ack = oneshot::Sender<Result<Applied, StoreError>>;
 
+/// Whether [`Store::enqueue`] took the ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queued {
+    Yes,
+    /// An in-memory store: nothing to queue, nothing to wait for.
+    InMemory,
+    /// The store is closed: the kernel is stopping.
+    Closed,
+}
+
 /// What the writer takes from the queue.
 #[derive(Debug)]
 struct Op {
@@ -259,9 +272,15 @@ struct Shared {
 }
 
 /// Handle to the store; cheap to clone.
+///
+/// Every kernel has one. A kernel started without a data directory (tests,
+/// benchmarks, embedders) has the in-memory form, [`Store::in_memory`]: it
+/// keeps nothing, so writes are accepted and dropped and commits resolve at
+/// once, and reads find nothing ([`StoreError::InMemory`]). This is the one
+/// place where a kernel without a store behaves differently.
 #[derive(Debug, Clone)]
 pub struct Store {
-    shared: Arc<Shared>,
+    shared: Option<Arc<Shared>>,
 }
 
 impl Store {
@@ -292,30 +311,53 @@ impl Store {
                 message: err.to_string(),
             })?;
         *shared.writer.lock() = Some(handle);
-        Ok((Store { shared }, recovered))
+        Ok((
+            Store {
+                shared: Some(shared),
+            },
+            recovered,
+        ))
     }
 
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.shared.path
+    /// A store that keeps nothing; see [`Store`].
+    pub fn in_memory() -> Store {
+        Store { shared: None }
+    }
+
+    /// Whether this store keeps what it is given (it is not [`Store::in_memory`]).
+    pub fn is_durable(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The database file; `None` in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.shared.as_deref().map(|shared| shared.path.as_path())
     }
 
     /// Keeps only the newest `limit` events (at least 1,000); older ones are
     /// pruned in the batches that add new ones.
     pub fn set_event_log_limit(&self, limit: u64) {
-        self.shared
-            .event_log_limit
-            .store(limit.max(1_000), Ordering::Relaxed);
+        if let Some(shared) = &self.shared {
+            shared
+                .event_log_limit
+                .store(limit.max(1_000), Ordering::Relaxed);
+        }
     }
 
-    /// Every event up to this sequence number has left the log (0: none has).
+    /// Every event up to this sequence number has left the log (0: none
+    /// has). In memory, every event has: none can be read back.
     pub(crate) fn events_pruned_through(&self) -> u64 {
-        self.shared.events_pruned_through.load(Ordering::Acquire)
+        self.shared.as_deref().map_or(u64::MAX, |shared| {
+            shared.events_pruned_through.load(Ordering::Acquire)
+        })
     }
 
-    /// Sequence number of the newest event known to be committed.
+    /// Sequence number of the newest event known to be committed. In
+    /// memory, every event counts as committed: nothing is waited for.
     pub(crate) fn persisted_event_seq(&self) -> u64 {
-        self.shared.persisted_event_seq.load(Ordering::Acquire)
+        self.shared.as_deref().map_or(u64::MAX, |shared| {
+            shared.persisted_event_seq.load(Ordering::Acquire)
+        })
     }
 
     /// Queues a write nobody waits for; it commits with the next batch.
@@ -352,8 +394,10 @@ impl Store {
             ack: if i == last { ack.take() } else { None },
         }));
         async move {
-            if !queued {
-                return Err(StoreError::Closed);
+            match queued {
+                Queued::Yes => {}
+                Queued::InMemory => return Ok(()),
+                Queued::Closed => return Err(StoreError::Closed),
             }
             match ack {
                 // Nothing was queued: nothing to wait for.
@@ -374,10 +418,11 @@ impl Store {
             ack: Some(tx),
         }));
         async move {
-            if !queued {
-                return Err(StoreError::Closed);
+            match queued {
+                Queued::Yes => rx.await.unwrap_or(Err(StoreError::Closed)),
+                Queued::InMemory => Ok(Applied::Done),
+                Queued::Closed => Err(StoreError::Closed),
             }
-            rx.await.unwrap_or(Err(StoreError::Closed))
         }
     }
 
@@ -386,29 +431,36 @@ impl Store {
         self.commit(Write::Flush).await
     }
 
-    /// Adds ops to the queue; false when the store is closed.
-    fn enqueue(&self, ops: impl Iterator<Item = Op>) -> bool {
-        let mut queue = self.shared.queue.lock();
+    /// Adds ops to the queue; false when the store is closed. In memory,
+    /// the ops are dropped, and with them their acknowledgements.
+    fn enqueue(&self, ops: impl Iterator<Item = Op>) -> Queued {
+        let Some(shared) = &self.shared else {
+            return Queued::InMemory;
+        };
+        let mut queue = shared.queue.lock();
         if queue.closed {
-            return false;
+            return Queued::Closed;
         }
         queue.ops.extend(ops);
         if queue.waiting {
             queue.waiting = false;
-            self.shared.wake.notify_one();
+            shared.wake.notify_one();
         }
-        true
+        Queued::Yes
     }
 
     /// Commits what is queued, stops the writer and waits for it. Later
     /// writes are refused with [`StoreError::Closed`].
     pub async fn close(&self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
         {
-            let mut queue = self.shared.queue.lock();
+            let mut queue = shared.queue.lock();
             queue.closed = true;
-            self.shared.wake.notify_one();
+            shared.wake.notify_one();
         }
-        let handle = self.shared.writer.lock().take();
+        let handle = shared.writer.lock().take();
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
@@ -420,7 +472,9 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let shared = self.shared.clone();
+        let Some(shared) = self.shared.clone() else {
+            return Err(StoreError::InMemory);
+        };
         tokio::task::spawn_blocking(move || {
             let conn = shared.read.lock();
             read(&conn).map_err(|err| sqlite_error(&shared.path, what, err))

@@ -207,7 +207,7 @@ mod tests {
         let (store, _) = Store::open(&path, Synchronous::Normal).unwrap();
         store.set_event_log_limit(1_000);
         // 100 events in memory: the replay of 3,001 reads the rest from the store.
-        let bus = EventBus::with_store(100, Some(store.clone()), 1);
+        let bus = EventBus::with_store(100, store.clone(), 1);
         emit(&bus, 3_000);
         store.flush().await.unwrap();
         // Memory lets go of committed events as new ones come.

@@ -163,18 +163,17 @@ impl KernelBuilder {
             runtimes.enable_exec(exec);
         }
         let (store, mut recovered) = match store {
-            Some((store, recovered)) => {
-                store.set_event_log_limit(settings.event_log_limit);
-                (Some(store), Some(recovered))
-            }
-            None => (None, None),
+            Some((store, recovered)) => (store, Some(recovered)),
+            None => (Store::in_memory(), None),
         };
-        let durable = store.is_some();
+        store.set_event_log_limit(settings.event_log_limit);
+        let durable = store.is_durable();
         let kernel = Kernel::assemble(
             settings,
             runtimes,
             llm,
-            store.zip(recovered.as_ref()),
+            store,
+            recovered.as_ref(),
             templates,
             cron_anchor,
         );

@@ -50,9 +50,10 @@ impl Kernel {
         if let Some(kept) = recovered.and_then(|r| r.usage.get(&pid)) {
             self.carry_usage(pid, kept);
         }
-        if let Some(store) = &self.inner.store {
-            store.commit(Write::Declared { name, pid }).await?;
-        }
+        self.inner
+            .store
+            .commit(Write::Declared { name, pid })
+            .await?;
         Ok(pid)
     }
 

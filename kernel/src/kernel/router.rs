@@ -79,24 +79,22 @@ impl Kernel {
         // Committed before it enters the mailbox: the runner cannot take it,
         // nor remove it from the store, before it is there; and a send
         // answered with an error was never delivered.
-        let durable = match &self.inner.store {
-            Some(store) => {
-                let now = unix_ms(SystemTime::now());
-                store
-                    .commit(Write::Message {
-                        id,
-                        to,
-                        body: serde_json::to_string(&body).unwrap_or_default(),
-                        created_ms: now,
-                        expires_ms: message
-                            .ttl
-                            .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
-                    })
-                    .await?;
-                true
-            }
-            None => false,
-        };
+        let durable = self.inner.store.is_durable();
+        if durable {
+            let now = unix_ms(SystemTime::now());
+            self.inner
+                .store
+                .commit(Write::Message {
+                    id,
+                    to,
+                    body: serde_json::to_string(&body).unwrap_or_default(),
+                    created_ms: now,
+                    expires_ms: message
+                        .ttl
+                        .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
+                })
+                .await?;
+        }
         let env = Envelope::new(id, Item::Message(body), message.ttl).durable(durable);
         if let Err(err) = self.push(&proc, env) {
             self.message_done(id, durable);
@@ -115,10 +113,8 @@ impl Kernel {
     /// or dropped. Messages left in mailboxes by a clean stop stay, to be
     /// delivered after the restart.
     pub(crate) fn message_done(&self, id: MessageId, durable: bool) {
-        if let Some(store) = &self.inner.store
-            && durable
-        {
-            store.submit(Write::MessageDone(id));
+        if durable {
+            self.inner.store.submit(Write::MessageDone(id));
         }
     }
 
@@ -199,8 +195,9 @@ impl Kernel {
             description: spec.description,
             params: spec.params,
         };
-        let recorded = match (&self.inner.store, &reply) {
-            (Some(store), ReplyTo::Mailbox(requester)) => {
+        let store = &self.inner.store;
+        let recorded = match &reply {
+            ReplyTo::Mailbox(requester) if store.is_durable() => {
                 let commit = store.commit(Write::Request {
                     id: request_id,
                     from: *requester,
@@ -217,7 +214,7 @@ impl Kernel {
             reply,
         };
         if let Err(err) = self.push(&proc, Envelope::new(MessageId(request_id.0), item, None)) {
-            if let (Some(store), Some(_)) = (&self.inner.store, &recorded) {
+            if recorded.is_some() {
                 store.submit(Write::RequestDone(request_id));
             }
             return Err(err);
@@ -372,8 +369,9 @@ impl Kernel {
                 // With a store, the answer replaces the request in one
                 // ordered step: a crash leaves one or the other, never neither.
                 // A stop keeps the request, so the restart reports it failed.
-                let durable = match &self.inner.store {
-                    Some(store) if !self.is_stopping() && requester != Pid::KERNEL => {
+                let store = &self.inner.store;
+                let durable = match store.is_durable() && !self.is_stopping() {
+                    true if requester != Pid::KERNEL => {
                         store.submit_all([
                             Write::Message {
                                 id: message.id,
@@ -386,11 +384,11 @@ impl Kernel {
                         ]);
                         true
                     }
-                    Some(store) if !self.is_stopping() => {
+                    true => {
                         store.submit(Write::RequestDone(request_id));
                         false
                     }
-                    _ => false,
+                    false => false,
                 };
                 self.deliver(requester, message, durable);
             }

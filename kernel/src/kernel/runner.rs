@@ -225,10 +225,9 @@ async fn handle_message(
     if durable {
         // Delivered means handed over: gone from the store first, so
         // a crash can never hand the same message over twice.
-        let done = kernel.upgrade().and_then(|inner| {
-            let store = inner.store.as_ref()?;
-            Some(store.commit(Write::MessageDone(id)))
-        });
+        let done = kernel
+            .upgrade()
+            .map(|inner| inner.store.commit(Write::MessageDone(id)));
         if let Some(done) = done
             && let Err(err) = done.await
         {

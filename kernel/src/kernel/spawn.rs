@@ -69,8 +69,9 @@ impl Kernel {
         let parent = request.parent;
         let admitted = self.admit(caller, request, admitted);
         let (pid, launch) = self.report_denial(Caller::Process(parent), "spawn", admitted)?;
-        if let Some(store) = &self.inner.store
-            && let Err(err) = self.inner.pids.committed(store, pid.0).await
+        // In memory there is nothing to wait for, and spawn is a hot path.
+        if self.inner.store.is_durable()
+            && let Err(err) = self.inner.pids.committed(&self.inner.store, pid.0).await
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
         }
@@ -197,10 +198,7 @@ impl Kernel {
 
         let pid = match reuse {
             Some(pid) => pid,
-            None => Pid(self
-                .inner
-                .pids
-                .take(self.inner.store.as_ref(), &self.inner.tracker)),
+            None => Pid(self.inner.pids.take(&self.inner.store, &self.inner.tracker)),
         };
         let budget = match limits.max_tokens_total {
             Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),

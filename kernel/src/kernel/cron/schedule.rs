@@ -255,17 +255,17 @@ impl Kernel {
                 )));
             }
             let created_ms = kernel.cron_now_ms();
-            if let Some(store) = &kernel.inner.store {
-                store
-                    .commit(Write::CronPut {
-                        name: spec.name.clone(),
-                        spec: serde_json::to_string(&spec).unwrap_or_default(),
-                        owner,
-                        source: CronSource::Api.as_str(),
-                        created_ms,
-                    })
-                    .await?;
-            }
+            kernel
+                .inner
+                .store
+                .commit(Write::CronPut {
+                    name: spec.name.clone(),
+                    spec: serde_json::to_string(&spec).unwrap_or_default(),
+                    owner,
+                    source: CronSource::Api.as_str(),
+                    created_ms,
+                })
+                .await?;
             let info = {
                 let mut state = kernel.inner.cron.state.lock();
                 let name = spec.name.clone();
@@ -329,9 +329,7 @@ impl Kernel {
             // Out of memory first: no run starts or finishes for it meanwhile.
             kernel.inner.cron.state.lock().remove(&name);
             kernel.inner.cron.wake.notify_one();
-            if let Some(store) = &kernel.inner.store {
-                store.commit(Write::CronRemove(name)).await?;
-            }
+            kernel.inner.store.commit(Write::CronRemove(name)).await?;
             Ok(())
         });
         task.await
@@ -369,15 +367,13 @@ impl Kernel {
             let previous = kept.remove(&spec.name);
             match crontab::parse(&spec.expression) {
                 Ok(schedule) => {
-                    if let Some(store) = &self.inner.store {
-                        store.submit(Write::CronPut {
-                            name: spec.name.clone(),
-                            spec: serde_json::to_string(&spec).unwrap_or_default(),
-                            owner,
-                            source: CronSource::Config.as_str(),
-                            created_ms: previous.as_ref().map_or(now, |p| p.created_ms),
-                        });
-                    }
+                    self.inner.store.submit(Write::CronPut {
+                        name: spec.name.clone(),
+                        spec: serde_json::to_string(&spec).unwrap_or_default(),
+                        owner,
+                        source: CronSource::Config.as_str(),
+                        created_ms: previous.as_ref().map_or(now, |p| p.created_ms),
+                    });
                     entries.push((spec, schedule, owner, CronSource::Config, previous));
                 }
                 Err(why) => problems.push(format!("cron {:?}: {why}", spec.name)),
@@ -390,9 +386,7 @@ impl Kernel {
             match (stored.source.as_str(), spec) {
                 // A config entry no longer in the config goes with it.
                 ("config", _) => {
-                    if let Some(store) = &self.inner.store {
-                        store.submit(Write::CronRemove(name));
-                    }
+                    self.inner.store.submit(Write::CronRemove(name));
                 }
                 (_, Ok((spec, schedule))) => {
                     let owner = stored.owner;
@@ -411,9 +405,7 @@ impl Kernel {
                             "cron {name:?} removed: its owner {owner} or target {} did not come back",
                             spec.target
                         ));
-                        if let Some(store) = &self.inner.store {
-                            store.submit(Write::CronRemove(name));
-                        }
+                        self.inner.store.submit(Write::CronRemove(name));
                         continue;
                     }
                     entries.push((spec, schedule, owner, CronSource::Api, Some(stored)));
@@ -543,13 +535,14 @@ impl Kernel {
             (entry.spec.clone(), entry.generation)
         };
         // At most once: the slot is on disk before anything runs.
-        if let Some(store) = &self.inner.store
-            && let Err(err) = store
-                .commit(Write::CronFired {
-                    name: name.to_owned(),
-                    at_ms: slot,
-                })
-                .await
+        if let Err(err) = self
+            .inner
+            .store
+            .commit(Write::CronFired {
+                name: name.to_owned(),
+                at_ms: slot,
+            })
+            .await
         {
             tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
             let mut state = self.inner.cron.state.lock();
@@ -590,12 +583,10 @@ impl Kernel {
         let Some(entry) = state.entries.get_mut(name) else {
             return;
         };
-        if let Some(store) = &self.inner.store {
-            store.submit(Write::CronRun {
-                name: name.to_owned(),
-                run: run.clone(),
-            });
-        }
+        self.inner.store.submit(Write::CronRun {
+            name: name.to_owned(),
+            run: run.clone(),
+        });
         self.inner.events.emit(
             entry.spec.target,
             crate::events::EventKind::CronRun {
