@@ -6,169 +6,52 @@
 //! and tasks, `runner` drives each process's runtime, `cron` runs schedules.
 //! This file holds the shared state, the read-side queries and shutdown.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use hivekernel_agents::llm::Provider;
-use hivekernel_agents::{
-    Capabilities, Limits, Pid, ProcessContext, ProcessInfo, Role, SpawnRequest, Tier,
-};
-use parking_lot::RwLock;
+use hivekernel_agents::{Pid, ProcessInfo};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::caller::Caller;
 use crate::config::KernelSettings;
-use crate::counter::Counter;
 use crate::error::{KernelError, Result};
-use crate::events::{EventBus, Subscription, unix_ms};
-use crate::mailbox::Mailbox;
-use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
-use crate::runtime::RuntimeRegistry;
-use crate::store::{self, Recovered, Store, Write};
-use crate::usage::Meter;
-use cron::Cron;
-use supervisor::Reaper;
-use syscalls::KernelSyscalls;
+use crate::events::Subscription;
+use crate::store::{self, Store, Write};
 
 mod acl;
+pub(crate) mod artifacts;
 mod builder;
 pub(crate) mod cron;
 mod exec;
+mod inner;
+mod llm;
+pub(crate) mod memory;
 mod restore;
 mod router;
 mod runner;
 mod spawn;
+pub(crate) mod state;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
+use inner::Inner;
+use inner::Parts;
 pub use restore::{KERNEL_RESTART, Restored};
 
 /// Cheap, cloneable handle to a running kernel.
 #[derive(Debug, Clone)]
 pub struct Kernel {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub(crate) settings: KernelSettings,
-    pub(crate) table: RwLock<ProcessTable>,
-    /// PIDs; never reused, across restarts too.
-    pub(crate) pids: Counter,
-    /// Message and request ids.
-    pub(crate) ids: Counter,
-    pub(crate) events: EventBus,
-    /// The SQLite store, or its in-memory form.
-    pub(crate) store: Store,
-    pub(crate) runtimes: RuntimeRegistry,
-    /// Root of the workspaces of processes that have no directory of their own.
-    pub(crate) workspace_root: Arc<std::path::Path>,
-    /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
-    pub(crate) llm: Option<Arc<dyn Provider>>,
-    pub(crate) tracker: TaskTracker,
-    pub(crate) shutdown: CancellationToken,
-    pub(crate) stopping: AtomicBool,
-    pub(crate) reaper: Reaper,
-    pub(crate) cron: Cron,
-}
-
-/// Events retained in memory for replay.
-const EVENT_RETENTION: usize = 65_536;
 
 impl Kernel {
-    /// PID 1 in its table, the reaper and the cron timer running; its
-    /// processes' model calls go to `llm`. Events, messages and usage go to
-    /// `store`, and counters continue from what it `recovered`. The rest of
-    /// starting is [`KernelBuilder::start`]'s.
-    fn assemble(
-        settings: KernelSettings,
-        runtimes: RuntimeRegistry,
-        llm: Option<Arc<dyn Provider>>,
-        store: Store,
-        recovered: Option<&Recovered>,
-        templates: HashMap<String, SpawnRequest>,
-        cron_anchor: Option<(u64, tokio::time::Instant)>,
-    ) -> Kernel {
-        let start = |counter: store::Counter, fresh: u64| {
-            recovered.map_or(fresh, |r| r.next(counter).max(fresh))
-        };
-        // A crash skips at most a block: PIDs are seen by people, keep their jump small.
-        let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
-        let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
-        let first_seq = start(store::Counter::EventSeq, 1);
-        // PID 1's subtree is the whole kernel: its usage carries on.
-        let kernel_usage = Meter::default();
-        if let Some(kept) = recovered.and_then(|r| r.usage.get(&Pid::KERNEL)) {
-            kernel_usage.add_kept(kept.own, kept.subtree);
-        }
-        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let limits = Limits {
-                max_children: settings.max_children,
-                max_depth: settings.max_depth,
-                timeout_seconds: settings.task_timeout_seconds,
-                max_concurrent_tasks: settings.max_concurrent_tasks,
-                max_tokens_total: None,
-                spawns_per_minute: None,
-                llm_calls_per_minute: None,
-            };
-            let ctx = ProcessContext {
-                pid: Pid::KERNEL,
-                name: Arc::from("kernel"),
-                role: Role::Kernel,
-                tier: Tier::Strategic,
-                model: Arc::from(""),
-                system_prompt: Arc::from(""),
-                tools: Arc::from(Vec::new()),
-                workspace: None,
-                syscalls: Arc::new(KernelSyscalls::new(weak.clone(), Pid::KERNEL)),
-            };
-            let kernel_proc = ProcShared::new(NewProc {
-                ctx,
-                runtime_name: Arc::from("kernel"),
-                runtime: None,
-                limits,
-                metadata: Default::default(),
-                started_at_unix_ms: unix_ms(SystemTime::now()),
-                mailbox: Mailbox::new(0, Duration::from_secs(1)),
-                usage: kernel_usage,
-                budget: None,
-                caps: Capabilities::ALL,
-            });
-            let mut entries = rustc_hash::FxHashMap::default();
-            entries.insert(
-                Pid::KERNEL,
-                Entry {
-                    ppid: Pid(0),
-                    depth: 0,
-                    children: Default::default(),
-                    live_children: 0,
-                    proc: Arc::new(kernel_proc),
-                    exit: None,
-                    exit_waiters: None,
-                    sup: None,
-                },
-            );
-            Inner {
-                workspace_root: Arc::from(settings.workspace_root()),
-                settings,
-                table: RwLock::new(ProcessTable { entries }),
-                pids,
-                ids,
-                events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),
-                store,
-                runtimes,
-                llm,
-                tracker: TaskTracker::new(),
-                shutdown: CancellationToken::new(),
-                stopping: AtomicBool::new(false),
-                reaper: Reaper::default(),
-                cron: Cron::new(templates, cron_anchor),
-            }
-        });
+    /// PID 1 in its table, the reaper and the cron timer running; the
+    /// rest of starting is [`KernelBuilder::start`]'s.
+    fn assemble(parts: Parts<'_>) -> Kernel {
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner::new(weak, parts));
         let kernel = Kernel { inner };
         kernel.start_reaper();
         kernel.start_cron_timer();
@@ -177,27 +60,27 @@ impl Kernel {
 
     /// Name of the model provider, if one is configured.
     pub fn provider_name(&self) -> Option<&str> {
-        self.inner.llm.as_deref().map(|llm| llm.name())
+        self.inner.llm().map(|llm| llm.name())
     }
 
     /// The settings this kernel runs with.
     pub fn settings(&self) -> &KernelSettings {
-        &self.inner.settings
+        self.inner.settings()
     }
 
     /// The event bus (subscribe, last sequence number).
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
-        self.inner.events.subscribe(since)
+        self.inner.events().subscribe(since)
     }
 
     /// Sequence number of the newest event.
     pub fn last_event_seq(&self) -> u64 {
-        self.inner.events.last_seq()
+        self.inner.events().last_seq()
     }
 
     /// A snapshot of one live or zombie process.
     pub async fn get_process(&self, _caller: Caller, pid: Pid) -> Result<ProcessInfo> {
-        let table = self.inner.table.read();
+        let table = self.inner.table().read();
         let info = table
             .get(pid)
             .map(|entry| entry.info(pid))
@@ -213,7 +96,7 @@ impl Kernel {
         root: Pid,
         max_depth: Option<u32>,
     ) -> Result<Vec<Pid>> {
-        let table = self.inner.table.read();
+        let table = self.inner.table().read();
         if table.get(root).is_none() {
             return Err(KernelError::NotFound(root));
         }
@@ -223,7 +106,7 @@ impl Kernel {
     /// Snapshots of the given processes, skipping any that are gone.
     pub fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
         let infos: Vec<ProcessInfo> = {
-            let table = self.inner.table.read();
+            let table = self.inner.table().read();
             pids.iter()
                 .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
                 .collect()
@@ -247,29 +130,29 @@ impl Kernel {
 
     /// Live processes (not counting zombies), PID 1 included.
     pub fn live_count(&self) -> usize {
-        let table = self.inner.table.read();
+        let table = self.inner.table().read();
         table.entries.values().filter(|e| e.is_alive()).count()
     }
 
     /// Stops everything: refuses new work, ends every process leaves first,
     /// waits up to the grace period for in-flight tasks, then forces the rest.
     pub async fn shutdown(&self) {
-        if self.inner.stopping.swap(true, Ordering::SeqCst) {
-            self.inner.tracker.wait().await;
+        if self.inner.stopping().swap(true, Ordering::SeqCst) {
+            self.inner.tracker().wait().await;
             return;
         }
-        let grace = Duration::from_millis(self.inner.settings.shutdown_grace_ms);
+        let grace = Duration::from_millis(self.inner.settings().shutdown_grace_ms);
         self.stop_all(grace).await;
-        self.inner.shutdown.cancel();
-        self.inner.tracker.close();
-        self.inner.tracker.wait().await;
+        self.inner.shutdown().cancel();
+        self.inner.tracker().close();
+        self.inner.tracker().wait().await;
         // A clean stop leaves no gap: the next start continues exactly here.
         let settle = [
-            (store::Counter::Pid, self.inner.pids.peek()),
-            (store::Counter::Id, self.inner.ids.peek()),
-            (store::Counter::EventSeq, self.inner.events.next_seq()),
+            (store::Counter::Pid, self.inner.pids().peek()),
+            (store::Counter::Id, self.inner.ids().peek()),
+            (store::Counter::EventSeq, self.inner.events().next_seq()),
         ];
-        let store = &self.inner.store;
+        let store = &self.inner.store();
         store.submit_all(
             settle
                 .into_iter()
@@ -280,26 +163,28 @@ impl Kernel {
 
     /// Whether [`Kernel::shutdown`] has begun.
     pub fn is_stopping(&self) -> bool {
-        self.inner.stopping.load(Ordering::SeqCst)
+        self.inner.stopping().load(Ordering::SeqCst)
     }
 
     /// A token cancelled when the kernel has stopped its processes.
     pub fn shutdown_token(&self) -> CancellationToken {
-        self.inner.shutdown.clone()
+        self.inner.shutdown().clone()
     }
 
     /// The tracker that owns every task the kernel spawns.
     pub fn tracker(&self) -> &TaskTracker {
-        &self.inner.tracker
+        self.inner.tracker()
     }
 
     pub(crate) fn next_id(&self) -> u64 {
-        self.inner.ids.take(&self.inner.store, &self.inner.tracker)
+        self.inner
+            .ids()
+            .take(self.inner.store(), self.inner.tracker())
     }
 
     /// The store, when the kernel keeps one on disk.
     pub fn store(&self) -> Option<&Store> {
-        Some(&self.inner.store).filter(|store| store.is_durable())
+        Some(self.inner.store()).filter(|store| store.is_durable())
     }
 
     /// The store, for what only a kernel with a data directory keeps
@@ -316,7 +201,7 @@ impl Kernel {
         }
     }
 
-    pub(crate) fn downgrade(&self) -> Weak<Inner> {
+    fn downgrade(&self) -> Weak<Inner> {
         Arc::downgrade(&self.inner)
     }
 }

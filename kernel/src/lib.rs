@@ -41,7 +41,6 @@
 //! Doors: [`grpc`] (the tonic server: service, health, reflection, auth
 //! layer), [`daemon`] (`hivekernel start`) and [`cli`] (the command line).
 
-mod artifacts;
 pub mod auth;
 mod budget;
 pub mod caller;
@@ -60,11 +59,9 @@ pub mod grpc;
 pub mod kernel;
 pub mod llm;
 mod mailbox;
-mod memory;
 mod process;
 mod router;
 pub mod runtime;
-mod state;
 pub mod store;
 pub mod tls;
 mod usage;
@@ -73,21 +70,21 @@ mod usage;
 /// benchmark binary uses it too, so it measures what ships.
 pub use mimalloc::MiMalloc as Allocator;
 
-pub use artifacts::{
-    ArtifactSettings, DEFAULT_CONTENT_TYPE, MAX_ARTIFACT_NAME_BYTES, MAX_CONTENT_TYPE_BYTES,
-    MAX_LISTED_ARTIFACTS,
-};
 pub use budget::{Price, Prices};
 pub use error::KernelError;
 pub use exec::EXIT_CANNOT_START;
 pub use hivekernel_agents::MAX_NAME_BYTES;
 pub use hivekernel_agents::process::{EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED};
-pub use kernel::{AgentRefused, Caller, Declared, Kernel, KernelBuilder, Started};
-pub use kernel::{KERNEL_RESTART, Restored};
-pub use memory::{
+pub use kernel::artifacts::{
+    ArtifactSettings, DEFAULT_CONTENT_TYPE, MAX_ARTIFACT_NAME_BYTES, MAX_CONTENT_TYPE_BYTES,
+    MAX_LISTED_ARTIFACTS,
+};
+pub use kernel::memory::{
     DEFAULT_RECALL_LIMIT, MAX_MEMORY_KEY_BYTES, MAX_MEMORY_TAG_BYTES, MAX_MEMORY_TAGS,
     MAX_QUERY_WORDS, MemorySettings,
 };
+pub use kernel::state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};
+pub use kernel::{AgentRefused, Caller, Declared, Kernel, KernelBuilder, Started};
+pub use kernel::{KERNEL_RESTART, Restored};
 pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
 pub use runtime::RuntimeRegistry;
-pub use state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};

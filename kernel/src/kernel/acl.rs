@@ -23,7 +23,7 @@ impl Kernel {
             return Ok(());
         };
         let (caps, role) = {
-            let table = self.inner.table.read();
+            let table = self.inner.table().read();
             let Some(entry) = table.get(pid) else {
                 return Err(KernelError::NotFound(pid));
             };
@@ -58,7 +58,7 @@ impl Kernel {
     /// refusal by policy.
     pub(crate) fn report(&self, caller: Caller, action: &'static str, err: &KernelError) {
         if err.is_denial() {
-            self.inner.events.emit(
+            self.inner.events().emit(
                 caller.pid(),
                 EventKind::Denied {
                     action: action.to_owned(),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
 
-use super::Kernel;
+use super::{Kernel, Parts};
 use crate::config::KernelSettings;
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
@@ -168,15 +168,15 @@ impl KernelBuilder {
         };
         store.set_event_log_limit(settings.event_log_limit);
         let durable = store.is_durable();
-        let kernel = Kernel::assemble(
+        let kernel = Kernel::assemble(Parts {
             settings,
             runtimes,
             llm,
             store,
-            recovered.as_ref(),
+            recovered: recovered.as_ref(),
             templates,
             cron_anchor,
-        );
+        });
         let mut pids = Vec::with_capacity(agents.len());
         for agent in &agents {
             match kernel

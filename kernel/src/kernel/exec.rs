@@ -14,7 +14,7 @@ use crate::exec::{
 
 impl Kernel {
     fn exec_runtime(&self) -> Result<&Arc<ExecRuntime>> {
-        self.inner.runtimes.exec().ok_or_else(|| {
+        self.inner.runtimes().exec().ok_or_else(|| {
             KernelError::FailedPrecondition("this kernel has no exec runtime".into())
         })
     }
@@ -74,7 +74,7 @@ impl Kernel {
         mut info: hivekernel_agents::ProcessInfo,
     ) -> hivekernel_agents::ProcessInfo {
         if info.runtime == EXEC_RUNTIME {
-            let path = log_path(&self.inner.settings.data_dir, info.pid, &info.name);
+            let path = log_path(&self.inner.settings().data_dir, info.pid, &info.name);
             // Absolute, so it means the same to a client in any directory.
             let path = std::path::absolute(&path).unwrap_or(path);
             info.log_path = Some(path.display().to_string());
@@ -84,7 +84,7 @@ impl Kernel {
 
     /// Ends the OS processes of the exec processes among `pids` (see [`ExecRuntime::stop`]).
     pub(crate) async fn stop_exec(&self, pids: impl Iterator<Item = Pid>) {
-        if let Some(exec) = self.inner.runtimes.exec() {
+        if let Some(exec) = self.inner.runtimes().exec() {
             exec.stop(pids).await;
         }
     }

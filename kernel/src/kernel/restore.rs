@@ -45,13 +45,13 @@ impl Kernel {
         let name = request.name.clone();
         let previous = recovered
             .and_then(|r| r.declared.get(&name).copied())
-            .filter(|pid| *pid > Pid::KERNEL && self.inner.table.read().get(*pid).is_none());
+            .filter(|pid| *pid > Pid::KERNEL && self.inner.table().read().get(*pid).is_none());
         let pid = self.spawn_as(Caller::Admin, request, previous).await?;
         if let Some(kept) = recovered.and_then(|r| r.usage.get(&pid)) {
             self.carry_usage(pid, kept);
         }
         self.inner
-            .store
+            .store()
             .commit(Write::Declared { name, pid })
             .await?;
         Ok(pid)
@@ -61,7 +61,7 @@ impl Kernel {
     /// its own budget with what that budget had spent. A budget added to the
     /// config since starts whole: usage from before it is not charged to it.
     fn carry_usage(&self, pid: Pid, kept: &StoredUsage) {
-        let Some(proc) = self.inner.table.read().get(pid).map(|e| e.proc.clone()) else {
+        let Some(proc) = self.inner.table().read().get(pid).map(|e| e.proc.clone()) else {
             return;
         };
         proc.usage.add_kept(kept.own, kept.subtree);
@@ -78,7 +78,7 @@ impl Kernel {
     pub(crate) fn restore(&self, recovered: Recovered) -> Restored {
         let mut restored = Restored::default();
         let alive: HashSet<Pid> = {
-            let table = self.inner.table.read();
+            let table = self.inner.table().read();
             table
                 .entries
                 .iter()
@@ -148,13 +148,13 @@ impl Kernel {
                     (*pid, kind)
                 }),
         );
-        self.inner.events.emit_all(events);
+        self.inner.events().emit_all(events);
 
         // Acknowledged, undelivered messages: back into their mailboxes, once.
         for stored in recovered.messages {
             let receiver = self
                 .inner
-                .table
+                .table()
                 .read()
                 .get(stored.to)
                 .filter(|entry| alive.contains(&stored.to) && entry.is_alive())
@@ -187,7 +187,7 @@ impl Kernel {
                 Err(reason) => {
                     restored.dropped += 1;
                     self.message_done(stored.id, true);
-                    self.inner.events.emit(
+                    self.inner.events().emit(
                         stored.to,
                         EventKind::MessageDropped {
                             message_id: stored.id,

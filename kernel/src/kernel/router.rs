@@ -79,11 +79,11 @@ impl Kernel {
         // Committed before it enters the mailbox: the runner cannot take it,
         // nor remove it from the store, before it is there; and a send
         // answered with an error was never delivered.
-        let durable = self.inner.store.is_durable();
+        let durable = self.inner.store().is_durable();
         if durable {
             let now = unix_ms(SystemTime::now());
             self.inner
-                .store
+                .store()
                 .commit(Write::Message {
                     id,
                     to,
@@ -114,7 +114,7 @@ impl Kernel {
     /// delivered after the restart.
     pub(crate) fn message_done(&self, id: MessageId, durable: bool) {
         if durable {
-            self.inner.store.submit(Write::MessageDone(id));
+            self.inner.store().submit(Write::MessageDone(id));
         }
     }
 
@@ -195,7 +195,7 @@ impl Kernel {
             description: spec.description,
             params: spec.params,
         };
-        let store = &self.inner.store;
+        let store = &self.inner.store();
         let recorded = match &reply {
             ReplyTo::Mailbox(requester) if store.is_durable() => {
                 let commit = store.commit(Write::Request {
@@ -237,7 +237,7 @@ impl Kernel {
 
     /// Checks the route and finds the receiver (`proc` is `None` for PID 1).
     fn resolve(&self, from: Pid, to: Pid) -> Result<Target> {
-        let table = self.inner.table.read();
+        let table = self.inner.table().read();
         let route = match route(&table, from, to) {
             Ok(route) => route,
             Err(err) => {
@@ -267,7 +267,7 @@ impl Kernel {
                 KernelError::FailedPrecondition(format!("sender {pid} is not alive"))
             }
             RouteError::Denied(reason) => {
-                self.inner.events.emit(
+                self.inner.events().emit(
                     from,
                     EventKind::RouteDenied {
                         to,
@@ -310,7 +310,7 @@ impl Kernel {
             self.to_kernel(message);
             return;
         }
-        let proc = self.inner.table.read().get(to).map(|e| e.proc.clone());
+        let proc = self.inner.table().read().get(to).map(|e| e.proc.clone());
         let (id, from, kind) = (message.id, message.from, message.kind.clone());
         let result = match proc {
             Some(proc) => {
@@ -322,7 +322,7 @@ impl Kernel {
         if let Err(err) = result {
             self.message_done(id, durable && !self.is_stopping());
             tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
-            self.inner.events.emit(
+            self.inner.events().emit(
                 to,
                 EventKind::MessageDropped {
                     message_id: id,
@@ -369,7 +369,7 @@ impl Kernel {
                 // With a store, the answer replaces the request in one
                 // ordered step: a crash leaves one or the other, never neither.
                 // A stop keeps the request, so the restart reports it failed.
-                let store = &self.inner.store;
+                let store = &self.inner.store();
                 let durable = match store.is_durable() && !self.is_stopping() {
                     true if requester != Pid::KERNEL => {
                         store.submit_all([
@@ -399,7 +399,7 @@ impl Kernel {
     /// its payload cut to [`KERNEL_MESSAGE_PREVIEW`] bytes so events stay small.
     fn to_kernel(&self, mut message: Message) {
         message.payload = hivekernel_agents::text::cut(message.payload, KERNEL_MESSAGE_PREVIEW);
-        self.inner.events.emit(
+        self.inner.events().emit(
             Pid::KERNEL,
             EventKind::KernelMessage {
                 message_id: message.id,
@@ -413,7 +413,7 @@ impl Kernel {
     /// Reports a message that expired in `pid`'s mailbox; a task gets a failed reply.
     pub(crate) fn report_expired(&self, pid: Pid, env: Envelope) {
         self.message_done(env.id, env.durable);
-        self.inner.events.emit(
+        self.inner.events().emit(
             pid,
             EventKind::MessageExpired {
                 message_id: env.id,

@@ -90,7 +90,7 @@ impl Kernel {
         proc.runtime.as_ref()?;
         Some(
             self.inner
-                .tracker
+                .tracker()
                 .spawn(run_process(self.downgrade(), proc.clone())),
         )
     }
@@ -199,7 +199,7 @@ async fn handle_task(
     let kernel = Kernel { inner };
     let success = answer.is_ok();
     kernel.deliver_reply(pid, request_id, reply, answer);
-    kernel.inner.events.emit(
+    kernel.inner.events().emit(
         pid,
         EventKind::TaskFinished {
             request_id,
@@ -227,7 +227,7 @@ async fn handle_message(
         // a crash can never hand the same message over twice.
         let done = kernel
             .upgrade()
-            .map(|inner| inner.store.commit(Write::MessageDone(id)));
+            .map(|inner| inner.store().commit(Write::MessageDone(id)));
         if let Some(done) = done
             && let Err(err) = done.await
         {

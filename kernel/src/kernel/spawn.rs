@@ -52,9 +52,12 @@ impl Kernel {
         let requested = match (&request.runtime, &request.exec) {
             (Some(name), _) => name.as_str(),
             (None, Some(_)) => EXEC_RUNTIME,
-            (None, None) => self.inner.settings.default_runtime.as_str(),
+            (None, None) => self.inner.settings().default_runtime.as_str(),
         };
-        let (runtime_name, maker) = self.inner.runtimes.maker(requested, request.exec.take())?;
+        let (runtime_name, maker) = self
+            .inner
+            .runtimes()
+            .maker(requested, request.exec.take())?;
         let mut supervision = self.supervision_for(&request)?;
         if matches!(maker, Maker::Exec(..)) {
             // The OS process starts only at spawn: an exec process is not restarted.
@@ -70,8 +73,8 @@ impl Kernel {
         let admitted = self.admit(caller, request, admitted);
         let (pid, launch) = self.report_denial(Caller::Process(parent), "spawn", admitted)?;
         // In memory there is nothing to wait for, and spawn is a hot path.
-        if self.inner.store.is_durable()
-            && let Err(err) = self.inner.pids.committed(&self.inner.store, pid.0).await
+        if self.inner.store().is_durable()
+            && let Err(err) = self.inner.pids().committed(self.inner.store(), pid.0).await
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
         }
@@ -96,7 +99,7 @@ impl Kernel {
             reuse,
         } = admitted;
         let parent = request.parent;
-        let mut table = self.inner.table.write();
+        let mut table = self.inner.table().write();
         // Checked again under the lock: shutdown's last pass holds it too.
         self.check_running()?;
         let Some(parent_entry) = table.get(parent) else {
@@ -136,9 +139,9 @@ impl Kernel {
             parent_role: pctx.role,
             parent_caps,
             parent_tools: &pctx.tools,
-            role_caps: self.inner.settings.capabilities(request.role),
+            role_caps: self.inner.settings().capabilities(request.role),
         };
-        let caps = grant.check(request.role, &request.tools, &self.inner.runtimes)?;
+        let caps = grant.check(request.role, &request.tools, self.inner.runtimes())?;
         let tier = request.tier.unwrap_or(pctx.tier);
         if tier.rank() > pctx.tier.rank() {
             return Err(KernelError::TierAboveParent {
@@ -147,7 +150,7 @@ impl Kernel {
             });
         }
         let depth = parent_entry.depth + 1;
-        let kernel_max_depth = self.inner.settings.max_depth;
+        let kernel_max_depth = self.inner.settings().max_depth;
         if depth > kernel_max_depth {
             return Err(KernelError::DepthExceeded {
                 parent,
@@ -198,7 +201,10 @@ impl Kernel {
 
         let pid = match reuse {
             Some(pid) => pid,
-            None => Pid(self.inner.pids.take(&self.inner.store, &self.inner.tracker)),
+            None => Pid(self
+                .inner
+                .pids()
+                .take(self.inner.store(), self.inner.tracker())),
         };
         let budget = match limits.max_tokens_total {
             Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
@@ -214,11 +220,11 @@ impl Kernel {
             tools: shared_tools(request.tools, &pctx.tools),
             workspace: Some(match request.workspace {
                 Some(dir) => Workspace::At(Arc::from(dir)),
-                None => Workspace::Under(self.inner.workspace_root.clone()),
+                None => Workspace::Under(self.inner.workspace_root().clone()),
             }),
             syscalls: Arc::new(KernelSyscalls::new(self.downgrade(), pid)),
         };
-        let settings = &self.inner.settings;
+        let settings = &self.inner.settings();
         let (runtime, launch): (Arc<dyn Runtime>, _) = match maker {
             Maker::Factory(factory) => match factory.create(&ctx) {
                 Ok(runtime) => (runtime, None),
@@ -281,7 +287,7 @@ impl Kernel {
             },
         );
         drop(table);
-        self.inner.events.emit_at(pid, event, now);
+        self.inner.events().emit_at(pid, event, now);
         Ok((pid, launch))
     }
 }

@@ -197,7 +197,7 @@ impl Kernel {
             ));
         }
         let exits = {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             if !entry.is_alive() {
                 return Err(KernelError::FailedPrecondition(format!(
@@ -234,7 +234,7 @@ impl Kernel {
     /// Ends a live process and its subtree with `exit_code`, from outside its
     /// runner (the OS process of an `exec` process ended).
     pub(crate) async fn exit_external(&self, pid: Pid, exit_code: i32, reason: String) {
-        let proc = self.inner.table.read().get(pid).map(|e| e.proc.clone());
+        let proc = self.inner.table().read().get(pid).map(|e| e.proc.clone());
         if let Some(proc) = proc {
             self.exit_with(&proc, exit_code, reason, false).await;
         }
@@ -250,7 +250,7 @@ impl Kernel {
         let pid = proc.ctx.pid;
         let mut exits = Exits::new(Stop::Abort);
         {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             match table.get(pid) {
                 // Only the current incarnation may end it.
                 Some(entry) if entry.is_running(proc) => {
@@ -282,7 +282,7 @@ impl Kernel {
             crate::router::check_duration("timeout", limit)?;
         }
         let rx = {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             let entry = table.get_mut(pid).ok_or(KernelError::NotFound(pid))?;
             if let Caller::Process(me) = caller
                 && me != entry.ppid
@@ -294,7 +294,7 @@ impl Kernel {
             if let Some(record) = entry.exit.as_deref().cloned() {
                 reap(&mut table, pid);
                 drop(table);
-                self.inner.events.emit(
+                self.inner.events().emit(
                     pid,
                     EventKind::Reaped {
                         by: ReapCause::WaitChild,
@@ -331,7 +331,7 @@ impl Kernel {
         {
             // Spawn checks `stopping` under this lock, so no child of PID 1
             // can appear after this pass.
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             let roots: Vec<Pid> = table
                 .get(Pid::KERNEL)
                 .map(|k| k.children.iter().collect())
@@ -364,7 +364,7 @@ impl Kernel {
     /// gRPC Kill, an abandoned task) cannot leave the bookkeeping half done.
     async fn finish_exits(&self, exits: Exits) {
         let kernel = self.clone();
-        let finish = self.inner.tracker.spawn(async move {
+        let finish = self.inner.tracker().spawn(async move {
             let Exits {
                 stop,
                 exited,
@@ -402,7 +402,7 @@ impl Kernel {
                     (pid, kind)
                 }))
                 .collect();
-            kernel.inner.events.emit_all(events);
+            kernel.inner.events().emit_all(events);
             for top in tops {
                 kernel.finish_top(top);
             }
@@ -415,17 +415,17 @@ impl Kernel {
     /// Tells the parent of an exit's top process, and schedules its reaping.
     fn finish_top(&self, Top { record, collected }: Top) {
         if collected {
-            self.inner.events.emit(
+            self.inner.events().emit(
                 record.pid,
                 EventKind::Reaped {
                     by: ReapCause::WaitChild,
                 },
             );
         } else {
-            let timeout = Duration::from_secs(self.inner.settings.zombie_timeout_seconds);
+            let timeout = Duration::from_secs(self.inner.settings().zombie_timeout_seconds);
             // A timeout too far away to represent means: never reap.
             if let Some(at) = Instant::now().checked_add(timeout) {
-                self.inner.reaper.schedule(at, record.pid);
+                self.inner.reaper().schedule(at, record.pid);
             }
         }
         if record.ppid == Pid::KERNEL {
@@ -448,7 +448,7 @@ impl Kernel {
     /// Removes a zombie that nobody collected in time.
     pub(crate) fn reap_if_zombie(&self, pid: Pid) {
         let reaped = {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             match table.get(pid) {
                 Some(entry) if !entry.is_alive() => {
                     reap(&mut table, pid);
@@ -458,7 +458,7 @@ impl Kernel {
             }
         };
         if reaped {
-            self.inner.events.emit(
+            self.inner.events().emit(
                 pid,
                 EventKind::Reaped {
                     by: ReapCause::Timeout,
@@ -472,18 +472,18 @@ impl Kernel {
         let Caller::Process(pid) = caller else {
             return None;
         };
-        let proc = self.inner.table.read().get(pid)?.proc.clone();
+        let proc = self.inner.table().read().get(pid)?.proc.clone();
         proc.blocked.fetch_add(1, Ordering::Relaxed);
         Some(BlockedGuard(proc))
     }
 
     pub(crate) fn start_reaper(&self) {
         let weak = self.downgrade();
-        let shutdown = self.inner.shutdown.clone();
-        self.inner.tracker.spawn(async move {
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
             loop {
                 let (wake, next) = match weak.upgrade() {
-                    Some(inner) => (inner.reaper.wake.clone(), inner.reaper.next_deadline()),
+                    Some(inner) => (inner.reaper().wake.clone(), inner.reaper().next_deadline()),
                     None => return,
                 };
                 let sleep = async {
@@ -499,7 +499,7 @@ impl Kernel {
                 }
                 let Some(inner) = weak.upgrade() else { return };
                 let kernel = Kernel { inner };
-                for pid in kernel.inner.reaper.due(Instant::now()) {
+                for pid in kernel.inner.reaper().due(Instant::now()) {
                     kernel.reap_if_zombie(pid);
                 }
             }
@@ -660,7 +660,7 @@ impl Kernel {
                 );
             }
             Item::Message(message) => {
-                self.inner.events.emit(
+                self.inner.events().emit(
                     pid,
                     EventKind::MessageDropped {
                         message_id: id,

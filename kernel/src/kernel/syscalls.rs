@@ -22,7 +22,7 @@ pub(crate) struct KernelSyscalls {
 }
 
 impl KernelSyscalls {
-    pub(crate) fn new(kernel: Weak<Inner>, pid: Pid) -> Self {
+    pub(super) fn new(kernel: Weak<Inner>, pid: Pid) -> Self {
         KernelSyscalls { kernel, pid }
     }
 
@@ -62,7 +62,7 @@ impl Syscalls for KernelSyscalls {
         // Owned by the kernel's tracker, which shutdown waits for.
         owner
             .inner
-            .tracker
+            .tracker()
             .spawn(async move { kernel.dismiss(caller, pid, &reason).await });
     }
 

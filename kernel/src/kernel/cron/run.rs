@@ -49,7 +49,7 @@ impl Kernel {
         mut task: TaskSpec,
     ) -> Result<String, String> {
         let template = spec.template.as_deref().unwrap_or_default();
-        let Some(mut request) = self.inner.cron.template(template) else {
+        let Some(mut request) = self.inner.cron().template(template) else {
             return Err(format!("template {template:?} is not in the config"));
         };
         request.parent = spec.target;

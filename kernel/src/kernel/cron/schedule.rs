@@ -196,13 +196,13 @@ impl Cron {
 impl Kernel {
     /// Wall time as cron sees it (Unix ms).
     pub fn cron_now_ms(&self) -> u64 {
-        self.inner.cron.clock.now_ms()
+        self.inner.cron().clock.now_ms()
     }
 
     /// The anchor of this kernel's cron clock (wall time at a tokio instant),
     /// for a kernel started after it in the same process to read the same time.
     pub(crate) fn cron_clock_anchor(&self) -> (u64, Instant) {
-        self.inner.cron.clock.anchor()
+        self.inner.cron().clock.anchor()
     }
 
     /// Adds an entry owned by the caller; a process may only aim it at
@@ -223,7 +223,7 @@ impl Kernel {
         if owner != Pid::KERNEL {
             let owned = self
                 .inner
-                .cron
+                .cron()
                 .state
                 .lock()
                 .entries
@@ -239,11 +239,11 @@ impl Kernel {
         // In a task the kernel owns: a caller that gives up (a cancelled RPC)
         // cannot leave the store and memory out of step.
         let kernel = self.clone();
-        let task = self.inner.tracker.spawn(async move {
-            let _admin = kernel.inner.cron.admin.clone().lock_owned().await;
+        let task = self.inner.tracker().spawn(async move {
+            let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             if kernel
                 .inner
-                .cron
+                .cron()
                 .state
                 .lock()
                 .entries
@@ -257,7 +257,7 @@ impl Kernel {
             let created_ms = kernel.cron_now_ms();
             kernel
                 .inner
-                .store
+                .store()
                 .commit(Write::CronPut {
                     name: spec.name.clone(),
                     spec: serde_json::to_string(&spec).unwrap_or_default(),
@@ -267,7 +267,7 @@ impl Kernel {
                 })
                 .await?;
             let info = {
-                let mut state = kernel.inner.cron.state.lock();
+                let mut state = kernel.inner.cron().state.lock();
                 let name = spec.name.clone();
                 state.insert(Entry {
                     spec,
@@ -280,12 +280,12 @@ impl Kernel {
                     running: 0,
                     runs: 0,
                     history: VecDeque::new(),
-                    generation: kernel.inner.cron.generation(),
+                    generation: kernel.inner.cron().generation(),
                 });
                 state.reschedule(&name, created_ms);
                 state.entries.get(&name).map(Entry::info)
             };
-            kernel.inner.cron.wake.notify_one();
+            kernel.inner.cron().wake.notify_one();
             info.ok_or_else(|| KernelError::FailedPrecondition("cron entry vanished".into()))
         });
         task.await
@@ -306,10 +306,10 @@ impl Kernel {
         let kernel = self.clone();
         let name = name.to_owned();
         // In a task the kernel owns, like `add_cron`.
-        let task = self.inner.tracker.spawn(async move {
-            let _admin = kernel.inner.cron.admin.clone().lock_owned().await;
+        let task = self.inner.tracker().spawn(async move {
+            let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             {
-                let state = kernel.inner.cron.state.lock();
+                let state = kernel.inner.cron().state.lock();
                 let entry = state
                     .entries
                     .get(&name)
@@ -327,9 +327,9 @@ impl Kernel {
                 }
             }
             // Out of memory first: no run starts or finishes for it meanwhile.
-            kernel.inner.cron.state.lock().remove(&name);
-            kernel.inner.cron.wake.notify_one();
-            kernel.inner.store.commit(Write::CronRemove(name)).await?;
+            kernel.inner.cron().state.lock().remove(&name);
+            kernel.inner.cron().wake.notify_one();
+            kernel.inner.store().commit(Write::CronRemove(name)).await?;
             Ok(())
         });
         task.await
@@ -338,7 +338,7 @@ impl Kernel {
 
     /// Entries the caller owns (every entry for the operator), by name.
     pub fn list_cron(&self, caller: Caller) -> Vec<CronInfo> {
-        let state = self.inner.cron.state.lock();
+        let state = self.inner.cron().state.lock();
         let mut infos: Vec<CronInfo> = state
             .entries
             .values()
@@ -367,7 +367,7 @@ impl Kernel {
             let previous = kept.remove(&spec.name);
             match crontab::parse(&spec.expression) {
                 Ok(schedule) => {
-                    self.inner.store.submit(Write::CronPut {
+                    self.inner.store().submit(Write::CronPut {
                         name: spec.name.clone(),
                         spec: serde_json::to_string(&spec).unwrap_or_default(),
                         owner,
@@ -386,7 +386,7 @@ impl Kernel {
             match (stored.source.as_str(), spec) {
                 // A config entry no longer in the config goes with it.
                 ("config", _) => {
-                    self.inner.store.submit(Write::CronRemove(name));
+                    self.inner.store().submit(Write::CronRemove(name));
                 }
                 (_, Ok((spec, schedule))) => {
                     let owner = stored.owner;
@@ -395,7 +395,7 @@ impl Kernel {
                         pid != Pid::KERNEL
                             && !self
                                 .inner
-                                .table
+                                .table()
                                 .read()
                                 .get(pid)
                                 .is_some_and(|e| e.is_alive())
@@ -405,7 +405,7 @@ impl Kernel {
                             "cron {name:?} removed: its owner {owner} or target {} did not come back",
                             spec.target
                         ));
-                        self.inner.store.submit(Write::CronRemove(name));
+                        self.inner.store().submit(Write::CronRemove(name));
                         continue;
                     }
                     entries.push((spec, schedule, owner, CronSource::Api, Some(stored)));
@@ -416,7 +416,7 @@ impl Kernel {
 
         let mut missed_now = Vec::new();
         {
-            let mut state = self.inner.cron.state.lock();
+            let mut state = self.inner.cron().state.lock();
             for (spec, schedule, owner, source, previous) in entries {
                 let name = spec.name.clone();
                 let (created_ms, last_fire_ms, runs, history) = match previous {
@@ -438,7 +438,7 @@ impl Kernel {
                     running: 0,
                     runs,
                     history: history.into(),
-                    generation: self.inner.cron.generation(),
+                    generation: self.inner.cron().generation(),
                 });
                 // Never a slot at or before the last one fired, whatever the clock says.
                 state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
@@ -458,7 +458,7 @@ impl Kernel {
         for name in missed_now {
             self.fire(&name, now, false).await;
         }
-        self.inner.cron.wake.notify_one();
+        self.inner.cron().wake.notify_one();
         problems
     }
 
@@ -466,9 +466,9 @@ impl Kernel {
     /// The task holds the kernel only while it works, never while it sleeps.
     pub(crate) fn start_cron_timer(&self) {
         let weak = self.downgrade();
-        let shutdown = self.inner.shutdown.clone();
-        let wake = self.inner.cron.wake.clone();
-        self.inner.tracker.spawn(async move {
+        let shutdown = self.inner.shutdown().clone();
+        let wake = self.inner.cron().wake.clone();
+        self.inner.tracker().spawn(async move {
             loop {
                 let notified = wake.notified();
                 tokio::pin!(notified);
@@ -481,7 +481,7 @@ impl Kernel {
                     }
                     let now = kernel.cron_now_ms();
                     let due: Vec<(u64, String)> = {
-                        let state = kernel.inner.cron.state.lock();
+                        let state = kernel.inner.cron().state.lock();
                         let due = state.due.iter().take_while(|(slot, _)| *slot <= now);
                         due.cloned().collect()
                     };
@@ -491,7 +491,7 @@ impl Kernel {
                     if !due.is_empty() {
                         continue;
                     }
-                    let state = kernel.inner.cron.state.lock();
+                    let state = kernel.inner.cron().state.lock();
                     state.due.first().map_or(MAX_SLEEP, |(slot, _)| {
                         Duration::from_millis(slot.saturating_sub(now)).min(MAX_SLEEP)
                     })
@@ -509,7 +509,7 @@ impl Kernel {
     /// policy skips it) commits the slot and starts the action.
     async fn fire(&self, name: &str, slot: u64, due: bool) {
         let (spec, generation) = {
-            let mut state = self.inner.cron.state.lock();
+            let mut state = self.inner.cron().state.lock();
             let current = state.entries.get(name).and_then(|e| e.next_ms);
             // A slot of an entry since removed or replaced: drop it, never fire it.
             if due && current != Some(slot) {
@@ -537,7 +537,7 @@ impl Kernel {
         // At most once: the slot is on disk before anything runs.
         if let Err(err) = self
             .inner
-            .store
+            .store()
             .commit(Write::CronFired {
                 name: name.to_owned(),
                 at_ms: slot,
@@ -545,7 +545,7 @@ impl Kernel {
             .await
         {
             tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
-            let mut state = self.inner.cron.state.lock();
+            let mut state = self.inner.cron().state.lock();
             if let Some(entry) = state.entries.get_mut(name)
                 && entry.generation == generation
             {
@@ -555,7 +555,7 @@ impl Kernel {
         }
         let kernel = self.clone();
         let name = name.to_owned();
-        self.inner.tracker.spawn(async move {
+        self.inner.tracker().spawn(async move {
             let started = Instant::now();
             let outcome = kernel.run_cron(&spec).await;
             let run = CronRun {
@@ -566,7 +566,7 @@ impl Kernel {
                     Ok(text) | Err(text) => text,
                 }),
             };
-            let mut state = kernel.inner.cron.state.lock();
+            let mut state = kernel.inner.cron().state.lock();
             // Only the entry that fired counts the run, not one that replaced it.
             match state.entries.get_mut(&name) {
                 Some(entry) if entry.generation == generation => {
@@ -583,11 +583,11 @@ impl Kernel {
         let Some(entry) = state.entries.get_mut(name) else {
             return;
         };
-        self.inner.store.submit(Write::CronRun {
+        self.inner.store().submit(Write::CronRun {
             name: name.to_owned(),
             run: run.clone(),
         });
-        self.inner.events.emit(
+        self.inner.events().emit(
             entry.spec.target,
             crate::events::EventKind::CronRun {
                 name: Arc::from(name),
@@ -624,9 +624,9 @@ impl Kernel {
                 return bad("cron action spawn needs a template".into());
             }
             (super::CronAction::Spawn, Some(template))
-                if self.inner.cron.template(template).is_none() =>
+                if self.inner.cron().template(template).is_none() =>
             {
-                let known: Vec<String> = self.inner.cron.templates.keys().cloned().collect();
+                let known: Vec<String> = self.inner.cron().templates.keys().cloned().collect();
                 return bad(format!(
                     "unknown template {template:?} (known: {})",
                     if known.is_empty() {
@@ -642,7 +642,7 @@ impl Kernel {
             _ => {}
         }
         let target = spec.target;
-        let table = self.inner.table.read();
+        let table = self.inner.table().read();
         let entry = table.get(target).ok_or(KernelError::NotFound(target))?;
         if !entry.is_alive() {
             return Err(KernelError::FailedPrecondition(format!(

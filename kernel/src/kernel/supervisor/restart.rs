@@ -74,7 +74,7 @@ impl Kernel {
                 "restart.{field}: {problem}"
             )));
         }
-        let role = self.inner.settings.roles.get(&request.role);
+        let role = self.inner.settings().roles.get(&request.role);
         let restart = request
             .restart
             .or_else(|| role.and_then(|r| r.restart))
@@ -157,7 +157,7 @@ impl Kernel {
     pub(crate) async fn exit_process(&self, pid: Pid, code: i32, reason: &str) -> Result<()> {
         let mut exits = Exits::new(Stop::Abort);
         {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             if !entry.is_alive() || entry.is_restarting() {
                 return Err(KernelError::FailedPrecondition(format!(
@@ -183,7 +183,7 @@ impl Kernel {
             escalations,
         } = follow;
         if !escalations.is_empty() {
-            self.inner.events.emit_all(escalations);
+            self.inner.events().emit_all(escalations);
         }
         for group in restarts {
             self.schedule_restart(group);
@@ -193,8 +193,8 @@ impl Kernel {
     /// Restarts `group` after its delay, on a kernel-owned task that shutdown ends.
     fn schedule_restart(&self, group: RestartGroup) {
         let weak = self.downgrade();
-        let shutdown = self.inner.shutdown.clone();
-        self.inner.tracker.spawn(async move {
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(group.delay) => {}
@@ -210,7 +210,7 @@ impl Kernel {
         let mut exits = Exits::new(Stop::Abort);
         let mut restarted = Vec::new();
         {
-            let mut table = self.inner.table.write();
+            let mut table = self.inner.table().write();
             // Checked under the lock: shutdown's pass holds it too.
             if self.is_stopping() {
                 return;
@@ -234,7 +234,7 @@ impl Kernel {
                 }
             }
             // Under the lock, so no later exit of the new runner can be reported first.
-            self.inner.events.emit_all(restarted);
+            self.inner.events().emit_all(restarted);
         }
         self.finish_exits(exits).await;
     }
@@ -245,13 +245,13 @@ impl Kernel {
         let old = &entry.proc;
         let factory = self
             .inner
-            .runtimes
+            .runtimes()
             .get(&old.runtime_name)
             .ok_or_else(|| format!("runtime {} is not registered", old.runtime_name))?;
         let runtime = factory
             .create(&old.ctx)
             .map_err(|e| format!("runtime {}: {e}", old.runtime_name))?;
-        let settings = &self.inner.settings;
+        let settings = &self.inner.settings();
         let mailbox = Mailbox::new(
             settings.mailbox_capacity,
             Duration::from_millis(settings.mailbox_aging_ms),

@@ -55,7 +55,7 @@ impl Kernel {
         let tags = check_tags(tags)?;
         let joined = tags.join(" ");
         let size = (text.len() + key.as_ref().map_or(0, String::len) + joined.len()) as u64;
-        let limits = self.inner.settings.memory;
+        let limits = self.inner.settings().memory;
         if size > limits.max_entry_bytes {
             return Err(KernelError::LimitExceeded(format!(
                 "memory entry is {size} bytes, over kernel.memory.max_entry_bytes ({} bytes)",
@@ -119,7 +119,7 @@ impl Kernel {
         query: &str,
         limit: Option<usize>,
     ) -> Result<Vec<MemoryHit>> {
-        let most = self.inner.settings.memory.max_results as usize;
+        let most = self.inner.settings().memory.max_results as usize;
         let limit = match limit {
             Some(0) => {
                 return Err(KernelError::InvalidArgument(

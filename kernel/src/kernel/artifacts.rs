@@ -75,7 +75,7 @@ impl Kernel {
                 given.to_owned()
             }
         };
-        let limits = self.inner.settings.artifacts;
+        let limits = self.inner.settings().artifacts;
         let size = artifact.content.len() as u64;
         if size > limits.max_bytes {
             return Err(KernelError::LimitExceeded(format!(
@@ -93,7 +93,7 @@ impl Kernel {
             )));
         }
         let (owner_name, line) = {
-            let table = self.inner.table.read();
+            let table = self.inner.table().read();
             let entry = table.get(owner).ok_or(KernelError::NotFound(owner))?;
             let line = table.lineage(owner).ok_or(KernelError::NotFound(owner))?;
             (entry.proc.ctx.name.to_string(), lineage(&line))
@@ -237,7 +237,7 @@ impl Kernel {
     /// `pid`'s line from PID 1; just `pid` when it is gone from the table.
     fn lineage_of(&self, pid: Pid) -> Vec<Pid> {
         self.inner
-            .table
+            .table()
             .read()
             .lineage(pid)
             .unwrap_or_else(|| vec![pid])

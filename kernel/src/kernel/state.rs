@@ -38,7 +38,7 @@ impl Kernel {
         }
         let key = key.to_owned();
         self.inner
-            .store
+            .store()
             .commit(Write::State { pid, key, value })
             .await?;
         Ok(())

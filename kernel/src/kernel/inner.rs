@@ -1,0 +1,212 @@
+//! The kernel's parts, owned here: the settings, the process table, the
+//! counters, the event bus, the store, the runtimes, the model provider, the
+//! task tracker and shutdown signals, the reaper and cron. Their fields are
+//! private to this file; the facade's files reach each part through its
+//! accessor and use it through the part's own API.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::llm::Provider;
+use hivekernel_agents::{Capabilities, Limits, Pid, ProcessContext, Role, SpawnRequest, Tier};
+use parking_lot::RwLock;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::cron::Cron;
+use super::supervisor::Reaper;
+use super::syscalls::KernelSyscalls;
+use crate::config::KernelSettings;
+use crate::counter::Counter;
+use crate::events::{EventBus, unix_ms};
+use crate::mailbox::Mailbox;
+use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
+use crate::runtime::RuntimeRegistry;
+use crate::store::{self, Recovered, Store};
+use crate::usage::Meter;
+
+/// Events retained in memory for replay.
+const EVENT_RETENTION: usize = 65_536;
+
+/// What a kernel is assembled from (the builder's fields).
+#[derive(Debug)]
+pub(super) struct Parts<'a> {
+    pub(super) settings: KernelSettings,
+    pub(super) runtimes: RuntimeRegistry,
+    pub(super) llm: Option<Arc<dyn Provider>>,
+    pub(super) store: Store,
+    /// What the store read back, when it is durable: where counters continue.
+    pub(super) recovered: Option<&'a Recovered>,
+    pub(super) templates: HashMap<String, SpawnRequest>,
+    pub(super) cron_anchor: Option<(u64, tokio::time::Instant)>,
+}
+
+#[derive(Debug)]
+pub(super) struct Inner {
+    settings: KernelSettings,
+    table: RwLock<ProcessTable>,
+    /// PIDs; never reused, across restarts too.
+    pids: Counter,
+    /// Message and request ids.
+    ids: Counter,
+    events: EventBus,
+    /// The SQLite store, or its in-memory form.
+    store: Store,
+    runtimes: RuntimeRegistry,
+    /// Root of the workspaces of processes that have no directory of their own.
+    workspace_root: Arc<std::path::Path>,
+    /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
+    llm: Option<Arc<dyn Provider>>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    stopping: AtomicBool,
+    reaper: Reaper,
+    cron: Cron,
+}
+
+impl Inner {
+    /// The parts, with PID 1 in the table; `weak` is the kernel it will be.
+    pub(super) fn new(weak: &Weak<Inner>, parts: Parts<'_>) -> Inner {
+        let Parts {
+            settings,
+            runtimes,
+            llm,
+            store,
+            recovered,
+            templates,
+            cron_anchor,
+        } = parts;
+        let start = |counter: store::Counter, fresh: u64| {
+            recovered.map_or(fresh, |r| r.next(counter).max(fresh))
+        };
+        // A crash skips at most a block: PIDs are seen by people, keep their jump small.
+        let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
+        let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
+        let first_seq = start(store::Counter::EventSeq, 1);
+        // PID 1's subtree is the whole kernel: its usage carries on.
+        let kernel_usage = Meter::default();
+        if let Some(kept) = recovered.and_then(|r| r.usage.get(&Pid::KERNEL)) {
+            kernel_usage.add_kept(kept.own, kept.subtree);
+        }
+        let limits = Limits {
+            max_children: settings.max_children,
+            max_depth: settings.max_depth,
+            timeout_seconds: settings.task_timeout_seconds,
+            max_concurrent_tasks: settings.max_concurrent_tasks,
+            max_tokens_total: None,
+            spawns_per_minute: None,
+            llm_calls_per_minute: None,
+        };
+        let ctx = ProcessContext {
+            pid: Pid::KERNEL,
+            name: Arc::from("kernel"),
+            role: Role::Kernel,
+            tier: Tier::Strategic,
+            model: Arc::from(""),
+            system_prompt: Arc::from(""),
+            tools: Arc::from(Vec::new()),
+            workspace: None,
+            syscalls: Arc::new(KernelSyscalls::new(weak.clone(), Pid::KERNEL)),
+        };
+        let kernel_proc = ProcShared::new(NewProc {
+            ctx,
+            runtime_name: Arc::from("kernel"),
+            runtime: None,
+            limits,
+            metadata: Default::default(),
+            started_at_unix_ms: unix_ms(SystemTime::now()),
+            mailbox: Mailbox::new(0, Duration::from_secs(1)),
+            usage: kernel_usage,
+            budget: None,
+            caps: Capabilities::ALL,
+        });
+        let mut entries = rustc_hash::FxHashMap::default();
+        entries.insert(
+            Pid::KERNEL,
+            Entry {
+                ppid: Pid(0),
+                depth: 0,
+                children: Default::default(),
+                live_children: 0,
+                proc: Arc::new(kernel_proc),
+                exit: None,
+                exit_waiters: None,
+                sup: None,
+            },
+        );
+        Inner {
+            workspace_root: Arc::from(settings.workspace_root()),
+            settings,
+            table: RwLock::new(ProcessTable { entries }),
+            pids,
+            ids,
+            events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),
+            store,
+            runtimes,
+            llm,
+            tracker: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            stopping: AtomicBool::new(false),
+            reaper: Reaper::default(),
+            cron: Cron::new(templates, cron_anchor),
+        }
+    }
+
+    pub(super) fn settings(&self) -> &KernelSettings {
+        &self.settings
+    }
+
+    pub(super) fn table(&self) -> &RwLock<ProcessTable> {
+        &self.table
+    }
+
+    pub(super) fn pids(&self) -> &Counter {
+        &self.pids
+    }
+
+    pub(super) fn ids(&self) -> &Counter {
+        &self.ids
+    }
+
+    pub(super) fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    pub(super) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub(super) fn runtimes(&self) -> &RuntimeRegistry {
+        &self.runtimes
+    }
+
+    pub(super) fn workspace_root(&self) -> &Arc<std::path::Path> {
+        &self.workspace_root
+    }
+
+    pub(super) fn llm(&self) -> Option<&Arc<dyn Provider>> {
+        self.llm.as_ref()
+    }
+
+    pub(super) fn tracker(&self) -> &TaskTracker {
+        &self.tracker
+    }
+
+    pub(super) fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    pub(super) fn stopping(&self) -> &AtomicBool {
+        &self.stopping
+    }
+
+    pub(super) fn reaper(&self) -> &Reaper {
+        &self.reaper
+    }
+
+    pub(super) fn cron(&self) -> &Cron {
+        &self.cron
+    }
+}

@@ -1,0 +1,186 @@
+//! Model calls through the kernel: the provider is called for a process,
+//! and the usage it reports is charged to the process, its ancestors and
+//! their budgets, committed, and recorded as `llm_call` events; tool calls
+//! a runtime reports become `tool_call` events.
+
+use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError, Usage};
+use hivekernel_agents::{Pid, ToolCallReport};
+
+use crate::error::KernelError;
+use crate::events::EventKind;
+use crate::kernel::{Caller, Kernel};
+use crate::process::ProcShared;
+use crate::store::Write;
+
+/// Overrides `llm.base_url` (and makes `auto` pick `openai`).
+impl Kernel {
+    /// One model call for process `pid`; its usage is recorded against `pid`.
+    pub(crate) async fn chat(
+        &self,
+        pid: Pid,
+        request: &ChatRequest,
+    ) -> Result<ChatResponse, LlmError> {
+        let Some(llm) = self.inner.llm() else {
+            return Err(LlmError::Refused(
+                "this kernel has no model provider configured".into(),
+            ));
+        };
+        let proc = {
+            let table = self.inner.table().read();
+            match table.get(pid) {
+                Some(entry) if entry.is_alive() => entry.proc.clone(),
+                _ => {
+                    return Err(LlmError::Refused(format!("process {pid} is not running")));
+                }
+            }
+        };
+        let refused = |err: KernelError| {
+            self.report(Caller::Process(pid), "llm_call", &err);
+            match err {
+                KernelError::BudgetExceeded(why) => LlmError::BudgetExceeded(why),
+                other => LlmError::Refused(other.to_string()),
+            }
+        };
+        let what = format!("process {pid} may not call a model now");
+        proc.usage
+            .take_llm_call(proc.limits.llm_calls_per_minute, &what)
+            .map_err(refused)?;
+        let left = proc.budget.as_ref().map(|pool| pool.check(pid));
+        // The answer may not take more than is left.
+        let capped = left
+            .transpose()
+            .map_err(refused)?
+            .map(|left| u32::try_from(left).unwrap_or(u32::MAX))
+            .filter(|left| request.max_tokens.is_none_or(|max| max > *left))
+            .map(|left| ChatRequest {
+                max_tokens: Some(left),
+                ..request.clone()
+            });
+        let request = capped.as_ref().unwrap_or(request);
+        let started = std::time::Instant::now();
+        let answer = llm.chat(request).await;
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (usage, error) = match &answer {
+            Ok(response) => (response.usage, None),
+            Err(err) => (
+                Usage::default(),
+                Some(cut(err.to_string(), EVENT_ERROR_BYTES)),
+            ),
+        };
+        let (cost_nano_usd, stored) = if answer.is_ok() {
+            self.charge(&proc, usage)
+        } else {
+            (0, None)
+        };
+        self.inner.events().emit(
+            pid,
+            EventKind::LlmCall {
+                model: proc.ctx.model.clone(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                cost_nano_usd,
+                duration_ms,
+                error,
+            },
+        );
+        // Tokens a crash would forget could be spent twice: the answer waits
+        // for the store. (Queued already: a caller that gives up cannot undo it.)
+        if let Some(stored) = stored
+            && let Err(err) = stored.await
+        {
+            tracing::warn!(%pid, error = %err, "model usage not stored");
+        }
+        answer
+    }
+
+    /// Records a tool call `pid`'s runtime made, as a `tool_call` event.
+    pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
+        let kind = EventKind::ToolCall {
+            ok: report.error.is_none(),
+            tool: cut(report.tool, EVENT_TOOL_BYTES),
+            duration_ms: u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX),
+            error: report.error.map(|error| cut(error, EVENT_ERROR_BYTES)),
+        };
+        self.inner.events().emit(pid, kind);
+    }
+
+    /// Counts one call's usage for the process, its budget and its ancestors'
+    /// subtrees, and queues it for the store in one transaction; answers the
+    /// call's cost and, with a store, the commit to wait for.
+    fn charge(
+        &self,
+        proc: &ProcShared,
+        usage: Usage,
+    ) -> (
+        u64,
+        Option<impl Future<Output = Result<(), crate::store::StoreError>> + use<>>,
+    ) {
+        let cost = self
+            .inner
+            .settings()
+            .prices
+            .get(proc.ctx.model.as_ref())
+            .map_or(0, |price| price.cost_nano_usd(usage));
+        proc.usage.record_own(usage, cost);
+        if let Some(pool) = &proc.budget {
+            pool.charge(usage.total());
+        }
+        let kept = |pid: Pid, proc: &ProcShared| Write::Usage {
+            pid,
+            own: proc.usage.snapshot(),
+            subtree: proc.usage.subtree(),
+            budget_spent: proc
+                .budget
+                .as_ref()
+                .filter(|pool| pool.owner() == pid)
+                .map(|pool| pool.spent()),
+        };
+        // Snapshots only for a kernel that keeps them.
+        let store = &self.inner.store();
+        let durable = store.is_durable();
+        let mut writes: Vec<Write> = match durable {
+            true => vec![kept(proc.ctx.pid, proc)],
+            false => Vec::new(),
+        };
+        {
+            let table = self.inner.table().read();
+            let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
+            while let Some(ppid) = at {
+                let Some(entry) = table.get(ppid) else {
+                    break;
+                };
+                entry.proc.usage.record_descendant(usage, cost);
+                if durable {
+                    writes.push(kept(ppid, &entry.proc));
+                }
+                at = (entry.depth > 0).then_some(entry.ppid);
+            }
+        }
+        (cost, durable.then(|| store.commit_all(writes)))
+    }
+}
+
+/// Error texts in events are cut to this many bytes.
+const EVENT_ERROR_BYTES: usize = 512;
+/// Tool names in events (the model may make one up) are cut to this many bytes.
+const EVENT_TOOL_BYTES: usize = 128;
+
+use hivekernel_agents::text::cut;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_texts_are_cut_on_a_character_boundary_within_the_limit() {
+        assert_eq!(cut("short".into(), 8), "short");
+        let cut_text = cut("é".repeat(100), 64);
+        assert!(cut_text.len() <= 64, "{cut_text}");
+        assert_eq!(
+            cut_text,
+            format!("{}… [cut: 200 bytes in all]", "é".repeat(18))
+        );
+        let long = cut("x".repeat(600), EVENT_ERROR_BYTES);
+        assert!(long.len() <= EVENT_ERROR_BYTES && long.len() > EVENT_ERROR_BYTES - 4);
+    }
+}
