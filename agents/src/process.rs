@@ -24,14 +24,19 @@ pub const MAX_NAME_BYTES: usize = 128;
 /// orchestrate's workers): not blank, no control characters, at most
 /// [`MAX_NAME_BYTES`]; the error quotes the name (cut when long).
 pub fn check_name(name: &str) -> Result<(), String> {
-    let shown = crate::text::shown(name);
+    // Quoted only when refused: every spawn passes here.
+    let shown = || crate::text::shown(name);
     if name.trim().is_empty() {
-        Err(format!("must not be empty or only whitespace, got {shown}"))
+        Err(format!(
+            "must not be empty or only whitespace, got {}",
+            shown()
+        ))
     } else if name.chars().any(char::is_control) {
-        Err(format!("{shown} contains control characters"))
+        Err(format!("{} contains control characters", shown()))
     } else if name.len() > MAX_NAME_BYTES {
         Err(format!(
-            "{shown} is {} bytes long, at most {MAX_NAME_BYTES} allowed",
+            "{} is {} bytes long, at most {MAX_NAME_BYTES} allowed",
+            shown(),
             name.len()
         ))
     } else {

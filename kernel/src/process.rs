@@ -61,6 +61,7 @@ pub(crate) struct NewProc {
 impl ProcShared {
     /// The one way a process (PID 1, a spawn, a restart) comes to be: idle,
     /// with nothing running or blocked.
+    #[inline]
     pub(crate) fn new(new: NewProc) -> Self {
         ProcShared {
             ctx: new.ctx,
