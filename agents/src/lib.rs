@@ -48,6 +48,4 @@ pub use process::{
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
-pub use syscalls::{
-    CronRequest, ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport,
-};
+pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport};

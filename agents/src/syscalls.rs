@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact};
-use crate::cron::{CronAction, CronInfo, Missed, Overlap};
+use crate::cron::{CronInfo, CronSpec};
 use crate::llm::{ChatRequest, ChatResponse, LlmError};
 use crate::memory::{MemoryEntry, MemoryHit, NewMemory};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
@@ -113,28 +113,6 @@ impl TaskSpec {
     }
 }
 
-/// A cron entry as a process asks for it; action and policy names as in the
-/// config (empty takes the default).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CronRequest {
-    /// Unique name.
-    pub name: String,
-    /// The schedule: 5-field crontab, 6/7 fields with seconds, or `@daily`...
-    pub expression: String,
-    /// What it does.
-    pub action: CronAction,
-    /// Who it acts on; `None`: the caller.
-    pub target: Option<Pid>,
-    /// For `spawn`: a config template.
-    pub template: Option<String>,
-    /// The task or message text.
-    pub description: String,
-    /// A slot that comes while the last run still goes on.
-    pub overlap: Overlap,
-    /// Slots missed while the kernel was down.
-    pub missed: Missed,
-}
-
 /// A tool call a runtime made, reported to the kernel for its event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCallReport {
@@ -220,9 +198,9 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
     }
 
     /// Adds a cron entry owned by this process, aimed at itself or a
-    /// descendant; answers the entry as the kernel shows it (JSON).
-    async fn schedule_cron(&self, request: CronRequest) -> Result<CronInfo, SyscallError> {
-        let _ = request;
+    /// descendant; answers the entry as the kernel shows it.
+    async fn schedule_cron(&self, spec: CronSpec) -> Result<CronInfo, SyscallError> {
+        let _ = spec;
         Err(SyscallError::new(
             ErrorKind::FailedPrecondition,
             "this kernel has no cron",

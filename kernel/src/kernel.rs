@@ -131,7 +131,7 @@ impl Kernel {
     /// Live processes (not counting zombies), PID 1 included.
     pub fn live_count(&self) -> usize {
         let table = self.inner.table().read();
-        table.entries.values().filter(|e| e.is_alive()).count()
+        table.iter().filter(|(_, e)| e.is_alive()).count()
     }
 
     /// Stops everything: refuses new work, ends every process leaves first,

@@ -30,13 +30,15 @@
 //! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
 //! - [`auth`], [`tls`]: tokens and TLS for the control plane.
 //!
-//! Facade: [`kernel`], the `Kernel` handle and its operations, one file per
-//! concern under kernel/: `builder` (the one way to start a kernel), `spawn`,
-//! `acl`, `supervisor` (kill, exits, `wait_child`, the reaper, restarts),
-//! `router` (send, `execute_task`, `delegate_async`, replies), `runner`,
-//! `cron` (the schedules and their runs; [`cron`] re-exports its vocabulary),
-//! `exec`, `restore`, `syscalls` (the `Syscalls` bound to one process); and,
-//! still beside it, `artifacts`, `memory`, `state` and [`llm`].
+//! Facade: [`kernel`], the `Kernel` handle; its parts in `kernel/inner.rs`
+//! (private to that file); its operations, one file per concern under
+//! kernel/: `builder` (the one way to start a kernel), `spawn`, `acl`,
+//! `supervisor` (kill, exits, `wait_child`, the reaper, restarts), `router`
+//! (send, `execute_task`, `delegate_async`, replies), `runner`, `cron` (the
+//! schedules and their runs; [`cron`] re-exports its vocabulary), `exec`,
+//! `restore`, `llm` (model calls; [`llm`] chooses the provider),
+//! `artifacts`, `memory`, `state`, `syscalls` (the `Syscalls` bound to one
+//! process).
 //!
 //! Doors: [`grpc`] (the tonic server: service, health, reflection, auth
 //! layer), [`daemon`] (`hivekernel start`) and [`cli`] (the command line).

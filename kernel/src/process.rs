@@ -238,10 +238,32 @@ impl Entry {
 pub(crate) struct ProcessTable {
     /// Keyed by PID with a fast non-cryptographic hash: PIDs are kernel-chosen,
     /// never attacker-chosen, so SipHash's flood resistance buys nothing here.
-    pub(crate) entries: rustc_hash::FxHashMap<Pid, Entry>,
+    entries: rustc_hash::FxHashMap<Pid, Entry>,
 }
 
 impl ProcessTable {
+    /// A table holding only `kernel`, PID 1's row.
+    pub(crate) fn with_kernel(kernel: Entry) -> Self {
+        let mut entries = rustc_hash::FxHashMap::default();
+        entries.insert(Pid::KERNEL, kernel);
+        ProcessTable { entries }
+    }
+
+    /// Adds a row; the caller has linked it into its parent's children.
+    pub(crate) fn insert(&mut self, pid: Pid, entry: Entry) {
+        self.entries.insert(pid, entry);
+    }
+
+    /// Takes a row out (reaping); the caller unlinks it from its parent.
+    pub(crate) fn remove(&mut self, pid: Pid) -> Option<Entry> {
+        self.entries.remove(&pid)
+    }
+
+    /// Every row, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Pid, &Entry)> + '_ {
+        self.entries.iter().map(|(pid, entry)| (*pid, entry))
+    }
+
     pub(crate) fn get(&self, pid: Pid) -> Option<&Entry> {
         self.entries.get(&pid)
     }

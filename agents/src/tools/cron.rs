@@ -11,9 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, ToolRegistry, decode};
-use crate::cron::{CronAction, Missed, Overlap};
+use crate::cron::{CronAction, CronSpec, Missed, Overlap};
 use crate::process::Pid;
-use crate::syscalls::CronRequest;
 
 /// Adds the three cron tools.
 pub fn register(registry: &mut ToolRegistry) {
@@ -99,20 +98,22 @@ impl Tool for ScheduleCron {
 
     async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
         let args: ScheduleArgs = decode(self, args)?;
-        let request = CronRequest {
+        let spec = CronSpec {
             name: args.name,
             expression: args.expression,
             action: args.action,
-            target: args.pid.map(Pid),
-            template: args.template,
+            // Yourself unless you name a descendant.
+            target: args.pid.map_or(ctx.process.pid, Pid),
+            template: args.template.filter(|t| !t.is_empty()),
             description: args.task,
+            enabled: true,
             overlap: args.overlap,
             missed: args.missed,
         };
         let entry = ctx
             .process
             .syscalls
-            .schedule_cron(request)
+            .schedule_cron(spec)
             .await
             .map_err(refused)?;
         Ok(match entry.next_run_unix_ms {

@@ -259,10 +259,9 @@ fn check_name(name: &str) -> Result<()> {
     } else {
         return Ok(());
     };
-    let shown: String = name.chars().take(40).collect();
     Err(KernelError::InvalidArgument(format!(
-        "artifact name {problem} (1 to {MAX_ARTIFACT_NAME_BYTES} bytes), got {shown:?}{}",
-        if shown.len() < name.len() { "..." } else { "" }
+        "artifact name {problem} (1 to {MAX_ARTIFACT_NAME_BYTES} bytes), got {}",
+        crate::error::shown(name)
     )))
 }
 

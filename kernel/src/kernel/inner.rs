@@ -122,24 +122,20 @@ impl Inner {
             budget: None,
             caps: Capabilities::ALL,
         });
-        let mut entries = rustc_hash::FxHashMap::default();
-        entries.insert(
-            Pid::KERNEL,
-            Entry {
-                ppid: Pid(0),
-                depth: 0,
-                children: Default::default(),
-                live_children: 0,
-                proc: Arc::new(kernel_proc),
-                exit: None,
-                exit_waiters: None,
-                sup: None,
-            },
-        );
+        let table = ProcessTable::with_kernel(Entry {
+            ppid: Pid(0),
+            depth: 0,
+            children: Default::default(),
+            live_children: 0,
+            proc: Arc::new(kernel_proc),
+            exit: None,
+            exit_waiters: None,
+            sup: None,
+        });
         Inner {
             workspace_root: Arc::from(settings.workspace_root()),
             settings,
-            table: RwLock::new(ProcessTable { entries }),
+            table: RwLock::new(table),
             pids,
             ids,
             events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),

@@ -80,10 +80,9 @@ impl Kernel {
         let alive: HashSet<Pid> = {
             let table = self.inner.table().read();
             table
-                .entries
                 .iter()
-                .filter(|(pid, entry)| **pid != Pid::KERNEL && entry.is_alive())
-                .map(|(pid, _)| *pid)
+                .filter(|(pid, entry)| *pid != Pid::KERNEL && entry.is_alive())
+                .map(|(pid, _)| pid)
                 .collect()
         };
         let now = unix_ms(SystemTime::now());

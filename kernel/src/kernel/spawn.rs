@@ -273,7 +273,7 @@ impl Kernel {
             tier,
             runtime: proc.runtime_name.clone(),
         };
-        table.entries.insert(
+        table.insert(
             pid,
             Entry {
                 ppid: parent,

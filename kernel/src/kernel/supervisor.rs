@@ -575,7 +575,7 @@ fn terminate_below(
     // Everything below `top` leaves the table with it: one removal each, and
     // no parent to unlink from, since every parent but `top` goes too.
     for pid in below {
-        let Some(mut entry) = table.entries.remove(&pid) else {
+        let Some(mut entry) = table.remove(pid) else {
             continue;
         };
         if entry.is_alive() {
@@ -591,7 +591,7 @@ fn terminate_below(
 
 /// Removes an exited process from the table and from its parent's children.
 fn reap(table: &mut ProcessTable, pid: Pid) {
-    let Some(entry) = table.entries.remove(&pid) else {
+    let Some(entry) = table.remove(pid) else {
         return;
     };
     if let Some(parent) = table.get_mut(entry.ppid) {

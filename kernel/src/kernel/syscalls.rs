@@ -6,9 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
-    Artifact, ArtifactId, ArtifactInfo, CronInfo, CronRequest, CronSpec, ExitRecord, MemoryEntry,
-    MemoryHit, MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId,
-    SpawnRequest, SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
+    Artifact, ArtifactId, ArtifactInfo, CronInfo, CronSpec, ExitRecord, MemoryEntry, MemoryHit,
+    MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
+    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
 };
 
 use crate::error::KernelError;
@@ -78,18 +78,7 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.exit_process(self.pid, code, reason).await?)
     }
 
-    async fn schedule_cron(&self, request: CronRequest) -> Result<CronInfo, SyscallError> {
-        let spec = CronSpec {
-            name: request.name,
-            expression: request.expression,
-            action: request.action,
-            target: request.target.unwrap_or(self.pid),
-            template: request.template.filter(|t| !t.is_empty()),
-            description: request.description,
-            enabled: true,
-            overlap: request.overlap,
-            missed: request.missed,
-        };
+    async fn schedule_cron(&self, spec: CronSpec) -> Result<CronInfo, SyscallError> {
         Ok(self.kernel()?.add_cron(self.caller(), spec).await?)
     }
 
