@@ -250,19 +250,26 @@ pub struct AgentSpec {
     pub cron: Vec<hivekernel_agents::CronSpec>,
 }
 
+/// Largest config file read, in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 impl Config {
     /// Read, parse and validate the file at `path`.
     pub fn load(path: &Path, known: &Known) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::from_str_at(&text, path, known),
-            Err(err) => Err(ConfigError {
-                file: path.to_path_buf(),
-                issues: vec![ConfigIssue::new(
-                    "",
-                    format!("cannot read config file {}: {err}", path.display()),
-                )],
-            }),
-        }
+        let problem = match crate::files::read_capped(path, MAX_CONFIG_BYTES) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => return Config::from_str_at(&text, path, known),
+                Err(err) => format!(
+                    "cannot read config file {}: stream did not contain valid UTF-8 ({err})",
+                    path.display()
+                ),
+            },
+            Err(problem) => format!("cannot read config file {}: {problem}", path.display()),
+        };
+        Err(ConfigError {
+            file: path.to_path_buf(),
+            issues: vec![ConfigIssue::new("", problem)],
+        })
     }
 
     /// Parse and validate `text` as if read from `path` (used for messages and relative paths).

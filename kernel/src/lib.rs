@@ -15,6 +15,7 @@
 //! - [`event`]: the event values.
 //! - `crontab`: cron expressions: parsing and the next slot.
 //! - [`command`]: the `exec` runtime's name and the checks on a command.
+//! - [`files`]: reading a file the config names: only a regular file, at most a limit.
 //! - [`config`]: the JSON startup config, read into plain data and validated in two phases.
 //!
 //! Foundation: state with a small API, knowing nothing of the kernel.
@@ -57,6 +58,7 @@ pub mod error;
 pub mod event;
 pub mod events;
 pub mod exec;
+pub mod files;
 pub mod grpc;
 pub mod kernel;
 pub mod llm;

@@ -5,7 +5,7 @@
 //! connection is tried, so a missing, unreadable or wrong file is reported
 //! once, naming the file and what is wrong with it.
 
-use std::io::Read as _;
+use crate::files::FileProblem;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -273,24 +273,23 @@ pub(crate) fn read_key(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsEr
 
 /// The file's bytes, refusing anything too large to be a PEM file.
 fn read_pem(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
-    let read = |source| TlsError::Read {
-        what,
-        path: path.to_owned(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(read)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if bytes.len() as u64 > MAX_PEM_BYTES {
-        return Err(TlsError::Invalid {
+    crate::files::read_capped(path, MAX_PEM_BYTES).map_err(|problem| match problem {
+        FileProblem::Io(source) => TlsError::Read {
+            what,
+            path: path.to_owned(),
+            source,
+        },
+        FileProblem::TooLarge { .. } => TlsError::Invalid {
             what,
             path: path.to_owned(),
             problem: format!("larger than {MAX_PEM_BYTES} bytes: not a PEM file"),
-        });
-    }
-    Ok(bytes)
+        },
+        FileProblem::NotRegular(_) => TlsError::Invalid {
+            what,
+            path: path.to_owned(),
+            problem: problem.to_string(),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::store::Synchronous;
 use super::parse::{Agent, RawAgent, RawKernel, Section};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
 use crate::command::{self, EXEC_RUNTIME};
+use crate::files::FileProblem;
 
 /// Longest agent name, in bytes.
 /// Largest system prompt file, in bytes.
@@ -470,30 +471,19 @@ fn parse_named<T: FromStr<Err = String>>(
 
 /// Reads a prompt file no larger than [`MAX_PROMPT_BYTES`].
 pub(super) fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> String {
-    let unreadable = |err: std::io::Error| {
-        ConfigIssue::new(location, format!("cannot read {}: {err}", path.display()))
+    let problem = match crate::files::read_capped(path, MAX_PROMPT_BYTES) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => return text,
+            Err(_) => format!("cannot read {}: it is not UTF-8 text", path.display()),
+        },
+        Err(FileProblem::TooLarge { size, .. }) => format!(
+            "{} is {size} bytes, larger than the 1 MiB limit ({MAX_PROMPT_BYTES} bytes)",
+            path.display()
+        ),
+        Err(problem) => format!("cannot read {}: {problem}", path.display()),
     };
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.len() > MAX_PROMPT_BYTES => {
-            issues.push(ConfigIssue::new(
-                location,
-                format!(
-                    "{} is {} bytes, larger than the 1 MiB limit ({MAX_PROMPT_BYTES} bytes)",
-                    path.display(),
-                    meta.len()
-                ),
-            ));
-            String::new()
-        }
-        Ok(_) => std::fs::read_to_string(path).unwrap_or_else(|err| {
-            issues.push(unreadable(err));
-            String::new()
-        }),
-        Err(err) => {
-            issues.push(unreadable(err));
-            String::new()
-        }
-    }
+    issues.push(ConfigIssue::new(location, problem));
+    String::new()
 }
 
 /// Checks requested limits against the kernel's; a config agent sits at depth 1 under PID 1.

@@ -243,3 +243,101 @@ async fn start_with_a_malformed_config_starts_nothing() {
         .collect();
     assert_eq!(left, ["startup.json"]);
 }
+
+/// Runs `f` on its own thread, failing if it has not returned within 10 s:
+/// a read that blocks (a FIFO) or never ends (`/dev/zero`) then fails the
+/// test instead of hanging it.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} did not return within 10 s"))
+}
+
+/// A FIFO at `path` that nobody writes to.
+fn fifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_file_the_config_names_is_read_only_when_it_is_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = dir.path().join("prompt.fifo");
+    fifo(&pipe);
+    let config = dir.path().join("startup.json");
+    let targets = [
+        (Path::new("/dev/zero"), "a character device"),
+        (pipe.as_path(), "a FIFO"),
+        (dir.path(), "a directory"),
+    ];
+    for (target, kind) in targets {
+        let text = serde_json::json!({
+            "agents": [{"name": "a", "system_prompt_file": target}]
+        });
+        std::fs::write(&config, text.to_string()).unwrap();
+        let path = config.clone();
+        let err = within("loading the config", move || {
+            Config::load(&path, &RuntimeRegistry::builtin().known())
+        })
+        .unwrap_err();
+        assert!(
+            err.issues.iter().any(|i| {
+                i.location == "agents[0] (a).system_prompt_file"
+                    && i.message.contains(kind)
+                    && i.message.contains("not a regular file")
+            }),
+            "{}: {err}",
+            target.display()
+        );
+    }
+    // The config file itself, too.
+    let err = within("loading a FIFO as the config", move || {
+        Config::load(&pipe, &RuntimeRegistry::builtin().known())
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("a FIFO, not a regular file"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn start_with_a_fifo_for_a_prompt_or_a_tls_file_exits_2_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = dir.path().join("named.fifo");
+    fifo(&pipe);
+    let config = dir.path().join("startup.json");
+    let data_dir = dir.path().join("data");
+    let configs = [
+        serde_json::json!({"agents": [{"name": "a", "system_prompt_file": pipe}]}),
+        serde_json::json!({"kernel": {"tls": {"cert": pipe, "key": pipe}}}),
+        serde_json::json!({"kernel": {"tls": {"cert": "/dev/zero", "key": "/dev/zero"}}}),
+    ];
+    for text in configs {
+        std::fs::write(&config, text.to_string()).unwrap();
+        let options = StartOptions {
+            config: config.clone(),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            data_dir: Some(data_dir.clone()),
+            insecure_remote: false,
+            tls: Default::default(),
+        };
+        let started =
+            tokio::time::timeout(std::time::Duration::from_secs(10), daemon::run(options)).await;
+        let err = started
+            .unwrap_or_else(|_| panic!("start blocked on {text}"))
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{text}: {err}");
+        assert!(
+            err.to_string().contains("not a regular file"),
+            "{text}: {err}"
+        );
+        assert!(!data_dir.exists(), "{text}: the data directory was created");
+    }
+}

@@ -1,0 +1,117 @@
+//! Reading a file the config names (the config itself, prompts, TLS files):
+//! only a regular file, and never more than a limit.
+//!
+//! A path may name anything: `/dev/zero` never ends, a FIFO blocks its
+//! reader until a writer comes (deaf to signals meanwhile), and a file's
+//! size can change between a `stat` and a read. So the file is opened
+//! without blocking, its type is taken from the open handle (no window to
+//! swap the path), and at most the limit plus one byte is read.
+
+use std::fmt;
+use std::fs::{FileType, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Why a file could not be read.
+#[derive(Debug)]
+pub enum FileProblem {
+    /// The OS refused to open or read it.
+    Io(io::Error),
+    /// It is not a regular file (the kind it is instead).
+    NotRegular(&'static str),
+    /// It holds more than the limit.
+    TooLarge {
+        /// The limit, in bytes.
+        max: u64,
+        /// Its size when it was opened (it may have grown since).
+        size: u64,
+    },
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FileProblem::Io(err) => err.fmt(f),
+            FileProblem::NotRegular(kind) => write!(f, "it is {kind}, not a regular file"),
+            FileProblem::TooLarge { max, size } => {
+                write!(f, "it is {size} bytes, larger than {max} bytes")
+            }
+        }
+    }
+}
+
+/// The bytes of the regular file at `path`, at most `max` of them.
+pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
+    let file = OpenOptions::new()
+        .read(true)
+        // Opening a FIFO for reading would wait for a writer; opening a
+        // regular file is unaffected, and so are its reads.
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(FileProblem::Io)?;
+    let meta = file.metadata().map_err(FileProblem::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(FileProblem::NotRegular(describe(meta.file_type())));
+    }
+    let too_large = |size: u64| FileProblem::TooLarge { max, size };
+    if meta.len() > max {
+        return Err(too_large(meta.len()));
+    }
+    // Whatever the size said: a file that grows meanwhile is still cut off.
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(FileProblem::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+fn describe(kind: FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_regular_file_is_read_up_to_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("prompt.md");
+        std::fs::write(&path, "x".repeat(100)).unwrap();
+        assert_eq!(read_capped(&path, 100).unwrap().len(), 100);
+        let err = read_capped(&path, 99).unwrap_err();
+        assert_eq!(err.to_string(), "it is 100 bytes, larger than 99 bytes");
+    }
+
+    #[test]
+    fn devices_and_directories_are_refused_unread() {
+        let err = read_capped(Path::new("/dev/zero"), 10).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "it is a character device, not a regular file"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_capped(dir.path(), 10).unwrap_err();
+        assert_eq!(err.to_string(), "it is a directory, not a regular file");
+        let err = read_capped(&dir.path().join("absent"), 10).unwrap_err();
+        assert!(matches!(err, FileProblem::Io(_)), "{err}");
+    }
+}
