@@ -122,15 +122,17 @@ impl Authenticator {
         }
     }
 
-    /// Checks an `authorization` header value (`Bearer <token>`) and names the caller.
+    /// Checks an `authorization` header value and names the caller. Only
+    /// the canonical form is accepted: `Bearer` (in any case), one space and
+    /// the token, nothing around it; a token with spaces around it is another
+    /// string, and refused.
     pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, Status> {
         let header = header.ok_or_else(|| Status::unauthenticated(MISSING))?;
         let invalid = || Status::unauthenticated(INVALID);
-        let (scheme, token) = header.trim().split_once(' ').ok_or_else(invalid)?;
+        let (scheme, token) = header.split_once(' ').ok_or_else(invalid)?;
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(invalid());
         }
-        let token = token.trim();
         if ct_eq(token.as_bytes(), self.admin.0.as_bytes()) {
             return Ok(Caller::Admin);
         }
@@ -158,8 +160,16 @@ impl Authenticator {
     }
 }
 
+/// `p<pid>.<secret>`, the PID in its one decimal spelling (no sign, no
+/// leading zero), so one process has one token string.
 fn parse_process_token(token: &str) -> Option<(Pid, &str)> {
     let (pid, secret) = token.strip_prefix('p')?.split_once('.')?;
+    let canonical = !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && (pid == "0" || !pid.starts_with('0'));
+    if !canonical {
+        return None;
+    }
     Some((Pid(pid.parse().ok()?), secret))
 }
 
@@ -228,6 +238,9 @@ mod tests {
             "Bearer s3cre",
             "Bearer s3cret2",
             "Bearer ",
+            "Bearer  s3cret",
+            "Bearer s3cret ",
+            " Bearer s3cret",
         ] {
             let err = auth.authenticate(Some(header)).unwrap_err();
             assert_eq!(err.code(), Code::Unauthenticated, "{header:?}");

@@ -110,6 +110,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let tls = load_tls(&settings, options.insecure_remote)?;
     warn_unrestricted_roles(&settings);
     let data_dir = settings.data_dir.clone();
+    check_data_dir(&data_dir)?;
     let auth = Authenticator::new(admin_token(&data_dir)?);
     let (listener, addr) = bind(settings.listen).await?;
     let _lock = lock_data_dir(&data_dir)?;
@@ -185,6 +186,19 @@ fn warn_unrestricted_roles(settings: &KernelSettings) {
             "roles without a capabilities list have every capability; list them under \
              roles.<role>.capabilities"
         );
+    }
+}
+
+/// Refuses a data directory path that names something else (a usage
+/// error, exit 2); a missing one is created with the admin token.
+fn check_data_dir(data_dir: &Path) -> Result<(), StartError> {
+    match std::fs::metadata(data_dir) {
+        Ok(meta) if !meta.is_dir() => Err(StartError::Usage(format!(
+            "the data directory {} is not a directory: point kernel.data_dir or --data-dir at \
+             a directory (a missing one is created)",
+            data_dir.display()
+        ))),
+        _ => Ok(()),
     }
 }
 

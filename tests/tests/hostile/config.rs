@@ -341,3 +341,31 @@ async fn start_with_a_fifo_for_a_prompt_or_a_tls_file_exits_2_at_once() {
         assert!(!data_dir.exists(), "{text}: the data directory was created");
     }
 }
+
+#[tokio::test]
+async fn a_data_dir_that_is_a_file_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("startup.json");
+    std::fs::write(&config, "{}").unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let options = StartOptions {
+        config,
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: Some(file.clone()),
+        insecure_remote: false,
+        tls: Default::default(),
+    };
+    let err = daemon::run(options).await.unwrap_err();
+    assert_eq!(err.exit_code(), 2, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&file.display().to_string()) && text.contains("is not a directory"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "x",
+        "the file was touched"
+    );
+}

@@ -514,3 +514,59 @@ async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
     kernel.shutdown().await;
     served.stopped().await;
 }
+
+#[tokio::test]
+async fn credentials_are_accepted_only_in_their_one_spelling() {
+    let (kernel, _) = kernel_with(test_settings()).await;
+    let served = Served::start(&kernel).await;
+    let token = hivekernel_tests::served::TOKEN;
+    let ask = |mut client: Client| async move {
+        client
+            .get_process(pb::GetProcessRequest { pid: 1 })
+            .await
+            .map(|answer| answer.into_inner().pid)
+    };
+    assert_eq!(ask(served.with_token(token)).await.unwrap(), 1);
+    // The admin token with a space before or after it is another string.
+    for spelled in [
+        format!(" {token}"),
+        format!("{token} "),
+        format!("{token}\t"),
+    ] {
+        refused(
+            &format!("{spelled:?}"),
+            ask(served.with_token(&spelled)).await,
+            Code::Unauthenticated,
+            "invalid token",
+        );
+    }
+    // A process token names its PID one way: p8, never p08 or p+8.
+    let issued = served.auth.issue(Pid(8)).unwrap();
+    let secret = issued.strip_prefix("p8.").unwrap();
+    let whose = |mut client: Client| async move {
+        client
+            .get_process(pb::GetProcessRequest { pid: 8 })
+            .await
+            .map(|_| ())
+    };
+    refused(
+        "the issued token, for a process that is not there",
+        whose(served.with_token(&issued)).await,
+        Code::NotFound,
+        "process 8",
+    );
+    for forged in [
+        format!("p08.{secret}"),
+        format!("p+8.{secret}"),
+        format!("p008.{secret}"),
+    ] {
+        refused(
+            &forged[..5],
+            whose(served.with_token(&forged)).await,
+            Code::Unauthenticated,
+            "invalid token",
+        );
+    }
+    kernel.shutdown().await;
+    served.stopped().await;
+}
