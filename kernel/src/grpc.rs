@@ -13,6 +13,7 @@
 mod attach;
 mod convert;
 mod cron;
+mod decode;
 pub(crate) mod enums;
 mod service;
 mod status;
@@ -87,6 +88,7 @@ pub async fn serve_with_tls(
         .layer(InterceptorLayer::new(move |request| {
             authenticate(&auth, request)
         }))
+        .layer(decode::DecodeErrorsLayer)
         .add_service(health_service)
         .add_service(
             KernelServer::new(KernelService::new(kernel.clone(), drain.clone()))

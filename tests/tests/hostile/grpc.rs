@@ -570,3 +570,51 @@ async fn credentials_are_accepted_only_in_their_one_spelling() {
     kernel.shutdown().await;
     served.stopped().await;
 }
+
+/// A `SpawnRequest` as a careless or hostile client may encode it: `name`
+/// (field 2) as raw bytes, which need not be UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawSpawn {
+    #[prost(uint64, tag = "1")]
+    parent: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    name: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_invalid_argument_and_changes_nothing() {
+    let (kernel, _) = kernel_with(test_settings()).await;
+    let served = Served::start(&kernel).await;
+    let mut admin = served.admin();
+    let before = tree(&mut admin).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", served.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer = hivekernel_tests::served::Bearer::new(hivekernel_tests::served::TOKEN);
+    let mut grpc = tonic::client::Grpc::new(tonic::service::interceptor::InterceptedService::new(
+        channel, bearer,
+    ));
+    grpc.ready().await.unwrap();
+    let spawn = RawSpawn {
+        parent: 1,
+        name: vec![b'w', 0xff, 0xfe],
+    };
+    let answer: Result<tonic::Response<pb::SpawnResponse>, Status> = grpc
+        .unary(
+            tonic::Request::new(spawn),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/hivekernel.v1.Kernel/Spawn"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    refused(
+        "a name that is not UTF-8",
+        answer,
+        Code::InvalidArgument,
+        "name",
+    );
+    assert_eq!(tree(&mut admin).await, before, "the tree changed");
+    kernel.shutdown().await;
+    served.stopped().await;
+}
