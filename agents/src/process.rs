@@ -23,6 +23,7 @@ pub const MAX_NAME_BYTES: usize = 128;
 /// The one rule for a process name (config agents, templates, spawns,
 /// orchestrate's workers): not blank, no control characters, at most
 /// [`MAX_NAME_BYTES`]; the error quotes the name (cut when long).
+#[inline]
 pub fn check_name(name: &str) -> Result<(), String> {
     // Quoted only when refused: every spawn passes here.
     let shown = || crate::text::shown(name);

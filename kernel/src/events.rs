@@ -134,21 +134,28 @@ impl EventBus {
             pid,
             kind,
         });
-        // Reserve ahead, so a crash never lets a sequence number be reused.
-        if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
-            ring.reserved_seq = seq + SEQ_BLOCK;
-            self.store.submit(Write::Reserve {
-                counter: Counter::EventSeq,
-                until: ring.reserved_seq,
-            });
-        }
-        // Only what is persisted may leave memory: the store must be able to
-        // replay it (in memory, everything counts as persisted).
-        let persisted = self.store.persisted_event_seq();
-        while ring.events.len() >= self.retain
-            && ring.events.front().is_some_and(|e| e.seq <= persisted)
-        {
-            ring.events.pop_front();
+        // Every event passes here (a spawn, an exit): in memory, the ring
+        // only rolls over.
+        if !self.store.is_durable() {
+            if ring.events.len() == self.retain {
+                ring.events.pop_front();
+            }
+        } else {
+            // Reserve ahead, so a crash never lets a sequence number be reused.
+            if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
+                ring.reserved_seq = seq + SEQ_BLOCK;
+                self.store.submit(Write::Reserve {
+                    counter: Counter::EventSeq,
+                    until: ring.reserved_seq,
+                });
+            }
+            // Only what is persisted may leave memory: the store must be able to replay it.
+            let persisted = self.store.persisted_event_seq();
+            while ring.events.len() >= self.retain
+                && ring.events.front().is_some_and(|e| e.seq <= persisted)
+            {
+                ring.events.pop_front();
+            }
         }
         ring.events.push_back(event.clone());
         event
