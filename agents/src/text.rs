@@ -29,9 +29,9 @@ fn marker(total: usize) -> String {
 /// together at most `max` bytes (just the start when `max` cannot hold the marker).
 pub fn cut(mut text: String, max: usize) -> String {
     if text.len() > max {
-        let kept = kept(&text, max);
-        text.truncate(kept.0);
-        text.push_str(&kept.1);
+        let (len, mark) = kept(&text, max);
+        text.truncate(len);
+        text.push_str(&mark);
     }
     text
 }

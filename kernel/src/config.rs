@@ -260,7 +260,7 @@ impl Config {
             Ok(bytes) => match String::from_utf8(bytes) {
                 Ok(text) => return Config::from_str_at(&text, path, known),
                 Err(err) => format!(
-                    "cannot read config file {}: stream did not contain valid UTF-8 ({err})",
+                    "cannot read config file {}: it is not UTF-8 text ({err})",
                     path.display()
                 ),
             },

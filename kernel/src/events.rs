@@ -134,13 +134,7 @@ impl EventBus {
             pid,
             kind,
         });
-        // Every event passes here (a spawn, an exit): in memory, the ring
-        // only rolls over.
-        if !self.store.is_durable() {
-            if ring.events.len() == self.retain {
-                ring.events.pop_front();
-            }
-        } else {
+        if self.store.is_durable() {
             // Reserve ahead, so a crash never lets a sequence number be reused.
             if seq + SEQ_BLOCK / 2 >= ring.reserved_seq {
                 ring.reserved_seq = seq + SEQ_BLOCK;
@@ -156,6 +150,9 @@ impl EventBus {
             {
                 ring.events.pop_front();
             }
+        } else if ring.events.len() == self.retain {
+            // In memory (every spawn and exit passes here) the ring just rolls over.
+            ring.events.pop_front();
         }
         ring.events.push_back(event.clone());
         event

@@ -37,8 +37,7 @@ pub(crate) mod supervisor;
 pub(crate) mod syscalls;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
-use inner::Inner;
-use inner::Parts;
+use inner::{Inner, Parts};
 pub use restore::{KERNEL_RESTART, Restored};
 
 /// Cheap, cloneable handle to a running kernel.

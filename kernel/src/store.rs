@@ -431,8 +431,8 @@ impl Store {
         self.commit(Write::Flush).await
     }
 
-    /// Adds ops to the queue; false when the store is closed. In memory,
-    /// the ops are dropped, and with them their acknowledgements.
+    /// Adds ops to the queue, unless the store is closed. In memory, the
+    /// ops are dropped unbuilt, and with them their acknowledgements.
     fn enqueue(&self, ops: impl Iterator<Item = Op>) -> Queued {
         let Some(shared) = &self.shared else {
             return Queued::InMemory;

@@ -104,7 +104,7 @@ impl Tool for ScheduleCron {
             action: args.action,
             // Yourself unless you name a descendant.
             target: args.pid.map_or(ctx.process.pid, Pid),
-            template: args.template.filter(|t| !t.is_empty()),
+            template: args.template,
             description: args.task,
             enabled: true,
             overlap: args.overlap,

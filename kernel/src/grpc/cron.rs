@@ -21,7 +21,7 @@ pub(super) fn spec(caller: Caller, spec: pb::CronSpec) -> Result<CronSpec, Statu
             0 => caller.pid(),
             pid => Pid(pid),
         },
-        template: Some(spec.template).filter(|t| !t.is_empty()),
+        template: Some(spec.template),
         description: spec.description,
         enabled: !spec.disabled,
     })

@@ -162,6 +162,17 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
     ]
 }
 
+/// `hivekernel start CONFIG --data-dir DATA_DIR --listen 127.0.0.1:0`.
+fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
+    StartOptions {
+        config: config.to_owned(),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: Some(data_dir.to_owned()),
+        insecure_remote: false,
+        tls: Default::default(),
+    }
+}
+
 fn load(text: &str, path: &Path) -> Result<Config, Vec<ConfigIssue>> {
     Config::from_str_at(text, path, &RuntimeRegistry::builtin().known()).map_err(|e| e.issues)
 }
@@ -216,14 +227,9 @@ async fn start_with_a_malformed_config_starts_nothing() {
     let data_dir = dir.path().join("data");
     for (text, location, _) in cases() {
         std::fs::write(&path, &text).unwrap();
-        let options = StartOptions {
-            config: path.clone(),
-            listen: Some("127.0.0.1:0".parse().unwrap()),
-            data_dir: Some(data_dir.clone()),
-            insecure_remote: false,
-            tls: Default::default(),
-        };
-        let err = daemon::run(options).await.unwrap_err();
+        let err = daemon::run(start_options(&path, &data_dir))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StartError::Config(_)), "{location}: {err}");
         assert_eq!(err.exit_code(), 2);
         let shown = err.to_string();
@@ -321,13 +327,7 @@ async fn start_with_a_fifo_for_a_prompt_or_a_tls_file_exits_2_at_once() {
     ];
     for text in configs {
         std::fs::write(&config, text.to_string()).unwrap();
-        let options = StartOptions {
-            config: config.clone(),
-            listen: Some("127.0.0.1:0".parse().unwrap()),
-            data_dir: Some(data_dir.clone()),
-            insecure_remote: false,
-            tls: Default::default(),
-        };
+        let options = start_options(&config, &data_dir);
         let started =
             tokio::time::timeout(std::time::Duration::from_secs(10), daemon::run(options)).await;
         let err = started
@@ -349,14 +349,9 @@ async fn a_data_dir_that_is_a_file_is_a_usage_error() {
     std::fs::write(&config, "{}").unwrap();
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, "x").unwrap();
-    let options = StartOptions {
-        config,
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        data_dir: Some(file.clone()),
-        insecure_remote: false,
-        tls: Default::default(),
-    };
-    let err = daemon::run(options).await.unwrap_err();
+    let err = daemon::run(start_options(&config, &file))
+        .await
+        .unwrap_err();
     assert_eq!(err.exit_code(), 2, "{err}");
     let text = err.to_string();
     assert!(

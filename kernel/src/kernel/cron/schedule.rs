@@ -216,8 +216,10 @@ impl Kernel {
     }
 
     /// [`Kernel::add_cron`], once the caller holds the capability.
-    async fn add_cron_checked(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
+    async fn add_cron_checked(&self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
         self.check_running()?;
+        // gRPC and the tools send an empty template for none.
+        spec.template = spec.template.filter(|t| !t.is_empty());
         let schedule = self.check_cron(caller, &spec)?;
         let owner = caller.pid();
         if owner != Pid::KERNEL {
