@@ -10,10 +10,11 @@
 //! semantic checks and path resolution), `model` (both phases for the `llm`
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
 //! the restart specs and strategies of roles and agents), `storage` (both
-//! phases for `kernel.artifacts` and `kernel.memory`), `tls` (both phases
-//! for `kernel.tls`).
+//! phases for `kernel.artifacts` and `kernel.memory`), `limits` (both phases
+//! for `kernel.limits`), `tls` (both phases for `kernel.tls`).
 
 mod cron;
+mod limits;
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
@@ -125,6 +126,9 @@ pub struct KernelSettings {
     pub max_children: u32,
     /// Messages a mailbox holds before senders get backpressure (1..=1_000_000).
     pub mailbox_capacity: usize,
+    /// Bytes of messages and tasks a mailbox holds before senders get
+    /// backpressure; an empty mailbox takes any one message.
+    pub mailbox_max_bytes: u64,
     /// A waiting message rises one priority level per this many milliseconds (>= 1).
     pub mailbox_aging_ms: u64,
     /// Zombies their parent does not collect are reaped after this many seconds.
@@ -150,6 +154,8 @@ pub struct KernelSettings {
     pub artifacts: ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
     pub memory: MemorySettings,
+    /// Size limits on what callers send (`kernel.limits`).
+    pub limits: crate::limits::InputLimits,
     /// What model calls cost, by model name (filled from `llm.prices`).
     pub prices: crate::Prices,
     /// TLS on the control plane (`kernel.tls`); `None`: plain text.
@@ -196,6 +202,7 @@ impl Default for KernelSettings {
             max_depth: 8,
             max_children: 32,
             mailbox_capacity: 1024,
+            mailbox_max_bytes: 16 << 20,
             mailbox_aging_ms: 5000,
             zombie_timeout_seconds: 60,
             task_timeout_seconds: 300,
@@ -208,6 +215,7 @@ impl Default for KernelSettings {
             roles: HashMap::new(),
             artifacts: Default::default(),
             memory: Default::default(),
+            limits: Default::default(),
             prices: Default::default(),
             tls: None,
         }
@@ -300,7 +308,13 @@ fn load_sections(
     let (mut kernel, ceilings) = checks.kernel(&kernel, issues);
     let (llm, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
-    let (agent, tools) = model::tool_agent(document.tool_agent.as_ref(), &checks, context, issues);
+    let (agent, tools) = model::tool_agent(
+        document.tool_agent.as_ref(),
+        &checks,
+        context,
+        kernel.limits.prompt_bytes,
+        issues,
+    );
     kernel.roles = supervision::roles(document.roles.as_ref(), issues);
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();

@@ -85,12 +85,12 @@ pub enum KernelError {
         request_id: hivekernel_agents::RequestId,
     },
     /// The receiver's mailbox is full.
-    #[error("mailbox of process {pid} is full ({capacity} messages)")]
+    #[error("mailbox of process {pid} is full ({limit})")]
     MailboxFull {
         /// The receiver.
         pid: Pid,
-        /// Its capacity.
-        capacity: usize,
+        /// The limit it is at, e.g. `1024 messages`.
+        limit: String,
     },
     /// The target exists but cannot take this (e.g. it is a zombie).
     #[error("{0}")]

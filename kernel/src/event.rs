@@ -172,7 +172,106 @@ pub enum EventKind {
     },
 }
 
+/// Longest text an event keeps in any one field; longer is cut, with the
+/// marker, before the event enters the ring, the store or a stream.
+pub const MAX_EVENT_TEXT: usize = 4096;
+
 impl EventKind {
+    /// This event with every text field at most [`MAX_EVENT_TEXT`] bytes.
+    pub(crate) fn bounded(self) -> Self {
+        use EventKind::*;
+        let cut = |text: String| hivekernel_agents::text::cut(text, MAX_EVENT_TEXT);
+        let cut_opt = |text: Option<String>| text.map(cut);
+        match self {
+            Exited {
+                ppid,
+                name,
+                exit_code,
+                reason,
+            } if reason.len() > MAX_EVENT_TEXT => Exited {
+                ppid,
+                name,
+                exit_code,
+                reason: Arc::from(hivekernel_agents::text::cut_str(&reason, MAX_EVENT_TEXT)),
+            },
+            MessageExpired {
+                message_id,
+                from,
+                kind,
+            } => MessageExpired {
+                message_id,
+                from,
+                kind: cut(kind),
+            },
+            MessageDropped {
+                message_id,
+                from,
+                kind,
+                reason,
+            } => MessageDropped {
+                message_id,
+                from,
+                kind: cut(kind),
+                reason: cut(reason),
+            },
+            KernelMessage {
+                message_id,
+                from,
+                kind,
+                payload,
+            } => KernelMessage {
+                message_id,
+                from,
+                kind: cut(kind),
+                payload: cut(payload),
+            },
+            RouteDenied { to, reason } => RouteDenied {
+                to,
+                reason: cut(reason),
+            },
+            Denied { action, reason } => Denied {
+                action: cut(action),
+                reason: cut(reason),
+            },
+            CronRun {
+                name,
+                status,
+                duration_ms,
+            } => CronRun {
+                name,
+                status: cut(status),
+                duration_ms,
+            },
+            LlmCall {
+                model,
+                prompt_tokens,
+                completion_tokens,
+                cost_nano_usd,
+                duration_ms,
+                error,
+            } => LlmCall {
+                model,
+                prompt_tokens,
+                completion_tokens,
+                cost_nano_usd,
+                duration_ms,
+                error: cut_opt(error),
+            },
+            ToolCall {
+                tool,
+                ok,
+                duration_ms,
+                error,
+            } => ToolCall {
+                tool: cut(tool),
+                ok,
+                duration_ms,
+                error: cut_opt(error),
+            },
+            other => other,
+        }
+    }
+
     /// The snake_case name, as in the `type` field of the JSON form.
     pub fn name(&self) -> &'static str {
         match self {

@@ -133,12 +133,21 @@ pub async fn serve_with_tls(
     }
 }
 
-/// Largest request the server decodes: tonic's 4 MiB default, or more
-/// when the largest artifact allowed (plus room for its other fields) needs it.
+/// Largest request the server decodes: tonic's 4 MiB default, or more when
+/// the largest artifact, payload or spawn `kernel.limits` allow (plus room
+/// for the other fields) needs it. Anything past a limit inside that is
+/// refused by the limit, with its name.
 fn max_request_bytes(kernel: &Kernel) -> usize {
     const DEFAULT: usize = 4 << 20;
-    let artifact = usize::try_from(kernel.settings().artifacts.max_bytes).unwrap_or(usize::MAX);
-    artifact.saturating_add(64 << 10).max(DEFAULT)
+    let settings = kernel.settings();
+    let artifact = usize::try_from(settings.artifacts.max_bytes).unwrap_or(usize::MAX);
+    let limits = &settings.limits;
+    let spawn = limits.prompt_bytes.saturating_add(limits.command_bytes);
+    artifact
+        .max(limits.payload_bytes)
+        .max(spawn)
+        .saturating_add(64 << 10)
+        .max(DEFAULT)
 }
 
 /// The authentication layer's check: replaces the credential with the caller it names.

@@ -61,6 +61,7 @@ pub mod exec;
 pub mod files;
 pub mod grpc;
 pub mod kernel;
+pub mod limits;
 pub mod llm;
 mod mailbox;
 mod process;
@@ -90,5 +91,6 @@ pub use kernel::memory::{
 pub use kernel::state::{MAX_STATE_KEY_BYTES, MAX_STATE_VALUE_BYTES};
 pub use kernel::{AgentRefused, Caller, Declared, Kernel, KernelBuilder, Started};
 pub use kernel::{KERNEL_RESTART, Restored};
-pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION, MAX_PAYLOAD_BYTES};
+pub use limits::InputLimits;
+pub use router::{KERNEL_MESSAGE_PREVIEW, MAX_DURATION};
 pub use runtime::RuntimeRegistry;

@@ -1,4 +1,5 @@
-//! A bounded per-process mailbox with four priorities, aging and TTL.
+//! A per-process mailbox with four priorities, aging and TTL, bounded by
+//! count and by bytes.
 //!
 //! Messages of one priority are served in order. Across priorities the most
 //! urgent head wins, but a message rises one level for every aging interval
@@ -89,6 +90,20 @@ impl Envelope {
         }
     }
 
+    /// What it weighs against the mailbox's byte limit: the text it carries.
+    fn weight(&self) -> u64 {
+        let bytes = match &self.item {
+            Item::Message(m) => m.kind.len() + m.payload.len(),
+            Item::Task { task, .. } => task
+                .params
+                .iter()
+                .fold(task.description.len(), |sum, (k, v)| {
+                    sum + k.len() + v.len()
+                }),
+        };
+        bytes as u64
+    }
+
     fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|at| at <= now)
     }
@@ -99,6 +114,8 @@ impl Envelope {
 pub(crate) enum PushError {
     /// At capacity even after dropping expired messages.
     Full,
+    /// Not empty, and this item would take it past its byte limit.
+    FullBytes,
     /// The owner has exited.
     Closed,
 }
@@ -108,7 +125,10 @@ struct Queues {
     /// One queue per priority, made on the first push: most processes idle,
     /// and four empty queues inline would cost every one of them 128 bytes.
     levels: Option<Box<[VecDeque<Envelope>; 4]>>,
-    len: usize,
+    /// Items queued, and the bytes they weigh: u32 each, as every idle
+    /// process has one of these (the limits are checked to fit).
+    len: u32,
+    bytes: u32,
     closed: bool,
     /// Earliest expiry among queued messages (a lower bound), so a full
     /// mailbox is scanned for expired messages only when one may have expired.
@@ -130,18 +150,33 @@ pub(crate) type Closed = (Vec<Envelope>, Option<JoinHandle<()>>);
 pub(crate) struct Mailbox {
     queues: Mutex<Queues>,
     ready: Notify,
-    capacity: usize,
+    capacity: u32,
+    max_bytes: u32,
     aging: Duration,
 }
 
 impl Mailbox {
-    /// A mailbox holding at most `capacity` messages; waiting messages rise a level per `aging`.
-    pub(crate) fn new(capacity: usize, aging: Duration) -> Self {
+    /// A mailbox holding at most `capacity` messages, and at most `max_bytes`
+    /// of them unless it holds just one (so any one message fits); waiting
+    /// messages rise a level per `aging`.
+    pub(crate) fn new(capacity: usize, max_bytes: u64, aging: Duration) -> Self {
         Mailbox {
             queues: Mutex::new(Queues::default()),
             ready: Notify::new(),
-            capacity,
+            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            max_bytes: u32::try_from(max_bytes).unwrap_or(u32::MAX),
             aging: aging.max(Duration::from_millis(1)),
+        }
+    }
+
+    /// Why `q` cannot take `weight` more bytes now, if it cannot.
+    fn refusal(&self, q: &Queues, weight: u64) -> Option<PushError> {
+        if q.len >= self.capacity {
+            Some(PushError::Full)
+        } else if q.len > 0 && u64::from(q.bytes) + weight > u64::from(self.max_bytes) {
+            Some(PushError::FullBytes)
+        } else {
+            None
         }
     }
 
@@ -154,19 +189,21 @@ impl Mailbox {
         start: impl FnOnce() -> Option<JoinHandle<()>>,
     ) -> Result<(), PushError> {
         let mut purged = Vec::new();
+        let weight = env.weight();
         let result = {
             let mut q = self.queues.lock();
             if q.closed {
                 Err(PushError::Closed)
             } else {
-                if q.len >= self.capacity {
+                if self.refusal(&q, weight).is_some() {
                     purged = q.purge_expired(Instant::now());
                 }
-                if q.len >= self.capacity {
-                    Err(PushError::Full)
-                } else {
-                    q.enqueue(env, start);
-                    Ok(())
+                match self.refusal(&q, weight) {
+                    Some(refused) => Err(refused),
+                    None => {
+                        q.enqueue(env, weight, start);
+                        Ok(())
+                    }
                 }
             }
         };
@@ -178,7 +215,7 @@ impl Mailbox {
     }
 
     /// Enqueue a message restored from the store after a restart, even past
-    /// capacity: it was acknowledged before the restart and must not be lost.
+    /// its limits: it was acknowledged before the restart and must not be lost.
     pub(crate) fn push_restored(
         &self,
         env: Envelope,
@@ -189,7 +226,8 @@ impl Mailbox {
             if q.closed {
                 return Err(PushError::Closed);
             }
-            q.enqueue(env, start);
+            let weight = env.weight();
+            q.enqueue(env, weight, start);
         }
         self.ready.notify_one();
         Ok(())
@@ -253,6 +291,7 @@ impl Mailbox {
             return (Vec::new(), runner);
         }
         q.len = 0;
+        q.bytes = 0;
         let pending = q
             .levels
             .iter_mut()
@@ -264,23 +303,35 @@ impl Mailbox {
 
     /// Messages waiting now (including expired ones not yet dropped).
     pub(crate) fn len(&self) -> usize {
-        self.queues.lock().len
+        self.queues.lock().len as usize
     }
 
     /// Most messages it holds.
     pub(crate) fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity as usize
+    }
+
+    /// Most bytes it holds (of more than one message).
+    pub(crate) fn max_bytes(&self) -> u64 {
+        u64::from(self.max_bytes)
     }
 }
 
 impl Queues {
-    fn enqueue(&mut self, env: Envelope, start: impl FnOnce() -> Option<JoinHandle<()>>) {
+    fn enqueue(
+        &mut self,
+        env: Envelope,
+        weight: u64,
+        start: impl FnOnce() -> Option<JoinHandle<()>>,
+    ) {
         if let Some(at) = env.expires_at {
             self.next_expiry = Some(self.next_expiry.map_or(at, |n| n.min(at)));
         }
         let levels = self.levels.get_or_insert_with(Default::default);
         levels[env.priority().level()].push_back(env);
         self.len += 1;
+        // Restored messages may pass the limit; the sum saturates, never wraps.
+        self.bytes = u32::try_from(u64::from(self.bytes) + weight).unwrap_or(u32::MAX);
         if self.runner.is_none() {
             self.runner = start();
         }
@@ -317,6 +368,7 @@ impl Queues {
             };
             let env = levels[level].pop_front()?;
             self.len -= 1;
+            self.bytes = self.bytes.saturating_sub(weight32(&env));
             if env.expires_at.is_some() && env.expired(*now.get_or_insert_with(Instant::now)) {
                 expired.push(env);
                 continue;
@@ -335,7 +387,13 @@ impl Queues {
             let mut i = 0;
             while i < queue.len() {
                 match queue[i].expires_at {
-                    Some(at) if at <= now => purged.extend(queue.remove(i)),
+                    Some(at) if at <= now => {
+                        if let Some(env) = queue.remove(i) {
+                            self.len -= 1;
+                            self.bytes = self.bytes.saturating_sub(weight32(&env));
+                            purged.push(env);
+                        }
+                    }
                     Some(at) => {
                         next_expiry = Some(next_expiry.map_or(at, |n: Instant| n.min(at)));
                         i += 1;
@@ -345,15 +403,22 @@ impl Queues {
             }
         }
         self.next_expiry = next_expiry;
-        self.len -= purged.len();
         purged
     }
+}
+
+/// An envelope's weight as the queues count it.
+fn weight32(env: &Envelope) -> u32 {
+    u32::try_from(env.weight()).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// No byte limit a test would reach.
+    const UNBOUNDED: u64 = u32::MAX as u64;
 
     fn message(id: u64, priority: Priority) -> Envelope {
         message_ttl(id, priority, None)
@@ -384,7 +449,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn serves_higher_priority_first_and_fifo_within_a_level() {
-        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        let mailbox = Mailbox::new(16, UNBOUNDED, Duration::from_secs(5));
         put(&mailbox, message(1, Priority::Low));
         put(&mailbox, message(2, Priority::Normal));
         put(&mailbox, message(3, Priority::Critical));
@@ -395,7 +460,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn aging_lifts_a_waiting_message_above_newer_urgent_ones() {
-        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        let mailbox = Mailbox::new(16, UNBOUNDED, Duration::from_secs(5));
         put(&mailbox, message(1, Priority::Low));
         // Waiting 10 s lifts low two levels, to high.
         tokio::time::advance(Duration::from_secs(10)).await;
@@ -413,7 +478,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn expired_messages_are_dropped_and_reported() {
-        let mailbox = Mailbox::new(16, Duration::from_secs(5));
+        let mailbox = Mailbox::new(16, UNBOUNDED, Duration::from_secs(5));
         mailbox
             .push(
                 message_ttl(1, Priority::High, Some(Duration::from_millis(100))),
@@ -432,7 +497,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn full_mailbox_refuses_until_expired_messages_are_purged() {
-        let mailbox = Mailbox::new(2, Duration::from_secs(5));
+        let mailbox = Mailbox::new(2, UNBOUNDED, Duration::from_secs(5));
         mailbox
             .push(
                 message_ttl(1, Priority::Normal, Some(Duration::from_millis(10))),
@@ -463,7 +528,7 @@ mod tests {
 
     #[tokio::test]
     async fn recv_wakes_on_push_and_ends_on_close() {
-        let mailbox = std::sync::Arc::new(Mailbox::new(4, Duration::from_secs(5)));
+        let mailbox = std::sync::Arc::new(Mailbox::new(4, UNBOUNDED, Duration::from_secs(5)));
         let reader = {
             let mailbox = mailbox.clone();
             tokio::spawn(async move {
@@ -492,7 +557,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_first_push_starts_the_consumer_once_and_close_hands_it_over() {
-        let mailbox = Mailbox::new(4, Duration::from_secs(5));
+        let mailbox = Mailbox::new(4, UNBOUNDED, Duration::from_secs(5));
         let starts = std::sync::atomic::AtomicU32::new(0);
         let start = || {
             starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -522,5 +587,52 @@ mod tests {
         );
         assert!(mailbox.close().1.is_none());
         assert_eq!(starts.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_bound_a_mailbox_but_any_one_message_fits_an_empty_one() {
+        // Each test message weighs "message" + "mN": 9 bytes.
+        let mailbox = Mailbox::new(100, 20, Duration::from_secs(5));
+        put(&mailbox, message(1, Priority::Normal));
+        put(&mailbox, message(2, Priority::Normal));
+        let refused = mailbox.push(message(3, Priority::Normal), |_| {}, || None);
+        assert_eq!(refused.unwrap_err(), PushError::FullBytes);
+        assert_eq!(drain(&mailbox), vec![1, 2]);
+
+        // Taking one frees its bytes.
+        put(&mailbox, message(4, Priority::Normal));
+        put(&mailbox, message(5, Priority::Normal));
+        assert_eq!(mailbox.try_pop(|_| {}).map(|e| e.id.0), Some(4));
+        put(&mailbox, message(6, Priority::Normal));
+        assert_eq!(drain(&mailbox), vec![5, 6]);
+
+        // Bigger than the whole limit, alone: taken; behind another: refused.
+        let big = |id| {
+            let mut env = message(id, Priority::Normal);
+            if let Item::Message(m) = &mut env.item {
+                m.payload = "x".repeat(100);
+            }
+            env
+        };
+        put(&mailbox, big(7));
+        let refused = mailbox.push(big(8), |_| {}, || None);
+        assert_eq!(refused.unwrap_err(), PushError::FullBytes);
+
+        // Expired messages are purged to make room.
+        let mailbox = Mailbox::new(100, 20, Duration::from_secs(5));
+        let short = Some(Duration::from_millis(10));
+        put(&mailbox, message_ttl(9, Priority::Normal, short));
+        put(&mailbox, message_ttl(10, Priority::Normal, short));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        let mut expired = Vec::new();
+        mailbox
+            .push(
+                message(11, Priority::Normal),
+                |e| expired.push(e.id.0),
+                || None,
+            )
+            .unwrap();
+        assert_eq!(expired, vec![9, 10]);
+        assert_eq!(drain(&mailbox), vec![11]);
     }
 }

@@ -17,9 +17,6 @@ use crate::process::ProcessTable;
 /// Bytes of a message to PID 1 kept in its `kernel_message` event.
 pub const KERNEL_MESSAGE_PREVIEW: usize = 4096;
 
-/// Largest message payload or task description, in bytes.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
-
 /// How a permitted message travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Route {
@@ -90,16 +87,6 @@ pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
         return Err(KernelError::InvalidArgument(format!(
             "{field} must be between 1 ms and 30 days, got {} ms",
             value.as_millis()
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_payload(field: &str, text: &str) -> Result<()> {
-    if text.len() > MAX_PAYLOAD_BYTES {
-        return Err(KernelError::InvalidArgument(format!(
-            "{field} is {} bytes (at most {MAX_PAYLOAD_BYTES})",
-            text.len()
         )));
     }
     Ok(())

@@ -153,7 +153,7 @@ async fn messages_to_unknown_or_exited_processes_are_refused() {
         send(&kernel, t.b, t.b1, "x").await,
         Err(KernelError::FailedPrecondition(_))
     ));
-    let big = "x".repeat(hivekernel_kernel::MAX_PAYLOAD_BYTES + 1);
+    let big = "x".repeat(hivekernel_kernel::InputLimits::default().payload_bytes + 1);
     assert!(matches!(
         send(&kernel, t.a, t.a1, &big).await,
         Err(KernelError::InvalidArgument(_))
@@ -272,7 +272,7 @@ async fn a_full_mailbox_answers_resource_exhausted() {
         err,
         KernelError::MailboxFull {
             pid: serial,
-            capacity: 3
+            limit: "3 messages".into()
         }
     );
     assert_eq!(err.kind(), hivekernel_agents::ErrorKind::ResourceExhausted);

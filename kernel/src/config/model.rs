@@ -279,6 +279,7 @@ pub(super) fn tool_agent(
     value: Option<&Value>,
     checks: &Context<'_>,
     sizes: ContextSizes,
+    prompt_bytes: usize,
     issues: &mut Vec<ConfigIssue>,
 ) -> (AgentSettings, ToolSettings) {
     let raw = section::<RawToolAgent>(value, "tool_agent", issues).value;
@@ -339,7 +340,7 @@ pub(super) fn tool_agent(
         .as_deref()
         .and_then(|file| checks.path_field(file, prompt_location, issues))
     {
-        let text = read_prompt(&path, prompt_location, issues);
+        let text = read_prompt(&path, prompt_location, prompt_bytes, issues);
         if !text.trim().is_empty() {
             orchestrate.worker_prompt = Arc::from(text);
         }

@@ -35,6 +35,7 @@ pub(super) struct RawKernel {
     pub(super) max_depth: u32,
     pub(super) max_children: u32,
     pub(super) mailbox_capacity: usize,
+    pub(super) mailbox_max_bytes: u64,
     pub(super) mailbox_aging_ms: u64,
     pub(super) zombie_timeout_seconds: u64,
     pub(super) task_timeout_seconds: u64,
@@ -46,6 +47,7 @@ pub(super) struct RawKernel {
     pub(super) event_log_limit: u64,
     pub(super) artifacts: Option<Value>,
     pub(super) memory: Option<Value>,
+    pub(super) limits: Option<Value>,
     pub(super) tls: Option<Value>,
 }
 
@@ -58,6 +60,7 @@ impl Default for RawKernel {
             max_depth: defaults.max_depth,
             max_children: defaults.max_children,
             mailbox_capacity: defaults.mailbox_capacity,
+            mailbox_max_bytes: defaults.mailbox_max_bytes,
             mailbox_aging_ms: defaults.mailbox_aging_ms,
             zombie_timeout_seconds: defaults.zombie_timeout_seconds,
             task_timeout_seconds: defaults.task_timeout_seconds,
@@ -69,6 +72,7 @@ impl Default for RawKernel {
             event_log_limit: defaults.event_log_limit,
             artifacts: None,
             memory: None,
+            limits: None,
             tls: None,
         }
     }

@@ -322,15 +322,79 @@ fn missing_prompt_file_names_the_resolved_path() {
 }
 
 #[test]
-fn prompt_file_over_1_mib_is_an_error() {
+fn a_prompt_over_kernel_limits_prompt_bytes_is_an_error() {
     let fixture = Fixture::new();
-    fixture.write("big.md", &"x".repeat(1024 * 1024 + 1));
+    fixture.write("big.md", &"x".repeat(256 * 1024 + 1));
     let found = fixture.issues(r#"{"agents": [{"name": "a", "system_prompt_file": "../big.md"}]}"#);
     assert_issue(
         &found,
         "agents[0] (a).system_prompt_file",
-        &["big.md", "1048577 bytes", "1 MiB"],
+        &[
+            "big.md",
+            "262145 bytes",
+            "at most 262144 (kernel.limits.prompt_bytes)",
+        ],
     );
+    let inline = format!(
+        r#"{{"agents": [{{"name": "a", "system_prompt": "{}"}}]}}"#,
+        "x".repeat(256 * 1024 + 1)
+    );
+    let found = fixture.issues(&inline);
+    assert_issue(
+        &found,
+        "agents[0] (a).system_prompt",
+        &["262145 bytes", "kernel.limits.prompt_bytes"],
+    );
+    // The limit is the operator's to raise.
+    fixture.write("bigger.md", &"x".repeat(1024 * 1024 + 1));
+    let config = fixture.load(
+        r#"{"kernel": {"limits": {"prompt_bytes": 2097152}},
+            "agents": [{"name": "a", "system_prompt_file": "../bigger.md"}]}"#,
+    );
+    let config = config.unwrap();
+    assert_eq!(config.agents[0].system_prompt.len(), 1024 * 1024 + 1);
+}
+
+#[test]
+fn kernel_limits_are_checked_and_apply_to_config_agents() {
+    let fixture = Fixture::new();
+    let found = fixture.issues(
+        r#"{"kernel": {"limits": {"type_bytes": 0, "payload_bytes": 17000000, "tool": 3},
+                       "mailbox_max_bytes": 100}}"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.limits.type_bytes",
+        &["between 1 and 65536", "got 0"],
+    );
+    assert_issue(
+        &found,
+        "kernel.limits.payload_bytes",
+        &["16777216", "17000000"],
+    );
+    assert_issue(&found, "kernel.limits.tool", &["unknown field"]);
+    assert_issue(
+        &found,
+        "kernel.mailbox_max_bytes",
+        &["between 1024", "got 100"],
+    );
+
+    let found = fixture.issues(
+        r#"{"kernel": {"limits": {"metadata_entries": 1, "model_bytes": 3, "tools": 1}},
+            "agents": [{"name": "a", "model": "sonnet", "tools": ["read_file", "write_file"],
+                        "metadata": {"a": "1", "b": "2"}}]}"#,
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).model",
+        &["6 bytes, at most 3 (kernel.limits.model_bytes)"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).tools",
+        &["2 entries, at most 1 (kernel.limits.tools)"],
+    );
+    assert_issue(&found, "agents[0] (a).metadata", &["2 entries, at most 1"]);
 }
 
 #[test]

@@ -16,10 +16,6 @@ use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
 use crate::command::{self, EXEC_RUNTIME};
 use crate::files::FileProblem;
 
-/// Longest agent name, in bytes.
-/// Largest system prompt file, in bytes.
-const MAX_PROMPT_BYTES: u64 = 1024 * 1024;
-
 /// Kernel values that agents are checked against; `None` when the kernel's own value was bad.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ceilings {
@@ -89,6 +85,12 @@ impl<'a> Context<'a> {
         let children_ok = in_range(k.max_children, 1..=100_000, "kernel.max_children", issues);
         let capacity = k.mailbox_capacity;
         in_range(capacity, 1..=1_000_000, "kernel.mailbox_capacity", issues);
+        in_range(
+            k.mailbox_max_bytes,
+            1024..=u64::from(u32::MAX),
+            "kernel.mailbox_max_bytes",
+            issues,
+        );
         // Durations stay within 30 days, the kernel's ceiling for any timeout.
         const MAX_SECONDS: u64 = 30 * 24 * 3600;
         in_range(
@@ -157,6 +159,7 @@ impl<'a> Context<'a> {
             max_depth: k.max_depth,
             max_children: k.max_children,
             mailbox_capacity: capacity,
+            mailbox_max_bytes: k.mailbox_max_bytes,
             mailbox_aging_ms: k.mailbox_aging_ms,
             zombie_timeout_seconds: k.zombie_timeout_seconds,
             task_timeout_seconds: timeout,
@@ -170,6 +173,7 @@ impl<'a> Context<'a> {
             roles: Default::default(),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
+            limits: super::limits::limits(k.limits.as_ref(), issues),
             // Filled from `llm.prices`.
             prices: Default::default(),
             tls: super::tls::tls(k.tls.as_ref(), self, issues),
@@ -226,7 +230,12 @@ impl<'a> Context<'a> {
             .as_deref()
             .and_then(|file| self.path_field(file, &loc("system_prompt_file"), issues));
         let system_prompt = match &system_prompt_file {
-            Some(path) => read_prompt(path, &loc("system_prompt_file"), issues),
+            Some(path) => read_prompt(
+                path,
+                &loc("system_prompt_file"),
+                kernel.limits.prompt_bytes,
+                issues,
+            ),
             None => raw.system_prompt.clone(),
         };
         let workspace = raw
@@ -235,6 +244,22 @@ impl<'a> Context<'a> {
             .and_then(|dir| self.path_field(dir, &loc("workspace"), issues));
 
         let exec = self.exec_command(raw, &loc, issues);
+        let input = &kernel.limits;
+        let sizes = [
+            input.check_model("model", &raw.model),
+            raw.runtime
+                .as_deref()
+                .map_or(Ok(()), |runtime| input.check_model("runtime", runtime)),
+            input.check_prompt(&system_prompt),
+            input.check_metadata(&metadata.value),
+            exec.as_ref()
+                .map_or(Ok(()), |exec| input.check_command(exec)),
+            // Duplicates are reported by `check_tools`, each where it is.
+            input.check_tool_count(&raw.tools),
+        ];
+        for err in sizes.into_iter().filter_map(Result::err) {
+            issues.push(ConfigIssue::new(loc(err.field), err.problem));
+        }
         self.check_tools(&raw.tools, &loc("tools"), issues);
         self.check_tool_capabilities(&raw.tools, kernel, role, &loc("tools"), issues);
         check_limits(&limits.value, ceilings, &loc("limits"), issues);
@@ -469,15 +494,20 @@ fn parse_named<T: FromStr<Err = String>>(
     }
 }
 
-/// Reads a prompt file no larger than [`MAX_PROMPT_BYTES`].
-pub(super) fn read_prompt(path: &Path, location: &str, issues: &mut Vec<ConfigIssue>) -> String {
-    let problem = match crate::files::read_capped(path, MAX_PROMPT_BYTES) {
+/// Reads a prompt file of at most `max` bytes (`kernel.limits.prompt_bytes`).
+pub(super) fn read_prompt(
+    path: &Path,
+    location: &str,
+    max: usize,
+    issues: &mut Vec<ConfigIssue>,
+) -> String {
+    let problem = match crate::files::read_capped(path, max as u64) {
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => return text,
             Err(_) => format!("cannot read {}: it is not UTF-8 text", path.display()),
         },
         Err(FileProblem::TooLarge { size, .. }) => format!(
-            "{} is {size} bytes, larger than the 1 MiB limit ({MAX_PROMPT_BYTES} bytes)",
+            "{} is {size} bytes, at most {max} (kernel.limits.prompt_bytes)",
             path.display()
         ),
         Err(problem) => format!("cannot read {}: {problem}", path.display()),

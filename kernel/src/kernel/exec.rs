@@ -52,11 +52,11 @@ impl Kernel {
         request_id: RequestId,
         reply: TaskReply,
     ) -> Result<()> {
-        let text = match &reply {
-            Ok(output) => output,
-            Err(error) => error,
+        let (field, text) = match &reply {
+            Ok(output) => ("output", output),
+            Err(error) => ("error", error),
         };
-        crate::router::check_payload("output", text)?;
+        self.inner.settings().limits.check_payload(field, text)?;
         let proc = self.exec_caller(caller, "answer its tasks")?;
         if proc.complete(request_id, reply) {
             Ok(())

@@ -117,7 +117,7 @@ impl Inner {
             limits,
             metadata: Default::default(),
             started_at_unix_ms: unix_ms(SystemTime::now()),
-            mailbox: Mailbox::new(0, Duration::from_secs(1)),
+            mailbox: Mailbox::new(0, 0, Duration::from_secs(1)),
             usage: kernel_usage,
             budget: None,
             caps: Capabilities::ALL,

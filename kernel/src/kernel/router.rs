@@ -18,9 +18,7 @@ use crate::events::{EventKind, unix_ms};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
 use crate::process::ProcShared;
 
-use crate::router::{
-    KERNEL_MESSAGE_PREVIEW, Route, RouteError, check_duration, check_payload, route,
-};
+use crate::router::{KERNEL_MESSAGE_PREVIEW, Route, RouteError, check_duration, route};
 use crate::store::Write;
 
 /// A store write the caller waits for.
@@ -48,7 +46,7 @@ impl Kernel {
     /// [`Kernel::send_message`], once the caller holds the capability.
     async fn send_message_checked(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
         self.check_running()?;
-        check_payload("payload", &message.payload)?;
+        self.inner.settings().limits.check_message(&message)?;
         if let Some(ttl) = message.ttl {
             check_duration("ttl", ttl)?;
         }
@@ -171,7 +169,7 @@ impl Kernel {
         reply: ReplyTo,
     ) -> Result<(RequestId, Duration, Option<Recorded>)> {
         self.check_running()?;
-        check_payload("description", &spec.description)?;
+        self.inner.settings().limits.check_task(&spec)?;
         let from = caller.pid();
         let target = self.resolve(from, spec.to)?;
         let Some(proc) = target.proc else {
@@ -290,7 +288,14 @@ impl Kernel {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(KernelError::MailboxFull {
                 pid,
-                capacity: proc.mailbox.capacity(),
+                limit: format!("{} messages", proc.mailbox.capacity()),
+            }),
+            Err(PushError::FullBytes) => Err(KernelError::MailboxFull {
+                pid,
+                limit: format!(
+                    "{} bytes, kernel.mailbox_max_bytes",
+                    proc.mailbox.max_bytes()
+                ),
             }),
             Err(PushError::Closed) => Err(KernelError::FailedPrecondition(format!(
                 "process {pid} has exited"

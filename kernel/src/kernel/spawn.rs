@@ -44,6 +44,7 @@ impl Kernel {
     ) -> Result<Pid> {
         self.check_running()?;
         validate_name(&request.name)?;
+        self.inner.settings().limits.check_spawn(&request)?;
         if request.role == Role::Kernel {
             return Err(KernelError::InvalidArgument(
                 "role kernel is reserved for PID 1".into(),
@@ -254,10 +255,7 @@ impl Kernel {
             limits,
             metadata: request.metadata,
             started_at_unix_ms: now,
-            mailbox: Mailbox::new(
-                settings.mailbox_capacity,
-                std::time::Duration::from_millis(settings.mailbox_aging_ms),
-            ),
+            mailbox: new_mailbox(settings),
             usage: Default::default(),
             budget,
             caps,
@@ -408,4 +406,13 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
             0,
         )?,
     })
+}
+
+/// An empty mailbox sized by `settings`.
+pub(super) fn new_mailbox(settings: &crate::config::KernelSettings) -> Mailbox {
+    Mailbox::new(
+        settings.mailbox_capacity,
+        settings.mailbox_max_bytes,
+        std::time::Duration::from_millis(settings.mailbox_aging_ms),
+    )
 }

@@ -191,6 +191,7 @@ impl Kernel {
 
     /// [`Kernel::kill`], once the caller holds the capability.
     async fn kill_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
+        self.inner.settings().limits.check_reason(reason)?;
         if pid == Pid::KERNEL {
             return Err(KernelError::PermissionDenied(
                 "PID 1 is the kernel; stop it with SIGTERM or SIGINT".into(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use hivekernel_agents::{Pid, ProcessState, Role, TaskSpec};
-use hivekernel_kernel::{Caller, MAX_PAYLOAD_BYTES};
+use hivekernel_kernel::{Caller, InputLimits};
 use hivekernel_proto::v1 as pb;
 use hivekernel_tests::served::{Client, Served};
 use hivekernel_tests::{kernel_with, probe_request, spawn_probe, test_settings, wait_until};
@@ -29,6 +29,9 @@ async fn tree(client: &mut Client) -> Vec<(u64, u64, String, i32, u32, u32)> {
     }
     all
 }
+
+/// The documented default of `kernel.limits.payload_bytes`.
+const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 #[track_caller]
 fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, Status>, code: Code, says: &str) {
@@ -57,6 +60,7 @@ fn spawn(parent: u64, name: &str) -> pb::SpawnRequest {
 #[tokio::test]
 async fn malformed_requests_are_refused_and_change_nothing() {
     let _heavy = crate::HEAVY.lock().await;
+    assert_eq!(InputLimits::default().payload_bytes, MAX_PAYLOAD_BYTES);
     let (kernel, journal) = kernel_with(test_settings()).await;
     let target = spawn_probe(&kernel, Pid::KERNEL, "target", Role::Lead).await;
     let served = Served::start(&kernel).await;
@@ -145,6 +149,79 @@ async fn malformed_requests_are_refused_and_change_nothing() {
             "restart.policy must be set",
         ),
         (
+            "a prompt over the limit",
+            with(|r| r.system_prompt = "p".repeat(256 * 1024 + 1)),
+            Code::InvalidArgument,
+            "system_prompt is 262145 bytes, at most 262144 (kernel.limits.prompt_bytes)",
+        ),
+        (
+            "a 3.9 MB model",
+            with(|r| r.model = "m".repeat(3_900_000)),
+            Code::InvalidArgument,
+            "model is 3900000 bytes, at most 256 (kernel.limits.model_bytes)",
+        ),
+        (
+            "a long runtime name",
+            with(|r| r.runtime = "r".repeat(257)),
+            Code::InvalidArgument,
+            "runtime is 257 bytes, at most 256",
+        ),
+        (
+            "200,000 metadata entries",
+            with(|r| {
+                r.metadata = (0..200_000)
+                    .map(|i| (format!("k{i}"), "v".into()))
+                    .collect()
+            }),
+            Code::InvalidArgument,
+            "metadata has 200000 entries, at most 64 (kernel.limits.metadata_entries)",
+        ),
+        (
+            "a long metadata value",
+            with(|r| r.metadata = [("purpose".into(), "v".repeat(1025))].into()),
+            Code::InvalidArgument,
+            "metadata value of \"purpose\" is 1025 bytes, at most 1024",
+        ),
+        (
+            "a long metadata key",
+            with(|r| r.metadata = [("k".repeat(1025), "v".into())].into()),
+            Code::InvalidArgument,
+            "metadata key of",
+        ),
+        (
+            "100,000 duplicate tools",
+            with(|r| r.tools = vec!["read_file".into(); 100_000]),
+            Code::InvalidArgument,
+            "tools has 100000 entries, at most 128 (kernel.limits.tools)",
+        ),
+        (
+            "a tool twice",
+            with(|r| r.tools = vec!["read_file".into(), "read_file".into()]),
+            Code::InvalidArgument,
+            "tools lists \"read_file\" twice",
+        ),
+        (
+            "a huge command",
+            with(|r| {
+                r.runtime = String::new();
+                r.command = vec!["sh".into(), "a".repeat(70_000)];
+            }),
+            Code::InvalidArgument,
+            "command with its env is 70004 bytes, at most 65536",
+        ),
+        (
+            "a huge environment",
+            with(|r| {
+                r.runtime = String::new();
+                r.command = vec!["sh".into()];
+                r.env = (0..10_000)
+                    .map(|i| (format!("V{i}"), "x".repeat(8)))
+                    .collect();
+            }),
+            Code::InvalidArgument,
+            "(kernel.limits.command_bytes)",
+        ),
+        (
             "limits above the parent's",
             with(|r| {
                 r.limits = Some(pb::Limits {
@@ -202,6 +279,17 @@ async fn malformed_requests_are_refused_and_change_nothing() {
         pid0,
     );
     refused(
+        "a 4 MB kill reason",
+        client
+            .kill(pb::KillRequest {
+                pid: t,
+                reason: "r".repeat(4_000_000),
+            })
+            .await,
+        Code::InvalidArgument,
+        "reason is 4000000 bytes, at most 1024 (kernel.limits.reason_bytes)",
+    );
+    refused(
         "kill an unknown pid",
         client
             .kill(pb::KillRequest {
@@ -234,6 +322,21 @@ async fn malformed_requests_are_refused_and_change_nothing() {
             message(|m| m.payload = "p".repeat(MAX_PAYLOAD_BYTES + 1)),
             Code::InvalidArgument,
             "at most 1048576",
+        ),
+        (
+            "a 4 MB type",
+            message(|m| m.r#type = "t".repeat(4_000_000)),
+            Code::InvalidArgument,
+            "type is 4000000 bytes, at most 128 (kernel.limits.type_bytes)",
+        ),
+        (
+            "a 4 MB type to PID 1",
+            message(|m| {
+                m.to = 1;
+                m.r#type = "t".repeat(4_000_000);
+            }),
+            Code::InvalidArgument,
+            "type is 4000000 bytes",
         ),
         (
             "unknown priority",
@@ -274,6 +377,32 @@ async fn malformed_requests_are_refused_and_change_nothing() {
             .await,
         Code::InvalidArgument,
         "at most 1048576",
+    );
+    refused(
+        "65 task parameters",
+        client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: t,
+                description: "x".into(),
+                params: (0..65).map(|i| (format!("p{i}"), "v".into())).collect(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "params has 65 entries, at most 64 (kernel.limits.metadata_entries)",
+    );
+    refused(
+        "task parameters over the payload limit",
+        client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: t,
+                description: "x".into(),
+                params: [("doc".into(), "d".repeat(MAX_PAYLOAD_BYTES))].into(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "description with params is 1048577 bytes, at most 1048576",
     );
     refused(
         "an endless task timeout",
@@ -511,6 +640,83 @@ async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
         })
         .await
         .unwrap();
+    kernel.shutdown().await;
+    served.stopped().await;
+}
+
+/// 1,024 messages of 1 MiB once added 1.1 GB to one mailbox: bytes bound it too.
+#[tokio::test]
+async fn a_mailbox_is_bounded_by_bytes_as_well_as_by_count() {
+    const MAX_BYTES: u64 = 4 << 20;
+    let mut settings = test_settings();
+    settings.mailbox_max_bytes = MAX_BYTES;
+    let (kernel, journal) = kernel_with(settings).await;
+    let mut request = probe_request(Pid::KERNEL, "slow", Role::Agent);
+    request.limits.max_concurrent_tasks = Some(1);
+    let slow = kernel.spawn(Caller::Admin, request).await.unwrap();
+    let served = Served::start(&kernel).await;
+    let mut client = served.admin();
+    let busy = {
+        let kernel = kernel.clone();
+        tokio::spawn(async move {
+            kernel
+                .execute_task(Caller::Admin, TaskSpec::new(slow, "sleep 1500"))
+                .await
+        })
+    };
+    wait_until(
+        "the process to be busy",
+        Duration::from_secs(10),
+        || async {
+            kernel.get_process(Caller::Admin, slow).await.unwrap().state == ProcessState::Running
+        },
+    )
+    .await;
+
+    // Each weighs its type ("message", 7 bytes) and its 1 MiB payload.
+    let mib = |i: usize| pb::SendMessageRequest {
+        to: slow.0,
+        payload: format!("{i} {}", "m".repeat((1 << 20) - 2)),
+        ..Default::default()
+    };
+    let mut accepted = 0;
+    let refusal = loop {
+        match client.send_message(mib(accepted)).await {
+            Ok(_) => accepted += 1,
+            Err(status) => break status,
+        }
+        assert!(accepted <= 4, "more than 4 MiB accepted");
+    };
+    assert_eq!(
+        accepted, 3,
+        "three fit in 4 MiB with their types, a fourth does not"
+    );
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    assert!(
+        refusal.message().contains(&format!(
+            "mailbox of process {slow} is full ({MAX_BYTES} bytes, kernel.mailbox_max_bytes)"
+        )),
+        "{refusal:?}"
+    );
+    // A small message still fits beside them.
+    client
+        .send_message(pb::SendMessageRequest {
+            to: slow.0,
+            payload: "small".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // Once it has worked through them, it takes megabytes again.
+    assert!(busy.await.unwrap().is_ok());
+    wait_until("the accepted messages", Duration::from_secs(10), || async {
+        journal.of(slow).len() == 4
+    })
+    .await;
+    for i in 0..3 {
+        client.send_message(mib(i)).await.unwrap();
+    }
     kernel.shutdown().await;
     served.stopped().await;
 }

@@ -5,12 +5,14 @@
 //! Path traversal, symlink escapes and the sentinel directory are in
 //! `workspace_tools.rs`, the SSRF cases in `web_fetch.rs`, beside the tools'
 //! other tests; what is here needs `/proc`, a gRPC server, or many shapes
-//! of input at once.
+//! of input at once. The cases that measure or kill the kernel itself (its
+//! RSS, its file descriptors, `kill -9`) run the real binary, in
+//! `kernel/tests/hostile.rs`.
 //!
 //! # Layout
 //! - `shell`: `shell_exec` timeouts and floods, checked in `/proc` and in memory.
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
-//! - `grpc`: malformed gRPC arguments, and a mailbox flood over gRPC.
+//! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 

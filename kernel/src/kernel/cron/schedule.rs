@@ -614,13 +614,8 @@ impl Kernel {
         }
         let schedule = crontab::parse(&spec.expression)
             .or_else(|why| bad(format!("cron expression: {why}")))?;
-        if spec.description.len() > crate::MAX_PAYLOAD_BYTES {
-            return bad(format!(
-                "cron description is {} bytes (at most {})",
-                spec.description.len(),
-                crate::MAX_PAYLOAD_BYTES
-            ));
-        }
+        let limits = &self.inner.settings().limits;
+        limits.check_payload("description", &spec.description)?;
         match (spec.action, &spec.template) {
             (super::CronAction::Spawn, None) => {
                 return bad("cron action spawn needs a template".into());

@@ -23,7 +23,6 @@ use super::{EXIT_FAILED, Exits, Stop, strategy, terminate, terminate_below};
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::kernel::Kernel;
-use crate::mailbox::Mailbox;
 use crate::process::{Entry, ProcessTable};
 
 /// Processes restarted together after one delay: a failed child and the
@@ -251,11 +250,7 @@ impl Kernel {
         let runtime = factory
             .create(&old.ctx)
             .map_err(|e| format!("runtime {}: {e}", old.runtime_name))?;
-        let settings = &self.inner.settings();
-        let mailbox = Mailbox::new(
-            settings.mailbox_capacity,
-            Duration::from_millis(settings.mailbox_aging_ms),
-        );
+        let mailbox = crate::kernel::spawn::new_mailbox(self.inner.settings());
         let proc = Arc::new(old.reincarnated(runtime, mailbox, unix_ms(SystemTime::now())));
         // Its runner starts with the first item in its new mailbox.
         entry.proc = proc;

@@ -1,0 +1,205 @@
+//! Hostile input against the real `hivekernel` binary, where what is
+//! measured is the kernel process itself: its resident memory, its data
+//! directory. The in-process cases are in `tests/tests/hostile`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_client::KernelClient;
+use tonic::Code;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::transport::Channel;
+
+use support::{Kernel, write_config};
+
+/// Resident memory of `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Bytes of every file in `dir` (the database, its WAL and the rest).
+fn disk(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.metadata().ok())
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.len())
+        .sum()
+}
+
+/// Sends `Bearer <token>` with every call.
+#[derive(Clone)]
+struct Bearer(MetadataValue<Ascii>);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+type Client = KernelClient<tonic::codegen::InterceptedService<Channel, Bearer>>;
+
+async fn client(kernel: &Kernel, token: &str) -> Client {
+    let channel = Channel::from_shared(kernel.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer = Bearer(format!("Bearer {token}").parse().unwrap());
+    KernelClient::with_interceptor(channel, bearer)
+}
+
+/// The trimmed contents of `path` once something has written them.
+fn read_when_there(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && !text.trim().is_empty()
+        {
+            return text.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Once, 100 `SendMessage` to PID 1 with a 4 MB `type` and 100 `Kill` of
+/// the caller's own child with a 4 MB `reason` took the kernel from 13 MB to
+/// 1.7 GB RSS and its database to 710 MB: both texts were kept whole in the
+/// event ring and the store. Now each call is refused, naming the field and
+/// its limit, and the same 200 calls leave both under 50 MB of growth.
+#[tokio::test]
+async fn a_process_token_cannot_exhaust_memory_or_disk() {
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        r#"{"kernel": {"listen": "127.0.0.1:0", "default_runtime": "echo"}}"#,
+    );
+    let kernel = Kernel::start_with(home, &config, &[]);
+    let data = kernel.data_dir();
+    let mut admin = client(&kernel, &kernel.token()).await;
+
+    // An exec agent hands its process token to the test, as an attacker's would.
+    let token_file = kernel.dir.path().join("token");
+    let script = format!(
+        "printf %s \"$HIVEKERNEL_TOKEN\" > {}.tmp && mv {0}.tmp {0}; exec sleep 600",
+        token_file.display()
+    );
+    let agent = admin
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: "attacker".into(),
+            command: vec!["sh".into(), "-c".into(), script],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+    let token = read_when_there(&token_file);
+    let mut attacker = client(&kernel, &token).await;
+    let spawn_child = |i: usize| pb::SpawnRequest {
+        parent: agent,
+        name: format!("victim-{i}"),
+        runtime: "echo".into(),
+        ..Default::default()
+    };
+    let mut child = attacker
+        .spawn(spawn_child(0))
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+
+    let pid = kernel.child.id();
+    let (rss_before, disk_before) = (rss(pid), disk(&data));
+    let huge = "x".repeat(4_000_000);
+    // Every answer, checked after the measurement (so that a kernel that
+    // accepts them shows what they cost).
+    let mut answers = Vec::new();
+    for i in 0..100 {
+        let sent = attacker
+            .send_message(pb::SendMessageRequest {
+                to: 1,
+                r#type: huge.clone(),
+                payload: "hi".into(),
+                ..Default::default()
+            })
+            .await;
+        answers.push(("type", sent.map(drop)));
+        let killed = attacker
+            .kill(pb::KillRequest {
+                pid: child,
+                reason: huge.clone(),
+            })
+            .await;
+        if killed.is_ok() {
+            child = attacker
+                .spawn(spawn_child(i + 1))
+                .await
+                .unwrap()
+                .into_inner()
+                .pid;
+        }
+        answers.push(("reason", killed.map(drop)));
+    }
+    // Whatever reached the store has been written by now.
+    admin
+        .get_process(pb::GetProcessRequest { pid: child })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let rss_growth = rss(pid).saturating_sub(rss_before);
+    let disk_growth = disk(&data).saturating_sub(disk_before);
+    const LIMIT: u64 = 50 << 20;
+    assert!(
+        rss_growth < LIMIT,
+        "RSS grew by {rss_growth} bytes over 200 calls"
+    );
+    assert!(
+        disk_growth < LIMIT,
+        "the data directory grew by {disk_growth} bytes over 200 calls"
+    );
+    eprintln!("200 calls: RSS +{rss_growth} B, data dir +{disk_growth} B");
+    for (field, answer) in answers {
+        let status = answer.expect_err(&format!("a 4 MB {field} was accepted"));
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let (limit, setting) = if field == "type" {
+            (128, "type_bytes")
+        } else {
+            (1024, "reason_bytes")
+        };
+        let says = format!("{field} is 4000000 bytes, at most {limit} (kernel.limits.{setting})");
+        assert!(status.message().contains(&says), "{status:?}");
+    }
+    let alive = admin
+        .get_process(pb::GetProcessRequest { pid: child })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(alive.exit, None, "the child was never killed");
+}
