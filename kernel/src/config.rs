@@ -11,8 +11,11 @@
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
 //! the restart specs and strategies of roles and agents), `storage` (both
 //! phases for `kernel.artifacts` and `kernel.memory`), `limits` (both phases
-//! for `kernel.limits`), `tls` (both phases for `kernel.tls`).
+//! for `kernel.limits`), `connections` (both phases for
+//! `kernel.connections`), `tls` (both phases for `kernel.tls`).
 
+mod connections;
+pub use connections::ConnectionSettings;
 mod cron;
 mod limits;
 mod model;
@@ -156,6 +159,8 @@ pub struct KernelSettings {
     pub memory: MemorySettings,
     /// Size limits on what callers send (`kernel.limits`).
     pub limits: crate::limits::InputLimits,
+    /// How the control plane treats connections (`kernel.connections`).
+    pub connections: ConnectionSettings,
     /// What model calls cost, by model name (filled from `llm.prices`).
     pub prices: crate::Prices,
     /// TLS on the control plane (`kernel.tls`); `None`: plain text.
@@ -216,6 +221,7 @@ impl Default for KernelSettings {
             artifacts: Default::default(),
             memory: Default::default(),
             limits: Default::default(),
+            connections: Default::default(),
             prices: Default::default(),
             tls: None,
         }

@@ -103,6 +103,7 @@ impl StartError {
 /// Runs the kernel in the foreground until SIGINT or SIGTERM.
 pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let mut signals = Signals::install();
+    crate::grpc::raise_open_file_limit();
     let config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
     let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
         .map_err(StartError::Provider)?;

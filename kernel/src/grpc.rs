@@ -15,6 +15,8 @@ mod convert;
 mod cron;
 mod decode;
 pub(crate) mod enums;
+mod gate;
+pub use gate::raise_open_file_limit;
 mod service;
 mod status;
 mod streams;
@@ -30,7 +32,6 @@ use futures::future::BoxFuture;
 use hivekernel_proto::v1::kernel_server::{KernelServer, SERVICE_NAME};
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::codegen::{Service, http};
@@ -46,10 +47,6 @@ use service::KernelService;
 
 /// How long open calls may take to finish once shutdown is asked for.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
-/// Idle connections are pinged this often, so dead clients' streams end.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// A ping unanswered this long closes the connection.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves the control plane in plain text on `listener` until `shutdown`
 /// resolves, then lets open calls finish for a short grace period.
@@ -77,14 +74,16 @@ pub async fn serve_with_tls(
         .await;
 
     let drain = CancellationToken::new();
+    let connections = kernel.settings().connections;
     let mut server = Server::builder();
     if let Some(tls) = tls {
         // Handshakes run in tonic's own tasks, so a slow client never holds up accepting.
         server = server.tls_config(tls)?;
     }
     let router = server
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        // Idle connections are pinged, so dead clients' streams end.
+        .http2_keepalive_interval(Some(connections.keepalive_interval))
+        .http2_keepalive_timeout(Some(connections.keepalive_timeout))
         .layer(InterceptorLayer::new(move |request| {
             authenticate(&auth, request)
         }))
@@ -97,12 +96,11 @@ pub async fn serve_with_tls(
         .add_service(OnFirstCall::new(reflection_v1))
         .add_service(OnFirstCall::new(reflection_v1alpha));
 
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        // Unary calls are small request/response pairs: do not let Nagle delay them.
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    // Owns the accept loop: it ends, with every connection still silent, with this function.
+    let gate = gate::open(listener, connections);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(gate.incoming)
+        .map(Ok::<_, std::convert::Infallible>);
+    let _accepting = gate.accepting;
     let server = router.serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(server);
     tokio::select! {
@@ -165,6 +163,10 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
     };
     // Handlers never see the token, so it cannot end up in a log by accident.
     request.metadata_mut().remove("authorization");
+    // The connection has proved itself: the gate stops timing it.
+    if let Some(admission) = request.extensions().get::<gate::Admission>() {
+        admission.admit();
+    }
     request.extensions_mut().insert(caller);
     Ok(request)
 }

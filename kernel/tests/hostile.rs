@@ -203,3 +203,100 @@ async fn a_process_token_cannot_exhaust_memory_or_disk() {
         .into_inner();
     assert_eq!(alive.exit, None, "the child was never killed");
 }
+
+/// Reads `socket` until the kernel closes it; false if it is still open after `limit`.
+fn closed_within(socket: &mut std::net::TcpStream, limit: Duration) -> bool {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        socket
+            .set_read_timeout(Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            ))
+            .unwrap();
+        match socket.read(&mut buf) {
+            Ok(0) => return true,
+            // The server's own frames (HTTP/2 settings) before it closes.
+            Ok(_) => {}
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            // Reset: closed as well.
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Once, with the usual limit of 1,024 open files, 1,100 TCP connections
+/// that never sent a byte made every new client fail (DEADLINE_EXCEEDED,
+/// then UNAVAILABLE): they were never closed. Now connections without an
+/// authenticated call count against `kernel.connections.max` (lowered to
+/// what the open-file limit leaves room for) and the oldest of them gives
+/// way to a new connection, so `ps` still answers at once.
+#[test]
+fn silent_sockets_cannot_lock_clients_out() {
+    let limit = hivekernel_kernel::grpc::raise_open_file_limit().unwrap_or(0);
+    assert!(
+        limit >= 1_300,
+        "this test opens 1,100 sockets; the open-file limit is {limit}"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        r#"{"kernel": {"listen": "127.0.0.1:0", "default_runtime": "echo"}}"#,
+    );
+    let kernel = Kernel::start_limited(home, &config, &[], Some(1024));
+    let addr: std::net::SocketAddr = kernel.addr.trim_start_matches("http://").parse().unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..1_100 {
+        if let Ok(socket) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            silent.push(socket);
+        }
+    }
+
+    let started = Instant::now();
+    let ps = kernel.cli(&["ps"]);
+    let took = started.elapsed();
+    assert!(ps.ok().contains("kernel"), "{ps:#?}");
+    assert!(took < Duration::from_secs(2), "ps took {took:?}");
+    eprintln!("1,100 silent sockets, then ps answered in {took:?}");
+    assert_eq!(silent.len(), 1_100, "every socket was accepted");
+    // The oldest silent socket made room for a newer one.
+    assert!(closed_within(&mut silent[0], Duration::from_secs(5)));
+    let log = kernel.log();
+    assert!(
+        log.contains("connection limit reached (kernel.connections.max)"),
+        "{log}"
+    );
+}
+
+/// A connection that makes no authenticated call within
+/// `kernel.connections.handshake_timeout_ms` is closed: one that says
+/// nothing, and one that sends the HTTP/2 preface and stops there.
+#[test]
+fn a_connection_without_an_authenticated_call_is_closed_at_the_handshake_timeout() {
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        r#"{"kernel": {"listen": "127.0.0.1:0", "default_runtime": "echo",
+                       "connections": {"handshake_timeout_ms": 300}}}"#,
+    );
+    let kernel = Kernel::start_with(home, &config, &[]);
+    let addr: std::net::SocketAddr = kernel.addr.trim_start_matches("http://").parse().unwrap();
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut preface = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(10)));
+    assert!(closed_within(&mut preface, Duration::from_secs(10)));
+    // An authenticated client is served as before.
+    assert!(kernel.cli(&["ps"]).ok().contains("kernel"));
+}

@@ -48,6 +48,7 @@ pub(super) struct RawKernel {
     pub(super) artifacts: Option<Value>,
     pub(super) memory: Option<Value>,
     pub(super) limits: Option<Value>,
+    pub(super) connections: Option<Value>,
     pub(super) tls: Option<Value>,
 }
 
@@ -73,6 +74,7 @@ impl Default for RawKernel {
             artifacts: None,
             memory: None,
             limits: None,
+            connections: None,
             tls: None,
         }
     }

@@ -174,6 +174,7 @@ impl<'a> Context<'a> {
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
             limits: super::limits::limits(k.limits.as_ref(), issues),
+            connections: super::connections::connections(k.connections.as_ref(), issues),
             // Filled from `llm.prices`.
             prices: Default::default(),
             tls: super::tls::tls(k.tls.as_ref(), self, issues),

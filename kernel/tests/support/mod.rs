@@ -96,16 +96,29 @@ pub struct Kernel {
     pub addr: String,
     config: PathBuf,
     extra: Vec<String>,
+    /// The open-file limit it runs under, when not the test's own.
+    open_files: Option<u64>,
 }
 
 /// Runs `hivekernel start` with data in `<dir>/data`, appending its log to `<dir>/kernel.log`.
-fn launch(dir: &Path, config: &Path, extra: &[&str]) -> Child {
+/// With `open_files`, under that open-file limit (soft and hard), as `ulimit -n` sets it.
+fn launch(dir: &Path, config: &Path, extra: &[&str], open_files: Option<u64>) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("kernel.log"))
         .unwrap();
-    Command::new(binary())
+    let mut command = match open_files {
+        None => Command::new(binary()),
+        Some(limit) => {
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                .arg(binary());
+            sh
+        }
+    };
+    command
         .arg("start")
         .arg(config)
         .arg("--data-dir")
@@ -132,12 +145,23 @@ impl Kernel {
 
     /// Starts the kernel with the config at `config`, data in `<dir>/data`, and `extra` arguments.
     pub fn start_with(dir: TempDir, config: &Path, extra: &[&str]) -> Kernel {
+        Kernel::start_limited(dir, config, extra, None)
+    }
+
+    /// [`Kernel::start_with`], under an open-file limit of `open_files` when given.
+    pub fn start_limited(
+        dir: TempDir,
+        config: &Path,
+        extra: &[&str],
+        open_files: Option<u64>,
+    ) -> Kernel {
         let mut kernel = Kernel {
-            child: launch(dir.path(), config, extra),
+            child: launch(dir.path(), config, extra, open_files),
             dir,
             addr: String::new(),
             config: config.to_owned(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            open_files,
         };
         kernel.addr = kernel.wait_for_addr();
         kernel
@@ -175,7 +199,7 @@ impl Kernel {
         // A killed kernel leaves its address file behind: not the new one's.
         let _ = std::fs::remove_file(self.data_dir().join("kernel.addr"));
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        self.child = launch(self.dir.path(), &self.config, &extra);
+        self.child = launch(self.dir.path(), &self.config, &extra, self.open_files);
         self.addr = self.wait_for_addr();
     }
 
