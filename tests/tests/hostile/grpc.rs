@@ -528,19 +528,28 @@ async fn malformed_requests_are_refused_and_change_nothing() {
     served.stopped().await;
 }
 
-#[tokio::test]
-async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
-    const CAPACITY: usize = 16;
-    let mut settings = test_settings();
-    settings.mailbox_capacity = CAPACITY;
+/// A kernel served on loopback with one process, `slow`, that works on one
+/// task at a time and is busy with one for 1.5 s, so nothing is taken from
+/// its mailbox meanwhile.
+struct Busy {
+    kernel: hivekernel_kernel::Kernel,
+    journal: hivekernel_tests::Journal,
+    slow: Pid,
+    busy: tokio::task::JoinHandle<
+        hivekernel_kernel::error::Result<(
+            hivekernel_agents::RequestId,
+            hivekernel_agents::TaskReply,
+        )>,
+    >,
+    served: Served,
+}
+
+async fn busy_process(settings: hivekernel_kernel::config::KernelSettings) -> Busy {
     let (kernel, journal) = kernel_with(settings).await;
     let mut request = probe_request(Pid::KERNEL, "slow", Role::Agent);
     request.limits.max_concurrent_tasks = Some(1);
     let slow = kernel.spawn(Caller::Admin, request).await.unwrap();
     let served = Served::start(&kernel).await;
-    let mut client = served.admin();
-
-    // Busy with one task, so nothing is taken from its mailbox meanwhile.
     let busy = {
         let kernel = kernel.clone();
         tokio::spawn(async move {
@@ -557,6 +566,28 @@ async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
         },
     )
     .await;
+    Busy {
+        kernel,
+        journal,
+        slow,
+        busy,
+        served,
+    }
+}
+
+#[tokio::test]
+async fn a_mailbox_flood_is_refused_at_capacity_and_the_process_carries_on() {
+    const CAPACITY: usize = 16;
+    let mut settings = test_settings();
+    settings.mailbox_capacity = CAPACITY;
+    let Busy {
+        kernel,
+        journal,
+        slow,
+        busy,
+        served,
+    } = busy_process(settings).await;
+    let mut client = served.admin();
 
     let mut accepted = 0;
     let refusal = loop {
@@ -650,28 +681,14 @@ async fn a_mailbox_is_bounded_by_bytes_as_well_as_by_count() {
     const MAX_BYTES: u64 = 4 << 20;
     let mut settings = test_settings();
     settings.mailbox_max_bytes = MAX_BYTES;
-    let (kernel, journal) = kernel_with(settings).await;
-    let mut request = probe_request(Pid::KERNEL, "slow", Role::Agent);
-    request.limits.max_concurrent_tasks = Some(1);
-    let slow = kernel.spawn(Caller::Admin, request).await.unwrap();
-    let served = Served::start(&kernel).await;
+    let Busy {
+        kernel,
+        journal,
+        slow,
+        busy,
+        served,
+    } = busy_process(settings).await;
     let mut client = served.admin();
-    let busy = {
-        let kernel = kernel.clone();
-        tokio::spawn(async move {
-            kernel
-                .execute_task(Caller::Admin, TaskSpec::new(slow, "sleep 1500"))
-                .await
-        })
-    };
-    wait_until(
-        "the process to be busy",
-        Duration::from_secs(10),
-        || async {
-            kernel.get_process(Caller::Admin, slow).await.unwrap().state == ProcessState::Running
-        },
-    )
-    .await;
 
     // Each weighs its type ("message", 7 bytes) and its 1 MiB payload.
     let mib = |i: usize| pb::SendMessageRequest {
