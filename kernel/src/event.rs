@@ -177,98 +177,42 @@ pub enum EventKind {
 pub const MAX_EVENT_TEXT: usize = 4096;
 
 impl EventKind {
-    /// This event with every text field at most [`MAX_EVENT_TEXT`] bytes.
-    pub(crate) fn bounded(self) -> Self {
+    /// Cuts every text field to at most [`MAX_EVENT_TEXT`] bytes, in place
+    /// (every spawn and exit passes here: nothing is moved or allocated
+    /// unless a text is too long).
+    #[inline]
+    pub(crate) fn bound(&mut self) {
         use EventKind::*;
-        let cut = |text: String| hivekernel_agents::text::cut(text, MAX_EVENT_TEXT);
-        let cut_opt = |text: Option<String>| text.map(cut);
+        fn cut(text: &mut String) {
+            if text.len() > MAX_EVENT_TEXT {
+                *text = hivekernel_agents::text::cut(std::mem::take(text), MAX_EVENT_TEXT);
+            }
+        }
         match self {
-            Exited {
-                ppid,
-                name,
-                exit_code,
-                reason,
-            } if reason.len() > MAX_EVENT_TEXT => Exited {
-                ppid,
-                name,
-                exit_code,
-                reason: Arc::from(hivekernel_agents::text::cut_str(&reason, MAX_EVENT_TEXT)),
-            },
-            MessageExpired {
-                message_id,
-                from,
-                kind,
-            } => MessageExpired {
-                message_id,
-                from,
-                kind: cut(kind),
-            },
-            MessageDropped {
-                message_id,
-                from,
-                kind,
-                reason,
-            } => MessageDropped {
-                message_id,
-                from,
-                kind: cut(kind),
-                reason: cut(reason),
-            },
-            KernelMessage {
-                message_id,
-                from,
-                kind,
-                payload,
-            } => KernelMessage {
-                message_id,
-                from,
-                kind: cut(kind),
-                payload: cut(payload),
-            },
-            RouteDenied { to, reason } => RouteDenied {
-                to,
-                reason: cut(reason),
-            },
-            Denied { action, reason } => Denied {
-                action: cut(action),
-                reason: cut(reason),
-            },
-            CronRun {
-                name,
-                status,
-                duration_ms,
-            } => CronRun {
-                name,
-                status: cut(status),
-                duration_ms,
-            },
-            LlmCall {
-                model,
-                prompt_tokens,
-                completion_tokens,
-                cost_nano_usd,
-                duration_ms,
-                error,
-            } => LlmCall {
-                model,
-                prompt_tokens,
-                completion_tokens,
-                cost_nano_usd,
-                duration_ms,
-                error: cut_opt(error),
-            },
-            ToolCall {
-                tool,
-                ok,
-                duration_ms,
-                error,
-            } => ToolCall {
-                tool: cut(tool),
-                ok,
-                duration_ms,
-                error: cut_opt(error),
-            },
-            other => other,
+            Exited { reason, .. } if reason.len() > MAX_EVENT_TEXT => {
+                *reason = Arc::from(hivekernel_agents::text::cut_str(reason, MAX_EVENT_TEXT));
+            }
+            MessageExpired { kind, .. } => cut(kind),
+            MessageDropped { kind, reason, .. } => {
+                cut(kind);
+                cut(reason);
+            }
+            KernelMessage { kind, payload, .. } => {
+                cut(kind);
+                cut(payload);
+            }
+            RouteDenied { reason, .. } => cut(reason),
+            Denied { action, reason } => {
+                cut(action);
+                cut(reason);
+            }
+            CronRun { status, .. } => cut(status),
+            LlmCall { error, .. } => error.iter_mut().for_each(cut),
+            ToolCall { tool, error, .. } => {
+                cut(tool);
+                error.iter_mut().for_each(cut);
+            }
+            _ => {}
         }
     }
 

@@ -91,9 +91,9 @@ impl EventBus {
     }
 
     /// [`EventBus::emit`] with a timestamp the caller already read.
-    pub(crate) fn emit_at(&self, pid: Pid, kind: EventKind, at_unix_ms: u64) -> u64 {
+    pub(crate) fn emit_at(&self, pid: Pid, mut kind: EventKind, at_unix_ms: u64) -> u64 {
         // Cut outside the lock: a long text costs only its sender.
-        let kind = kind.bounded();
+        kind.bound();
         let mut ring = self.ring.lock();
         let event = self.retained(&mut ring, pid, kind, at_unix_ms);
         let seq = event.seq;
@@ -108,11 +108,10 @@ impl EventBus {
     /// Records events in order with consecutive sequence numbers and one
     /// timestamp, taking the lock once: an exit of 10,000 processes emits
     /// 20,000 events.
-    pub fn emit_all(&self, events: Vec<(Pid, EventKind)>) {
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(pid, kind)| (pid, kind.bounded()))
-            .collect();
+    pub fn emit_all(&self, mut events: Vec<(Pid, EventKind)>) {
+        for (_, kind) in &mut events {
+            kind.bound();
+        }
         let at_unix_ms = unix_ms(SystemTime::now());
         let mut ring = self.ring.lock();
         let live = self.live.receiver_count() > 0;

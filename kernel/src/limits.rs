@@ -161,6 +161,16 @@ impl InputLimits {
     /// Everything of a spawn request a caller sets: model, runtime, prompt,
     /// tools (no name twice), metadata and the `exec` command.
     pub fn check_spawn(&self, request: &SpawnRequest) -> Checked {
+        // Spawn is a hot path: a request with no lists and short texts passes at once.
+        let texts = request.model.len() + request.runtime.as_ref().map_or(0, String::len);
+        if request.tools.is_empty()
+            && request.metadata.is_empty()
+            && request.exec.is_none()
+            && texts <= self.model_bytes
+            && request.system_prompt.len() <= self.prompt_bytes
+        {
+            return Ok(());
+        }
         self.check_model("model", &request.model)?;
         if let Some(runtime) = &request.runtime {
             self.check_model("runtime", runtime)?;
@@ -182,16 +192,24 @@ impl InputLimits {
     /// A tool list: at most `tools` entries, none twice.
     pub fn check_tools(&self, tools: &[String]) -> Checked {
         self.check_tool_count(tools)?;
-        let mut seen = HashSet::with_capacity(tools.len());
-        for tool in tools {
-            if !seen.insert(tool.as_str()) {
-                return Err(InputError {
-                    field: "tools",
-                    problem: format!("lists {} twice", crate::error::shown(tool)),
-                });
-            }
+        // Spawn is a hot path and most lists are short: compare those in place.
+        let twice = if tools.len() <= 16 {
+            tools
+                .iter()
+                .enumerate()
+                .find(|(i, tool)| tools[..*i].contains(tool))
+                .map(|(_, tool)| tool)
+        } else {
+            let mut seen = HashSet::with_capacity(tools.len());
+            tools.iter().find(|tool| !seen.insert(tool.as_str()))
+        };
+        match twice {
+            Some(tool) => Err(InputError {
+                field: "tools",
+                problem: format!("lists {} twice", crate::error::shown(tool)),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// A tool list's length.
