@@ -81,6 +81,27 @@ pub trait Runtime: Send + Sync + fmt::Debug {
         let _ = (ctx, message);
         Ok(())
     }
+
+    /// Whether messages are done with only when the runtime says so (an
+    /// external agent acknowledged them): the kernel then hands them over
+    /// with [`Runtime::on_acknowledged_message`], and a message kept in the
+    /// store leaves it only once acknowledged. The default: handed over is
+    /// done with.
+    fn acknowledges_messages(&self) -> bool {
+        false
+    }
+
+    /// Hands over a message and waits until it is done with: `Ok(true)`
+    /// once acknowledged, `Ok(false)` when it never will be (the agent's
+    /// process is ending), so it stays where it is kept. Called only when
+    /// [`Runtime::acknowledges_messages`]; the default is [`Runtime::on_message`].
+    async fn on_acknowledged_message(
+        &self,
+        ctx: &ProcessContext,
+        message: Message,
+    ) -> Result<bool, RuntimeError> {
+        self.on_message(ctx, message).await.map(|()| true)
+    }
 }
 
 /// Creates the runtime for a newly spawned process.

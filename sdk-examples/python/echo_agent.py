@@ -13,15 +13,20 @@ tasks, answered with CompleteTask:
                         as the kernel (PID 1) with this process's token
   exit N             -> exits at once with status N, without answering
   anything else      -> "echo: <text>"
-messages: written to stderr (its log file); `exit N` exits with status N.
+messages: written to stderr (its log file), then acknowledged with
+  AckMessages; `exit N` exits with status N. Messages come at least once: one
+  seen already (same message_id) is acknowledged and skipped. With
+  ECHO_DELAY_MS set, each message takes that long first (a slow consumer).
 
 It exits with status 0 when the kernel ends the stream (its process was
 killed or the kernel stopped). SIGTERM ends it at once.
 """
 
+import collections
 import json
 import os
 import sys
+import time
 
 import grpc
 
@@ -89,6 +94,9 @@ def main():
     # HIVEKERNEL_TLS_CA is set when the kernel serves TLS.
     stub = hivekernel_sdk.connect(addr, bearer, hivekernel_sdk.tls_credentials(addr))
     log(f"starting, os pid {os.getpid()}, kernel at {addr}")
+    delay = int(os.environ.get("ECHO_DELAY_MS", "0")) / 1000
+    # The latest message ids handled: a redelivery is one of the last few.
+    seen = collections.deque(maxlen=1024)
     try:
         for delivery in stub.Attach(pb.AttachRequest()):
             kind = delivery.WhichOneof("item")
@@ -108,10 +116,19 @@ def main():
                     log(f"answer to task {task.request_id} not taken: {err.code().name} {err.details()}")
             elif kind == "message":
                 message = delivery.message
+                # Delivered at least once: a message seen before (same id) is not handled again.
+                if message.message_id in seen:
+                    stub.AckMessages(pb.AckMessagesRequest(message_ids=[message.message_id]))
+                    continue
+                if delay:
+                    time.sleep(delay)
                 log(f"message {message.message_id} from {getattr(message, 'from')} ({message.type}): {message.payload}")
                 status = exit_status(message.payload)
                 if status is not None:
                     os._exit(status)
+                # Handled: the kernel may forget it. Until then it is kept and sent again.
+                stub.AckMessages(pb.AckMessagesRequest(message_ids=[message.message_id]))
+                seen.append(message.message_id)
     except grpc.RpcError as err:
         log(f"stream ended: {err.code().name} {err.details()}")
         sys.exit(1)

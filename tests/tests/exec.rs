@@ -110,13 +110,30 @@ async fn next(stream: &mut Streaming<pb::Delivery>) -> Item {
 }
 
 async fn attach(client: &mut Client) -> Streaming<pb::Delivery> {
+    attach_with(client, false).await
+}
+
+/// An attach stream; with `auto_ack`, messages need no acknowledgement.
+async fn attach_with(client: &mut Client, auto_ack: bool) -> Streaming<pb::Delivery> {
     let mut stream = client
-        .attach(pb::AttachRequest { pid: 0 })
+        .attach(pb::AttachRequest { pid: 0, auto_ack })
         .await
         .unwrap()
         .into_inner();
     assert!(matches!(next(&mut stream).await, Item::Attached(_)));
     stream
+}
+
+/// Acknowledges messages; how many were waiting for it.
+async fn ack(client: &mut Client, ids: &[u64]) -> u32 {
+    client
+        .ack_messages(pb::AckMessagesRequest {
+            message_ids: ids.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .acknowledged
 }
 
 async fn complete(client: &mut Client, request_id: u64, output: &str) -> Result<(), Status> {
@@ -334,7 +351,11 @@ async fn a_process_token_acts_only_as_its_process_and_dies_with_it() {
         "caller's own pid",
     );
     assert_code(
-        me.attach(pb::AttachRequest { pid: 1 }).await,
+        me.attach(pb::AttachRequest {
+            pid: 1,
+            ..Default::default()
+        })
+        .await,
         Code::PermissionDenied,
         "only attach to itself",
     );
@@ -361,7 +382,12 @@ async fn a_process_token_acts_only_as_its_process_and_dies_with_it() {
     // The admin is not a process: it can neither attach nor answer.
     let mut admin = served.admin();
     assert_code(
-        admin.attach(pb::AttachRequest { pid }).await,
+        admin
+            .attach(pb::AttachRequest {
+                pid,
+                ..Default::default()
+            })
+            .await,
         Code::PermissionDenied,
         "own token",
     );
@@ -423,6 +449,7 @@ async fn deliveries_wait_for_the_agent_and_a_new_attach_takes_over() {
             }
             Item::Message(message) => {
                 assert_eq!((message.payload.as_str(), message.from), ("early note", 1));
+                assert_eq!(ack(&mut me, &[message.message_id]).await, 1);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -469,6 +496,112 @@ async fn deliveries_wait_for_the_agent_and_a_new_attach_takes_over() {
         .await
         .unwrap();
     assert!(matches!(end, Ok(None)), "{end:?}");
+    served.stop().await;
+}
+
+/// A message stays out until acknowledged: a new Attach gets it again, with
+/// its id; acknowledged, it is not sent again. On an `auto_ack` stream a
+/// message is done with once sent. At most `max_concurrent_tasks` are out
+/// unacknowledged; the rest wait in the mailbox.
+#[tokio::test]
+async fn messages_are_delivered_until_acknowledged() {
+    let served = ExecKernel::start().await;
+    let (pid, _log, _os_pid, token) = sleeper(&served, "acker").await;
+    let mut admin = served.admin();
+    let send = |payload: String| {
+        let mut admin = served.admin();
+        async move {
+            admin
+                .send_message(pb::SendMessageRequest {
+                    to: pid,
+                    payload,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .message_id
+        }
+    };
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(send(format!("m{i}")).await);
+    }
+    let mut me = served.client(&token);
+    let mut stream = attach(&mut me).await;
+    let mut got = Vec::new();
+    // max_concurrent_tasks is 4: four are out, two wait.
+    for _ in 0..4 {
+        let Item::Message(message) = next(&mut stream).await else {
+            panic!("expected a message");
+        };
+        got.push(message.message_id);
+    }
+    assert_eq!(got, ids[..4]);
+    let more = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+    assert!(more.is_err(), "a fifth went out unacknowledged: {more:?}");
+    assert_eq!(
+        admin
+            .get_process(pb::GetProcessRequest { pid })
+            .await
+            .unwrap()
+            .into_inner()
+            .mailbox_len,
+        2
+    );
+
+    // Two acknowledged (and one of them twice, and one unknown id): two more go out.
+    assert_eq!(ack(&mut me, &[ids[0], ids[1], ids[1], 999_999]).await, 2);
+    for expected in &ids[4..6] {
+        let Item::Message(message) = next(&mut stream).await else {
+            panic!("expected a message");
+        };
+        assert_eq!(message.message_id, *expected);
+    }
+
+    // A new stream gets the four never acknowledged again, same ids, in order.
+    let mut replacement = attach(&mut me).await;
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        let Item::Message(message) = next(&mut replacement).await else {
+            panic!("expected a message again");
+        };
+        again.push(message.message_id);
+    }
+    assert_eq!(again, ids[2..6]);
+    assert_eq!(ack(&mut me, &ids[2..6]).await, 4);
+
+    // auto_ack: done with once sent, nothing comes again.
+    let mut auto = attach_with(&mut me, true).await;
+    let id = send("auto".into()).await;
+    let Item::Message(message) = next(&mut auto).await else {
+        panic!("expected the message");
+    };
+    assert_eq!(message.message_id, id);
+    assert_eq!(ack(&mut me, &[id]).await, 0, "nothing left to acknowledge");
+    let mut last = attach(&mut me).await;
+    let quiet = tokio::time::timeout(Duration::from_millis(300), last.message()).await;
+    assert!(quiet.is_err(), "sent again: {quiet:?}");
+
+    assert_code(
+        me.ack_messages(pb::AckMessagesRequest {
+            message_ids: (1..=10_001).collect(),
+        })
+        .await,
+        Code::InvalidArgument,
+        "message_ids has 10001 entries, at most 10000",
+    );
+
+    // Acknowledging is the process's own: the admin token cannot.
+    assert_code(
+        admin
+            .ack_messages(pb::AckMessagesRequest {
+                message_ids: vec![id],
+            })
+            .await,
+        Code::PermissionDenied,
+        "exec process",
+    );
     served.stop().await;
 }
 

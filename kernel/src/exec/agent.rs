@@ -5,7 +5,10 @@
 //! The runner pops the mailbox as for any process, at most
 //! `max_concurrent_tasks` items at a time; each waits here until an agent is
 //! attached, so nothing is lost before the first Attach and the rest waits
-//! in the bounded mailbox.
+//! in the bounded mailbox. A task is out until answered, a message until
+//! acknowledged (or, on an `auto_ack` stream, until it is on the stream):
+//! a newer Attach is sent both again, and a message kept in the store
+//! leaves it only once acknowledged.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use hivekernel_agents::{
-    Message, Pid, ProcessContext, RequestId, Runtime, RuntimeError, Task, TaskReply,
+    Message, MessageId, Pid, ProcessContext, RequestId, Runtime, RuntimeError, Task, TaskReply,
 };
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -56,6 +59,8 @@ struct Attachment {
     tx: mpsc::Sender<Delivery>,
     /// Cancelled when a newer Attach takes over.
     replaced: CancellationToken,
+    /// A message is done with once on this stream (no acknowledgement).
+    auto_ack: bool,
 }
 
 /// One attach stream, as the control plane serves it.
@@ -80,11 +85,21 @@ impl std::fmt::Debug for Attached {
     }
 }
 
-/// A task handed to the agent and not yet answered.
+/// What a delivery waits for from the agent.
+#[derive(Debug)]
+enum Answer {
+    /// A task's reply.
+    Task(oneshot::Sender<TaskReply>),
+    /// A message's acknowledgement.
+    Ack(oneshot::Sender<()>),
+}
+
+/// A task or message handed to the agent and not yet answered or
+/// acknowledged, by request or message id (one counter numbers both).
 #[derive(Debug)]
 struct Pending {
     delivery: Delivery,
-    reply: oneshot::Sender<TaskReply>,
+    answer: Answer,
     /// The attachment it was sent on, if it was sent.
     sent_on: Option<u64>,
 }
@@ -98,7 +113,11 @@ pub(crate) struct ExecProc {
     timeout: Duration,
     attach: watch::Sender<Option<Attachment>>,
     next_attach: AtomicU64,
-    pending: Mutex<HashMap<RequestId, Pending>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    /// Taken by each delivery for its first send, in the order the runner
+    /// hands them over (the queue is fair), so that they reach the stream
+    /// in mailbox order even when several wait for the same Attach.
+    send_order: tokio::sync::Mutex<()>,
     /// Cancelled when the kernel process ends: the OS process must go.
     pub(crate) stop: CancellationToken,
     pub(crate) os: Mutex<OsState>,
@@ -113,14 +132,17 @@ impl ExecProc {
             attach: watch::Sender::new(None),
             next_attach: AtomicU64::new(1),
             pending: Mutex::default(),
+            send_order: tokio::sync::Mutex::new(()),
             stop: CancellationToken::new(),
             os: Mutex::new(OsState::NotStarted),
         }
     }
 
     /// A new attach stream, replacing the one before it, if any. Tasks sent
-    /// on earlier streams and still unanswered are sent again on this one.
-    pub(crate) fn attach(&self) -> Attached {
+    /// on earlier streams and still unanswered, and messages not yet
+    /// acknowledged, are sent again on this one. With `auto_ack`, a message
+    /// is done with once it is on the stream.
+    pub(crate) fn attach(self: &Arc<Self>, auto_ack: bool) -> Attached {
         let id = self.next_attach.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         // A fresh channel has room: the notice is always the first item.
@@ -133,24 +155,32 @@ impl ExecProc {
             id,
             tx: tx.clone(),
             replaced: replaced.clone(),
+            auto_ack,
         }));
         if let Some(old) = old {
             old.replaced.cancel();
         }
-        let resend: Vec<Delivery> = self
+        let mut resend: Vec<(u64, Delivery)> = self
             .pending
             .lock()
-            .values_mut()
-            .filter(|p| p.sent_on.is_some_and(|on| on != id))
-            .map(|p| {
+            .iter_mut()
+            .filter(|(_, p)| p.sent_on.is_some_and(|on| on != id))
+            .map(|(key, p)| {
                 p.sent_on = Some(id);
-                p.delivery.clone()
+                (*key, p.delivery.clone())
             })
             .collect();
+        // In the order they were first sent.
+        resend.sort_unstable_by_key(|(key, _)| *key);
+        let proc = self.clone();
         let resend = Box::pin(async move {
-            for delivery in resend {
+            for (key, delivery) in resend {
+                let message = matches!(delivery, Delivery::Message(_));
                 if tx.send(delivery).await.is_err() {
                     return;
+                }
+                if message && auto_ack {
+                    proc.acknowledge(MessageId(key));
                 }
             }
         });
@@ -161,21 +191,48 @@ impl ExecProc {
         }
     }
 
-    /// Ends the attach stream for good: the process has exited.
+    /// Ends the attach stream for good: the process has exited. What is
+    /// still out is never answered: tasks fail, messages stay where they are
+    /// kept.
     pub(crate) fn detach(&self) {
         self.attach.send_replace(None);
+        self.pending.lock().clear();
     }
 
     /// Answers a pending task; `false` when it is not pending.
     pub(crate) fn complete(&self, request_id: RequestId, reply: TaskReply) -> bool {
-        match self.pending.lock().remove(&request_id) {
-            Some(pending) => {
-                // The requester may have gone; the task is answered either way.
-                let _ = pending.reply.send(reply);
-                true
-            }
-            None => false,
+        let mut pending = self.pending.lock();
+        let key = request_id.0;
+        if !matches!(pending.get(&key), Some(p) if matches!(p.answer, Answer::Task(_))) {
+            return false;
         }
+        if let Some(Pending {
+            answer: Answer::Task(tx),
+            ..
+        }) = pending.remove(&key)
+        {
+            // The requester may have gone; the task is answered either way.
+            let _ = tx.send(reply);
+        }
+        true
+    }
+
+    /// Acknowledges a message handed to the agent; `false` when it is not
+    /// waiting for one (acknowledged already, or not this agent's).
+    pub(crate) fn acknowledge(&self, id: MessageId) -> bool {
+        let mut pending = self.pending.lock();
+        let key = id.0;
+        if !matches!(pending.get(&key), Some(p) if matches!(p.answer, Answer::Ack(_))) {
+            return false;
+        }
+        if let Some(Pending {
+            answer: Answer::Ack(tx),
+            ..
+        }) = pending.remove(&key)
+        {
+            let _ = tx.send(());
+        }
+        true
     }
 
     /// Waits for an attachment other than `failed` and returns it.
@@ -188,54 +245,69 @@ impl ExecProc {
         found.clone()
     }
 
-    /// Sends a message once an agent is attached, again on a newer stream if
-    /// the one it was given to is gone.
-    async fn deliver_message(&self, message: Message) {
-        let mut delivery = Delivery::Message(message);
+    /// Sends a pending task or message once an agent is attached. A newer
+    /// Attach resends what older streams took, so a send that fails is
+    /// retried only when no Attach has resent it meanwhile. A message sent
+    /// on an `auto_ack` stream is done with at once.
+    async fn deliver(&self, key: u64, delivery: Delivery) {
+        let message = matches!(delivery, Delivery::Message(_));
+        let _turn = self.send_order.lock().await;
         let mut failed = None;
         loop {
             let Some(attachment) = self.attached(failed).await else {
                 return;
             };
-            match attachment.tx.send(delivery).await {
-                Ok(()) => return,
-                Err(returned) => {
-                    delivery = returned.0;
-                    failed = Some(attachment.id);
-                }
-            }
-        }
-    }
-
-    /// Sends a pending task once an agent is attached. A newer Attach resends
-    /// what older streams took, so a send that fails is retried only when no
-    /// Attach has resent it meanwhile.
-    async fn deliver_task(&self, request_id: RequestId, delivery: Delivery) {
-        let mut failed = None;
-        loop {
-            let Some(attachment) = self.attached(failed).await else {
-                return;
-            };
-            match self.pending.lock().get_mut(&request_id) {
+            match self.pending.lock().get_mut(&key) {
                 Some(pending) => pending.sent_on = Some(attachment.id),
                 None => return,
             }
             if attachment.tx.send(delivery.clone()).await.is_ok() {
+                if message && attachment.auto_ack {
+                    self.acknowledge(MessageId(key));
+                }
                 return;
             }
             let mut pending = self.pending.lock();
-            match pending.get_mut(&request_id) {
+            match pending.get_mut(&key) {
                 Some(p) if p.sent_on == Some(attachment.id) => p.sent_on = None,
                 _ => return,
             }
             failed = Some(attachment.id);
         }
     }
+
+    /// Hands `delivery` to the agent under `key` and waits for `answer` (or
+    /// for the process to end, when the receiver errs).
+    async fn hand_over<T>(
+        &self,
+        key: u64,
+        delivery: Delivery,
+        answer: Answer,
+        rx: oneshot::Receiver<T>,
+    ) -> Result<T, oneshot::error::RecvError> {
+        self.pending.lock().insert(
+            key,
+            Pending {
+                delivery: delivery.clone(),
+                answer,
+                sent_on: None,
+            },
+        );
+        let _forget = Forget(self, key);
+        let deliver = self.deliver(key, delivery);
+        tokio::pin!(deliver);
+        let mut rx = rx;
+        // An answer ends the wait even while a send to a stalled stream is pending.
+        tokio::select! {
+            answer = &mut rx => answer,
+            () = &mut deliver => rx.await,
+        }
+    }
 }
 
-/// Removes a task from the pending set when its handler ends unanswered
-/// (timeout, a requester that gave up, kill).
-struct Forget<'a>(&'a ExecProc, RequestId);
+/// Removes a task or message from the pending set when its handler ends
+/// first (timeout, a requester that gave up, kill).
+struct Forget<'a>(&'a ExecProc, u64);
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
@@ -258,23 +330,9 @@ impl Runtime for ExecAgent {
             deadline_unix_ms,
         };
         let (tx, rx) = oneshot::channel();
-        proc.pending.lock().insert(
-            request_id,
-            Pending {
-                delivery: delivery.clone(),
-                reply: tx,
-                sent_on: None,
-            },
-        );
-        let _forget = Forget(proc, request_id);
-        let deliver = proc.deliver_task(request_id, delivery);
-        tokio::pin!(deliver);
-        let mut rx = rx;
-        // An answer ends the wait even while a send to a stalled stream is pending.
-        let answer = tokio::select! {
-            answer = &mut rx => answer,
-            () = &mut deliver => rx.await,
-        };
+        let answer = proc
+            .hand_over(request_id.0, delivery, Answer::Task(tx), rx)
+            .await;
         answer.unwrap_or_else(|_| {
             Err(format!(
                 "process {} ended before answering request {request_id}",
@@ -283,12 +341,25 @@ impl Runtime for ExecAgent {
         })
     }
 
-    async fn on_message(
+    async fn on_message(&self, ctx: &ProcessContext, message: Message) -> Result<(), RuntimeError> {
+        self.on_acknowledged_message(ctx, message).await.map(drop)
+    }
+
+    fn acknowledges_messages(&self) -> bool {
+        true
+    }
+
+    async fn on_acknowledged_message(
         &self,
         _ctx: &ProcessContext,
         message: Message,
-    ) -> Result<(), RuntimeError> {
-        self.0.deliver_message(message).await;
-        Ok(())
+    ) -> Result<bool, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        let key = message.id.0;
+        let acked = self
+            .0
+            .hand_over(key, Delivery::Message(message), Answer::Ack(tx), rx)
+            .await;
+        Ok(acked.is_ok())
     }
 }

@@ -1,8 +1,8 @@
-//! `Attach` and `CompleteTask`: the two RPCs an external (`exec`) agent
-//! needs beyond the rest of the API. See the proto for why they are a
+//! `Attach`, `CompleteTask` and `AckMessages`: the RPCs an external
+//! (`exec`) agent needs beyond the rest of the API. See the proto for why they are a
 //! server stream plus a unary call rather than one bidi stream.
 
-use hivekernel_agents::{Pid, RequestId};
+use hivekernel_agents::{MessageId, Pid, RequestId};
 use hivekernel_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -37,7 +37,7 @@ pub(crate) fn attach(
         mut deliveries,
         replaced,
         resend,
-    } = kernel.attach(caller, pid)?;
+    } = kernel.attach(caller, pid, request.get_ref().auto_ack)?;
     let (tx, rx) = mpsc::channel(BUFFER);
     let stop = stop.clone();
     let forward = async move {
@@ -83,6 +83,22 @@ pub(crate) fn complete_task(
     };
     kernel.complete_task(caller, RequestId(req.request_id), reply)?;
     Ok(Response::new(pb::CompleteTaskResponse {}))
+}
+
+/// Acknowledges messages of the caller.
+pub(crate) fn ack_messages(
+    kernel: &Kernel,
+    request: Request<pb::AckMessagesRequest>,
+) -> Result<Response<pb::AckMessagesResponse>, Status> {
+    let caller = caller(&request)?;
+    let ids: Vec<MessageId> = request
+        .into_inner()
+        .message_ids
+        .into_iter()
+        .map(MessageId)
+        .collect();
+    let acknowledged = kernel.ack_messages(caller, &ids)?;
+    Ok(Response::new(pb::AckMessagesResponse { acknowledged }))
 }
 
 fn delivery_to_proto(delivery: Delivery) -> pb::Delivery {

@@ -197,6 +197,13 @@ impl KernelRpc for KernelService {
         attach::complete_task(&self.kernel, request)
     }
 
+    async fn ack_messages(
+        &self,
+        request: Request<pb::AckMessagesRequest>,
+    ) -> Rpc<pb::AckMessagesResponse> {
+        attach::ack_messages(&self.kernel, request)
+    }
+
     async fn store_artifact(
         &self,
         request: Request<pb::StoreArtifactRequest>,

@@ -1,16 +1,20 @@
 //! `exec` operations: attaching an external agent's stream, its task
-//! answers, and starting and stopping its OS process.
+//! answers and message acknowledgements, and starting and stopping its OS
+//! process.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use hivekernel_agents::{Pid, RequestId, TaskReply};
+use hivekernel_agents::{MessageId, Pid, RequestId, TaskReply};
 
 use super::{Caller, Kernel};
 use crate::error::{KernelError, Result};
 use crate::exec::{
     Attached, EXEC_RUNTIME, EXIT_CANNOT_START, ExecProc, ExecRuntime, Launch, OnExit, log_path,
 };
+
+/// Most message ids one acknowledgement may carry.
+pub(crate) const MAX_ACKS: usize = 10_000;
 
 impl Kernel {
     fn exec_runtime(&self) -> Result<&Arc<ExecRuntime>> {
@@ -32,8 +36,10 @@ impl Kernel {
     }
 
     /// Opens the attach stream of `pid` for `caller`, which must be that
-    /// process. A newer stream replaces an older one.
-    pub fn attach(&self, caller: Caller, pid: Pid) -> Result<Attached> {
+    /// process. A newer stream replaces an older one. With `auto_ack`, a
+    /// message is done with once it is on the stream; without, once
+    /// [`Kernel::ack_messages`] says so.
+    pub fn attach(&self, caller: Caller, pid: Pid, auto_ack: bool) -> Result<Attached> {
         if let Caller::Process(me) = caller
             && me != pid
         {
@@ -42,7 +48,23 @@ impl Kernel {
             )));
         }
         let proc = self.exec_caller(caller, "attach")?;
-        Ok(proc.attach())
+        Ok(proc.attach(auto_ack))
+    }
+
+    /// Acknowledges messages delivered to `caller`, an exec process: each
+    /// is done with, and leaves the store. Returns how many were waiting for
+    /// an acknowledgement; the others (acknowledged already, not the
+    /// caller's) are ignored.
+    pub fn ack_messages(&self, caller: Caller, ids: &[MessageId]) -> Result<u32> {
+        if ids.len() > MAX_ACKS {
+            return Err(KernelError::InvalidArgument(format!(
+                "message_ids has {} entries, at most {MAX_ACKS}",
+                ids.len()
+            )));
+        }
+        let proc = self.exec_caller(caller, "acknowledge messages")?;
+        let acknowledged = ids.iter().filter(|id| proc.acknowledge(**id)).count();
+        Ok(acknowledged as u32)
     }
 
     /// Answers task `request_id` of `caller`, an exec process.

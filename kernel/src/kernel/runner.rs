@@ -222,7 +222,8 @@ async fn handle_message(
 ) -> Result<(), Fatal> {
     let pid = proc.ctx.pid;
     let _running = CountGuard::enter(&proc.running);
-    if durable {
+    let acknowledged = runtime.acknowledges_messages();
+    if durable && !acknowledged {
         // Delivered means handed over: gone from the store first, so
         // a crash can never hand the same message over twice.
         let done = kernel
@@ -234,11 +235,25 @@ async fn handle_message(
             tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
         }
     }
-    match AssertUnwindSafe(runtime.on_message(&proc.ctx, message))
-        .catch_unwind()
-        .await
-    {
-        Ok(Ok(())) => Ok(()),
+    let handed = async {
+        if acknowledged {
+            runtime.on_acknowledged_message(&proc.ctx, message).await
+        } else {
+            runtime.on_message(&proc.ctx, message).await.map(|()| false)
+        }
+    };
+    match AssertUnwindSafe(handed).catch_unwind().await {
+        Ok(Ok(acked)) => {
+            // Acknowledged by the agent: done with. Until this commits, a
+            // crash delivers it again (at least once).
+            if durable
+                && acked
+                && let Some(inner) = kernel.upgrade()
+            {
+                inner.store().submit(Write::MessageDone(id));
+            }
+            Ok(())
+        }
         Ok(Err(err)) => Err((EXIT_FAILED, format!("runtime failed: {err}"))),
         Err(panic) => Err((
             EXIT_PANICKED,
