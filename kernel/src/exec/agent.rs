@@ -201,38 +201,40 @@ impl ExecProc {
 
     /// Answers a pending task; `false` when it is not pending.
     pub(crate) fn complete(&self, request_id: RequestId, reply: TaskReply) -> bool {
-        let mut pending = self.pending.lock();
-        let key = request_id.0;
-        if !matches!(pending.get(&key), Some(p) if matches!(p.answer, Answer::Task(_))) {
-            return false;
+        match self.take(request_id.0, true) {
+            Some(Answer::Task(tx)) => {
+                // The requester may have gone; the task is answered either way.
+                let _ = tx.send(reply);
+                true
+            }
+            _ => false,
         }
-        if let Some(Pending {
-            answer: Answer::Task(tx),
-            ..
-        }) = pending.remove(&key)
-        {
-            // The requester may have gone; the task is answered either way.
-            let _ = tx.send(reply);
-        }
-        true
     }
 
     /// Acknowledges a message handed to the agent; `false` when it is not
     /// waiting for one (acknowledged already, or not this agent's).
     pub(crate) fn acknowledge(&self, id: MessageId) -> bool {
+        match self.take(id.0, false) {
+            Some(Answer::Ack(tx)) => {
+                let _ = tx.send(());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes what pending delivery `key` waits for, if it is a task's reply
+    /// (`task`) or a message's acknowledgement (not `task`): an agent cannot
+    /// answer a message as a task, nor acknowledge a task.
+    fn take(&self, key: u64, task: bool) -> Option<Answer> {
         let mut pending = self.pending.lock();
-        let key = id.0;
-        if !matches!(pending.get(&key), Some(p) if matches!(p.answer, Answer::Ack(_))) {
-            return false;
-        }
-        if let Some(Pending {
-            answer: Answer::Ack(tx),
-            ..
-        }) = pending.remove(&key)
-        {
-            let _ = tx.send(());
-        }
-        true
+        let wanted = pending
+            .get(&key)
+            .is_some_and(|p| matches!(p.answer, Answer::Task(_)) == task);
+        wanted
+            .then(|| pending.remove(&key))
+            .flatten()
+            .map(|p| p.answer)
     }
 
     /// Waits for an attachment other than `failed` and returns it.
