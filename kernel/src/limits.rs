@@ -14,11 +14,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use hivekernel_agents::{ExecCommand, Outgoing, SpawnRequest, TaskSpec};
+use serde::Deserialize;
 
 use crate::error::KernelError;
 
-/// What one string, list or map a caller sends may hold (`kernel.limits`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What one string, list or map a caller sends may hold (`kernel.limits`,
+/// read as written: config/limits.rs checks the ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct InputLimits {
     /// A message's type.
     pub type_bytes: usize,

@@ -9,7 +9,6 @@
 //! }
 //! ```
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::ConfigIssue;
@@ -21,64 +20,23 @@ use crate::limits::InputLimits;
 /// whole, so the gRPC server's request limit grows with it.
 const MAX_PAYLOAD_BYTES: usize = 16 << 20;
 
-/// `kernel.limits` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawLimits {
-    type_bytes: usize,
-    reason_bytes: usize,
-    model_bytes: usize,
-    prompt_bytes: usize,
-    payload_bytes: usize,
-    tools: usize,
-    metadata_entries: usize,
-    metadata_bytes: usize,
-    command_bytes: usize,
-}
-
-impl Default for RawLimits {
-    fn default() -> Self {
-        let d = InputLimits::default();
-        RawLimits {
-            type_bytes: d.type_bytes,
-            reason_bytes: d.reason_bytes,
-            model_bytes: d.model_bytes,
-            prompt_bytes: d.prompt_bytes,
-            payload_bytes: d.payload_bytes,
-            tools: d.tools,
-            metadata_entries: d.metadata_entries,
-            metadata_bytes: d.metadata_bytes,
-            command_bytes: d.command_bytes,
-        }
-    }
-}
-
 /// Parses and checks `kernel.limits`.
 pub(super) fn limits(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> InputLimits {
-    let raw = section::<RawLimits>(value, "kernel.limits", issues).value;
+    // Written as the settings are: every field a size, none a unit to convert.
+    let limits = section::<InputLimits>(value, "kernel.limits", issues).value;
     let ranges = [
-        ("type_bytes", raw.type_bytes, 1..=64 << 10),
-        ("reason_bytes", raw.reason_bytes, 1..=1 << 20),
-        ("model_bytes", raw.model_bytes, 1..=64 << 10),
-        ("prompt_bytes", raw.prompt_bytes, 1..=MAX_PAYLOAD_BYTES),
-        ("payload_bytes", raw.payload_bytes, 1..=MAX_PAYLOAD_BYTES),
-        ("tools", raw.tools, 1..=10_000),
-        ("metadata_entries", raw.metadata_entries, 1..=10_000),
-        ("metadata_bytes", raw.metadata_bytes, 1..=1 << 20),
-        ("command_bytes", raw.command_bytes, 1..=MAX_PAYLOAD_BYTES),
+        ("type_bytes", limits.type_bytes, 1..=64 << 10),
+        ("reason_bytes", limits.reason_bytes, 1..=1 << 20),
+        ("model_bytes", limits.model_bytes, 1..=64 << 10),
+        ("prompt_bytes", limits.prompt_bytes, 1..=MAX_PAYLOAD_BYTES),
+        ("payload_bytes", limits.payload_bytes, 1..=MAX_PAYLOAD_BYTES),
+        ("tools", limits.tools, 1..=10_000),
+        ("metadata_entries", limits.metadata_entries, 1..=10_000),
+        ("metadata_bytes", limits.metadata_bytes, 1..=1 << 20),
+        ("command_bytes", limits.command_bytes, 1..=MAX_PAYLOAD_BYTES),
     ];
     for (field, value, range) in ranges {
         in_range(value, range, &format!("kernel.limits.{field}"), issues);
     }
-    InputLimits {
-        type_bytes: raw.type_bytes,
-        reason_bytes: raw.reason_bytes,
-        model_bytes: raw.model_bytes,
-        prompt_bytes: raw.prompt_bytes,
-        payload_bytes: raw.payload_bytes,
-        tools: raw.tools,
-        metadata_entries: raw.metadata_entries,
-        metadata_bytes: raw.metadata_bytes,
-        command_bytes: raw.command_bytes,
-    }
+    limits
 }

@@ -239,15 +239,16 @@ async fn handle_message(
         if acknowledged {
             runtime.on_acknowledged_message(&proc.ctx, message).await
         } else {
+            // Recorded done above, before it was handed over.
             runtime.on_message(&proc.ctx, message).await.map(|()| false)
         }
     };
     match AssertUnwindSafe(handed).catch_unwind().await {
-        Ok(Ok(acked)) => {
+        Ok(Ok(acknowledged_now)) => {
             // Acknowledged by the agent: done with. Until this commits, a
             // crash delivers it again (at least once).
             if durable
-                && acked
+                && acknowledged_now
                 && let Some(inner) = kernel.upgrade()
             {
                 inner.store().submit(Write::MessageDone(id));
