@@ -31,6 +31,7 @@ pub mod message;
 mod named;
 pub mod process;
 pub mod runtime;
+pub mod sandbox;
 pub mod supervision;
 pub mod syscalls;
 pub mod text;

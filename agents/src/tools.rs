@@ -108,6 +108,8 @@ pub struct ToolSettings {
     pub orchestrate: orchestrate::OrchestrateSettings,
     /// What `web_fetch` may reach, and its limits.
     pub web: web::WebSettings,
+    /// How `shell_exec` confines its commands.
+    pub shell: workspace::ShellSettings,
 }
 
 /// Tools by name.
@@ -130,7 +132,7 @@ impl ToolRegistry {
         registry.register(Arc::new(orchestrate::Orchestrate::new(
             settings.orchestrate.clone(),
         )));
-        workspace::register(&mut registry);
+        workspace::register(&mut registry, settings.shell.clone());
         web::register(&mut registry, settings.web.clone());
         artifacts::register(&mut registry);
         memory::register(&mut registry);

@@ -12,7 +12,8 @@
 //! the restart specs and strategies of roles and agents), `storage` (both
 //! phases for `kernel.artifacts` and `kernel.memory`), `limits` (both phases
 //! for `kernel.limits`), `connections` (both phases for
-//! `kernel.connections`), `tls` (both phases for `kernel.tls`).
+//! `kernel.connections`), `tls` (both phases for `kernel.tls`), `sandbox`
+//! (both phases for `tool_agent.shell` and `kernel.exec`).
 
 mod connections;
 pub use connections::ConnectionSettings;
@@ -21,6 +22,9 @@ mod limits;
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
+mod sandbox;
+pub use sandbox::ExecSettings;
+pub(crate) use sandbox::lexical;
 mod storage;
 pub use storage::{ArtifactSettings, MemorySettings};
 mod supervision;
@@ -145,7 +149,7 @@ pub struct KernelSettings {
     /// Runtime for agents that name none; must be registered.
     pub default_runtime: String,
     /// Root of the agents' workspaces (each gets `<workspace>/<name>/`);
-    /// `None` means `<data_dir>/workspace`.
+    /// `None` means `<data_dir>-workspace`, beside the data directory.
     pub workspace: Option<PathBuf>,
     /// How hard the store pushes each commit to disk.
     pub synchronous: crate::store::Synchronous,
@@ -165,6 +169,8 @@ pub struct KernelSettings {
     pub prices: crate::Prices,
     /// TLS on the control plane (`kernel.tls`); `None`: plain text.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Whether `exec` agents run in the sandbox (`kernel.exec`).
+    pub exec: ExecSettings,
 }
 
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
@@ -191,11 +197,21 @@ impl KernelSettings {
             .unwrap_or(Capabilities::ALL)
     }
 
-    /// The root of the agents' workspaces.
+    /// The root of the agents' workspaces: `kernel.workspace`, else the data
+    /// directory's path with `-workspace` added (`.hivekernel` ->
+    /// `.hivekernel-workspace`), beside it and never inside it, so that no
+    /// agent works next to the admin token and the store.
     pub fn workspace_root(&self) -> PathBuf {
-        self.workspace
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("workspace"))
+        match &self.workspace {
+            Some(root) => root.clone(),
+            None => beside(&self.data_dir),
+        }
+    }
+
+    /// What commands run for agents must never reach: the data directory
+    /// and the root of the workspaces (each command gets its own workspace).
+    pub fn sandbox_hidden(&self) -> Vec<PathBuf> {
+        vec![self.data_dir.clone(), self.workspace_root()]
     }
 }
 
@@ -224,8 +240,21 @@ impl Default for KernelSettings {
             connections: Default::default(),
             prices: Default::default(),
             tls: None,
+            exec: Default::default(),
         }
     }
+}
+
+/// The default root of the workspaces for `data_dir`: its path with
+/// `-workspace` added.
+fn beside(data_dir: &Path) -> PathBuf {
+    let data_dir = lexical(data_dir);
+    let mut name = data_dir
+        .file_name()
+        .map(|name| name.to_os_string())
+        .unwrap_or_else(|| "hivekernel".into());
+    name.push("-workspace");
+    data_dir.with_file_name(name)
 }
 
 /// One agent from the `agents` list, started as a child of PID 1.
@@ -322,6 +351,29 @@ fn load_sections(
         issues,
     );
     kernel.roles = supervision::roles(document.roles.as_ref(), issues);
+    let mut tools = tools;
+    tools.shell.hidden = kernel.sandbox_hidden();
+    sandbox::check_grants(
+        &tools.shell.grants,
+        "tool_agent.shell",
+        &kernel.data_dir,
+        issues,
+    );
+    sandbox::check_grants(&kernel.exec.grants, "kernel.exec", &kernel.data_dir, issues);
+    if let Some(root) = &kernel.workspace
+        && lexical(root).starts_with(lexical(&kernel.data_dir))
+    {
+        issues.push(ConfigIssue::new(
+            "kernel.workspace",
+            format!(
+                "{} is inside the data directory {}: agents would work beside its admin token \
+                 and store; put the workspaces elsewhere (the default is {})",
+                root.display(),
+                kernel.data_dir.display(),
+                beside(&kernel.data_dir).display()
+            ),
+        ));
+    }
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {

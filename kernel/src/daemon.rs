@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use hivekernel_agents::sandbox::Sandbox;
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Pid, Role, SpawnRequest};
@@ -14,7 +15,7 @@ use tokio::task::JoinHandle;
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::KernelSettings;
 use crate::config::{AgentSpec, Config, ConfigError};
-use crate::exec::ExecRuntime;
+use crate::exec::{ExecRuntime, ExecSandbox};
 use crate::grpc;
 use crate::kernel::Restored;
 use crate::kernel::{AgentRefused, Caller, Declared, Kernel};
@@ -117,7 +118,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
-    let exec = ExecRuntime::new(auth.clone(), addr).with_tls_ca(trust_file);
+    let exec = ExecRuntime::new(auth.clone(), addr)
+        .with_tls_ca(trust_file)
+        .with_sandbox(exec_sandbox(&config, &settings).await?);
     let kernel = start_kernel(&config, settings, chosen, (store, recovered), exec).await?;
     let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
         Ok(file) => file,
@@ -128,6 +131,58 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     };
     let server = serve(&kernel, listener, auth, tls);
     stop_on_signal(kernel, server, &mut signals, &addr_file).await
+}
+
+/// Probes what confinement the host gives, says it, and builds the `exec`
+/// sandbox when `kernel.exec.sandbox` asks for one (refused where the host
+/// has no Landlock: the config promises a confinement it would not get).
+async fn exec_sandbox(
+    config: &Config,
+    settings: &KernelSettings,
+) -> Result<Option<ExecSandbox>, StartError> {
+    let sandbox = Sandbox::this_executable().map_err(|source| StartError::Io {
+        what: "cannot find the running executable (the sandbox helper)",
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let support = sandbox.probe().await;
+    let landlock = match &support {
+        Ok(support) => {
+            tracing::info!(sandbox = %support, "sandbox for shell_exec and exec agents");
+            support.landlock.is_some()
+        }
+        Err(problem) => {
+            tracing::warn!(%problem, "cannot probe the sandbox");
+            false
+        }
+    };
+    if !landlock {
+        if config.tools.shell.unsandboxed {
+            tracing::warn!(
+                "no Landlock: shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)"
+            );
+        } else {
+            tracing::warn!(
+                "no Landlock: shell_exec will refuse to run; set tool_agent.shell.unsandboxed: true \
+                 to run commands unconfined"
+            );
+        }
+    }
+    if !settings.exec.sandbox {
+        return Ok(None);
+    }
+    if !landlock {
+        return Err(StartError::Usage(
+            "kernel.exec.sandbox is true, but this host cannot confine exec agents (no Landlock: \
+             Linux 5.13+ with landlock among its LSMs); turn it off to run them unconfined"
+                .into(),
+        ));
+    }
+    Ok(Some(ExecSandbox {
+        sandbox,
+        grants: settings.exec.grants.clone(),
+        hidden: settings.sandbox_hidden(),
+    }))
 }
 
 /// The config's kernel settings with the command line's flags over them.

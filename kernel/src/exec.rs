@@ -10,6 +10,13 @@
 //! answers tasks with `CompleteTask`; every other RPC it makes acts as its
 //! process, under the same checks as an in-process agent.
 //!
+//! With `kernel.exec.sandbox`, the command starts through the sandbox helper
+//! (`hivekernel_agents::sandbox`): Landlock lets it read the system paths,
+//! its program, its working directory and what `kernel.exec.read_only`
+//! grants, and write only its workspace and `kernel.exec.read_write`; the
+//! data directory stays out of reach; it has no capabilities; and what it
+//! starts ends with it (a PID namespace).
+//!
 //! The OS process and the kernel process end together: an OS exit ends the
 //! kernel process with the OS status (code, or 128 + signal), and any end of
 //! the kernel process (kill, an ancestor's exit, shutdown) stops the OS
@@ -28,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hivekernel_agents::sandbox::{Grants, Sandbox};
 use hivekernel_agents::{ExecCommand, Pid, ProcessContext};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -55,7 +63,21 @@ pub struct ExecRuntime {
     addr: String,
     /// `HIVEKERNEL_TLS_CA`: what the agents trust for the server, when it serves TLS.
     tls_ca: Option<PathBuf>,
+    /// How the OS processes are confined; `None`: they are not.
+    sandbox: Option<ExecSandbox>,
     procs: Mutex<FxHashMap<Pid, Arc<ExecProc>>>,
+}
+
+/// How `exec` processes are confined (`kernel.exec` with `sandbox: true`).
+#[derive(Debug, Clone)]
+pub struct ExecSandbox {
+    /// Starts the commands.
+    pub sandbox: Sandbox,
+    /// Granted on top of the system paths, the workspace, the program and
+    /// the working directory.
+    pub grants: Grants,
+    /// Out of reach even inside a grant (the data directory, the workspaces' root).
+    pub hidden: Vec<PathBuf>,
 }
 
 impl ExecRuntime {
@@ -74,6 +96,7 @@ impl ExecRuntime {
             auth,
             addr: addr.to_string(),
             tls_ca: None,
+            sandbox: None,
             procs: Mutex::default(),
         }
     }
@@ -82,6 +105,12 @@ impl ExecRuntime {
     /// to trust for it (`None`: plain text, as by default).
     pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Self {
         self.tls_ca = ca;
+        self
+    }
+
+    /// Confines every OS process by `sandbox` (`None`: none is).
+    pub fn with_sandbox(mut self, sandbox: Option<ExecSandbox>) -> Self {
+        self.sandbox = sandbox;
         self
     }
 

@@ -10,8 +10,25 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: hivekernel_kernel::Allocator = hivekernel_kernel::Allocator;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // Started as the sandbox helper: that, before any thread exists.
+    if let Some(code) = hivekernel_agents::sandbox::helper::dispatch() {
+        std::process::exit(code);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let code = match runtime {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+async fn run() -> i32 {
     let args = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -19,12 +36,11 @@ async fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let code = match cli::run(args).await {
+    match cli::run(args).await {
         Ok(()) => 0,
         Err(err) => {
             err.report();
             err.exit_code()
         }
-    };
-    std::process::exit(code);
+    }
 }

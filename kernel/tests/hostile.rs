@@ -447,3 +447,120 @@ async fn acknowledged_messages_to_an_exec_agent_survive_kill_9() {
     assert_eq!(missing, 0, "acknowledged messages lost over three kill -9");
     kernel.stop();
 }
+
+/// Command lines of the live `sleep` processes that contain `marker`.
+fn running_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.starts_with("sleep ") && cmdline.contains(marker))
+        .collect()
+}
+
+/// Waits up to 10 s for `condition`; false if it never held.
+fn within_10s(mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    condition()
+}
+
+#[test]
+fn a_sandboxed_exec_agent_cannot_read_the_admin_token_and_leaves_nothing_behind() {
+    let home = tempfile::tempdir().unwrap();
+    let data = home.path().join("data");
+    let mark = format!("777.{}1", std::process::id());
+    let script = format!(
+        "cat {token}; echo token=$?; cat {db} >/dev/null; echo store=$?; \
+         echo x > {data}/planted; echo plant=$?; \
+         setsid -f sleep {mark}; (sh -c 'sleep {mark} &' &); echo ready; exec sleep {mark}",
+        token = data.join("admin.token").display(),
+        db = data.join("hivekernel.db").display(),
+        data = data.display(),
+    );
+    let config = write_config(
+        home.path(),
+        &format!(
+            r#"{{"kernel": {{"listen": "127.0.0.1:0", "default_runtime": "echo",
+                          "shutdown_grace_ms": 500, "exec": {{"sandbox": true}}}},
+                "agents": [{{"name": "snoop", "role": "daemon", "command": ["/bin/sh", "-c", {script:?}]}}]}}"#
+        ),
+    );
+    let kernel = Kernel::start_with(home, &config, &[]);
+    let token = kernel.token();
+    let snoop = kernel.pid_of("snoop");
+    let log = kernel.data_dir().join(format!("logs/{snoop}-snoop.log"));
+    assert!(
+        within_10s(|| read_when_there(&log).contains("ready")),
+        "{}",
+        read_when_there(&log)
+    );
+    let said = read_when_there(&log);
+    assert!(!said.contains(&token), "the agent read the token:\n{said}");
+    for line in ["token=1", "store=1", "plant=2"] {
+        assert!(said.contains(line), "{line} not in:\n{said}");
+    }
+    assert!(!kernel.data_dir().join("planted").exists());
+    assert!(
+        kernel
+            .log()
+            .contains("sandbox for shell_exec and exec agents")
+    );
+    assert_eq!(running_with(&mark).len(), 3, "{:?}", running_with(&mark));
+
+    // Killing the agent ends everything it started, setsid included.
+    kernel.cli(&["kill", &snoop.to_string()]).ok();
+    assert!(
+        within_10s(|| running_with(&mark).is_empty()),
+        "left running: {:?}",
+        running_with(&mark)
+    );
+}
+
+#[tokio::test]
+async fn the_python_sdk_agent_runs_in_the_sandbox_with_its_paths_granted() {
+    let Some(python) = python() else { return };
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk-examples/python");
+    // The interpreter's own trees: the venv and the installation it comes from.
+    let prefixes = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import sys; print(sys.prefix); print(sys.base_prefix)",
+        ])
+        .output()
+        .unwrap();
+    let mut grants: Vec<String> = String::from_utf8(prefixes.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // The SDK, and the .proto files it checks its stubs against.
+    grants.push(examples.display().to_string());
+    grants.push(examples.join("../../proto/proto").display().to_string());
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        &format!(
+            r#"{{"kernel": {{"listen": "127.0.0.1:0", "default_runtime": "echo",
+                          "exec": {{"sandbox": true, "read_only": {grants:?}}}}},
+                "agents": [{{"name": "echo", "role": "daemon",
+                             "command": [{:?}, {:?}]}}]}}"#,
+            python.display().to_string(),
+            examples.join("echo_agent.py").display().to_string()
+        ),
+    );
+    let kernel = Kernel::start_with(home, &config, &[]);
+    let echo = kernel.pid_of("echo").to_string();
+    let run = kernel.cli(&["exec", &echo, "hello from the sandbox", "--timeout", "30"]);
+    assert!(
+        run.ok().contains("hello from the sandbox"),
+        "{}",
+        kernel.log()
+    );
+}

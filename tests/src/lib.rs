@@ -185,6 +185,24 @@ pub async fn spawn_probe(
         .unwrap_or_else(|e| panic!("spawn {name} under {parent}: {e}"))
 }
 
+/// `shell_exec` settings for tests: the `hivekernel` binary (built once per
+/// test process, see [`build_hivekernel`]) as the sandbox helper, with
+/// `hidden` kept out of reach.
+pub fn shell_settings(
+    hidden: Vec<std::path::PathBuf>,
+) -> hivekernel_agents::tools::workspace::ShellSettings {
+    static HELPER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let helper = HELPER.get_or_init(|| {
+        build_hivekernel()
+            .unwrap_or_else(|(bin, why)| panic!("cannot build {}: {why}", bin.display()))
+    });
+    hivekernel_agents::tools::workspace::ShellSettings {
+        helper: Some(helper.clone()),
+        hidden,
+        ..Default::default()
+    }
+}
+
 /// Builds the `hivekernel` binary beside the running test or bench executable
 /// (same target directory and profile) and returns its path; `Err` carries the
 /// path and why the build failed. `$HIVEKERNEL_BIN` pins a binary instead.

@@ -58,7 +58,10 @@ async fn fixture_without_workspace() -> Fixture {
     let (kernel, process) = captured_process("agent").await;
 
     let mut tools = ToolRegistry::default();
-    workspace::register(&mut tools);
+    workspace::register(
+        &mut tools,
+        hivekernel_tests::shell_settings(vec![tmp.join("sentinel")]),
+    );
     let before = snapshot(&tmp, &ws);
     Fixture {
         _dir: dir,

@@ -23,17 +23,14 @@
 //!    link, never follows it).
 //!
 //! # Residual risk
-//! - `shell_exec` is not a sandbox: it runs `sh` as the kernel's user, in the
-//!   workspace, with a scrubbed environment, but it can read and write
-//!   anything that user can (including replacing the workspace directory
-//!   itself). The path rules bind the file tools; keeping an agent away from
-//!   the rest of the machine means not giving it `shell_exec` (a capability
-//!   in config), or running the kernel under a dedicated user or container.
-//! - A hard link in the workspace to a file elsewhere (which only the shell,
-//!   or someone outside, can create) is read through; writes and edits replace
+//! - `shell_exec` runs confined (see its module and [`crate::sandbox`]): it
+//!   reads the system paths and what config grants, and writes only its own
+//!   workspace, where a command can do anything, including replacing the
+//!   workspace directory itself. On a host without Landlock it is refused
+//!   unless config opts out.
+//! - A hard link in the workspace to a file elsewhere (which only someone
+//!   outside can create now) is read through; writes and edits replace
 //!   the link rather than writing into its target.
-//! - `shell_exec` kills its process group; a command that moves a child into
-//!   a new session or group (`setsid`) escapes that and survives.
 //!
 //! # Layout
 //! - `path`: the lexical rules and the symlink-aware check.
@@ -52,7 +49,7 @@ use std::sync::Arc;
 use super::{ToolError, ToolRegistry, decode};
 
 pub use files::{EditFile, ListDir, ReadFile, WriteFile};
-pub use shell::ShellExec;
+pub use shell::{ShellExec, ShellSettings};
 
 /// Most bytes `read_file` returns per call.
 pub const READ_LIMIT: usize = 256 * 1024;
@@ -67,13 +64,14 @@ pub const SHELL_DEFAULT_TIMEOUT_SECONDS: u64 = 30;
 /// Longest timeout `shell_exec` accepts, in seconds.
 pub const SHELL_MAX_TIMEOUT_SECONDS: u64 = 600;
 
-/// Adds `read_file`, `write_file`, `edit_file`, `list_dir` and `shell_exec`.
-pub fn register(registry: &mut ToolRegistry) {
+/// Adds `read_file`, `write_file`, `edit_file`, `list_dir` and `shell_exec`
+/// (confined by `shell`).
+pub fn register(registry: &mut ToolRegistry, shell: ShellSettings) {
     registry.register(Arc::new(ReadFile));
     registry.register(Arc::new(WriteFile));
     registry.register(Arc::new(EditFile));
     registry.register(Arc::new(ListDir));
-    registry.register(Arc::new(ShellExec));
+    registry.register(Arc::new(ShellExec::new(shell)));
 }
 
 /// Runs blocking file work off the async threads.

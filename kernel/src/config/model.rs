@@ -84,6 +84,7 @@ pub(super) struct RawToolAgent {
     max_tool_result_bytes: usize,
     orchestrate: Option<Value>,
     web: Option<Value>,
+    shell: Option<Value>,
 }
 
 impl Default for RawToolAgent {
@@ -94,6 +95,7 @@ impl Default for RawToolAgent {
             max_tool_result_bytes: agent.max_tool_result_bytes,
             orchestrate: None,
             web: None,
+            shell: None,
         }
     }
 }
@@ -305,6 +307,7 @@ pub(super) fn tool_agent(
     };
 
     let web = web(raw.web.as_ref(), issues);
+    let shell = super::sandbox::shell(raw.shell.as_ref(), checks, issues);
     let location = "tool_agent.orchestrate";
     let raw = section::<RawOrchestrate>(raw.orchestrate.as_ref(), location, issues).value;
     in_range(
@@ -345,7 +348,14 @@ pub(super) fn tool_agent(
             orchestrate.worker_prompt = Arc::from(text);
         }
     }
-    (agent, ToolSettings { orchestrate, web })
+    (
+        agent,
+        ToolSettings {
+            orchestrate,
+            web,
+            shell,
+        },
+    )
 }
 
 /// Parses and checks `tool_agent.web`.

@@ -50,6 +50,7 @@ pub(super) struct RawKernel {
     pub(super) limits: Option<Value>,
     pub(super) connections: Option<Value>,
     pub(super) tls: Option<Value>,
+    pub(super) exec: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -76,6 +77,7 @@ impl Default for RawKernel {
             limits: None,
             connections: None,
             tls: None,
+            exec: None,
         }
     }
 }

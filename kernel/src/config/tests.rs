@@ -521,9 +521,17 @@ fn valid_config_loads_with_defaults_and_resolved_paths() {
     assert_eq!(config.kernel.mailbox_capacity, 1024);
     assert_eq!(config.kernel.default_runtime, "tool_agent");
     assert_eq!(config.kernel.workspace, None);
+    // Beside the data directory, never inside it.
     assert_eq!(
         config.kernel.workspace_root(),
-        configs.join("../data").join("workspace")
+        fixture.root().join("data-workspace")
+    );
+    assert_eq!(
+        config.tools.shell.hidden,
+        [
+            configs.join("../data"),
+            fixture.root().join("data-workspace")
+        ]
     );
     assert_eq!(config.llm, LlmConfig::default());
     assert_eq!(config.agent.max_tool_iterations, 10);
@@ -1125,4 +1133,64 @@ fn kernel_tls_resolves_paths_and_reports_every_problem() {
     assert_issue(&found, "kernel.tls.cert", &["missing"]);
     let found = fixture.issues(r#"{"kernel": {"tls": {"ca": "ca.pem"}}}"#);
     assert_issue(&found, "kernel.tls.ca", &["needs cert and key"]);
+}
+
+#[test]
+fn sandbox_grants_are_resolved_and_may_not_reach_into_the_data_directory() {
+    let fixture = Fixture::new();
+    let config = fixture
+        .load(
+            r#"{"kernel": {"data_dir": "../data",
+                           "exec": {"sandbox": true, "read_only": ["../venv", "/opt/tools"]}},
+                "tool_agent": {"shell": {"read_only": [".."], "read_write": ["/srv/scratch"]}}}"#,
+        )
+        .unwrap();
+    let configs = fixture.root().join("configs");
+    assert!(config.kernel.exec.sandbox);
+    assert_eq!(
+        config.kernel.exec.grants.read_only,
+        [configs.join("../venv"), PathBuf::from("/opt/tools")]
+    );
+    // A grant around the data directory is fine: it is cut out of it.
+    assert_eq!(config.tools.shell.grants.read_only, [configs.join("..")]);
+    assert_eq!(
+        config.tools.shell.grants.read_write,
+        [PathBuf::from("/srv/scratch")]
+    );
+    assert!(!config.tools.shell.unsandboxed);
+
+    let found = fixture.issues(
+        r#"{"kernel": {"data_dir": "../data", "workspace": "../data/ws",
+                       "exec": {"read_write": ["../data/logs"], "network": true}},
+            "tool_agent": {"shell": {"read_only": ["../data"], "read_write": [""],
+                                     "unsandboxed": "yes"}}}"#,
+    );
+    assert_issue(&found, "kernel.exec.network", &["unknown field"]);
+    assert_issue(&found, "tool_agent.shell.unsandboxed", &["boolean"]);
+    let found = fixture.issues(
+        r#"{"kernel": {"data_dir": "../data", "workspace": "../data/ws",
+                       "exec": {"read_write": ["../data/logs"]}},
+            "tool_agent": {"shell": {"read_only": ["../data"], "read_write": [""]}}}"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.exec.read_write[0]",
+        &["inside the kernel's data directory", "admin token"],
+    );
+    assert_issue(
+        &found,
+        "tool_agent.shell.read_only[0]",
+        &["inside the kernel's data directory"],
+    );
+    assert_issue(
+        &found,
+        "tool_agent.shell.read_write[0]",
+        &["must not be empty"],
+    );
+    assert_issue(
+        &found,
+        "kernel.workspace",
+        &["inside the data directory", "data-workspace"],
+    );
+    assert_eq!(found.len(), 4, "{found:#?}");
 }

@@ -178,6 +178,7 @@ impl<'a> Context<'a> {
             // Filled from `llm.prices`.
             prices: Default::default(),
             tls: super::tls::tls(k.tls.as_ref(), self, issues),
+            exec: super::sandbox::exec(k.exec.as_ref(), self, issues),
         };
         (settings, ceilings)
     }

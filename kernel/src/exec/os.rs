@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hivekernel_agents::ExecCommand;
+use hivekernel_agents::sandbox::Policy;
 use rustix::process::Signal;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
@@ -79,15 +80,35 @@ impl Launch {
         let stderr = log
             .try_clone()
             .map_err(|err| format!("cannot open its log {}: {err}", log_path.display()))?;
-        let cwd = command.cwd.clone().or(workspace);
+        let cwd = command.cwd.clone().or_else(|| workspace.clone());
         if let Some(dir) = &cwd {
             std::fs::create_dir_all(dir)
                 .map_err(|err| format!("cannot create its directory {}: {err}", dir.display()))?;
         }
-        let mut cmd = Command::new(&program);
-        cmd.arg0(&command.argv[0])
-            .args(&command.argv[1..])
-            .envs(&command.env)
+        let mut cmd = match &runtime.sandbox {
+            None => {
+                let mut cmd = Command::new(&program);
+                cmd.arg0(&command.argv[0]).args(&command.argv[1..]);
+                cmd
+            }
+            Some(confined) => {
+                let own: Vec<&Path> = workspace.as_deref().into_iter().collect();
+                let mut grants = confined.grants.clone();
+                grants.read_only.push(program.clone());
+                grants.read_only.extend(cwd.iter().cloned());
+                let policy = Policy::confined(&own, &grants, confined.hidden.clone());
+                confined
+                    .sandbox
+                    .command(
+                        &policy,
+                        program.as_os_str(),
+                        command.argv[0].as_ref(),
+                        &command.argv[1..],
+                    )
+                    .map_err(|err| format!("cannot confine it: {err}"))?
+            }
+        };
+        cmd.envs(&command.env)
             .env("HIVEKERNEL_ADDR", &runtime.addr)
             .env("HIVEKERNEL_PID", pid.to_string())
             .env("HIVEKERNEL_TOKEN", token)

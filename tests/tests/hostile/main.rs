@@ -10,7 +10,8 @@
 //! `kernel/tests/hostile.rs`.
 //!
 //! # Layout
-//! - `shell`: `shell_exec` timeouts and floods, checked in `/proc` and in memory.
+//! - `shell`: `shell_exec` timeouts, floods, escapes from the sandbox and
+//!   processes left behind, checked in `/proc`, in memory and on disk.
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.

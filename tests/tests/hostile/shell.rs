@@ -1,8 +1,13 @@
-//! `shell_exec` against commands that try to outlive or outgrow the call.
+//! `shell_exec` against commands that try to outlive or outgrow the call,
+//! or to reach past their workspace.
 //!
 //! Survivors are looked for in `/proc`: every command carries a marker (a
 //! `sleep` duration no other process uses), so a process of the command
 //! still running shows it in its command line.
+//!
+//! Each fixture lays out a kernel's files the way `hivekernel start` does:
+//! `data/` (admin token, store) and `data-workspace/agent/` (the workspace),
+//! with `data/` and `data-workspace/` hidden from commands.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,6 +23,7 @@ use serde_json::{Value, json};
 
 struct Shell {
     _dir: tempfile::TempDir,
+    root: PathBuf,
     ws: PathBuf,
     kernel: Kernel,
     process: ProcessContext,
@@ -26,13 +32,32 @@ struct Shell {
 
 impl Shell {
     async fn start() -> Shell {
+        Shell::granting(&[]).await
+    }
+
+    /// A fixture whose commands may also read `read_only` (made absolute
+    /// under the fixture's root).
+    async fn granting(read_only: &[&str]) -> Shell {
         let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("agent");
+        let root = dir.path().canonicalize().unwrap();
+        let data = root.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("admin.token"), TOKEN).unwrap();
+        std::fs::write(data.join("hivekernel.db"), TOKEN).unwrap();
+        std::fs::create_dir_all(root.join("data-workspace/other")).unwrap();
+        std::fs::write(root.join("data-workspace/other/loot.txt"), TOKEN).unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        std::fs::write(root.join("outside/secret.txt"), TOKEN).unwrap();
+        let ws = root.join("data-workspace/agent");
         let (kernel, process) = captured_process("agent").await;
+        let mut settings =
+            hivekernel_tests::shell_settings(vec![data, root.join("data-workspace")]);
+        settings.grants.read_only = read_only.iter().map(|p| root.join(p)).collect();
         let mut tools = ToolRegistry::default();
-        workspace::register(&mut tools);
+        workspace::register(&mut tools, settings);
         Shell {
             _dir: dir,
+            root,
             ws,
             kernel,
             process,
@@ -48,6 +73,9 @@ impl Shell {
         self.tools.get("shell_exec").unwrap().call(&ctx, args).await
     }
 }
+
+/// What every file a command must not reach holds.
+const TOKEN: &str = "hk-admin-3f9a1c0e7b";
 
 /// A `sleep` duration of about `seconds` that no other process uses.
 fn marker(seconds: u32) -> String {
@@ -194,6 +222,141 @@ async fn a_100_mib_flood_is_capped_and_never_held_in_memory() {
         &err[..80]
     );
     assert!(err.len() < SHELL_OUTPUT_LIMIT + 300, "{}", err.len());
+    none_left(&mark).await;
+    sh.kernel.shutdown().await;
+}
+
+/// Runs `command`; asserts it failed and showed nothing of [`TOKEN`].
+async fn refused(sh: &Shell, command: &str) -> String {
+    let out = sh.run(json!({"command": command})).await.unwrap();
+    assert!(!out.contains(TOKEN), "{command:?} read it: {out}");
+    assert!(!out.starts_with("exit code: 0\n"), "{command:?}: {out}");
+    out
+}
+
+#[tokio::test]
+async fn the_admin_token_the_store_and_files_outside_the_workspace_are_out_of_reach() {
+    let sh = Shell::start().await;
+    let root = sh.root.display().to_string();
+    // The workspace itself works: write, read, run system programs.
+    let out = sh
+        .run(json!({"command": "echo made > made.txt && cat made.txt && ls /usr/bin | head -1 >/dev/null && echo fine"}))
+        .await
+        .unwrap();
+    assert_eq!(out, "exit code: 0\nmade\nfine\n");
+    let denied = [
+        "cat ../../data/admin.token".to_owned(),
+        format!("cat {root}/data/admin.token"),
+        format!("cat {root}/data/hivekernel.db"),
+        format!("cat {root}/outside/secret.txt"),
+        "cat ../other/loot.txt".to_owned(),
+        format!("ls {root}/data"),
+        format!("cp {root}/data/admin.token ./stolen && cat stolen"),
+        // Through the kernel's own view of itself.
+        format!(
+            "cat /proc/{}/cwd/{root}/data/admin.token",
+            std::process::id()
+        ),
+        format!("cat /proc/{}/environ", std::process::id()),
+    ];
+    for command in &denied {
+        let out = refused(&sh, command).await;
+        assert!(
+            out.contains("Permission denied") || out.contains("No such file"),
+            "{command:?}: {out}"
+        );
+    }
+    // Nothing can be written outside the workspace either.
+    refused(&sh, &format!("echo {TOKEN} > {root}/outside/new.txt")).await;
+    refused(&sh, &format!("echo x > {root}/data/admin.token")).await;
+    assert!(!sh.root.join("outside/new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(sh.root.join("data/admin.token")).unwrap(),
+        TOKEN
+    );
+    // The kernel (this process) cannot be signalled: its PID means nothing
+    // in the command's PID namespace.
+    let out = sh
+        .run(json!({"command": format!("kill -0 {} && echo alive", std::process::id())}))
+        .await
+        .unwrap();
+    assert!(!out.contains("alive"), "{out}");
+    sh.kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_broad_grant_still_leaves_out_the_data_directory_and_other_workspaces() {
+    // The whole root is granted read-only: the data directory and the
+    // workspaces' root are cut out of it, the rest is readable.
+    let sh = Shell::granting(&["."]).await;
+    let root = sh.root.display().to_string();
+    let out = sh
+        .run(json!({"command": format!("cat {root}/outside/secret.txt >/dev/null && echo readable")}))
+        .await
+        .unwrap();
+    assert_eq!(out, "exit code: 0\nreadable\n");
+    for command in [
+        format!("cat {root}/data/admin.token"),
+        format!("cat {root}/data-workspace/other/loot.txt"),
+    ] {
+        refused(&sh, &command).await;
+    }
+    // Read-only means read-only.
+    refused(&sh, &format!("echo x > {root}/outside/new.txt")).await;
+    sh.kernel.shutdown().await;
+}
+
+/// Commands that leave something running in the background, each by
+/// another trick: a new session, a double fork, a classic daemon (double
+/// fork, new session, closed descriptors, SIGHUP and SIGTERM ignored).
+fn escapes(mark: &str) -> String {
+    format!(
+        "setsid -f sleep {mark}; \
+         (sh -c 'sleep {mark} &' &); \
+         perl -e 'use POSIX; fork and exit; POSIX::setsid(); fork and exit; \
+                  $SIG{{HUP}} = $SIG{{TERM}} = q(IGNORE); close STDIN; close STDOUT; close STDERR; \
+                  exec q(sleep), q({mark})'; \
+         sleep 0.2; echo spawned"
+    )
+}
+
+#[tokio::test]
+async fn nothing_a_command_starts_survives_the_call() {
+    let sh = Shell::start().await;
+    let mark = marker(300);
+    let out = sh.run(json!({"command": escapes(&mark)})).await.unwrap();
+    assert_eq!(out, "exit code: 0\nspawned\n");
+    none_left(&mark).await;
+    sh.kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn nothing_a_command_starts_survives_a_timeout_or_a_cancelled_call() {
+    let sh = Shell::start().await;
+    // A timeout.
+    let mark = marker(301);
+    let command = format!("{}; sleep {mark}", escapes(&mark));
+    let err = sh
+        .run(json!({"command": command, "timeout_seconds": 2}))
+        .await
+        .unwrap_err()
+        .0;
+    assert!(err.starts_with("command timed out after 2s"), "{err}");
+    none_left(&mark).await;
+
+    // The call dropped half-way, as when the agent is killed.
+    let mark = marker(302);
+    let command = format!("{}; sleep {mark}", escapes(&mark));
+    let call = sh.run(json!({"command": command}));
+    tokio::select! {
+        result = call => panic!("the call ended first: {result:?}"),
+        () = async {
+            wait_until("every escape to be running", Duration::from_secs(10), || async {
+                running_with(&mark).len() >= 4
+            })
+            .await;
+        } => {}
+    }
     none_left(&mark).await;
     sh.kernel.shutdown().await;
 }

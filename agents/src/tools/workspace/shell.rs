@@ -1,24 +1,32 @@
-//! `shell_exec`: a shell command in the workspace, bounded in time and output.
+//! `shell_exec`: a shell command in the workspace, confined, bounded in time
+//! and output.
 //!
-//! The command runs as `sh -c COMMAND` in the workspace, with stdin closed,
-//! in a process group of its own. Nothing it starts outlives the call: on
-//! timeout the whole group gets SIGKILL (a process that ignores SIGTERM goes
-//! too), and after the shell exits normally the group is killed as well, so
-//! a backgrounded child (`cmd &`) cannot keep running, keep the output pipes
-//! open, or act later. The same happens if the call itself is cancelled.
+//! The command runs as `sh -c COMMAND` in the workspace through the sandbox
+//! helper ([`crate::sandbox`]): Landlock lets it read the system paths and
+//! the paths config grants, and read and write only its own workspace (the
+//! data directory and the other workspaces stay out of reach even inside a
+//! broader grant); it has no capabilities; and it runs in a PID namespace of
+//! its own, so nothing it starts, `setsid` and daemons included, outlives
+//! the command. A host without Landlock refuses the tool unless config says
+//! `tool_agent.shell.unsandboxed: true` (then only the containment applies).
+//!
+//! stdin is closed. The kernel holds the helper's stdin as a lifeline: on
+//! timeout, or when the call is cancelled, it is closed and the helper
+//! kills everything; the helpers' process group gets SIGKILL as well.
 //!
 //! The environment is rebuilt rather than inherited, so the kernel's secrets
 //! (LLM API keys, tokens) are not handed to a command an LLM wrote: `PATH`
-//! (the kernel's, or a standard one), `HOME` and `PWD` set to the workspace,
-//! and `LANG` when the kernel has one (so tools print text in the same
-//! encoding). Nothing else.
+//! (the kernel's, or a standard one), `HOME`, `PWD` and `TMPDIR` set to the
+//! workspace, and `LANG` when the kernel has one (so tools print text in the
+//! same encoding). Nothing else.
 //!
 //! Output (stdout and stderr, in arrival order) is kept up to
 //! [`SHELL_OUTPUT_LIMIT`](super::SHELL_OUTPUT_LIMIT) bytes; the rest is read
 //! and dropped, so a flood neither fills memory nor blocks the writer.
 
 use crate::capability::Capability;
-use std::path::Path;
+use crate::sandbox::{Grants, Policy, Sandbox, Support};
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -42,9 +50,80 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// `PATH` when the kernel has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
+/// How long the helper gets to end everything once its lifeline is cut,
+/// before its process group gets SIGKILL.
+const LIFELINE_GRACE: Duration = Duration::from_secs(2);
+
+/// How `shell_exec` confines its commands (`tool_agent.shell`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShellSettings {
+    /// Run commands without Landlock where the host has none (they are
+    /// still contained); without it such a host refuses the tool.
+    pub unsandboxed: bool,
+    /// Paths granted on top of the system ones and the workspace.
+    pub grants: Grants,
+    /// Out of reach even inside a grant: the kernel's data directory and
+    /// the root of the workspaces.
+    pub hidden: Vec<PathBuf>,
+    /// The sandbox helper; `None`: the running executable (the `hivekernel` binary).
+    pub helper: Option<PathBuf>,
+}
+
 /// Runs a shell command in the workspace.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ShellExec;
+#[derive(Debug, Default)]
+pub struct ShellExec {
+    settings: ShellSettings,
+    /// What the host supports, probed at the first call.
+    support: tokio::sync::OnceCell<Result<Support, String>>,
+}
+
+impl ShellExec {
+    /// A `shell_exec` confined by `settings`.
+    pub fn new(settings: ShellSettings) -> ShellExec {
+        ShellExec {
+            settings,
+            support: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    fn sandbox(&self) -> Result<Sandbox, ToolError> {
+        match &self.settings.helper {
+            Some(helper) => Ok(Sandbox::new(helper)),
+            None => Sandbox::this_executable().map_err(|err| {
+                ToolError::new(format!(
+                    "cannot find the sandbox helper (this executable): {err}"
+                ))
+            }),
+        }
+    }
+
+    /// The policy for a command in `workspace`, or why none may run.
+    async fn policy(&self, sandbox: &Sandbox, workspace: &Path) -> Result<Policy, ToolError> {
+        let support = self
+            .support
+            .get_or_init(|| sandbox.probe())
+            .await
+            .as_ref()
+            .map_err(|problem| ToolError::new(format!("shell_exec cannot run: {problem}")))?;
+        let mut policy = match (&support.landlock, self.settings.unsandboxed) {
+            (Some(_), _) => Policy::confined(
+                &[workspace],
+                &self.settings.grants,
+                self.settings.hidden.clone(),
+            ),
+            (None, true) => Policy::default(),
+            (None, false) => {
+                return Err(ToolError::new(
+                    "shell_exec is refused: this host has no Landlock (Linux 5.13+ with landlock \
+                     enabled), so a command could read the kernel's data directory; an operator \
+                     who accepts that sets tool_agent.shell.unsandboxed: true",
+                ));
+            }
+        };
+        policy.lifeline = true;
+        Ok(policy)
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -106,6 +185,7 @@ impl Tool for ShellExec {
             }
         };
         let workspace = ctx.workspace()?.to_path_buf();
+        let sandbox = self.sandbox()?;
         let cwd = workspace.clone();
         blocking(move || {
             std::fs::create_dir_all(&cwd).map_err(|err| {
@@ -116,16 +196,19 @@ impl Tool for ShellExec {
             })
         })
         .await?;
-        run(&args.command, &workspace, Duration::from_secs(seconds)).await
+        let policy = self.policy(&sandbox, &workspace).await?;
+        let command = shell(&sandbox, &policy, &args.command, &workspace)?;
+        run(command, Duration::from_secs(seconds)).await
     }
 }
 
 /// Runs `command` and reports how it ended.
-async fn run(command: &str, workspace: &Path, timeout: Duration) -> Result<String, ToolError> {
-    let mut child = shell(command, workspace)
+async fn run(mut command: Command, timeout: Duration) -> Result<String, ToolError> {
+    let mut child = command
         .spawn()
         .map_err(|err| ToolError::new(format!("cannot start sh: {err}")))?;
     let mut group = ProcessGroup::of(&child);
+    let lifeline = child.stdin.take();
     let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(ToolError::new("sh started without output pipes"));
     };
@@ -156,6 +239,10 @@ async fn run(command: &str, workspace: &Path, timeout: Duration) -> Result<Strin
         }
     }
     let Some(status) = status else {
+        // The helper ends everything once its lifeline is cut; the group's
+        // SIGKILL is for a helper that cannot.
+        drop(lifeline);
+        let _ = tokio::time::timeout(LIFELINE_GRACE, child.wait()).await;
         group.kill();
         // SIGKILL cannot be ignored; reap the shell so it is not left a zombie.
         let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
@@ -173,18 +260,24 @@ async fn run(command: &str, workspace: &Path, timeout: Duration) -> Result<Strin
     text.push_str(&output.render());
     if out_open || err_open {
         text.push_str(
-            "\n[stopped reading: the output pipes are held open by a process outside the command's process group]",
+            "\n[stopped reading: the output pipes are still held open by a process the command started]",
         );
     }
     Ok(text)
 }
 
-/// `sh -c command` in `workspace`, in its own process group, with a rebuilt environment.
-fn shell(command: &str, workspace: &Path) -> Command {
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(command)
-        .current_dir(workspace)
+/// `sh -c command` in `workspace` through the sandbox helper, in a process
+/// group of its own, with a rebuilt environment and a lifeline on stdin.
+fn shell(
+    sandbox: &Sandbox,
+    policy: &Policy,
+    command: &str,
+    workspace: &Path,
+) -> Result<Command, ToolError> {
+    let mut cmd = sandbox
+        .command(policy, "sh".as_ref(), "sh".as_ref(), ["-c", command])
+        .map_err(ToolError::new)?;
+    cmd.current_dir(workspace)
         .env_clear()
         .env(
             "PATH",
@@ -192,7 +285,8 @@ fn shell(command: &str, workspace: &Path) -> Command {
         )
         .env("HOME", workspace)
         .env("PWD", workspace)
-        .stdin(Stdio::null())
+        .env("TMPDIR", workspace)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -200,7 +294,7 @@ fn shell(command: &str, workspace: &Path) -> Command {
     if let Some(lang) = std::env::var_os("LANG") {
         cmd.env("LANG", lang);
     }
-    cmd
+    Ok(cmd)
 }
 
 /// The signal that ended the process, if one did.

@@ -1,0 +1,215 @@
+//! Confinement for the commands the kernel runs for agents: `shell_exec`
+//! commands always, `exec` agents when config asks.
+//!
+//! A confined command is started through a small helper, the kernel's own
+//! executable run again in a helper mode (see [`helper`]), so that nothing
+//! here needs `unsafe` code between `fork` and `exec`:
+//!
+//! ```text
+//! kernel ──> helper (outside) ──> helper (init) ──> the command ──> ...
+//!            new PID namespace    PID 1 there      Landlock, no capabilities
+//! ```
+//!
+//! - **The outside helper** makes a new PID namespace (as root; otherwise in
+//!   a new user namespace that maps the kernel's user to itself; when
+//!   neither is allowed it falls back to being a child subreaper), starts
+//!   the init helper in it, waits for it, and exits the way the command did.
+//!   With a lifeline (`shell_exec`), the kernel holds the helper's stdin: when
+//!   it closes, because the call timed out or was cancelled or the kernel
+//!   died, the helper kills the init helper and with it everything.
+//! - **The init helper** is PID 1 of the namespace. It confines itself with
+//!   Landlock, drops every capability (bounding set included, so a kernel
+//!   running as root hands none on), starts the command and reaps orphans.
+//!   When the command exits, the init helper exits, and the Linux kernel
+//!   kills every process left in the namespace: a `setsid`, a double fork or
+//!   a daemon cannot outlive the command. Without a namespace the helpers
+//!   are child subreapers and kill what was reparented to them instead.
+//!
+//! Both helpers shrug off SIGTERM, SIGINT and SIGHUP, so that a stop sent to
+//! the process group reaches the command and leaves it its grace time;
+//! SIGKILL ends all of it.
+//!
+//! What Landlock allows is a [`Policy`]: read (and execute) beneath the
+//! system paths ([`SYSTEM_READ_ONLY`]) and a few device files, read and
+//! write beneath the command's own directories, nothing else. `hidden`
+//! paths (the kernel's data directory, the root of the workspaces) stay out
+//! of reach even when a broader grant contains them: that grant is replaced
+//! by grants on its other entries.
+
+pub mod helper;
+mod rules;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde::{Deserialize, Serialize};
+
+pub use rules::{SYSTEM_READ_ONLY, SYSTEM_READ_WRITE};
+
+/// What a confined command may reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Confine with Landlock; `false` keeps only the process containment.
+    pub landlock: bool,
+    /// Readable and executable, with everything beneath.
+    pub read_only: Vec<PathBuf>,
+    /// Readable, writable and executable, with everything beneath.
+    pub read_write: Vec<PathBuf>,
+    /// Never reachable through a grant that contains them (a grant inside
+    /// one is kept: it was given on purpose).
+    pub hidden: Vec<PathBuf>,
+    /// End the command when the helper's stdin reaches its end.
+    pub lifeline: bool,
+}
+
+impl Policy {
+    /// Landlock on, the system paths read-only, `own` read-write, `hidden` hidden.
+    pub fn confined(own: &[&Path], extra: &Grants, hidden: Vec<PathBuf>) -> Policy {
+        let mut read_only: Vec<PathBuf> = SYSTEM_READ_ONLY.iter().map(PathBuf::from).collect();
+        read_only.extend(extra.read_only.iter().cloned());
+        let mut read_write: Vec<PathBuf> = SYSTEM_READ_WRITE.iter().map(PathBuf::from).collect();
+        read_write.extend(own.iter().map(|p| p.to_path_buf()));
+        read_write.extend(extra.read_write.iter().cloned());
+        Policy {
+            landlock: true,
+            read_only,
+            read_write,
+            hidden,
+            lifeline: false,
+        }
+    }
+}
+
+/// Paths config grants on top of the system ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Readable and executable.
+    pub read_only: Vec<PathBuf>,
+    /// Readable and writable.
+    pub read_write: Vec<PathBuf>,
+}
+
+/// What confinement this host gives, as the helper found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Support {
+    /// `None`: Landlock is not available (not built in or not enabled);
+    /// else how much of the requested confinement the kernel enforces
+    /// (`fully enforced` or `partially enforced`).
+    pub landlock: Option<String>,
+    /// How commands are kept from outliving their call.
+    pub containment: Containment,
+}
+
+/// How the helper keeps a command's processes together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Containment {
+    /// A new PID namespace (the kernel runs as root).
+    PidNamespace,
+    /// A new user and PID namespace (unprivileged).
+    UserNamespace,
+    /// Child subreapers only: a process killed with its helper by SIGKILL
+    /// (not by a timeout or a cancelled call) can leave orphans behind.
+    Subreaper,
+}
+
+impl std::fmt::Display for Support {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.landlock {
+            Some(level) => write!(f, "Landlock {level}")?,
+            None => f.write_str("no Landlock")?,
+        }
+        match self.containment {
+            Containment::PidNamespace => f.write_str(", PID namespace"),
+            Containment::UserNamespace => f.write_str(", user and PID namespace"),
+            Containment::Subreaper => f.write_str(", child subreaper (no namespace)"),
+        }
+    }
+}
+
+/// Starts commands through the helper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    helper: PathBuf,
+}
+
+impl Sandbox {
+    /// Commands go through `helper`: an executable whose `main` starts with
+    /// [`helper::dispatch`] (the `hivekernel` binary).
+    pub fn new(helper: impl Into<PathBuf>) -> Sandbox {
+        Sandbox {
+            helper: helper.into(),
+        }
+    }
+
+    /// The helper is the running executable.
+    pub fn this_executable() -> std::io::Result<Sandbox> {
+        std::env::current_exe().map(Sandbox::new)
+    }
+
+    /// The helper's path.
+    pub fn helper(&self) -> &Path {
+        &self.helper
+    }
+
+    /// A command that runs `program` (seen by itself as `argv0`) with `args`
+    /// under `policy`. The caller sets its directory, environment, stdout
+    /// and stderr; stdin is the lifeline when `policy.lifeline`, else null.
+    pub fn command<I, S>(
+        &self,
+        policy: &Policy,
+        program: &OsStr,
+        argv0: &OsStr,
+        args: I,
+    ) -> Result<tokio::process::Command, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let policy =
+            serde_json::to_string(policy).map_err(|err| format!("cannot encode policy: {err}"))?;
+        let mut command = tokio::process::Command::new(&self.helper);
+        command
+            .arg(helper::OUTSIDE)
+            .arg(policy)
+            .arg(program)
+            .arg(argv0)
+            .args(args)
+            .stdin(Stdio::null());
+        Ok(command)
+    }
+
+    /// Asks the helper what this host supports (it tries, in a process of
+    /// its own, what a confined command would get).
+    pub async fn probe(&self) -> Result<Support, String> {
+        let output = tokio::process::Command::new(&self.helper)
+            .arg(helper::PROBE)
+            .stdin(Stdio::null())
+            .env_clear()
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|err| {
+                format!(
+                    "cannot run the sandbox helper {}: {err}",
+                    self.helper.display()
+                )
+            })?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        serde_json::from_str::<Support>(text.trim()).map_err(|_| {
+            let said = format!(
+                "{} {}",
+                text.trim(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            format!(
+                "{} is not a sandbox helper: it answered the probe with {} ({})",
+                self.helper.display(),
+                output.status,
+                crate::text::cut_str(said.trim(), 300)
+            )
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! `tool_agent.shell` and `kernel.exec`, both phases: what the sandbox gives
+//! `shell_exec` commands and `exec` agents beyond the system paths and their
+//! own workspace (see `hivekernel_agents::sandbox`).
+//!
+//! ```json
+//! "tool_agent": {
+//!   "shell": { "unsandboxed": false, "read_only": ["/srv/reference"], "read_write": ["/srv/scratch"] }
+//! },
+//! "kernel": {
+//!   "exec": { "sandbox": true, "read_only": ["../sdk-examples/python", "/opt/venv"] }
+//! }
+//! ```
+//!
+//! Paths are relative to the config file's directory. A grant may not be
+//! the data directory or lie inside it; one that contains it is fine (the
+//! data directory is cut out of it).
+
+use std::path::{Component, Path, PathBuf};
+
+use hivekernel_agents::sandbox::Grants;
+use hivekernel_agents::tools::workspace::ShellSettings;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::ConfigIssue;
+use super::parse::section;
+use super::validate::Context;
+
+/// Whether and how `exec` agents run confined (`kernel.exec`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecSettings {
+    /// Start every `exec` agent (from config or at run time) in the sandbox.
+    pub sandbox: bool,
+    /// Paths granted on top of the system ones, the agent's workspace, its
+    /// program and its working directory (read-only).
+    pub grants: Grants,
+}
+
+/// `tool_agent.shell` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawShell {
+    unsandboxed: bool,
+    read_only: Vec<String>,
+    read_write: Vec<String>,
+}
+
+/// `kernel.exec` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawExec {
+    sandbox: bool,
+    read_only: Vec<String>,
+    read_write: Vec<String>,
+}
+
+/// Parses and checks `tool_agent.shell` (the hidden paths are filled in
+/// once the kernel section is known).
+pub(super) fn shell(
+    value: Option<&Value>,
+    checks: &Context<'_>,
+    issues: &mut Vec<ConfigIssue>,
+) -> ShellSettings {
+    let raw = section::<RawShell>(value, "tool_agent.shell", issues).value;
+    ShellSettings {
+        unsandboxed: raw.unsandboxed,
+        grants: Grants {
+            read_only: paths(&raw.read_only, "tool_agent.shell.read_only", checks, issues),
+            read_write: paths(
+                &raw.read_write,
+                "tool_agent.shell.read_write",
+                checks,
+                issues,
+            ),
+        },
+        hidden: Vec::new(),
+        helper: None,
+    }
+}
+
+/// Parses `kernel.exec` (checked against the data directory by [`check_grants`]).
+pub(super) fn exec(
+    value: Option<&Value>,
+    checks: &Context<'_>,
+    issues: &mut Vec<ConfigIssue>,
+) -> ExecSettings {
+    let raw = section::<RawExec>(value, "kernel.exec", issues).value;
+    ExecSettings {
+        sandbox: raw.sandbox,
+        grants: Grants {
+            read_only: paths(&raw.read_only, "kernel.exec.read_only", checks, issues),
+            read_write: paths(&raw.read_write, "kernel.exec.read_write", checks, issues),
+        },
+    }
+}
+
+fn paths(
+    values: &[String],
+    location: &str,
+    checks: &Context<'_>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Vec<PathBuf> {
+    values
+        .iter()
+        .enumerate()
+        .filter_map(|(i, value)| checks.path_field(value, &format!("{location}[{i}]"), issues))
+        .collect()
+}
+
+/// Refuses grants that are the data directory or lie inside it.
+pub(super) fn check_grants(
+    grants: &Grants,
+    location: &str,
+    data_dir: &Path,
+    issues: &mut Vec<ConfigIssue>,
+) {
+    let data = lexical(data_dir);
+    let lists = [
+        ("read_only", &grants.read_only),
+        ("read_write", &grants.read_write),
+    ];
+    for (field, list) in lists {
+        for (i, path) in list.iter().enumerate() {
+            if lexical(path).starts_with(&data) {
+                issues.push(ConfigIssue::new(
+                    format!("{location}.{field}[{i}]"),
+                    format!(
+                        "{} is inside the kernel's data directory {} (its admin token and \
+                         store must stay out of the sandbox)",
+                        path.display(),
+                        data_dir.display()
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// `path` made absolute and rid of `.` and `..` by its components alone
+/// (it may not exist yet).
+pub(crate) fn lexical(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for component in absolute.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
