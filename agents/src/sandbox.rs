@@ -57,29 +57,49 @@ pub struct Policy {
     pub read_only: Vec<PathBuf>,
     /// Readable, writable and executable, with everything beneath.
     pub read_write: Vec<PathBuf>,
-    /// Never reachable through a grant that contains them (a grant inside
-    /// one is kept: it was given on purpose).
+    /// Never reachable: a grant at or inside one is dropped, a grant that
+    /// contains one is cut around it (the kernel's data directory).
+    pub forbidden: Vec<PathBuf>,
+    /// Cut out of the grants that contain them; a grant at or inside one is
+    /// kept, since it was given on purpose (the root of the workspaces,
+    /// with the command's own workspace inside).
     pub hidden: Vec<PathBuf>,
     /// End the command when the helper's stdin reaches its end.
     pub lifeline: bool,
 }
 
 impl Policy {
-    /// Landlock on, the system paths read-only, `own` read-write, `hidden` hidden.
-    pub fn confined(own: &[&Path], extra: &Grants, hidden: Vec<PathBuf>) -> Policy {
-        let mut read_only: Vec<PathBuf> = SYSTEM_READ_ONLY.iter().map(PathBuf::from).collect();
-        read_only.extend(extra.read_only.iter().cloned());
-        let mut read_write: Vec<PathBuf> = SYSTEM_READ_WRITE.iter().map(PathBuf::from).collect();
-        read_write.extend(own.iter().map(|p| p.to_path_buf()));
-        read_write.extend(extra.read_write.iter().cloned());
+    /// Landlock on, the system paths read-only, `own` read-write, what
+    /// `keep_out` names kept out. Every path is made absolute here, against
+    /// the kernel's directory, since the helper runs in another.
+    pub fn confined(own: &[&Path], extra: &Grants, keep_out: &KeepOut) -> Policy {
+        let absolute = |paths: &mut dyn Iterator<Item = &Path>| -> Vec<PathBuf> {
+            paths.map(rules::absolute).collect()
+        };
+        let system_ro = SYSTEM_READ_ONLY.iter().map(Path::new);
+        let system_rw = SYSTEM_READ_WRITE.iter().map(Path::new);
         Policy {
             landlock: true,
-            read_only,
-            read_write,
-            hidden,
+            read_only: absolute(&mut system_ro.chain(extra.read_only.iter().map(PathBuf::as_path))),
+            read_write: absolute(
+                &mut system_rw
+                    .chain(own.iter().copied())
+                    .chain(extra.read_write.iter().map(PathBuf::as_path)),
+            ),
+            forbidden: absolute(&mut keep_out.forbidden.iter().map(PathBuf::as_path)),
+            hidden: absolute(&mut keep_out.hidden.iter().map(PathBuf::as_path)),
             lifeline: false,
         }
     }
+}
+
+/// What commands must not reach, whatever they are granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeepOut {
+    /// Nothing at or under these (the kernel's data directory).
+    pub forbidden: Vec<PathBuf>,
+    /// Cut out of grants around them (the root of the workspaces).
+    pub hidden: Vec<PathBuf>,
 }
 
 /// Paths config grants on top of the system ones.
@@ -100,6 +120,28 @@ pub struct Support {
     pub landlock: Option<String>,
     /// How commands are kept from outliving their call.
     pub containment: Containment,
+    /// Landlock keeps commands from signalling processes outside their
+    /// sandbox (Linux 6.12+).
+    pub signal_scoping: bool,
+}
+
+impl Support {
+    /// Why commands cannot be confined here, if they cannot.
+    pub fn shortfall(&self) -> Option<&'static str> {
+        if self.landlock.is_none() {
+            return Some(
+                "this host has no Landlock (Linux 5.13+ with landlock among the LSMs enabled \
+                 at boot), so a command could read the kernel's data directory",
+            );
+        }
+        if self.containment == Containment::Subreaper && !self.signal_scoping {
+            return Some(
+                "this host gives neither a PID namespace (not root, user namespaces disabled) \
+                 nor Landlock signal scoping (Linux 6.12+), so a command could signal the kernel",
+            );
+        }
+        None
+    }
 }
 
 /// How the helper keeps a command's processes together.
@@ -121,11 +163,15 @@ impl std::fmt::Display for Support {
             Some(level) => write!(f, "Landlock {level}")?,
             None => f.write_str("no Landlock")?,
         }
-        match self.containment {
-            Containment::PidNamespace => f.write_str(", PID namespace"),
-            Containment::UserNamespace => f.write_str(", user and PID namespace"),
-            Containment::Subreaper => f.write_str(", child subreaper (no namespace)"),
+        f.write_str(match self.containment {
+            Containment::PidNamespace => ", PID namespace",
+            Containment::UserNamespace => ", user and PID namespace",
+            Containment::Subreaper => ", child subreaper (no namespace)",
+        })?;
+        if self.signal_scoping {
+            f.write_str(", signal scoping")?;
         }
+        Ok(())
     }
 }
 
@@ -144,9 +190,10 @@ impl Sandbox {
         }
     }
 
-    /// The helper is the running executable.
-    pub fn this_executable() -> std::io::Result<Sandbox> {
-        std::env::current_exe().map(Sandbox::new)
+    /// The helper is the running executable, as `/proc/self/exe` (which
+    /// stays the running binary even when its file is replaced by an upgrade).
+    pub fn this_executable() -> Sandbox {
+        Sandbox::new("/proc/self/exe")
     }
 
     /// The helper's path.

@@ -208,10 +208,13 @@ impl KernelSettings {
         }
     }
 
-    /// What commands run for agents must never reach: the data directory
+    /// What commands run for agents must never reach: the data directory,
     /// and the root of the workspaces (each command gets its own workspace).
-    pub fn sandbox_hidden(&self) -> Vec<PathBuf> {
-        vec![self.data_dir.clone(), self.workspace_root()]
+    pub fn keep_out(&self) -> hivekernel_agents::sandbox::KeepOut {
+        hivekernel_agents::sandbox::KeepOut {
+            forbidden: vec![lexical(&self.data_dir)],
+            hidden: vec![lexical(&self.workspace_root())],
+        }
     }
 }
 
@@ -352,7 +355,7 @@ fn load_sections(
     );
     kernel.roles = supervision::roles(document.roles.as_ref(), issues);
     let mut tools = tools;
-    tools.shell.hidden = kernel.sandbox_hidden();
+    tools.shell.keep_out = kernel.keep_out();
     sandbox::check_grants(
         &tools.shell.grants,
         "tool_agent.shell",
@@ -361,18 +364,11 @@ fn load_sections(
     );
     sandbox::check_grants(&kernel.exec.grants, "kernel.exec", &kernel.data_dir, issues);
     if let Some(root) = &kernel.workspace
-        && lexical(root).starts_with(lexical(&kernel.data_dir))
+        && let Some(problem) = sandbox::overlap(root, &kernel.data_dir)
     {
-        issues.push(ConfigIssue::new(
-            "kernel.workspace",
-            format!(
-                "{} is inside the data directory {}: agents would work beside its admin token \
-                 and store; put the workspaces elsewhere (the default is {})",
-                root.display(),
-                kernel.data_dir.display(),
-                beside(&kernel.data_dir).display()
-            ),
-        ));
+        let default = beside(&kernel.data_dir);
+        let message = format!("{problem} (the default is {})", default.display());
+        issues.push(ConfigIssue::new("kernel.workspace", message));
     }
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();

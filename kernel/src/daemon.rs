@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use hivekernel_agents::sandbox::Sandbox;
+use hivekernel_agents::sandbox::{Sandbox, Support};
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Pid, Role, SpawnRequest};
@@ -105,10 +105,19 @@ impl StartError {
 pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let mut signals = Signals::install();
     crate::grpc::raise_open_file_limit();
-    let config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
+    let mut config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
+    // The sandbox probe (a short-lived helper process) runs while the rest starts.
+    let sandbox = Sandbox::this_executable();
+    let probe = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
+        let sandbox = sandbox.clone();
+        async move { sandbox.probe().await }
+    }));
     let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
         .map_err(StartError::Provider)?;
     let settings = settings(&config, &options)?;
+    // `--data-dir` may have moved what commands must not reach.
+    config.tools.shell.keep_out = settings.keep_out();
+    check_grants(&config, &settings)?;
     let tls = load_tls(&settings, options.insecure_remote)?;
     warn_unrestricted_roles(&settings);
     let data_dir = settings.data_dir.clone();
@@ -120,7 +129,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
-        .with_sandbox(exec_sandbox(&config, &settings).await?);
+        .with_sandbox(exec_sandbox(&config, &settings, sandbox, probe.await)?);
     let kernel = start_kernel(&config, settings, chosen, (store, recovered), exec).await?;
     let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
         Ok(file) => file,
@@ -133,56 +142,71 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     stop_on_signal(kernel, server, &mut signals, &addr_file).await
 }
 
-/// Probes what confinement the host gives, says it, and builds the `exec`
+/// Says what confinement the host gives (from the probe), and builds the `exec`
 /// sandbox when `kernel.exec.sandbox` asks for one (refused where the host
 /// has no Landlock: the config promises a confinement it would not get).
-async fn exec_sandbox(
+fn exec_sandbox(
     config: &Config,
     settings: &KernelSettings,
+    sandbox: Sandbox,
+    probed: Result<Result<Support, String>, tokio::task::JoinError>,
 ) -> Result<Option<ExecSandbox>, StartError> {
-    let sandbox = Sandbox::this_executable().map_err(|source| StartError::Io {
-        what: "cannot find the running executable (the sandbox helper)",
-        path: PathBuf::from("/proc/self/exe"),
-        source,
-    })?;
-    let support = sandbox.probe().await;
-    let landlock = match &support {
+    let support = probed.unwrap_or_else(|err| Err(format!("the probe did not finish: {err}")));
+    let shortfall = match &support {
         Ok(support) => {
             tracing::info!(sandbox = %support, "sandbox for shell_exec and exec agents");
-            support.landlock.is_some()
+            support.shortfall().map(str::to_owned)
         }
-        Err(problem) => {
-            tracing::warn!(%problem, "cannot probe the sandbox");
-            false
-        }
+        Err(problem) => Some(format!("the sandbox cannot be probed: {problem}")),
     };
-    if !landlock {
+    if let Some(why) = &shortfall {
         if config.tools.shell.unsandboxed {
-            tracing::warn!(
-                "no Landlock: shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)"
-            );
+            tracing::warn!(%why, "shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)");
         } else {
             tracing::warn!(
-                "no Landlock: shell_exec will refuse to run; set tool_agent.shell.unsandboxed: true \
-                 to run commands unconfined"
+                %why,
+                "shell_exec will refuse to run; set tool_agent.shell.unsandboxed: true to run \
+                 commands unconfined"
             );
         }
     }
     if !settings.exec.sandbox {
         return Ok(None);
     }
-    if !landlock {
-        return Err(StartError::Usage(
-            "kernel.exec.sandbox is true, but this host cannot confine exec agents (no Landlock: \
-             Linux 5.13+ with landlock among its LSMs); turn it off to run them unconfined"
-                .into(),
-        ));
+    if let Some(why) = shortfall {
+        return Err(StartError::Usage(format!(
+            "kernel.exec.sandbox is true, but exec agents cannot be confined here: {why}; turn \
+             it off to run them unconfined"
+        )));
     }
     Ok(Some(ExecSandbox {
         sandbox,
         grants: settings.exec.grants.clone(),
-        hidden: settings.sandbox_hidden(),
+        keep_out: settings.keep_out(),
     }))
+}
+
+/// Refuses sandbox grants inside the data directory actually used (the
+/// config check saw the config's; `--data-dir` may name another).
+fn check_grants(config: &Config, settings: &KernelSettings) -> Result<(), StartError> {
+    let data_dir = crate::config::lexical(&settings.data_dir);
+    let grants = [
+        ("tool_agent.shell", &config.tools.shell.grants),
+        ("kernel.exec", &settings.exec.grants),
+    ];
+    for (section, grants) in grants {
+        for path in grants.read_only.iter().chain(&grants.read_write) {
+            if crate::config::lexical(path).starts_with(&data_dir) {
+                return Err(StartError::Usage(format!(
+                    "{section} grants {}, inside the data directory {}: its admin token and \
+                     store must stay out of the sandbox",
+                    path.display(),
+                    settings.data_dir.display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The config's kernel settings with the command line's flags over them.

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hivekernel_agents::sandbox::{Grants, Sandbox};
+use hivekernel_agents::sandbox::{Grants, KeepOut, Sandbox};
 use hivekernel_agents::{ExecCommand, Pid, ProcessContext};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -77,7 +77,7 @@ pub struct ExecSandbox {
     /// the working directory.
     pub grants: Grants,
     /// Out of reach even inside a grant (the data directory, the workspaces' root).
-    pub hidden: Vec<PathBuf>,
+    pub keep_out: KeepOut,
 }
 
 impl ExecRuntime {

@@ -65,7 +65,11 @@ def generate():
         old = None
         if OUT.exists():
             old = HERE / f".generated-old-{os.getpid()}"
-            OUT.rename(old)
+            try:
+                OUT.rename(old)
+            except FileNotFoundError:
+                # Another run moved it away first.
+                old = None
         try:
             staging.rename(OUT)
         except OSError:

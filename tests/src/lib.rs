@@ -187,9 +187,9 @@ pub async fn spawn_probe(
 
 /// `shell_exec` settings for tests: the `hivekernel` binary (built once per
 /// test process, see [`build_hivekernel`]) as the sandbox helper, with
-/// `hidden` kept out of reach.
+/// `keep_out` kept out of reach.
 pub fn shell_settings(
-    hidden: Vec<std::path::PathBuf>,
+    keep_out: hivekernel_agents::sandbox::KeepOut,
 ) -> hivekernel_agents::tools::workspace::ShellSettings {
     static HELPER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let helper = HELPER.get_or_init(|| {
@@ -198,7 +198,7 @@ pub fn shell_settings(
     });
     hivekernel_agents::tools::workspace::ShellSettings {
         helper: Some(helper.clone()),
-        hidden,
+        keep_out,
         ..Default::default()
     }
 }

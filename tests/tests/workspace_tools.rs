@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hivekernel_agents::ProcessContext;
+use hivekernel_agents::sandbox::KeepOut;
 use hivekernel_agents::tools::workspace::{
     self, LIST_LIMIT, READ_LIMIT, SHELL_OUTPUT_LIMIT, WRITE_LIMIT,
 };
@@ -60,7 +61,10 @@ async fn fixture_without_workspace() -> Fixture {
     let mut tools = ToolRegistry::default();
     workspace::register(
         &mut tools,
-        hivekernel_tests::shell_settings(vec![tmp.join("sentinel")]),
+        hivekernel_tests::shell_settings(KeepOut {
+            forbidden: vec![tmp.join("sentinel")],
+            hidden: Vec::new(),
+        }),
     );
     let before = snapshot(&tmp, &ws);
     Fixture {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use landlock::{
-    ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
-    path_beneath_rules,
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use rustix::io::Errno;
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -123,8 +123,8 @@ impl Ending {
         let (kind, number) = text.trim().split_once(' ')?;
         let number = number.parse().ok()?;
         match kind {
-            "exit" => Some(Ending::Exit(number)),
-            "signal" => Some(Ending::Signal(number)),
+            "exit" if (0..=255).contains(&number) => Some(Ending::Exit(number)),
+            "signal" if (1..=64).contains(&number) => Some(Ending::Signal(number)),
             _ => None,
         }
     }
@@ -157,15 +157,12 @@ fn run_outside(invocation: Invocation) -> i32 {
     let containment = contain();
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     shield();
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(err) => return fail(&format!("cannot find the helper's own executable: {err}")),
-    };
     let (mut report, report_writer) = match std::io::pipe() {
         Ok(pipe) => pipe,
         Err(err) => return fail(&format!("cannot make a pipe: {err}")),
     };
-    let mut init = std::process::Command::new(exe);
+    // This very binary, even if its file was replaced meanwhile.
+    let mut init = std::process::Command::new("/proc/self/exe");
     init.arg(INIT)
         .arg(&invocation.policy_text)
         .arg(&invocation.program)
@@ -189,8 +186,15 @@ fn run_outside(invocation: Invocation) -> i32 {
         }
     }
     let own = child.wait().map(Ending::of_std);
+    // Whatever the init helper wrote is there now; never wait for more (a
+    // process that kept the pipe open must not hold this one up).
     let mut text = String::new();
-    let _ = report.read_to_string(&mut text);
+    if rustix::io::ioctl_fionbio(&report, true).is_ok() {
+        let mut bytes = [0u8; 64];
+        if let Ok(n) = report.read(&mut bytes) {
+            text = String::from_utf8_lossy(&bytes[..n]).into_owned();
+        }
+    }
     if containment == Containment::Subreaper {
         end_descendants();
     }
@@ -238,6 +242,13 @@ fn hold_lifeline(pidfd: &std::os::fd::OwnedFd) {
 /// The init helper: confine, start the command, reap, report how it ended.
 fn run_init(invocation: Invocation) -> i32 {
     let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
+    // The outside helper died before that took hold: nobody would end us.
+    if outside_is_gone() {
+        return FAILED;
+    }
+    // Not dumpable: the command (same user, same Landlock domain) can neither
+    // trace this process nor open its descriptors through /proc.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     shield();
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     let report = |ending: Ending| {
@@ -256,7 +267,12 @@ fn run_init(invocation: Invocation) -> i32 {
             Err(problem) => return fail(&problem),
         }
     }
-    drop_capabilities();
+    if let Err(problem) = drop_capabilities() {
+        return fail(&problem);
+    }
+    if let Err(problem) = filter_syscalls() {
+        return fail(&problem);
+    }
     let spawned = std::process::Command::new(&invocation.program)
         .arg0(&invocation.argv0)
         .args(&invocation.args)
@@ -304,9 +320,29 @@ impl Ending {
     }
 }
 
+/// The report pipe's reading end is closed: the outside helper is gone.
+fn outside_is_gone() -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::from_borrowed_fd(stdin.as_fd(), PollFlags::empty())];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP)
+}
+
 /// Answers what this host supports, as JSON on stdout.
 fn probe() -> i32 {
     let containment = contain();
+    // Asked for on its own and as a hard requirement, so that `Ok` means enforced.
+    let signal_scoping = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .scope(Scope::Signal)
+        .and_then(|ruleset| ruleset.create())
+        .and_then(|ruleset| ruleset.restrict_self())
+        .is_ok();
     let landlock = confine(&Policy {
         landlock: true,
         ..Policy::default()
@@ -314,6 +350,7 @@ fn probe() -> i32 {
     let support = Support {
         landlock: landlock.ok().flatten(),
         containment,
+        signal_scoping,
     };
     match serde_json::to_string(&support) {
         Ok(json) => {
@@ -350,14 +387,20 @@ fn contain() -> Containment {
 fn confine(policy: &Policy) -> Result<Option<String>, String> {
     let read = AccessFs::from_read(ABI_WANTED);
     let all = AccessFs::from_all(ABI_WANTED);
-    let read_only = rules::carve(&policy.read_only, &policy.hidden);
-    let read_write = rules::carve(&policy.read_write, &policy.hidden);
+    let file = AccessFs::from_file(ABI_WANTED);
+    let exclusions = rules::Exclusions::new(&policy.forbidden, &policy.hidden);
+    let read_only = rules::carve(&policy.read_only, &exclusions);
+    let read_write = rules::carve(&policy.read_write, &exclusions);
+    let rule = |grant: rules::Grant, access: landlock::BitFlags<AccessFs>| {
+        let access = if grant.is_dir { access } else { access & file };
+        Ok::<_, landlock::RulesetError>(PathBeneath::new(grant.fd, access))
+    };
     let status = Ruleset::default()
         .handle_access(all)
         .and_then(|ruleset| ruleset.scope(Scope::from_all(ABI_WANTED)))
         .and_then(|ruleset| ruleset.create())
-        .and_then(|ruleset| ruleset.add_rules(path_beneath_rules(&read_only, read)))
-        .and_then(|ruleset| ruleset.add_rules(path_beneath_rules(&read_write, all)))
+        .and_then(|ruleset| ruleset.add_rules(read_only.into_iter().map(|g| rule(g, read))))
+        .and_then(|ruleset| ruleset.add_rules(read_write.into_iter().map(|g| rule(g, all))))
         .and_then(|ruleset| ruleset.restrict_self())
         .map_err(|err| format!("cannot apply Landlock: {err}"))?;
     Ok(match status.ruleset {
@@ -368,21 +411,106 @@ fn confine(policy: &Policy) -> Result<Option<String>, String> {
 }
 
 /// Drops every capability, from the bounding set too, so that nothing this
-/// process starts has any (even when the kernel runs as root).
-fn drop_capabilities() {
+/// process starts has any (even when the kernel runs as root), and sets
+/// `no_new_privs`; `Err` if any is left.
+fn drop_capabilities() -> Result<(), String> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
     for cap in CapabilitySet::all().iter() {
-        // EINVAL: a capability this kernel does not know.
+        // EINVAL: a capability this kernel does not know; EPERM: we had no
+        // CAP_SETPCAP, and so nothing to drop (checked below).
         let _ = rustix::thread::remove_capability_from_bounding_set(cap);
     }
-    let _ = rustix::thread::set_capabilities(
-        None,
-        CapabilitySets {
-            effective: CapabilitySet::empty(),
-            permitted: CapabilitySet::empty(),
-            inheritable: CapabilitySet::empty(),
-        },
-    );
+    let none = CapabilitySets {
+        effective: CapabilitySet::empty(),
+        permitted: CapabilitySet::empty(),
+        inheritable: CapabilitySet::empty(),
+    };
+    rustix::thread::set_capabilities(None, none)
+        .and_then(|()| rustix::thread::set_no_new_privs(true))
+        .map_err(|err| format!("cannot drop capabilities: {err}"))?;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let bounding = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapBnd:"))
+        .map(str::trim);
+    // Root regains its bounding set at exec: it must be empty then.
+    if rustix::process::geteuid().is_root()
+        && bounding.is_none_or(|b| !b.trim_start_matches('0').is_empty())
+    {
+        return Err(format!(
+            "cannot drop the capability bounding set (CapBnd: {})",
+            bounding.unwrap_or("unknown")
+        ));
+    }
+    Ok(())
+}
+
+/// A seccomp filter for the command: no Unix sockets (Landlock controls
+/// connecting to a named one only from ABI 9, and a session bus or a
+/// container engine's socket is a way out), no new user namespaces (a way to
+/// regain capabilities), no io_uring (which opens sockets without the
+/// `socket` call); `clone3` answers ENOSYS, since its flags cannot be
+/// inspected, so the C library falls back to `clone`, whose flags can.
+fn filter_syscalls() -> Result<(), String> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    let Ok(arch) = TargetArch::try_from(std::env::consts::ARCH) else {
+        // No filter for an architecture seccompiler does not know.
+        return Ok(());
+    };
+    let arg = |index: u8, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(index, SeccompCmpArgLen::Qword, op, value)
+            .and_then(|condition| SeccompRule::new(vec![condition]))
+    };
+    let new_user = libc::CLONE_NEWUSER as u64;
+    let refused = || -> Result<_, seccompiler::BackendError> {
+        Ok(vec![
+            (
+                libc::SYS_socket,
+                vec![arg(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?],
+            ),
+            (
+                libc::SYS_unshare,
+                vec![arg(0, SeccompCmpOp::MaskedEq(new_user), new_user)?],
+            ),
+            (
+                libc::SYS_clone,
+                vec![arg(0, SeccompCmpOp::MaskedEq(new_user), new_user)?],
+            ),
+        ])
+    };
+    let unknown = [
+        libc::SYS_clone3,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ];
+    let filters = refused().and_then(|refused| {
+        let eperm = SeccompFilter::new(
+            refused.into_iter().collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            arch,
+        )?;
+        let enosys = SeccompFilter::new(
+            unknown.into_iter().map(|call| (call, Vec::new())).collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+            arch,
+        )?;
+        Ok((eperm, enosys))
+    });
+    let (eperm, enosys) =
+        filters.map_err(|err| format!("cannot build the seccomp filter: {err}"))?;
+    for filter in [eperm, enosys] {
+        let program = seccompiler::BpfProgram::try_from(filter)
+            .map_err(|err| format!("cannot compile the seccomp filter: {err}"))?;
+        seccompiler::apply_filter(&program)
+            .map_err(|err| format!("cannot apply the seccomp filter: {err}"))?;
+    }
+    Ok(())
 }
 
 /// SIGTERM, SIGINT and SIGHUP no longer end this process (a process group

@@ -73,7 +73,7 @@ pub(super) fn shell(
                 issues,
             ),
         },
-        hidden: Vec::new(),
+        keep_out: Default::default(),
         helper: None,
     }
 }
@@ -134,6 +134,30 @@ pub(super) fn check_grants(
             }
         }
     }
+}
+
+/// Why a workspace at `dir` and the data directory `data_dir` cannot go
+/// together, if they cannot: one inside the other would put agents' files
+/// beside the admin token and the store.
+pub(super) fn overlap(dir: &Path, data_dir: &Path) -> Option<String> {
+    let (workspace, data) = (lexical(dir), lexical(data_dir));
+    if workspace.starts_with(&data) {
+        return Some(format!(
+            "{} is inside the data directory {}: agents would work beside its admin token and \
+             store; put the workspaces elsewhere",
+            dir.display(),
+            data_dir.display()
+        ));
+    }
+    if data.starts_with(&workspace) {
+        return Some(format!(
+            "{} holds the data directory {}: an agent's workspace would contain its admin \
+             token and store; put the workspaces elsewhere",
+            dir.display(),
+            data_dir.display()
+        ));
+    }
+    None
 }
 
 /// `path` made absolute and rid of `.` and `..` by its components alone

@@ -527,11 +527,12 @@ fn valid_config_loads_with_defaults_and_resolved_paths() {
         fixture.root().join("data-workspace")
     );
     assert_eq!(
-        config.tools.shell.hidden,
-        [
-            configs.join("../data"),
-            fixture.root().join("data-workspace")
-        ]
+        config.tools.shell.keep_out.forbidden,
+        [fixture.root().join("data")]
+    );
+    assert_eq!(
+        config.tools.shell.keep_out.hidden,
+        [fixture.root().join("data-workspace")]
     );
     assert_eq!(config.llm, LlmConfig::default());
     assert_eq!(config.agent.max_tool_iterations, 10);
@@ -1193,4 +1194,18 @@ fn sandbox_grants_are_resolved_and_may_not_reach_into_the_data_directory() {
         &["inside the data directory", "data-workspace"],
     );
     assert_eq!(found.len(), 4, "{found:#?}");
+
+    // A workspace root around the data directory, and an agent's own
+    // workspace inside it, are refused as well.
+    let found = fixture.issues(
+        r#"{"kernel": {"data_dir": "../run/data", "workspace": "../run"},
+            "agents": [{"name": "a", "workspace": "../run/data/a"}]}"#,
+    );
+    assert_issue(&found, "kernel.workspace", &["holds the data directory"]);
+    assert_issue(
+        &found,
+        "agents[0] (a).workspace",
+        &["inside the data directory"],
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
 }

@@ -244,6 +244,11 @@ impl<'a> Context<'a> {
             .workspace
             .as_deref()
             .and_then(|dir| self.path_field(dir, &loc("workspace"), issues));
+        if let Some(dir) = &workspace
+            && let Some(problem) = super::sandbox::overlap(dir, &kernel.data_dir)
+        {
+            issues.push(ConfigIssue::new(loc("workspace"), problem));
+        }
 
         let exec = self.exec_command(raw, &loc, issues);
         let input = &kernel.limits;

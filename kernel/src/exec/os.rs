@@ -81,7 +81,10 @@ impl Launch {
             .try_clone()
             .map_err(|err| format!("cannot open its log {}: {err}", log_path.display()))?;
         let cwd = command.cwd.clone().or_else(|| workspace.clone());
-        if let Some(dir) = &cwd {
+        // Its workspace exists before a sandbox grants it (a grant needs
+        // something to hold on to).
+        let sandboxed_workspace = workspace.as_ref().filter(|_| runtime.sandbox.is_some());
+        for dir in cwd.iter().chain(sandboxed_workspace) {
             std::fs::create_dir_all(dir)
                 .map_err(|err| format!("cannot create its directory {}: {err}", dir.display()))?;
         }
@@ -96,7 +99,7 @@ impl Launch {
                 let mut grants = confined.grants.clone();
                 grants.read_only.push(program.clone());
                 grants.read_only.extend(cwd.iter().cloned());
-                let policy = Policy::confined(&own, &grants, confined.hidden.clone());
+                let policy = Policy::confined(&own, &grants, &confined.keep_out);
                 confined
                     .sandbox
                     .command(

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use hivekernel_agents::ProcessContext;
+use hivekernel_agents::sandbox::KeepOut;
 use hivekernel_agents::tools::workspace::{self, SHELL_OUTPUT_LIMIT};
 use hivekernel_agents::tools::{ToolContext, ToolError, ToolRegistry};
 use hivekernel_kernel::Kernel;
@@ -35,9 +36,13 @@ impl Shell {
         Shell::granting(&[]).await
     }
 
-    /// A fixture whose commands may also read `read_only` (made absolute
-    /// under the fixture's root).
+    /// A fixture whose commands may also read `read_only` and write
+    /// `read_write` (made absolute under the fixture's root).
     async fn granting(read_only: &[&str]) -> Shell {
+        Shell::granting_rw(read_only, &[]).await
+    }
+
+    async fn granting_rw(read_only: &[&str], read_write: &[&str]) -> Shell {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let data = root.join("data");
@@ -50,9 +55,12 @@ impl Shell {
         std::fs::write(root.join("outside/secret.txt"), TOKEN).unwrap();
         let ws = root.join("data-workspace/agent");
         let (kernel, process) = captured_process("agent").await;
-        let mut settings =
-            hivekernel_tests::shell_settings(vec![data, root.join("data-workspace")]);
+        let mut settings = hivekernel_tests::shell_settings(KeepOut {
+            forbidden: vec![data],
+            hidden: vec![root.join("data-workspace")],
+        });
         settings.grants.read_only = read_only.iter().map(|p| root.join(p)).collect();
+        settings.grants.read_write = read_write.iter().map(|p| root.join(p)).collect();
         let mut tools = ToolRegistry::default();
         workspace::register(&mut tools, settings);
         Shell {
@@ -358,5 +366,66 @@ async fn nothing_a_command_starts_survives_a_timeout_or_a_cancelled_call() {
         } => {}
     }
     none_left(&mark).await;
+    sh.kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_link_planted_in_a_granted_tree_does_not_carry_the_grant_to_the_data_directory() {
+    // The root is writable: a first command plants links to the data
+    // directory and to the token; the next command's grants are cut around
+    // the data directory and never follow a link.
+    let sh = Shell::granting_rw(&[], &["."]).await;
+    let root = sh.root.display().to_string();
+    let out = sh
+        .run(json!({"command": format!(
+            "ln -s {root}/data {root}/outside/data-link && ln -s {root}/data/admin.token {root}/outside/token-link && echo planted"
+        )}))
+        .await
+        .unwrap();
+    assert_eq!(out, "exit code: 0\nplanted\n");
+    for command in [
+        format!("cat {root}/outside/data-link/admin.token"),
+        format!("cat {root}/outside/token-link"),
+        // The root itself was cut (it holds the data directory): nothing new in it.
+        format!("ln -s {root}/data {root}/root-link"),
+        format!("cat {root}/data/admin.token"),
+        format!("echo x > {root}/outside/data-link/planted"),
+    ] {
+        refused(&sh, &command).await;
+    }
+    assert!(!sh.root.join("data/planted").exists());
+    sh.kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn unix_sockets_and_new_user_namespaces_are_refused() {
+    let sh = Shell::start().await;
+    // A service listening on a Unix socket outside the workspace (a session
+    // bus, a container engine): connecting would be a way out.
+    let socket = sh.root.join("outside/service.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let out = refused(
+        &sh,
+        &format!(
+            "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{}\"); print(\"connected\")'",
+            socket.display()
+        ),
+    )
+    .await;
+    assert!(out.contains("PermissionError"), "{out}");
+    assert!(
+        listener.accept().is_err(),
+        "a command got through to the socket"
+    );
+    // Pipes and socket pairs, which need no path, still work.
+    let out = sh
+        .run(json!({"command": "python3 -c 'import socket; a, b = socket.socketpair(); a.send(b\"ok\"); print(b.recv(2).decode())' && echo x | cat"}))
+        .await
+        .unwrap();
+    assert_eq!(out, "exit code: 0\nok\nx\n");
+    // A new user namespace would hand the command capabilities again.
+    let out = refused(&sh, "unshare --user --map-root-user id").await;
+    assert!(out.contains("Operation not permitted"), "{out}");
     sh.kernel.shutdown().await;
 }

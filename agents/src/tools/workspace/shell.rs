@@ -25,7 +25,7 @@
 //! and dropped, so a flood neither fills memory nor blocks the writer.
 
 use crate::capability::Capability;
-use crate::sandbox::{Grants, Policy, Sandbox, Support};
+use crate::sandbox::{Grants, KeepOut, Policy, Sandbox, Support};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -64,7 +64,7 @@ pub struct ShellSettings {
     pub grants: Grants,
     /// Out of reach even inside a grant: the kernel's data directory and
     /// the root of the workspaces.
-    pub hidden: Vec<PathBuf>,
+    pub keep_out: KeepOut,
     /// The sandbox helper; `None`: the running executable (the `hivekernel` binary).
     pub helper: Option<PathBuf>,
 }
@@ -86,14 +86,10 @@ impl ShellExec {
         }
     }
 
-    fn sandbox(&self) -> Result<Sandbox, ToolError> {
+    fn sandbox(&self) -> Sandbox {
         match &self.settings.helper {
-            Some(helper) => Ok(Sandbox::new(helper)),
-            None => Sandbox::this_executable().map_err(|err| {
-                ToolError::new(format!(
-                    "cannot find the sandbox helper (this executable): {err}"
-                ))
-            }),
+            Some(helper) => Sandbox::new(helper),
+            None => Sandbox::this_executable(),
         }
     }
 
@@ -105,19 +101,16 @@ impl ShellExec {
             .await
             .as_ref()
             .map_err(|problem| ToolError::new(format!("shell_exec cannot run: {problem}")))?;
-        let mut policy = match (&support.landlock, self.settings.unsandboxed) {
-            (Some(_), _) => Policy::confined(
-                &[workspace],
-                &self.settings.grants,
-                self.settings.hidden.clone(),
-            ),
-            (None, true) => Policy::default(),
-            (None, false) => {
-                return Err(ToolError::new(
-                    "shell_exec is refused: this host has no Landlock (Linux 5.13+ with landlock \
-                     enabled), so a command could read the kernel's data directory; an operator \
-                     who accepts that sets tool_agent.shell.unsandboxed: true",
-                ));
+        let mut policy = match (support.shortfall(), self.settings.unsandboxed) {
+            (None, _) => {
+                Policy::confined(&[workspace], &self.settings.grants, &self.settings.keep_out)
+            }
+            (Some(_), true) => Policy::default(),
+            (Some(why), false) => {
+                return Err(ToolError::new(format!(
+                    "shell_exec is refused: {why}; an operator who accepts that sets \
+                     tool_agent.shell.unsandboxed: true"
+                )));
             }
         };
         policy.lifeline = true;
@@ -185,7 +178,7 @@ impl Tool for ShellExec {
             }
         };
         let workspace = ctx.workspace()?.to_path_buf();
-        let sandbox = self.sandbox()?;
+        let sandbox = self.sandbox();
         let cwd = workspace.clone();
         blocking(move || {
             std::fs::create_dir_all(&cwd).map_err(|err| {
