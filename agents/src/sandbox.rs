@@ -45,7 +45,7 @@ use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 
-pub use rules::{SYSTEM_READ_ONLY, SYSTEM_READ_WRITE};
+pub use rules::{SYSTEM_READ_ONLY, SYSTEM_READ_WRITE, absolute};
 
 /// What a confined command may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

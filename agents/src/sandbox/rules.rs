@@ -165,8 +165,8 @@ fn resolve(path: &Path) -> PathBuf {
 }
 
 /// `path` made absolute (against the current directory) and rid of `.` and
-/// `..` by its components alone.
-pub(super) fn absolute(path: &Path) -> PathBuf {
+/// `..` by its components alone (it may not exist).
+pub fn absolute(path: &Path) -> PathBuf {
     use std::path::Component;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let mut out = PathBuf::new();

@@ -15,7 +15,7 @@
 //! the data directory or lie inside it; one that contains it is fine (the
 //! data directory is cut out of it).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use hivekernel_agents::sandbox::Grants;
 use hivekernel_agents::tools::workspace::ShellSettings;
@@ -163,16 +163,5 @@ pub(super) fn overlap(dir: &Path, data_dir: &Path) -> Option<String> {
 /// `path` made absolute and rid of `.` and `..` by its components alone
 /// (it may not exist yet).
 pub(crate) fn lexical(path: &Path) -> PathBuf {
-    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut out = PathBuf::new();
-    for component in absolute.components() {
-        match component {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
+    hivekernel_agents::sandbox::absolute(path)
 }
