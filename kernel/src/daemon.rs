@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use hivekernel_agents::sandbox::{Sandbox, Support};
+use hivekernel_agents::sandbox::Sandbox;
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
 use hivekernel_agents::{Pid, Role, SpawnRequest};
@@ -106,12 +106,6 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let mut signals = Signals::install();
     crate::grpc::raise_open_file_limit();
     let mut config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
-    // The sandbox probe (a short-lived helper process) runs while the rest starts.
-    let sandbox = Sandbox::this_executable();
-    let probe = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
-        let sandbox = sandbox.clone();
-        async move { sandbox.probe().await }
-    }));
     let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
         .map_err(StartError::Provider)?;
     let settings = settings(&config, &options)?;
@@ -129,7 +123,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
-        .with_sandbox(exec_sandbox(&config, &settings, sandbox, probe.await)?);
+        .with_sandbox(exec_sandbox(&settings).await?);
     let kernel = start_kernel(&config, settings, chosen, (store, recovered), exec).await?;
     let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
         Ok(file) => file,
@@ -142,37 +136,21 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     stop_on_signal(kernel, server, &mut signals, &addr_file).await
 }
 
-/// Says what confinement the host gives (from the probe), and builds the `exec`
-/// sandbox when `kernel.exec.sandbox` asks for one (refused where the host
-/// has no Landlock: the config promises a confinement it would not get).
-fn exec_sandbox(
-    config: &Config,
-    settings: &KernelSettings,
-    sandbox: Sandbox,
-    probed: Result<Result<Support, String>, tokio::task::JoinError>,
-) -> Result<Option<ExecSandbox>, StartError> {
-    let support = probed.unwrap_or_else(|err| Err(format!("the probe did not finish: {err}")));
-    let shortfall = match &support {
+/// The `exec` sandbox, when `kernel.exec.sandbox` asks for one: probed
+/// here, and refused where the host cannot give it (the config promises a
+/// confinement it would not get). `shell_exec` probes on its first call.
+async fn exec_sandbox(settings: &KernelSettings) -> Result<Option<ExecSandbox>, StartError> {
+    if !settings.exec.sandbox {
+        return Ok(None);
+    }
+    let sandbox = Sandbox::this_executable();
+    let shortfall = match sandbox.probe().await {
         Ok(support) => {
-            tracing::info!(sandbox = %support, "sandbox for shell_exec and exec agents");
+            tracing::info!(sandbox = %support, "exec agents run in the sandbox");
             support.shortfall().map(str::to_owned)
         }
         Err(problem) => Some(format!("the sandbox cannot be probed: {problem}")),
     };
-    if let Some(why) = &shortfall {
-        if config.tools.shell.unsandboxed {
-            tracing::warn!(%why, "shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)");
-        } else {
-            tracing::warn!(
-                %why,
-                "shell_exec will refuse to run; set tool_agent.shell.unsandboxed: true to run \
-                 commands unconfined"
-            );
-        }
-    }
-    if !settings.exec.sandbox {
-        return Ok(None);
-    }
     if let Some(why) = shortfall {
         return Err(StartError::Usage(format!(
             "kernel.exec.sandbox is true, but exec agents cannot be confined here: {why}; turn \

@@ -97,7 +97,7 @@ impl ShellExec {
     async fn policy(&self, sandbox: &Sandbox, workspace: &Path) -> Result<Policy, ToolError> {
         let support = self
             .support
-            .get_or_init(|| sandbox.probe())
+            .get_or_init(|| probe(sandbox, self.settings.unsandboxed))
             .await
             .as_ref()
             .map_err(|problem| ToolError::new(format!("shell_exec cannot run: {problem}")))?;
@@ -193,6 +193,26 @@ impl Tool for ShellExec {
         let command = shell(&sandbox, &policy, &args.command, &workspace)?;
         run(command, Duration::from_secs(seconds)).await
     }
+}
+
+/// What the host gives, said once in the log (the first call asks).
+async fn probe(sandbox: &Sandbox, unsandboxed: bool) -> Result<Support, String> {
+    let support = sandbox.probe().await;
+    match &support {
+        Ok(support) => match (support.shortfall(), unsandboxed) {
+            (None, _) => {
+                tracing::info!(sandbox = %support, "shell_exec runs commands in the sandbox")
+            }
+            (Some(why), true) => {
+                tracing::warn!(sandbox = %support, why, "shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)")
+            }
+            (Some(why), false) => {
+                tracing::warn!(sandbox = %support, why, "shell_exec refuses to run; tool_agent.shell.unsandboxed: true would run commands unconfined")
+            }
+        },
+        Err(problem) => tracing::warn!(%problem, "shell_exec cannot probe its sandbox"),
+    }
+    support
 }
 
 /// Runs `command` and reports how it ended.
