@@ -73,21 +73,21 @@ impl Policy {
     /// `keep_out` names kept out. Every path is made absolute here, against
     /// the kernel's directory, since the helper runs in another.
     pub fn confined(own: &[&Path], extra: &Grants, keep_out: &KeepOut) -> Policy {
-        let absolute = |paths: &mut dyn Iterator<Item = &Path>| -> Vec<PathBuf> {
-            paths.map(rules::absolute).collect()
-        };
-        let system_ro = SYSTEM_READ_ONLY.iter().map(Path::new);
-        let system_rw = SYSTEM_READ_WRITE.iter().map(Path::new);
+        fn all<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<PathBuf> {
+            paths.into_iter().map(absolute).collect()
+        }
+        let extra_ro = extra.read_only.iter().map(PathBuf::as_path);
+        let extra_rw = extra.read_write.iter().map(PathBuf::as_path);
         Policy {
             landlock: true,
-            read_only: absolute(&mut system_ro.chain(extra.read_only.iter().map(PathBuf::as_path))),
-            read_write: absolute(
-                &mut system_rw
-                    .chain(own.iter().copied())
-                    .chain(extra.read_write.iter().map(PathBuf::as_path)),
-            ),
-            forbidden: absolute(&mut keep_out.forbidden.iter().map(PathBuf::as_path)),
-            hidden: absolute(&mut keep_out.hidden.iter().map(PathBuf::as_path)),
+            read_only: all(SYSTEM_READ_ONLY.iter().map(Path::new).chain(extra_ro)),
+            read_write: all(SYSTEM_READ_WRITE
+                .iter()
+                .map(Path::new)
+                .chain(own.iter().copied())
+                .chain(extra_rw)),
+            forbidden: all(keep_out.forbidden.iter().map(PathBuf::as_path)),
+            hidden: all(keep_out.hidden.iter().map(PathBuf::as_path)),
             lifeline: false,
         }
     }

@@ -24,7 +24,7 @@ pub(crate) use model::base_url_problem;
 mod parse;
 mod sandbox;
 pub use sandbox::ExecSettings;
-pub(crate) use sandbox::lexical;
+pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
 pub use storage::{ArtifactSettings, MemorySettings};
 mod supervision;

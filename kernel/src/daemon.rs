@@ -167,24 +167,26 @@ async fn exec_sandbox(settings: &KernelSettings) -> Result<Option<ExecSandbox>, 
 /// Refuses sandbox grants inside the data directory actually used (the
 /// config check saw the config's; `--data-dir` may name another).
 fn check_grants(config: &Config, settings: &KernelSettings) -> Result<(), StartError> {
-    let data_dir = crate::config::lexical(&settings.data_dir);
-    let grants = [
-        ("tool_agent.shell", &config.tools.shell.grants),
-        ("kernel.exec", &settings.exec.grants),
-    ];
-    for (section, grants) in grants {
-        for path in grants.read_only.iter().chain(&grants.read_write) {
-            if crate::config::lexical(path).starts_with(&data_dir) {
-                return Err(StartError::Usage(format!(
-                    "{section} grants {}, inside the data directory {}: its admin token and \
-                     store must stay out of the sandbox",
-                    path.display(),
-                    settings.data_dir.display()
-                )));
-            }
-        }
+    let mut issues = Vec::new();
+    crate::config::check_grants(
+        &config.tools.shell.grants,
+        "tool_agent.shell",
+        &settings.data_dir,
+        &mut issues,
+    );
+    crate::config::check_grants(
+        &settings.exec.grants,
+        "kernel.exec",
+        &settings.data_dir,
+        &mut issues,
+    );
+    match issues.into_iter().next() {
+        Some(issue) => Err(StartError::Usage(format!(
+            "{}: {}",
+            issue.location, issue.message
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The config's kernel settings with the command line's flags over them.

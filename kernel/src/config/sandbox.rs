@@ -64,15 +64,13 @@ pub(super) fn shell(
     let raw = section::<RawShell>(value, "tool_agent.shell", issues).value;
     ShellSettings {
         unsandboxed: raw.unsandboxed,
-        grants: Grants {
-            read_only: paths(&raw.read_only, "tool_agent.shell.read_only", checks, issues),
-            read_write: paths(
-                &raw.read_write,
-                "tool_agent.shell.read_write",
-                checks,
-                issues,
-            ),
-        },
+        grants: grants(
+            &raw.read_only,
+            &raw.read_write,
+            "tool_agent.shell",
+            checks,
+            issues,
+        ),
         keep_out: Default::default(),
         helper: None,
     }
@@ -87,10 +85,27 @@ pub(super) fn exec(
     let raw = section::<RawExec>(value, "kernel.exec", issues).value;
     ExecSettings {
         sandbox: raw.sandbox,
-        grants: Grants {
-            read_only: paths(&raw.read_only, "kernel.exec.read_only", checks, issues),
-            read_write: paths(&raw.read_write, "kernel.exec.read_write", checks, issues),
-        },
+        grants: grants(
+            &raw.read_only,
+            &raw.read_write,
+            "kernel.exec",
+            checks,
+            issues,
+        ),
+    }
+}
+
+/// `read_only` and `read_write` of `section`, resolved against the config's directory.
+fn grants(
+    read_only: &[String],
+    read_write: &[String],
+    section: &str,
+    checks: &Context<'_>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Grants {
+    Grants {
+        read_only: paths(read_only, &format!("{section}.read_only"), checks, issues),
+        read_write: paths(read_write, &format!("{section}.read_write"), checks, issues),
     }
 }
 
@@ -108,7 +123,7 @@ fn paths(
 }
 
 /// Refuses grants that are the data directory or lie inside it.
-pub(super) fn check_grants(
+pub(crate) fn check_grants(
     grants: &Grants,
     location: &str,
     data_dir: &Path,
