@@ -16,6 +16,7 @@
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
 //! - [`text`]: cutting text to a size, with one marker.
+//! - [`transcript`]: what a runtime records in its process's transcript.
 //! - `named`: the macro behind every lowercase string enum.
 //! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
@@ -37,6 +38,7 @@ pub mod syscalls;
 pub mod text;
 pub mod tool_agent;
 pub mod tools;
+pub mod transcript;
 
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
 pub use capability::{Capabilities, Capability};
@@ -50,3 +52,4 @@ pub use process::{
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport};
+pub use transcript::{InputSource, TurnRecord};

@@ -17,6 +17,7 @@ use crate::llm::{ChatRequest, ChatResponse, LlmError};
 use crate::memory::{MemoryEntry, MemoryHit, NewMemory};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
 use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
+use crate::transcript::TurnRecord;
 
 /// The class of a refused or failed syscall; maps one-to-one onto gRPC codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,11 +114,16 @@ impl TaskSpec {
     }
 }
 
-/// A tool call a runtime made, reported to the kernel for its event log.
+/// A tool call a runtime made, reported to the kernel for its event log
+/// and the process's transcript.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCallReport {
     /// The tool it asked for (as the model named it).
     pub tool: String,
+    /// The id the model gave the call.
+    pub call_id: String,
+    /// What went back to the model: the result, or `error: ...`.
+    pub output: String,
     /// How long the call took.
     pub duration: std::time::Duration,
     /// Why it failed; `None` when the tool returned a result.
@@ -225,9 +231,15 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
     }
 
     /// Reports a finished tool call; the kernel records it as a `tool_call`
-    /// event of this process. The default drops it.
+    /// event of this process and in its transcript. The default drops it.
     fn tool_called(&self, report: ToolCallReport) {
         let _ = report;
+    }
+
+    /// Adds to this process's transcript, in the turn being handled. Never
+    /// waits: the kernel writes it in the background. The default drops it.
+    fn record(&self, record: TurnRecord) {
+        let _ = record;
     }
 
     /// One model call through the kernel's provider. The kernel records the

@@ -18,8 +18,14 @@
 //! - a `message`: `Message from process N:` and the payload;
 //! - a `task_response` (the answer to a `delegate_async`): `Result of delegated
 //!   request R (succeeded|failed):` and the output or error. The final answer
-//!   of a message turn has nobody to go to: it is logged, and a daemon keeps it
-//!   in its conversation.
+//!   of a message turn has nobody to go to: it is logged and recorded in the
+//!   transcript, and a daemon keeps it in its conversation.
+//!
+//! # Transcript
+//! Each turn records its input and its end (answer or failure) through
+//! [`Syscalls::record`](crate::Syscalls::record), and each tool call's result
+//! through its [`ToolCallReport`]; the kernel records the model requests and
+//! answers in between.
 //! - `child_exited` and `sibling_copy` notices are logged, not sent to the
 //!   model (an orchestrator would otherwise pay a model call per worker).
 //!
@@ -53,6 +59,7 @@ use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
 use crate::syscalls::{ErrorKind, SyscallError, ToolCallReport};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
+use crate::transcript::{InputSource, TurnRecord};
 
 /// Retries of one model call after the provider says the context is too long.
 pub const CONTEXT_RETRIES: u32 = 3;
@@ -267,7 +274,8 @@ impl Conversation {
 #[async_trait]
 impl Runtime for ToolAgent {
     async fn execute(&self, ctx: &ProcessContext, task: Task) -> TaskReply {
-        self.turn(ctx, prompt::task_input(&task)).await
+        let input = prompt::task_input(&task);
+        self.turn(ctx, InputSource::task(&task), input).await
     }
 
     async fn on_message(&self, ctx: &ProcessContext, message: Message) -> Result<(), RuntimeError> {
@@ -276,7 +284,7 @@ impl Runtime for ToolAgent {
             return Ok(());
         }
         let input = prompt::message_input(&message);
-        match self.turn(ctx, input).await {
+        match self.turn(ctx, InputSource::message(&message), input).await {
             Ok(answer) => {
                 tracing::info!(pid = %ctx.pid, kind = %message.kind, from = %message.from, answer = %preview(&answer), "message handled")
             }
@@ -289,8 +297,27 @@ impl Runtime for ToolAgent {
 }
 
 impl ToolAgent {
+    /// Runs one input to a final answer, recording both in the transcript.
+    async fn turn(
+        &self,
+        ctx: &ProcessContext,
+        source: InputSource,
+        input: String,
+    ) -> Result<String, String> {
+        ctx.syscalls.record(TurnRecord::Input {
+            source,
+            text: input.clone(),
+        });
+        let outcome = self.answer(ctx, input).await;
+        ctx.syscalls.record(match &outcome {
+            Ok(answer) => TurnRecord::Answer(answer.clone()),
+            Err(error) => TurnRecord::Failed(error.clone()),
+        });
+        outcome
+    }
+
     /// Runs one input to a final answer.
-    async fn turn(&self, ctx: &ProcessContext, input: String) -> Result<String, String> {
+    async fn answer(&self, ctx: &ProcessContext, input: String) -> Result<String, String> {
         let history = match &self.history {
             Some(conversation) => conversation.snapshot(ctx).await,
             None => Vec::new(),
@@ -369,13 +396,18 @@ impl ToolAgent {
     async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> String {
         let started = std::time::Instant::now();
         let result = self.call_tool(ctx, call).await;
+        let duration = started.elapsed();
+        let error = result.as_ref().err().cloned();
+        let text = result.unwrap_or_else(|err| format!("error: {err}"));
+        let output = crate::text::cut(text, self.settings.max_tool_result_bytes);
         ctx.syscalls.tool_called(ToolCallReport {
             tool: call.name.clone(),
-            duration: started.elapsed(),
-            error: result.as_ref().err().cloned(),
+            call_id: call.id.clone(),
+            output: output.clone(),
+            duration,
+            error,
         });
-        let text = result.unwrap_or_else(|err| format!("error: {err}"));
-        crate::text::cut(text, self.settings.max_tool_result_bytes)
+        output
     }
 
     async fn call_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> Result<String, String> {

@@ -13,6 +13,7 @@
 //! - `process`: `ps`, `spawn`, `kill`, `wait`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
+//! - `logs`: `logs` (transcripts, and an `exec` agent's log file).
 //! - `artifacts`: `artifacts ls | put | get | rm`.
 
 mod artifacts;
@@ -20,6 +21,7 @@ mod client;
 mod cron;
 mod error;
 mod events;
+mod logs;
 mod names;
 mod output;
 mod process;
@@ -76,6 +78,9 @@ pub enum Command {
     Wait(WaitArgs),
     /// Print kernel events: the retained ones, or a live stream with --follow.
     Events(EventsArgs),
+    /// Show what a process's agent did: each turn's input, model requests and
+    /// answers, tool calls and results, tokens, durations, the final answer.
+    Logs(LogsArgs),
     /// List, add and remove cron entries.
     #[command(subcommand)]
     Cron(CronCommand),
@@ -382,6 +387,27 @@ pub struct EventsArgs {
     pub client: ClientArgs,
 }
 
+/// Arguments of `hivekernel logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The process.
+    pub pid: u64,
+    /// Keep printing entries as they are recorded, until the process exits or Ctrl-C.
+    #[arg(long, short)]
+    pub follow: bool,
+    /// Only the newest N turns (a turn is one task or message the process handled).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u32>,
+    /// Only entries recorded within this long before now: 90s, 10m, 2h, 1d, 1h30m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub since: Option<Duration>,
+    /// One JSON object per entry, per line (the detail's fields, plus id, pid, turn, at_unix_ms, type).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 /// `hivekernel artifacts ...`.
 #[derive(Debug, Subcommand)]
 pub enum ArtifactsCommand {
@@ -463,6 +489,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Exec(args) => task::exec(args).await,
         Command::Send(args) => task::send(args).await,
         Command::Events(args) => events::events(args).await,
+        Command::Logs(args) => logs::logs(args).await,
         Command::Cron(command) => cron::run(command).await,
         Command::Artifacts(ArtifactsCommand::Ls(args)) => artifacts::ls(args).await,
         Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
@@ -501,6 +528,39 @@ fn parse_env(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(key, value)| (key.to_owned(), value.to_owned()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+/// Parses a duration written as numbers with units, largest first:
+/// `500ms`, `90s`, `10m`, `2h`, `1d`, `1h30m`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("expected a duration such as 90s, 10m, 2h or 1d, got {text:?}");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let millis = match &rest[..unit] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit..];
+        let part = number.checked_mul(millis).ok_or_else(bad)?;
+        total = total
+            .checked_add(Duration::from_millis(part))
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
 }
 
 /// Parses a positive number of seconds, fractions allowed.
@@ -544,6 +604,17 @@ mod tests {
         assert!(parse_seconds("-1").is_err());
         assert!(parse_seconds("NaN").is_err());
         assert!(parse_seconds("soon").is_err());
+    }
+
+    #[test]
+    fn durations_parse_with_units_and_reject_nonsense() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "10", "m", "5x", "1.5h", "-1m", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

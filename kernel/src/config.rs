@@ -10,7 +10,7 @@
 //! semantic checks and path resolution), `model` (both phases for the `llm`
 //! and `tool_agent` sections), `supervision` (both phases for `roles` and
 //! the restart specs and strategies of roles and agents), `storage` (both
-//! phases for `kernel.artifacts` and `kernel.memory`), `limits` (both phases
+//! phases for `kernel.artifacts`, `kernel.memory` and `kernel.transcripts`), `limits` (both phases
 //! for `kernel.limits`), `connections` (both phases for
 //! `kernel.connections`), `tls` (both phases for `kernel.tls`), `sandbox`
 //! (both phases for `tool_agent.shell` and `kernel.exec`).
@@ -26,7 +26,7 @@ mod sandbox;
 pub use sandbox::ExecSettings;
 pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
-pub use storage::{ArtifactSettings, MemorySettings};
+pub use storage::{ArtifactSettings, MemorySettings, TranscriptSettings};
 mod supervision;
 mod tls;
 mod validate;
@@ -161,6 +161,8 @@ pub struct KernelSettings {
     pub artifacts: ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
     pub memory: MemorySettings,
+    /// What transcripts keep, and for how long (`kernel.transcripts`).
+    pub transcripts: TranscriptSettings,
     /// Size limits on what callers send (`kernel.limits`).
     pub limits: crate::limits::InputLimits,
     /// How the control plane treats connections (`kernel.connections`).
@@ -239,6 +241,7 @@ impl Default for KernelSettings {
             roles: HashMap::new(),
             artifacts: Default::default(),
             memory: Default::default(),
+            transcripts: Default::default(),
             limits: Default::default(),
             connections: Default::default(),
             prices: Default::default(),

@@ -20,6 +20,7 @@ pub use gate::raise_open_file_limit;
 mod service;
 mod status;
 mod streams;
+mod transcript;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -35,6 +35,7 @@ mod spawn;
 pub(crate) mod state;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
+mod transcript;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 use inner::{Inner, Parts};
@@ -150,6 +151,10 @@ impl Kernel {
             (store::Counter::Pid, self.inner.pids().peek()),
             (store::Counter::Id, self.inner.ids().peek()),
             (store::Counter::EventSeq, self.inner.events().next_seq()),
+            (
+                store::Counter::Transcript,
+                self.inner.transcripts().peek_id(),
+            ),
         ];
         let store = &self.inner.store();
         store.submit_all(

@@ -24,7 +24,9 @@
 //! - [`events`]: the event bus: sequencing, retention, replay.
 //! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters,
-//!   artifacts, agent memory, usage.
+//!   artifacts, agent memory, usage, transcripts.
+//! - [`transcript`]: what every agent did, turn by turn: recording, the
+//!   in-memory tail, reads (the store keeps and prunes them).
 //! - `budget`, `usage`: token budgets down the tree, model prices; usage and rate limits.
 //! - `router`: the routing rules (who may address whom) and the message limits.
 //! - [`runtime`]: the runtime registry.
@@ -69,6 +71,7 @@ mod router;
 pub mod runtime;
 pub mod store;
 pub mod tls;
+pub mod transcript;
 mod usage;
 
 /// The global allocator the `hivekernel` binary runs with (mimalloc); the

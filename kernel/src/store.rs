@@ -17,12 +17,14 @@
 //! a commit also survives a power loss.
 //!
 //! Layout: `schema` (migrations), `writer` (the writer thread), `recover`
-//! (what a restart reads back), `artifacts` and `memory` (their tables).
+//! (what a restart reads back), `artifacts`, `memory` and `transcript`
+//! (their tables).
 
 mod artifacts;
 mod memory;
 mod recover;
 mod schema;
+mod transcript;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -34,7 +36,9 @@ use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use crate::config::TranscriptSettings;
 use crate::event::Event;
+use crate::transcript::Entry;
 
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
@@ -110,6 +114,8 @@ pub(crate) enum Counter {
     EventSeq,
     /// Not handed out: the newest pruned event's sequence number.
     EventsPrunedThrough,
+    /// Transcript entry and turn ids.
+    Transcript,
 }
 
 impl Counter {
@@ -119,6 +125,7 @@ impl Counter {
             Counter::Id => "next_id",
             Counter::EventSeq => "next_event_seq",
             Counter::EventsPrunedThrough => "events_pruned_through",
+            Counter::Transcript => "next_transcript_id",
         }
     }
 }
@@ -210,6 +217,8 @@ pub(crate) enum Write {
         pid: Pid,
         key: String,
     },
+    /// A transcript entry.
+    Transcript(Arc<Entry>),
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
 }
@@ -269,6 +278,8 @@ struct Shared {
     event_log_limit: AtomicU64,
     /// Every event up to this sequence number has been pruned (0: none).
     events_pruned_through: AtomicU64,
+    /// What transcripts keep (set by the kernel at start).
+    transcripts: Mutex<TranscriptSettings>,
 }
 
 /// Handle to the store; cheap to clone.
@@ -300,6 +311,7 @@ impl Store {
             persisted_event_seq: AtomicU64::new(recovered.next_event_seq.saturating_sub(1)),
             event_log_limit: AtomicU64::new(DEFAULT_EVENT_LOG_LIMIT),
             events_pruned_through: AtomicU64::new(recovered.events_pruned_through),
+            transcripts: Mutex::new(TranscriptSettings::default()),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -341,6 +353,13 @@ impl Store {
             shared
                 .event_log_limit
                 .store(limit.max(1_000), Ordering::Relaxed);
+        }
+    }
+
+    /// Prunes transcripts and keeps them after exit as `settings` say.
+    pub fn set_transcript_retention(&self, settings: TranscriptSettings) {
+        if let Some(shared) = &self.shared {
+            *shared.transcripts.lock() = settings;
         }
     }
 

@@ -567,3 +567,82 @@ fn usage_shows_tokens_cost_and_budget_per_process_and_subtree() {
     let missing = kernel.cli(&["usage", "999"]);
     assert!(missing.failed(1).contains("999"));
 }
+
+#[test]
+fn logs_follow_a_turn_live_then_show_it_as_text_and_json() {
+    use std::io::{BufRead, BufReader};
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/startup.json");
+    let kernel = Kernel::start_with(
+        tempfile::tempdir().unwrap(),
+        &config,
+        &["--listen", "127.0.0.1:0"],
+    );
+    let queen = kernel.pid_of("queen").to_string();
+    let data = kernel.data_dir();
+    // Following before the turn exists: what it prints arrives live.
+    let mut follow = Command::new(support::binary())
+        .args(["logs", &queen, "-f", "--addr", &kernel.addr])
+        .args(["--data-dir", data.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in lines {
+            let line = line.unwrap();
+            let done = line.ends_with(" answer");
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        seen
+    });
+    // Let the watch start before the turn does.
+    std::thread::sleep(Duration::from_millis(300));
+    kernel
+        .cli(&["exec", &queen, "check the logs; review the config"])
+        .ok();
+    let followed = reader.join().unwrap();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let text = followed.join("\n");
+    assert!(
+        followed[0].starts_with("--- turn ") && followed[0].contains(&format!("of pid {queen}")),
+        "{text}"
+    );
+    assert!(
+        text.contains(" input\n    check the logs; review the config"),
+        "{text}"
+    );
+    assert!(text.contains("call orchestrate {"), "{text}");
+    assert!(text.contains(" tool orchestrate ok in "), "{text}");
+    assert!(text.contains("queen-w1 handled: check the logs"), "{text}");
+
+    // The same turn afterwards, as text and as JSON lines.
+    let shown = kernel.cli(&["logs", &queen]);
+    let shown = shown.ok();
+    for line in &followed {
+        assert!(shown.contains(line.as_str()), "{line:?} not in:\n{shown}");
+    }
+    let json = kernel.cli(&["logs", &queen, "--json", "--tail", "1"]);
+    let entries: Vec<serde_json::Value> = json
+        .ok()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(entries.first().unwrap()["type"], "input");
+    assert_eq!(entries.last().unwrap()["type"], "answer");
+    let tokens: u64 = entries
+        .iter()
+        .filter(|e| e["type"] == "response")
+        .map(|e| e["prompt_tokens"].as_u64().unwrap() + e["completion_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(tokens > 0, "{entries:?}");
+    assert!(kernel.cli(&["logs", "999"]).failed(1).contains("999"));
+    let bad = kernel.cli(&["logs", &queen, "--since", "yesterday"]);
+    assert!(bad.failed(2).contains("90s, 10m, 2h or 1d"), "{bad:#?}");
+}

@@ -1,10 +1,13 @@
-//! `kernel.artifacts` and `kernel.memory`, both phases: size limits on what
-//! processes keep in the store.
+//! `kernel.artifacts`, `kernel.memory` and `kernel.transcripts`, both
+//! phases: size limits on what processes keep in the store.
 //!
 //! ```json
 //! "kernel": {
 //!   "artifacts": { "max_bytes": 1048576, "max_bytes_per_owner": 67108864 },
-//!   "memory": { "max_entry_bytes": 16384, "max_bytes_per_agent": 1048576, "max_results": 20 }
+//!   "memory": { "max_entry_bytes": 16384, "max_bytes_per_agent": 1048576, "max_results": 20 },
+//!   "transcripts": { "enabled": true, "keep_after_exit": false, "max_age_hours": 168,
+//!                    "max_bytes_per_process": 16777216, "max_bytes_total": 1073741824,
+//!                    "max_text_bytes": 16384, "memory_entries": 10000 }
 //! }
 //! ```
 
@@ -54,6 +57,41 @@ impl Default for MemorySettings {
     }
 }
 
+/// What transcripts keep, and for how long (`kernel.transcripts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TranscriptSettings {
+    /// Whether turns are recorded at all.
+    pub enabled: bool,
+    /// Keep a process's transcript after it is reaped (until age or size
+    /// prunes it); by default it goes with the process's other state.
+    pub keep_after_exit: bool,
+    /// Entries older than this many hours are pruned.
+    pub max_age_hours: u64,
+    /// Most bytes one process's transcript keeps; its oldest entries go first.
+    pub max_bytes_per_process: u64,
+    /// Most bytes all transcripts keep together; the oldest entries go first.
+    pub max_bytes_total: u64,
+    /// Longest text one entry keeps (an input, an answer, a tool result or
+    /// its arguments); longer ones are cut, with the marker.
+    pub max_text_bytes: usize,
+    /// Entries a kernel without a store keeps in memory, of all processes.
+    pub memory_entries: usize,
+}
+
+impl Default for TranscriptSettings {
+    fn default() -> Self {
+        TranscriptSettings {
+            enabled: true,
+            keep_after_exit: false,
+            max_age_hours: 7 * 24,
+            max_bytes_per_process: 16 << 20,
+            max_bytes_total: 1 << 30,
+            max_text_bytes: 16 << 10,
+            memory_entries: 10_000,
+        }
+    }
+}
+
 /// Largest artifact the kernel accepts at all (gRPC messages grow with it).
 const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
 /// Ceiling on any per-owner or per-agent total.
@@ -94,6 +132,82 @@ impl Default for RawMemory {
             max_bytes_per_agent: defaults.max_bytes_per_agent,
             max_results: defaults.max_results,
         }
+    }
+}
+
+/// `kernel.transcripts` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTranscripts {
+    enabled: bool,
+    keep_after_exit: bool,
+    max_age_hours: u64,
+    max_bytes_per_process: u64,
+    max_bytes_total: u64,
+    max_text_bytes: u64,
+    memory_entries: u64,
+}
+
+impl Default for RawTranscripts {
+    fn default() -> Self {
+        let defaults = TranscriptSettings::default();
+        RawTranscripts {
+            enabled: defaults.enabled,
+            keep_after_exit: defaults.keep_after_exit,
+            max_age_hours: defaults.max_age_hours,
+            max_bytes_per_process: defaults.max_bytes_per_process,
+            max_bytes_total: defaults.max_bytes_total,
+            max_text_bytes: defaults.max_text_bytes as u64,
+            memory_entries: defaults.memory_entries as u64,
+        }
+    }
+}
+
+/// Parses and checks `kernel.transcripts`.
+pub(super) fn transcripts(
+    value: Option<&Value>,
+    issues: &mut Vec<ConfigIssue>,
+) -> TranscriptSettings {
+    let raw = section::<RawTranscripts>(value, "kernel.transcripts", issues).value;
+    let at = |field: &str| format!("kernel.transcripts.{field}");
+    in_range(
+        raw.max_age_hours,
+        1..=100 * 365 * 24,
+        &at("max_age_hours"),
+        issues,
+    );
+    in_range(
+        raw.max_bytes_per_process,
+        64 << 10..=MAX_TOTAL_BYTES,
+        &at("max_bytes_per_process"),
+        issues,
+    );
+    in_range(
+        raw.max_bytes_total,
+        1 << 20..=MAX_TOTAL_BYTES,
+        &at("max_bytes_total"),
+        issues,
+    );
+    in_range(
+        raw.max_text_bytes,
+        256..=1 << 20,
+        &at("max_text_bytes"),
+        issues,
+    );
+    in_range(
+        raw.memory_entries,
+        100..=1_000_000,
+        &at("memory_entries"),
+        issues,
+    );
+    TranscriptSettings {
+        enabled: raw.enabled,
+        keep_after_exit: raw.keep_after_exit,
+        max_age_hours: raw.max_age_hours,
+        max_bytes_per_process: raw.max_bytes_per_process,
+        max_bytes_total: raw.max_bytes_total,
+        max_text_bytes: usize::try_from(raw.max_text_bytes).unwrap_or(usize::MAX),
+        memory_entries: usize::try_from(raw.memory_entries).unwrap_or(usize::MAX),
     }
 }
 

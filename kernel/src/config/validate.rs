@@ -173,6 +173,7 @@ impl<'a> Context<'a> {
             roles: Default::default(),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
+            transcripts: super::storage::transcripts(k.transcripts.as_ref(), issues),
             limits: super::limits::limits(k.limits.as_ref(), issues),
             connections: super::connections::connections(k.connections.as_ref(), issues),
             // Filled from `llm.prices`.

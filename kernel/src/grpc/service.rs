@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron};
+use super::{attach, convert, cron, transcript};
 use crate::kernel::{Caller, Kernel};
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
@@ -243,5 +243,38 @@ impl KernelRpc for KernelService {
         let id = ArtifactId(convert::required_id("id", request.get_ref().id)?);
         self.kernel.delete_artifact(caller, id).await?;
         Ok(Response::new(pb::DeleteArtifactResponse {}))
+    }
+
+    async fn get_transcript(
+        &self,
+        request: Request<pb::GetTranscriptRequest>,
+    ) -> Rpc<pb::GetTranscriptResponse> {
+        let caller = caller(&request)?;
+        let req = request.get_ref();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let query = transcript::query(req)?;
+        let page = self.kernel.transcript(caller, pid, query).await?;
+        Ok(Response::new(transcript::page(page)))
+    }
+
+    type WatchTranscriptStream = ReceiverStream<Result<pb::TranscriptEntry, Status>>;
+
+    async fn watch_transcript(
+        &self,
+        request: Request<pb::WatchTranscriptRequest>,
+    ) -> Rpc<Self::WatchTranscriptStream> {
+        let caller = caller(&request)?;
+        let req = request.get_ref();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let live = self.kernel.watch_transcript(caller, pid)?;
+        let query = transcript::watch_query(req);
+        Ok(Response::new(transcript::watch(
+            &self.kernel,
+            self.stop.clone(),
+            caller,
+            pid,
+            query,
+            live,
+        )))
     }
 }

@@ -1,5 +1,5 @@
 //! The kernel's parts, owned here: the settings, the process table, the
-//! counters, the event bus, the store, the runtimes, the model provider, the
+//! counters, the event bus, the transcripts, the store, the runtimes, the model provider, the
 //! task tracker and shutdown signals, the reaper and cron. Their fields are
 //! private to this file; the facade's files reach each part through its
 //! accessor and use it through the part's own API.
@@ -25,6 +25,7 @@ use crate::mailbox::Mailbox;
 use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store};
+use crate::transcript::Transcripts;
 use crate::usage::Meter;
 
 /// Events retained in memory for replay.
@@ -52,6 +53,7 @@ pub(super) struct Inner {
     /// Message and request ids.
     ids: Counter,
     events: EventBus,
+    transcripts: Transcripts,
     /// The SQLite store, or its in-memory form.
     store: Store,
     runtimes: RuntimeRegistry,
@@ -132,6 +134,13 @@ impl Inner {
             exit_waiters: None,
             sup: None,
         });
+        let tracker = TaskTracker::new();
+        let transcripts = Transcripts::new(
+            settings.transcripts,
+            store.clone(),
+            start(store::Counter::Transcript, 1),
+            tracker.clone(),
+        );
         Inner {
             workspace_root: Arc::from(settings.workspace_root()),
             settings,
@@ -139,10 +148,11 @@ impl Inner {
             pids,
             ids,
             events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),
+            transcripts,
             store,
             runtimes,
             llm,
-            tracker: TaskTracker::new(),
+            tracker,
             shutdown: CancellationToken::new(),
             stopping: AtomicBool::new(false),
             reaper: Reaper::default(),
@@ -168,6 +178,10 @@ impl Inner {
 
     pub(super) fn events(&self) -> &EventBus {
         &self.events
+    }
+
+    pub(super) fn transcripts(&self) -> &Transcripts {
+        &self.transcripts
     }
 
     pub(super) fn store(&self) -> &Store {

@@ -1,16 +1,19 @@
 //! Model calls through the kernel: the provider is called for a process,
 //! and the usage it reports is charged to the process, its ancestors and
 //! their budgets, committed, and recorded as `llm_call` events; tool calls
-//! a runtime reports become `tool_call` events.
+//! a runtime reports become `tool_call` events. Requests, answers, tool
+//! results and what a runtime records itself go into the process's
+//! transcript.
 
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError, Usage};
-use hivekernel_agents::{Pid, ToolCallReport};
+use hivekernel_agents::{Pid, ToolCallReport, TurnRecord};
 
 use crate::error::KernelError;
 use crate::events::EventKind;
 use crate::kernel::{Caller, Kernel};
 use crate::process::ProcShared;
 use crate::store::Write;
+use crate::transcript::EntryKind as TranscriptKind;
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 impl Kernel {
@@ -57,9 +60,33 @@ impl Kernel {
                 ..request.clone()
             });
         let request = capped.as_ref().unwrap_or(request);
+        let transcripts = self.inner.transcripts();
+        transcripts.record_request(
+            pid,
+            proc.ctx.model.clone(),
+            request.max_tokens,
+            &request.messages,
+        );
         let started = std::time::Instant::now();
         let answer = llm.chat(request).await;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        transcripts.record(
+            pid,
+            match &answer {
+                Ok(response) => TranscriptKind::Response {
+                    content: response.message.content.clone(),
+                    tool_calls: response.message.tool_calls.clone(),
+                    finish_reason: response.finish_reason.clone(),
+                    prompt_tokens: response.usage.prompt_tokens,
+                    completion_tokens: response.usage.completion_tokens,
+                    duration_ms,
+                },
+                Err(err) => TranscriptKind::ModelError {
+                    error: err.to_string(),
+                    duration_ms,
+                },
+            },
+        );
         let (usage, error) = match &answer {
             Ok(response) => (response.usage, None),
             Err(err) => (
@@ -93,15 +120,38 @@ impl Kernel {
         answer
     }
 
-    /// Records a tool call `pid`'s runtime made, as a `tool_call` event.
+    /// Records a tool call `pid`'s runtime made, as a `tool_call` event
+    /// and in its transcript.
     pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
+        let ok = report.error.is_none();
+        let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
+        self.inner.transcripts().record(
+            pid,
+            TranscriptKind::ToolResult {
+                call_id: report.call_id,
+                tool: report.tool.clone(),
+                ok,
+                output: report.output,
+                duration_ms,
+            },
+        );
         let kind = EventKind::ToolCall {
-            ok: report.error.is_none(),
+            ok,
             tool: cut(report.tool, EVENT_TOOL_BYTES),
-            duration_ms: u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX),
+            duration_ms,
             error: report.error.map(|error| cut(error, EVENT_ERROR_BYTES)),
         };
         self.inner.events().emit(pid, kind);
+    }
+
+    /// Adds what `pid`'s runtime records to its transcript.
+    pub(crate) fn record(&self, pid: Pid, record: TurnRecord) {
+        let kind = match record {
+            TurnRecord::Input { source, text } => TranscriptKind::Input { source, text },
+            TurnRecord::Answer(text) => TranscriptKind::Answer { text },
+            TurnRecord::Failed(error) => TranscriptKind::Failed { error },
+        };
+        self.inner.transcripts().record(pid, kind);
     }
 
     /// Counts one call's usage for the process, its budget and its ancestors'

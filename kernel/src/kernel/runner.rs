@@ -22,6 +22,7 @@ use crate::events::EventKind;
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
+use crate::transcript::in_turn;
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
@@ -125,7 +126,8 @@ fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelo
     }
 }
 
-/// Starts handling one mailbox item; `Err` from the work ends the process.
+/// Starts handling one mailbox item, as one turn of the process's
+/// transcript; `Err` from the work ends the process.
 /// Messages and tasks are separate futures, so a message (the common case)
 /// is not moved to the heap at the size of a task's.
 fn handle(
@@ -136,10 +138,12 @@ fn handle(
 ) -> Work {
     let (id, durable) = (env.id, env.durable);
     match env.item {
-        Item::Task { task, reply, .. } => Box::pin(handle_task(kernel, proc, runtime, task, reply)),
-        Item::Message(message) => {
-            Box::pin(handle_message(kernel, proc, runtime, message, id, durable))
+        Item::Task { task, reply, .. } => {
+            Box::pin(in_turn(handle_task(kernel, proc, runtime, task, reply)))
         }
+        Item::Message(message) => Box::pin(in_turn(handle_message(
+            kernel, proc, runtime, message, id, durable,
+        ))),
     }
 }
 

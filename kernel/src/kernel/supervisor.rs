@@ -382,6 +382,10 @@ impl Kernel {
             join_runners(&mut runners).await;
             // Nor any OS process of an exec process among them.
             kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
+            kernel
+                .inner
+                .transcripts()
+                .forget(exited.iter().map(|e| e.pid));
             for (pid, env) in undelivered {
                 kernel.fail_undelivered(pid, env);
             }

@@ -8,7 +8,7 @@ use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
     Artifact, ArtifactId, ArtifactInfo, CronInfo, CronSpec, ExitRecord, MemoryEntry, MemoryHit,
     MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
-    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
+    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport, TurnRecord,
 };
 
 use crate::error::KernelError;
@@ -93,6 +93,12 @@ impl Syscalls for KernelSyscalls {
     fn tool_called(&self, report: ToolCallReport) {
         if let Ok(kernel) = self.kernel() {
             kernel.tool_called(self.pid, report);
+        }
+    }
+
+    fn record(&self, record: TurnRecord) {
+        if let Ok(kernel) = self.kernel() {
+            kernel.record(self.pid, record);
         }
     }
 

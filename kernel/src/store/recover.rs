@@ -77,6 +77,8 @@ pub struct Recovered {
     pub next_event_seq: u64,
     /// Every event up to this sequence number was pruned from the log (0: none).
     pub events_pruned_through: u64,
+    /// The next transcript entry or turn id.
+    pub next_transcript_id: u64,
     /// Processes alive at the last stop, parents before children.
     pub processes: Vec<StoredProcess>,
     /// Processes that had exited but were not yet collected.
@@ -114,6 +116,7 @@ impl Recovered {
             Counter::Id => self.next_id,
             Counter::EventSeq => self.next_event_seq,
             Counter::EventsPrunedThrough => self.events_pruned_through,
+            Counter::Transcript => self.next_transcript_id,
         }
     }
 }
@@ -148,6 +151,11 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         .max(1);
     let next_event_seq = counter(Counter::EventSeq.key())?
         .max(max("SELECT max(seq) FROM events")? + 1)
+        .max(1);
+
+    // Turn ids come from the same counter and are below their entries' ids.
+    let next_transcript_id = counter(Counter::Transcript.key())?
+        .max(max("SELECT max(id) FROM transcript")? + 1)
         .max(1);
 
     // A log pruned before the mark was kept: everything below its oldest event.
@@ -268,6 +276,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         next_id,
         next_event_seq,
         events_pruned_through,
+        next_transcript_id,
         processes,
         zombies,
         declared,

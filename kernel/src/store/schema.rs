@@ -141,6 +141,17 @@ const MIGRATIONS: &[&str] = &[
          subtree_cost_nano_usd     INTEGER NOT NULL,
          budget_spent              INTEGER
      ) STRICT;",
+    // 5: transcripts. `body` is the entry's JSON; `bytes` what retention counts.
+    "CREATE TABLE transcript (
+         id    INTEGER PRIMARY KEY,
+         pid   INTEGER NOT NULL,
+         turn  INTEGER NOT NULL,
+         at_ms INTEGER NOT NULL,
+         type  TEXT NOT NULL,
+         bytes INTEGER NOT NULL,
+         body  TEXT NOT NULL
+     ) STRICT;
+     CREATE INDEX transcript_by_pid ON transcript (pid, id);",
 ];
 
 /// The schema version this build writes.

@@ -7,22 +7,41 @@ use rusqlite::{Connection, Transaction};
 
 use crate::event::{Event, EventKind};
 
-use super::{Applied, Counter, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64};
+use super::transcript::Tally;
+use super::{
+    Applied, Counter, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64, transcript,
+};
 
 /// Events written between two prunings of the event log.
 const PRUNE_EVERY: u64 = 10_000;
+/// Longest the writer sleeps with nothing to write.
+const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs until the store is closed and its queue is empty.
 pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     let mut since_prune = 0u64;
+    let mut transcripts = match Tally::load(&conn) {
+        Ok(tally) => Some(tally),
+        Err(err) => {
+            tracing::warn!(error = %err, "store: transcript sizes unreadable; transcripts are not pruned");
+            None
+        }
+    };
     loop {
         let (ops, closed) = {
             let mut queue = shared.queue.lock();
-            while queue.ops.is_empty() && !queue.closed {
+            if queue.ops.is_empty() && !queue.closed {
                 queue.waiting = true;
-                shared.wake.wait(&mut queue);
+                // Woken at least once a minute, so transcripts age out on an idle kernel too.
+                shared.wake.wait_for(&mut queue, IDLE_WAKE);
+                queue.waiting = false;
             }
             (std::mem::take(&mut queue.ops), queue.closed)
+        };
+        let settings = *shared.transcripts.lock();
+        let reaped = match &mut transcripts {
+            Some(tally) => tally.count(ops.iter().map(|op| &op.write), &settings),
+            None => Vec::new(),
         };
         if !ops.is_empty() {
             since_prune += ops
@@ -34,6 +53,11 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
         if since_prune >= PRUNE_EVERY {
             since_prune = 0;
             prune_events(&conn, shared);
+        }
+        if let Some(tally) = &mut transcripts
+            && let Err(err) = tally.tidy(&conn, &settings, &reaped)
+        {
+            tracing::warn!(error = %err, "store: transcripts not pruned");
         }
         if closed && shared.queue.lock().ops.is_empty() {
             break;
@@ -309,6 +333,7 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             )?
             .execute((name, hivekernel_agents::cron::HISTORY as i64))?;
         }
+        Write::Transcript(entry) => transcript::put(tx, entry)?,
         Write::Flush => {}
         // Dispatched by `apply`.
         Write::Artifact(_)

@@ -1,5 +1,7 @@
 //! The `tool_agent` against a zero-latency loopback chat-completions server:
-//! the kernel's overhead per agent turn, and `orchestrate` with many workers.
+//! the kernel's overhead per agent turn, and `orchestrate` with many workers,
+//! each with transcripts recorded (the default) and with them off, measured
+//! in alternating runs so the pair sees the same machine.
 //!
 //! The floor for both is the model calls alone: the same provider (same HTTP
 //! client, same admission cap) making the same requests to the same server,
@@ -17,7 +19,7 @@ use hivekernel_agents::llm::{
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{LimitOverrides, Pid, Role, SpawnRequest, TaskSpec};
-use hivekernel_kernel::config::KernelSettings;
+use hivekernel_kernel::config::{KernelSettings, TranscriptSettings};
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_tests::llm_server::{LlmServer, scripted_answer};
 
@@ -65,11 +67,13 @@ fn provider(server: &LlmServer) -> OpenAiProvider {
 }
 
 /// A kernel as `hivekernel start` runs it: with its store, which every
-/// model call's usage is committed to. The store lives in the returned directory.
+/// model call's usage is committed to (and, with `transcripts`, every
+/// turn's transcript). The store lives in the returned directory.
 async fn start(
     provider: Arc<dyn Provider>,
     max_children: u32,
     max_workers: u32,
+    transcripts: bool,
 ) -> (Kernel, tempfile::TempDir) {
     let settings = KernelSettings {
         listen: "127.0.0.1:0".parse().expect("address"),
@@ -77,6 +81,10 @@ async fn start(
         task_timeout_seconds: 600,
         mailbox_capacity: 4096,
         workspace: Some(std::env::temp_dir().join("hivekernel-bench-ws")),
+        transcripts: TranscriptSettings {
+            enabled: transcripts,
+            ..TranscriptSettings::default()
+        },
         ..KernelSettings::default()
     };
     let mut tools = ToolSettings::default();
@@ -113,66 +121,93 @@ async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str], max_children: 
 }
 
 /// One turn of a tool-less agent (a task in, one model call, the answer out),
-/// beside the model call alone.
+/// beside the model call alone; with transcripts on, then off.
 pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
     let server = LlmServer::answering(scripted_answer).await;
     let timed = Arc::new(Timed {
         inner: provider(&server),
         nanos: AtomicU64::new(0),
     });
-    let (kernel, _store) = start(timed.clone(), 32, 8).await;
-    // A task-role agent: every turn starts fresh, so each does the same work.
-    let mut request = SpawnRequest::new(Pid::KERNEL, "solo");
-    request.role = Role::Agent;
-    request.runtime = Some("tool_agent".into());
-    request.model = "bench".into();
-    request.system_prompt = "You answer.".into();
-    let agent = kernel
-        .spawn(Caller::Admin, request)
-        .await
-        .expect("spawn the agent");
+    let mut kernels = Vec::new();
+    for transcripts in [true, false] {
+        let (kernel, store) = start(timed.clone(), 32, 8, transcripts).await;
+        // A task-role agent: every turn starts fresh, so each does the same work.
+        let mut request = SpawnRequest::new(Pid::KERNEL, "solo");
+        request.role = Role::Agent;
+        request.runtime = Some("tool_agent".into());
+        request.model = "bench".into();
+        request.system_prompt = "You answer.".into();
+        let agent = kernel
+            .spawn(Caller::Admin, request)
+            .await
+            .expect("spawn the agent");
+        kernels.push((kernel, agent, store));
+    }
     let turns = sizes.asks.min(2_000);
-    let mut overheads = Vec::with_capacity(sizes.runs);
-    let mut turn_p50 = Vec::with_capacity(sizes.runs);
+    // [on, off]: overheads and p50s per run.
+    let mut overheads = [Vec::new(), Vec::new()];
+    let mut turn_p50 = [Vec::new(), Vec::new()];
     let mut call_p50 = Vec::with_capacity(sizes.runs);
     for run in 0..=sizes.runs {
-        let mut latencies = Latencies::with_capacity(turns);
-        let before = timed.nanos.load(Ordering::Relaxed);
-        let started = Instant::now();
-        for i in 0..turns {
-            let t = Instant::now();
-            let (_, reply) = kernel
-                .execute_task(Caller::Admin, TaskSpec::new(agent, format!("question {i}")))
-                .await
-                .expect("execute_task");
-            reply.expect("the turn succeeds");
-            latencies.record(t.elapsed());
+        for (which, (kernel, agent, _)) in kernels.iter().enumerate() {
+            let mut latencies = Latencies::with_capacity(turns);
+            let before = timed.nanos.load(Ordering::Relaxed);
+            let started = Instant::now();
+            for i in 0..turns {
+                let t = Instant::now();
+                let (_, reply) = kernel
+                    .execute_task(
+                        Caller::Admin,
+                        TaskSpec::new(*agent, format!("question {i}")),
+                    )
+                    .await
+                    .expect("execute_task");
+                reply.expect("the turn succeeds");
+                latencies.record(t.elapsed());
+            }
+            let total = started.elapsed().as_nanos() as f64;
+            let in_http = (timed.nanos.load(Ordering::Relaxed) - before) as f64;
+            if run > 0 {
+                overheads[which].push((total - in_http) / turns as f64);
+                turn_p50[which].push(latencies.p50_p99().0);
+            }
         }
-        let total = started.elapsed().as_nanos() as f64;
-        let in_http = (timed.nanos.load(Ordering::Relaxed) - before) as f64;
         // The same request the agent sends, made directly.
         let direct = direct_calls(&timed.inner, turns).await;
         if run > 0 {
-            overheads.push((total - in_http) / turns as f64);
-            turn_p50.push(latencies.p50_p99().0);
             call_p50.push(direct);
         }
     }
-    kernel.shutdown().await;
-    let overhead = median(overheads);
+    for (kernel, ..) in &kernels {
+        kernel.shutdown().await;
+    }
+    let floor = median(call_p50);
+    let [on, off] = turn_p50.map(median);
+    let [overhead_on, overhead_off] = overheads.map(median);
+    let label = format!("tool_agent turn, p50 of {} (one model call)", count(turns));
     vec![
+        Row::new("turn", label.clone(), Unit::Nanos, on, Some(floor)).note(format!(
+            "kernel + loop time outside the HTTP call: {} per turn; transcripts {}",
+            Unit::Nanos.show(overhead_on),
+            against(on, off)
+        )),
         Row::new(
             "turn",
-            format!("tool_agent turn, p50 of {} (one model call)", count(turns)),
+            format!("{label}, transcripts off"),
             Unit::Nanos,
-            median(turn_p50),
-            Some(median(call_p50)),
+            off,
+            Some(floor),
         )
         .note(format!(
             "kernel + loop time outside the HTTP call: {} per turn",
-            Unit::Nanos.show(overhead)
+            Unit::Nanos.show(overhead_off)
         )),
     ]
+}
+
+/// What recording costs: `on` against `off`, as a signed percentage.
+fn against(on: f64, off: f64) -> String {
+    format!("{:+.1}% against off", (on / off - 1.0) * 100.0)
 }
 
 /// p50 of `n` direct model calls shaped like an agent's turn.
@@ -203,50 +238,73 @@ pub(crate) async fn orchestrate(sizes: &Sizes) -> Vec<Row> {
         nanos: AtomicU64::new(0),
     });
     let n = u32::try_from(workers).expect("worker count");
-    let (kernel, _store) = start(timed.clone(), n + 8, n).await;
-    let lead = spawn_agent(&kernel, "lead", &["orchestrate"], n).await;
+    let mut kernels = Vec::new();
+    for transcripts in [true, false] {
+        let (kernel, store) = start(timed.clone(), n + 8, n, transcripts).await;
+        let lead = spawn_agent(&kernel, "lead", &["orchestrate"], n).await;
+        kernels.push((kernel, lead, store));
+    }
     let task: String = (1..=workers).map(|i| format!("- subtask {i}\n")).collect();
-    let mut makespans = Vec::new();
+    // [on, off].
+    let mut makespans = [Vec::new(), Vec::new()];
     let mut floors = Vec::new();
     for run in 0..=sizes.runs {
-        let started = Instant::now();
-        let (_, reply) = kernel
-            .execute_task(Caller::Admin, TaskSpec::new(lead, task.clone()))
-            .await
-            .expect("execute_task");
-        let answer = reply.expect("orchestrate succeeds");
-        let makespan = started.elapsed().as_nanos() as f64;
-        assert!(
-            answer.starts_with("Done: Summary: "),
-            "unexpected answer: {answer}"
-        );
-        let left = kernel
-            .list_processes(Caller::Admin, lead, None)
-            .await
-            .expect("list")
-            .len();
-        assert_eq!(left, 1, "workers left behind");
+        for (which, (kernel, lead, _)) in kernels.iter().enumerate() {
+            let started = Instant::now();
+            let (_, reply) = kernel
+                .execute_task(Caller::Admin, TaskSpec::new(*lead, task.clone()))
+                .await
+                .expect("execute_task");
+            let answer = reply.expect("orchestrate succeeds");
+            let makespan = started.elapsed().as_nanos() as f64;
+            assert!(
+                answer.starts_with("Done: Summary: "),
+                "unexpected answer: {answer}"
+            );
+            let left = kernel
+                .list_processes(Caller::Admin, *lead, None)
+                .await
+                .expect("list")
+                .len();
+            assert_eq!(left, 1, "workers left behind");
+            if run > 0 {
+                makespans[which].push(makespan);
+            }
+        }
         let floor = direct_fan_out(&timed.inner, workers).await;
         if run > 0 {
-            makespans.push(makespan);
             floors.push(floor);
         }
     }
-    kernel.shutdown().await;
-    let (ours, floor) = (median(makespans), median(floors));
+    for (kernel, ..) in &kernels {
+        kernel.shutdown().await;
+    }
+    let [on, off] = makespans.map(median);
+    let floor = median(floors);
+    let label = format!("orchestrate {} workers (makespan)", count(workers));
+    let per_worker = |ours: f64| {
+        format!(
+            "kernel overhead per worker: {}",
+            Unit::Nanos.show((ours - floor).max(0.0) / workers as f64)
+        )
+    };
     vec![
+        Row::new("orchestrate", label.clone(), Unit::Nanos, on, Some(floor))
+            .target(Target::at_most(1e9, Unit::Nanos))
+            .note(format!(
+                "{}; transcripts {}",
+                per_worker(on),
+                against(on, off)
+            )),
         Row::new(
             "orchestrate",
-            format!("orchestrate {} workers (makespan)", count(workers)),
+            format!("{label}, transcripts off"),
             Unit::Nanos,
-            ours,
+            off,
             Some(floor),
         )
         .target(Target::at_most(1e9, Unit::Nanos))
-        .note(format!(
-            "kernel overhead per worker: {}",
-            Unit::Nanos.show((ours - floor).max(0.0) / workers as f64)
-        )),
+        .note(per_worker(off)),
     ]
 }
 

@@ -1,0 +1,398 @@
+//! `logs`: a process's transcript as readable text or JSON lines, and for
+//! an `exec` agent its log file too; `--follow` keeps printing until the
+//! process exits or Ctrl-C.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use hivekernel_proto::v1::{
+    GetProcessRequest, GetTranscriptRequest, TranscriptEntry, WatchTranscriptRequest,
+};
+use serde_json::{Map, Value};
+
+use super::client::Session;
+use super::{CliError, LogsArgs, output};
+use crate::event::unix_ms;
+use crate::transcript::EntryKind;
+
+/// Prints the transcript, then (for an `exec` agent) its log file.
+pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let since_unix_ms = args.since.map_or(0, |since| {
+        unix_ms(SystemTime::now()).saturating_sub(since.as_millis() as u64)
+    });
+    // A reaped process is gone from the table; its kept transcript is not.
+    let log_file = session
+        .client
+        .get_process(GetProcessRequest { pid: args.pid })
+        .await
+        .ok()
+        .map(|info| info.into_inner().log_path)
+        .filter(|path| !path.is_empty());
+    let mut printer = Printer::new(args.json);
+    if args.follow {
+        let request = WatchTranscriptRequest {
+            pid: args.pid,
+            tail_turns: args.tail.unwrap_or(0),
+            since_unix_ms,
+            after_id: 0,
+        };
+        let mut stream = session
+            .client
+            .watch_transcript(request)
+            .await
+            .map_err(|status| session.error(status))?
+            .into_inner();
+        if let Some(path) = &log_file {
+            output::print(&format!("==> {path} <==\n"))?;
+        }
+        let mut file = log_file.map(LogFile::new);
+        let mut poll = tokio::time::interval(Duration::from_millis(250));
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut catch_ctrl_c = true;
+        loop {
+            tokio::select! {
+                caught = &mut ctrl_c, if catch_ctrl_c => match caught {
+                    Ok(()) => return Ok(()),
+                    Err(_) => catch_ctrl_c = false,
+                },
+                _ = poll.tick(), if file.is_some() => {
+                    if let Some(file) = &mut file {
+                        output::print(&file.read_new())?;
+                    }
+                }
+                next = stream.message() => match next.map_err(|status| session.error(status))? {
+                    Some(entry) => output::print(&printer.entry(&entry))?,
+                    None => break,
+                },
+            }
+        }
+        // The process has exited: what its log file got last.
+        if let Some(file) = &mut file {
+            output::print(&file.read_new())?;
+        }
+        return Ok(());
+    }
+    let mut request = GetTranscriptRequest {
+        pid: args.pid,
+        tail_turns: args.tail.unwrap_or(0),
+        since_unix_ms,
+        ..GetTranscriptRequest::default()
+    };
+    let mut found = false;
+    loop {
+        let page = session
+            .client
+            .get_transcript(request.clone())
+            .await
+            .map_err(|status| session.error(status))?
+            .into_inner();
+        found |= !page.entries.is_empty();
+        let mut text = String::new();
+        for entry in &page.entries {
+            text.push_str(&printer.entry(entry));
+        }
+        output::print(&text)?;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        request.page_token = page.next_page_token;
+    }
+    if let Some(path) = log_file {
+        output::print(&format!("==> {path} <==\n"))?;
+        output::print(&LogFile::new(path).read_new())?;
+    } else if !found && !args.json {
+        eprintln!("process {} has recorded no turns yet", args.pid);
+    }
+    Ok(())
+}
+
+/// An `exec` agent's log file, read as it grows.
+struct LogFile {
+    path: String,
+    read: u64,
+}
+
+impl LogFile {
+    fn new(path: String) -> Self {
+        LogFile { path, read: 0 }
+    }
+
+    /// What was written since the last read (nothing if it cannot be read:
+    /// the kernel may be on another machine).
+    fn read_new(&mut self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return String::new();
+        };
+        if file.seek(SeekFrom::Start(self.read)).is_err() {
+            return String::new();
+        }
+        let mut bytes = Vec::new();
+        if file.read_to_end(&mut bytes).is_err() {
+            return String::new();
+        }
+        self.read += bytes.len() as u64;
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// Renders entries one after another, remembering what earlier ones were,
+/// so a request can name the messages it sent.
+struct Printer {
+    json: bool,
+    turn: u64,
+    /// What each printed entry was, for the requests that name them.
+    seen: HashMap<u64, String>,
+}
+
+impl Printer {
+    fn new(json: bool) -> Self {
+        Printer {
+            json,
+            turn: 0,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// One entry: a JSON line, or its text (a header first when a new turn starts).
+    fn entry(&mut self, entry: &TranscriptEntry) -> String {
+        if self.json {
+            return output::line(&entry_json(entry).to_string());
+        }
+        let mut text = String::new();
+        let kind = serde_json::from_str::<EntryKind>(&entry.detail);
+        if entry.turn != self.turn {
+            self.turn = entry.turn;
+            let _ = write!(
+                text,
+                "--- turn {} of pid {} at {}",
+                entry.turn,
+                entry.pid,
+                output::rfc3339_utc(entry.at_unix_ms)
+            );
+            if let Ok(EntryKind::Input { source, .. }) = &kind {
+                let _ = write!(text, " ({})", source_text(source));
+            }
+            text.push('\n');
+        }
+        let time = output::rfc3339_utc(entry.at_unix_ms);
+        let time = time.get(11..23).unwrap_or(&time);
+        let Ok(kind) = kind else {
+            // An entry type this build does not know: shown as it came.
+            let _ = writeln!(text, "{time} {} {}", entry.r#type, entry.detail);
+            return text;
+        };
+        let (head, body) = describe(&kind, &self.seen);
+        let _ = writeln!(text, "{time} {head}");
+        for line in body.lines() {
+            let _ = writeln!(text, "    {line}");
+        }
+        self.seen.insert(entry.id, short_name(&kind));
+        text
+    }
+}
+
+/// `task 7 from pid 1`, `message 9 (message) from pid 3`.
+fn source_text(source: &hivekernel_agents::InputSource) -> String {
+    match source {
+        hivekernel_agents::InputSource::Task { request_id, from } => {
+            format!("task {} from pid {from}", request_id.0)
+        }
+        hivekernel_agents::InputSource::Message {
+            message_id,
+            from,
+            kind,
+        } => format!("{kind} {} from pid {from}", message_id.0),
+    }
+}
+
+/// How a request names an earlier entry it sent.
+fn short_name(kind: &EntryKind) -> String {
+    match kind {
+        EntryKind::Message { role, .. } => role.as_str().to_owned(),
+        EntryKind::Input { .. } => "input".to_owned(),
+        EntryKind::Response { .. } => "response".to_owned(),
+        EntryKind::ToolResult { tool, .. } => format!("{tool} result"),
+        other => other.name().to_owned(),
+    }
+}
+
+/// An entry's first line and its text (indented under it).
+fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
+    match kind {
+        EntryKind::Input { text, .. } => ("input".into(), text.clone()),
+        EntryKind::Message { role, content, .. } => {
+            (format!("sent {} message", role.as_str()), content.clone())
+        }
+        EntryKind::Request {
+            model,
+            messages,
+            max_tokens,
+        } => {
+            let named: Vec<String> = messages
+                .iter()
+                .map(|id| match seen.get(id) {
+                    Some(name) => format!("{name} #{id}"),
+                    None => format!("#{id}"),
+                })
+                .collect();
+            let mut head = format!(
+                "request to {model}: {} messages [{}]",
+                messages.len(),
+                named.join(", ")
+            );
+            if let Some(max) = max_tokens {
+                let _ = write!(head, ", max {max} tokens");
+            }
+            (head, String::new())
+        }
+        EntryKind::Response {
+            content,
+            tool_calls,
+            finish_reason,
+            prompt_tokens,
+            completion_tokens,
+            duration_ms,
+        } => {
+            let mut head = format!(
+                "response in {duration_ms} ms: {prompt_tokens} prompt + {completion_tokens} completion tokens"
+            );
+            if let Some(reason) = finish_reason {
+                let _ = write!(head, ", finish {reason}");
+            }
+            let mut body = content.clone();
+            for call in tool_calls {
+                if !body.is_empty() && !body.ends_with('\n') {
+                    body.push('\n');
+                }
+                let _ = write!(body, "call {} {} ({})", call.name, call.arguments, call.id);
+            }
+            (head, body)
+        }
+        EntryKind::ModelError { error, duration_ms } => {
+            (format!("model error after {duration_ms} ms"), error.clone())
+        }
+        EntryKind::ToolResult {
+            call_id,
+            tool,
+            ok,
+            output,
+            duration_ms,
+        } => (
+            format!(
+                "tool {tool} {} in {duration_ms} ms ({call_id})",
+                if *ok { "ok" } else { "failed" }
+            ),
+            output.clone(),
+        ),
+        EntryKind::Answer { text } => ("answer".into(), text.clone()),
+        EntryKind::Failed { error } => ("failed".into(), error.clone()),
+    }
+}
+
+/// One JSON object: the detail's fields plus id, pid, turn, at_unix_ms and type (which win).
+fn entry_json(entry: &TranscriptEntry) -> Value {
+    let mut object = match serde_json::from_str::<Value>(&entry.detail) {
+        Ok(Value::Object(fields)) => fields,
+        _ => Map::from_iter([("detail".to_owned(), Value::from(entry.detail.clone()))]),
+    };
+    object.insert("id".to_owned(), entry.id.into());
+    object.insert("pid".to_owned(), entry.pid.into());
+    object.insert("turn".to_owned(), entry.turn.into());
+    object.insert("at_unix_ms".to_owned(), entry.at_unix_ms.into());
+    object.insert("type".to_owned(), entry.r#type.clone().into());
+    Value::Object(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u64, turn: u64, kind: &EntryKind) -> TranscriptEntry {
+        TranscriptEntry {
+            id,
+            pid: 5,
+            turn,
+            at_unix_ms: 1_700_000_000_000 + id,
+            r#type: kind.name().to_owned(),
+            detail: serde_json::to_string(kind).unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn a_turn_reads_as_who_said_what() {
+        use hivekernel_agents::llm::{ChatRole, ToolCall};
+        use hivekernel_agents::{InputSource, Pid, RequestId};
+        let kinds = [
+            EntryKind::Input {
+                source: InputSource::Task {
+                    request_id: RequestId(7),
+                    from: Pid(1),
+                },
+                text: "add 2 and 2".into(),
+            },
+            EntryKind::Message {
+                role: ChatRole::System,
+                content: "You add.".into(),
+                tool_calls: vec![],
+                tool_call_id: None,
+            },
+            EntryKind::Request {
+                model: "m".into(),
+                messages: vec![12, 11],
+                max_tokens: Some(64),
+            },
+            EntryKind::Response {
+                content: String::new(),
+                tool_calls: vec![ToolCall::new("c1", "calc", r#"{"a":2}"#)],
+                finish_reason: Some("tool_calls".into()),
+                prompt_tokens: 30,
+                completion_tokens: 5,
+                duration_ms: 4,
+            },
+            EntryKind::ToolResult {
+                call_id: "c1".into(),
+                tool: "calc".into(),
+                ok: true,
+                output: "4\nexactly".into(),
+                duration_ms: 1,
+            },
+            EntryKind::Answer { text: "4".into() },
+        ];
+        let mut printer = Printer::new(false);
+        let text: String = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| printer.entry(&entry(11 + i as u64, 10, kind)))
+            .collect();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "--- turn 10 of pid 5 at 2023-11-14T22:13:20.011Z (task 7 from pid 1)"
+        );
+        assert_eq!(lines[1], "22:13:20.011 input");
+        assert_eq!(lines[2], "    add 2 and 2");
+        assert_eq!(
+            lines[5],
+            "22:13:20.013 request to m: 2 messages [system #12, input #11], max 64 tokens"
+        );
+        assert_eq!(
+            lines[6],
+            "22:13:20.014 response in 4 ms: 30 prompt + 5 completion tokens, finish tool_calls"
+        );
+        assert_eq!(lines[7], r#"    call calc {"a":2} (c1)"#);
+        assert_eq!(lines[8], "22:13:20.015 tool calc ok in 1 ms (c1)");
+        assert_eq!(&lines[9..11], ["    4", "    exactly"]);
+        assert_eq!(&lines[11..], ["22:13:20.016 answer", "    4"]);
+
+        let mut json = Printer::new(true);
+        let line = json.entry(&entry(16, 10, &kinds[5]));
+        let value: Value = serde_json::from_str(&line).unwrap_or_default();
+        assert_eq!(value["type"], "answer");
+        assert_eq!(value["text"], "4");
+        assert_eq!(value["turn"], 10);
+    }
+}

@@ -1,0 +1,62 @@
+//! Reading transcripts: who may read whose, a page at a time or live.
+
+use std::sync::Arc;
+
+use hivekernel_agents::Pid;
+use tokio::sync::broadcast;
+
+use crate::error::{KernelError, Result};
+use crate::kernel::{Caller, Kernel};
+use crate::transcript::{Entry, Page, Query};
+
+impl Kernel {
+    /// `pid`'s transcript entries matching `query`, oldest first. A process
+    /// may read its own transcript and its descendants'; the admin reads
+    /// every one, kept transcripts of reaped processes too.
+    pub async fn transcript(&self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
+        let known = self.may_read_transcript(caller, pid)?;
+        let page = self.inner.transcripts().read(pid, query).await?;
+        if !known && page.entries.is_empty() && query.after_id == 0 {
+            return Err(KernelError::NotFound(pid));
+        }
+        Ok(page)
+    }
+
+    /// Entries recorded from now on (of every process: the reader filters),
+    /// after the checks of [`Kernel::transcript`]. Subscribe before reading
+    /// what is kept, so nothing falls between the two.
+    pub fn watch_transcript(
+        &self,
+        caller: Caller,
+        pid: Pid,
+    ) -> Result<broadcast::Receiver<Arc<Entry>>> {
+        self.may_read_transcript(caller, pid)?;
+        Ok(self.inner.transcripts().subscribe())
+    }
+
+    /// Whether `pid` will record nothing more: it has exited for good (a
+    /// zombie, or gone). A process waiting to be restarted has not.
+    pub fn has_exited(&self, pid: Pid) -> bool {
+        let table = self.inner.table().read();
+        table.get(pid).is_none_or(|entry| !entry.is_alive())
+    }
+
+    /// Refuses a process caller `pid`'s transcript unless it is its own or
+    /// a descendant's; answers whether `pid` is in the process table.
+    fn may_read_transcript(&self, caller: Caller, pid: Pid) -> Result<bool> {
+        let checked = {
+            let table = self.inner.table().read();
+            let known = table.get(pid).is_some();
+            match caller {
+                Caller::Admin => Ok(known),
+                Caller::Process(_) if !known => Err(KernelError::NotFound(pid)),
+                Caller::Process(me) if me == pid || table.is_ancestor(me, pid) => Ok(true),
+                Caller::Process(me) => Err(KernelError::PermissionDenied(format!(
+                    "process {me} may read only its own transcript and its descendants'; \
+                     process {pid} is not one of them"
+                ))),
+            }
+        };
+        self.report_denial(caller, "read_transcript", checked)
+    }
+}
