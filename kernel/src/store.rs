@@ -46,6 +46,9 @@ pub use recover::{
     Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
 };
 
+/// Longest a [`Store::submit_lazy`] write waits for a batch.
+pub(crate) const LAZY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Events the store keeps unless told otherwise (`kernel.event_log_limit`).
 pub const DEFAULT_EVENT_LOG_LIMIT: u64 = 1_000_000;
 
@@ -258,7 +261,13 @@ struct Op {
 
 #[derive(Debug, Default)]
 struct Queue {
+    /// Written as soon as the writer gets to them.
     ops: Vec<Op>,
+    /// [`Store::submit_lazy`]'s writes: written together once the oldest has
+    /// waited [`LAZY_DELAY`], or sooner with a batch that must see them.
+    lazy: Vec<Write>,
+    /// When the oldest write in `lazy` was queued.
+    lazy_since: Option<std::time::Instant>,
     closed: bool,
     /// The writer is asleep on the condvar.
     waiting: bool,
@@ -382,6 +391,30 @@ impl Store {
     /// Queues a write nobody waits for; it commits with the next batch.
     pub(crate) fn submit(&self, write: Write) {
         self.enqueue(std::iter::once(Op { write, ack: None }));
+    }
+
+    /// Queues a write that nobody waits for and that may wait up to
+    /// [`LAZY_DELAY`]: such writes (transcript entries, which come often)
+    /// are committed together, so they cost neither a transaction each nor
+    /// time in the commits others wait for. A [`Store::flush`] or a reap
+    /// commits them first, so a read or a deletion always sees them.
+    pub(crate) fn submit_lazy(&self, write: Write) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let mut queue = shared.queue.lock();
+        if queue.closed {
+            return;
+        }
+        queue.lazy.push(write);
+        if queue.lazy_since.is_none() {
+            queue.lazy_since = Some(std::time::Instant::now());
+            // Once, so the writer sets its alarm for the delay.
+            if queue.waiting {
+                queue.waiting = false;
+                shared.wake.notify_one();
+            }
+        }
     }
 
     /// Queues several writes, in order, under one lock.

@@ -13,9 +13,11 @@
 //! becomes a `message` entry of its own. So a long conversation is stored
 //! once, not once per request.
 //!
-//! Entries go to live watchers, and into the store through its batched
-//! writer (which prunes them by age and size, and deletes a process's
-//! transcript when it is reaped unless told to keep it); a kernel without a
+//! Entries go to live watchers at once, and into the store through its
+//! batched writer, riding in the next batch (at most 100 ms later) rather
+//! than starting one of their own, so recording adds no transaction to a
+//! turn. The writer prunes them by age and size and deletes a process's
+//! transcript when it is reaped, unless told to keep it. A kernel without a
 //! store keeps a bounded in-memory tail instead.
 
 use std::cell::Cell;
@@ -437,7 +439,7 @@ impl Transcripts {
             seen.insert(print, id);
         }
         if self.store.is_durable() {
-            self.store.submit(Write::Transcript(entry.clone()));
+            self.store.submit_lazy(Write::Transcript(entry.clone()));
         } else {
             if state.tail.len() >= self.settings.memory_entries {
                 state.tail.pop_front();

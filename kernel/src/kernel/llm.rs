@@ -70,23 +70,6 @@ impl Kernel {
         let started = std::time::Instant::now();
         let answer = llm.chat(request).await;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        transcripts.record(
-            pid,
-            match &answer {
-                Ok(response) => TranscriptKind::Response {
-                    content: response.message.content.clone(),
-                    tool_calls: response.message.tool_calls.clone(),
-                    finish_reason: response.finish_reason.clone(),
-                    prompt_tokens: response.usage.prompt_tokens,
-                    completion_tokens: response.usage.completion_tokens,
-                    duration_ms,
-                },
-                Err(err) => TranscriptKind::ModelError {
-                    error: err.to_string(),
-                    duration_ms,
-                },
-            },
-        );
         let (usage, error) = match &answer {
             Ok(response) => (response.usage, None),
             Err(err) => (
@@ -117,6 +100,25 @@ impl Kernel {
         {
             tracing::warn!(%pid, error = %err, "model usage not stored");
         }
+        // After the commit the answer waits for, so that commit does not
+        // wait for this entry too.
+        transcripts.record(
+            pid,
+            match &answer {
+                Ok(response) => TranscriptKind::Response {
+                    content: response.message.content.clone(),
+                    tool_calls: response.message.tool_calls.clone(),
+                    finish_reason: response.finish_reason.clone(),
+                    prompt_tokens: response.usage.prompt_tokens,
+                    completion_tokens: response.usage.completion_tokens,
+                    duration_ms,
+                },
+                Err(err) => TranscriptKind::ModelError {
+                    error: err.to_string(),
+                    duration_ms,
+                },
+            },
+        );
         answer
     }
 

@@ -5,13 +5,13 @@
 //! (read once at open), so a size limit is checked without a scan; pruning
 //! goes past the limit by a tenth, so it does not run on every write.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use hivekernel_agents::Pid;
 use rusqlite::{Connection, Transaction};
 
-use super::{Store, StoreError, Write, from_sql_u64, to_sql_u64};
+use super::{Op, Store, StoreError, Write, from_sql_u64, to_sql_u64};
 use crate::config::TranscriptSettings;
 use crate::event::{EventKind, unix_ms};
 use crate::transcript::{Entry, Page, Query};
@@ -102,6 +102,42 @@ impl Store {
         })
         .await
     }
+}
+
+/// Drops the entries of the processes `ops` reaps, which their transcript
+/// would leave with at once (unless kept, or a config agent's): the entries
+/// of a short-lived worker, still queued when it is collected, never
+/// reach the disk.
+pub(super) fn skip_reaped(
+    conn: &Connection,
+    ops: Vec<Op>,
+    settings: &TranscriptSettings,
+) -> Vec<Op> {
+    if settings.keep_after_exit {
+        return ops;
+    }
+    let reaped: HashSet<u64> = ops
+        .iter()
+        .filter_map(|op| match &op.write {
+            Write::Event(event) if matches!(event.kind, EventKind::Reaped { .. }) => {
+                Some(event.pid.0)
+            }
+            _ => None,
+        })
+        .collect();
+    if reaped.is_empty() {
+        return ops;
+    }
+    let declared = |pid: u64| {
+        conn.prepare_cached("SELECT 1 FROM declared WHERE pid = ?1")
+            .and_then(|mut stmt| stmt.exists([to_sql_u64(pid)]))
+            // When in doubt, write it: the reap's deletion still applies.
+            .unwrap_or(true)
+    };
+    let gone: HashSet<u64> = reaped.into_iter().filter(|pid| !declared(*pid)).collect();
+    ops.into_iter()
+        .filter(|op| !matches!(&op.write, Write::Transcript(entry) if gone.contains(&entry.pid.0)))
+        .collect()
 }
 
 /// What the writer knows of the table's size, and when it last checked ages.

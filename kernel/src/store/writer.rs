@@ -9,7 +9,8 @@ use crate::event::{Event, EventKind};
 
 use super::transcript::Tally;
 use super::{
-    Applied, Counter, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64, transcript,
+    Applied, Counter, LAZY_DELAY, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64,
+    transcript,
 };
 
 /// Events written between two prunings of the event log.
@@ -30,15 +31,45 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     loop {
         let (ops, closed) = {
             let mut queue = shared.queue.lock();
-            if queue.ops.is_empty() && !queue.closed {
+            let lazy_due = loop {
+                let lazy_due = queue
+                    .lazy_since
+                    .is_some_and(|since| since.elapsed() >= LAZY_DELAY);
+                if queue.closed || lazy_due || !queue.ops.is_empty() {
+                    break lazy_due;
+                }
+                let sleep = match queue.lazy_since {
+                    Some(since) => LAZY_DELAY.saturating_sub(since.elapsed()),
+                    // Woken at least once a minute, so transcripts age out on an idle kernel too.
+                    None => IDLE_WAKE,
+                };
                 queue.waiting = true;
-                // Woken at least once a minute, so transcripts age out on an idle kernel too.
-                shared.wake.wait_for(&mut queue, IDLE_WAKE);
+                let idle = shared.wake.wait_for(&mut queue, sleep).timed_out()
+                    && queue.lazy_since.is_none();
                 queue.waiting = false;
-            }
-            (std::mem::take(&mut queue.ops), queue.closed)
+                if idle {
+                    break false;
+                }
+            };
+            let ops = std::mem::take(&mut queue.ops);
+            // Lazy writes go first, in the order queued, when they are due
+            // or a write in this batch must come after them.
+            let with_lazy = queue.closed || lazy_due || ops.iter().any(|op| needs_lazy(&op.write));
+            let ops = if with_lazy && !queue.lazy.is_empty() {
+                queue.lazy_since = None;
+                let mut all: Vec<Op> = std::mem::take(&mut queue.lazy)
+                    .into_iter()
+                    .map(|write| Op { write, ack: None })
+                    .collect();
+                all.extend(ops);
+                all
+            } else {
+                ops
+            };
+            (ops, queue.closed)
         };
         let settings = *shared.transcripts.lock();
+        let ops = transcript::skip_reaped(&conn, ops, &settings);
         let reaped = match &mut transcripts {
             Some(tally) => tally.count(ops.iter().map(|op| &op.write), &settings),
             None => Vec::new(),
@@ -59,13 +90,26 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
         {
             tracing::warn!(error = %err, "store: transcripts not pruned");
         }
-        if closed && shared.queue.lock().ops.is_empty() {
+        if closed && {
+            let queue = shared.queue.lock();
+            queue.ops.is_empty() && queue.lazy.is_empty()
+        } {
             break;
         }
     }
     // Fold the WAL back into the database so a stopped kernel leaves one file.
     if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
         tracing::warn!(error = %err, "store: checkpoint at close failed");
+    }
+}
+
+/// Whether `write` must see the lazy writes queued before it: a barrier
+/// (a read waits on it), and a reap (which deletes the process's transcript).
+fn needs_lazy(write: &Write) -> bool {
+    match write {
+        Write::Flush => true,
+        Write::Event(event) => matches!(event.kind, EventKind::Reaped { .. }),
+        _ => false,
     }
 }
 
