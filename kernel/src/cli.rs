@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use hivekernel_agents::{Priority, RestartPolicy, Role, Strategy, Tier, Visibility};
 
 pub use error::CliError;
@@ -47,7 +47,9 @@ use crate::runtime::RuntimeRegistry;
     name = "hivekernel",
     version,
     propagate_version = true,
-    after_help = "Docs: README.md (quick start), docs/CONFIG.md (every config field), \
+    after_help = "PROCESS: a PID, a process name (unique among the live processes) or a path of \
+                  names from PID 1, such as queen/queen-w1.\n\n\
+                  Docs: README.md (quick start), docs/CONFIG.md (every config field), \
                   docs/ARCHITECTURE.md (how the kernel works, and the file behind each behaviour)."
 )]
 pub struct Cli {
@@ -89,13 +91,21 @@ pub enum Command {
     Artifacts(ArtifactsCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
+    /// Print a shell completion script: `source <(hivekernel completion bash)`,
+    /// `hivekernel completion zsh > ~/.zfunc/_hivekernel`,
+    /// `hivekernel completion fish > ~/.config/fish/completions/hivekernel.fish`.
+    Completion {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Arguments of `hivekernel usage`.
 #[derive(Debug, Args)]
 pub struct UsageArgs {
-    /// Only the subtree under this PID [default: 1]
-    pub pid: Option<u64>,
+    /// Only the subtree under this process [default: 1]
+    #[arg(value_name = "PROCESS")]
+    pub pid: Option<Target>,
     /// Print one JSON array, one object per process.
     #[arg(long)]
     pub json: bool,
@@ -138,8 +148,8 @@ pub struct CronAddArgs {
     /// The task or message text.
     pub description: String,
     /// The process it acts on: the task's or message's receiver, or the spawned agent's parent.
-    #[arg(long, value_name = "PID")]
-    pub target: u64,
+    #[arg(long, value_name = "PROCESS")]
+    pub target: Target,
     /// execute, spawn or message
     #[arg(long, default_value = "execute")]
     pub action: String,
@@ -194,11 +204,45 @@ pub struct StartArgs {
 /// `hivekernel config ...`.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate a startup config without starting anything; lists every issue.
+    /// Validate a startup config without starting anything; lists every issue,
+    /// and what `start` would refuse here: the model provider's key (read from
+    /// this environment), the TLS files, the exec sandbox (probed on this host).
     Check {
         /// The startup config (JSON).
         config: PathBuf,
     },
+}
+
+/// A process as the command line names it: its PID, its name (unique among
+/// the live processes), or a path of names from PID 1 (`queen/queen-w1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target(String);
+
+impl Target {
+    /// The text as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(
+                "expected a PID, a process name or a path of names such as queen/worker".into(),
+            );
+        }
+        Ok(Target(text.to_owned()))
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Where the kernel is and how to authenticate; shared by every client command.
@@ -246,9 +290,9 @@ pub struct PsArgs {
     /// Print one JSON array of process objects.
     #[arg(long, conflicts_with = "tree")]
     pub json: bool,
-    /// Only the subtree under this PID [default: 1]
-    #[arg(long, value_name = "PID")]
-    pub root: Option<u64>,
+    /// Only the subtree under this process [default: 1]
+    #[arg(long, value_name = "PROCESS")]
+    pub root: Option<Target>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -256,16 +300,16 @@ pub struct PsArgs {
 /// Arguments of `hivekernel spawn`.
 #[derive(Debug, Args)]
 pub struct SpawnArgs {
-    /// PID of the parent.
-    #[arg(long, value_name = "PID")]
-    pub parent: u64,
+    /// The parent.
+    #[arg(long, value_name = "PROCESS")]
+    pub parent: Target,
     /// Name of the new process.
     #[arg(long)]
     pub name: String,
     /// Role: kernel, daemon, agent, architect, lead, worker or task [default: agent]
     #[arg(long)]
     pub role: Option<Role>,
-    /// Cognitive tier: strategic, tactical or operational [default: the parent's]
+    /// Cognitive tier: strategic, tactical or operational (at most the parent's) [default: operational]
     #[arg(long)]
     pub tier: Option<Tier>,
     /// Runtime name [default: the kernel's default runtime]
@@ -308,7 +352,8 @@ pub struct SpawnArgs {
 #[derive(Debug, Args)]
 pub struct KillArgs {
     /// The process to kill, with its subtree.
-    pub pid: u64,
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
     /// Why, recorded in the exit records.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
@@ -323,7 +368,8 @@ pub struct KillArgs {
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// The process to run the task on.
-    pub pid: u64,
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
     /// The task description.
     pub text: String,
     /// Give up after this many seconds [default: the target's task timeout]
@@ -340,7 +386,8 @@ pub struct ExecArgs {
 #[derive(Debug, Args)]
 pub struct SendArgs {
     /// The recipient.
-    pub pid: u64,
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
     /// The message body.
     pub text: String,
     /// Message type [default: message]
@@ -360,7 +407,8 @@ pub struct SendArgs {
 #[derive(Debug, Args)]
 pub struct WaitArgs {
     /// The child to wait for.
-    pub pid: u64,
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
     /// Give up after this many seconds [default: wait without limit]
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub timeout: Option<Duration>,
@@ -391,7 +439,8 @@ pub struct EventsArgs {
 #[derive(Debug, Args)]
 pub struct LogsArgs {
     /// The process.
-    pub pid: u64,
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
     /// Keep printing entries as they are recorded, until the process exits or Ctrl-C.
     #[arg(long, short)]
     pub follow: bool,
@@ -426,8 +475,8 @@ pub enum ArtifactsCommand {
 #[derive(Debug, Args)]
 pub struct ArtifactsLsArgs {
     /// Only this process's artifacts.
-    #[arg(long, value_name = "PID")]
-    pub owner: Option<u64>,
+    #[arg(long, value_name = "PROCESS")]
+    pub owner: Option<Target>,
     /// Print one JSON array of artifact objects.
     #[arg(long)]
     pub json: bool,
@@ -444,8 +493,8 @@ pub struct ArtifactsPutArgs {
     #[arg(value_name = "FILE|-")]
     pub file: PathBuf,
     /// Store it as this process's [default: PID 1, the kernel]
-    #[arg(long, value_name = "PID")]
-    pub owner: Option<u64>,
+    #[arg(long, value_name = "PROCESS")]
+    pub owner: Option<Target>,
     /// MIME type [default: text/plain]
     #[arg(long = "type", value_name = "TYPE")]
     pub content_type: Option<String>,
@@ -481,7 +530,7 @@ pub struct ArtifactsRmArgs {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
-        Command::Config(ConfigCommand::Check { config }) => config_check(&config),
+        Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
         Command::Ps(args) => process::ps(args).await,
         Command::Spawn(args) => process::spawn(args).await,
         Command::Kill(args) => process::kill(args).await,
@@ -496,6 +545,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "hivekernel", &mut script);
+            output::print(&String::from_utf8_lossy(&script))
+        }
     }
 }
 
@@ -515,9 +569,16 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
     daemon::run(options).await.map_err(CliError::Start)
 }
 
-fn config_check(path: &std::path::Path) -> Result<(), CliError> {
+async fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     let registry = RuntimeRegistry::builtin();
     let config = Config::load(path, &registry.known()).map_err(CliError::Config)?;
+    let issues = daemon::environment_issues(&config).await;
+    if !issues.is_empty() {
+        return Err(CliError::Config(crate::config::ConfigError {
+            file: path.to_owned(),
+            issues,
+        }));
+    }
     let count = config.agents.len();
     let noun = if count == 1 { "agent" } else { "agents" };
     output::print(&format!("ok: {}: {count} {noun}\n", path.display()))

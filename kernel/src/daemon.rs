@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::KernelSettings;
-use crate::config::{AgentSpec, Config, ConfigError};
+use crate::config::{AgentSpec, Config, ConfigError, ConfigIssue};
 use crate::exec::{ExecRuntime, ExecSandbox};
 use crate::grpc;
 use crate::kernel::Restored;
@@ -134,6 +134,40 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     };
     let server = serve(&kernel, listener, auth, tls);
     stop_on_signal(kernel, server, &mut signals, &addr_file).await
+}
+
+/// What `start` would refuse in this config that the config alone cannot
+/// say, checked as `start` checks it (without its flags): the model
+/// provider (reads the environment: the key variable and
+/// `HIVEKERNEL_LLM_BASE_URL`), the TLS files (reads them) and a plain-text
+/// listen address that is not loopback, and the `exec` sandbox when asked
+/// for (probes this host). Each problem with the setting it concerns.
+pub async fn environment_issues(config: &Config) -> Vec<ConfigIssue> {
+    let mut issues = Vec::new();
+    if let Err(why) = choose_provider(&config.llm, |name| std::env::var(name).ok()) {
+        issues.push(ConfigIssue {
+            location: "llm".into(),
+            message: format!("{why} (read from this environment, as start would)"),
+        });
+    }
+    match load_tls(&config.kernel, false) {
+        Err(StartError::Tls(err)) => issues.push(ConfigIssue {
+            location: "kernel.tls".into(),
+            message: err.to_string(),
+        }),
+        Err(err) => issues.push(ConfigIssue {
+            location: "kernel.listen".into(),
+            message: err.to_string(),
+        }),
+        Ok(_) => {}
+    }
+    if let Err(err) = exec_sandbox(&config.kernel).await {
+        issues.push(ConfigIssue {
+            location: "kernel.exec.sandbox".into(),
+            message: err.to_string(),
+        });
+    }
+    issues
 }
 
 /// The `exec` sandbox, when `kernel.exec.sandbox` asks for one: probed

@@ -119,6 +119,9 @@ pub enum KernelError {
     /// No cron entry has this name.
     #[error("no cron entry named {}", shown(.0))]
     NoSuchCron(String),
+    /// No process answers to a name or a path (the message says which).
+    #[error("{0}")]
+    NoSuchName(String),
     /// The caller's memory has no entry with this key.
     #[error("no memory entry with key {}", shown(.0))]
     NoSuchMemory(String),
@@ -135,6 +138,7 @@ impl KernelError {
             NotFound(_)
             | TaskNotPending { .. }
             | NoSuchCron(_)
+            | NoSuchName(_)
             | NoSuchMemory(_)
             | ArtifactNotFound(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,

@@ -52,6 +52,39 @@ fn config_check_reports_every_issue_and_exits_2() {
 }
 
 #[test]
+fn config_check_finds_what_start_would_refuse_in_this_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        r#"{ "kernel": { "listen": "0.0.0.0:0" }, "llm": { "provider": "openai", "api_key_env": "HK_TEST_NO_SUCH_KEY" } }"#,
+    );
+    let path = config.to_str().unwrap();
+    let run = hivekernel(&["config", "check", path]);
+    let stderr = run.failed(2);
+    assert!(
+        stderr.contains("llm: the openai provider")
+            && stderr.contains("HK_TEST_NO_SUCH_KEY")
+            && stderr.contains("read from this environment"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("kernel.listen: refusing to listen on 0.0.0.0:0"),
+        "{stderr}"
+    );
+    // And start refuses the same config the same way.
+    let start = hivekernel(&[
+        "start",
+        path,
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+    ]);
+    assert!(
+        start.failed(2).contains("HK_TEST_NO_SUCH_KEY"),
+        "{start:#?}"
+    );
+}
+
+#[test]
 fn ps_json_lists_the_kernel_and_the_config_agents() {
     let kernel = Kernel::start();
     let procs = kernel.ps();
@@ -189,7 +222,10 @@ fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
     assert_eq!(w1["ppid"], queen);
     assert_eq!(w1["name"], "w1");
     assert_eq!(w1["role"], "worker");
-    assert_eq!(w1["tier"], "tactical", "inherited from the parent");
+    assert_eq!(
+        w1["tier"], "operational",
+        "the CLI's default, not the parent's"
+    );
     assert_eq!(w1["tools"], serde_json::json!(["read_file", "spawn_child"]));
     // A child only gets tools its parent has.
     let greedy = kernel.cli(&[
@@ -232,6 +268,17 @@ fn exec_prints_the_echo_and_send_prints_an_id() {
     assert_eq!(json["success"], true);
     assert_eq!(json["output"], "again");
     assert!(json["request_id"].as_u64().is_some());
+    // A call that fails still answers JSON on stdout, with the exit code it exits with.
+    let missing = kernel.cli(&["exec", "999", "anyone?", "--json"]);
+    let error = missing.failed(1);
+    let printed: Value = serde_json::from_str(&missing.stdout).unwrap();
+    assert_eq!(printed["success"], false);
+    assert_eq!(printed["exit_code"], 1);
+    assert!(
+        printed["error"].as_str().unwrap().contains("999"),
+        "{printed}"
+    );
+    assert!(error.contains("999"));
 
     let send = kernel.cli(&[
         "send",
@@ -645,4 +692,90 @@ fn logs_follow_a_turn_live_then_show_it_as_text_and_json() {
     assert!(kernel.cli(&["logs", "999"]).failed(1).contains("999"));
     let bad = kernel.cli(&["logs", &queen, "--since", "yesterday"]);
     assert!(bad.failed(2).contains("90s, 10m, 2h or 1d"), "{bad:#?}");
+}
+
+#[test]
+fn processes_are_named_by_name_or_path_and_an_ambiguous_name_lists_its_candidates() {
+    let kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    assert_eq!(kernel.cli(&["exec", "queen", "hello"]).ok().trim(), "hello");
+    let under_queen = kernel.spawn(&["--parent", "queen", "--name", "twin", "--runtime", "echo"]);
+    let under_kernel = kernel.spawn(&["--parent", "1", "--name", "twin", "--runtime", "echo"]);
+    assert_eq!(
+        kernel.cli(&["exec", "queen/twin", "by path"]).ok().trim(),
+        "by path"
+    );
+    let tree = kernel.cli(&["ps", "--root", "queen", "--json"]).json();
+    let pids: Vec<u64> = tree
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, [queen, under_queen]);
+
+    let ambiguous = kernel.cli(&["exec", "twin", "which?"]);
+    let text = ambiguous.failed(1);
+    assert!(
+        text.contains(&format!(
+            "\"twin\" names 2 processes: {under_queen} (queen/twin), {under_kernel} (twin)"
+        )),
+        "{text}"
+    );
+    let unknown = kernel.cli(&["kill", "nobody"]);
+    assert!(
+        unknown.failed(1).contains("no process named \"nobody\""),
+        "{unknown:#?}"
+    );
+    let bad_path = kernel.cli(&["send", "queen/nobody", "hi"]);
+    assert!(
+        bad_path
+            .failed(1)
+            .contains(&format!("no child named \"nobody\" under queen ({queen})")),
+        "{bad_path:#?}"
+    );
+    // Killed, the queen's twin is a zombie: the live one answers to the name.
+    kernel.cli(&["kill", "queen/twin"]).ok();
+    assert_eq!(
+        kernel.cli(&["exec", "twin", "the live one"]).ok().trim(),
+        "the live one"
+    );
+    let empty = kernel.cli(&["exec", "", "x"]);
+    assert!(
+        empty.failed(2).contains("a process name or a path"),
+        "{empty:#?}"
+    );
+}
+
+#[test]
+fn completion_scripts_are_generated_for_each_shell() {
+    let bash = hivekernel(&["completion", "bash"]);
+    let bash = bash.ok();
+    assert!(
+        bash.contains("_hivekernel()") && bash.contains("logs"),
+        "{bash}"
+    );
+    // The script parses as bash.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hivekernel.bash");
+    std::fs::write(&file, bash).unwrap();
+    let checked = Command::new("bash").arg("-n").arg(&file).status().unwrap();
+    assert!(checked.success());
+    assert!(
+        hivekernel(&["completion", "zsh"])
+            .ok()
+            .starts_with("#compdef hivekernel")
+    );
+    let fish = hivekernel(&["completion", "fish"]);
+    assert!(
+        fish.ok().contains(
+            "complete -c hivekernel -n \"__fish_hivekernel_needs_command\" -f -a \"logs\""
+        ),
+        "{fish:#?}"
+    );
+    assert!(
+        hivekernel(&["completion", "tcsh"])
+            .failed(2)
+            .contains("bash, elvish, fish, powershell, zsh")
+    );
 }

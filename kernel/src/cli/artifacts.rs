@@ -17,7 +17,7 @@ use super::{
 pub(super) async fn ls(args: ArtifactsLsArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let request = ListArtifactsRequest {
-        owner: args.owner.unwrap_or(0),
+        owner: session.pid_or_zero(args.owner.as_ref()).await?,
         limit: 0,
     };
     let listed = session
@@ -58,9 +58,13 @@ pub(super) async fn put(args: ArtifactsPutArgs) -> Result<(), CliError> {
             .visibility
             .map_or(PbVisibility::Unspecified, names::visibility_to_proto)
             as i32,
-        owner: args.owner.unwrap_or(0),
+        owner: 0,
     };
     let mut session = Session::connect(&args.client).await?;
+    let request = StoreArtifactRequest {
+        owner: session.pid_or_zero(args.owner.as_ref()).await?,
+        ..request
+    };
     let info = session
         .client
         .store_artifact(request)

@@ -5,6 +5,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+use hivekernel_proto::v1::FindProcessRequest;
 use hivekernel_proto::v1::kernel_client::KernelClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
@@ -12,7 +13,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
-use super::{CliError, ClientArgs};
+use super::{CliError, ClientArgs, Target};
 use crate::error::error_chain;
 use crate::tls::{self, TRUST_FILE};
 
@@ -65,6 +66,33 @@ impl Session {
             token_hint,
             secure,
         })
+    }
+
+    /// The PID `target` names: digits as they are, else the process the
+    /// kernel finds by that name or path.
+    pub(super) async fn pid(&mut self, target: &Target) -> Result<u64, CliError> {
+        let text = target.as_str();
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return text
+                .parse()
+                .map_err(|_| CliError::Usage(format!("PID {text} is too large")));
+        }
+        let found = self
+            .client
+            .find_process(FindProcessRequest {
+                target: text.to_owned(),
+            })
+            .await
+            .map_err(|status| self.error(status))?;
+        Ok(found.into_inner().pid)
+    }
+
+    /// [`Session::pid`] for an optional target; 0 when there is none.
+    pub(super) async fn pid_or_zero(&mut self, target: Option<&Target>) -> Result<u64, CliError> {
+        match target {
+            Some(target) => self.pid(target).await,
+            None => Ok(0),
+        }
     }
 
     /// The CLI error for a failed call.

@@ -45,10 +45,10 @@ pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
 async fn add(args: CronAddArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let spec = CronSpec {
+        target: session.pid(&args.target).await?,
         name: args.name,
         expression: args.expression,
         action: args.action,
-        target: args.target,
         template: args.template.unwrap_or_default(),
         description: args.description,
         disabled: args.disabled,

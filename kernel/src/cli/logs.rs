@@ -19,13 +19,14 @@ use crate::transcript::EntryKind;
 /// Prints the transcript, then (for an `exec` agent) its log file.
 pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
+    let pid = session.pid(&args.pid).await?;
     let since_unix_ms = args.since.map_or(0, |since| {
         unix_ms(SystemTime::now()).saturating_sub(since.as_millis() as u64)
     });
     // A reaped process is gone from the table; its kept transcript is not.
     let log_file = session
         .client
-        .get_process(GetProcessRequest { pid: args.pid })
+        .get_process(GetProcessRequest { pid })
         .await
         .ok()
         .map(|info| info.into_inner().log_path)
@@ -33,7 +34,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
     let mut printer = Printer::new(args.json);
     if args.follow {
         let request = WatchTranscriptRequest {
-            pid: args.pid,
+            pid,
             tail_turns: args.tail.unwrap_or(0),
             since_unix_ms,
             after_id: 0,
@@ -76,7 +77,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let mut request = GetTranscriptRequest {
-        pid: args.pid,
+        pid,
         tail_turns: args.tail.unwrap_or(0),
         since_unix_ms,
         ..GetTranscriptRequest::default()
@@ -104,7 +105,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
         output::print(&format!("==> {path} <==\n"))?;
         output::print(&LogFile::new(path).read_new())?;
     } else if !found && !args.json {
-        eprintln!("process {} has recorded no turns yet", args.pid);
+        eprintln!("process {pid} has recorded no turns yet");
     }
     Ok(())
 }

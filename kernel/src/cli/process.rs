@@ -3,18 +3,21 @@
 use std::time::Duration;
 
 use hivekernel_proto::v1::{
-    CognitiveTier as PbTier, KillRequest, ListProcessesRequest, ProcessInfo, RestartSpec,
-    Role as PbRole, SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
+    KillRequest, ListProcessesRequest, ProcessInfo, RestartSpec, Role as PbRole, SpawnRequest,
+    Strategy as PbStrategy, WaitChildRequest,
 };
 use serde_json::{Value, json};
 
 use super::client::Session;
+use hivekernel_agents::Tier;
+
 use super::{CliError, KillArgs, PsArgs, SpawnArgs, WaitArgs, names, output};
 
 /// Lists the tree under `--root` (default PID 1) as a table, a tree or JSON.
 pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
-    let procs = list(&mut session, args.root.unwrap_or(0)).await?;
+    let root = session.pid_or_zero(args.root.as_ref()).await?;
+    let procs = list(&mut session, root).await?;
     let text = if args.json {
         let all = procs.iter().map(output::process_json).collect();
         format!("{:#}\n", Value::Array(all))
@@ -67,11 +70,14 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         .filter(|tool| !tool.is_empty())
         .map(str::to_owned)
         .collect();
+    let mut session = Session::connect(&args.client).await?;
     let request = SpawnRequest {
-        parent: args.parent,
+        parent: session.pid(&args.parent).await?,
         name: args.name,
         role: args.role.map_or(PbRole::Unspecified, names::role_to_proto) as i32,
-        tier: args.tier.map_or(PbTier::Unspecified, names::tier_to_proto) as i32,
+        // The lowest tier unless asked: a spawn from the command line does
+        // not inherit PID 1's strategic tier by accident.
+        tier: names::tier_to_proto(args.tier.unwrap_or(Tier::Operational)) as i32,
         model: args.model.unwrap_or_default(),
         runtime: args.runtime.unwrap_or_default(),
         system_prompt,
@@ -88,7 +94,6 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         command: args.command,
         env: args.env.into_iter().collect(),
     };
-    let mut session = Session::connect(&args.client).await?;
     let pid = session
         .client
         .spawn(request)
@@ -108,7 +113,7 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
 pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let request = KillRequest {
-        pid: args.pid,
+        pid: session.pid(&args.pid).await?,
         reason: args.reason.unwrap_or_default(),
     };
     let killed = session
@@ -126,7 +131,7 @@ pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
 pub(super) async fn wait(args: WaitArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let request = WaitChildRequest {
-        pid: args.pid,
+        pid: session.pid(&args.pid).await?,
         timeout_ms: args.timeout.map_or(0, millis),
     };
     let exit = session

@@ -11,7 +11,8 @@ use super::{CliError, UsageArgs, output};
 /// Prints the usage of every process under `PID` (default PID 1).
 pub(super) async fn usage(args: UsageArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
-    let procs = list(&mut session, args.pid.unwrap_or(0)).await?;
+    let root = session.pid_or_zero(args.pid.as_ref()).await?;
+    let procs = list(&mut session, root).await?;
     let text = if args.json {
         let all = procs.iter().map(row_json).collect();
         format!("{:#}\n", Value::Array(all))

@@ -245,6 +245,13 @@ impl KernelRpc for KernelService {
         Ok(Response::new(pb::DeleteArtifactResponse {}))
     }
 
+    async fn find_process(&self, request: Request<pb::FindProcessRequest>) -> Rpc<pb::ProcessInfo> {
+        let caller = caller(&request)?;
+        let pid = self.kernel.find_process(&request.get_ref().target)?;
+        let info = self.kernel.get_process(caller, pid).await?;
+        Ok(Response::new(convert::process_info(info)))
+    }
+
     async fn get_transcript(
         &self,
         request: Request<pb::GetTranscriptRequest>,
