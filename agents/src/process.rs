@@ -298,6 +298,12 @@ pub struct ProcessInfo {
     /// The token budget it draws on; `None`: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetInfo>,
+    /// Its restart policy and intensity.
+    #[serde(default)]
+    pub restart: RestartSpec,
+    /// How its children are restarted when one fails.
+    #[serde(default)]
+    pub strategy: Strategy,
 }
 
 /// A token budget as seen from one process that draws on it.

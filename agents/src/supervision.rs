@@ -43,6 +43,13 @@ named_enum!(
     }
 );
 
+impl Default for Strategy {
+    /// What a process without a supervision config has.
+    fn default() -> Self {
+        Strategy::OneForOne
+    }
+}
+
 /// Most restarts a restart window may allow; it bounds each process's restart history.
 pub const MAX_RESTARTS: u32 = 1000;
 /// Longest restart window: 30 days.

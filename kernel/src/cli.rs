@@ -10,21 +10,27 @@
 //! - `client`: connecting, the bearer-token interceptor, token loading.
 //! - `names`: proto enums to and from the lowercase names agents use.
 //! - `output`: table, tree, JSON and timestamp rendering (pure functions).
-//! - `process`: `ps`, `spawn`, `kill`, `wait`.
+//! - `process`: `spawn`, `kill`, `wait`, listing a subtree.
+//! - `ps`: `ps`: filters, and `--watch`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
 //! - `logs`: `logs` (transcripts, and an `exec` agent's log file).
+//! - `describe`: `describe`.
+//! - `human`: ages, sizes, counts and dollars as text shows them.
 //! - `artifacts`: `artifacts ls | put | get | rm`.
 
 mod artifacts;
 mod client;
 mod cron;
+mod describe;
 mod error;
 mod events;
+mod human;
 mod logs;
 mod names;
 mod output;
 mod process;
+mod ps;
 mod task;
 mod usage;
 
@@ -33,7 +39,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use hivekernel_agents::{Priority, RestartPolicy, Role, Strategy, Tier, Visibility};
+use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier, Visibility};
 
 pub use error::CliError;
 
@@ -70,6 +76,9 @@ pub enum Command {
     Ps(PsArgs),
     /// Spawn a process under a parent; prints its PID.
     Spawn(SpawnArgs),
+    /// Everything the kernel knows of one process, in sections: identity,
+    /// supervision, tools, limits, usage and budget, children, cron entries, exit.
+    Describe(DescribeArgs),
     /// Kill a process and its whole subtree; prints the PIDs that exited.
     Kill(KillArgs),
     /// Run a task on a process and print its output.
@@ -287,9 +296,29 @@ pub struct PsArgs {
     /// Show an indented tree instead of a table.
     #[arg(long)]
     pub tree: bool,
-    /// Print one JSON array of process objects.
+    /// Print one JSON array of process objects (exact numbers: times in Unix
+    /// milliseconds, tokens, costs in dollars).
     #[arg(long, conflicts_with = "tree")]
     pub json: bool,
+    /// Include zombies (exited, not yet collected).
+    #[arg(long, short)]
+    pub all: bool,
+    /// Only processes in these states: idle, running, blocked, restarting, zombie, ...
+    #[arg(long, value_name = "STATE[,STATE]", value_delimiter = ',')]
+    pub state: Vec<ProcessState>,
+    /// Only processes of these roles.
+    #[arg(long, value_name = "ROLE[,ROLE]", value_delimiter = ',')]
+    pub role: Vec<Role>,
+    /// Only processes whose name matches this glob (`*` any text, `?` one character).
+    #[arg(long, value_name = "GLOB")]
+    pub name: Option<String>,
+    /// Only processes whose metadata has KEY=VALUE (repeatable: all must match).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub labels: Vec<(String, String)>,
+    /// Redraw whenever something happens (a spawn, an exit, a task, a model
+    /// call), until Ctrl-C.
+    #[arg(long, short, conflicts_with = "json")]
+    pub watch: bool,
     /// Only the subtree under this process [default: 1]
     #[arg(long, value_name = "PROCESS")]
     pub root: Option<Target>,
@@ -431,6 +460,31 @@ pub struct EventsArgs {
     /// Replay retained events with a sequence number above N [default: 0, everything retained]
     #[arg(long, value_name = "N")]
     pub since: Option<u64>,
+    /// Only the events of this process.
+    #[arg(long, value_name = "PROCESS")]
+    pub pid: Option<Target>,
+    /// With --pid: the events of its whole subtree (descendants spawned later too).
+    #[arg(long, requires = "pid")]
+    pub subtree: bool,
+    /// Only events of these types (spawned, exited, llm_call, tool_call, denied, ...).
+    #[arg(long = "type", value_name = "TYPE[,TYPE]", value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Only the newest N of the retained events that match (then live ones with --follow).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel describe`.
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// The process.
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
+    /// One JSON object: the process as `ps --json` shows it, plus `children` and `cron`.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -531,8 +585,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
-        Command::Ps(args) => process::ps(args).await,
+        Command::Ps(args) => ps::ps(args).await,
         Command::Spawn(args) => process::spawn(args).await,
+        Command::Describe(args) => describe::describe(args).await,
         Command::Kill(args) => process::kill(args).await,
         Command::Wait(args) => process::wait(args).await,
         Command::Exec(args) => task::exec(args).await,

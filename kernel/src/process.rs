@@ -228,6 +228,8 @@ impl Entry {
             budget: p.budget.as_ref().map(|pool| pool.info()),
             exit: self.exit.as_deref().cloned(),
             restarts: self.restarts(),
+            restart: self.restart_spec(),
+            strategy: self.strategy(),
             log_path: None,
         }
     }

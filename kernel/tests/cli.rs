@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -169,12 +170,26 @@ fn ps_tree_and_table_show_the_agents() {
     let text = table.ok();
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
     let expected = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "RESTARTS", "CHILDREN", "MAILBOX",
-        "TOKENS", "RUNTIME",
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "AGE", "RESTARTS", "CHILDREN", "MAILBOX",
+        "TOKENS", "MODEL", "RUNTIME",
     ];
     assert_eq!(header, expected);
-    assert!(
-        text.lines().any(|l| l.split_whitespace().eq([
+    let row = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.get(2) == Some(&"queen"))
+        .unwrap();
+    // The age depends on when this runs: it is a duration.
+    assert!(row[6].ends_with('s'), "{row:?}");
+    let rest: Vec<&str> = row
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 6)
+        .map(|(_, c)| *c)
+        .collect();
+    assert_eq!(
+        rest,
+        [
             queen.to_string().as_str(),
             "1",
             "queen",
@@ -185,8 +200,9 @@ fn ps_tree_and_table_show_the_agents() {
             "0",
             "0",
             "0",
+            "sonnet",
             "echo"
-        ])),
+        ],
         "{text}"
     );
 
@@ -384,7 +400,11 @@ fn events_replay_in_sequence_order() {
     let text = kernel.cli(&["events", "--since", &since]);
     let first = text.ok().lines().next().unwrap_or_default().to_owned();
     assert!(first.starts_with(&format!("{} ", seqs[2])), "{text:#?}");
-    assert!(first.contains(&format!("pid={pid} spawned {{")), "{first}");
+    assert!(first.contains(&format!("pid={pid} spawned ")), "{first}");
+    assert!(
+        first.contains(" name=late ") && first.contains(" ppid=1 "),
+        "{first}"
+    );
 }
 
 #[test]
@@ -777,5 +797,170 @@ fn completion_scripts_are_generated_for_each_shell() {
         hivekernel(&["completion", "tcsh"])
             .failed(2)
             .contains("bash, elvish, fish, powershell, zsh")
+    );
+}
+
+#[test]
+fn describe_shows_a_process_in_sections_with_its_children_and_cron_entries() {
+    let kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    let child = kernel.spawn(&["--parent", "queen", "--name", "scout", "--runtime", "echo"]);
+    kernel
+        .cli(&[
+            "cron",
+            "add",
+            "nightly",
+            "0 3 * * *",
+            "tidy up",
+            "--target",
+            "queen",
+        ])
+        .ok();
+    let run = kernel.cli(&["describe", "queen"]);
+    let text = run.ok();
+    for expected in [
+        "Name:         queen\n".to_owned(),
+        format!("PID:          {queen} (parent 1)\n"),
+        "Role:         daemon (tier tactical)\n".to_owned(),
+        "Tools:        spawn_child, read_file\n".to_owned(),
+        "Metadata:     purpose=coordinator\n".to_owned(),
+        "  max_children          8\n".to_owned(),
+        "  own      0 calls, 0 tokens (0 prompt + 0 completion), $0.0000\n".to_owned(),
+        "Budget:       unlimited\n".to_owned(),
+        "Cron:\n  nightly \"0 3 * * *\" execute \"tidy up\", next in ".to_owned(),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} not in:\n{text}");
+    }
+    assert!(
+        text.contains(&format!("\n  {child}  ")) && text.contains("scout"),
+        "{text}"
+    );
+    let json = kernel
+        .cli(&["describe", &queen.to_string(), "--json"])
+        .json();
+    assert_eq!(json["children"][0]["pid"], child);
+    assert_eq!(json["cron"][0]["name"], "nightly");
+    assert_eq!(json["strategy"], "one_for_one");
+    assert_eq!(json["restart"]["policy"], "temporary");
+    assert!(
+        kernel
+            .cli(&["describe", "nobody"])
+            .failed(1)
+            .contains("nobody")
+    );
+}
+
+#[test]
+fn ps_filters_by_state_role_name_and_label_and_watch_redraws_on_events() {
+    use std::io::Read;
+    let kernel = Kernel::start();
+    let gone = kernel.spawn(&["--parent", "1", "--name", "gone-1", "--runtime", "echo"]);
+    kernel.cli(&["kill", &gone.to_string()]).ok();
+    let names = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["ps", "--json"];
+        all.extend(args);
+        let listed = kernel.cli(&all).json();
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&[]),
+        ["kernel", "queen", "helper"],
+        "zombies hidden by default"
+    );
+    assert_eq!(names(&["-a"]), ["kernel", "queen", "helper", "gone-1"]);
+    assert_eq!(names(&["--state", "zombie"]), ["gone-1"]);
+    assert_eq!(names(&["--role", "daemon,agent"]), ["queen", "helper"]);
+    assert_eq!(names(&["--name", "h*r"]), ["helper"]);
+    assert_eq!(names(&["--label", "purpose=coordinator"]), ["queen"]);
+    assert!(names(&["--label", "purpose=other"]).is_empty());
+    let bad = kernel.cli(&["ps", "--state", "sleepy"]);
+    assert!(bad.failed(2).contains("idle"), "{bad:#?}");
+    let table = kernel.cli(&["ps"]);
+    assert!(
+        table.ok().lines().next().unwrap().contains("STATE  AGE"),
+        "{table:#?}"
+    );
+
+    // --watch draws, then draws again when something happens.
+    let data = kernel.data_dir();
+    let mut watch = Command::new(support::binary())
+        .args(["ps", "--watch", "--addr", &kernel.addr])
+        .args(["--data-dir", data.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = watch.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        while !seen.contains("watched-1") {
+            let n = out.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        seen
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    kernel.spawn(&["--parent", "1", "--name", "watched-1", "--runtime", "echo"]);
+    let seen = reader.join().unwrap();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let draws: Vec<&str> = seen
+        .split("\x1b[H\x1b[2J")
+        .filter(|d| !d.is_empty())
+        .collect();
+    assert!(draws.len() >= 2, "{seen}");
+    assert!(!draws[0].contains("watched-1") && draws.last().unwrap().contains("watched-1"));
+}
+
+#[test]
+fn events_filter_by_process_subtree_and_type_and_tail_the_newest() {
+    let kernel = Kernel::start();
+    let queen = kernel.pid_of("queen");
+    let scout = kernel.spawn(&["--parent", "queen", "--name", "scout", "--runtime", "echo"]);
+    let other = kernel.spawn(&["--parent", "1", "--name", "other", "--runtime", "echo"]);
+    kernel.cli(&["exec", "scout", "one"]).ok();
+    kernel.cli(&["exec", "other", "two"]).ok();
+    let lines = |args: &[&str]| -> Vec<Value> {
+        let mut all = vec!["events", "--json"];
+        all.extend(args);
+        kernel
+            .cli(&all)
+            .ok()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let pids = |events: &[Value]| -> HashSet<u64> {
+        events.iter().map(|e| e["pid"].as_u64().unwrap()).collect()
+    };
+    let of_scout = lines(&["--pid", "scout"]);
+    assert_eq!(pids(&of_scout), HashSet::from([scout]));
+    let subtree = lines(&["--pid", "queen", "--subtree"]);
+    assert_eq!(pids(&subtree), HashSet::from([queen, scout]));
+    let finished = lines(&["--type", "task_finished"]);
+    assert_eq!(pids(&finished), HashSet::from([scout, other]));
+    let newest = lines(&["--tail", "2"]);
+    assert_eq!(newest.len(), 2);
+    let all = lines(&[]);
+    assert_eq!(newest[..], all[all.len() - 2..]);
+    // The text form: no `type` repeated in the detail, human durations.
+    let text = kernel.cli(&["events", "--pid", "other", "--type", "task_finished"]);
+    let line = text.ok().trim().to_owned();
+    assert!(
+        line.contains(&format!("pid={other} task_finished ")),
+        "{line}"
+    );
+    assert!(!line.contains("\"type\""), "{line}");
+    assert!(
+        line.contains(" duration=") && line.contains("ms") && !line.contains("duration_ms"),
+        "{line}"
     );
 }

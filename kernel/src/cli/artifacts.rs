@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use super::client::Session;
 use super::{
-    ArtifactsGetArgs, ArtifactsLsArgs, ArtifactsPutArgs, ArtifactsRmArgs, CliError, names, output,
+    ArtifactsGetArgs, ArtifactsLsArgs, ArtifactsPutArgs, ArtifactsRmArgs, CliError, human, names,
+    output,
 };
 
 /// Lists the artifacts the admin sees, newest first.
@@ -125,7 +126,7 @@ fn table(artifacts: &[ArtifactInfo]) -> String {
             a.name.clone(),
             a.content_type.clone(),
             names::visibility(a.visibility).to_owned(),
-            a.size.to_string(),
+            human::bytes(a.size),
             output::rfc3339_utc(a.updated_at_unix_ms),
         ]
     }));
@@ -188,6 +189,7 @@ mod tests {
                 "text/markdown",
                 "subtree",
                 "42",
+                "B",
                 "1970-01-01T00:00:01.000Z"
             ]
         );

@@ -4,7 +4,7 @@ use hivekernel_proto::v1::{CronEntry, CronSpec, ListCronRequest, RemoveCronReque
 use serde_json::{Value, json};
 
 use super::client::Session;
-use super::{CliError, CronAddArgs, CronCommand, output};
+use super::{CliError, CronAddArgs, CronCommand, human, output};
 
 /// Runs one `cron` subcommand.
 pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
@@ -68,8 +68,10 @@ async fn add(args: CronAddArgs) -> Result<(), CliError> {
     }
 }
 
-/// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry.
+/// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry;
+/// NEXT and LAST relative to now (`in 5m00s`, `2h10m ago`).
 fn table(entries: &[CronEntry]) -> String {
+    let now = human::now_ms();
     let mut rows = vec![
         [
             "NAME", "SCHEDULE", "ACTION", "TARGET", "NEXT", "LAST", "STATUS", "RUNS",
@@ -78,12 +80,13 @@ fn table(entries: &[CronEntry]) -> String {
     ];
     for entry in entries {
         let spec = entry.spec.clone().unwrap_or_default();
-        let time = |ms: u64| {
-            if ms == 0 {
-                "-".to_owned()
-            } else {
-                output::rfc3339_utc(ms)
-            }
+        let next = match entry.next_run_unix_ms {
+            0 => "-".to_owned(),
+            at => format!("in {}", human::duration(at.saturating_sub(now))),
+        };
+        let last = match entry.last_run_unix_ms {
+            0 => "-".to_owned(),
+            at => format!("{} ago", human::age(at, now)),
         };
         let status = match (&entry.history.last(), entry.running, spec.disabled) {
             (_, _, true) => "disabled".to_owned(),
@@ -96,8 +99,8 @@ fn table(entries: &[CronEntry]) -> String {
             spec.expression,
             spec.action,
             spec.target.to_string(),
-            time(entry.next_run_unix_ms),
-            time(entry.last_run_unix_ms),
+            next,
+            last,
             status,
             entry.runs.to_string(),
         ]);
@@ -105,7 +108,7 @@ fn table(entries: &[CronEntry]) -> String {
     output::aligned(&rows)
 }
 
-fn entry_json(entry: &CronEntry) -> Value {
+pub(super) fn entry_json(entry: &CronEntry) -> Value {
     let spec = entry.spec.clone().unwrap_or_default();
     let history: Vec<Value> = entry
         .history

@@ -3,12 +3,13 @@
 
 use hivekernel_proto::v1 as pb;
 
+use crate::grpc::enums::{
+    policy_from_proto, role_from_proto, state_from_proto, strategy_from_proto, tier_from_proto,
+    visibility_from_proto,
+};
 pub(super) use crate::grpc::enums::{
     policy_to_proto, priority_to_proto, role_to_proto, strategy_to_proto, tier_to_proto,
     visibility_to_proto,
-};
-use crate::grpc::enums::{
-    role_from_proto, state_from_proto, tier_from_proto, visibility_from_proto,
 };
 
 /// The lowercase name of a proto enum value: `unspecified` or `unknown` when it has none.
@@ -36,6 +37,16 @@ pub(super) fn tier(value: i32) -> &'static str {
 /// The lowercase state name.
 pub(super) fn state(value: i32) -> &'static str {
     name::<pb::ProcessState, _>(value, state_from_proto, |s| s.as_str())
+}
+
+/// The lowercase restart policy name.
+pub(super) fn policy(value: i32) -> &'static str {
+    name::<pb::RestartPolicy, _>(value, policy_from_proto, |p| p.as_str())
+}
+
+/// The lowercase supervision strategy name.
+pub(super) fn strategy(value: i32) -> &'static str {
+    name::<pb::Strategy, _>(value, strategy_from_proto, |s| s.as_str())
 }
 
 /// The lowercase artifact visibility name.

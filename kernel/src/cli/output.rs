@@ -25,12 +25,13 @@ pub(super) fn line(text: &str) -> String {
     text
 }
 
-/// An aligned table: PID PPID NAME ROLE TIER STATE RESTARTS CHILDREN MAILBOX TOKENS RUNTIME
-/// (TOKENS: prompt plus completion tokens of the process's model calls).
-pub(super) fn table(procs: &[ProcessInfo]) -> String {
-    const HEADER: [&str; 11] = [
-        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "RESTARTS", "CHILDREN", "MAILBOX",
-        "TOKENS", "RUNTIME",
+/// An aligned table: PID PPID NAME ROLE TIER STATE AGE RESTARTS CHILDREN
+/// MAILBOX TOKENS MODEL RUNTIME (AGE: since it started, as of `now`;
+/// TOKENS: prompt plus completion tokens of the process's model calls).
+pub(super) fn table(procs: &[ProcessInfo], now: u64) -> String {
+    const HEADER: [&str; 13] = [
+        "PID", "PPID", "NAME", "ROLE", "TIER", "STATE", "AGE", "RESTARTS", "CHILDREN", "MAILBOX",
+        "TOKENS", "MODEL", "RUNTIME",
     ];
     let mut rows = vec![HEADER.map(str::to_owned)];
     rows.extend(procs.iter().map(|p| {
@@ -41,13 +42,20 @@ pub(super) fn table(procs: &[ProcessInfo]) -> String {
             names::role(p.role).to_owned(),
             names::tier(p.tier).to_owned(),
             names::state(p.state).to_owned(),
+            super::human::age(p.started_at_unix_ms, now),
             p.restarts.to_string(),
             p.children.to_string(),
             p.mailbox_len.to_string(),
-            p.usage
-                .as_ref()
-                .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens))
-                .to_string(),
+            super::human::count(
+                p.usage
+                    .as_ref()
+                    .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens)),
+            ),
+            if p.model.is_empty() {
+                "-".to_owned()
+            } else {
+                p.model.clone()
+            },
             p.runtime.clone(),
         ]
     }));
@@ -169,6 +177,13 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         "capabilities": p.capabilities,
         "exit": p.exit.as_ref().map(exit_json),
         "restarts": p.restarts,
+        "restart": p.restart.as_ref().map(|r| json!({
+            "policy": names::policy(r.policy),
+            "max_restarts": r.max_restarts,
+            "within_seconds": r.within_seconds,
+            "backoff_ms": r.backoff_ms,
+        })),
+        "strategy": names::strategy(p.strategy),
         "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
     })
 }
@@ -229,17 +244,45 @@ pub(super) fn exit_text(exit: &ExitRecord) -> String {
     text
 }
 
-/// `<seq> <UTC time> pid=<pid> <type> <detail-json>`.
+/// `<seq> <UTC time> pid=<pid> <type> key=value ...`: the detail's fields
+/// but `type`, durations and costs in human form (`--json` has them exact).
 pub(super) fn event_text(event: &Event) -> String {
-    let text = format!(
-        "{} {} pid={} {} {}",
+    let mut text = format!(
+        "{} {} pid={} {}",
         event.seq,
         rfc3339_utc(event.at_unix_ms),
         event.pid,
         event.r#type,
-        event.detail
     );
-    text.trim_end().to_owned()
+    match serde_json::from_str::<Value>(&event.detail) {
+        Ok(Value::Object(fields)) => {
+            for (key, value) in fields.iter().filter(|(key, _)| *key != "type") {
+                let (key, shown) = field_text(key, value);
+                let _ = write!(text, " {key}={shown}");
+            }
+        }
+        _ if event.detail.is_empty() => {}
+        _ => {
+            let _ = write!(text, " {}", event.detail);
+        }
+    }
+    text
+}
+
+/// One detail field as text: `duration_ms: 1500` reads `duration=1.5s`...
+fn field_text<'a>(key: &'a str, value: &Value) -> (&'a str, String) {
+    match (key, value.as_u64()) {
+        ("cost_nano_usd", Some(nanos)) => ("cost", super::human::usd(nanos as f64 / 1e9)),
+        (key, Some(ms)) if key.ends_with("_ms") => {
+            (key.trim_end_matches("_ms"), super::human::duration(ms))
+        }
+        _ => match value {
+            Value::String(text) if !text.is_empty() && !text.contains([' ', '"', '=']) => {
+                (key, text.clone())
+            }
+            other => (key, other.to_string()),
+        },
+    }
 }
 
 /// One JSON object: the detail's fields plus seq, at_unix_ms, pid and type (which win).

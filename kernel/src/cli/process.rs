@@ -1,4 +1,4 @@
-//! `ps`, `spawn`, `kill` and `wait`.
+//! `spawn`, `kill` and `wait`, and listing a subtree.
 
 use std::time::Duration;
 
@@ -6,28 +6,12 @@ use hivekernel_proto::v1::{
     KillRequest, ListProcessesRequest, ProcessInfo, RestartSpec, Role as PbRole, SpawnRequest,
     Strategy as PbStrategy, WaitChildRequest,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::client::Session;
 use hivekernel_agents::Tier;
 
-use super::{CliError, KillArgs, PsArgs, SpawnArgs, WaitArgs, names, output};
-
-/// Lists the tree under `--root` (default PID 1) as a table, a tree or JSON.
-pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
-    let mut session = Session::connect(&args.client).await?;
-    let root = session.pid_or_zero(args.root.as_ref()).await?;
-    let procs = list(&mut session, root).await?;
-    let text = if args.json {
-        let all = procs.iter().map(output::process_json).collect();
-        format!("{:#}\n", Value::Array(all))
-    } else if args.tree {
-        output::tree(&procs)
-    } else {
-        output::table(&procs)
-    };
-    output::print(&text)
-}
+use super::{CliError, KillArgs, SpawnArgs, WaitArgs, names, output};
 
 /// The subtree under `root` (0: PID 1), parents first.
 pub(super) async fn list(session: &mut Session, root: u64) -> Result<Vec<ProcessInfo>, CliError> {

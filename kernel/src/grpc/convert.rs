@@ -228,6 +228,13 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
             used: b.used,
             remaining: b.remaining,
         }),
+        restart: Some(pb::RestartSpec {
+            policy: enums::policy_to_proto(info.restart.policy) as i32,
+            max_restarts: Some(info.restart.max_restarts),
+            within_seconds: Some(info.restart.within_seconds),
+            backoff_ms: info.restart.backoff_ms.to_vec(),
+        }),
+        strategy: enums::strategy_to_proto(info.strategy) as i32,
     }
 }
 

@@ -65,17 +65,32 @@ fn tree_never_drops_a_process_in_a_parent_cycle() {
 
 #[test]
 fn table_aligns_columns_under_the_header() {
-    let text = table(&sample());
+    let mut procs = sample();
+    procs[1].started_at_unix_ms = 1_000;
+    procs[1].usage = Some(pb::LlmUsage {
+        calls: 3,
+        prompt_tokens: 12_000,
+        completion_tokens: 345,
+        cost_usd: 0.0,
+    });
+    procs[1].model = "sonnet".to_owned();
+    let text = table(&procs, 1_000 + 3_725_000);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 7);
     assert!(lines[0].starts_with("PID  PPID  NAME"), "{}", lines[0]);
-    assert!(lines[0].ends_with("MAILBOX  TOKENS  RUNTIME"));
-    let state_col = lines[0].find("STATE");
-    assert_eq!(lines[4].find("zombie"), state_col);
     assert!(
-        lines[0].contains("STATE   RESTARTS  CHILDREN"),
+        lines[0].ends_with("MAILBOX  TOKENS  MODEL   RUNTIME"),
         "{}",
         lines[0]
+    );
+    let state_col = lines[0].find("STATE");
+    assert_eq!(lines[4].find("zombie"), state_col);
+    assert!(lines[0].contains("STATE   AGE    RESTARTS"), "{}", lines[0]);
+    // Human figures: its age and its tokens.
+    let row: Vec<&str> = lines[2].split_whitespace().collect();
+    assert!(
+        row.contains(&"1h02m") && row.contains(&"12,345") && row.contains(&"sonnet"),
+        "{row:?}"
     );
 }
 
@@ -120,7 +135,18 @@ fn event_json_merges_detail_and_keeps_the_envelope() {
     assert_eq!(value["type"], "spawned");
     assert_eq!(
         event_text(&event),
-        format!("9 2023-11-14T22:13:20.123Z pid=4 spawned {}", event.detail)
+        "9 2023-11-14T22:13:20.123Z pid=4 spawned name=w1 seq=bogus"
+    );
+    let call = Event {
+        r#type: "llm_call".to_owned(),
+        detail:
+            r#"{"type":"llm_call","model":"gpt 4o","cost_nano_usd":4200000,"duration_ms":1500}"#
+                .to_owned(),
+        ..event.clone()
+    };
+    assert_eq!(
+        event_text(&call),
+        r#"9 2023-11-14T22:13:20.123Z pid=4 llm_call cost=$0.0042 duration=1.5s model="gpt 4o""#
     );
 
     let odd = Event {
