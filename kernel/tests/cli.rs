@@ -484,6 +484,13 @@ fn exec_agents_log_to_files_shown_by_ps_and_end_with_the_kernel() {
             std::thread::sleep(Duration::from_millis(20));
         };
         assert!(text.contains(&format!(" as {pid}")), "{text}");
+        // `logs` shows an exec agent's log file, by name.
+        let shown = kernel.cli(&["logs", name]);
+        let shown = shown.ok();
+        assert!(
+            shown.contains(&format!("==> {} <==\n", log.display())) && shown.contains(&text),
+            "{shown}"
+        );
         let os_pid: String = text["os_pid=".len() + text.find("os_pid=").unwrap()..]
             .chars()
             .take_while(char::is_ascii_digit)

@@ -273,7 +273,7 @@ impl KernelRpc for KernelService {
         let caller = caller(&request)?;
         let req = request.get_ref();
         let pid = convert::required_pid("pid", req.pid)?;
-        let live = self.kernel.watch_transcript(caller, pid)?;
+        let live = self.kernel.watch_transcript(caller, pid).await?;
         let query = transcript::watch_query(req);
         Ok(Response::new(transcript::watch(
             &self.kernel,

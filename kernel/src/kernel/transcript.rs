@@ -23,15 +23,24 @@ impl Kernel {
     }
 
     /// Entries recorded from now on (of every process: the reader filters),
-    /// after the checks of [`Kernel::transcript`]. Subscribe before reading
-    /// what is kept, so nothing falls between the two.
-    pub fn watch_transcript(
+    /// after the checks of [`Kernel::transcript`] (a process gone with
+    /// nothing kept is NOT_FOUND). Subscribed before what is kept is read,
+    /// so nothing falls between the two.
+    pub async fn watch_transcript(
         &self,
         caller: Caller,
         pid: Pid,
     ) -> Result<broadcast::Receiver<Arc<Entry>>> {
-        self.may_read_transcript(caller, pid)?;
-        Ok(self.inner.transcripts().subscribe())
+        let known = self.may_read_transcript(caller, pid)?;
+        let live = self.inner.transcripts().subscribe();
+        if !known {
+            let first = Query {
+                limit: 1,
+                ..Query::default()
+            };
+            self.transcript(caller, pid, first).await?;
+        }
+        Ok(live)
     }
 
     /// Whether `pid` will record nothing more: it has exited for good (a

@@ -501,6 +501,87 @@ async fn malformed_requests_are_refused_and_change_nothing() {
         assert!(status.message().len() < 4096, "{what}: a long message");
     }
 
+    // Reading transcripts and finding processes: bad arguments are named.
+    refused(
+        "a transcript of PID 0",
+        client
+            .get_transcript(pb::GetTranscriptRequest::default())
+            .await,
+        Code::InvalidArgument,
+        "pid must be set",
+    );
+    refused(
+        "a transcript of a PID that never was",
+        client
+            .get_transcript(pb::GetTranscriptRequest {
+                pid: 987_654,
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        "987654",
+    );
+    refused(
+        "a page token this kernel never gave",
+        client
+            .get_transcript(pb::GetTranscriptRequest {
+                pid: t,
+                page_token: "\u{0}\u{1}junk".repeat(1000),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "page_token",
+    );
+    let huge_page = client
+        .get_transcript(pb::GetTranscriptRequest {
+            pid: t,
+            page_size: u32::MAX,
+            ..Default::default()
+        })
+        .await;
+    assert!(
+        huge_page.is_ok(),
+        "a huge page size is capped, not refused: {huge_page:?}"
+    );
+    refused(
+        "a watch of a PID that never was",
+        client
+            .watch_transcript(pb::WatchTranscriptRequest {
+                pid: 987_654,
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        "987654",
+    );
+    refused(
+        "an empty process name",
+        client.find_process(pb::FindProcessRequest::default()).await,
+        Code::InvalidArgument,
+        "got nothing",
+    );
+    refused(
+        "a process name of a megabyte",
+        client
+            .find_process(pb::FindProcessRequest {
+                target: "n".repeat(1 << 20),
+            })
+            .await,
+        Code::InvalidArgument,
+        "at most 4096",
+    );
+    refused(
+        "a path through nobody",
+        client
+            .find_process(pb::FindProcessRequest {
+                target: "nobody/else".into(),
+            })
+            .await,
+        Code::NotFound,
+        "no child named \"nobody\" under PID 1",
+    );
+
     // A request over the server's size limit is refused by the transport; the server carries on.
     let too_big = pb::SpawnRequest {
         system_prompt: "p".repeat(5 << 20),
