@@ -17,6 +17,7 @@
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
 //! - [`text`]: cutting text to a size, with one marker.
 //! - [`transcript`]: what a runtime records in its process's transcript.
+//! - [`trace`]: trace context (W3C shape) carried by tasks and messages.
 //! - `named`: the macro behind every lowercase string enum.
 //! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
@@ -38,6 +39,7 @@ pub mod syscalls;
 pub mod text;
 pub mod tool_agent;
 pub mod tools;
+pub mod trace;
 pub mod transcript;
 
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
@@ -52,4 +54,5 @@ pub use process::{
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport};
+pub use trace::{SpanId, TraceContext, TraceId};
 pub use transcript::{InputSource, TurnRecord};

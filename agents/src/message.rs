@@ -6,6 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::process::Pid;
+use crate::trace::TraceContext;
 
 /// Kernel-wide unique message id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -60,6 +61,9 @@ pub struct Message {
     pub request_id: Option<RequestId>,
     /// For cross-branch messages: the nearest common ancestor it was routed through.
     pub via: Option<Pid>,
+    /// The work it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 /// A unit of work sent with `execute_task` or `delegate_async`.
@@ -73,6 +77,9 @@ pub struct Task {
     pub description: String,
     /// Structured parameters.
     pub params: BTreeMap<String, String>,
+    /// The work it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 /// The answer to a task: its output, or why it failed.

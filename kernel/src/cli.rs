@@ -404,7 +404,7 @@ pub struct ExecArgs {
     /// Give up after this many seconds [default: the target's task timeout]
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub timeout: Option<Duration>,
-    /// Print {"request_id","success","output","error"} as JSON.
+    /// Print {"request_id","success","output","error","trace_id"} as JSON.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -472,6 +472,10 @@ pub struct EventsArgs {
     /// Only the newest N of the retained events that match (then live ones with --follow).
     #[arg(long, value_name = "N")]
     pub tail: Option<usize>,
+    /// Only the events of one trace: all the work one request caused (the
+    /// trace id `exec --json` prints, or the one a client sent as `traceparent`).
+    #[arg(long, value_name = "TRACE_ID")]
+    pub trace: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }

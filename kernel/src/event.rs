@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hivekernel_agents::{MessageId, Pid, RequestId, Role, Tier};
+use hivekernel_agents::{MessageId, Pid, RequestId, Role, Tier, TraceId};
 use serde::{Deserialize, Serialize};
 
 /// What happened.
@@ -263,6 +263,9 @@ pub struct Event {
     pub at_unix_ms: u64,
     /// The process it concerns.
     pub pid: Pid,
+    /// The trace of the work that caused it, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceId>,
     /// What happened.
     #[serde(flatten)]
     pub kind: EventKind,

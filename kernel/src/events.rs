@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hivekernel_agents::Pid;
+use hivekernel_agents::{Pid, TraceId};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
@@ -94,8 +94,9 @@ impl EventBus {
     pub(crate) fn emit_at(&self, pid: Pid, mut kind: EventKind, at_unix_ms: u64) -> u64 {
         // Cut outside the lock: a long text costs only its sender.
         kind.bound();
+        let trace = crate::trace::current_id();
         let mut ring = self.ring.lock();
-        let event = self.retained(&mut ring, pid, kind, at_unix_ms);
+        let event = self.retained(&mut ring, pid, kind, at_unix_ms, trace);
         let seq = event.seq;
         if self.store.is_durable() {
             self.store.submit(Write::Event(event.clone()));
@@ -113,12 +114,13 @@ impl EventBus {
             kind.bound();
         }
         let at_unix_ms = unix_ms(SystemTime::now());
+        let trace = crate::trace::current_id();
         let mut ring = self.ring.lock();
         let live = self.live.receiver_count() > 0;
         let durable = self.store.is_durable();
         let mut writes = Vec::with_capacity(if durable { events.len() } else { 0 });
         for (pid, kind) in events {
-            let event = self.retained(&mut ring, pid, kind, at_unix_ms);
+            let event = self.retained(&mut ring, pid, kind, at_unix_ms, trace);
             if durable {
                 writes.push(Write::Event(event.clone()));
             }
@@ -130,13 +132,21 @@ impl EventBus {
     }
 
     /// Numbers the event and keeps it in the ring.
-    fn retained(&self, ring: &mut Ring, pid: Pid, kind: EventKind, at_unix_ms: u64) -> Arc<Event> {
+    fn retained(
+        &self,
+        ring: &mut Ring,
+        pid: Pid,
+        kind: EventKind,
+        at_unix_ms: u64,
+        trace: Option<TraceId>,
+    ) -> Arc<Event> {
         let seq = ring.next_seq;
         ring.next_seq += 1;
         let event = Arc::new(Event {
             seq,
             at_unix_ms,
             pid,
+            trace,
             kind,
         });
         if self.store.is_durable() {

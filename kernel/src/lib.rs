@@ -25,6 +25,7 @@
 //! - `counter`: PIDs and ids that are never handed out twice, across restarts too.
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters,
 //!   artifacts, agent memory, usage, transcripts.
+//! - `trace`: the trace of the work running now (a task-local).
 //! - [`transcript`]: what every agent did, turn by turn: recording, the
 //!   in-memory tail, reads (the store keeps and prunes them).
 //! - `budget`, `usage`: token budgets down the tree, model prices; usage and rate limits.
@@ -71,6 +72,7 @@ mod router;
 pub mod runtime;
 pub mod store;
 pub mod tls;
+mod trace;
 pub mod transcript;
 mod usage;
 

@@ -434,6 +434,7 @@ mod tests {
             priority,
             request_id: None,
             via: None,
+            trace: None,
         };
         Envelope::new(MessageId(id), Item::Message(body), ttl)
     }

@@ -38,7 +38,7 @@ use crate::config::TranscriptSettings;
 use crate::counter::Counter;
 use crate::event::unix_ms;
 use crate::store::{self, Store, StoreError, Write};
-use hivekernel_agents::Pid;
+use hivekernel_agents::{Pid, TraceId};
 
 /// One transcript entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +51,9 @@ pub struct Entry {
     pub turn: u64,
     /// Wall-clock time it was recorded.
     pub at_unix_ms: u64,
+    /// The trace of the work it was part of, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceId>,
     /// What it records.
     #[serde(flatten)]
     pub kind: EntryKind,
@@ -428,6 +431,7 @@ impl Transcripts {
             pid,
             turn: turn.unwrap_or(id),
             at_unix_ms,
+            trace: crate::trace::current_id(),
             kind,
         });
         if let Some(print) = print {

@@ -970,4 +970,22 @@ fn events_filter_by_process_subtree_and_type_and_tail_the_newest() {
         line.contains(" duration=") && line.contains("ms") && !line.contains("duration_ms"),
         "{line}"
     );
+    // One trace: what `exec --json` started, and nothing else.
+    let traced = kernel.cli(&["exec", "other", "three", "--json"]).json();
+    let trace = traced["trace_id"].as_str().unwrap().to_owned();
+    assert_eq!(trace.len(), 32, "{traced}");
+    let of_trace = lines(&["--trace", &trace]);
+    assert!(!of_trace.is_empty());
+    assert!(
+        of_trace
+            .iter()
+            .all(|e| e["trace_id"] == trace.as_str() && e["pid"] == other),
+        "{of_trace:?}"
+    );
+    assert!(
+        of_trace.iter().any(|e| e["type"] == "task_finished"),
+        "{of_trace:?}"
+    );
+    let bad = kernel.cli(&["events", "--trace", "xyz"]);
+    assert!(bad.failed(2).contains("not a trace id"), "{bad:#?}");
 }

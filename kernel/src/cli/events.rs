@@ -22,10 +22,23 @@ const MISSED: [&str; 2] = ["pruned", "lagged"];
 /// Prints events, one per line, as text or JSON.
 pub(super) async fn events(args: EventsArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
+    let trace = match &args.trace {
+        Some(text) => Some(
+            hivekernel_agents::TraceId::parse(text)
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "--trace: {text:?} is not a trace id (32 hex digits)"
+                    ))
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
     let mut filter = Filter {
         pids: None,
         subtree: args.subtree,
         types: args.types.iter().map(|t| t.trim().to_owned()).collect(),
+        trace,
     };
     if let Some(target) = &args.pid {
         let pid = session.pid(target).await?;
@@ -116,6 +129,8 @@ struct Filter {
     subtree: bool,
     /// Only these types (empty: every type).
     types: Vec<String>,
+    /// Only this trace's (lowercase hex).
+    trace: Option<String>,
 }
 
 impl Filter {
@@ -137,6 +152,9 @@ impl Filter {
                 return false;
             }
         }
-        self.types.is_empty() || self.types.contains(&event.r#type)
+        self.trace
+            .as_ref()
+            .is_none_or(|trace| *trace == event.trace_id)
+            && (self.types.is_empty() || self.types.contains(&event.r#type))
     }
 }

@@ -305,6 +305,9 @@ fn entry_json(entry: &TranscriptEntry) -> Value {
     object.insert("turn".to_owned(), entry.turn.into());
     object.insert("at_unix_ms".to_owned(), entry.at_unix_ms.into());
     object.insert("type".to_owned(), entry.r#type.clone().into());
+    if !entry.trace_id.is_empty() {
+        object.insert("trace_id".to_owned(), entry.trace_id.clone().into());
+    }
     Value::Object(object)
 }
 
@@ -320,6 +323,7 @@ mod tests {
             at_unix_ms: 1_700_000_000_000 + id,
             r#type: kind.name().to_owned(),
             detail: serde_json::to_string(kind).unwrap_or_default(),
+            trace_id: String::new(),
         }
     }
 

@@ -297,6 +297,9 @@ pub(super) fn event_json(event: &Event) -> Value {
     object.insert("at_unix_ms".to_owned(), event.at_unix_ms.into());
     object.insert("pid".to_owned(), event.pid.into());
     object.insert("type".to_owned(), event.r#type.clone().into());
+    if !event.trace_id.is_empty() {
+        object.insert("trace_id".to_owned(), event.trace_id.clone().into());
+    }
     Value::Object(object)
 }
 

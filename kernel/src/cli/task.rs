@@ -36,6 +36,7 @@ pub(super) async fn exec(args: ExecArgs) -> Result<(), CliError> {
             "success": reply.success,
             "output": reply.output,
             "error": reply.error,
+            "trace_id": reply.trace_id,
         });
         output::print(&output::line(&value.to_string()))?;
     } else if reply.success {

@@ -267,6 +267,7 @@ pub(crate) fn event(event: &Event) -> pb::Event {
         pid: event.pid.0,
         r#type: event.kind.name().to_owned(),
         detail: detail(&event.kind),
+        trace_id: event.trace.map(|id| id.to_string()).unwrap_or_default(),
     }
 }
 
@@ -293,6 +294,7 @@ fn marker(kind: EventKind, at_unix_ms: u64) -> pb::Event {
         pid: 0,
         r#type: kind.name().to_owned(),
         detail: detail(&kind),
+        trace_id: String::new(),
     }
 }
 

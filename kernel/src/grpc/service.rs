@@ -1,7 +1,7 @@
 //! The `hivekernel.v1.Kernel` service: each handler converts the request,
 //! calls the kernel as the authenticated caller, and converts the answer.
 
-use hivekernel_agents::{ArtifactId, Pid};
+use hivekernel_agents::{ArtifactId, Pid, TraceContext};
 use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_server::Kernel as KernelRpc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use super::streams::{self, Stop};
 use super::{attach, convert, cron, transcript};
 use crate::kernel::{Caller, Kernel};
+use crate::trace::scope;
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
 const DEFAULT_BATCH: usize = 1000;
@@ -48,12 +49,27 @@ pub(super) fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
 
 type Rpc<T> = Result<Response<T>, Status>;
 
+/// The trace a call runs in: a step of the caller's `traceparent`, else a
+/// new trace. A malformed `traceparent` is ignored (logged at debug level),
+/// never an error to the caller.
+fn trace_of<T>(request: &Request<T>) -> TraceContext {
+    let given = request.metadata().get("traceparent");
+    let parsed = given
+        .and_then(|value| value.to_str().ok())
+        .and_then(TraceContext::from_traceparent);
+    if given.is_some() && parsed.is_none() {
+        tracing::debug!(traceparent = ?given, "malformed traceparent ignored");
+    }
+    parsed.map_or_else(TraceContext::new_root, TraceContext::child)
+}
+
 #[tonic::async_trait]
 impl KernelRpc for KernelService {
     async fn spawn(&self, request: Request<pb::SpawnRequest>) -> Rpc<pb::SpawnResponse> {
         let caller = caller(&request)?;
+        let trace = trace_of(&request);
         let spawn = convert::spawn_request(request.into_inner())?;
-        let pid = self.kernel.spawn(caller, spawn).await?;
+        let pid = scope(Some(trace), self.kernel.spawn(caller, spawn)).await?;
         Ok(Response::new(pb::SpawnResponse { pid: pid.0 }))
     }
 
@@ -106,9 +122,13 @@ impl KernelRpc for KernelService {
         request: Request<pb::SendMessageRequest>,
     ) -> Rpc<pb::SendMessageResponse> {
         let caller = caller(&request)?;
+        let trace = trace_of(&request);
         let message = convert::outgoing(caller, request.into_inner())?;
-        let id = self.kernel.send_message(caller, message).await?;
-        Ok(Response::new(pb::SendMessageResponse { message_id: id.0 }))
+        let id = scope(Some(trace), self.kernel.send_message(caller, message)).await?;
+        Ok(Response::new(pb::SendMessageResponse {
+            message_id: id.0,
+            trace_id: trace.trace_id.to_string(),
+        }))
     }
 
     async fn execute_task(
@@ -116,8 +136,10 @@ impl KernelRpc for KernelService {
         request: Request<pb::ExecuteTaskRequest>,
     ) -> Rpc<pb::ExecuteTaskResponse> {
         let caller = caller(&request)?;
+        let trace = trace_of(&request);
         let task = convert::task_spec(request.into_inner())?;
-        let (request_id, reply) = self.kernel.execute_task(caller, task).await?;
+        let (request_id, reply) =
+            scope(Some(trace), self.kernel.execute_task(caller, task)).await?;
         let (success, output, error) = match reply {
             Ok(output) => (true, output, String::new()),
             Err(error) => (false, String::new(), error),
@@ -127,6 +149,7 @@ impl KernelRpc for KernelService {
             success,
             output,
             error,
+            trace_id: trace.trace_id.to_string(),
         }))
     }
 

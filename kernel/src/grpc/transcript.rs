@@ -80,6 +80,7 @@ pub(super) fn entry(entry: &Entry) -> pb::TranscriptEntry {
         turn: entry.turn,
         at_unix_ms: entry.at_unix_ms,
         r#type: entry.kind.name().to_owned(),
+        trace_id: entry.trace.map(|id| id.to_string()).unwrap_or_default(),
         detail: serde_json::to_string(&entry.kind).unwrap_or_else(|err| {
             tracing::error!(error = %err, id = entry.id, "cannot encode a transcript entry");
             String::new()

@@ -130,6 +130,7 @@ impl Kernel {
                     priority: Priority::High,
                     request_id: None,
                     via: None,
+                    trace: None,
                 };
                 self.deliver_system(process.ppid, notice);
             }

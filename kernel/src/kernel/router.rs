@@ -68,6 +68,7 @@ impl Kernel {
             priority: message.priority,
             request_id: None,
             via: target.route.via,
+            trace: Some(crate::trace::for_new_item()),
         };
         let Some(proc) = target.proc else {
             self.to_kernel(body);
@@ -187,11 +188,13 @@ impl Kernel {
             .route
             .copy_to
             .map(|parent| (parent, spec.description.clone()));
+        let trace = crate::trace::for_new_item();
         let task = Task {
             request_id,
             from,
             description: spec.description,
             params: spec.params,
+            trace: Some(trace),
         };
         let store = &self.inner.store();
         let recorded = match &reply {
@@ -227,6 +230,7 @@ impl Kernel {
                 priority: Priority::Low,
                 request_id: Some(request_id),
                 via: None,
+                trace: Some(trace),
             };
             self.deliver_system(parent, copy);
         }
@@ -370,6 +374,8 @@ impl Kernel {
                     priority: Priority::High,
                     request_id: Some(request_id),
                     via: None,
+                    // The answer continues the task's trace.
+                    trace: crate::trace::current().map(hivekernel_agents::TraceContext::child),
                 };
                 // With a store, the answer replaces the request in one
                 // ordered step: a crash leaves one or the other, never neither.

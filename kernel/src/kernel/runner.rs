@@ -22,6 +22,7 @@ use crate::events::EventKind;
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
+use crate::trace::scope;
 use crate::transcript::in_turn;
 
 /// How handling one mailbox item ended, when it ends the process.
@@ -139,11 +140,19 @@ fn handle(
     let (id, durable) = (env.id, env.durable);
     match env.item {
         Item::Task { task, reply, .. } => {
-            Box::pin(in_turn(handle_task(kernel, proc, runtime, task, reply)))
+            let trace = task.trace;
+            Box::pin(scope(
+                trace,
+                in_turn(handle_task(kernel, proc, runtime, task, reply)),
+            ))
         }
-        Item::Message(message) => Box::pin(in_turn(handle_message(
-            kernel, proc, runtime, message, id, durable,
-        ))),
+        Item::Message(message) => {
+            let trace = message.trace;
+            Box::pin(scope(
+                trace,
+                in_turn(handle_message(kernel, proc, runtime, message, id, durable)),
+            ))
+        }
     }
 }
 

@@ -365,54 +365,59 @@ impl Kernel {
     /// gRPC Kill, an abandoned task) cannot leave the bookkeeping half done.
     async fn finish_exits(&self, exits: Exits) {
         let kernel = self.clone();
-        let finish = self.inner.tracker().spawn(async move {
-            let Exits {
-                stop,
-                exited,
-                reaped,
-                mut runners,
-                undelivered,
-                tops,
-                follow,
-            } = exits;
-            if stop == Stop::Abort {
-                runners.iter().for_each(|(_, runner)| runner.abort());
-            }
-            // Quiescence: once this is done, none of the subtree's tasks runs.
-            join_runners(&mut runners).await;
-            // Nor any OS process of an exec process among them.
-            kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
-            kernel
-                .inner
-                .transcripts()
-                .forget(exited.iter().map(|e| e.pid));
-            for (pid, env) in undelivered {
-                kernel.fail_undelivered(pid, env);
-            }
-            let events = exited
-                .into_iter()
-                .map(|exited| {
-                    let kind = EventKind::Exited {
-                        ppid: exited.ppid,
-                        name: exited.name,
-                        exit_code: exited.exit_code,
-                        reason: exited.reason,
-                    };
-                    (exited.pid, kind)
-                })
-                .chain(reaped.into_iter().map(|pid| {
-                    let kind = EventKind::Reaped {
-                        by: ReapCause::ParentExited,
-                    };
-                    (pid, kind)
-                }))
-                .collect();
-            kernel.inner.events().emit_all(events);
-            for top in tops {
-                kernel.finish_top(top);
-            }
-            kernel.follow_up(follow);
-        });
+        // The exits belong to the work that caused them.
+        let trace = crate::trace::current();
+        let finish = self
+            .inner
+            .tracker()
+            .spawn(crate::trace::scope(trace, async move {
+                let Exits {
+                    stop,
+                    exited,
+                    reaped,
+                    mut runners,
+                    undelivered,
+                    tops,
+                    follow,
+                } = exits;
+                if stop == Stop::Abort {
+                    runners.iter().for_each(|(_, runner)| runner.abort());
+                }
+                // Quiescence: once this is done, none of the subtree's tasks runs.
+                join_runners(&mut runners).await;
+                // Nor any OS process of an exec process among them.
+                kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
+                kernel
+                    .inner
+                    .transcripts()
+                    .forget(exited.iter().map(|e| e.pid));
+                for (pid, env) in undelivered {
+                    kernel.fail_undelivered(pid, env);
+                }
+                let events = exited
+                    .into_iter()
+                    .map(|exited| {
+                        let kind = EventKind::Exited {
+                            ppid: exited.ppid,
+                            name: exited.name,
+                            exit_code: exited.exit_code,
+                            reason: exited.reason,
+                        };
+                        (exited.pid, kind)
+                    })
+                    .chain(reaped.into_iter().map(|pid| {
+                        let kind = EventKind::Reaped {
+                            by: ReapCause::ParentExited,
+                        };
+                        (pid, kind)
+                    }))
+                    .collect();
+                kernel.inner.events().emit_all(events);
+                for top in tops {
+                    kernel.finish_top(top);
+                }
+                kernel.follow_up(follow);
+            }));
         // Only a panic could fail the join; the kernel's state is already consistent.
         let _ = finish.await;
     }
@@ -446,6 +451,7 @@ impl Kernel {
             priority: Priority::High,
             request_id: None,
             via: None,
+            trace: crate::trace::current(),
         };
         self.deliver_system(ppid, message);
     }

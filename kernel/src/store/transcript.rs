@@ -387,6 +387,7 @@ mod tests {
             pid: Pid(pid),
             turn: id,
             at_unix_ms,
+            trace: None,
             kind: EntryKind::Answer { text: text.into() },
         }
     }

@@ -128,6 +128,7 @@ fn event_json_merges_detail_and_keeps_the_envelope() {
         pid: 4,
         r#type: "spawned".to_owned(),
         detail: r#"{"type":"spawned","name":"w1","seq":"bogus"}"#.to_owned(),
+        trace_id: String::new(),
     };
     let value = event_json(&event);
     assert_eq!(value["seq"], 9);

@@ -557,27 +557,31 @@ impl Kernel {
         }
         let kernel = self.clone();
         let name = name.to_owned();
-        self.inner.tracker().spawn(async move {
-            let started = Instant::now();
-            let outcome = kernel.run_cron(&spec).await;
-            let run = CronRun {
-                at_unix_ms: slot,
-                status: if outcome.is_ok() { "ok" } else { "failed" }.into(),
-                duration_ms: started.elapsed().as_millis() as u64,
-                output: super::run::preview(match &outcome {
-                    Ok(text) | Err(text) => text,
-                }),
-            };
-            let mut state = kernel.inner.cron().state.lock();
-            // Only the entry that fired counts the run, not one that replaced it.
-            match state.entries.get_mut(&name) {
-                Some(entry) if entry.generation == generation => {
-                    entry.running = entry.running.saturating_sub(1);
+        // Each firing is a trace of its own: its run, and all it causes.
+        let trace = Some(hivekernel_agents::TraceContext::new_root());
+        self.inner
+            .tracker()
+            .spawn(crate::trace::scope(trace, async move {
+                let started = Instant::now();
+                let outcome = kernel.run_cron(&spec).await;
+                let run = CronRun {
+                    at_unix_ms: slot,
+                    status: if outcome.is_ok() { "ok" } else { "failed" }.into(),
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    output: super::run::preview(match &outcome {
+                        Ok(text) | Err(text) => text,
+                    }),
+                };
+                let mut state = kernel.inner.cron().state.lock();
+                // Only the entry that fired counts the run, not one that replaced it.
+                match state.entries.get_mut(&name) {
+                    Some(entry) if entry.generation == generation => {
+                        entry.running = entry.running.saturating_sub(1);
+                    }
+                    _ => return,
                 }
-                _ => return,
-            }
-            kernel.record_run(&mut state, &name, run);
-        });
+                kernel.record_run(&mut state, &name, run);
+            }));
     }
 
     /// Adds a run to `name`'s history, in memory, in the store and as an event.
