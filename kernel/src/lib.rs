@@ -13,6 +13,7 @@
 //! - [`error`]: the [`KernelError`] type.
 //! - [`caller`]: who is asking (`Caller`).
 //! - [`event`]: the event values.
+//! - [`transcript`]: transcript entries and reads of them (the values).
 //! - `crontab`: cron expressions: parsing and the next slot.
 //! - [`command`]: the `exec` runtime's name and the checks on a command.
 //! - [`files`]: reading a file the config names: only a regular file, at most a limit.
@@ -26,7 +27,7 @@
 //! - [`store`]: the SQLite store: events, processes, pending messages, counters,
 //!   artifacts, agent memory, usage, transcripts.
 //! - `trace`: the trace of the work running now (a task-local).
-//! - [`transcript`]: what every agent did, turn by turn: recording, the
+//! - [`transcripts`]: what every agent did, turn by turn: recording, the
 //!   in-memory tail, reads (the store keeps and prunes them).
 //! - `budget`, `usage`: token budgets down the tree, model prices; usage and rate limits.
 //! - `router`: the routing rules (who may address whom) and the message limits.
@@ -74,6 +75,7 @@ pub mod store;
 pub mod tls;
 mod trace;
 pub mod transcript;
+pub mod transcripts;
 mod usage;
 
 /// The global allocator the `hivekernel` binary runs with (mimalloc); the

@@ -36,7 +36,6 @@ use parking_lot::{Condvar, Mutex};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::config::TranscriptSettings;
 use crate::event::Event;
 use crate::transcript::Entry;
 
@@ -45,6 +44,7 @@ pub(crate) use memory::MemoryWrite;
 pub use recover::{
     Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
 };
+pub use transcript::Retention;
 
 /// Longest a [`Store::submit_lazy`] write waits for a batch.
 pub(crate) const LAZY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -288,7 +288,7 @@ struct Shared {
     /// Every event up to this sequence number has been pruned (0: none).
     events_pruned_through: AtomicU64,
     /// What transcripts keep (set by the kernel at start).
-    transcripts: Mutex<TranscriptSettings>,
+    transcripts: Mutex<Retention>,
 }
 
 /// Handle to the store; cheap to clone.
@@ -320,7 +320,7 @@ impl Store {
             persisted_event_seq: AtomicU64::new(recovered.next_event_seq.saturating_sub(1)),
             event_log_limit: AtomicU64::new(DEFAULT_EVENT_LOG_LIMIT),
             events_pruned_through: AtomicU64::new(recovered.events_pruned_through),
-            transcripts: Mutex::new(TranscriptSettings::default()),
+            transcripts: Mutex::new(Retention::default()),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -366,7 +366,7 @@ impl Store {
     }
 
     /// Prunes transcripts and keeps them after exit as `settings` say.
-    pub fn set_transcript_retention(&self, settings: TranscriptSettings) {
+    pub fn set_transcript_retention(&self, settings: Retention) {
         if let Some(shared) = &self.shared {
             *shared.transcripts.lock() = settings;
         }

@@ -25,7 +25,7 @@ use crate::mailbox::Mailbox;
 use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store};
-use crate::transcript::Transcripts;
+use crate::transcripts::Transcripts;
 use crate::usage::Meter;
 
 /// Events retained in memory for replay.

@@ -23,7 +23,7 @@ use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
 use crate::trace::scope;
-use crate::transcript::in_turn;
+use crate::transcripts::in_turn;
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);

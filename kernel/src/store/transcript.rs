@@ -12,9 +12,33 @@ use hivekernel_agents::Pid;
 use rusqlite::{Connection, Transaction};
 
 use super::{Op, Store, StoreError, Write, from_sql_u64, to_sql_u64};
-use crate::config::TranscriptSettings;
 use crate::event::{EventKind, unix_ms};
 use crate::transcript::{Entry, Page, Query};
+
+/// What the store keeps of transcripts (from `kernel.transcripts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep a process's transcript after it is reaped.
+    pub keep_after_exit: bool,
+    /// Entries older than this many hours are pruned.
+    pub max_age_hours: u64,
+    /// Most bytes one process's transcript keeps.
+    pub max_bytes_per_process: u64,
+    /// Most bytes all transcripts keep together.
+    pub max_bytes_total: u64,
+}
+
+impl Default for Retention {
+    /// Until the kernel says otherwise: prune nothing, keep nothing of the reaped.
+    fn default() -> Self {
+        Retention {
+            keep_after_exit: false,
+            max_age_hours: u64::MAX,
+            max_bytes_per_process: u64::MAX,
+            max_bytes_total: u64::MAX,
+        }
+    }
+}
 
 /// How often entries are checked for age.
 const AGE_CHECK: Duration = Duration::from_secs(60);
@@ -108,11 +132,7 @@ impl Store {
 /// would leave with at once (unless kept, or a config agent's): the entries
 /// of a short-lived worker, still queued when it is collected, never
 /// reach the disk.
-pub(super) fn skip_reaped(
-    conn: &Connection,
-    ops: Vec<Op>,
-    settings: &TranscriptSettings,
-) -> Vec<Op> {
+pub(super) fn skip_reaped(conn: &Connection, ops: Vec<Op>, settings: &Retention) -> Vec<Op> {
     if settings.keep_after_exit {
         return ops;
     }
@@ -176,7 +196,7 @@ impl Tally {
     pub(super) fn count<'a>(
         &mut self,
         writes: impl Iterator<Item = &'a Write>,
-        settings: &TranscriptSettings,
+        settings: &Retention,
     ) -> Vec<Pid> {
         let mut reaped = Vec::new();
         for write in writes {
@@ -207,7 +227,7 @@ impl Tally {
     pub(super) fn tidy(
         &mut self,
         conn: &Connection,
-        settings: &TranscriptSettings,
+        settings: &Retention,
         reaped: &[Pid],
     ) -> rusqlite::Result<()> {
         let due = self.age_checked.elapsed() >= AGE_CHECK;
@@ -293,6 +313,10 @@ impl Tally {
     /// Deletes every entry recorded before `cutoff_ms`: they are the oldest
     /// ids, so the scan stops at the first younger one.
     fn prune_older(&mut self, tx: &Transaction<'_>, cutoff_ms: u64) -> rusqlite::Result<()> {
+        // No cutoff (an age beyond the clock's start): nothing is that old.
+        if cutoff_ms == 0 {
+            return Ok(());
+        }
         loop {
             let rows = oldest(tx, None, cutoff_ms)?;
             let Some(&(last, ..)) = rows.last() else {
@@ -419,9 +443,9 @@ mod tests {
         }
         tx.commit().unwrap();
         let mut tally = Tally::load(&conn).unwrap();
-        let settings = TranscriptSettings {
+        let settings = Retention {
             max_age_hours: 2,
-            ..TranscriptSettings::default()
+            ..Retention::default()
         };
         tally.tidy(&conn, &settings, &[]).unwrap();
         assert_eq!(ids(&conn), [3, 4]);
@@ -439,7 +463,7 @@ mod tests {
             }
         }
         tx.commit().unwrap();
-        let settings = TranscriptSettings {
+        let settings = Retention {
             max_bytes_total: 1 << 20,
             ..settings
         };
