@@ -1,8 +1,9 @@
 //! Transcripts: what every agent did, turn by turn.
 //!
 //! A *turn* is one mailbox item a process handles (a task or a message):
-//! the runner runs its handler inside [`in_turn`], and every entry recorded
-//! while it runs carries the turn's id, allocated at its first entry. The
+//! the runner runs its handler as one piece of work (`trace::scope`), and
+//! every entry recorded while it runs carries the turn's id, allocated at
+//! its first entry. The
 //! entries of a `tool_agent` turn, in order: its `input`; for each model
 //! call a `request` and a `response` (or `model_error`); a `tool_result`
 //! per tool call; and its `answer` or `failed`.
@@ -20,7 +21,6 @@
 //! transcript when it is reaped, unless told to keep it. A kernel without a
 //! store keeps a bounded in-memory tail instead.
 
-use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -37,16 +37,6 @@ use crate::event::unix_ms;
 use crate::store::{self, Store, StoreError, Write};
 use crate::transcript::message_fingerprint;
 pub use crate::transcript::{Entry, EntryKind, Page, Query};
-
-tokio::task_local! {
-    /// The turn of the handler running on this task: 0 until its first entry.
-    static TURN: Cell<u64>;
-}
-
-/// Runs `work` as one turn: what it records shares one turn id.
-pub(crate) fn in_turn<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    TURN.scope(Cell::new(0), work)
-}
 
 /// Messages a process has sent before, by fingerprint, at most this many.
 const SEEN_PER_PROCESS: usize = 4096;
@@ -166,14 +156,7 @@ impl Transcripts {
         let print = kind.fingerprint();
         kind.bound(self.settings.max_text_bytes);
         let at_unix_ms = unix_ms(SystemTime::now());
-        let turn = TURN
-            .try_with(|turn| {
-                if turn.get() == 0 {
-                    turn.set(self.ids.take(&self.store, &self.tracker));
-                }
-                turn.get()
-            })
-            .ok();
+        let turn = crate::trace::turn(|| self.ids.take(&self.store, &self.tracker));
         let mut state = self.state.lock();
         // Taken under the lock, so ids increase in the order entries are kept.
         let id = self.ids.take(&self.store, &self.tracker);

@@ -142,8 +142,7 @@ pub(super) fn watch(
                     }
                     Ok(_) => {}
                     Err(RecvError::Lagged(_)) => {
-                        let after = Query { after_id: last, ..query_after(last) };
-                        if !catch_up(&reader, &tx, &stop, caller, pid, after, &mut last).await {
+                        if !catch_up(&reader, &tx, &stop, caller, pid, query_after(last), &mut last).await {
                             return;
                         }
                     }

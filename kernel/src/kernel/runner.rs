@@ -23,7 +23,6 @@ use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
 use crate::trace::scope;
-use crate::transcripts::in_turn;
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
@@ -127,8 +126,8 @@ fn report_expired(kernel: &Weak<Inner>, pid: hivekernel_agents::Pid, env: Envelo
     }
 }
 
-/// Starts handling one mailbox item, as one turn of the process's
-/// transcript; `Err` from the work ends the process.
+/// Starts handling one mailbox item, in its trace and as one turn of the
+/// process's transcript; `Err` from the work ends the process.
 /// Messages and tasks are separate futures, so a message (the common case)
 /// is not moved to the heap at the size of a task's.
 fn handle(
@@ -143,14 +142,14 @@ fn handle(
             let trace = task.trace;
             Box::pin(scope(
                 trace,
-                in_turn(handle_task(kernel, proc, runtime, task, reply)),
+                handle_task(kernel, proc, runtime, task, reply),
             ))
         }
         Item::Message(message) => {
             let trace = message.trace;
             Box::pin(scope(
                 trace,
-                in_turn(handle_message(kernel, proc, runtime, message, id, durable)),
+                handle_message(kernel, proc, runtime, message, id, durable),
             ))
         }
     }
