@@ -92,62 +92,82 @@ fn hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
-    for byte in bytes {
-        write!(f, "{byte:02x}")?;
+/// `bytes` as lowercase hex, written into `out` (twice as long). Ids are
+/// written into every event and transcript entry, so this is a table
+/// lookup, not a formatter call per byte.
+fn to_hex<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
-    Ok(())
+    std::str::from_utf8(out).unwrap_or_default()
 }
 
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_hex(f, &self.0)
+        f.write_str(to_hex(&self.0, &mut [0; 32]))
     }
 }
 
 impl fmt::Debug for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_hex(f, &self.0)
+        fmt::Display::fmt(self, f)
     }
 }
 
 impl fmt::Display for SpanId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_hex(f, &self.0)
+        f.write_str(to_hex(&self.0, &mut [0; 16]))
     }
 }
 
 impl fmt::Debug for SpanId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_hex(f, &self.0)
+        fmt::Display::fmt(self, f)
     }
 }
 
 impl Serialize for TraceId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        serializer.serialize_str(to_hex(&self.0, &mut [0; 32]))
     }
 }
 
 impl<'de> Deserialize<'de> for TraceId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        TraceId::parse(&text).ok_or_else(|| serde::de::Error::custom("not a trace id"))
+        deserializer.deserialize_str(HexVisitor(|text: &str| TraceId::parse(text), "a trace id"))
     }
 }
 
 impl Serialize for SpanId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        serializer.serialize_str(to_hex(&self.0, &mut [0; 16]))
     }
 }
 
 impl<'de> Deserialize<'de> for SpanId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        hex::<8>(&text)
-            .map(SpanId)
-            .ok_or_else(|| serde::de::Error::custom("not a span id"))
+        deserializer.deserialize_str(HexVisitor(
+            |text: &str| hex::<8>(text).map(SpanId),
+            "a span id",
+        ))
+    }
+}
+
+/// Reads an id from a string without copying it first.
+struct HexVisitor<F>(F, &'static str);
+
+impl<T, F: FnOnce(&str) -> Option<T>> serde::de::Visitor<'_> for HexVisitor<F> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} in hex", self.1)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<T, E> {
+        let what = self.1;
+        (self.0)(text).ok_or_else(|| E::custom(format_args!("not {what}: {text:?}")))
     }
 }
 
@@ -207,5 +227,34 @@ mod tests {
         assert_ne!(TraceContext::new_root().trace_id, root.trace_id);
         let json = serde_json::to_string(&root).unwrap_or_default();
         assert_eq!(serde_json::from_str::<TraceContext>(&json).ok(), Some(root));
+    }
+
+    #[test]
+    fn ids_are_lowercase_hex_and_bad_hex_is_refused_by_name() {
+        let context = TraceContext {
+            trace_id: TraceId([
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36,
+            ]),
+            span_id: SpanId([0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]),
+        };
+        let json = serde_json::to_string(&context).unwrap_or_default();
+        assert_eq!(
+            json,
+            r#"{"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","span_id":"00f067aa0ba902b7"}"#
+        );
+        assert_eq!(format!("{:?}", context.span_id), "00f067aa0ba902b7");
+        let bad = r#"{"trace_id":"4BF92F3577B34DA6A3CE929D0E0E473X","span_id":"00f067aa0ba902b7"}"#;
+        let err = serde_json::from_str::<TraceContext>(bad)
+            .err()
+            .map(|err| err.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("not a trace id"), "{err}");
+        let upper =
+            r#"{"trace_id":"4BF92F3577B34DA6A3CE929D0E0E4736","span_id":"00F067AA0BA902B7"}"#;
+        assert_eq!(
+            serde_json::from_str::<TraceContext>(upper).ok(),
+            Some(context)
+        );
     }
 }

@@ -157,6 +157,12 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// Statements a connection keeps prepared. More than the writer and the
+/// reader each use, so a batch never prepares one again: with fewer, a
+/// batch that touches many tables (an event, usage up the tree, a
+/// transcript) evicts statements the next batch needs.
+const STATEMENT_CACHE: usize = 128;
+
 /// Opens the write connection: WAL, the chosen `synchronous`, migrated.
 /// Creates the database first when there is none.
 pub(super) fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, StoreError> {
@@ -167,6 +173,7 @@ pub(super) fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, 
         Err(e) => return Err(io_error(path, "cannot open", &e)),
     }
     let mut conn = Connection::open(path).map_err(err("cannot open"))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(err("cannot set busy_timeout"))?;
     switch_to_wal(&conn, path)?;
@@ -250,6 +257,7 @@ pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(err("cannot open for reading"))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(err("cannot set busy_timeout"))?;
     Ok(conn)
