@@ -264,7 +264,7 @@ struct Queue {
     /// Written as soon as the writer gets to them.
     ops: Vec<Op>,
     /// [`Store::submit_lazy`]'s writes: written together once the oldest has
-    /// waited [`LAZY_DELAY`], or sooner with a batch that must see them.
+    /// waited [`LAZY_DELAY`], or sooner with a flush.
     lazy: Vec<Write>,
     /// When the oldest write in `lazy` was queued.
     lazy_since: Option<std::time::Instant>,
@@ -396,8 +396,9 @@ impl Store {
     /// Queues a write that nobody waits for and that may wait up to
     /// [`LAZY_DELAY`]: such writes (transcript entries, which come often)
     /// are committed together, so they cost neither a transaction each nor
-    /// time in the commits others wait for. A [`Store::flush`] or a reap
-    /// commits them first, so a read or a deletion always sees them.
+    /// time in the commits others wait for. A [`Store::flush`] commits them
+    /// first, so a read always sees them; a reap drops the reaped process's
+    /// entries when its transcript goes with it.
     pub(crate) fn submit_lazy(&self, write: Write) {
         let Some(shared) = &self.shared else {
             return;

@@ -2,6 +2,7 @@
 //! what a read of a process's transcript asks for and gets. The values
 //! only; `transcripts` records them and the store keeps them.
 
+use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -246,6 +247,16 @@ pub struct Query {
     pub max_bytes: usize,
 }
 
+impl Query {
+    /// Whether `entry` passes the filters other than `tail_turns`.
+    pub(crate) fn matches(&self, entry: &Entry) -> bool {
+        entry.id > self.after_id
+            && entry.turn > self.after_turn
+            && entry.turn >= self.min_turn
+            && entry.at_unix_ms >= self.since_unix_ms
+    }
+}
+
 /// One read's entries.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Page {
@@ -255,6 +266,84 @@ pub struct Page {
     pub more: bool,
     /// The first turn the read included (what `tail_turns` resolved to).
     pub min_turn: u64,
+}
+
+/// Fills a [`Page`] from matching entries, oldest first, up to the
+/// query's count and (about) its bytes.
+#[derive(Debug)]
+pub(crate) struct PageBuilder {
+    page: Page,
+    bytes: usize,
+    limit: usize,
+    max_bytes: usize,
+}
+
+impl PageBuilder {
+    /// A page for `query`, whose tail (if it asked for one) begins at `min_turn`.
+    pub(crate) fn new(query: &Query, min_turn: u64) -> Self {
+        PageBuilder {
+            page: Page {
+                min_turn,
+                ..Page::default()
+            },
+            bytes: 0,
+            limit: query.limit.max(1),
+            max_bytes: query.max_bytes,
+        }
+    }
+
+    /// Adds the next matching entry; false once the page is full, which
+    /// `entry` then only marks as having more.
+    pub(crate) fn push(&mut self, entry: Entry) -> bool {
+        let page = &mut self.page;
+        if page.entries.len() >= self.limit
+            || (!page.entries.is_empty() && self.bytes >= self.max_bytes)
+        {
+            page.more = true;
+            return false;
+        }
+        self.bytes += entry.kind.weight() as usize;
+        page.entries.push(entry);
+        true
+    }
+
+    pub(crate) fn finish(self) -> Page {
+        self.page
+    }
+}
+
+/// The newest `n` distinct turns seen so far, for `tail_turns`.
+#[derive(Debug)]
+pub(crate) struct TailTurns {
+    n: usize,
+    turns: BTreeSet<u64>,
+}
+
+impl TailTurns {
+    pub(crate) fn new(n: u32) -> Self {
+        TailTurns {
+            n: n as usize,
+            turns: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn see(&mut self, turn: u64) {
+        if self.turns.insert(turn) && self.turns.len() > self.n {
+            self.turns.pop_first();
+        }
+    }
+
+    /// Whether no entry with an id at most `id` can change the answer: `n`
+    /// turns are found, all newer than it (an entry's turn is never
+    /// larger than its id).
+    pub(crate) fn settled_before(&self, id: u64) -> bool {
+        self.turns.len() >= self.n && self.turns.first().is_some_and(|&first| first > id)
+    }
+
+    /// The first turn of the tail; `u64::MAX` (nothing) when no turn matched.
+    pub(crate) fn first(&self) -> u64 {
+        self.turns.first().copied().unwrap_or(u64::MAX)
+    }
 }
 
 /// [`fingerprint`] of a message as sent.

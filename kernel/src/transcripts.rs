@@ -35,8 +35,8 @@ use crate::config::TranscriptSettings;
 use crate::counter::Counter;
 use crate::event::unix_ms;
 use crate::store::{self, Store, StoreError, Write};
-use crate::transcript::message_fingerprint;
 pub use crate::transcript::{Entry, EntryKind, Page, Query};
+use crate::transcript::{PageBuilder, TailTurns, message_fingerprint};
 
 /// Messages a process has sent before, by fingerprint, at most this many.
 const SEEN_PER_PROCESS: usize = 4096;
@@ -214,38 +214,24 @@ impl Transcripts {
             return self.store.transcript(pid, query).await;
         }
         let state = self.state.lock();
-        let matching = state.tail.iter().filter(|entry| {
-            entry.pid == pid
-                && entry.id > query.after_id
-                && entry.turn > query.after_turn
-                && entry.turn >= query.min_turn
-                && entry.at_unix_ms >= query.since_unix_ms
-        });
+        let matching = state
+            .tail
+            .iter()
+            .filter(|entry| entry.pid == pid && query.matches(entry));
         let min_turn = match query.tail_turns {
             Some(n) => {
-                let mut turns: Vec<u64> = matching.clone().map(|entry| entry.turn).collect();
-                turns.sort_unstable();
-                turns.dedup();
-                let skip = turns.len().saturating_sub(n as usize);
-                turns.get(skip).copied().unwrap_or(u64::MAX)
+                let mut tail = TailTurns::new(n);
+                matching.clone().for_each(|entry| tail.see(entry.turn));
+                tail.first()
             }
             None => query.min_turn,
         };
-        let mut page = Page {
-            min_turn,
-            ..Page::default()
-        };
-        let mut bytes = 0;
+        let mut page = PageBuilder::new(&query, min_turn);
         for entry in matching.filter(|entry| entry.turn >= min_turn) {
-            if page.entries.len() >= query.limit.max(1)
-                || (!page.entries.is_empty() && bytes >= query.max_bytes)
-            {
-                page.more = true;
+            if !page.push(Entry::clone(entry)) {
                 break;
             }
-            bytes += entry.kind.weight() as usize;
-            page.entries.push(Entry::clone(entry));
         }
-        Ok(page)
+        Ok(page.finish())
     }
 }

@@ -155,7 +155,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
 
     // Turn ids come from the same counter and are below their entries' ids.
     let next_transcript_id = counter(Counter::Transcript.key())?
-        .max(max("SELECT max(id) FROM transcript")? + 1)
+        .max(max("SELECT max(last_id) FROM transcript_chunk")? + 1)
         .max(1);
 
     // A log pruned before the mark was kept: everything below its oldest event.

@@ -15,7 +15,7 @@ use rusqlite::{Connection, OpenFlags};
 use super::{StoreError, Synchronous, sqlite_error};
 
 /// Migrations in order; `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 1: counters, events, processes, config agents' PIDs, pending messages and
     // requests, process state.
     "CREATE TABLE counters (
@@ -152,6 +152,23 @@ const MIGRATIONS: &[&str] = &[
          body  TEXT NOT NULL
      ) STRICT;
      CREATE INDEX transcript_by_pid ON transcript (pid, id);",
+    // 6: transcripts in chunks. A row holds a run of one process's entries
+    // written in the same batch, as a JSON array, so a turn's four or five
+    // entries cost one row rather than one each. `last_turn` and `last_ms`
+    // are the largest of its entries; `bytes` what retention counts.
+    "CREATE TABLE transcript_chunk (
+         first_id  INTEGER PRIMARY KEY,
+         last_id   INTEGER NOT NULL,
+         pid       INTEGER NOT NULL,
+         last_turn INTEGER NOT NULL,
+         last_ms   INTEGER NOT NULL,
+         bytes     INTEGER NOT NULL,
+         body      TEXT NOT NULL
+     ) STRICT;
+     CREATE INDEX transcript_chunk_by_pid ON transcript_chunk (pid, first_id);
+     INSERT INTO transcript_chunk (first_id, last_id, pid, last_turn, last_ms, bytes, body)
+         SELECT id, id, pid, turn, at_ms, bytes, '[' || body || ']' FROM transcript;
+     DROP TABLE transcript;",
 ];
 
 /// The schema version this build writes.

@@ -53,8 +53,9 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
             };
             let ops = std::mem::take(&mut queue.ops);
             // Lazy writes go first, in the order queued, when they are due
-            // or a write in this batch must come after them.
-            let with_lazy = queue.closed || lazy_due || ops.iter().any(|op| needs_lazy(&op.write));
+            // or a read waits on this batch.
+            let with_lazy =
+                queue.closed || lazy_due || ops.iter().any(|op| matches!(op.write, Write::Flush));
             let ops = if with_lazy && !queue.lazy.is_empty() {
                 queue.lazy_since = None;
                 let mut all: Vec<Op> = std::mem::take(&mut queue.lazy)
@@ -69,7 +70,22 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
             (ops, queue.closed)
         };
         let settings = *shared.transcripts.lock();
-        let ops = transcript::skip_reaped(&conn, ops, &settings);
+        let gone = transcript::gone(&conn, &ops, &settings);
+        let ops = if gone.is_empty() {
+            ops
+        } else {
+            let mut queue = shared.queue.lock();
+            queue
+                .lazy
+                .retain(|write| !transcript::of_gone(write, &gone));
+            if queue.lazy.is_empty() {
+                queue.lazy_since = None;
+            }
+            drop(queue);
+            ops.into_iter()
+                .filter(|op| !transcript::of_gone(&op.write, &gone))
+                .collect()
+        };
         let reaped = match &mut transcripts {
             Some(tally) => tally.count(ops.iter().map(|op| &op.write), &settings),
             None => Vec::new(),
@@ -100,16 +116,6 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     // Fold the WAL back into the database so a stopped kernel leaves one file.
     if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
         tracing::warn!(error = %err, "store: checkpoint at close failed");
-    }
-}
-
-/// Whether `write` must see the lazy writes queued before it: a barrier
-/// (a read waits on it), and a reap (which deletes the process's transcript).
-fn needs_lazy(write: &Write) -> bool {
-    match write {
-        Write::Flush => true,
-        Write::Event(event) => matches!(event.kind, EventKind::Reaped { .. }),
-        _ => false,
     }
 }
 
@@ -149,9 +155,18 @@ fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
         .transaction()
         .and_then(|tx| {
             let mut applied = Vec::with_capacity(ops.len());
+            let mut entries = Vec::new();
             for op in &ops {
-                applied.push(apply(&tx, &op.write)?);
+                applied.push(match &op.write {
+                    // Written together below, in chunks.
+                    Write::Transcript(entry) => {
+                        entries.push(&**entry);
+                        Applied::Done
+                    }
+                    write => apply(&tx, write)?,
+                });
             }
+            transcript::put_all(&tx, &entries)?;
             tx.commit().map(|()| applied)
         })
         .map_err(|err| sqlite_error(&shared.path, "cannot commit", err));
@@ -377,13 +392,14 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             )?
             .execute((name, hivekernel_agents::cron::HISTORY as i64))?;
         }
-        Write::Transcript(entry) => transcript::put(tx, entry)?,
         Write::Flush => {}
         // Dispatched by `apply`.
         Write::Artifact(_)
         | Write::ArtifactDeleted(_)
         | Write::Memory(_)
         | Write::MemoryForget { .. } => {}
+        // Dispatched by `commit_batch`.
+        Write::Transcript(_) => {}
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The `tool_agent` against a zero-latency loopback chat-completions server:
 //! the kernel's overhead per agent turn, and `orchestrate` with many workers,
 //! each with transcripts recorded (the default) and with them off, measured
-//! in alternating runs so the pair sees the same machine.
+//! in alternation (blocks of turns, single orchestrations) so the pair sees
+//! the same machine.
 //!
 //! The floor for both is the model calls alone: the same provider (same HTTP
 //! client, same admission cap) making the same requests to the same server,
@@ -120,8 +121,12 @@ async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str], max_children: 
         .expect("spawn the agent")
 }
 
+/// Turns one kernel of a pair runs before the other takes over, so both
+/// see the same machine (a shared 2-core machine drifts within seconds).
+const BLOCK: usize = 50;
+
 /// One turn of a tool-less agent (a task in, one model call, the answer out),
-/// beside the model call alone; with transcripts on, then off.
+/// beside the model call alone; with transcripts on and off, in alternating blocks.
 pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
     let server = LlmServer::answering(scripted_answer).await;
     let timed = Arc::new(Timed {
@@ -149,26 +154,34 @@ pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
     let mut turn_p50 = [Vec::new(), Vec::new()];
     let mut call_p50 = Vec::with_capacity(sizes.runs);
     for run in 0..=sizes.runs {
-        for (which, (kernel, agent, _)) in kernels.iter().enumerate() {
-            let mut latencies = Latencies::with_capacity(turns);
-            let before = timed.nanos.load(Ordering::Relaxed);
-            let started = Instant::now();
-            for i in 0..turns {
-                let t = Instant::now();
-                let (_, reply) = kernel
-                    .execute_task(
-                        Caller::Admin,
-                        TaskSpec::new(*agent, format!("question {i}")),
-                    )
-                    .await
-                    .expect("execute_task");
-                reply.expect("the turn succeeds");
-                latencies.record(t.elapsed());
+        let mut latencies = [0, 1].map(|_| Latencies::with_capacity(turns));
+        let mut outside_http = [0.0; 2];
+        // The two take turns in blocks, the first of each pair alternating.
+        for block in 0..turns.div_ceil(BLOCK) {
+            for k in 0..2 {
+                let which = (block + k) % 2;
+                let (kernel, agent, _) = &kernels[which];
+                let before = timed.nanos.load(Ordering::Relaxed);
+                let started = Instant::now();
+                for i in block * BLOCK..((block + 1) * BLOCK).min(turns) {
+                    let t = Instant::now();
+                    let (_, reply) = kernel
+                        .execute_task(
+                            Caller::Admin,
+                            TaskSpec::new(*agent, format!("question {i}")),
+                        )
+                        .await
+                        .expect("execute_task");
+                    reply.expect("the turn succeeds");
+                    latencies[which].record(t.elapsed());
+                }
+                let in_http = (timed.nanos.load(Ordering::Relaxed) - before) as f64;
+                outside_http[which] += started.elapsed().as_nanos() as f64 - in_http;
             }
-            let total = started.elapsed().as_nanos() as f64;
-            let in_http = (timed.nanos.load(Ordering::Relaxed) - before) as f64;
-            if run > 0 {
-                overheads[which].push((total - in_http) / turns as f64);
+        }
+        if run > 0 {
+            for (which, latencies) in latencies.into_iter().enumerate() {
+                overheads[which].push(outside_http[which] / turns as f64);
                 turn_p50[which].push(latencies.p50_p99().0);
             }
         }
@@ -181,13 +194,22 @@ pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
     for (kernel, ..) in &kernels {
         kernel.shutdown().await;
     }
+    // The store after the stop's checkpoint, per 1,000 of the turns it kept.
+    let turns_run = (turns * (sizes.runs + 1)) as f64;
+    let growth = |store: &tempfile::TempDir| {
+        let db = store.path().join(hivekernel_kernel::store::DB_FILE);
+        let bytes = std::fs::metadata(db).map_or(0, |meta| meta.len());
+        format!("{:.0} KiB", bytes as f64 / 1024.0 / turns_run * 1000.0)
+    };
+    let [grown_on, grown_off] = [0, 1].map(|which| growth(&kernels[which].2));
     let floor = median(call_p50);
     let [on, off] = turn_p50.map(median);
     let [overhead_on, overhead_off] = overheads.map(median);
     let label = format!("tool_agent turn, p50 of {} (one model call)", count(turns));
     vec![
         Row::new("turn", label.clone(), Unit::Nanos, on, Some(floor)).note(format!(
-            "kernel + loop time outside the HTTP call: {} per turn; transcripts {}",
+            "kernel + loop time outside the HTTP call: {} per turn; transcripts {}; \
+             store: {grown_on} per 1,000 turns",
             Unit::Nanos.show(overhead_on),
             against(on, off)
         )),
@@ -199,7 +221,8 @@ pub(crate) async fn turn(sizes: &Sizes) -> Vec<Row> {
             Some(floor),
         )
         .note(format!(
-            "kernel + loop time outside the HTTP call: {} per turn",
+            "kernel + loop time outside the HTTP call: {} per turn; \
+             store: {grown_off} per 1,000 turns",
             Unit::Nanos.show(overhead_off)
         )),
     ]
@@ -245,11 +268,14 @@ pub(crate) async fn orchestrate(sizes: &Sizes) -> Vec<Row> {
         kernels.push((kernel, lead, store));
     }
     let task: String = (1..=workers).map(|i| format!("- subtask {i}\n")).collect();
-    // [on, off].
+    // [on, off]; one makespan is short and noisy, so three times the runs.
     let mut makespans = [Vec::new(), Vec::new()];
     let mut floors = Vec::new();
-    for run in 0..=sizes.runs {
-        for (which, (kernel, lead, _)) in kernels.iter().enumerate() {
+    for run in 0..=3 * sizes.runs {
+        // The first of each pair alternates.
+        for k in 0..2 {
+            let which = (run + k) % 2;
+            let (kernel, lead, _) = &kernels[which];
             let started = Instant::now();
             let (_, reply) = kernel
                 .execute_task(Caller::Admin, TaskSpec::new(*lead, task.clone()))
