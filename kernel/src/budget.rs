@@ -122,6 +122,20 @@ impl Pool {
     }
 
     /// Tokens spent from this pool and the pools lent from it, ever.
+    /// The owner of the budget this one was lent from.
+    pub(crate) fn lender_owner(&self) -> Option<Pid> {
+        self.lender.as_ref().map(|lender| lender.owner)
+    }
+
+    /// Carries on after a restart with what it had `spent`, of which
+    /// `borrowed` was spent by borrowers that came back (their loans hold
+    /// it). Only this pool: its lenders carry their own spending.
+    pub(crate) fn carry(&self, spent: u64, borrowed: u64) {
+        let mut state = self.state.lock();
+        state.spent = state.spent.saturating_add(spent);
+        state.used = state.used.saturating_add(spent.saturating_sub(borrowed));
+    }
+
     pub(crate) fn spent(&self) -> u64 {
         self.state.lock().spent
     }

@@ -140,6 +140,9 @@ pub struct KernelSettings {
     pub mailbox_aging_ms: u64,
     /// Zombies their parent does not collect are reaped after this many seconds.
     pub zombie_timeout_seconds: u64,
+    /// Whether processes whose restart policy is `temporary` come back after
+    /// a kernel restart too (every other live process does).
+    pub restore_temporary: bool,
     /// Default `execute_task` timeout (>= 1).
     pub task_timeout_seconds: u64,
     /// Tasks one process works on at the same time (>= 1).
@@ -231,6 +234,7 @@ impl Default for KernelSettings {
             mailbox_max_bytes: 16 << 20,
             mailbox_aging_ms: 5000,
             zombie_timeout_seconds: 60,
+            restore_temporary: true,
             task_timeout_seconds: 300,
             max_concurrent_tasks: 4,
             shutdown_grace_ms: 5000,

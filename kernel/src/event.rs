@@ -23,6 +23,9 @@ pub enum EventKind {
         tier: Tier,
         /// Its runtime.
         runtime: Arc<str>,
+        /// It came back after a kernel restart as the PID it had.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        restored: bool,
     },
     /// A process exited and is a zombie until collected (or was reaped with its parent).
     Exited {
@@ -96,6 +99,9 @@ pub enum EventKind {
         success: bool,
         /// Time from pop to reply.
         duration_ms: u64,
+        /// Why it failed, when the kernel failed it (a kernel restart).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<Arc<str>>,
     },
     /// The kernel restarted this process (same PID, fresh mailbox and runtime) after it exited.
     Restarted {

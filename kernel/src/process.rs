@@ -40,6 +40,8 @@ pub(crate) struct ProcShared {
     pub(crate) budget: Option<Arc<Pool>>,
     /// What it may do: its role's capabilities, narrowed to its parent's.
     pub(crate) caps: Capabilities,
+    /// It came back after a kernel restart (this incarnation or an earlier one).
+    pub(crate) restored: bool,
 }
 
 /// What a process is made of when it is created; [`ProcShared::new`] adds
@@ -56,6 +58,7 @@ pub(crate) struct NewProc {
     pub(crate) usage: Meter,
     pub(crate) budget: Option<Arc<Pool>>,
     pub(crate) caps: Capabilities,
+    pub(crate) restored: bool,
 }
 
 impl ProcShared {
@@ -76,6 +79,7 @@ impl ProcShared {
             usage: new.usage,
             budget: new.budget,
             caps: new.caps,
+            restored: new.restored,
         }
     }
 
@@ -98,6 +102,7 @@ impl ProcShared {
             usage: self.usage.carried(),
             budget: self.budget.clone(),
             caps: self.caps,
+            restored: self.restored,
         })
     }
 

@@ -42,7 +42,7 @@ use crate::transcript::Entry;
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
 pub use recover::{
-    Recovered, StoredCron, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
+    Recovered, StoredCron, StoredHistory, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
 };
 pub use transcript::Retention;
 
@@ -182,6 +182,27 @@ pub(crate) enum Write {
         /// What its own budget (if it has one) and the budgets lent from it spent.
         budget_spent: Option<u64>,
     },
+    /// How to spawn `pid` again after a restart: its spawn request as JSON.
+    Spec {
+        pid: Pid,
+        spec: String,
+    },
+    /// `pid`'s restarts so far, when those still in its restart window were
+    /// decided (Unix ms, oldest first), and whether one is decided and not
+    /// yet done (the process waits out its backoff).
+    Restarts {
+        pid: Pid,
+        restarts: u32,
+        recent_ms: Vec<u64>,
+        pending: bool,
+    },
+    /// The level of one of `pid`'s rate-limit buckets as of `at_ms`.
+    Bucket {
+        pid: Pid,
+        kind: BucketKind,
+        level: f64,
+        at_ms: u64,
+    },
     /// A config-declared agent runs as `pid` (and comes back as it after a restart).
     Declared {
         name: String,
@@ -224,6 +245,13 @@ pub(crate) enum Write {
     Transcript(Arc<Entry>),
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
+}
+
+/// Which of a process's rate limits a [`Write::Bucket`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BucketKind {
+    LlmCalls,
+    Spawns,
 }
 
 /// What a committed write did, for the writes whose caller needs more than "committed".

@@ -110,28 +110,54 @@ impl Meter {
         counters.subtree.add_all(subtree);
     }
 
-    /// Takes one model call from the `per_minute` allowance, if there is one.
-    pub(crate) fn take_llm_call(&self, per_minute: Option<u32>, what: &str) -> Result<()> {
+    /// Takes one model call from the `per_minute` allowance, if there is
+    /// one; answers the level left, to keep.
+    pub(crate) fn take_llm_call(&self, per_minute: Option<u32>, what: &str) -> Result<Option<f64>> {
         let Some(per_minute) = per_minute else {
-            return Ok(());
+            return Ok(None);
         };
         self.counters()
             .llm_calls
             .lock()
             .take(per_minute, Instant::now())
+            .map(Some)
             .map_err(|wait| rate_limited(what, "llm_calls_per_minute", per_minute, wait))
     }
 
-    /// Takes one spawn from the `per_minute` allowance, if there is one.
-    pub(crate) fn take_spawn(&self, per_minute: Option<u32>, what: &str) -> Result<()> {
+    /// Takes one spawn from the `per_minute` allowance, if there is one;
+    /// answers the level left, to keep.
+    pub(crate) fn take_spawn(&self, per_minute: Option<u32>, what: &str) -> Result<Option<f64>> {
         let Some(per_minute) = per_minute else {
-            return Ok(());
+            return Ok(None);
         };
         self.counters()
             .spawns
             .lock()
             .take(per_minute, Instant::now())
+            .map(Some)
             .map_err(|wait| rate_limited(what, "spawns_per_minute", per_minute, wait))
+    }
+
+    /// Sets the buckets to the levels kept before a restart (each as of an
+    /// instant), so a restart does not refill them.
+    pub(crate) fn restore_buckets(
+        &self,
+        llm_calls: Option<(f64, Instant)>,
+        spawns: Option<(f64, Instant)>,
+    ) {
+        if llm_calls.is_none() && spawns.is_none() {
+            return;
+        }
+        let counters = self.counters();
+        let sane = |(level, at): (f64, Instant)| {
+            (level.is_finite() && level >= 0.0).then_some((level, at))
+        };
+        if let Some(level) = llm_calls.and_then(sane) {
+            counters.llm_calls.lock().level = Some(level);
+        }
+        if let Some(level) = spawns.and_then(sane) {
+            counters.spawns.lock().level = Some(level);
+        }
     }
 }
 
@@ -150,8 +176,9 @@ struct Bucket {
 }
 
 impl Bucket {
-    /// Takes one token, or says how long until one is there.
-    fn take(&mut self, per_minute: u32, now: Instant) -> std::result::Result<(), Duration> {
+    /// Takes one token and answers the level left, or says how long until
+    /// one is there.
+    fn take(&mut self, per_minute: u32, now: Instant) -> std::result::Result<f64, Duration> {
         let capacity = f64::from(per_minute);
         let per_second = capacity / 60.0;
         let level = match self.level {
@@ -163,7 +190,7 @@ impl Bucket {
         };
         if level >= 1.0 {
             self.level = Some((level - 1.0, now));
-            Ok(())
+            Ok(level - 1.0)
         } else {
             self.level = Some((level, now));
             Err(Duration::from_secs_f64((1.0 - level) / per_second))

@@ -176,45 +176,130 @@ async fn acknowledged_messages_survive_kill_9_and_are_delivered_exactly_once() {
     assert_eq!(pending, 0, "delivered messages left in the store");
 }
 
+/// Every `--json` event from sequence 0.
+fn events_json(kernel: &Kernel) -> Vec<Value> {
+    let run = kernel.cli(&["events", "--json", "--since", "0"]);
+    run.ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
-fn config_agents_keep_their_pids_and_the_rest_is_recorded_dead_after_kill_9() {
+fn every_process_comes_back_with_its_pid_and_parent_after_kill_9() {
     let mut kernel = Kernel::start();
     let queen = kernel.pid_of("queen");
     let helper = kernel.pid_of("helper");
     let child = kernel.spawn(&["--parent", &queen.to_string(), "--name", "scratch"]);
+    let leaf = kernel.spawn(&[
+        "--parent",
+        &child.to_string(),
+        "--name",
+        "leaf",
+        "--restart",
+        "permanent",
+        "--model",
+        "haiku",
+    ]);
+    let before = kernel.ps();
 
+    // The spawns were answered: they are committed, whatever comes next.
     kernel.kill_9();
     kernel.restart();
 
     assert_eq!(kernel.pid_of("queen"), queen);
     assert_eq!(kernel.pid_of("helper"), helper);
     let procs = kernel.ps();
-    assert!(
-        support::find(&procs, child).is_none(),
-        "a process not in the config came back: {procs:?}"
-    );
+    for (pid, ppid) in [(child, queen), (leaf, child)] {
+        let now = support::find(&procs, pid)
+            .unwrap_or_else(|| panic!("process {pid} did not come back: {procs:?}"));
+        let then = support::find(&before, pid).unwrap();
+        assert_eq!(now["ppid"], ppid, "{now}");
+        for field in ["name", "role", "tier", "runtime", "model"] {
+            assert_eq!(now[field], then[field], "{field} of {pid}");
+        }
+    }
     let fresh = kernel.spawn(&["--parent", &queen.to_string(), "--name", "fresh"]);
-    assert!(fresh > child, "PID {fresh} reused (last was {child})");
+    assert!(fresh > leaf, "PID {fresh} reused (last was {leaf})");
 
-    let run = kernel.cli(&["events", "--json", "--since", "0"]);
-    let events: Vec<Value> = run
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let exit = events
-        .iter()
-        .find(|e| e["type"] == "exited" && e["pid"] == child)
-        .unwrap_or_else(|| panic!("no exit of {child}: {events:?}"));
-    assert_eq!(exit["reason"], "kernel restart");
-    assert_eq!(exit["ppid"], queen);
+    let events = events_json(&kernel);
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-    let spawned_queen = events
+    assert!(
+        !events.iter().any(|e| e["type"] == "exited"),
+        "nothing exited: {events:?}"
+    );
+    let spawned = |pid: u64| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["type"] == "spawned" && e["pid"] == pid)
+            .collect()
+    };
+    // Config agents are spawned from the config each run; the rest restored.
+    assert_eq!(spawned(queen).len(), 2, "queen spawned once per run");
+    for pid in [child, leaf] {
+        let runs = spawned(pid);
+        assert_eq!(runs.len(), 2, "{pid}: {runs:?}");
+        assert!(runs[0].get("restored").is_none(), "{:?}", runs[0]);
+        assert_eq!(runs[1]["restored"], true, "{:?}", runs[1]);
+    }
+
+    // A clean stop is no different: nothing exits, everything comes back.
+    kernel.stop();
+    kernel.restart();
+    let procs = kernel.ps();
+    for (pid, ppid) in [(child, queen), (leaf, child), (fresh, queen)] {
+        let now = support::find(&procs, pid)
+            .unwrap_or_else(|| panic!("process {pid} did not come back: {procs:?}"));
+        assert_eq!(now["ppid"], ppid, "{now}");
+    }
+    let events = events_json(&kernel);
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["type"] == "exited" || e["type"] == "reaped"),
+        "nothing exited: {events:?}"
+    );
+}
+
+#[test]
+fn temporary_processes_stay_dead_when_the_config_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::CONFIG.replace(
+        r#""default_runtime": "echo" },"#,
+        r#""default_runtime": "echo", "restore_temporary": false },"#,
+    );
+    assert_ne!(config, support::CONFIG);
+    let path = write_config(dir.path(), &config);
+    let mut kernel = Kernel::start_with(dir, &path, &[]);
+    let queen = kernel.pid_of("queen").to_string();
+    let temporary = kernel.spawn(&["--parent", &queen, "--name", "scratch"]);
+    let kept = kernel.spawn(&[
+        "--parent",
+        &queen,
+        "--name",
+        "kept",
+        "--restart",
+        "transient",
+    ]);
+
+    kernel.kill_9();
+    kernel.restart();
+
+    let procs = kernel.ps();
+    assert!(support::find(&procs, temporary).is_none(), "{procs:?}");
+    assert!(support::find(&procs, kept).is_some(), "{procs:?}");
+    let events = events_json(&kernel);
+    let exit = events
         .iter()
-        .filter(|e| e["type"] == "spawned" && e["pid"] == queen)
-        .count();
-    assert_eq!(spawned_queen, 2, "queen spawned once per run");
+        .find(|e| e["type"] == "exited" && e["pid"] == temporary)
+        .unwrap_or_else(|| panic!("no exit of {temporary}: {events:?}"));
+    let reason = exit["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("kernel restart") && reason.contains("restore_temporary"),
+        "{reason}"
+    );
+    assert_eq!(exit["ppid"].to_string(), queen);
 }
 
 #[test]
@@ -346,52 +431,79 @@ fn usage_by_pid(kernel: &Kernel) -> HashMap<u64, Value> {
         .collect()
 }
 
-#[test]
-fn model_usage_and_spent_budget_survive_kill_9() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_usage_and_spent_budget_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), SAVER);
     let mut kernel = Kernel::start_with(dir, &config, &[]);
     let saver = kernel.pid_of("saver");
     kernel.cli(&["exec", &saver.to_string(), "say hello"]).ok();
-    // A child drawing on saver's budget, gone after the crash.
+    // A child drawing on saver's budget, and one with a budget lent from it.
     let child = kernel.spawn(&["--parent", &saver.to_string(), "--name", "scratch"]);
-    kernel
-        .cli(&["exec", &child.to_string(), "say hello too"])
-        .ok();
+    let spawn = pb::SpawnRequest {
+        parent: saver,
+        name: "borrower".into(),
+        limits: Some(pb::Limits {
+            max_tokens_total: 5_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let borrower = client(&kernel)
+        .await
+        .spawn(authed(&kernel, spawn))
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+    for pid in [child, borrower] {
+        kernel
+            .cli(&["exec", &pid.to_string(), "say hello too"])
+            .ok();
+    }
     let before = usage_by_pid(&kernel);
     let own = before[&saver]["usage"]["total_tokens"].as_u64().unwrap();
     let subtree = before[&saver]["subtree_usage"]["total_tokens"]
         .as_u64()
         .unwrap();
     assert!(own > 0 && subtree > own, "{before:?}");
-    assert_eq!(before[&saver]["budget"]["used"], subtree);
+    let lent = before[&borrower]["budget"].clone();
+    assert_eq!(lent["owner"], borrower, "{lent}");
+    let borrowed = lent["used"].as_u64().unwrap();
+    assert!(borrowed > 0, "{lent}");
+    // The loan is out of saver's budget; the rest of the subtree's spending is in it.
+    assert_eq!(before[&saver]["budget"]["used"], subtree - borrowed);
+    assert_eq!(
+        before[&saver]["budget"]["remaining"],
+        100_000 - (subtree - borrowed) - 5_000
+    );
 
     // Charged before the answer came back: nothing to flush.
     kernel.kill_9();
     kernel.restart();
 
     let after = usage_by_pid(&kernel);
-    let row = &after[&saver];
-    assert_eq!(row["usage"], before[&saver]["usage"], "{row}");
-    assert_eq!(
-        row["subtree_usage"], before[&saver]["subtree_usage"],
-        "{row}"
-    );
-    assert_eq!(row["budget"]["used"], subtree, "{row}");
-    assert_eq!(row["budget"]["remaining"], 100_000 - subtree, "{row}");
+    for pid in [saver, child, borrower] {
+        let (row, then) = (&after[&pid], &before[&pid]);
+        for field in ["usage", "subtree_usage", "budget"] {
+            assert_eq!(row[field], then[field], "{field} of {pid}: {row}");
+        }
+    }
     assert_eq!(after[&1]["subtree_usage"]["total_tokens"], subtree);
-    assert!(!after.contains_key(&child), "{after:?}");
-    // What is kept of a process that did not come back is dead weight: gone.
+
+    // A process recorded dead leaves nothing behind.
+    kernel.cli(&["kill", &child.to_string()]).ok();
+    kernel.cli(&["wait", &child.to_string()]).ok();
+    kernel.stop();
     let db = rusqlite::Connection::open(kernel.data_dir().join("hivekernel.db")).unwrap();
-    let rows: i64 = db
-        .query_row(
-            "SELECT count(*) FROM usage WHERE pid = ?1",
-            [child as i64],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(
-        rows, 0,
-        "usage of process {child} kept after it was recorded dead"
-    );
+    for table in ["usage", "process_spec"] {
+        let rows: i64 = db
+            .query_row(
+                &format!("SELECT count(*) FROM {table} WHERE pid = ?1"),
+                [child as i64],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(rows, 0, "{table} of reaped process {child} kept");
+    }
 }

@@ -38,10 +38,20 @@ struct Up {
 
 /// A durable kernel on `<dir>/hivekernel.db` whose agents talk to `server`.
 async fn durable(dir: &std::path::Path, server: &LlmServer, agents: &[SpawnRequest]) -> Up {
+    durable_with(dir, server, agents, test_settings()).await
+}
+
+/// [`durable`] with `settings` (its workspace under `dir`).
+async fn durable_with(
+    dir: &std::path::Path,
+    server: &LlmServer,
+    agents: &[SpawnRequest],
+    settings: KernelSettings,
+) -> Up {
     let provider = server.provider();
     let settings = KernelSettings {
         workspace: Some(dir.join("workspace")),
-        ..test_settings()
+        ..settings
     };
     let (registry, journal) = agent_registry(AgentSettings::default(), &ToolSettings::default());
     let (store, recovered) = open_store(dir).await;
@@ -125,7 +135,7 @@ async fn a_daemon_keeps_its_pid_and_its_conversation_across_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() {
+async fn after_a_clean_stop_every_process_is_back_and_unanswered_requests_fail() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
 
@@ -167,16 +177,15 @@ async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() 
         restored,
         ..
     } = durable(dir.path(), &server, &[lead]).await;
-    assert!(
-        recovered.processes.is_empty(),
-        "a clean stop ends everything"
-    );
+    let alive: Vec<Pid> = recovered.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(alive, [lead_pid, worker], "a clean stop is not an exit");
     assert_eq!(recovered.requests.len(), 1, "{:?}", recovered.requests);
     let back = agents[0];
     assert_eq!(back, lead_pid);
     assert_eq!(
         restored,
         Restored {
+            processes: 1,
             failed_requests: 1,
             ..Restored::default()
         }
@@ -200,15 +209,34 @@ async fn what_did_not_come_back_is_recorded_dead_and_unanswered_requests_fail() 
         body["error"].as_str().unwrap().contains(KERNEL_RESTART),
         "{body}"
     );
+    let info = kernel.get_process(Caller::Admin, worker).await.unwrap();
+    assert_eq!(
+        (info.ppid, info.name.as_str(), info.role),
+        (lead_pid, "slowpoke", Role::Worker),
+        "the worker is back as it was"
+    );
+    // The event log says which task the restart failed.
+    let events = kernel
+        .store()
+        .unwrap()
+        .events_between(0, u64::MAX, 100_000)
+        .await
+        .unwrap();
+    let failed = events
+        .iter()
+        .find(|e| e.pid == worker && e.kind.name() == "task_finished")
+        .unwrap_or_else(|| panic!("no task_finished of {worker}: {events:?}"));
+    let detail = serde_json::to_value(&failed.kind).unwrap();
+    assert_eq!(detail["success"], false, "{detail}");
     assert!(
-        kernel.get_process(Caller::Admin, worker).await.is_err(),
-        "the worker was not in the config and must not come back"
+        detail["error"].as_str().unwrap().contains(KERNEL_RESTART),
+        "{detail}"
     );
     kernel.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
+async fn a_child_that_cannot_come_back_is_reported_to_its_restored_parent() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
     let lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
@@ -235,16 +263,21 @@ async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
         "both alive in the store"
     );
 
+    // The child is temporary, and temporary processes now stay dead.
+    let settings = KernelSettings {
+        restore_temporary: false,
+        ..test_settings()
+    };
     let Up {
         kernel: second,
         journal,
         agents,
         restored,
         ..
-    } = durable(dir.path(), &server, &[lead]).await;
+    } = durable_with(dir.path(), &server, &[lead], settings).await;
     let back = agents[0];
     assert_eq!(back, lead_pid);
-    assert_eq!(restored.ended, 1);
+    assert_eq!((restored.processes, restored.ended), (0, 1));
     wait_until("the lead hears of its child", STEP, || async {
         journal
             .of(lead_pid)
@@ -259,7 +292,11 @@ async fn a_child_alive_at_a_crash_is_reported_to_its_restored_parent() {
         .unwrap();
     let record: ExitRecord = serde_json::from_str(&notice.payload).unwrap();
     assert_eq!(record.pid, child);
-    assert_eq!(record.reason, KERNEL_RESTART);
+    assert!(
+        record.reason.starts_with(KERNEL_RESTART) && record.reason.contains("restore_temporary"),
+        "{}",
+        record.reason
+    );
     let fresh = second
         .spawn(
             Caller::Admin,
@@ -338,6 +375,110 @@ async fn a_restarted_process_is_alive_again_in_the_store() {
         "restarted, so alive: {recovered:?}"
     );
     assert!(recovered.zombies.is_empty(), "{recovered:?}");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_across_kernel_restarts_still_escalates_at_its_intensity() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let Up { kernel, .. } = durable(dir.path(), &server, &[]).await;
+    let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
+    // One restart a minute; the second failure in the window escalates.
+    request.restart = Some(hivekernel_agents::RestartSpec {
+        policy: hivekernel_agents::RestartPolicy::Permanent,
+        max_restarts: 1,
+        within_seconds: 60,
+        backoff_ms: [1, 10],
+    });
+    let pid = kernel.spawn(Caller::Admin, request).await.unwrap();
+    let crash = |kernel: Kernel| async move {
+        kernel
+            .send_message(
+                Caller::Admin,
+                hivekernel_agents::Outgoing::new(pid, "crash"),
+            )
+            .await
+            .unwrap();
+    };
+    crash(kernel.clone()).await;
+    wait_until("the process is restarted", STEP, || async {
+        kernel.get_process(Caller::Admin, pid).await.is_ok_and(|p| {
+            p.restarts == 1 && p.state != hivekernel_agents::ProcessState::Restarting
+        })
+    })
+    .await;
+    kernel.shutdown().await;
+
+    let Up {
+        kernel,
+        recovered,
+        restored,
+        ..
+    } = durable(dir.path(), &server, &[]).await;
+    assert_eq!(restored.processes, 1);
+    let kept = &recovered.history[&pid];
+    assert_eq!(
+        (kept.restarts, kept.recent_ms.len(), kept.pending),
+        (1, 1, false)
+    );
+    let back = kernel.get_process(Caller::Admin, pid).await.unwrap();
+    assert_eq!(back.restarts, 1, "its restart count came back");
+    crash(kernel.clone()).await;
+    wait_until("the process stays dead", STEP, || async {
+        kernel
+            .get_process(Caller::Admin, pid)
+            .await
+            .is_ok_and(|p| p.exit.is_some())
+    })
+    .await;
+    kernel.store().unwrap().flush().await.unwrap();
+    let events = kernel
+        .store()
+        .unwrap()
+        .events_between(0, u64::MAX, 100_000)
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind.name() == "restarted" || e.kind.name() == "escalated")
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["restarted", "escalated"],
+        "the window outlived the restart"
+    );
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_restart_does_not_refill_a_rate_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
+    let mut lead = probe_request(Pid::KERNEL, "lead", Role::Lead);
+    lead.limits.spawns_per_minute = Some(2);
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, std::slice::from_ref(&lead)).await;
+    let pid = agents[0];
+    let spawn = |kernel: Kernel, name: &'static str| async move {
+        kernel
+            .execute_task(
+                Caller::Admin,
+                TaskSpec::new(pid, format!("spawn {name} worker")),
+            )
+            .await
+            .unwrap()
+            .1
+    };
+    for name in ["one", "two"] {
+        spawn(kernel.clone(), name).await.unwrap();
+    }
+    kernel.shutdown().await;
+
+    let Up { kernel, agents, .. } = durable(dir.path(), &server, &[lead]).await;
+    assert_eq!(agents[0], pid);
+    let refused = spawn(kernel.clone(), "three").await.unwrap_err();
+    assert!(refused.contains("spawns_per_minute"), "{refused}");
     kernel.shutdown().await;
 }
 
@@ -435,9 +576,19 @@ async fn a_config_agent_keeps_its_usage_and_what_its_budget_spent_across_a_resta
         ..
     } = durable(dir.path(), &server, &[thrifty()]).await;
     let kept: std::collections::BTreeSet<Pid> = recovered.usage.keys().copied().collect();
-    // A clean stop ends the child for good: its usage went with it.
-    assert_eq!(kept, [Pid::KERNEL, pid].into(), "{:?}", recovered.usage);
+    assert_eq!(
+        kept,
+        [Pid::KERNEL, pid, child].into(),
+        "{:?}",
+        recovered.usage
+    );
     assert_eq!(agents[0], pid);
+    let back = usage_of(&kernel, child).await;
+    assert_eq!(
+        back.usage.total_tokens(),
+        50,
+        "the child is back with its usage"
+    );
     let after = usage_of(&kernel, pid).await;
     assert_eq!(after.usage, before.usage, "its own calls are still counted");
     assert_eq!(after.subtree_usage, before.subtree_usage);

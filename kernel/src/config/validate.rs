@@ -162,6 +162,7 @@ impl<'a> Context<'a> {
             mailbox_max_bytes: k.mailbox_max_bytes,
             mailbox_aging_ms: k.mailbox_aging_ms,
             zombie_timeout_seconds: k.zombie_timeout_seconds,
+            restore_temporary: k.restore_temporary,
             task_timeout_seconds: timeout,
             max_concurrent_tasks: tasks,
             shutdown_grace_ms: k.shutdown_grace_ms,

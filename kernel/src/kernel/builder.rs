@@ -5,8 +5,9 @@
 //! nothing is configured after it returns. Starting is, in order: PID 1,
 //! the reaper and the cron timer; the config's agents as children of PID 1
 //! in the order given, each as the PID it had before a restart; what the
-//! store remembers (processes that did not come back, queued messages,
-//! unanswered requests); and the cron entries, stored and declared.
+//! store remembers (every other process, from its kept spawn request; what
+//! could not come back recorded dead; queued messages; unanswered
+//! requests); and the cron entries, stored and declared.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -197,9 +198,10 @@ impl KernelBuilder {
             .as_mut()
             .map(|recovered| std::mem::take(&mut recovered.cron))
             .unwrap_or_default();
-        let restored = recovered
-            .map(|recovered| kernel.restore(recovered))
-            .unwrap_or_default();
+        let restored = match recovered {
+            Some(recovered) => kernel.restore(recovered).await,
+            None => Restored::default(),
+        };
         let declared_cron: Vec<(Pid, CronSpec)> = agents
             .iter()
             .zip(&pids)

@@ -123,6 +123,7 @@ impl Inner {
             usage: kernel_usage,
             budget: None,
             caps: Capabilities::ALL,
+            restored: false,
         });
         let table = ProcessTable::with_kernel(Entry {
             ppid: Pid(0),

@@ -12,7 +12,7 @@ use crate::error::KernelError;
 use crate::events::EventKind;
 use crate::kernel::{Caller, Kernel};
 use crate::process::ProcShared;
-use crate::store::Write;
+use crate::store::{BucketKind, Write};
 use crate::transcript::EntryKind as TranscriptKind;
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
@@ -45,9 +45,11 @@ impl Kernel {
             }
         };
         let what = format!("process {pid} may not call a model now");
-        proc.usage
+        let level = proc
+            .usage
             .take_llm_call(proc.limits.llm_calls_per_minute, &what)
             .map_err(refused)?;
+        self.keep_bucket(pid, BucketKind::LlmCalls, level);
         let left = proc.budget.as_ref().map(|pool| pool.check(pid));
         // The answer may not take more than is left.
         let capped = left

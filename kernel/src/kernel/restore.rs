@@ -1,22 +1,31 @@
-//! Coming back after a restart: config agents keep their PIDs, what did not
-//! come back is recorded dead, acknowledged messages are delivered and
-//! unanswered requests are failed.
+//! Coming back after a restart: config agents keep their PIDs, every other
+//! process alive before comes back from its kept spawn request as the PID
+//! it had, with its usage, budget, restart history and rate limits; what
+//! cannot come back is recorded dead, acknowledged messages are delivered
+//! and unanswered requests are failed.
 //!
 //! The order matters: [`Kernel::spawn_declared`] for every config agent
 //! first, then [`Kernel::restore`] once, before the control plane opens.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::message::kinds;
-use hivekernel_agents::{ExitRecord, Message, MessageId, Pid, Priority, SpawnRequest};
+use hivekernel_agents::{
+    ExecCommand, ExitRecord, Message, MessageId, Pid, Priority, RestartPolicy, SpawnRequest,
+};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::events::{EventKind, ReapCause, unix_ms};
+use crate::kernel::spawn::Birth;
 use crate::kernel::supervisor::EXIT_KILLED;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
-use crate::store::{Recovered, StoredUsage, Write};
+use crate::store::{BucketKind, Recovered, StoredProcess, StoredUsage, Write};
 
 /// Why processes that did not come back are dead.
 pub const KERNEL_RESTART: &str = "kernel restart";
@@ -24,6 +33,9 @@ pub const KERNEL_RESTART: &str = "kernel restart";
 /// What coming back after a restart did (see [`Started::restored`](super::Started)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restored {
+    /// Processes alive before the restart that came back from their kept
+    /// spawn request (config agents not counted).
+    pub processes: usize,
     /// Processes alive before the restart that did not come back.
     pub ended: usize,
     /// Acknowledged messages put back into mailboxes.
@@ -35,6 +47,23 @@ pub struct Restored {
 }
 
 impl Kernel {
+    /// Keeps the `level` a rate-limit bucket of `pid` was left at, so a
+    /// restart does not refill it (nothing without a limit or a store).
+    pub(crate) fn keep_bucket(&self, pid: Pid, kind: BucketKind, level: Option<f64>) {
+        let store = self.inner.store();
+        if let Some(level) = level
+            && store.is_durable()
+        {
+            let at_ms = unix_ms(SystemTime::now());
+            store.submit(Write::Bucket {
+                pid,
+                kind,
+                level,
+                at_ms,
+            });
+        }
+    }
+
     /// Spawns a config-declared agent under PID 1, as the PID it last ran as
     /// when the store knows one, and records its PID for the next restart.
     pub(crate) async fn spawn_declared(
@@ -46,10 +75,9 @@ impl Kernel {
         let previous = recovered
             .and_then(|r| r.declared.get(&name).copied())
             .filter(|pid| *pid > Pid::KERNEL && self.inner.table().read().get(*pid).is_none());
-        let pid = self.spawn_as(Caller::Admin, request, previous).await?;
-        if let Some(kept) = recovered.and_then(|r| r.usage.get(&pid)) {
-            self.carry_usage(pid, kept);
-        }
+        let pid = self
+            .spawn_as(Caller::Admin, request, Birth::Declared(previous))
+            .await?;
         self.inner
             .store()
             .commit(Write::Declared { name, pid })
@@ -57,26 +85,122 @@ impl Kernel {
         Ok(pid)
     }
 
-    /// A config agent back as `pid` carries on with the usage it had, and
-    /// its own budget with what that budget had spent. A budget added to the
-    /// config since starts whole: usage from before it is not charged to it.
-    fn carry_usage(&self, pid: Pid, kept: &StoredUsage) {
-        let Some(proc) = self.inner.table().read().get(pid).map(|e| e.proc.clone()) else {
-            return;
-        };
-        proc.usage.add_kept(kept.own, kept.subtree);
-        if let Some(pool) = &proc.budget
-            && pool.owner() == pid
-            && let Some(spent) = kept.budget_spent
-        {
-            pool.charge(spent);
+    /// Every process alive before the restart that is not back yet (the
+    /// config agents are) and whose spawn request the store kept, spawned
+    /// again as the PID it had, parents before children. Answers why each
+    /// one that could not come back did not.
+    async fn respawn(&self, processes: &[StoredProcess]) -> (usize, HashMap<Pid, String>) {
+        let mut back = 0;
+        let mut failed = HashMap::new();
+        let restore_temporary = self.inner.settings().restore_temporary;
+        for process in processes {
+            let pid = process.pid;
+            if pid == Pid::KERNEL || self.inner.table().read().get(pid).is_some() {
+                continue;
+            }
+            let Some(spec) = &process.spec else {
+                // A config agent no longer in the config, or kept by an older kernel.
+                continue;
+            };
+            let request = match read_spec(spec, process.ppid) {
+                Ok(request) => request,
+                Err(why) => {
+                    tracing::warn!(%pid, error = %why, "cannot read the kept spawn request; process recorded dead");
+                    failed.insert(pid, format!("its kept spawn request is unreadable: {why}"));
+                    continue;
+                }
+            };
+            if !restore_temporary
+                && self
+                    .supervision_for(&request)
+                    .is_ok_and(|(spec, _)| spec.policy == RestartPolicy::Temporary)
+            {
+                failed.insert(
+                    pid,
+                    "temporary, and kernel.restore_temporary is false".to_owned(),
+                );
+                continue;
+            }
+            match self
+                .spawn_as(Caller::Admin, request, Birth::Restored(pid))
+                .await
+            {
+                Ok(_) => back += 1,
+                Err(err) => {
+                    tracing::warn!(%pid, name = %process.name, error = %err, "process did not come back after the restart");
+                    failed.insert(pid, err.to_string());
+                }
+            }
         }
+        (back, failed)
+    }
+
+    /// Everyone back carries on with the usage, budget, restart history and
+    /// rate limits it had. A budget's spending is split as it was: what
+    /// the live children it lent to spent is theirs (the loan covers it),
+    /// the rest its own. A budget added to the config since starts whole.
+    fn carry_kept(&self, recovered: &Recovered) {
+        let now = Instant::now();
+        let now_ms = unix_ms(SystemTime::now());
+        let at = |ms: u64| now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)));
+        let durable = self.inner.store().is_durable();
+        let mut pending_done = Vec::new();
+        let mut table = self.inner.table().write();
+        // What each budget's live borrowers spent, by lender.
+        let mut borrowed: HashMap<Pid, u64> = HashMap::new();
+        for (pid, entry) in table.iter() {
+            if let Some(pool) = &entry.proc.budget
+                && pool.owner() == pid
+                && let Some(lender) = pool.lender_owner()
+                && let Some(spent) = recovered.usage.get(&pid).and_then(|u| u.budget_spent)
+            {
+                *borrowed.entry(lender).or_default() += spent;
+            }
+        }
+        let pids: Vec<Pid> = table
+            .iter()
+            .filter(|(pid, _)| *pid != Pid::KERNEL)
+            .map(|(pid, _)| pid)
+            .collect();
+        for pid in pids {
+            let Some(entry) = table.get_mut(pid) else {
+                continue;
+            };
+            if let Some(kept) = recovered.usage.get(&pid) {
+                carry_usage(entry, pid, kept, borrowed.get(&pid).copied());
+            }
+            let Some(history) = recovered.history.get(&pid) else {
+                continue;
+            };
+            entry.proc.usage.restore_buckets(
+                history
+                    .llm_bucket
+                    .and_then(|(level, ms)| Some((level, at(ms)?))),
+                history
+                    .spawn_bucket
+                    .and_then(|(level, ms)| Some((level, at(ms)?))),
+            );
+            if let Some(sup) = entry.sup.as_mut() {
+                // A restart decided before the crash is this comeback.
+                let restarts = history.restarts.saturating_add(u32::from(history.pending));
+                sup.carry(restarts, history.recent_ms.iter().filter_map(|&ms| at(ms)));
+            }
+            if history.pending && durable {
+                pending_done.push(entry.history_write(pid, false));
+            }
+        }
+        drop(table);
+        self.inner.store().submit_all(pending_done);
     }
 
     /// Settles what the store remembers from before the restart, once the
-    /// config agents are back.
-    pub(crate) fn restore(&self, recovered: Recovered) -> Restored {
+    /// config agents are back: every other process comes back, then
+    /// messages and requests.
+    pub(crate) async fn restore(&self, recovered: Recovered) -> Restored {
         let mut restored = Restored::default();
+        let (back, failed) = self.respawn(&recovered.processes).await;
+        restored.processes = back;
+        self.carry_kept(&recovered);
         let alive: HashSet<Pid> = {
             let table = self.inner.table().read();
             table
@@ -88,7 +212,7 @@ impl Kernel {
         let now = unix_ms(SystemTime::now());
 
         // Alive before, not back now: dead, and their parents are told.
-        let reason: std::sync::Arc<str> = KERNEL_RESTART.into();
+        let plain: Arc<str> = KERNEL_RESTART.into();
         let mut events = Vec::new();
         for process in recovered
             .processes
@@ -96,6 +220,10 @@ impl Kernel {
             .filter(|p| !alive.contains(&p.pid))
         {
             restored.ended += 1;
+            let reason = match failed.get(&process.pid) {
+                Some(why) => Arc::from(format!("{KERNEL_RESTART}: did not come back: {why}")),
+                None => plain.clone(),
+            };
             events.push((
                 process.pid,
                 EventKind::Exited {
@@ -118,7 +246,7 @@ impl Kernel {
                     name: process.name.clone(),
                     exit_code: EXIT_KILLED,
                     output: String::new(),
-                    reason: KERNEL_RESTART.to_owned(),
+                    reason: reason.to_string(),
                     exited_at_unix_ms: now,
                 };
                 let notice = Message {
@@ -200,19 +328,152 @@ impl Kernel {
             }
         }
 
-        // Requests nobody answered before the restart: failed, not lost.
+        // Requests nobody answered before the restart: failed, not lost,
+        // and the event log says which.
         for request in recovered.requests {
             restored.failed_requests += 1;
+            let error = format!(
+                "{KERNEL_RESTART}: process {} did not answer before the kernel stopped",
+                request.to
+            );
+            self.inner.events().emit(
+                request.to,
+                EventKind::TaskFinished {
+                    request_id: request.id,
+                    from: request.from,
+                    success: false,
+                    duration_ms: 0,
+                    error: Some(Arc::from(error.as_str())),
+                },
+            );
             self.deliver_reply(
                 request.to,
                 request.id,
                 ReplyTo::Mailbox(request.from),
-                Err(format!(
-                    "{KERNEL_RESTART}: process {} did not answer before the kernel stopped",
-                    request.to
-                )),
+                Err(error),
             );
         }
         restored
+    }
+}
+
+/// A process back as `pid` carries on with the usage it had, and its own
+/// budget with what it had spent, less what its live borrowers spent
+/// (`borrowed`), which their loans already hold.
+fn carry_usage(entry: &crate::process::Entry, pid: Pid, kept: &StoredUsage, borrowed: Option<u64>) {
+    entry.proc.usage.add_kept(kept.own, kept.subtree);
+    if let Some(pool) = &entry.proc.budget
+        && pool.owner() == pid
+        && let Some(spent) = kept.budget_spent
+    {
+        pool.carry(spent, borrowed.unwrap_or(0));
+    }
+}
+
+/// A spawn request as the store keeps it: the request, and what a request
+/// carries but never serializes (it is not taken from clients): the
+/// workspace and the exec command.
+#[derive(Serialize)]
+struct SpecRef<'a> {
+    request: &'a SpawnRequest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workspace: Option<&'a Path>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exec: Option<ExecRef<'a>>,
+}
+
+#[derive(Serialize)]
+struct ExecRef<'a> {
+    argv: &'a [String],
+    env: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cwd: Option<&'a Path>,
+}
+
+/// [`SpecRef`], read back.
+#[derive(Deserialize)]
+struct Spec {
+    request: SpawnRequest,
+    #[serde(default)]
+    workspace: Option<PathBuf>,
+    #[serde(default)]
+    exec: Option<SpecExec>,
+}
+
+#[derive(Deserialize)]
+struct SpecExec {
+    argv: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<PathBuf>,
+}
+
+/// `request` as the store keeps it.
+pub(super) fn spec_json(request: &SpawnRequest) -> String {
+    let spec = SpecRef {
+        request,
+        workspace: request.workspace.as_deref(),
+        exec: request.exec.as_ref().map(|exec| ExecRef {
+            argv: &exec.argv,
+            env: &exec.env,
+            cwd: exec.cwd.as_deref(),
+        }),
+    };
+    // Strings, numbers and maps of strings: serializing cannot fail.
+    serde_json::to_string(&spec).unwrap_or_default()
+}
+
+/// A kept spawn request, read back; its parent must be the one the store
+/// recorded.
+fn read_spec(json: &str, ppid: Pid) -> std::result::Result<SpawnRequest, String> {
+    let spec: Spec = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let mut request = spec.request;
+    if request.parent != ppid {
+        return Err(format!(
+            "it names parent {} where the process table says {ppid}",
+            request.parent
+        ));
+    }
+    request.workspace = spec.workspace;
+    request.exec = spec.exec.map(|exec| ExecCommand {
+        argv: exec.argv,
+        env: exec.env,
+        cwd: exec.cwd,
+    });
+    Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_kept_spawn_request_reads_back_whole_with_its_exec_command_and_workspace() {
+        let mut request = SpawnRequest::new(Pid(7), "worker");
+        request.model = "small".into();
+        request.tools = vec!["shell".into()];
+        request.metadata.insert("team".into(), "blue".into());
+        request.workspace = Some("/srv/work".into());
+        request.exec = Some(ExecCommand {
+            argv: vec!["python3".into(), "agent.py".into()],
+            env: BTreeMap::from([("MODE".into(), "fast".into())]),
+            cwd: Some("/srv".into()),
+        });
+        let back = read_spec(&spec_json(&request), Pid(7)).unwrap();
+        assert_eq!(back, request);
+        assert_eq!(back.exec, request.exec);
+        assert_eq!(back.workspace, request.workspace);
+    }
+
+    #[test]
+    fn a_kept_spawn_request_that_cannot_be_read_says_why() {
+        let why = read_spec("{\"request\": 3}", Pid(2)).unwrap_err();
+        assert!(why.contains("invalid type"), "{why}");
+        let other = spec_json(&SpawnRequest::new(Pid(3), "w"));
+        let why = read_spec(&other, Pid(2)).unwrap_err();
+        assert!(why.contains("parent 3") && why.contains("says 2"), "{why}");
     }
 }

@@ -218,6 +218,7 @@ async fn handle_task(
             from,
             success,
             duration_ms: started.elapsed().as_millis() as u64,
+            error: None,
         },
     );
     fatal.map_or(Ok(()), Err)

@@ -13,12 +13,14 @@ use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::acl::ChildGrant;
+use crate::kernel::restore::spec_json;
 use crate::kernel::syscalls::KernelSyscalls;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::Mailbox;
 use crate::process::Supervision;
 use crate::process::{Entry, NewProc, ProcShared};
 use crate::runtime::Maker;
+use crate::store::{BucketKind, Write};
 
 impl Kernel {
     /// Creates a child of `request.parent`, acting as `caller`.
@@ -30,17 +32,35 @@ impl Kernel {
     /// parent's; the child would be deeper than allowed; the parent has its
     /// maximum of live children; a requested limit exceeds the parent's.
     /// Refusals by policy are also reported as `denied` events of the parent.
+    ///
+    /// With a store, it answers once the child's spawn request is committed,
+    /// so a child whose PID was answered comes back after a crash.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
-        self.spawn_as(caller, request, None).await
+        self.spawn_as(caller, request, Birth::New { acknowledged: true })
+            .await
     }
 
-    /// Spawns, giving the child `reuse` as its PID when given (a restored
-    /// config agent; the caller makes sure no live process has it).
+    /// [`Kernel::spawn`] for a process's own `spawn` syscall: answers without
+    /// waiting for the commit. The request is queued before anything the
+    /// caller writes later (its conversation, a message naming the child),
+    /// so whatever of the caller survives a crash finds the child back too.
+    pub(crate) async fn spawn_queued(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        self.spawn_as(
+            caller,
+            request,
+            Birth::New {
+                acknowledged: false,
+            },
+        )
+        .await
+    }
+
+    /// Spawns a process that comes to be as `birth` says.
     pub(crate) async fn spawn_as(
         &self,
         caller: Caller,
         mut request: SpawnRequest,
-        reuse: Option<Pid>,
+        birth: Birth,
     ) -> Result<Pid> {
         self.check_running()?;
         validate_name(&request.name)?;
@@ -55,6 +75,11 @@ impl Kernel {
             (None, Some(_)) => EXEC_RUNTIME,
             (None, None) => self.inner.settings().default_runtime.as_str(),
         };
+        // Kept before the request is taken apart; only by a kernel that keeps it.
+        let spec = match birth {
+            Birth::New { .. } if self.inner.store().is_durable() => Some(spec_json(&request)),
+            _ => None,
+        };
         let (runtime_name, maker) = self
             .inner
             .runtimes()
@@ -68,7 +93,7 @@ impl Kernel {
             runtime_name,
             maker,
             supervision,
-            reuse,
+            birth,
         };
         let parent = request.parent;
         let admitted = self.admit(caller, request, admitted);
@@ -78,6 +103,14 @@ impl Kernel {
             && let Err(err) = self.inner.pids().committed(self.inner.store(), pid.0).await
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
+        }
+        if let Some(spec) = spec {
+            let kept = self.inner.store().commit(Write::Spec { pid, spec });
+            if matches!(birth, Birth::New { acknowledged: true })
+                && let Err(err) = kept.await
+            {
+                tracing::error!(%pid, error = %err, "store: spawn request not committed");
+            }
         }
         if let Some(launch) = launch {
             self.launch_exec(launch).await;
@@ -97,7 +130,7 @@ impl Kernel {
             runtime_name,
             maker,
             supervision: (restart, strategy),
-            reuse,
+            birth,
         } = admitted;
         let parent = request.parent;
         let mut table = self.inner.table().write();
@@ -194,15 +227,16 @@ impl Kernel {
         }
         if matches!(caller, Caller::Process(_)) {
             let what = format!("process {parent} may not spawn now");
-            parent_entry
+            let level = parent_entry
                 .proc
                 .usage
                 .take_spawn(plimits.spawns_per_minute, &what)?;
+            self.keep_bucket(parent, BucketKind::Spawns, level);
         }
 
-        let pid = match reuse {
-            Some(pid) => pid,
-            None => Pid(self
+        let pid = match birth {
+            Birth::Declared(Some(pid)) | Birth::Restored(pid) => pid,
+            Birth::New { .. } | Birth::Declared(None) => Pid(self
                 .inner
                 .pids()
                 .take(self.inner.store(), self.inner.tracker())),
@@ -259,6 +293,7 @@ impl Kernel {
             usage: Default::default(),
             budget,
             caps,
+            restored: matches!(birth, Birth::Restored(_)),
         }));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
@@ -270,6 +305,7 @@ impl Kernel {
             role: proc.ctx.role,
             tier,
             runtime: proc.runtime_name.clone(),
+            restored: proc.restored,
         };
         table.insert(
             pid,
@@ -290,12 +326,25 @@ impl Kernel {
     }
 }
 
+/// How a process comes to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Birth {
+    /// A new process; its spawn request is kept for restarts, and the spawn
+    /// answers only once it is committed when `acknowledged`.
+    New { acknowledged: bool },
+    /// A config agent, as the PID it had when the store knows one (the
+    /// caller makes sure no live process has it); the config keeps its spec.
+    Declared(Option<Pid>),
+    /// Back after a kernel restart as the PID it had, from its kept request.
+    Restored(Pid),
+}
+
 /// What `admit` needs besides the request.
 struct Admitted<'f> {
     runtime_name: Arc<str>,
     maker: Maker<'f>,
     supervision: (RestartSpec, Strategy),
-    reuse: Option<Pid>,
+    birth: Birth,
 }
 
 /// `value` shared instead of copied where it can be: the parent's when the

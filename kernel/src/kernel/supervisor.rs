@@ -89,7 +89,8 @@ struct Top {
     collected: bool,
 }
 
-/// Whether runners are aborted at once or allowed to finish in-flight work.
+/// Whether runners are aborted at once or allowed to finish in-flight work
+/// (only at a clean stop of the kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
     Abort,
@@ -393,6 +394,11 @@ impl Kernel {
                     .forget(exited.iter().map(|e| e.pid));
                 for (pid, env) in undelivered {
                     kernel.fail_undelivered(pid, env);
+                }
+                // A clean stop is not an exit: every process stays alive in
+                // the store and comes back with the kernel, as after a crash.
+                if stop == Stop::Drain {
+                    return;
                 }
                 let events = exited
                     .into_iter()

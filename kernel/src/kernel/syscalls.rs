@@ -46,7 +46,7 @@ impl Syscalls for KernelSyscalls {
 
     async fn spawn_child(&self, mut request: SpawnRequest) -> Result<Pid, SyscallError> {
         request.parent = self.pid;
-        Ok(self.kernel()?.spawn(self.caller(), request).await?)
+        Ok(self.kernel()?.spawn_queued(self.caller(), request).await?)
     }
 
     async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError> {

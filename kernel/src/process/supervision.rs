@@ -68,6 +68,18 @@ impl Supervision {
         self.recent.push_back(now);
         Ok(self.restart.delay(recent))
     }
+
+    /// Carries on after a kernel restart with the restarts it had and those
+    /// still in its window (when they were decided, oldest first), so a
+    /// crash loop across kernel restarts escalates at its intensity.
+    pub(crate) fn carry(&mut self, restarts: u32, recent: impl Iterator<Item = Instant>) {
+        self.restarts = restarts;
+        self.recent = recent.collect();
+        let keep = usize::try_from(self.restart.max_restarts).unwrap_or(usize::MAX);
+        while self.recent.len() > keep {
+            self.recent.pop_front();
+        }
+    }
 }
 
 impl Entry {
@@ -88,6 +100,36 @@ impl Entry {
     /// Times it has been restarted.
     pub(crate) fn restarts(&self) -> u32 {
         self.sup.as_ref().map_or(0, |s| s.restarts)
+    }
+
+    /// Its restart history as the store keeps it (`pending`: a restart is
+    /// decided and not yet done).
+    pub(crate) fn history_write(
+        &self,
+        pid: hivekernel_agents::Pid,
+        pending: bool,
+    ) -> crate::store::Write {
+        let now = Instant::now();
+        let now_ms = crate::events::unix_ms(std::time::SystemTime::now());
+        let recent_ms = self
+            .sup
+            .as_ref()
+            .map(|s| {
+                s.recent
+                    .iter()
+                    .map(|at| {
+                        let ago = now.saturating_duration_since(*at).as_millis();
+                        now_ms.saturating_sub(u64::try_from(ago).unwrap_or(u64::MAX))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        crate::store::Write::Restarts {
+            pid,
+            restarts: self.restarts(),
+            recent_ms,
+            pending,
+        }
     }
 
     /// Whether it has exited and waits to be restarted.

@@ -19,6 +19,25 @@ pub struct StoredProcess {
     pub name: String,
     /// Its role.
     pub role: String,
+    /// Its spawn request as stored (JSON), to spawn it again; `None` for a
+    /// process the store knows no request of (a config agent, or one
+    /// spawned before requests were kept).
+    pub spec: Option<String>,
+}
+
+/// What a process's supervision and rate limits had come to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredHistory {
+    /// Restarts so far.
+    pub restarts: u32,
+    /// When the restarts still in its window were decided, Unix ms, oldest first.
+    pub recent_ms: Vec<u64>,
+    /// A restart was decided and not yet done.
+    pub pending: bool,
+    /// Its `llm_calls_per_minute` bucket: level as of a Unix ms.
+    pub llm_bucket: Option<(f64, u64)>,
+    /// Its `spawns_per_minute` bucket.
+    pub spawn_bucket: Option<(f64, u64)>,
 }
 
 /// An acknowledged message that was never delivered.
@@ -79,7 +98,8 @@ pub struct Recovered {
     pub events_pruned_through: u64,
     /// The next transcript entry or turn id.
     pub next_transcript_id: u64,
-    /// Processes alive at the last stop, parents before children.
+    /// Processes alive at the last stop (or waiting to be restarted), parents
+    /// before children.
     pub processes: Vec<StoredProcess>,
     /// Processes that had exited but were not yet collected.
     pub zombies: Vec<Pid>,
@@ -94,6 +114,8 @@ pub struct Recovered {
     /// Model usage of the processes alive at the last stop and of config
     /// agents, by PID (PID 1's is the whole kernel's).
     pub usage: std::collections::HashMap<Pid, StoredUsage>,
+    /// Restart history and rate-limit buckets, by PID.
+    pub history: std::collections::HashMap<Pid, StoredHistory>,
 }
 
 /// Model usage of one process as the store kept it.
@@ -164,10 +186,14 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         through => through,
     };
 
-    let mut stmt = conn.prepare(
-        "SELECT pid, ppid, name, role FROM processes
-         WHERE exit_code IS NULL ORDER BY pid",
-    )?;
+    // A process waiting out a restart's backoff has exited and comes back.
+    const PENDING: &str =
+        "EXISTS (SELECT 1 FROM process_history h WHERE h.pid = p.pid AND h.pending)";
+    let mut stmt = conn.prepare(&format!(
+        "SELECT p.pid, p.ppid, p.name, p.role, s.spec FROM processes p
+         LEFT JOIN process_spec s ON s.pid = p.pid
+         WHERE p.exit_code IS NULL OR {PENDING} ORDER BY p.pid"
+    ))?;
     let processes = stmt
         .query_map([], |r| {
             Ok(StoredProcess {
@@ -175,11 +201,14 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
                 ppid: Pid(from_sql_u64(r.get(1)?)),
                 name: r.get(2)?,
                 role: r.get(3)?,
+                spec: r.get(4)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
 
-    let mut stmt = conn.prepare("SELECT pid FROM processes WHERE exit_code IS NOT NULL")?;
+    let mut stmt = conn.prepare(&format!(
+        "SELECT pid FROM processes p WHERE exit_code IS NOT NULL AND NOT {PENDING}"
+    ))?;
     let zombies = stmt
         .query_map([], |r| Ok(Pid(from_sql_u64(r.get(0)?))))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -271,6 +300,30 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         })?
         .collect::<rusqlite::Result<_>>()?;
 
+    let mut stmt = conn.prepare(
+        "SELECT pid, restarts, recent, pending, llm_bucket, spawn_bucket FROM process_history",
+    )?;
+    let history = stmt
+        .query_map([], |r| {
+            let pid = Pid(from_sql_u64(r.get(0)?));
+            let recent: Option<String> = r.get(2)?;
+            let bucket = |i| -> rusqlite::Result<Option<(f64, u64)>> {
+                let text: Option<String> = r.get(i)?;
+                Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+            };
+            let kept = StoredHistory {
+                restarts: u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                recent_ms: recent
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default(),
+                pending: r.get(3)?,
+                llm_bucket: bucket(4)?,
+                spawn_bucket: bucket(5)?,
+            };
+            Ok((pid, kept))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
     Ok(Recovered {
         next_pid,
         next_id,
@@ -284,5 +337,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         requests,
         cron,
         usage,
+        history,
     })
 }

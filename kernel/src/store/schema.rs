@@ -169,6 +169,25 @@ pub(super) const MIGRATIONS: &[&str] = &[
      INSERT INTO transcript_chunk (first_id, last_id, pid, last_turn, last_ms, bytes, body)
          SELECT id, id, pid, turn, at_ms, bytes, '[' || body || ']' FROM transcript;
      DROP TABLE transcript;",
+    // 7: what brings every process back after a restart. `spec` is the
+    // process's spawn request as JSON (with its exec command and workspace);
+    // `process_history` its restart count, the restarts still in its window
+    // (Unix ms, JSON array), whether a decided restart is still pending (it
+    // waits out its backoff; a zombie row that comes back) and its
+    // rate-limit buckets (`[level, at_ms]`), kept for config agents too,
+    // which come back as the same PID.
+    "CREATE TABLE process_spec (
+         pid  INTEGER PRIMARY KEY,
+         spec TEXT NOT NULL
+     ) STRICT;
+     CREATE TABLE process_history (
+         pid          INTEGER PRIMARY KEY,
+         restarts     INTEGER NOT NULL DEFAULT 0,
+         recent       TEXT,
+         pending      INTEGER NOT NULL DEFAULT 0,
+         llm_bucket   TEXT,
+         spawn_bucket TEXT
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

@@ -9,8 +9,8 @@ use crate::event::{Event, EventKind};
 
 use super::transcript::Tally;
 use super::{
-    Applied, Counter, LAZY_DELAY, Op, Shared, Write, artifacts, memory, sqlite_error, to_sql_u64,
-    transcript,
+    Applied, BucketKind, Counter, LAZY_DELAY, Op, Shared, Write, artifacts, memory, sqlite_error,
+    to_sql_u64, transcript,
 };
 
 /// Events written between two prunings of the event log.
@@ -392,6 +392,44 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             )?
             .execute((name, hivekernel_agents::cron::HISTORY as i64))?;
         }
+        Write::Spec { pid, spec } => {
+            tx.prepare_cached("INSERT OR REPLACE INTO process_spec (pid, spec) VALUES (?1, ?2)")?
+                .execute((to_sql_u64(pid.0), spec))?;
+        }
+        Write::Restarts {
+            pid,
+            restarts,
+            recent_ms,
+            pending,
+        } => {
+            let recent = serde_json::to_string(recent_ms).unwrap_or_else(|_| "[]".into());
+            tx.prepare_cached(
+                "INSERT INTO process_history (pid, restarts, recent, pending) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (pid) DO UPDATE SET restarts = excluded.restarts,
+                     recent = excluded.recent, pending = excluded.pending",
+            )?
+            .execute((to_sql_u64(pid.0), restarts, recent, pending))?;
+        }
+        Write::Bucket {
+            pid,
+            kind,
+            level,
+            at_ms,
+        } => {
+            let sql = match kind {
+                BucketKind::LlmCalls => {
+                    "INSERT INTO process_history (pid, llm_bucket) VALUES (?1, ?2)
+                     ON CONFLICT (pid) DO UPDATE SET llm_bucket = excluded.llm_bucket"
+                }
+                BucketKind::Spawns => {
+                    "INSERT INTO process_history (pid, spawn_bucket) VALUES (?1, ?2)
+                     ON CONFLICT (pid) DO UPDATE SET spawn_bucket = excluded.spawn_bucket"
+                }
+            };
+            let level = format!("[{level},{at_ms}]");
+            tx.prepare_cached(sql)?
+                .execute((to_sql_u64(pid.0), level))?;
+        }
         Write::Flush => {}
         // Dispatched by `apply`.
         Write::Artifact(_)
@@ -432,6 +470,9 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
                 "UPDATE processes SET exit_code = ?2, exit_reason = ?3, exited_ms = ?4 WHERE pid = ?1",
             )?
             .execute((pid, exit_code, &**reason, to_sql_u64(event.at_unix_ms)))?;
+            // A restart decided after this exit says so after it.
+            tx.prepare_cached("UPDATE process_history SET pending = 0 WHERE pid = ?1 AND pending")?
+                .execute([pid])?;
         }
         // A restart keeps the PID: the process is alive again.
         EventKind::Restarted { .. } => {
@@ -444,9 +485,13 @@ fn track_process(tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
         EventKind::Reaped { .. } => {
             tx.prepare_cached("DELETE FROM processes WHERE pid = ?1")?
                 .execute([pid])?;
-            // A PID is never reused, so its state, usage and memory are dead
-            // weight, unless a config agent comes back as it.
+            tx.prepare_cached("DELETE FROM process_spec WHERE pid = ?1")?
+                .execute([pid])?;
+            // A PID is never reused, so its state, usage, history and memory
+            // are dead weight, unless a config agent comes back as it.
             for sql in [
+                "DELETE FROM process_history WHERE pid = ?1
+                 AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
                 "DELETE FROM process_state WHERE pid = ?1
                  AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
                 "DELETE FROM usage WHERE pid = ?1

@@ -1,6 +1,7 @@
 //! Acknowledged sends on a durable kernel (each answered only after its
 //! commit, removed from the store again on delivery), beside SQLite doing
-//! the same inserts and deletes in transactions of the same size by hand.
+//! the same inserts and deletes in transactions of the same size by hand;
+//! and a restart that brings a tree of processes back from the store.
 
 use std::time::Instant;
 
@@ -8,7 +9,7 @@ use hivekernel_agents::{Outgoing, Pid, SpawnRequest};
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::{Caller, Kernel, KernelError, RuntimeRegistry};
 
-use crate::report::{Row, Unit};
+use crate::report::{Row, Target, Unit};
 use crate::stats::{Latencies, median, nanos_since};
 use crate::{Sizes, count};
 
@@ -41,7 +42,24 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
     }
     let (ours, floor) = (median(ours), median(floors));
     let (p50, p99) = latencies.p50_p99();
+    let (leads, workers) = sizes.tree;
+    let kept = leads * (workers + 1);
+    let restore = restore(sizes.tree, sizes.runs).await;
     vec![
+        Row::new(
+            "durable",
+            format!(
+                "restore of {} processes: store opened, every process back (start returns)",
+                count(kept)
+            ),
+            Unit::Nanos,
+            restore,
+            None,
+        )
+        .target(Target::at_most(500e6, Unit::Nanos))
+        .note(format!(
+            "{leads} leads of {workers} workers each, echo runtime, after a clean stop"
+        )),
         Row::new(
             "durable",
             format!(
@@ -131,6 +149,68 @@ async fn durable_send(per: usize) -> (f64, Latencies) {
     let ns = nanos_since(start);
     kernel.shutdown().await;
     (ns, latencies)
+}
+
+/// Settings for a kernel holding the restore measurement's tree.
+fn tree_settings() -> KernelSettings {
+    KernelSettings {
+        max_children: 100_000,
+        default_runtime: "echo".into(),
+        ..KernelSettings::default()
+    }
+}
+
+/// A kernel on a store in a fresh directory, stopped cleanly with `leads`
+/// leads of `workers` workers each alive; then the median time, over
+/// `runs` runs after a warm-up, from opening that store to a started
+/// kernel with every process back.
+async fn restore((leads, workers): (usize, usize), runs: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(tree_settings())
+            .runtimes(RuntimeRegistry::builtin())
+            .store(store, recovered),
+    )
+    .await;
+    for lead in 0..leads {
+        let mut request = SpawnRequest::new(Pid::KERNEL, format!("lead-{lead}"));
+        request.limits.max_children = Some(workers as u32);
+        let parent = kernel
+            .spawn(Caller::Admin, request)
+            .await
+            .expect("spawn a lead");
+        let spawns = (0..workers).map(|worker| {
+            let request = SpawnRequest::new(parent, format!("worker-{lead}-{worker}"));
+            kernel.spawn(Caller::Admin, request)
+        });
+        for spawned in futures::future::join_all(spawns).await {
+            spawned.expect("spawn a worker");
+        }
+    }
+    kernel.shutdown().await;
+    let expected = leads * (workers + 1);
+    let mut times = Vec::new();
+    for run in 0..=runs {
+        let start = Instant::now();
+        let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
+        let started = Kernel::builder(tree_settings())
+            .runtimes(RuntimeRegistry::builtin())
+            .store(store, recovered)
+            .start()
+            .await
+            .expect("the kernel starts again");
+        let ns = nanos_since(start);
+        assert_eq!(
+            started.restored.processes, expected,
+            "not every process came back"
+        );
+        started.kernel.shutdown().await;
+        if run > 0 {
+            times.push(ns);
+        }
+    }
+    median(times)
 }
 
 /// The same rows inserted and deleted by hand, 64 per transaction.

@@ -184,6 +184,8 @@ impl Kernel {
         if !escalations.is_empty() {
             self.inner.events().emit_all(escalations);
         }
+        // After the exits' events: a crash from here on brings them back.
+        self.keep_history(restarts.iter().flat_map(|g| g.pids.iter().copied()), true);
         for group in restarts {
             self.schedule_restart(group);
         }
@@ -235,7 +237,26 @@ impl Kernel {
             // Under the lock, so no later exit of the new runner can be reported first.
             self.inner.events().emit_all(restarted);
         }
+        self.keep_history(group.pids.iter().copied(), false);
         self.finish_exits(exits).await;
+    }
+
+    /// Keeps the restart history of those of `pids` still in the table
+    /// (`pending`: restarts decided and not yet done), with a store.
+    fn keep_history(&self, pids: impl Iterator<Item = Pid>, pending: bool) {
+        if !self.inner.store().is_durable() {
+            return;
+        }
+        let writes: Vec<_> = {
+            let table = self.inner.table().read();
+            pids.filter_map(|pid| {
+                let entry = table.get(pid)?;
+                let waiting = entry.is_alive() && entry.is_restarting();
+                Some(entry.history_write(pid, pending && waiting))
+            })
+            .collect()
+        };
+        self.inner.store().submit_all(writes);
     }
 
     /// Gives a waiting process a fresh mailbox, runtime instance and runner;
