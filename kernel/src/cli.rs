@@ -10,7 +10,7 @@
 //! - `client`: connecting, the bearer-token interceptor, token loading.
 //! - `names`: proto enums to and from the lowercase names agents use.
 //! - `output`: table, tree, JSON and timestamp rendering (pure functions).
-//! - `process`: `spawn`, `kill`, `wait`, listing a subtree.
+//! - `process`: `spawn`, `kill`, `restart`, `wait`, listing a subtree.
 //! - `ps`: `ps`: filters, and `--watch`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
@@ -81,6 +81,10 @@ pub enum Command {
     Describe(DescribeArgs),
     /// Kill a process and its whole subtree; prints the PIDs that exited.
     Kill(KillArgs),
+    /// Restart a process now, as its supervisor would: its subtree is killed
+    /// and it starts again with the same PID and spec. Any restart policy;
+    /// not counted against its restart intensity, no backoff.
+    Restart(RestartArgs),
     /// Run a task on a process and print its output.
     Exec(ExecArgs),
     /// Put a message into a process's mailbox; prints the message id.
@@ -393,6 +397,22 @@ pub struct KillArgs {
     pub client: ClientArgs,
 }
 
+/// Arguments of `hivekernel restart`.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// The process to restart (its subtree is killed).
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
+    /// Why, recorded in the `exited` events.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Print `{"pid": N, "attempt": N}`.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 /// Arguments of `hivekernel exec`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -593,6 +613,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Spawn(args) => process::spawn(args).await,
         Command::Describe(args) => describe::describe(args).await,
         Command::Kill(args) => process::kill(args).await,
+        Command::Restart(args) => process::restart(args).await,
         Command::Wait(args) => process::wait(args).await,
         Command::Exec(args) => task::exec(args).await,
         Command::Send(args) => task::send(args).await,

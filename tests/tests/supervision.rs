@@ -259,6 +259,7 @@ async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties()
         let EventKind::Restarted {
             attempt: n,
             delay_ms,
+            ..
         } = event.kind
         else {
             unreachable!()
@@ -281,7 +282,8 @@ async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties()
         event.kind,
         EventKind::Restarted {
             attempt: 6,
-            delay_ms: 100
+            delay_ms: 100,
+            manual: false,
         }
     );
 }

@@ -83,6 +83,20 @@ impl KernelRpc for KernelService {
         }))
     }
 
+    async fn restart_process(
+        &self,
+        request: Request<pb::RestartProcessRequest>,
+    ) -> Rpc<pb::RestartProcessResponse> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let attempt = self.kernel.restart(caller, pid, &req.reason).await?;
+        Ok(Response::new(pb::RestartProcessResponse {
+            pid: pid.0,
+            attempt,
+        }))
+    }
+
     async fn get_process(&self, request: Request<pb::GetProcessRequest>) -> Rpc<pb::ProcessInfo> {
         let caller = caller(&request)?;
         let pid = convert::required_pid("pid", request.get_ref().pid)?;
