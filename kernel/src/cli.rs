@@ -12,6 +12,7 @@
 //! - `output`: table, tree, JSON and timestamp rendering (pure functions).
 //! - `process`: `spawn`, `kill`, `restart`, `wait`, listing a subtree.
 //! - `ps`: `ps`: filters, and `--watch`.
+//! - `reload`: `config reload`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
 //! - `logs`: `logs` (transcripts, and an `exec` agent's log file).
@@ -31,6 +32,7 @@ mod names;
 mod output;
 mod process;
 mod ps;
+mod reload;
 mod task;
 mod usage;
 
@@ -223,6 +225,19 @@ pub enum ConfigCommand {
     Check {
         /// The startup config (JSON).
         config: PathBuf,
+    },
+    /// Make the running kernel read its config file again (admin only). It is
+    /// checked first, as start checks it: an invalid one changes nothing (exit
+    /// 2, every issue listed). Then agents added are spawned, removed ones
+    /// stopped, changed ones restarted with their new spec (same PID), and
+    /// their cron entries follow; settings only a kernel restart applies are
+    /// listed. `kill -HUP` on the kernel does the same.
+    Reload {
+        /// One JSON object: config, applied, agents, cron, needs_restart.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
@@ -609,6 +624,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
+        Command::Config(ConfigCommand::Reload { json, client }) => {
+            reload::reload(json, &client).await
+        }
         Command::Ps(args) => ps::ps(args).await,
         Command::Spawn(args) => process::spawn(args).await,
         Command::Describe(args) => describe::describe(args).await,
