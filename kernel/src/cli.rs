@@ -69,7 +69,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start the kernel and the config's agents; serve gRPC until SIGINT or SIGTERM.
+    /// Start the kernel and the config's agents; serve gRPC until SIGINT or SIGTERM;
+    /// SIGHUP reloads the config (as `config reload`).
     Start(StartArgs),
     /// Work with startup configs.
     #[command(subcommand)]

@@ -24,7 +24,7 @@ use crate::grpc;
 use crate::kernel::Restored;
 use crate::kernel::{AgentRefused, Caller, Declared, Kernel};
 use crate::llm::{ChosenProvider, choose_provider};
-use crate::reload::{Outcome, ReloadReport};
+use crate::reload::{ConfigReload, Outcome, ReloadReport};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{DB_FILE, Recovered, Store, Synchronous};
 use crate::tls::{ServerTls, TRUST_FILE, TlsError, TlsFlags};
@@ -657,7 +657,7 @@ fn reload_on_signal(kernel: &Kernel, reloader: &Arc<Reloader>) {
     tracing::info!("SIGHUP: reloading the config");
     let reloader = reloader.clone();
     kernel.tracker().spawn(async move {
-        match reloader.reload_as(Caller::Admin).await {
+        match reloader.reload(Caller::Admin).await {
             Ok(report) => log_reload(&report),
             Err(err) => tracing::error!(error = %err, "config reload failed"),
         }

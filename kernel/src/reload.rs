@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use hivekernel_agents::Pid;
@@ -111,6 +112,10 @@ impl ReloadReport {
 /// file (in-process kernels) has none, and `ReloadConfig` is refused.
 pub trait ConfigReload: Send + Sync + fmt::Debug {
     /// Re-reads, validates and applies the config, acting as `caller`
-    /// (only the admin may).
-    fn reload(&self, caller: Caller) -> BoxFuture<'_, Result<ReloadReport, KernelError>>;
+    /// (only the admin may). The work runs to its end even when the
+    /// returned future is dropped (a cancelled call).
+    fn reload(
+        self: Arc<Self>,
+        caller: Caller,
+    ) -> BoxFuture<'static, Result<ReloadReport, KernelError>>;
 }

@@ -764,3 +764,38 @@ async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running
     kernel.shutdown().await;
     assert!(kernel.tracker().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn manual_restarts_take_no_place_in_the_restart_intensity_window() {
+    let (kernel, _journal) = kernel().await;
+    let mut events = Events::new(&kernel);
+    let pid = spawn(&kernel, ROOT, "steady", Some(restart(Permanent, 1)), None).await;
+    for attempt in 1..=3 {
+        assert_eq!(kernel.restart(Caller::Admin, pid, "").await, Ok(attempt));
+        let event = events.next(pid, "restarted").await;
+        assert_eq!(
+            event.kind,
+            EventKind::Restarted {
+                attempt,
+                delay_ms: 0,
+                manual: true,
+            }
+        );
+    }
+    // Its one supervised restart in the window is still there: the crash is
+    // restarted after the first backoff, not escalated.
+    crash(&kernel, pid).await;
+    let event = events.next(pid, "restarted").await;
+    assert_eq!(
+        event.kind,
+        EventKind::Restarted {
+            attempt: 4,
+            delay_ms: 100,
+            manual: false,
+        }
+    );
+    // And that one was counted: the next crash exceeds the intensity.
+    crash(&kernel, pid).await;
+    events.next(ROOT, "escalated").await;
+    assert_eq!(info(&kernel, pid).await.state, ProcessState::Zombie);
+}

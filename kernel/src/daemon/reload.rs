@@ -8,9 +8,10 @@
 //! restart, and the kernel keeps running with what it started with.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use hivekernel_agents::{CronSpec, Pid};
+use hivekernel_agents::{CronSpec, Pid, ProcessState};
 
 use super::{StartError, StartOptions, load_tls, settings, spawn_request};
 use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings};
@@ -63,7 +64,7 @@ impl Reloader {
     }
 
     /// Reads, checks and applies the config file; see the module docs.
-    pub(crate) async fn reload_as(&self, caller: Caller) -> Result<ReloadReport, KernelError> {
+    async fn reload_as(&self, caller: Caller) -> Result<ReloadReport, KernelError> {
         if caller != Caller::Admin {
             return Err(KernelError::PermissionDenied(
                 "only the admin may reload the config".into(),
@@ -136,7 +137,12 @@ impl Reloader {
                 Some((old, pid)) if spawn_request(&old) == spawn_request(agent) => {
                     // The spec is the same; its cron entries are the cron's to compare.
                     running.agents.push((agent.clone(), pid));
-                    Change::new(name, Some(pid), Outcome::Unchanged)
+                    let change = Change::new(name, Some(pid), Outcome::Unchanged);
+                    if self.is_running(pid).await {
+                        change
+                    } else {
+                        change.detail("not running: it has exited (left as it is)")
+                    }
                 }
                 Some((old, pid)) => {
                     let fields = changed_fields(&old, agent);
@@ -172,9 +178,32 @@ impl Reloader {
     }
 }
 
+impl Reloader {
+    /// Whether `pid` is alive (not a zombie, not gone).
+    async fn is_running(&self, pid: Pid) -> bool {
+        self.kernel
+            .get_process(Caller::Admin, pid)
+            .await
+            .is_ok_and(|info| info.state != ProcessState::Zombie)
+    }
+}
+
 impl ConfigReload for Reloader {
-    fn reload(&self, caller: Caller) -> BoxFuture<'_, Result<ReloadReport, KernelError>> {
-        Box::pin(self.reload_as(caller))
+    fn reload(
+        self: Arc<Self>,
+        caller: Caller,
+    ) -> BoxFuture<'static, Result<ReloadReport, KernelError>> {
+        // On a task the kernel owns: a caller that gives up (a cancelled
+        // RPC) cannot leave a reload half applied and `running` out of step.
+        let tracker = self.kernel.tracker().clone();
+        let task = tracker.spawn(async move { self.reload_as(caller).await });
+        Box::pin(async move {
+            task.await.unwrap_or_else(|_| {
+                Err(KernelError::FailedPrecondition(
+                    "the config reload failed; see the kernel's log".into(),
+                ))
+            })
+        })
     }
 }
 

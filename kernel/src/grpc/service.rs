@@ -121,7 +121,7 @@ impl KernelRpc for KernelService {
                  nothing to reload",
             ));
         };
-        let report = reloader.reload(caller).await?;
+        let report = reloader.clone().reload(caller).await?;
         Ok(Response::new(reload::response(report)))
     }
 
