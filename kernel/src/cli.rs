@@ -10,8 +10,9 @@
 //! - `client`: connecting, the bearer-token interceptor, token loading.
 //! - `names`: proto enums to and from the lowercase names agents use.
 //! - `output`: table, tree, JSON and timestamp rendering (pure functions).
-//! - `process`: `spawn`, `kill`, `wait`, listing a subtree.
+//! - `process`: `spawn`, `kill`, `restart`, `wait`, listing a subtree.
 //! - `ps`: `ps`: filters, and `--watch`.
+//! - `reload`: `config reload`.
 //! - `task`: `exec`, `send`.
 //! - `events`: `events`.
 //! - `logs`: `logs` (transcripts, and an `exec` agent's log file).
@@ -31,6 +32,7 @@ mod names;
 mod output;
 mod process;
 mod ps;
+mod reload;
 mod task;
 mod usage;
 
@@ -67,7 +69,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start the kernel and the config's agents; serve gRPC until SIGINT or SIGTERM.
+    /// Start the kernel and the config's agents; serve gRPC until SIGINT or SIGTERM;
+    /// SIGHUP reloads the config (as `config reload`).
     Start(StartArgs),
     /// Work with startup configs.
     #[command(subcommand)]
@@ -81,6 +84,10 @@ pub enum Command {
     Describe(DescribeArgs),
     /// Kill a process and its whole subtree; prints the PIDs that exited.
     Kill(KillArgs),
+    /// Restart a process now, as its supervisor would: its subtree is killed
+    /// and it starts again with the same PID and spec. Any restart policy;
+    /// not counted against its restart intensity, no backoff.
+    Restart(RestartArgs),
     /// Run a task on a process and print its output.
     Exec(ExecArgs),
     /// Put a message into a process's mailbox; prints the message id.
@@ -219,6 +226,19 @@ pub enum ConfigCommand {
     Check {
         /// The startup config (JSON).
         config: PathBuf,
+    },
+    /// Make the running kernel read its config file again (admin only). It is
+    /// checked first, as start checks it: an invalid one changes nothing (exit
+    /// 2, every issue listed). Then agents added are spawned, removed ones
+    /// stopped, changed ones restarted with their new spec (same PID), and
+    /// their cron entries follow; settings only a kernel restart applies are
+    /// listed. `kill -HUP` on the kernel does the same.
+    Reload {
+        /// One JSON object: config, applied, agents, cron, needs_restart.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
@@ -389,6 +409,22 @@ pub struct KillArgs {
     /// Accepted and ignored: kill always takes the whole subtree, leaves first.
     #[arg(long, short)]
     pub recursive: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Arguments of `hivekernel restart`.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// The process to restart (its subtree is killed).
+    #[arg(value_name = "PROCESS")]
+    pub pid: Target,
+    /// Why, recorded in the `exited` events.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Print `{"pid": N, "attempt": N}`.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -589,10 +625,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
+        Command::Config(ConfigCommand::Reload { json, client }) => {
+            reload::reload(json, &client).await
+        }
         Command::Ps(args) => ps::ps(args).await,
         Command::Spawn(args) => process::spawn(args).await,
         Command::Describe(args) => describe::describe(args).await,
         Command::Kill(args) => process::kill(args).await,
+        Command::Restart(args) => process::restart(args).await,
         Command::Wait(args) => process::wait(args).await,
         Command::Exec(args) => task::exec(args).await,
         Command::Send(args) => task::send(args).await,

@@ -1,8 +1,12 @@
 //! `hivekernel start`: load the config, start the kernel and its agents,
-//! serve gRPC, and shut down gracefully on SIGINT or SIGTERM.
+//! serve gRPC, reload the config on SIGHUP (and `ReloadConfig`: `reload`),
+//! and shut down gracefully on SIGINT or SIGTERM.
+
+mod reload;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use hivekernel_agents::sandbox::Sandbox;
 use hivekernel_agents::tool_agent::ToolAgentFactory;
@@ -20,9 +24,11 @@ use crate::grpc;
 use crate::kernel::Restored;
 use crate::kernel::{AgentRefused, Caller, Declared, Kernel};
 use crate::llm::{ChosenProvider, choose_provider};
+use crate::reload::{ConfigReload, Outcome, ReloadReport};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{DB_FILE, Recovered, Store, Synchronous};
 use crate::tls::{ServerTls, TRUST_FILE, TlsError, TlsFlags};
+use reload::Reloader;
 
 /// What `hivekernel start` was asked to do.
 #[derive(Debug, Clone)]
@@ -101,7 +107,7 @@ impl StartError {
     }
 }
 
-/// Runs the kernel in the foreground until SIGINT or SIGTERM.
+/// Runs the kernel in the foreground until SIGINT or SIGTERM; SIGHUP reloads the config.
 pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let mut signals = Signals::install();
     crate::grpc::raise_open_file_limit();
@@ -124,7 +130,15 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
         .with_sandbox(exec_sandbox(&settings).await?);
-    let kernel = start_kernel(&config, settings, chosen, (store, recovered), exec).await?;
+    let (kernel, pids) =
+        start_kernel(&config, settings.clone(), chosen, (store, recovered), exec).await?;
+    let reloader = Arc::new(Reloader::new(
+        kernel.clone(),
+        options,
+        config,
+        settings,
+        &pids,
+    ));
     let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
         Ok(file) => file,
         Err(err) => {
@@ -132,8 +146,8 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
             return Err(err);
         }
     };
-    let server = serve(&kernel, listener, auth, tls);
-    stop_on_signal(kernel, server, &mut signals, &addr_file).await
+    let server = serve(&kernel, listener, auth, tls, reloader.clone());
+    stop_on_signal(kernel, server, &mut signals, &reloader, &addr_file).await
 }
 
 /// What `start` would refuse in this config that the config alone cannot
@@ -317,14 +331,14 @@ async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), StartErro
 }
 
 /// The kernel with the config's runtimes, agents and templates, on the
-/// store; logs what starting it did.
+/// store, and its agents' PIDs in config order; logs what starting it did.
 async fn start_kernel(
     config: &Config,
     settings: KernelSettings,
     chosen: ChosenProvider,
     (store, recovered): (Store, Recovered),
     exec: ExecRuntime,
-) -> Result<Kernel, StartError> {
+) -> Result<(Kernel, Vec<Pid>), StartError> {
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
     let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
@@ -362,7 +376,7 @@ async fn start_kernel(
     for problem in &started.cron_problems {
         tracing::warn!(%problem, "cron entry not loaded");
     }
-    Ok(kernel)
+    Ok((kernel, started.agents))
 }
 
 /// Writes `<data_dir>/kernel.addr`, where clients find the kernel, and says
@@ -395,6 +409,7 @@ fn serve(
     listener: TcpListener,
     auth: Authenticator,
     tls: Option<ServerTls>,
+    reloader: Arc<Reloader>,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let token_cancelled = kernel.shutdown_token();
     kernel.tracker().spawn(grpc::serve_with_tls(
@@ -402,21 +417,29 @@ fn serve(
         listener,
         auth,
         tls.map(|tls| tls.config()),
+        Some(reloader),
         async move { token_cancelled.cancelled().await },
     ))
 }
 
 /// Serves until SIGINT or SIGTERM (or until the server fails, which is as
-/// fatal as a signal), then stops the kernel, leaves first.
+/// fatal as a signal), reloading the config on each SIGHUP, then stops the
+/// kernel, leaves first.
 async fn stop_on_signal(
     kernel: Kernel,
     mut server: JoinHandle<Result<(), tonic::transport::Error>>,
     signals: &mut Signals,
+    reloader: &Arc<Reloader>,
     addr_file: &Path,
 ) -> Result<(), StartError> {
-    let early = tokio::select! {
-        () = signals.recv() => None,
-        served = &mut server => Some(served),
+    let early = loop {
+        tokio::select! {
+            signal = signals.recv() => match signal {
+                Received::Stop => break None,
+                Received::Reload => reload_on_signal(&kernel, reloader),
+            },
+            served = &mut server => break Some(served),
+        }
     };
     let unexpected = early.is_some();
     tracing::info!("shutting down: stopping processes, leaves first");
@@ -577,10 +600,21 @@ fn write_trust_file(
 /// SIGINT and SIGTERM, listened for from the moment `start` begins: one
 /// that arrives while the kernel is still starting (or just after
 /// `kernel.addr` appears) stops it cleanly once started, instead of killing
-/// it with the signal's default action.
+/// it with the signal's default action. SIGHUP too, which asks for a
+/// reload (one that came during start is acted on once started).
 struct Signals {
     term: Option<Signal>,
     int: Option<Signal>,
+    hup: Option<Signal>,
+}
+
+/// What a signal asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Received {
+    /// SIGINT or SIGTERM.
+    Stop,
+    /// SIGHUP.
+    Reload,
 }
 
 impl Signals {
@@ -595,11 +629,12 @@ impl Signals {
         Signals {
             term: listen(SignalKind::terminate(), "SIGTERM"),
             int: listen(SignalKind::interrupt(), "SIGINT"),
+            hup: listen(SignalKind::hangup(), "SIGHUP"),
         }
     }
 
-    /// Resolves on the first SIGINT or SIGTERM.
-    async fn recv(&mut self) {
+    /// Resolves on the next SIGINT, SIGTERM or SIGHUP.
+    async fn recv(&mut self) -> Received {
         async fn next(signal: &mut Option<Signal>) {
             match signal {
                 Some(signal) => {
@@ -609,8 +644,54 @@ impl Signals {
             }
         }
         tokio::select! {
-            () = next(&mut self.term) => {}
-            () = next(&mut self.int) => {}
+            () = next(&mut self.term) => Received::Stop,
+            () = next(&mut self.int) => Received::Stop,
+            () = next(&mut self.hup) => Received::Reload,
         }
     }
+}
+
+/// Reloads the config on a task the kernel owns (serving and the signals
+/// go on meanwhile; reloads queue behind each other), and logs the result.
+fn reload_on_signal(kernel: &Kernel, reloader: &Arc<Reloader>) {
+    tracing::info!("SIGHUP: reloading the config");
+    let reloader = reloader.clone();
+    kernel.tracker().spawn(async move {
+        match reloader.reload(Caller::Admin).await {
+            Ok(report) => log_reload(&report),
+            Err(err) => tracing::error!(error = %err, "config reload failed"),
+        }
+    });
+}
+
+/// Logs what a reload did: each issue of a refused config, or each agent
+/// and cron entry and the settings that need a restart.
+fn log_reload(report: &ReloadReport) {
+    let config = report.config.display();
+    if !report.applied() {
+        for issue in &report.issues {
+            tracing::error!(%config, %issue, "config reload refused: nothing changed");
+        }
+        return;
+    }
+    for change in &report.agents {
+        let pid = change.pid.map_or_else(String::new, |pid| pid.to_string());
+        let (name, outcome, detail) = (&change.name, change.outcome, &change.detail);
+        if outcome == Outcome::Failed {
+            tracing::error!(agent = %name, %pid, %outcome, %detail, "config reload");
+        } else {
+            tracing::info!(agent = %name, %pid, %outcome, %detail, "config reload");
+        }
+    }
+    for change in &report.cron {
+        let (name, outcome, detail) = (&change.name, change.outcome, &change.detail);
+        tracing::info!(cron = %name, %outcome, %detail, "config reload");
+    }
+    if !report.needs_restart.is_empty() {
+        tracing::warn!(
+            settings = %report.needs_restart.join(", "),
+            "config reload: these settings changed and take effect only when the kernel restarts"
+        );
+    }
+    tracing::info!(%config, "config reloaded");
 }

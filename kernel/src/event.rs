@@ -103,12 +103,17 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<Arc<str>>,
     },
-    /// The kernel restarted this process (same PID, fresh mailbox and runtime) after it exited.
+    /// The kernel restarted this process (same PID, fresh mailbox and runtime)
+    /// after it exited, or because an operator asked (`manual`).
     Restarted {
         /// Times it has been restarted, this one included.
         attempt: u32,
-        /// How long it waited after its exit (its backoff delay).
+        /// How long it waited after its exit (its backoff delay; 0 for a manual restart).
         delay_ms: u64,
+        /// Asked for with `RestartProcess`: not counted against its restart
+        /// intensity. Left out of the JSON when false, as before the field existed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        manual: bool,
     },
     /// A child of this process exceeded its restart intensity: the child
     /// stays dead and this process fails in turn (PID 1 only reports it).

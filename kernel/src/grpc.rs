@@ -8,7 +8,8 @@
 //!
 //! Layout: `service` (the Kernel service handlers), `streams` (producers of
 //! the streaming RPCs), `attach` (Attach and CompleteTask, for external agents), `convert` (proto <-> kernel types and argument
-//! checks), `status` (`KernelError` -> `tonic::Status`).
+//! checks), `status` (`KernelError` -> `tonic::Status`), `reload` (the
+//! ReloadConfig answer).
 
 mod attach;
 mod convert;
@@ -16,6 +17,7 @@ mod cron;
 mod decode;
 pub(crate) mod enums;
 mod gate;
+mod reload;
 pub use gate::raise_open_file_limit;
 mod service;
 mod status;
@@ -44,6 +46,7 @@ use tonic_health::ServingStatus;
 
 use crate::auth::Authenticator;
 use crate::kernel::{Caller, Kernel};
+use crate::reload::ConfigReload;
 use service::KernelService;
 
 /// How long open calls may take to finish once shutdown is asked for.
@@ -57,15 +60,18 @@ pub async fn serve(
     auth: Authenticator,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with_tls(kernel, listener, auth, None, shutdown).await
+    serve_with_tls(kernel, listener, auth, None, None, shutdown).await
 }
 
-/// [`serve`], over TLS when `tls` is given (see [`crate::tls::ServerTls`]).
+/// [`serve`], over TLS when `tls` is given (see [`crate::tls::ServerTls`]),
+/// answering `ReloadConfig` through `reload` when given (without it,
+/// `ReloadConfig` is FAILED_PRECONDITION: no config file to read again).
 pub async fn serve_with_tls(
     kernel: Kernel,
     listener: TcpListener,
     auth: Authenticator,
     tls: Option<ServerTlsConfig>,
+    reload: Option<Arc<dyn ConfigReload>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (mut health, health_service) = tonic_health::server::health_reporter();
@@ -91,7 +97,7 @@ pub async fn serve_with_tls(
         .layer(decode::DecodeErrorsLayer)
         .add_service(health_service)
         .add_service(
-            KernelServer::new(KernelService::new(kernel.clone(), drain.clone()))
+            KernelServer::new(KernelService::new(kernel.clone(), drain.clone(), reload))
                 .max_decoding_message_size(max_request_bytes(&kernel)),
         )
         .add_service(OnFirstCall::new(reflection_v1))

@@ -28,6 +28,7 @@ mod exec;
 mod inner;
 mod llm;
 pub(crate) mod memory;
+mod reload;
 mod resolve;
 mod restore;
 mod router;

@@ -18,6 +18,7 @@
 //! - [`command`]: the `exec` runtime's name and the checks on a command.
 //! - [`files`]: reading a file the config names: only a regular file, at most a limit.
 //! - [`config`]: the JSON startup config, read into plain data and validated in two phases.
+//! - [`reload`]: what a config reload did (the values), and the seam the daemon reloads through.
 //!
 //! Foundation: state with a small API, knowing nothing of the kernel.
 //! - `process`: the process table and tree queries; a row's supervision part.
@@ -69,6 +70,7 @@ pub mod limits;
 pub mod llm;
 mod mailbox;
 mod process;
+pub mod reload;
 mod router;
 pub mod runtime;
 pub mod store;

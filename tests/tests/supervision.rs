@@ -259,6 +259,7 @@ async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties()
         let EventKind::Restarted {
             attempt: n,
             delay_ms,
+            ..
         } = event.kind
         else {
             unreachable!()
@@ -281,7 +282,8 @@ async fn backoff_delays_double_up_to_the_cap_and_reset_when_the_window_empties()
         event.kind,
         EventKind::Restarted {
             attempt: 6,
-            delay_ms: 100
+            delay_ms: 100,
+            manual: false,
         }
     );
 }
@@ -761,4 +763,39 @@ async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running
     assert_eq!(kernel.live_count(), 7);
     kernel.shutdown().await;
     assert!(kernel.tracker().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn manual_restarts_take_no_place_in_the_restart_intensity_window() {
+    let (kernel, _journal) = kernel().await;
+    let mut events = Events::new(&kernel);
+    let pid = spawn(&kernel, ROOT, "steady", Some(restart(Permanent, 1)), None).await;
+    for attempt in 1..=3 {
+        assert_eq!(kernel.restart(Caller::Admin, pid, "").await, Ok(attempt));
+        let event = events.next(pid, "restarted").await;
+        assert_eq!(
+            event.kind,
+            EventKind::Restarted {
+                attempt,
+                delay_ms: 0,
+                manual: true,
+            }
+        );
+    }
+    // Its one supervised restart in the window is still there: the crash is
+    // restarted after the first backoff, not escalated.
+    crash(&kernel, pid).await;
+    let event = events.next(pid, "restarted").await;
+    assert_eq!(
+        event.kind,
+        EventKind::Restarted {
+            attempt: 4,
+            delay_ms: 100,
+            manual: false,
+        }
+    );
+    // And that one was counted: the next crash exceeds the intensity.
+    crash(&kernel, pid).await;
+    events.next(ROOT, "escalated").await;
+    assert_eq!(info(&kernel, pid).await.state, ProcessState::Zombie);
 }

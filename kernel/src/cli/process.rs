@@ -1,17 +1,17 @@
-//! `spawn`, `kill` and `wait`, and listing a subtree.
+//! `spawn`, `kill`, `restart` and `wait`, and listing a subtree.
 
 use std::time::Duration;
 
 use hivekernel_proto::v1::{
-    KillRequest, ListProcessesRequest, ProcessInfo, RestartSpec, Role as PbRole, SpawnRequest,
-    Strategy as PbStrategy, WaitChildRequest,
+    KillRequest, ListProcessesRequest, ProcessInfo, RestartProcessRequest, RestartSpec,
+    Role as PbRole, SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
 };
 use serde_json::json;
 
 use super::client::Session;
 use hivekernel_agents::Tier;
 
-use super::{CliError, KillArgs, SpawnArgs, WaitArgs, names, output};
+use super::{CliError, KillArgs, RestartArgs, SpawnArgs, WaitArgs, names, output};
 
 /// The subtree under `root` (0: PID 1), parents first.
 pub(super) async fn list(session: &mut Session, root: u64) -> Result<Vec<ProcessInfo>, CliError> {
@@ -109,6 +109,27 @@ pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
         .killed;
     let text: String = killed.iter().map(|pid| format!("{pid}\n")).collect();
     output::print(&text)
+}
+
+/// Restarts a process and says how many restarts it has had.
+pub(super) async fn restart(args: RestartArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let request = RestartProcessRequest {
+        pid: session.pid(&args.pid).await?,
+        reason: args.reason.unwrap_or_default(),
+    };
+    let answer = session
+        .client
+        .restart_process(request)
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    let text = if args.json {
+        json!({ "pid": answer.pid, "attempt": answer.attempt }).to_string()
+    } else {
+        format!("restarted {} (restart {})", answer.pid, answer.attempt)
+    };
+    output::print(&output::line(&text))
 }
 
 /// Waits for a child to exit and prints its exit record.

@@ -1,6 +1,8 @@
 //! The `hivekernel.v1.Kernel` service: each handler converts the request,
 //! calls the kernel as the authenticated caller, and converts the answer.
 
+use std::sync::Arc;
+
 use hivekernel_agents::{ArtifactId, Pid, TraceContext};
 use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_server::Kernel as KernelRpc;
@@ -9,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron, transcript};
+use super::{attach, convert, cron, reload, transcript};
 use crate::kernel::{Caller, Kernel};
+use crate::reload::ConfigReload;
 use crate::trace::scope;
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
@@ -23,16 +26,26 @@ const MAX_BATCH: usize = 10_000;
 pub(crate) struct KernelService {
     kernel: Kernel,
     stop: Stop,
+    /// How `ReloadConfig` reads the config again; `None` without a config file.
+    reload: Option<Arc<dyn ConfigReload>>,
 }
 
 impl KernelService {
     /// The service; its streams also end when `drain` is cancelled.
-    pub(crate) fn new(kernel: Kernel, drain: CancellationToken) -> Self {
+    pub(crate) fn new(
+        kernel: Kernel,
+        drain: CancellationToken,
+        reload: Option<Arc<dyn ConfigReload>>,
+    ) -> Self {
         let stop = Stop {
             kernel: kernel.shutdown_token(),
             server: drain,
         };
-        KernelService { kernel, stop }
+        KernelService {
+            kernel,
+            stop,
+            reload,
+        }
     }
 }
 
@@ -81,6 +94,35 @@ impl KernelRpc for KernelService {
         Ok(Response::new(pb::KillResponse {
             killed: killed.into_iter().map(|pid| pid.0).collect(),
         }))
+    }
+
+    async fn restart_process(
+        &self,
+        request: Request<pb::RestartProcessRequest>,
+    ) -> Rpc<pb::RestartProcessResponse> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let attempt = self.kernel.restart(caller, pid, &req.reason).await?;
+        Ok(Response::new(pb::RestartProcessResponse {
+            pid: pid.0,
+            attempt,
+        }))
+    }
+
+    async fn reload_config(
+        &self,
+        request: Request<pb::ReloadConfigRequest>,
+    ) -> Rpc<pb::ReloadConfigResponse> {
+        let caller = caller(&request)?;
+        let Some(reloader) = &self.reload else {
+            return Err(Status::failed_precondition(
+                "this kernel was not started from a config file (hivekernel start): there is \
+                 nothing to reload",
+            ));
+        };
+        let report = reloader.clone().reload(caller).await?;
+        Ok(Response::new(reload::response(report)))
     }
 
     async fn get_process(&self, request: Request<pb::GetProcessRequest>) -> Rpc<pb::ProcessInfo> {

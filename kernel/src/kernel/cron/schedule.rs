@@ -22,6 +22,7 @@ use crate::crontab;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
+use crate::reload::{Change, Outcome};
 use crate::store::{StoredCron, Write};
 
 /// The longest the timer sleeps before looking at the clock again.
@@ -144,6 +145,14 @@ impl State {
         }
         Some(entry)
     }
+}
+
+/// A config entry at a reload: its owner, whether that is alive, its spec.
+#[derive(Debug)]
+struct Declared {
+    owner: Pid,
+    spec: CronSpec,
+    alive: bool,
 }
 
 /// The kernel's cron: entries, templates for `spawn`, the timer's wake-up.
@@ -462,6 +471,135 @@ impl Kernel {
         }
         self.inner.cron().wake.notify_one();
         problems
+    }
+
+    /// At a config reload: makes the config's entries `declared` (owner,
+    /// spec): new ones are added, changed ones replaced (keeping their
+    /// history and last slot), those no longer declared removed. Reports
+    /// each entry, by name. In a kernel-owned task under the cron's admin
+    /// lock, like `add_cron`.
+    pub(crate) async fn reload_cron(&self, declared: Vec<(Pid, CronSpec)>) -> Vec<Change> {
+        let kernel = self.clone();
+        let task = self.inner.tracker().spawn(async move {
+            let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
+            let now = kernel.cron_now_ms();
+            let mut changes = Vec::new();
+            let mut writes = Vec::new();
+            // Read before the cron lock: it is never held while taking the table's.
+            let alive: Vec<bool> = {
+                let table = kernel.inner.table().read();
+                let alive = |pid: Pid| table.get(pid).is_some_and(|e| e.is_alive());
+                declared.iter().map(|(owner, _)| alive(*owner)).collect()
+            };
+            {
+                let mut state = kernel.inner.cron().state.lock();
+                let names: std::collections::HashSet<&str> = declared
+                    .iter()
+                    .map(|(_, spec)| spec.name.as_str())
+                    .collect();
+                let gone: Vec<(String, Pid)> = state
+                    .entries
+                    .values()
+                    .filter(|e| {
+                        e.source == CronSource::Config && !names.contains(e.spec.name.as_str())
+                    })
+                    .map(|e| (e.spec.name.clone(), e.owner))
+                    .collect();
+                for (name, owner) in gone {
+                    state.remove(&name);
+                    writes.push(Write::CronRemove(name.clone()));
+                    changes.push(Change::new(name, Some(owner), Outcome::Removed));
+                }
+                for ((owner, spec), alive) in declared.into_iter().zip(alive) {
+                    let entry = Declared { owner, spec, alive };
+                    changes.push(kernel.reload_entry(&mut state, entry, now, &mut writes));
+                }
+            }
+            kernel.inner.cron().wake.notify_one();
+            for write in writes {
+                if let Err(err) = kernel.inner.store().commit(write).await {
+                    tracing::error!(error = %err, "store: cron change of a reload not recorded");
+                }
+            }
+            changes.sort_by(|a, b| a.name.cmp(&b.name));
+            changes
+        });
+        task.await.unwrap_or_default()
+    }
+
+    /// One declared entry of a reload: added, replaced or left alone.
+    fn reload_entry(
+        &self,
+        state: &mut State,
+        declared: Declared,
+        now: u64,
+        writes: &mut Vec<Write>,
+    ) -> Change {
+        let Declared { owner, spec, alive } = declared;
+        let name = spec.name.clone();
+        let failed =
+            |why: String| Change::new(name.clone(), Some(owner), Outcome::Failed).detail(why);
+        let previous = state.entries.get(&name);
+        match previous {
+            Some(entry) if entry.source != CronSource::Config => {
+                return failed(format!(
+                    "an entry named {name:?} was added through the API; remove it (hivekernel \
+                     cron rm) and reload again"
+                ));
+            }
+            Some(entry) if entry.spec == spec && entry.owner == owner => {
+                return Change::new(name, Some(owner), Outcome::Unchanged);
+            }
+            _ => {}
+        }
+        if let Some(template) = &spec.template
+            && self.inner.cron().template(template).is_none()
+        {
+            return failed(format!(
+                "template {template:?} is not loaded: templates change only when the kernel \
+                 restarts"
+            ));
+        }
+        let schedule = match crontab::parse(&spec.expression) {
+            Ok(schedule) => schedule,
+            Err(why) => return failed(format!("expression: {why}")),
+        };
+        if !alive {
+            return failed(format!("its agent {owner} is not running"));
+        }
+        let previous = state.remove(&name);
+        let outcome = if previous.is_some() {
+            Outcome::Updated
+        } else {
+            Outcome::Added
+        };
+        let (created_ms, last_fire_ms, runs, history) = match previous {
+            Some(p) => (p.created_ms, p.last_fire_ms, p.runs, p.history),
+            None => (now, None, 0, VecDeque::new()),
+        };
+        writes.push(Write::CronPut {
+            name: name.clone(),
+            spec: serde_json::to_string(&spec).unwrap_or_default(),
+            owner,
+            source: CronSource::Config.as_str(),
+            created_ms,
+        });
+        state.insert(Entry {
+            spec,
+            schedule,
+            owner,
+            source: CronSource::Config,
+            created_ms,
+            last_fire_ms,
+            next_ms: None,
+            running: 0,
+            runs,
+            history,
+            generation: self.inner.cron().generation(),
+        });
+        // Never a slot at or before the last one fired.
+        state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
+        Change::new(name, Some(owner), outcome)
     }
 
     /// Fires whatever is due, then sleeps until the next slot or a change.

@@ -12,17 +12,21 @@
 //! upward: the parent exits (taking its other children with it) and its own
 //! restart policy applies in turn. PID 1 never exits; it reports the
 //! escalation and leaves the child dead.
+//!
+//! A manual restart ([`Kernel::restart`], the operator's `restart` command)
+//! is the same stop and revive, at once: no backoff, no strategy (only the
+//! process and its subtree), and not counted against its restart intensity.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hivekernel_agents::{Pid, RestartSpec, SpawnRequest, Strategy};
+use hivekernel_agents::{Capability, Pid, RestartSpec, SpawnRequest, Strategy};
 use tokio::time::Instant;
 
-use super::{EXIT_FAILED, Exits, Stop, strategy, terminate, terminate_below};
+use super::{EXIT_FAILED, EXIT_KILLED, Exits, Stop, strategy, terminate, terminate_below};
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
-use crate::kernel::Kernel;
+use crate::kernel::{Caller, Kernel};
 use crate::process::{Entry, ProcessTable};
 
 /// Processes restarted together after one delay: a failed child and the
@@ -150,6 +154,117 @@ impl Kernel {
         }
     }
 
+    /// Restarts live process `pid` now, as its supervisor would (same PID
+    /// and spec, its subtree killed, a fresh mailbox and runtime), whatever
+    /// its restart policy; not counted against its restart intensity and
+    /// never delayed. Returns how many times it has now been restarted.
+    /// Needs `kill_processes` over a descendant, like [`Kernel::kill`].
+    pub async fn restart(&self, caller: Caller, pid: Pid, reason: &str) -> Result<u32> {
+        let result = async {
+            self.require(caller, Capability::KillProcesses, "restart processes")?;
+            self.restart_checked(caller, pid, reason).await
+        };
+        self.report_denial(caller, "restart", result.await)
+    }
+
+    /// [`Kernel::restart`], once the caller holds the capability.
+    async fn restart_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<u32> {
+        self.check_running()?;
+        self.inner.settings().limits.check_reason(reason)?;
+        if pid == Pid::KERNEL {
+            return Err(KernelError::InvalidArgument(
+                "PID 1 is the kernel and cannot be restarted from inside; stop it with SIGTERM \
+                 and start it again"
+                    .into(),
+            ));
+        }
+        let reason = if reason.is_empty() {
+            format!("restart requested by {}", caller.pid())
+        } else {
+            reason.to_owned()
+        };
+        let mut exits = Exits::new(Stop::Abort);
+        let group = self.next_id();
+        {
+            let mut table = self.inner.table().write();
+            let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
+            if !entry.is_alive() {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "process {pid} has already exited; collect it with wait and spawn it again"
+                )));
+            }
+            if let Caller::Process(me) = caller
+                && !table.is_ancestor(me, pid)
+            {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} may only restart its descendants, and {pid} is not one"
+                )));
+            }
+            if &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "process {pid} runs an exec agent (an OS process), which the kernel cannot \
+                     restart in place yet; kill it and spawn it again"
+                )));
+            }
+            match entry.pending_group() {
+                // Already stopped and waiting out a backoff: this restart comes
+                // first, and its supervised one finds it no longer waiting.
+                Some(waiting) => {
+                    self.revive_now(&mut table, pid, waiting)?;
+                    return Ok(table.get(pid).map_or(0, |e| e.restarts()));
+                }
+                None => stop_for_restart(&mut table, pid, EXIT_KILLED, &reason, group, &mut exits),
+            }
+        }
+        // Every runner of the subtree stopped and the `exited` events out
+        // before the new incarnation starts, as for a supervised restart.
+        self.finish_exits(exits).await;
+        let mut table = self.inner.table().write();
+        self.revive_now(&mut table, pid, group)?;
+        Ok(table.get(pid).map_or(0, |e| e.restarts()))
+    }
+
+    /// Revives `pid`, still waiting in restart `group`, and reports a manual
+    /// `restarted` event (under the table lock, so no exit of the new
+    /// runner can be reported before it).
+    fn revive_now(&self, table: &mut ProcessTable, pid: Pid, group: u64) -> Result<()> {
+        if self.is_stopping() {
+            return Err(KernelError::ShuttingDown);
+        }
+        let entry = table
+            .get_mut(pid)
+            .filter(|e| e.is_alive() && e.pending_group() == Some(group))
+            .ok_or_else(|| {
+                KernelError::FailedPrecondition(format!(
+                    "process {pid} was ended while it was being restarted"
+                ))
+            })?;
+        match self.revive(entry) {
+            Ok(attempt) => {
+                let kind = EventKind::Restarted {
+                    attempt,
+                    delay_ms: 0,
+                    manual: true,
+                };
+                self.inner.events().emit(pid, kind);
+                Ok(())
+            }
+            Err(why) => {
+                // As a supervised restart would: a failed restart is a failure.
+                let mut exits = Exits::new(Stop::Abort);
+                let message = format!("restart failed: {why}");
+                self.end_supervised(table, pid, EXIT_FAILED, message.clone(), &mut exits);
+                let kernel = self.clone();
+                self.inner.tracker().spawn(async move {
+                    kernel.finish_exits(exits).await;
+                });
+                Err(KernelError::FailedPrecondition(format!(
+                    "process {pid}: {message}"
+                )))
+            }
+        }
+    }
+
     /// Ends live process `pid` on its own request (the `exit` syscall), with
     /// its restart policy applied. Called from its own handler, this never
     /// returns: the runner it runs in is stopped with the process.
@@ -226,7 +341,12 @@ impl Kernel {
                 match self.revive(entry) {
                     Ok(attempt) => {
                         let delay_ms = u64::try_from(group.delay.as_millis()).unwrap_or(u64::MAX);
-                        restarted.push((pid, EventKind::Restarted { attempt, delay_ms }));
+                        let kind = EventKind::Restarted {
+                            attempt,
+                            delay_ms,
+                            manual: false,
+                        };
+                        restarted.push((pid, kind));
                     }
                     Err(why) => {
                         let reason = format!("restart failed: {why}");
