@@ -304,6 +304,12 @@ pub struct ProcessInfo {
     /// How its children are restarted when one fails.
     #[serde(default)]
     pub strategy: Strategy,
+    /// The exit its latest restart followed, kept across kernel restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<ExitRecord>,
+    /// It came back after a kernel restart as the PID it had.
+    #[serde(default)]
+    pub restored: bool,
 }
 
 /// A token budget as seen from one process that draws on it.

@@ -17,10 +17,12 @@
 //! data directory stays out of reach; it has no capabilities; and what it
 //! starts ends with it (a PID namespace).
 //!
-//! The OS process and the kernel process end together: an OS exit ends the
-//! kernel process with the OS status (code, or 128 + signal), and any end of
-//! the kernel process (kill, an ancestor's exit, shutdown) stops the OS
-//! process group before the exit is complete.
+//! An OS exit is the kernel process's exit with the OS status (its code, or
+//! 128 plus the signal), and its restart policy decides what follows; any end of the
+//! kernel process (kill, an ancestor's exit, shutdown) stops the OS process
+//! group before the exit is complete. A restart stops and starts only the
+//! OS process: the mailbox, the runner and what the agent was handed and
+//! did not answer stay, and go to the next OS process once it attaches.
 //!
 //! Layout: `command` (checks before anything starts), `agent` (the attach
 //! stream, pending tasks and the `Runtime` the runner drives), `os` (start,
@@ -43,7 +45,7 @@ use rustc_hash::FxHashMap;
 pub(crate) use agent::ExecAgent;
 pub(crate) use agent::ExecProc;
 pub use agent::{Attached, Delivery};
-use os::OsState;
+use os::LaunchSpec;
 pub(crate) use os::{Launch, OnExit};
 
 use crate::auth::Authenticator;
@@ -123,27 +125,44 @@ impl ExecRuntime {
         timeout: Duration,
         data_dir: &Path,
     ) -> (ExecAgent, Launch) {
-        let proc = Arc::new(ExecProc::new(ctx.pid, ctx.name.clone(), timeout));
-        self.procs.lock().insert(ctx.pid, proc.clone());
-        let launch = Launch {
-            runtime: self.clone(),
-            proc: proc.clone(),
+        let spec = LaunchSpec {
             program: checked.program,
             command: checked.command,
             log_path: log_path(data_dir, ctx.pid, &ctx.name),
             workspace: ctx.workspace_dir(),
         };
+        let proc = Arc::new(ExecProc::new(ctx.pid, ctx.name.clone(), timeout, spec));
+        self.procs.lock().insert(ctx.pid, proc.clone());
+        let launch = Launch {
+            runtime: self.clone(),
+            proc: proc.clone(),
+            generation: 0,
+        };
         (ExecAgent(proc), launch)
     }
 
-    /// Takes `pid` out of the live set and revokes its token; `false` when
-    /// it was not there (not an exec process, or already ended).
-    pub(crate) fn forget(&self, pid: Pid) -> bool {
-        let Some(proc) = self.procs.lock().remove(&pid) else {
+    /// The next start of the OS process of `pid`, an exec process waiting
+    /// to be restarted ([`ExecRuntime::pause`]); `None` when it is not an
+    /// exec process. Called under the table lock, so it only allocates.
+    pub(crate) fn relaunch(self: &Arc<Self>, pid: Pid) -> Option<Launch> {
+        let proc = self.procs.lock().get(&pid).cloned()?;
+        let generation = proc.os.lock().generation();
+        Some(Launch {
+            runtime: self.clone(),
+            proc,
+            generation,
+        })
+    }
+
+    /// The OS process of `pid` has ended: its token stops working and its
+    /// stream ends, and what it was handed stays pending; `false` when `pid`
+    /// is not a live exec process (a kill took it out first).
+    pub(crate) fn suspend(&self, pid: Pid) -> bool {
+        let Some(proc) = self.procs.lock().get(&pid).cloned() else {
             return false;
         };
         self.auth.revoke(pid);
-        proc.detach();
+        proc.end_stream();
         true
     }
 
@@ -163,17 +182,37 @@ impl ExecRuntime {
             }
             pids.filter_map(|pid| live.remove(&pid)).collect()
         };
+        let mut watchers = Vec::new();
         for proc in &procs {
             self.auth.revoke(proc.pid);
             proc.detach();
-            proc.stop.cancel();
+            watchers.extend(proc.os.lock().end());
         }
-        for proc in procs {
-            let state = std::mem::replace(&mut *proc.os.lock(), OsState::Done);
-            if let OsState::Running(watcher) = state {
-                // The watcher ends once the group is gone; a panic in it changes nothing here.
-                let _ = watcher.await;
-            }
+        // Each watcher ends once its group is gone; a panic in one changes nothing here.
+        for watcher in watchers {
+            let _ = watcher.await;
+        }
+    }
+
+    /// Ends the OS processes of the exec processes among `pids` that wait
+    /// to be restarted: their tokens stop working and their streams end at
+    /// once, then each group gets SIGTERM, the grace period and SIGKILL, in
+    /// parallel. The kernel side stays (mailbox, runner, what was handed to
+    /// the agent and not answered), for the next OS process, which
+    /// [`ExecRuntime::relaunch`] starts. Returns when the OS processes are gone.
+    pub(crate) async fn pause(&self, pids: impl Iterator<Item = Pid>) {
+        let procs: Vec<Arc<ExecProc>> = {
+            let live = self.procs.lock();
+            pids.filter_map(|pid| live.get(&pid).cloned()).collect()
+        };
+        let mut watchers = Vec::new();
+        for proc in &procs {
+            self.auth.revoke(proc.pid);
+            proc.end_stream();
+            watchers.extend(proc.os.lock().next_generation());
+        }
+        for watcher in watchers {
+            let _ = watcher.await;
         }
     }
 }

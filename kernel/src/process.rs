@@ -40,7 +40,8 @@ pub(crate) struct ProcShared {
     pub(crate) budget: Option<Arc<Pool>>,
     /// What it may do: its role's capabilities, narrowed to its parent's.
     pub(crate) caps: Capabilities,
-    /// It came back after a kernel restart (this incarnation or an earlier one).
+    /// It came back after a kernel restart as the PID it had (a config
+    /// agent too), in this incarnation or an earlier one.
     pub(crate) restored: bool,
 }
 
@@ -235,6 +236,8 @@ impl Entry {
             restarts: self.restarts(),
             restart: self.restart_spec(),
             strategy: self.strategy(),
+            last_exit: self.last_exit().cloned(),
+            restored: p.restored,
             log_path: None,
         }
     }

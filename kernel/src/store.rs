@@ -195,6 +195,8 @@ pub(crate) enum Write {
         restarts: u32,
         recent_ms: Vec<u64>,
         pending: bool,
+        /// The exit its latest restart followed, as JSON.
+        last_exit: Option<String>,
     },
     /// The level of one of `pid`'s rate-limit buckets as of `at_ms`.
     Bucket {

@@ -215,6 +215,10 @@ fn every_process_comes_back_with_its_pid_and_parent_after_kill_9() {
             .unwrap_or_else(|| panic!("process {pid} did not come back: {procs:?}"));
         let then = support::find(&before, pid).unwrap();
         assert_eq!(now["ppid"], ppid, "{now}");
+        assert_eq!(
+            (then["restored"].clone(), now["restored"].clone()),
+            (false.into(), true.into())
+        );
         for field in ["name", "role", "tier", "runtime", "model"] {
             assert_eq!(now[field], then[field], "{field} of {pid}");
         }

@@ -408,6 +408,13 @@ async fn a_crash_loop_across_kernel_restarts_still_escalates_at_its_intensity() 
         })
     })
     .await;
+    let first = kernel.get_process(Caller::Admin, pid).await.unwrap();
+    let last_exit = first
+        .last_exit
+        .clone()
+        .expect("the exit its restart followed");
+    assert_ne!(last_exit.exit_code, 0, "{last_exit:?}");
+    assert!(!first.restored);
     kernel.shutdown().await;
 
     let Up {
@@ -424,6 +431,8 @@ async fn a_crash_loop_across_kernel_restarts_still_escalates_at_its_intensity() 
     );
     let back = kernel.get_process(Caller::Admin, pid).await.unwrap();
     assert_eq!(back.restarts, 1, "its restart count came back");
+    assert_eq!(back.last_exit, Some(last_exit), "and its last exit");
+    assert!(back.restored);
     crash(kernel.clone()).await;
     wait_until("the process stays dead", STEP, || async {
         kernel

@@ -746,3 +746,348 @@ async fn bad_commands_are_refused_with_invalid_argument() {
     assert_eq!(info.runtime, "exec");
     served.stop().await;
 }
+
+/// `policy`, at most `max_restarts` within 60 s, backoff from 100 ms to 1 s.
+fn restart_spec(policy: pb::RestartPolicy, max_restarts: u32) -> pb::RestartSpec {
+    pb::RestartSpec {
+        policy: policy as i32,
+        max_restarts: Some(max_restarts),
+        within_seconds: Some(60),
+        backoff_ms: vec![100, 1000],
+    }
+}
+
+/// Spawns an exec process under PID 1 with a restart spec.
+async fn spawn_supervised(
+    client: &mut Client,
+    name: &str,
+    command: &[&str],
+    restart: pb::RestartSpec,
+) -> u64 {
+    client
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: name.into(),
+            runtime: "exec".into(),
+            command: command.iter().map(|s| (*s).to_owned()).collect(),
+            restart: Some(restart),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pid
+}
+
+/// The supervision events about `pid` (on it, or an escalation naming it),
+/// until and including the first of kind `last`: each as its kind, attempt,
+/// delay and whether it is manual, the rest left out so two kinds of
+/// process compare.
+async fn timeline(
+    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<hivekernel_kernel::events::Event>>,
+    pid: Pid,
+    last: &str,
+) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
+    tokio::time::timeout(STEP, async {
+        loop {
+            let event = events.recv().await.unwrap();
+            let detail = serde_json::to_value(&event.kind).unwrap();
+            let about = event.pid == pid || detail["child"] == pid.0;
+            let kind = event.kind.name();
+            if !about || !["exited", "restarted", "escalated"].contains(&kind) {
+                continue;
+            }
+            seen.push(serde_json::json!({
+                "kind": kind,
+                "attempt": detail["attempt"],
+                "delay_ms": detail["delay_ms"],
+                "restarts": detail["restarts"],
+            }));
+            if kind == last {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {last} event for {pid}; saw {seen:#?}"));
+    seen
+}
+
+/// Every value of `key` in the log at `path`, in order.
+fn all_after(path: &Path, key: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.match_indices(key)
+        .map(|(at, _)| {
+            text[at + key.len()..]
+                .trim_start_matches('=')
+                .chars()
+                .take_while(|c| !c.is_whitespace())
+                .collect()
+        })
+        .collect()
+}
+
+/// A `permanent` exec agent that keeps exiting non-zero is restarted with
+/// the backoff, each time as a new OS process with a fresh token, then
+/// escalates at its intensity: the same timeline as an in-process agent
+/// with the same restart spec.
+#[tokio::test]
+async fn a_failing_exec_agent_restarts_with_backoff_then_escalates_like_an_in_process_one() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let mut events = served.kernel.subscribe(None).live;
+    let crashy = r#"echo "started token=$HIVEKERNEL_TOKEN" >&2; sleep 0.2; exit 3"#;
+    let spec = restart_spec(pb::RestartPolicy::Permanent, 2);
+    let pid = spawn_supervised(&mut admin, "crashy", &["sh", "-c", crashy], spec).await;
+    let exec_timeline = timeline(&mut events, Pid(pid), "escalated").await;
+
+    let record = admin
+        .wait_child(pb::WaitChildRequest {
+            pid,
+            timeout_ms: 20_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(record.exit_code, 3, "{record:?}");
+    let log = served.data_dir().join(format!("logs/{pid}-crashy.log"));
+    let tokens = all_after(&log, "token");
+    assert_eq!(tokens.len(), 3, "three OS processes: {tokens:?}");
+    assert!(
+        tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2],
+        "each with its own token: {tokens:?}"
+    );
+    for token in &tokens {
+        let refused = served
+            .client(token)
+            .list_processes(pb::ListProcessesRequest::default())
+            .await;
+        assert_code(refused, Code::Unauthenticated, "");
+    }
+
+    // The same spec on an in-process agent, crashed each time it is back.
+    let mut request =
+        hivekernel_tests::probe_request(Pid::KERNEL, "inproc", hivekernel_agents::Role::Worker);
+    request.restart = Some(hivekernel_agents::RestartSpec {
+        policy: hivekernel_agents::RestartPolicy::Permanent,
+        max_restarts: 2,
+        within_seconds: 60,
+        backoff_ms: [100, 1000],
+    });
+    let inproc = served.kernel.spawn(Caller::Admin, request).await.unwrap();
+    let mut inproc_timeline = Vec::new();
+    for _ in 0..3 {
+        served
+            .kernel
+            .send_message(
+                Caller::Admin,
+                hivekernel_agents::Outgoing::new(inproc, "crash"),
+            )
+            .await
+            .unwrap();
+        let last = if inproc_timeline.len() < 4 {
+            "restarted"
+        } else {
+            "escalated"
+        };
+        inproc_timeline.extend(timeline(&mut events, inproc, last).await);
+    }
+    assert_eq!(exec_timeline, inproc_timeline);
+    let delays: Vec<_> = exec_timeline
+        .iter()
+        .map(|e| e["delay_ms"].clone())
+        .collect();
+    assert_eq!(
+        delays,
+        [
+            serde_json::Value::Null,
+            100.into(),
+            serde_json::Value::Null,
+            200.into(),
+            serde_json::Value::Null,
+            serde_json::Value::Null,
+        ],
+        "{exec_timeline:#?}"
+    );
+    assert_eq!(exec_timeline[5]["restarts"], 2, "{exec_timeline:#?}");
+    served.stop().await;
+}
+
+/// An exec agent restarted after its OS process died (and by `restart`)
+/// keeps its PID, gets a fresh token (the old one no longer works), and is
+/// sent again the task and the message it had taken and not answered, and
+/// what was sent while it was down.
+#[tokio::test]
+async fn a_restarted_exec_agent_gets_a_fresh_token_and_its_unanswered_work_again() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let spec = restart_spec(pb::RestartPolicy::Transient, 5);
+    let pid = spawn_supervised(&mut admin, "phoenix", &["sh", "-c", SLEEPER], spec).await;
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "os_pid=").await;
+    let first_os: u32 = find_after(&log, "os_pid").unwrap().parse().unwrap();
+    let first_token = find_after(&log, "token").unwrap();
+
+    let mut me = served.client(&first_token);
+    let mut stream = attach(&mut me).await;
+    let task = {
+        let mut admin = served.admin();
+        let request = pb::ExecuteTaskRequest {
+            pid,
+            description: "survive this".into(),
+            ..Default::default()
+        };
+        tokio::spawn(async move { admin.execute_task(request).await.map(|r| r.into_inner()) })
+    };
+    let send = |payload: &str| {
+        let mut admin = served.admin();
+        let request = pb::SendMessageRequest {
+            to: pid,
+            payload: payload.into(),
+            ..Default::default()
+        };
+        async move { admin.send_message(request).await.unwrap() }
+    };
+    send("before").await;
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        taken.push(match next(&mut stream).await {
+            Item::Task(task) => (task.request_id, task.description),
+            Item::Message(message) => (message.message_id, message.payload),
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    taken.sort();
+
+    // The OS process dies; the kernel process waits out its backoff.
+    let mut events = served.kernel.subscribe(None).live;
+    std::process::Command::new("kill")
+        .args(["-9", &first_os.to_string()])
+        .status()
+        .unwrap();
+    send("while down").await;
+    let seen = timeline(&mut events, Pid(pid), "restarted").await;
+    assert_eq!(seen[0]["kind"], "exited", "{seen:#?}");
+    wait_until("the next OS process", STEP, || async {
+        all_after(&log, "os_pid").len() == 2
+    })
+    .await;
+    let second_token = all_after(&log, "token").pop().unwrap();
+    assert_ne!(second_token, first_token);
+    assert!(!os_alive(first_os));
+    assert_code(
+        me.attach(pb::AttachRequest::default()).await,
+        Code::Unauthenticated,
+        "",
+    );
+    let info = admin
+        .get_process(pb::GetProcessRequest { pid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.restarts, 1, "{info:?}");
+    assert_ne!(info.state, pb::ProcessState::Restarting as i32, "{info:?}");
+    assert_eq!(info.last_exit.map(|e| e.exit_code), Some(137));
+
+    // What it had taken comes again, in order, then what came meanwhile.
+    let mut me = served.client(&second_token);
+    let mut stream = attach(&mut me).await;
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        again.push(match next(&mut stream).await {
+            Item::Task(task) => (task.request_id, task.description),
+            Item::Message(message) => {
+                assert_eq!(ack(&mut me, &[message.message_id]).await, 1);
+                (message.message_id, message.payload)
+            }
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    let later = again.pop().unwrap();
+    again.sort();
+    assert_eq!(again, taken);
+    assert_eq!(later.1, "while down");
+    let request_id = taken
+        .iter()
+        .find(|(_, what)| what == "survive this")
+        .unwrap()
+        .0;
+    complete(&mut me, request_id, "answered by the second")
+        .await
+        .unwrap();
+    let reply = task.await.unwrap().unwrap();
+    assert_eq!(reply.output, "answered by the second");
+
+    // A manual restart: the same again, at once, not counted against intensity.
+    let second_os: u32 = all_after(&log, "os_pid").pop().unwrap().parse().unwrap();
+    let restarted = admin
+        .restart_process(pb::RestartProcessRequest {
+            pid,
+            reason: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((restarted.pid, restarted.attempt), (pid, 2));
+    wait_until("the third OS process", STEP, || async {
+        all_after(&log, "os_pid").len() == 3
+    })
+    .await;
+    wait_until("the second OS process gone", STEP, || async {
+        !os_alive(second_os)
+    })
+    .await;
+    let third_token = all_after(&log, "token").pop().unwrap();
+    let mut me = served.client(&third_token);
+    let _stream = attach(&mut me).await;
+    served.stop().await;
+}
+
+/// An exec agent whose program is gone by its restart exits with 127 and
+/// the reason, and that failure counts: here it escalates.
+#[tokio::test]
+async fn an_exec_command_that_can_no_longer_start_exits_127_and_counts_as_a_failure() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("agent.sh");
+    std::fs::write(&program, format!("#!/bin/sh\n{SLEEPER}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let program = program.to_str().unwrap().to_owned();
+    let spec = restart_spec(pb::RestartPolicy::Permanent, 1);
+    let pid = spawn_supervised(&mut admin, "vanishing", &[&program], spec).await;
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "os_pid=").await;
+    let os_pid = find_after(&log, "os_pid").unwrap();
+    std::fs::remove_file(&program).unwrap();
+    let mut events = served.kernel.subscribe(None).live;
+    std::process::Command::new("kill")
+        .args(["-9", &os_pid])
+        .status()
+        .unwrap();
+    let seen = timeline(&mut events, Pid(pid), "escalated").await;
+    let kinds: Vec<_> = seen.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["exited", "restarted", "exited", "escalated"],
+        "{seen:#?}"
+    );
+    let record = admin
+        .wait_child(pb::WaitChildRequest {
+            pid,
+            timeout_ms: 20_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(record.exit_code, 127, "{record:?}");
+    assert!(
+        record.reason.contains("cannot start") && record.reason.contains("agent.sh"),
+        "{record:?}"
+    );
+    served.stop().await;
+}

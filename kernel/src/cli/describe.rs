@@ -75,10 +75,15 @@ fn text(p: &ProcessInfo, children: &[ProcessInfo], cron: &[CronEntry], now: u64)
     field(
         "State",
         &format!(
-            "{} (up {}, started {})",
+            "{} (up {}, started {}{})",
             names::state(p.state),
             human::age(p.started_at_unix_ms, now),
-            output::rfc3339_utc(p.started_at_unix_ms)
+            output::rfc3339_utc(p.started_at_unix_ms),
+            if p.restored {
+                "; back after a kernel restart"
+            } else {
+                ""
+            }
         ),
     );
     field("Runtime", &p.runtime);
@@ -102,6 +107,16 @@ fn text(p: &ProcessInfo, children: &[ProcessInfo], cron: &[CronEntry], now: u64)
                 human::duration(restart.within_seconds.unwrap_or(0).saturating_mul(1000)),
                 p.restarts,
                 names::strategy(p.strategy),
+            ),
+        );
+    }
+    if let Some(exit) = &p.last_exit {
+        field(
+            "Last exit",
+            &format!(
+                "{} ({} ago)",
+                output::exit_text(exit),
+                human::age(exit.exited_at_unix_ms, now)
             ),
         );
     }

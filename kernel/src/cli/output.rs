@@ -184,6 +184,8 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
             "backoff_ms": r.backoff_ms,
         })),
         "strategy": names::strategy(p.strategy),
+        "last_exit": p.last_exit.as_ref().map(exit_json),
+        "restored": p.restored,
         "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
     })
 }

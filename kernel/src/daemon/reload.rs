@@ -277,6 +277,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         prices,
         tls,
         exec,
+        restore_temporary,
     } = &running.settings;
     let new = settings;
     let fields = [
@@ -329,6 +330,10 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("kernel.connections", *connections != new.connections),
         ("kernel.tls", *tls != new.tls),
         ("kernel.exec", *exec != new.exec),
+        (
+            "kernel.restore_temporary",
+            *restore_temporary != new.restore_temporary,
+        ),
         ("roles", *roles != new.roles),
         ("llm.prices", *prices != new.prices),
         ("llm", running.started.llm != config.llm),

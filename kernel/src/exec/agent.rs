@@ -11,8 +11,6 @@
 //! leaves it only once acknowledged.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -25,7 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::os::OsState;
+use super::os::{LaunchSpec, Os};
 use crate::events::unix_ms;
 
 /// Items in flight between the kernel and one attach stream.
@@ -64,6 +62,7 @@ struct Attachment {
 }
 
 /// One attach stream, as the control plane serves it.
+#[derive(Debug)]
 pub struct Attached {
     /// What to send down the stream, starting with [`Delivery::Attached`];
     /// it ends when the process exits.
@@ -71,18 +70,6 @@ pub struct Attached {
     /// Cancelled when a newer Attach replaces this one: end the stream then,
     /// so deliveries still in it go to the new one.
     pub replaced: CancellationToken,
-    /// Sends tasks that older streams took and nobody answered; run it
-    /// while `deliveries` is read.
-    pub resend: Pin<Box<dyn Future<Output = ()> + Send>>,
-}
-
-impl std::fmt::Debug for Attached {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attached")
-            .field("deliveries", &self.deliveries)
-            .field("replaced", &self.replaced)
-            .finish_non_exhaustive()
-    }
 }
 
 /// What a delivery waits for from the agent.
@@ -118,13 +105,14 @@ pub(crate) struct ExecProc {
     /// hands them over (the queue is fair), so that they reach the stream
     /// in mailbox order even when several wait for the same Attach.
     send_order: tokio::sync::Mutex<()>,
-    /// Cancelled when the kernel process ends: the OS process must go.
-    pub(crate) stop: CancellationToken,
-    pub(crate) os: Mutex<OsState>,
+    /// How its OS process starts, at spawn and at every restart.
+    pub(crate) spec: LaunchSpec,
+    /// Its current OS process.
+    pub(crate) os: Mutex<Os>,
 }
 
 impl ExecProc {
-    pub(crate) fn new(pid: Pid, name: Arc<str>, timeout: Duration) -> Self {
+    pub(crate) fn new(pid: Pid, name: Arc<str>, timeout: Duration, spec: LaunchSpec) -> Self {
         ExecProc {
             pid,
             name,
@@ -133,33 +121,18 @@ impl ExecProc {
             next_attach: AtomicU64::new(1),
             pending: Mutex::default(),
             send_order: tokio::sync::Mutex::new(()),
-            stop: CancellationToken::new(),
-            os: Mutex::new(OsState::NotStarted),
+            spec,
+            os: Mutex::new(Os::new()),
         }
     }
 
     /// A new attach stream, replacing the one before it, if any. Tasks sent
-    /// on earlier streams and still unanswered, and messages not yet
-    /// acknowledged, are sent again on this one. With `auto_ack`, a message
-    /// is done with once it is on the stream.
-    pub(crate) fn attach(self: &Arc<Self>, auto_ack: bool) -> Attached {
+    /// on earlier streams (or to an earlier OS process) and still
+    /// unanswered, and messages not yet acknowledged, are sent again on this
+    /// one, in the order they were first sent and ahead of anything new.
+    /// With `auto_ack`, a message is done with once it is on the stream.
+    pub(crate) fn attach(&self, auto_ack: bool) -> Attached {
         let id = self.next_attach.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        // A fresh channel has room: the notice is always the first item.
-        let _ = tx.try_send(Delivery::Attached {
-            pid: self.pid,
-            name: self.name.clone(),
-        });
-        let replaced = CancellationToken::new();
-        let old = self.attach.send_replace(Some(Attachment {
-            id,
-            tx: tx.clone(),
-            replaced: replaced.clone(),
-            auto_ack,
-        }));
-        if let Some(old) = old {
-            old.replaced.cancel();
-        }
         let mut resend: Vec<(u64, Delivery)> = self
             .pending
             .lock()
@@ -170,25 +143,45 @@ impl ExecProc {
                 (*key, p.delivery.clone())
             })
             .collect();
-        // In the order they were first sent.
         resend.sort_unstable_by_key(|(key, _)| *key);
-        let proc = self.clone();
-        let resend = Box::pin(async move {
-            for (key, delivery) in resend {
-                let message = matches!(delivery, Delivery::Message(_));
-                if tx.send(delivery).await.is_err() {
-                    return;
-                }
-                if message && auto_ack {
-                    proc.acknowledge(MessageId(key));
-                }
-            }
+        // Room for the notice and everything sent again, queued before the
+        // stream is published, so no new delivery can come first.
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER + 1 + resend.len());
+        let _ = tx.try_send(Delivery::Attached {
+            pid: self.pid,
+            name: self.name.clone(),
         });
+        let mut done = Vec::new();
+        for (key, delivery) in resend {
+            if auto_ack && matches!(delivery, Delivery::Message(_)) {
+                done.push(MessageId(key));
+            }
+            let _ = tx.try_send(delivery);
+        }
+        let replaced = CancellationToken::new();
+        let old = self.attach.send_replace(Some(Attachment {
+            id,
+            tx,
+            replaced: replaced.clone(),
+            auto_ack,
+        }));
+        if let Some(old) = old {
+            old.replaced.cancel();
+        }
+        for id in done {
+            self.acknowledge(id);
+        }
         Attached {
             deliveries: rx,
             replaced,
-            resend,
         }
+    }
+
+    /// Ends the attach stream of an OS process that has ended: what it was
+    /// handed and did not answer stays, to be sent again to the next one
+    /// that attaches (after a restart).
+    pub(crate) fn end_stream(&self) {
+        self.attach.send_replace(None);
     }
 
     /// Ends the attach stream for good: the process has exited. What is

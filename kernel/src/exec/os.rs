@@ -1,6 +1,10 @@
 //! The OS process behind an `exec` process: start it in its own process
 //! group with its log file and credentials, watch it, and stop it.
 //!
+//! A restart replaces the OS process and keeps the rest: each OS process is
+//! one generation of its exec process, and a watcher or a launch of an
+//! older generation changes nothing.
+//!
 //! Stopping sends SIGTERM to the whole group, gives it the kernel's
 //! `shutdown_grace_ms`, then sends SIGKILL; whichever way the leader ends,
 //! the group is sent SIGKILL afterwards so no helper it forked lives on.
@@ -19,33 +23,105 @@ use hivekernel_agents::sandbox::Policy;
 use rustix::process::Signal;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::ExecRuntime;
 use super::agent::ExecProc;
 use crate::command::TLS_CA_ENV;
 
-/// Where the OS process of an `exec` process is in its life.
+/// Where the current OS process of an `exec` process is in its life.
 #[derive(Debug)]
-pub(crate) enum OsState {
+enum OsState {
     /// Not started yet.
     NotStarted,
     /// Running, watched by this task.
     Running(JoinHandle<()>),
-    /// Being stopped or gone: never start it (again).
+    /// Ended on its own (or could not start): its supervisor decides what follows.
+    Exited,
+    /// The exec process is being stopped or is gone: never start it (again).
     Done,
 }
 
-/// Everything needed to start the OS process once the spawn is in the table.
+/// The OS side of one `exec` process: its current OS process.
 #[derive(Debug)]
-pub(crate) struct Launch {
-    pub(crate) runtime: Arc<ExecRuntime>,
-    pub(crate) proc: Arc<ExecProc>,
+pub(crate) struct Os {
+    state: OsState,
+    /// Cancelled to stop the current OS process.
+    stop: CancellationToken,
+    /// Which OS process of the exec process is current; a restart starts the next.
+    generation: u64,
+}
+
+impl Os {
+    pub(crate) fn new() -> Self {
+        Os {
+            state: OsState::NotStarted,
+            stop: CancellationToken::new(),
+            generation: 0,
+        }
+    }
+
+    /// Stops the current OS process for a restart and makes way for the
+    /// next; the watcher to wait for, when it was running. After
+    /// [`Os::end`] nothing starts again.
+    pub(crate) fn next_generation(&mut self) -> Option<JoinHandle<()>> {
+        if matches!(self.state, OsState::Done) {
+            return None;
+        }
+        self.stop.cancel();
+        self.stop = CancellationToken::new();
+        self.generation += 1;
+        match std::mem::replace(&mut self.state, OsState::NotStarted) {
+            OsState::Running(watcher) => Some(watcher),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Stops the current OS process for good; the watcher to wait for, when
+    /// it was running.
+    pub(crate) fn end(&mut self) -> Option<JoinHandle<()>> {
+        self.stop.cancel();
+        match std::mem::replace(&mut self.state, OsState::Done) {
+            OsState::Running(watcher) => Some(watcher),
+            _ => None,
+        }
+    }
+
+    /// The current OS process of `generation` has ended (or did not
+    /// start); `false` when it is not current (a restart or a kill came
+    /// first), and then nothing is reported.
+    fn exited(&mut self, generation: u64) -> bool {
+        let current = self.generation == generation
+            && matches!(self.state, OsState::Running(_) | OsState::NotStarted);
+        if current {
+            self.state = OsState::Exited;
+        }
+        current
+    }
+}
+
+/// How to start the OS process, kept for every restart.
+#[derive(Debug)]
+pub(crate) struct LaunchSpec {
     pub(crate) program: PathBuf,
     pub(crate) command: ExecCommand,
     pub(crate) log_path: PathBuf,
     /// Working directory when the command names none.
     pub(crate) workspace: Option<PathBuf>,
+}
+
+/// One start of the OS process, once the spawn (or restart) is in the table.
+#[derive(Debug)]
+pub(crate) struct Launch {
+    pub(crate) runtime: Arc<ExecRuntime>,
+    pub(crate) proc: Arc<ExecProc>,
+    /// The generation it starts; stale once a restart or kill came first.
+    pub(crate) generation: u64,
 }
 
 /// What the watcher does when the OS process ends on its own: end the
@@ -57,7 +133,7 @@ impl Launch {
     /// Starts the OS process and its watcher (owned by `tracker`); `grace`
     /// is its SIGTERM-to-SIGKILL time. `Err` says why it could not start.
     pub(crate) fn start(
-        self,
+        &self,
         tracker: &TaskTracker,
         grace: Duration,
         on_exit: OnExit,
@@ -65,17 +141,20 @@ impl Launch {
         let Launch {
             runtime,
             proc,
+            generation,
+        } = self;
+        let LaunchSpec {
             program,
             command,
             log_path,
             workspace,
-        } = self;
+        } = &proc.spec;
         let pid = proc.pid;
         let token = runtime
             .auth
             .issue(pid)
             .map_err(|err| format!("cannot issue its token: {err}"))?;
-        let log = open_log(&log_path)
+        let log = open_log(log_path)
             .map_err(|err| format!("cannot open its log {}: {err}", log_path.display()))?;
         let stderr = log
             .try_clone()
@@ -90,7 +169,7 @@ impl Launch {
         }
         let mut cmd = match &runtime.sandbox {
             None => {
-                let mut cmd = Command::new(&program);
+                let mut cmd = Command::new(program);
                 cmd.arg0(&command.argv[0]).args(&command.argv[1..]);
                 cmd
             }
@@ -130,17 +209,37 @@ impl Launch {
             None => cmd.env_remove(TLS_CA_ENV),
         };
         let mut os = proc.os.lock();
-        // A kill that came first wins: nothing is started for a process that has ended.
-        if !matches!(*os, OsState::NotStarted) {
+        // A kill or restart that came first wins: nothing is started for a
+        // process that has ended, nor twice.
+        if os.generation != *generation || !matches!(os.state, OsState::NotStarted) {
             return Ok(());
         }
         let child = cmd
             .spawn()
             .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
-        let watcher = watch(on_exit, runtime.clone(), proc.clone(), child, grace);
-        *os = OsState::Running(tracker.spawn(watcher));
+        let watched = Watched {
+            runtime: runtime.clone(),
+            proc: proc.clone(),
+            stop: os.stop.clone(),
+            generation: *generation,
+        };
+        os.state = OsState::Running(tracker.spawn(watch(on_exit, watched, child, grace)));
         Ok(())
     }
+
+    /// After [`Launch::start`] failed: whether that is the exit to report
+    /// (the launch is still current; its token and stream are ended).
+    pub(crate) fn failed(&self) -> bool {
+        self.proc.os.lock().exited(self.generation) && self.runtime.suspend(self.proc.pid)
+    }
+}
+
+/// What a watcher watches: one generation of one exec process.
+struct Watched {
+    runtime: Arc<ExecRuntime>,
+    proc: Arc<ExecProc>,
+    stop: CancellationToken,
+    generation: u64,
 }
 
 /// The log file, appended to, readable by the kernel's user only.
@@ -156,14 +255,15 @@ fn open_log(path: &Path) -> io::Result<File> {
 }
 
 /// Waits for the OS process to exit on its own, or stops it when the kernel
-/// process ends; an exit on its own ends the kernel process with its status.
-async fn watch(
-    on_exit: OnExit,
-    runtime: Arc<ExecRuntime>,
-    proc: Arc<ExecProc>,
-    mut child: Child,
-    grace: Duration,
-) {
+/// process ends or restarts; an exit on its own is the kernel process's
+/// exit with its status, for its supervisor to act on.
+async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Duration) {
+    let Watched {
+        runtime,
+        proc,
+        stop,
+        generation,
+    } = watched;
     let group = child
         .id()
         .and_then(|id| rustix::process::Pid::from_raw(id as i32));
@@ -175,7 +275,7 @@ async fn watch(
     };
     let own = tokio::select! {
         status = child.wait() => Some(status),
-        () = proc.stop.cancelled() => None,
+        () = stop.cancelled() => None,
     };
     let Some(status) = own else {
         signal(Signal::TERM);
@@ -190,10 +290,8 @@ async fn watch(
     };
     signal(Signal::KILL);
     settle(group).await;
-    *proc.os.lock() = OsState::Done;
-    // Whoever takes the process out of the table of exec processes ends it;
-    // if a kill did already, there is nothing left to report.
-    if !runtime.forget(proc.pid) {
+    // A kill or a restart that came first has already dealt with it.
+    if !proc.os.lock().exited(generation) || !runtime.suspend(proc.pid) {
         return;
     }
     let (code, reason) = match status {

@@ -36,7 +36,6 @@ pub(crate) fn attach(
     let Attached {
         mut deliveries,
         replaced,
-        resend,
     } = kernel.attach(caller, pid, request.get_ref().auto_ack)?;
     let (tx, rx) = mpsc::channel(BUFFER);
     let stop = stop.clone();
@@ -59,10 +58,7 @@ pub(crate) fn attach(
             }
         }
     };
-    kernel.tracker().spawn(async move {
-        // Ending the forwarder drops the deliveries, which ends the resend too.
-        tokio::join!(forward, resend);
-    });
+    kernel.tracker().spawn(forward);
     Ok(Response::new(ReceiverStream::new(rx)))
 }
 

@@ -235,6 +235,8 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
             backoff_ms: info.restart.backoff_ms.to_vec(),
         }),
         strategy: enums::strategy_to_proto(info.strategy) as i32,
+        last_exit: info.last_exit.map(exit_record),
+        restored: info.restored,
     }
 }
 

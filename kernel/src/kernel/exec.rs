@@ -111,11 +111,25 @@ impl Kernel {
         }
     }
 
-    /// Starts the OS process of a process just spawned; if it cannot start,
-    /// the process exits with [`EXIT_CANNOT_START`] and the reason.
+    /// Ends the OS processes of the exec processes among `pids`, which wait
+    /// to be restarted (see [`ExecRuntime::pause`]).
+    pub(crate) async fn pause_exec(&self, pids: impl Iterator<Item = Pid>) {
+        if let Some(exec) = self.inner.runtimes().exec() {
+            exec.pause(pids).await;
+        }
+    }
+
+    /// The next start of exec process `pid`'s OS process, at its restart;
+    /// `None` when it is not an exec process.
+    pub(crate) fn relaunch_exec(&self, pid: Pid) -> Option<Launch> {
+        self.inner.runtimes().exec()?.relaunch(pid)
+    }
+
+    /// Starts the OS process of a process just spawned or restarted; if it
+    /// cannot start, the process exits with [`EXIT_CANNOT_START`] and the
+    /// reason, and its restart policy decides what follows.
     pub(crate) async fn launch_exec(&self, launch: Launch) {
         let pid = launch.proc.pid;
-        let runtime = launch.runtime.clone();
         let grace = Duration::from_millis(self.settings().shutdown_grace_ms);
         // Holds the kernel weakly, like a runner: a process never keeps it alive.
         let kernel = self.downgrade();
@@ -128,7 +142,7 @@ impl Kernel {
         });
         if let Err(why) = launch.start(self.tracker(), grace, on_exit) {
             tracing::warn!(%pid, reason = %why, "exec process did not start");
-            if runtime.forget(pid) {
+            if launch.failed() {
                 self.exit_external(pid, EXIT_CANNOT_START, why).await;
             }
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hivekernel_agents::{LlmUsage, Pid, SpawnRequest};
 
 use crate::error::{KernelError, Result};
+use crate::kernel::spawn::Birth;
 use crate::kernel::{Caller, Kernel};
 use crate::store::Write;
 
@@ -59,10 +60,15 @@ impl Kernel {
             .await
             .map_err(|err| format!("could not be stopped: {err}"))?;
         let name = new.name.clone();
-        let refused = match self.spawn_as(Caller::Admin, new, Some(pid)).await {
+        let refused = match self
+            .spawn_as(Caller::Admin, new, Birth::Replaced(pid))
+            .await
+        {
             Ok(_) => None,
             Err(err) => {
-                let again = self.spawn_as(Caller::Admin, old, Some(pid)).await;
+                let again = self
+                    .spawn_as(Caller::Admin, old, Birth::Replaced(pid))
+                    .await;
                 Some(match again {
                     Ok(_) => {
                         format!("new spec refused: {err}; running again with the previous one")

@@ -183,7 +183,8 @@ impl Kernel {
             if let Some(sup) = entry.sup.as_mut() {
                 // A restart decided before the crash is this comeback.
                 let restarts = history.restarts.saturating_add(u32::from(history.pending));
-                sup.carry(restarts, history.recent_ms.iter().filter_map(|&ms| at(ms)));
+                let recent = history.recent_ms.iter().filter_map(|&ms| at(ms));
+                sup.carry(restarts, recent, history.last_exit.clone());
             }
             if history.pending && durable {
                 pending_done.push(entry.history_write(pid, false));

@@ -84,11 +84,7 @@ impl Kernel {
             .inner
             .runtimes()
             .maker(requested, request.exec.take())?;
-        let mut supervision = self.supervision_for(&request)?;
-        if matches!(maker, Maker::Exec(..)) {
-            // The OS process starts only at spawn: an exec process is not restarted.
-            supervision.0 = RestartSpec::default();
-        }
+        let supervision = self.supervision_for(&request)?;
         let admitted = Admitted {
             runtime_name,
             maker,
@@ -235,7 +231,7 @@ impl Kernel {
         }
 
         let pid = match birth {
-            Birth::Declared(Some(pid)) | Birth::Restored(pid) => pid,
+            Birth::Declared(Some(pid)) | Birth::Restored(pid) | Birth::Replaced(pid) => pid,
             Birth::New { .. } | Birth::Declared(None) => Pid(self
                 .inner
                 .pids()
@@ -293,7 +289,7 @@ impl Kernel {
             usage: Default::default(),
             budget,
             caps,
-            restored: matches!(birth, Birth::Restored(_)),
+            restored: matches!(birth, Birth::Restored(_) | Birth::Declared(Some(_))),
         }));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
@@ -337,6 +333,9 @@ pub(crate) enum Birth {
     Declared(Option<Pid>),
     /// Back after a kernel restart as the PID it had, from its kept request.
     Restored(Pid),
+    /// A config agent spawned again as its PID with a changed spec (a
+    /// config reload); the config keeps its spec.
+    Replaced(Pid),
 }
 
 /// What `admit` needs besides the request.

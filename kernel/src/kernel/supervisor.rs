@@ -46,6 +46,8 @@ struct Exits {
     runners: Vec<(Pid, JoinHandle<()>)>,
     /// Items still queued in closed mailboxes, by receiver.
     undelivered: Vec<(Pid, Envelope)>,
+    /// Exec processes waiting to be restarted: only their OS processes stop.
+    paused: Vec<Pid>,
     /// The top process of each exit: its parent is told.
     tops: Vec<Top>,
     /// Restarts to schedule and escalations to report.
@@ -105,6 +107,7 @@ impl Exits {
             reaped: Vec::new(),
             runners: Vec::new(),
             undelivered: Vec::new(),
+            paused: Vec::new(),
             tops: Vec::new(),
             follow: restart::FollowUps::default(),
         }
@@ -156,6 +159,19 @@ impl Exits {
         if let Some(runner) = runner {
             self.runners.push((pid, runner));
         }
+        self.record(entry, pid, code, reason, now);
+    }
+
+    /// Stops the OS process of exec process `pid`, about to be restarted,
+    /// and records its exit. Its mailbox and runner go on: what is queued
+    /// and what its agent was handed and did not answer wait for the next
+    /// OS process.
+    fn pause(&mut self, entry: &Entry, pid: Pid, code: i32, reason: &Arc<str>, now: u64) {
+        self.paused.push(pid);
+        self.record(entry, pid, code, reason, now);
+    }
+
+    fn record(&mut self, entry: &Entry, pid: Pid, code: i32, reason: &Arc<str>, now: u64) {
         let exited = Exited {
             pid,
             ppid: entry.ppid,
@@ -378,6 +394,7 @@ impl Kernel {
                     reaped,
                     mut runners,
                     undelivered,
+                    paused,
                     tops,
                     follow,
                 } = exits;
@@ -386,8 +403,14 @@ impl Kernel {
                 }
                 // Quiescence: once this is done, none of the subtree's tasks runs.
                 join_runners(&mut runners).await;
-                // Nor any OS process of an exec process among them.
-                kernel.stop_exec(exited.iter().map(|e| e.pid)).await;
+                // Nor any OS process of an exec process among them (one
+                // waiting to be restarted keeps the rest for the next).
+                let ended = exited
+                    .iter()
+                    .map(|e| e.pid)
+                    .filter(|pid| !paused.contains(pid));
+                kernel.stop_exec(ended).await;
+                kernel.pause_exec(paused.into_iter()).await;
                 kernel
                     .inner
                     .transcripts()

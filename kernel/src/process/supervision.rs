@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hivekernel_agents::{RestartSpec, Strategy};
+use hivekernel_agents::{ExitRecord, RestartSpec, Strategy};
 use tokio::time::Instant;
 
 use super::{Entry, ProcShared};
@@ -23,6 +23,8 @@ pub(crate) struct Supervision {
     recent: VecDeque<Instant>,
     /// The restart group it waits in, while it waits to be restarted.
     pending: Option<u64>,
+    /// The exit its latest restart followed.
+    last_exit: Option<Box<ExitRecord>>,
 }
 
 impl Supervision {
@@ -39,6 +41,7 @@ impl Supervision {
             restarts: 0,
             recent: VecDeque::new(),
             pending: None,
+            last_exit: None,
         }
     }
 
@@ -72,8 +75,14 @@ impl Supervision {
     /// Carries on after a kernel restart with the restarts it had and those
     /// still in its window (when they were decided, oldest first), so a
     /// crash loop across kernel restarts escalates at its intensity.
-    pub(crate) fn carry(&mut self, restarts: u32, recent: impl Iterator<Item = Instant>) {
+    pub(crate) fn carry(
+        &mut self,
+        restarts: u32,
+        recent: impl Iterator<Item = Instant>,
+        last_exit: Option<ExitRecord>,
+    ) {
         self.restarts = restarts;
+        self.last_exit = last_exit.map(Box::new);
         self.recent = recent.collect();
         let keep = usize::try_from(self.restart.max_restarts).unwrap_or(usize::MAX);
         while self.recent.len() > keep {
@@ -100,6 +109,11 @@ impl Entry {
     /// Times it has been restarted.
     pub(crate) fn restarts(&self) -> u32 {
         self.sup.as_ref().map_or(0, |s| s.restarts)
+    }
+
+    /// The exit its latest restart followed.
+    pub(crate) fn last_exit(&self) -> Option<&ExitRecord> {
+        self.sup.as_ref().and_then(|s| s.last_exit.as_deref())
     }
 
     /// Its restart history as the store keeps it (`pending`: a restart is
@@ -129,6 +143,9 @@ impl Entry {
             restarts: self.restarts(),
             recent_ms,
             pending,
+            last_exit: self
+                .last_exit()
+                .and_then(|record| serde_json::to_string(record).ok()),
         }
     }
 
@@ -147,14 +164,21 @@ impl Entry {
     }
 
     pub(crate) fn wait_in_group(&mut self, group: u64) {
-        self.sup
-            .get_or_insert_with(|| {
-                Box::new(Supervision::new(
-                    RestartSpec::default(),
-                    Strategy::OneForOne,
-                ))
-            })
-            .pending = Some(group);
+        self.sup_mut().pending = Some(group);
+    }
+
+    /// Records the exit a restart follows.
+    pub(crate) fn exited_for_restart(&mut self, record: ExitRecord) {
+        self.sup_mut().last_exit = Some(Box::new(record));
+    }
+
+    fn sup_mut(&mut self) -> &mut Supervision {
+        self.sup.get_or_insert_with(|| {
+            Box::new(Supervision::new(
+                RestartSpec::default(),
+                Strategy::OneForOne,
+            ))
+        })
     }
 }
 

@@ -34,6 +34,8 @@ pub struct StoredHistory {
     pub recent_ms: Vec<u64>,
     /// A restart was decided and not yet done.
     pub pending: bool,
+    /// The exit its latest restart followed.
+    pub last_exit: Option<hivekernel_agents::ExitRecord>,
     /// Its `llm_calls_per_minute` bucket: level as of a Unix ms.
     pub llm_bucket: Option<(f64, u64)>,
     /// Its `spawns_per_minute` bucket.
@@ -301,7 +303,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         .collect::<rusqlite::Result<_>>()?;
 
     let mut stmt = conn.prepare(
-        "SELECT pid, restarts, recent, pending, llm_bucket, spawn_bucket FROM process_history",
+        "SELECT pid, restarts, recent, pending, llm_bucket, spawn_bucket, last_exit
+         FROM process_history",
     )?;
     let history = stmt
         .query_map([], |r| {
@@ -319,6 +322,9 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
                 pending: r.get(3)?,
                 llm_bucket: bucket(4)?,
                 spawn_bucket: bucket(5)?,
+                last_exit: r
+                    .get::<_, Option<String>>(6)?
+                    .and_then(|t| serde_json::from_str(&t).ok()),
             };
             Ok((pid, kept))
         })?

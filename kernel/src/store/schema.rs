@@ -185,6 +185,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
          restarts     INTEGER NOT NULL DEFAULT 0,
          recent       TEXT,
          pending      INTEGER NOT NULL DEFAULT 0,
+         last_exit    TEXT,
          llm_bucket   TEXT,
          spawn_bucket TEXT
      ) STRICT;",

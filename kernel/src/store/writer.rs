@@ -401,14 +401,17 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             restarts,
             recent_ms,
             pending,
+            last_exit,
         } => {
             let recent = serde_json::to_string(recent_ms).unwrap_or_else(|_| "[]".into());
             tx.prepare_cached(
-                "INSERT INTO process_history (pid, restarts, recent, pending) VALUES (?1, ?2, ?3, ?4)
+                "INSERT INTO process_history (pid, restarts, recent, pending, last_exit)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (pid) DO UPDATE SET restarts = excluded.restarts,
-                     recent = excluded.recent, pending = excluded.pending",
+                     recent = excluded.recent, pending = excluded.pending,
+                     last_exit = excluded.last_exit",
             )?
-            .execute((to_sql_u64(pid.0), restarts, recent, pending))?;
+            .execute((to_sql_u64(pid.0), restarts, recent, pending, last_exit))?;
         }
         Write::Bucket {
             pid,

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use super::{EXIT_FAILED, EXIT_KILLED, Exits, Stop, strategy, terminate, terminate_below};
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
+use crate::exec::Launch;
 use crate::kernel::{Caller, Kernel};
 use crate::process::{Entry, ProcessTable};
 
@@ -57,9 +58,22 @@ pub(super) fn stop_for_restart(
     let now = unix_ms(SystemTime::now());
     terminate_below(table, pid, code, reason, now, exits);
     if let Some(entry) = table.get_mut(pid) {
-        exits.stop(entry, pid, code, &Arc::from(reason), now);
+        let reason = Arc::from(reason);
+        if &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME {
+            exits.pause(entry, pid, code, &reason, now);
+        } else {
+            exits.stop(entry, pid, code, &reason, now);
+        }
+        if let Some(exited) = exits.exited.last() {
+            entry.exited_for_restart(exited.record());
+        }
         entry.wait_in_group(group);
     }
+}
+
+/// Counts a restart of `entry`, no longer waiting; how many it has had.
+fn restarted(entry: &mut Entry) -> u32 {
+    entry.sup.as_mut().map_or(0, |sup| sup.restarted())
 }
 
 impl Kernel {
@@ -185,7 +199,7 @@ impl Kernel {
         };
         let mut exits = Exits::new(Stop::Abort);
         let group = self.next_id();
-        {
+        let waited = {
             let mut table = self.inner.table().write();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             if !entry.is_alive() {
@@ -200,34 +214,43 @@ impl Kernel {
                     "process {me} may only restart its descendants, and {pid} is not one"
                 )));
             }
-            if &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME {
-                return Err(KernelError::FailedPrecondition(format!(
-                    "process {pid} runs an exec agent (an OS process), which the kernel cannot \
-                     restart in place yet; kill it and spawn it again"
-                )));
-            }
             match entry.pending_group() {
                 // Already stopped and waiting out a backoff: this restart comes
                 // first, and its supervised one finds it no longer waiting.
-                Some(waiting) => {
-                    self.revive_now(&mut table, pid, waiting)?;
-                    return Ok(table.get(pid).map_or(0, |e| e.restarts()));
+                Some(waiting) => Some(self.revive_now(&mut table, pid, waiting)?),
+                None => {
+                    stop_for_restart(&mut table, pid, EXIT_KILLED, &reason, group, &mut exits);
+                    None
                 }
-                None => stop_for_restart(&mut table, pid, EXIT_KILLED, &reason, group, &mut exits),
             }
+        };
+        if let Some(launch) = waited {
+            return Ok(self.revived(pid, launch).await);
         }
-        // Every runner of the subtree stopped and the `exited` events out
-        // before the new incarnation starts, as for a supervised restart.
+        // Every runner of the subtree stopped (an exec process's OS
+        // process) and the `exited` events out before the new incarnation
+        // starts, as for a supervised restart.
         self.finish_exits(exits).await;
-        let mut table = self.inner.table().write();
-        self.revive_now(&mut table, pid, group)?;
-        Ok(table.get(pid).map_or(0, |e| e.restarts()))
+        let launch = self.revive_now(&mut self.inner.table().write(), pid, group)?;
+        Ok(self.revived(pid, launch).await)
+    }
+
+    /// After a manual restart of `pid`: keeps its history, starts its OS
+    /// process (an exec process) and returns its restart count.
+    async fn revived(&self, pid: Pid, launch: Option<Launch>) -> u32 {
+        self.keep_history(std::iter::once(pid), false);
+        if let Some(launch) = launch {
+            self.launch_exec(launch).await;
+        }
+        let table = self.inner.table().read();
+        table.get(pid).map_or(0, |e| e.restarts())
     }
 
     /// Revives `pid`, still waiting in restart `group`, and reports a manual
     /// `restarted` event (under the table lock, so no exit of the new
-    /// runner can be reported before it).
-    fn revive_now(&self, table: &mut ProcessTable, pid: Pid, group: u64) -> Result<()> {
+    /// runner can be reported before it); an exec process's OS process is
+    /// the caller's to start, once the lock is released.
+    fn revive_now(&self, table: &mut ProcessTable, pid: Pid, group: u64) -> Result<Option<Launch>> {
         if self.is_stopping() {
             return Err(KernelError::ShuttingDown);
         }
@@ -240,14 +263,14 @@ impl Kernel {
                 ))
             })?;
         match self.revive(entry) {
-            Ok(attempt) => {
+            Ok((attempt, launch)) => {
                 let kind = EventKind::Restarted {
                     attempt,
                     delay_ms: 0,
                     manual: true,
                 };
                 self.inner.events().emit(pid, kind);
-                Ok(())
+                Ok(launch)
             }
             Err(why) => {
                 // As a supervised restart would: a failed restart is a failure.
@@ -325,6 +348,7 @@ impl Kernel {
     async fn restart_group(&self, group: RestartGroup) {
         let mut exits = Exits::new(Stop::Abort);
         let mut restarted = Vec::new();
+        let mut launches = Vec::new();
         {
             let mut table = self.inner.table().write();
             // Checked under the lock: shutdown's pass holds it too.
@@ -339,7 +363,8 @@ impl Kernel {
                     continue;
                 }
                 match self.revive(entry) {
-                    Ok(attempt) => {
+                    Ok((attempt, launch)) => {
+                        launches.extend(launch);
                         let delay_ms = u64::try_from(group.delay.as_millis()).unwrap_or(u64::MAX);
                         let kind = EventKind::Restarted {
                             attempt,
@@ -358,6 +383,9 @@ impl Kernel {
             self.inner.events().emit_all(restarted);
         }
         self.keep_history(group.pids.iter().copied(), false);
+        for launch in launches {
+            self.launch_exec(launch).await;
+        }
         self.finish_exits(exits).await;
     }
 
@@ -379,10 +407,15 @@ impl Kernel {
         self.inner.store().submit_all(writes);
     }
 
-    /// Gives a waiting process a fresh mailbox, runtime instance and runner;
-    /// returns how many times it has now been restarted.
-    fn revive(&self, entry: &mut Entry) -> std::result::Result<u32, String> {
+    /// Gives a waiting process a fresh mailbox, runtime instance and runner,
+    /// or, an exec process, the next start of its OS process (to start once
+    /// the table lock is released); returns how many times it has now been
+    /// restarted.
+    fn revive(&self, entry: &mut Entry) -> std::result::Result<(u32, Option<Launch>), String> {
         let old = &entry.proc;
+        if let Some(launch) = self.relaunch_exec(old.ctx.pid) {
+            return Ok((restarted(entry), Some(launch)));
+        }
         let factory = self
             .inner
             .runtimes()
@@ -395,6 +428,6 @@ impl Kernel {
         let proc = Arc::new(old.reincarnated(runtime, mailbox, unix_ms(SystemTime::now())));
         // Its runner starts with the first item in its new mailbox.
         entry.proc = proc;
-        Ok(entry.sup.as_mut().map_or(0, |sup| sup.restarted()))
+        Ok((restarted(entry), None))
     }
 }
