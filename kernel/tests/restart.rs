@@ -511,3 +511,301 @@ async fn model_usage_and_spent_budget_survive_kill_9() {
         assert_eq!(rows, 0, "{table} of reaped process {child} kept");
     }
 }
+
+/// A swarm: `queen`, a daemon with a model (the offline `scripted`
+/// provider) that delegates, and `sink`, an echo daemon working on one
+/// thing at a time, with room for the messages the test queues.
+const SWARM: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo",
+              "mailbox_capacity": 4096, "max_concurrent_tasks": 1, "task_timeout_seconds": 3600,
+              "max_depth": 6, "max_children": 64 },
+  "llm": { "provider": "scripted" },
+  "agents": [
+    { "name": "queen", "role": "daemon", "runtime": "tool_agent",
+      "system_prompt": "Name: queen\nYou coordinate.", "tools": ["delegate_async"] },
+    { "name": "sink", "role": "daemon", "system_prompt": "You echo." }
+  ]
+}"#;
+
+/// An exec agent that logs its OS pid and sleeps without attaching.
+const SLEEPER: &str = r#"echo "os_pid=$$" >&2; exec sleep 600"#;
+
+/// Whether OS process `pid` is alive (a zombie is not).
+fn os_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Every `os_pid=N` an exec agent logged, in order.
+fn os_pids(log: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("os_pid=")?.trim().parse().ok())
+        .collect()
+}
+
+/// `ps --json` as PID -> parent PID.
+fn tree(kernel: &Kernel) -> HashMap<u64, u64> {
+    kernel
+        .ps()
+        .iter()
+        .map(|p| (p["pid"].as_u64().unwrap(), p["ppid"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Spawns `name` under `parent` over gRPC: an echo agent, or an exec one
+/// running `command`, restarted after a failure.
+async fn spawn_rpc(
+    rpc: &mut KernelClient<Channel>,
+    kernel: &Kernel,
+    parent: u64,
+    name: String,
+    command: Option<&str>,
+) -> u64 {
+    let mut request = pb::SpawnRequest {
+        parent,
+        name,
+        ..Default::default()
+    };
+    if let Some(command) = command {
+        request.runtime = "exec".into();
+        request.command = vec!["sh".into(), "-c".into(), command.into()];
+        request.restart = Some(pb::RestartSpec {
+            policy: pb::RestartPolicy::Transient as i32,
+            ..Default::default()
+        });
+    }
+    rpc.spawn(authed(kernel, request))
+        .await
+        .unwrap()
+        .into_inner()
+        .pid
+}
+
+/// `kill -9` under a swarm of 200 processes four levels deep (config
+/// agents, run-time spawns, exec agents), with 1,000 messages queued and a
+/// `delegate_async` request in flight, three times over: each time every
+/// process is back with its PID and parent, every acknowledged message is
+/// delivered once, the request is answered as failed to its requester, and
+/// the exec agents run again, their old OS processes gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swarm_comes_back_whole_after_kill_9_three_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SWARM);
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    let (queen, sink) = (kernel.pid_of("queen"), kernel.pid_of("sink"));
+    let mut rpc = client(&kernel).await;
+    let mut sleepers = Vec::new();
+    for lead in 0..4 {
+        let lead = spawn_rpc(&mut rpc, &kernel, queen, format!("lead-{lead}"), None).await;
+        for worker in 0..7 {
+            let name = format!("worker-{lead}-{worker}");
+            let worker = spawn_rpc(&mut rpc, &kernel, lead, name, None).await;
+            for leaf in 0..6 {
+                let name = format!("leaf-{worker}-{leaf}");
+                spawn_rpc(&mut rpc, &kernel, worker, name, None).await;
+            }
+        }
+        if lead % 2 == 0 {
+            let name = format!("sleeper-{lead}");
+            sleepers.push(spawn_rpc(&mut rpc, &kernel, lead, name, Some(SLEEPER)).await);
+        }
+    }
+    let logs: Vec<std::path::PathBuf> = sleepers
+        .iter()
+        .map(|pid| {
+            let run = kernel.cli(&["describe", &pid.to_string(), "--json"]);
+            std::path::PathBuf::from(run.json()["log_path"].as_str().unwrap())
+        })
+        .collect();
+    let mut delivered: HashMap<String, usize> = HashMap::new();
+
+    for round in 0..3 {
+        let mut rpc = client(&kernel).await;
+        // Some of each round's processes are new.
+        let fresh = spawn_rpc(&mut rpc, &kernel, queen, format!("fresh-{round}"), None).await;
+        spawn_rpc(
+            &mut rpc,
+            &kernel,
+            fresh,
+            format!("fresh-{round}-child"),
+            None,
+        )
+        .await;
+        let before = tree(&kernel);
+        assert!(before.len() > 200, "{} processes", before.len());
+        for log in &logs {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while os_pids(log).len() <= round {
+                assert!(Instant::now() < deadline, "{} not started", log.display());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let running: Vec<u32> = logs
+            .iter()
+            .map(|log| *os_pids(log).last().unwrap())
+            .collect();
+
+        // The sink is kept busy, so every message stays queued.
+        let busy = pb::ExecuteTaskRequest {
+            pid: sink,
+            description: "hold".into(),
+            params: HashMap::from([("delay_ms".to_owned(), "3600000".to_owned())]),
+            ..Default::default()
+        };
+        let hold = tokio::spawn({
+            let (mut rpc, request) = (rpc.clone(), authed(&kernel, busy));
+            async move { rpc.execute_task(request).await }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = rpc
+                .get_process(authed(&kernel, pb::GetProcessRequest { pid: sink }))
+                .await
+                .unwrap()
+                .into_inner();
+            if info.state == pb::ProcessState::Running as i32 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sink never started the task");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for i in 0..MESSAGES {
+            let send = pb::SendMessageRequest {
+                to: sink,
+                r#type: "ping".into(),
+                payload: format!("r{round}-m-{i:04}"),
+                ..Default::default()
+            };
+            rpc.send_message(authed(&kernel, send)).await.unwrap();
+        }
+        // The queen hands a sleeper a task it will never answer.
+        let target = sleepers[round % sleepers.len()];
+        let answer = kernel.cli(&["exec", "queen", &format!("delegate: {target} hold-{round}")]);
+        assert!(answer.ok().contains("Done"), "{answer:?}");
+
+        kernel.kill_9();
+        hold.abort();
+        kernel.restart();
+
+        let after = tree(&kernel);
+        for (pid, ppid) in &before {
+            assert_eq!(
+                after.get(pid),
+                Some(ppid),
+                "round {round}: process {pid} (parent {ppid}) not back as it was"
+            );
+        }
+        assert_eq!(after.len(), before.len(), "round {round}: nothing new");
+        // Each acknowledged message is delivered, once.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let events = loop {
+            let events = all_events(&kernel).await;
+            let prefix = format!("r{round}-");
+            let this_round = pongs(&events)
+                .iter()
+                .filter(|p| p.starts_with(&prefix))
+                .count();
+            if this_round >= MESSAGES {
+                break events;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {this_round} of {MESSAGES} delivered after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        delivered.clear();
+        for payload in pongs(&events) {
+            *delivered.entry(payload).or_insert(0) += 1;
+        }
+        let twice: Vec<_> = delivered.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "round {round}: delivered twice: {twice:?}"
+        );
+        assert_eq!(delivered.len(), MESSAGES * (round + 1), "round {round}");
+        // The delegated task failed with the restart, and its requester heard.
+        let failed = events.iter().find(|(_, kind, detail)| {
+            kind == "task_finished"
+                && detail["from"] == queen
+                && detail["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("kernel restart"))
+        });
+        assert!(
+            failed.is_some(),
+            "round {round}: no failed task_finished for the delegation"
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let heard = loop {
+            let transcript = kernel.cli(&["logs", "queen", "--json"]).ok().to_owned();
+            let entries: Vec<Value> = transcript
+                .lines()
+                .map(|line| serde_json::from_str(line).unwrap())
+                .collect();
+            // This round's: the last input saying so, and the request it led to.
+            let heard = entries
+                .iter()
+                .rposition(|entry| {
+                    entry["type"] == "input"
+                        && entry["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("kernel restart"))
+                })
+                .and_then(|at| entries[at..].iter().find(|e| e["type"] == "request"))
+                .filter(|_| {
+                    let told = entries.iter().filter(|entry| {
+                        entry["type"] == "input"
+                            && entry["text"]
+                                .as_str()
+                                .is_some_and(|t| t.contains("kernel restart"))
+                    });
+                    told.count() == round + 1
+                })
+                .cloned();
+            if let Some(request) = heard {
+                break request;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the queen never heard:\n{transcript}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Mid-conversation: what it heard joins the conversation it had.
+        let messages = heard["messages"].as_array().unwrap().len();
+        assert!(messages >= 6 * (round + 1), "round {round}: {heard}");
+        // The exec agents run again, as new OS processes; the old ones are gone.
+        for (log, old) in logs.iter().zip(&running) {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while os_pids(log).len() <= round + 1 || os_alive(*old) {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: {}: {:?}, old {old} alive: {}",
+                    log.display(),
+                    os_pids(log),
+                    os_alive(*old)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    kernel.stop();
+    for log in &logs {
+        for pid in os_pids(log) {
+            assert!(!os_alive(pid), "OS process {pid} outlived the kernel");
+        }
+    }
+}

@@ -318,6 +318,49 @@ async fn settle(group: Option<rustix::process::Pid>) {
     }
 }
 
+/// Sends SIGKILL to the process group of every OS process whose output goes
+/// to a file directly in `logs` (`<data_dir>/logs`): exec agents a kernel
+/// on this data directory started and could not stop, because it was
+/// killed with SIGKILL (they run in their own groups and are never told).
+/// Only one kernel runs on a data directory at a time (`kernel.lock`), so
+/// every such process is a leftover. Never the caller's own group. Returns
+/// how many groups were sent the signal.
+pub(crate) fn reclaim_orphans(logs: &Path) -> usize {
+    let (Ok(logs), Ok(entries)) = (std::fs::canonicalize(logs), std::fs::read_dir("/proc")) else {
+        return 0;
+    };
+    let own = rustix::process::getpgrp();
+    let mut groups = std::collections::BTreeSet::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        // Another user's process, or one that is gone: not readable, not ours.
+        let Ok(output) = std::fs::read_link(entry.path().join("fd/1")) else {
+            continue;
+        };
+        if output.parent() != Some(logs.as_path()) {
+            continue;
+        }
+        if let Ok(group) = rustix::process::getpgid(Some(pid))
+            && group != own
+        {
+            groups.insert(group.as_raw_nonzero());
+        }
+    }
+    for group in &groups {
+        if let Some(group) = rustix::process::Pid::from_raw(group.get()) {
+            let _ = rustix::process::kill_process_group(group, Signal::KILL);
+        }
+    }
+    groups.len()
+}
+
 /// The kernel exit code and reason for an OS exit status: its code, or 128
 /// plus the signal that ended it, as shells report it.
 pub(crate) fn describe(status: ExitStatus) -> (i32, String) {

@@ -178,6 +178,9 @@ impl KernelBuilder {
             templates,
             cron_anchor,
         });
+        if recovered.is_some() {
+            kernel.reclaim_exec_orphans();
+        }
         let mut pids = Vec::with_capacity(agents.len());
         for agent in &agents {
             match kernel

@@ -104,6 +104,23 @@ impl Kernel {
         info
     }
 
+    /// Ends the OS processes a kernel before this one on the same data
+    /// directory left running when it was killed (see
+    /// [`crate::exec::reclaim_orphans`]); before any exec process starts.
+    pub(crate) fn reclaim_exec_orphans(&self) {
+        if self.inner.runtimes().exec().is_none() {
+            return;
+        }
+        let logs = self.inner.settings().data_dir.join("logs");
+        let groups = crate::exec::reclaim_orphans(&logs);
+        if groups > 0 {
+            tracing::warn!(
+                groups,
+                "ended exec agents a killed kernel left running (SIGKILL to their process groups)"
+            );
+        }
+    }
+
     /// Ends the OS processes of the exec processes among `pids` (see [`ExecRuntime::stop`]).
     pub(crate) async fn stop_exec(&self, pids: impl Iterator<Item = Pid>) {
         if let Some(exec) = self.inner.runtimes().exec() {
