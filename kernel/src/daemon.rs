@@ -687,6 +687,10 @@ fn log_reload(report: &ReloadReport) {
         let (name, outcome, detail) = (&change.name, change.outcome, &change.detail);
         tracing::info!(cron = %name, %outcome, %detail, "config reload");
     }
+    for change in &report.roles {
+        let (name, outcome, detail) = (&change.name, change.outcome, &change.detail);
+        tracing::info!(role = %name, %outcome, %detail, "config reload");
+    }
     if !report.needs_restart.is_empty() {
         tracing::warn!(
             settings = %report.needs_restart.join(", "),

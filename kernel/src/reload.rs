@@ -25,7 +25,8 @@ pub enum Outcome {
     Removed,
     /// Changed: an agent killed and spawned again with its new spec as the same PID.
     Restarted,
-    /// Changed: a cron entry replaced by its new spec (its history kept).
+    /// Changed: a cron entry replaced by its new spec (its history kept),
+    /// or a role's defaults replaced.
     Updated,
     /// Same as before: left alone.
     Unchanged,
@@ -95,8 +96,10 @@ pub struct ReloadReport {
     pub agents: Vec<Change>,
     /// Config-declared cron entries, by name.
     pub cron: Vec<Change>,
+    /// Roles of the `roles` section (either the old or the new one).
+    pub roles: Vec<Change>,
     /// Settings that differ from what the kernel runs with and take effect
-    /// only at a kernel restart (`kernel.listen`, `roles`, `llm`, ...).
+    /// only at a kernel restart (`kernel.listen`, `llm`, ...).
     pub needs_restart: Vec<String>,
 }
 

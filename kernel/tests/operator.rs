@@ -297,6 +297,94 @@ fn reload_adds_removes_and_restarts_agents_and_their_cron_entries() {
     assert_eq!(kernel.pid_of("change"), change);
 }
 
+/// Roles before a reload: workers are restarted after a failure and may not spawn.
+const ROLES_BEFORE: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo" },
+  "roles": {
+    "worker": { "restart": { "policy": "transient" }, "capabilities": ["send_message"] },
+    "lead": { "strategy": "one_for_all" }
+  },
+  "agents": [
+    { "name": "boss", "role": "lead", "system_prompt": "You lead." },
+    { "name": "hand", "role": "worker", "system_prompt": "You work." }
+  ]
+}"#;
+
+/// After: workers are permanent and may spawn; `lead` is gone from `roles`,
+/// `daemon` is new.
+const ROLES_AFTER: &str = r#"{
+  "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo" },
+  "roles": {
+    "worker": { "restart": { "policy": "permanent" },
+                "capabilities": ["send_message", "spawn_children"] },
+    "daemon": { "restart": { "policy": "permanent" } }
+  },
+  "agents": [
+    { "name": "boss", "role": "lead", "system_prompt": "You lead." },
+    { "name": "hand", "role": "worker", "system_prompt": "You work." }
+  ]
+}"#;
+
+#[test]
+fn a_reload_applies_roles_to_new_spawns_and_restarts_config_agents_of_a_changed_role() {
+    let kernel = start(ROLES_BEFORE);
+    let (boss, hand) = (kernel.pid_of("boss"), kernel.pid_of("hand"));
+    let worker = |kernel: &Kernel, name: &str| {
+        kernel.spawn(&[
+            "--parent",
+            &boss.to_string(),
+            "--name",
+            name,
+            "--role",
+            "worker",
+        ])
+    };
+    let early = worker(&kernel, "early");
+    let policy = |pid: u64| {
+        let procs = kernel.ps();
+        let p = find(&procs, pid).unwrap_or_else(|| panic!("no {pid} in {procs:?}"));
+        (p["restart"]["policy"].clone(), p["capabilities"].clone())
+    };
+    assert_eq!(policy(early).0, "transient");
+    std::fs::write(kernel.dir.path().join("config.json"), ROLES_AFTER).unwrap();
+
+    let report = kernel.cli(&["config", "reload", "--json"]).json();
+    assert_eq!(report["applied"], true, "{report}");
+    assert_eq!(
+        results(&report, "roles"),
+        [
+            pair("daemon", "added"),
+            pair("lead", "removed"),
+            pair("worker", "updated")
+        ]
+    );
+    assert_eq!(
+        report["roles"][2]["detail"],
+        "changed: restart, capabilities"
+    );
+    assert_eq!(report["needs_restart"], Value::Array(vec![]));
+    // The config agent of the changed role is restarted with it; boss's
+    // role lost its entry, so boss is restarted too; both keep their PIDs.
+    assert_eq!(
+        results(&report, "agents"),
+        [pair("boss", "restarted"), pair("hand", "restarted")]
+    );
+    assert_eq!(report["agents"][1]["detail"], "changed: roles.worker");
+    assert_eq!((kernel.pid_of("boss"), kernel.pid_of("hand")), (boss, hand));
+    let (hand_policy, hand_caps) = policy(hand);
+    assert_eq!(hand_policy, "permanent");
+    assert!(
+        hand_caps.to_string().contains("spawn_children"),
+        "{hand_caps}"
+    );
+    // A worker spawned now gets the new defaults.
+    let late = worker(&kernel, "late");
+    assert_eq!(policy(late).0, "permanent");
+    // The text form lists the roles too.
+    let text = kernel.cli(&["config", "reload"]);
+    assert!(text.ok().contains("ROLE"), "{text:?}");
+}
+
 #[test]
 fn an_invalid_reload_changes_nothing_and_lists_every_issue() {
     let kernel = start(BEFORE);
@@ -398,6 +486,24 @@ fn sighup_reloads_and_sigterm_still_stops_cleanly() {
     kernel.stop();
     assert!(!addr.exists(), "kernel.addr left behind after SIGTERM");
     // The lock is released: the same data directory starts again.
+    kernel.restart();
+    assert_eq!(kernel.pid_of("change"), change);
+
+    // SIGINT (Ctrl-C) stops it as cleanly.
+    let pid = kernel.child.id().to_string();
+    let signal = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(signal.success());
+    let status = kernel.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "exit {status} after SIGINT:\n{}",
+        kernel.log()
+    );
+    assert!(!addr.exists(), "kernel.addr left behind after SIGINT");
+    assert!(kernel.log().contains("shutting down"), "{}", kernel.log());
     kernel.restart();
     assert_eq!(kernel.pid_of("change"), change);
 }

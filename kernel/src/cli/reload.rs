@@ -43,6 +43,7 @@ pub(super) async fn reload(json: bool, client: &ClientArgs) -> Result<(), CliErr
         .agents
         .iter()
         .chain(&report.cron)
+        .chain(&report.roles)
         .filter(|change| outcome(change) == "failed")
         .count();
     if failed > 0 {
@@ -74,7 +75,7 @@ fn pid_text(change: &ReloadChange) -> String {
     }
 }
 
-/// Two tables (agents, cron entries) and the settings that need a restart.
+/// Tables of agents, cron entries and roles, and the settings that need a restart.
 fn report_text(report: &ReloadConfigResponse) -> String {
     let mut text = format!("reloaded {}\n", report.config);
     let section = |title: &str, changes: &[ReloadChange]| {
@@ -97,6 +98,9 @@ fn report_text(report: &ReloadConfigResponse) -> String {
     text.push_str(&section("AGENT", &report.agents));
     if !report.cron.is_empty() {
         text.push_str(&section("CRON", &report.cron));
+    }
+    if !report.roles.is_empty() {
+        text.push_str(&section("ROLE", &report.roles));
     }
     if !report.needs_restart.is_empty() {
         text.push_str(&format!(
@@ -126,6 +130,7 @@ fn report_json(report: &ReloadConfigResponse) -> Value {
         "applied": report.applied,
         "agents": changes(&report.agents),
         "cron": changes(&report.cron),
+        "roles": changes(&report.roles),
         "needs_restart": report.needs_restart,
     })
 }

@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use hivekernel_agents::{CronSpec, Pid, ProcessState};
+use hivekernel_agents::{CronSpec, Pid, ProcessState, Role};
 
 use super::{StartError, StartOptions, load_tls, settings, spawn_request};
-use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings};
+use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings, RoleSettings};
 use crate::error::KernelError;
 use crate::kernel::{Caller, Kernel};
 use crate::llm::choose_provider;
@@ -85,7 +85,10 @@ impl Reloader {
             }
         };
         report.needs_restart = needs_restart(&running, &config, &settings);
-        report.agents = self.apply_agents(&mut running, &config).await;
+        // Before the agents: one restarted for its role's sake gets the new one.
+        report.roles = self.kernel.reload_roles(settings.roles.clone());
+        let old_roles = std::mem::replace(&mut running.settings.roles, settings.roles);
+        report.agents = self.apply_agents(&mut running, &config, &old_roles).await;
         let declared: Vec<(Pid, CronSpec)> = running
             .agents
             .iter()
@@ -104,7 +107,17 @@ impl Reloader {
     /// Stops the agents gone from the config, restarts the changed ones
     /// with their new spec, spawns the new ones; `running` follows what
     /// runs. Reports each agent in the new config's order, then those removed.
-    async fn apply_agents(&self, running: &mut Running, config: &Config) -> Vec<Change> {
+    async fn apply_agents(
+        &self,
+        running: &mut Running,
+        config: &Config,
+        old_roles: &HashMap<Role, RoleSettings>,
+    ) -> Vec<Change> {
+        let new_roles = running.settings.roles.clone();
+        let role_changed = |agent: &AgentSpec| {
+            let role = agent.role;
+            old_roles.get(&role) != new_roles.get(&role)
+        };
         let mut before: HashMap<String, (AgentSpec, Pid)> = running
             .agents
             .drain(..)
@@ -134,7 +147,9 @@ impl Reloader {
         for agent in &config.agents {
             let name = agent.name.clone();
             let change = match before.remove(&name) {
-                Some((old, pid)) if spawn_request(&old) == spawn_request(agent) => {
+                Some((old, pid))
+                    if spawn_request(&old) == spawn_request(agent) && !role_changed(agent) =>
+                {
                     // The spec is the same; its cron entries are the cron's to compare.
                     running.agents.push((agent.clone(), pid));
                     let change = Change::new(name, Some(pid), Outcome::Unchanged);
@@ -145,7 +160,14 @@ impl Reloader {
                     }
                 }
                 Some((old, pid)) => {
-                    let fields = changed_fields(&old, agent);
+                    let mut fields: Vec<String> = changed_fields(&old, agent);
+                    if role_changed(agent) {
+                        fields.push(format!("roles.{}", agent.role.as_str()));
+                    }
+                    if fields.is_empty() {
+                        fields.push("its spec".into());
+                    }
+                    let fields = fields.join(", ");
                     let respawned = self
                         .kernel
                         .respawn_declared(pid, spawn_request(&old), spawn_request(agent))
@@ -268,7 +290,8 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         workspace,
         synchronous,
         event_log_limit,
-        roles,
+        // Applied by the reload (`reload_roles`).
+        roles: _,
         artifacts,
         memory,
         transcripts,
@@ -334,7 +357,6 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
             "kernel.restore_temporary",
             *restore_temporary != new.restore_temporary,
         ),
-        ("roles", *roles != new.roles),
         ("llm.prices", *prices != new.prices),
         ("llm", running.started.llm != config.llm),
         ("tool_agent", running.started.agent != config.agent),
@@ -349,21 +371,15 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
 }
 
 /// The fields of an agent's spawn spec that differ, by name.
-fn changed_fields(old: &AgentSpec, new: &AgentSpec) -> String {
+fn changed_fields(old: &AgentSpec, new: &AgentSpec) -> Vec<String> {
     let as_json = |agent: &AgentSpec| serde_json::to_value(spawn_request(agent)).ok();
     let (Some(serde_json::Value::Object(old)), Some(serde_json::Value::Object(new))) =
         (as_json(old), as_json(new))
     else {
-        return "its spec".into();
+        return Vec::new();
     };
-    let fields: Vec<&str> = new
-        .iter()
+    new.iter()
         .filter(|(key, value)| old.get(*key) != Some(value))
-        .map(|(key, _)| key.as_str())
-        .collect();
-    if fields.is_empty() {
-        "its spec".into()
-    } else {
-        fields.join(", ")
-    }
+        .map(|(key, _)| key.clone())
+        .collect()
 }

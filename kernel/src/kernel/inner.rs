@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use super::cron::Cron;
 use super::supervisor::Reaper;
 use super::syscalls::KernelSyscalls;
-use crate::config::KernelSettings;
+use crate::config::{KernelSettings, RoleSettings};
 use crate::counter::Counter;
 use crate::events::{EventBus, unix_ms};
 use crate::mailbox::Mailbox;
@@ -47,6 +47,9 @@ pub(super) struct Parts<'a> {
 #[derive(Debug)]
 pub(super) struct Inner {
     settings: KernelSettings,
+    /// The `roles` section as it stands: the settings' at start, replaced
+    /// by a config reload. Read at each spawn.
+    roles: RwLock<Arc<HashMap<Role, RoleSettings>>>,
     table: RwLock<ProcessTable>,
     /// PIDs; never reused, across restarts too.
     pids: Counter,
@@ -144,6 +147,7 @@ impl Inner {
         );
         Inner {
             workspace_root: Arc::from(settings.workspace_root()),
+            roles: RwLock::new(Arc::new(settings.roles.clone())),
             settings,
             table: RwLock::new(table),
             pids,
@@ -163,6 +167,33 @@ impl Inner {
 
     pub(super) fn settings(&self) -> &KernelSettings {
         &self.settings
+    }
+
+    /// What processes of `role` get unless they ask otherwise, as the
+    /// `roles` section stands now.
+    pub(super) fn role(&self, role: Role) -> Option<RoleSettings> {
+        self.roles.read().get(&role).cloned()
+    }
+
+    /// What processes of `role` may do: its `roles` entry's list, else
+    /// every capability (PID 1 always has every one).
+    pub(super) fn role_capabilities(&self, role: Role) -> Capabilities {
+        if role == Role::Kernel {
+            return Capabilities::ALL;
+        }
+        self.role(role)
+            .and_then(|settings| settings.capabilities)
+            .unwrap_or(Capabilities::ALL)
+    }
+
+    /// The `roles` section as it stands now.
+    pub(super) fn roles(&self) -> Arc<HashMap<Role, RoleSettings>> {
+        self.roles.read().clone()
+    }
+
+    /// Replaces the `roles` section (a config reload).
+    pub(super) fn set_roles(&self, roles: HashMap<Role, RoleSettings>) {
+        *self.roles.write() = Arc::new(roles);
     }
 
     pub(super) fn table(&self) -> &RwLock<ProcessTable> {

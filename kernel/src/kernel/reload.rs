@@ -6,11 +6,15 @@
 
 use std::time::Duration;
 
-use hivekernel_agents::{LlmUsage, Pid, SpawnRequest};
+use std::collections::HashMap;
 
+use hivekernel_agents::{LlmUsage, Pid, Role, SpawnRequest};
+
+use crate::config::RoleSettings;
 use crate::error::{KernelError, Result};
 use crate::kernel::spawn::Birth;
 use crate::kernel::{Caller, Kernel};
+use crate::reload::{Change, Outcome};
 use crate::store::Write;
 
 /// How long a stopped config agent's exit record is waited for.
@@ -26,6 +30,41 @@ struct Carried {
 }
 
 impl Kernel {
+    /// Replaces the `roles` section: processes spawned from now on (config
+    /// agents a reload restarts included) get the new defaults and
+    /// capabilities; running ones keep what they were spawned with. Reports
+    /// each role either section lists, in the order of [`Role::ALL`].
+    pub(crate) fn reload_roles(&self, new: HashMap<Role, RoleSettings>) -> Vec<Change> {
+        let old = self.inner.roles();
+        let changes = Role::ALL
+            .iter()
+            .filter_map(|role| {
+                let change = |outcome| Change::new(role.as_str(), None, outcome);
+                Some(match (old.get(role), new.get(role)) {
+                    (None, None) => return None,
+                    (None, Some(_)) => change(Outcome::Added),
+                    (Some(_), None) => change(Outcome::Removed),
+                    (Some(was), Some(now)) if was == now => change(Outcome::Unchanged),
+                    (Some(was), Some(now)) => {
+                        let fields = [
+                            ("restart", was.restart != now.restart),
+                            ("strategy", was.strategy != now.strategy),
+                            ("capabilities", was.capabilities != now.capabilities),
+                        ];
+                        let changed: Vec<&str> = fields
+                            .iter()
+                            .filter(|(_, differs)| *differs)
+                            .map(|(field, _)| *field)
+                            .collect();
+                        change(Outcome::Updated).detail(format!("changed: {}", changed.join(", ")))
+                    }
+                })
+            })
+            .collect();
+        self.inner.set_roles(new);
+        changes
+    }
+
     /// Kills config agent `pid` with its subtree and collects it, so its
     /// PID is free. One that has already exited is collected; one that is
     /// gone already is fine.

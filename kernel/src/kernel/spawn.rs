@@ -169,7 +169,7 @@ impl Kernel {
             parent_role: pctx.role,
             parent_caps,
             parent_tools: &pctx.tools,
-            role_caps: self.inner.settings().capabilities(request.role),
+            role_caps: self.inner.role_capabilities(request.role),
         };
         let caps = grant.check(request.role, &request.tools, self.inner.runtimes())?;
         let tier = request.tier.unwrap_or(pctx.tier);

@@ -91,14 +91,14 @@ impl Kernel {
                 "restart.{field}: {problem}"
             )));
         }
-        let role = self.inner.settings().roles.get(&request.role);
+        let role = self.inner.role(request.role);
         let restart = request
             .restart
-            .or_else(|| role.and_then(|r| r.restart))
+            .or_else(|| role.as_ref().and_then(|r| r.restart))
             .unwrap_or_default();
         let strategy = request
             .strategy
-            .or_else(|| role.and_then(|r| r.strategy))
+            .or_else(|| role.as_ref().and_then(|r| r.strategy))
             .unwrap_or(Strategy::OneForOne);
         Ok((restart, strategy))
     }
