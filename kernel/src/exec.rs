@@ -154,15 +154,15 @@ impl ExecRuntime {
         })
     }
 
-    /// The OS process of `pid` has ended: its token stops working and its
-    /// stream ends, and what it was handed stays pending; `false` when `pid`
-    /// is not a live exec process (a kill took it out first).
-    pub(crate) fn suspend(&self, pid: Pid) -> bool {
+    /// OS process `generation` of `pid` has ended: its token stops working
+    /// and its stream ends, and what it was handed stays pending; `false`
+    /// when `pid` is not a live exec process (a kill took it out first).
+    pub(crate) fn suspend(&self, pid: Pid, generation: u64) -> bool {
         let Some(proc) = self.procs.lock().get(&pid).cloned() else {
             return false;
         };
         self.auth.revoke(pid);
-        proc.end_stream();
+        proc.end_stream(generation);
         true
     }
 
@@ -208,8 +208,12 @@ impl ExecRuntime {
         let mut watchers = Vec::new();
         for proc in &procs {
             self.auth.revoke(proc.pid);
-            proc.end_stream();
-            watchers.extend(proc.os.lock().next_generation());
+            let (generation, watcher) = {
+                let mut os = proc.os.lock();
+                (os.generation(), os.next_generation())
+            };
+            proc.end_stream(generation);
+            watchers.extend(watcher);
         }
         for watcher in watchers {
             let _ = watcher.await;

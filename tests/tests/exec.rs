@@ -1091,3 +1091,58 @@ async fn an_exec_command_that_can_no_longer_start_exits_127_and_counts_as_a_fail
     );
     served.stop().await;
 }
+
+/// A message that makes its agent exit is sent again to the restarted
+/// agent once; when that one exits on it too, it is given up, and the
+/// third agent carries on: no crash loop of the message's making.
+#[tokio::test]
+async fn a_message_that_kills_its_agent_twice_is_given_up() {
+    let Some(python) = python() else { return };
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let mut events = served.kernel.subscribe(None).live;
+    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
+    let command = [python.to_str().unwrap(), agent.to_str().unwrap()];
+    let spec = restart_spec(pb::RestartPolicy::Permanent, 3);
+    let pid = spawn_supervised(&mut admin, "poisoned", &command, spec).await;
+    let log = log_of(&mut admin, pid).await;
+    wait_for_log(&log, "attached as poisoned").await;
+    admin
+        .send_message(pb::SendMessageRequest {
+            to: pid,
+            payload: "exit 3".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen = timeline(&mut events, Pid(pid), "restarted").await;
+    let again = timeline(&mut events, Pid(pid), "restarted").await;
+    assert_eq!(
+        (
+            seen[0]["kind"].as_str(),
+            again[0]["kind"].as_str(),
+            again[1]["attempt"].as_u64()
+        ),
+        (Some("exited"), Some("exited"), Some(2)),
+        "{seen:#?} {again:#?}"
+    );
+    // The third agent is not sent it: it answers, and nothing exits again.
+    let reply = admin
+        .execute_task(pb::ExecuteTaskRequest {
+            pid,
+            description: "still here".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.output, "echo: still here", "{reply:?}");
+    let info = admin
+        .get_process(pb::GetProcessRequest { pid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.restarts, 2, "{info:?}");
+    assert!(info.exit.is_none(), "{info:?}");
+    served.stop().await;
+}

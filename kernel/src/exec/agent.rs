@@ -29,6 +29,11 @@ use crate::events::unix_ms;
 /// Items in flight between the kernel and one attach stream.
 const STREAM_BUFFER: usize = 32;
 
+/// A task or message out to this many OS processes of one exec process
+/// that each ended without answering it is given up: sent again once after
+/// a crash, never into a crash loop of its own making.
+const MAX_LOST: u8 = 2;
+
 /// One item on an attach stream.
 #[derive(Debug, Clone)]
 pub enum Delivery {
@@ -89,6 +94,10 @@ struct Pending {
     answer: Answer,
     /// The attachment it was sent on, if it was sent.
     sent_on: Option<u64>,
+    /// OS processes that ended while it was out to them.
+    lost: u8,
+    /// The generation of the last of them, so each counts once.
+    lost_in: Option<u64>,
 }
 
 /// What the kernel keeps for one `exec` process.
@@ -179,9 +188,49 @@ impl ExecProc {
 
     /// Ends the attach stream of an OS process that has ended: what it was
     /// handed and did not answer stays, to be sent again to the next one
-    /// that attaches (after a restart).
-    pub(crate) fn end_stream(&self) {
+    /// that attaches (after a restart), unless [`MAX_LOST`] OS processes
+    /// have now ended with it out: then a task fails and a message is done
+    /// with (logged), so one that kills its agent cannot keep killing the
+    /// next.
+    /// `generation` is the OS process's (the watcher and the restart both
+    /// end its stream; it counts once).
+    pub(crate) fn end_stream(&self, generation: u64) {
         self.attach.send_replace(None);
+        let given_up: Vec<(u64, Answer)> = {
+            let mut pending = self.pending.lock();
+            let mut lost = Vec::new();
+            for (key, item) in pending.iter_mut() {
+                if item.sent_on.is_some() && item.lost_in != Some(generation) {
+                    item.lost += 1;
+                    item.lost_in = Some(generation);
+                    if item.lost >= MAX_LOST {
+                        lost.push(*key);
+                    }
+                }
+            }
+            lost.into_iter()
+                .filter_map(|key| pending.remove(&key).map(|item| (key, item.answer)))
+                .collect()
+        };
+        for (key, answer) in given_up {
+            match answer {
+                Answer::Task(tx) => {
+                    let _ = tx.send(Err(format!(
+                        "process {}: its agent ended {MAX_LOST} times while working on request \
+                         {key}; not sent again",
+                        self.pid
+                    )));
+                }
+                Answer::Ack(tx) => {
+                    tracing::warn!(
+                        pid = %self.pid,
+                        message_id = key,
+                        "message given up: its agent ended {MAX_LOST} times while it was out"
+                    );
+                    let _ = tx.send(());
+                }
+            }
+        }
     }
 
     /// Ends the attach stream for good: the process has exited. What is
@@ -286,6 +335,8 @@ impl ExecProc {
                 delivery: delivery.clone(),
                 answer,
                 sent_on: None,
+                lost: 0,
+                lost_in: None,
             },
         );
         let _forget = Forget(self, key);

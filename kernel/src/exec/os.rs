@@ -230,7 +230,8 @@ impl Launch {
     /// After [`Launch::start`] failed: whether that is the exit to report
     /// (the launch is still current; its token and stream are ended).
     pub(crate) fn failed(&self) -> bool {
-        self.proc.os.lock().exited(self.generation) && self.runtime.suspend(self.proc.pid)
+        self.proc.os.lock().exited(self.generation)
+            && self.runtime.suspend(self.proc.pid, self.generation)
     }
 }
 
@@ -291,7 +292,7 @@ async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Durat
     signal(Signal::KILL);
     settle(group).await;
     // A kill or a restart that came first has already dealt with it.
-    if !proc.os.lock().exited(generation) || !runtime.suspend(proc.pid) {
+    if !proc.os.lock().exited(generation) || !runtime.suspend(proc.pid, generation) {
         return;
     }
     let (code, reason) = match status {
