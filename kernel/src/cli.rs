@@ -386,6 +386,9 @@ pub struct SpawnArgs {
     /// Variable for an exec process's environment, KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// Working directory of an exec process's command [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
     /// Print `{"pid": N}` instead of the bare PID.
     #[arg(long)]
     pub json: bool,

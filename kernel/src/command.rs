@@ -16,6 +16,8 @@ pub const MAX_ARGS: usize = 1024;
 pub const MAX_ENV: usize = 1024;
 /// Most bytes over all arguments, and over all variables.
 pub const MAX_COMMAND_BYTES: usize = 128 * 1024;
+/// Longest working directory, in bytes (Linux's `PATH_MAX`).
+pub const MAX_CWD_BYTES: usize = 4096;
 
 /// The PEM file an `exec` process trusts for a server that serves TLS.
 pub const TLS_CA_ENV: &str = "HIVEKERNEL_TLS_CA";
@@ -50,7 +52,32 @@ pub fn check(command: &ExecCommand) -> Result<PathBuf, String> {
         ));
     }
     check_env(command)?;
+    check_cwd(command)?;
     resolve_program(program, command.env.get("PATH").map(String::as_str))
+}
+
+/// A working directory, when given: absolute, without NUL bytes, of a sane length.
+fn check_cwd(command: &ExecCommand) -> Result<(), String> {
+    let Some(cwd) = &command.cwd else {
+        return Ok(());
+    };
+    let text = cwd.as_os_str().as_encoded_bytes();
+    if text.len() > MAX_CWD_BYTES {
+        return Err(format!(
+            "cwd is {} bytes long (at most {MAX_CWD_BYTES})",
+            text.len()
+        ));
+    }
+    if text.contains(&0) {
+        return Err("cwd contains a NUL byte".into());
+    }
+    if !cwd.is_absolute() {
+        return Err(format!(
+            "cwd must be an absolute path, got {:?}",
+            cwd.display().to_string()
+        ));
+    }
+    Ok(())
 }
 
 fn check_env(command: &ExecCommand) -> Result<(), String> {
@@ -137,6 +164,24 @@ mod tests {
             argv: argv.iter().map(|s| (*s).to_owned()).collect(),
             ..ExecCommand::default()
         }
+    }
+
+    #[test]
+    fn a_working_directory_must_be_absolute() {
+        let with = |cwd: &str| ExecCommand {
+            cwd: Some(cwd.into()),
+            ..command(&["sh"])
+        };
+        assert!(check(&with("/tmp")).is_ok());
+        let relative = check(&with("work/here")).unwrap_err();
+        assert!(
+            relative.contains("cwd must be an absolute path"),
+            "{relative}"
+        );
+        let nul = check(&with("/tmp/a\0b")).unwrap_err();
+        assert!(nul.contains("NUL"), "{nul}");
+        let long = check(&with(&format!("/{}", "a".repeat(MAX_CWD_BYTES)))).unwrap_err();
+        assert!(long.contains("at most 4096"), "{long}");
     }
 
     #[test]

@@ -989,3 +989,69 @@ fn events_filter_by_process_subtree_and_type_and_tail_the_newest() {
     let bad = kernel.cli(&["events", "--trace", "xyz"]);
     assert!(bad.failed(2).contains("not a trace id"), "{bad:#?}");
 }
+
+/// `spawn -- CMD` runs the command in the directory it was typed in (or
+/// `--cwd`), so relative paths, the program's too, mean what they mean in
+/// the shell; the log says where it ran.
+#[test]
+fn spawn_runs_an_exec_command_where_it_was_typed() {
+    let kernel = Kernel::start();
+    let here = tempfile::tempdir().unwrap();
+    std::fs::write(here.path().join("note.txt"), "from the shell's directory\n").unwrap();
+    let script = here.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"pwd=$(pwd)\" >&2\ncat note.txt >&2\nexec sleep 600\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let data = kernel.data_dir();
+    let spawn = |dir: &Path, extra: &[&str], name: &str| -> u64 {
+        let mut args = vec!["spawn", "--parent", "1", "--name", name];
+        args.extend(extra);
+        args.extend(["--addr", &kernel.addr, "--data-dir", data.to_str().unwrap()]);
+        args.extend(["--", "./agent.sh"]);
+        let output = Command::new(support::binary())
+            .args(&args)
+            .current_dir(dir)
+            .env_remove("HIVEKERNEL_ADDR")
+            .env_remove("HIVEKERNEL_TOKEN")
+            .env_remove("HIVEKERNEL_DATA_DIR")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&output.stderr)))
+    };
+    let log_of = |pid: u64| -> String {
+        let info = kernel.cli(&["describe", &pid.to_string(), "--json"]).json();
+        let path = PathBuf::from(info["log_path"].as_str().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if log.contains("from the shell") {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "{}: {log}", path.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let pid = spawn(here.path(), &[], "typed-here");
+    let real = here.path().canonicalize().unwrap();
+    assert!(log_of(pid).contains(&format!("pwd={}", real.display())));
+
+    // --cwd, relative to where it is typed.
+    let parent = here.path().parent().unwrap();
+    let name = here.path().file_name().unwrap().to_str().unwrap();
+    let pid = spawn(parent, &["--cwd", name], "told-where");
+    assert!(log_of(pid).contains(&format!("pwd={}", real.display())));
+
+    // --cwd without a command is a usage error.
+    let refused = hivekernel(&["spawn", "--parent", "1", "--cwd", "x"]);
+    assert!(refused.failed(2).contains("--cwd"), "{refused:?}");
+}

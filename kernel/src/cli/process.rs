@@ -55,6 +55,8 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         .map(str::to_owned)
         .collect();
     let mut session = Session::connect(&args.client).await?;
+    let cwd = exec_cwd(&args.command, args.cwd)?;
+    let command = args.command;
     let request = SpawnRequest {
         parent: session.pid(&args.parent).await?,
         name: args.name,
@@ -75,7 +77,8 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         strategy: args
             .strategy
             .map_or(PbStrategy::Unspecified, names::strategy_to_proto) as i32,
-        command: args.command,
+        command: program_in(command, &cwd),
+        cwd,
         env: args.env.into_iter().collect(),
     };
     let pid = session
@@ -94,6 +97,46 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
 }
 
 /// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
+/// `command` with a relative program path (one with a `/`) joined to
+/// `cwd`, as a config agent's is to the config's directory.
+fn program_in(mut command: Vec<String>, cwd: &str) -> Vec<String> {
+    if let Some(program) = command.first_mut()
+        && program.contains('/')
+        && !std::path::Path::new(program.as_str()).is_absolute()
+    {
+        *program = std::path::Path::new(cwd)
+            .join(program.as_str())
+            .display()
+            .to_string();
+    }
+    command
+}
+
+/// The working directory sent with an exec command: `--cwd` made absolute,
+/// else the current directory, so the command's relative paths mean what
+/// they mean in the shell it was typed in. Empty without a command.
+fn exec_cwd(command: &[String], cwd: Option<std::path::PathBuf>) -> Result<String, CliError> {
+    if command.is_empty() {
+        return match cwd {
+            Some(_) => Err(CliError::Usage(
+                "--cwd is for an exec command, given after `--`".into(),
+            )),
+            None => Ok(String::new()),
+        };
+    }
+    let dir = match cwd {
+        Some(dir) => std::path::absolute(&dir),
+        None => std::env::current_dir(),
+    }
+    .map_err(|err| CliError::Usage(format!("cannot tell the working directory: {err}")))?;
+    dir.into_os_string().into_string().map_err(|dir| {
+        CliError::Usage(format!(
+            "--cwd {} is not valid UTF-8",
+            dir.to_string_lossy()
+        ))
+    })
+}
+
 pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let request = KillRequest {

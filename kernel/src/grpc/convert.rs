@@ -62,7 +62,7 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         strategy: enums::strategy_from_proto(strategy),
         // Clients never pick a host directory: the kernel derives it from the name.
         workspace: None,
-        exec: exec_command(req.command, req.env),
+        exec: exec_command(req.command, req.env, req.cwd),
     })
 }
 
@@ -71,11 +71,12 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
 fn exec_command(
     argv: Vec<String>,
     env: std::collections::HashMap<String, String>,
+    cwd: String,
 ) -> Option<ExecCommand> {
-    (!argv.is_empty() || !env.is_empty()).then(|| ExecCommand {
+    (!argv.is_empty() || !env.is_empty() || !cwd.is_empty()).then(|| ExecCommand {
         argv,
         env: env.into_iter().collect(),
-        cwd: None,
+        cwd: (!cwd.is_empty()).then(|| cwd.into()),
     })
 }
 
