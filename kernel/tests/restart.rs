@@ -78,30 +78,29 @@ fn pongs(events: &[(u64, String, Value)]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_messages_survive_kill_9_and_are_delivered_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), SINK);
-    let mut kernel = Kernel::start_with(dir, &config, &[]);
-    let sink = kernel.pid_of("sink");
-    let mut rpc = client(&kernel).await;
-
-    // Keep the sink busy, so every message stays queued.
+/// Keeps `sink` busy with a task that never ends, so what is sent to it
+/// stays queued, then sends it [`MESSAGES`] pings (`<prefix>m-0000`, ...),
+/// each acknowledged; the busy task's call, to abort once the kernel is gone.
+async fn queue_behind_a_busy_task(
+    kernel: &Kernel,
+    rpc: &mut KernelClient<Channel>,
+    sink: u64,
+    prefix: &str,
+) -> tokio::task::JoinHandle<Result<tonic::Response<pb::ExecuteTaskResponse>, tonic::Status>> {
     let busy = pb::ExecuteTaskRequest {
         pid: sink,
         description: "hold".into(),
         params: HashMap::from([("delay_ms".to_owned(), "3600000".to_owned())]),
         ..Default::default()
     };
-    let mut blocker = rpc.clone();
     let hold = tokio::spawn({
-        let request = authed(&kernel, busy);
-        async move { blocker.execute_task(request).await }
+        let (mut rpc, request) = (rpc.clone(), authed(kernel, busy));
+        async move { rpc.execute_task(request).await }
     });
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let info = rpc
-            .get_process(authed(&kernel, pb::GetProcessRequest { pid: sink }))
+            .get_process(authed(kernel, pb::GetProcessRequest { pid: sink }))
             .await
             .unwrap()
             .into_inner();
@@ -111,16 +110,26 @@ async fn acknowledged_messages_survive_kill_9_and_are_delivered_exactly_once() {
         assert!(Instant::now() < deadline, "sink never started the task");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-
     for i in 0..MESSAGES {
         let send = pb::SendMessageRequest {
             to: sink,
             r#type: "ping".into(),
-            payload: format!("m-{i:04}"),
+            payload: format!("{prefix}m-{i:04}"),
             ..Default::default()
         };
-        rpc.send_message(authed(&kernel, send)).await.unwrap();
+        rpc.send_message(authed(kernel, send)).await.unwrap();
     }
+    hold
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_survive_kill_9_and_are_delivered_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SINK);
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    let sink = kernel.pid_of("sink");
+    let mut rpc = client(&kernel).await;
+    let hold = queue_behind_a_busy_task(&kernel, &mut rpc, sink, "").await;
     kernel.kill_9();
     hold.abort();
 
@@ -657,39 +666,7 @@ async fn a_swarm_comes_back_whole_after_kill_9_three_times() {
             .map(|log| *os_pids(log).last().unwrap())
             .collect();
 
-        // The sink is kept busy, so every message stays queued.
-        let busy = pb::ExecuteTaskRequest {
-            pid: sink,
-            description: "hold".into(),
-            params: HashMap::from([("delay_ms".to_owned(), "3600000".to_owned())]),
-            ..Default::default()
-        };
-        let hold = tokio::spawn({
-            let (mut rpc, request) = (rpc.clone(), authed(&kernel, busy));
-            async move { rpc.execute_task(request).await }
-        });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let info = rpc
-                .get_process(authed(&kernel, pb::GetProcessRequest { pid: sink }))
-                .await
-                .unwrap()
-                .into_inner();
-            if info.state == pb::ProcessState::Running as i32 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "sink never started the task");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        for i in 0..MESSAGES {
-            let send = pb::SendMessageRequest {
-                to: sink,
-                r#type: "ping".into(),
-                payload: format!("r{round}-m-{i:04}"),
-                ..Default::default()
-            };
-            rpc.send_message(authed(&kernel, send)).await.unwrap();
-        }
+        let hold = queue_behind_a_busy_task(&kernel, &mut rpc, sink, &format!("r{round}-")).await;
         // The queen hands a sleeper a task it will never answer.
         let target = sleepers[round % sleepers.len()];
         let answer = kernel.cli(&["exec", "queen", &format!("delegate: {target} hold-{round}")]);

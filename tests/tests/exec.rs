@@ -124,6 +124,18 @@ async fn attach_with(client: &mut Client, auto_ack: bool) -> Streaming<pb::Deliv
     stream
 }
 
+/// Waits up to 20 s for `pid` to exit and collects its exit record.
+async fn collect(admin: &mut Client, pid: u64) -> pb::ExitRecord {
+    admin
+        .wait_child(pb::WaitChildRequest {
+            pid,
+            timeout_ms: 20_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// Acknowledges messages; how many were waiting for it.
 async fn ack(client: &mut Client, ids: &[u64]) -> u32 {
     client
@@ -238,14 +250,7 @@ async fn a_crash_of_the_python_agent_is_an_exit_with_its_status() {
     let mut admin = served.admin();
 
     client_py(&python, &served, &["send", &pid.to_string(), "exit 3"]).await;
-    let record = admin
-        .wait_child(pb::WaitChildRequest {
-            pid,
-            timeout_ms: 20_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let record = collect(&mut admin, pid).await;
     assert_eq!((record.pid, record.exit_code), (pid, 3));
     assert_eq!(record.reason, "OS process exited with status 3");
     assert!(!os_alive(os_pid));
@@ -674,14 +679,7 @@ async fn an_os_exit_is_a_kernel_exit_with_its_status_or_signal() {
     ];
     for (script, code, reason) in cases {
         let pid = spawn_exec(&mut admin, "short", &["sh", "-c", script]).await;
-        let record = admin
-            .wait_child(pb::WaitChildRequest {
-                pid,
-                timeout_ms: 20_000,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let record = collect(&mut admin, pid).await;
         assert_eq!(record.exit_code, code, "{script}: {record:?}");
         assert!(record.reason.contains(reason), "{script}: {record:?}");
     }
@@ -842,14 +840,7 @@ async fn a_failing_exec_agent_restarts_with_backoff_then_escalates_like_an_in_pr
     let pid = spawn_supervised(&mut admin, "crashy", &["sh", "-c", crashy], spec).await;
     let exec_timeline = timeline(&mut events, Pid(pid), "escalated").await;
 
-    let record = admin
-        .wait_child(pb::WaitChildRequest {
-            pid,
-            timeout_ms: 20_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let record = collect(&mut admin, pid).await;
     assert_eq!(record.exit_code, 3, "{record:?}");
     let log = served.data_dir().join(format!("logs/{pid}-crashy.log"));
     let tokens = all_after(&log, "token");
@@ -1076,14 +1067,7 @@ async fn an_exec_command_that_can_no_longer_start_exits_127_and_counts_as_a_fail
         ["exited", "restarted", "exited", "escalated"],
         "{seen:#?}"
     );
-    let record = admin
-        .wait_child(pb::WaitChildRequest {
-            pid,
-            timeout_ms: 20_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let record = collect(&mut admin, pid).await;
     assert_eq!(record.exit_code, 127, "{record:?}");
     assert!(
         record.reason.contains("cannot start") && record.reason.contains("agent.sh"),
