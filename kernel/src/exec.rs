@@ -46,7 +46,7 @@ pub(crate) use agent::ExecAgent;
 pub(crate) use agent::ExecProc;
 pub use agent::{Attached, Delivery};
 use os::LaunchSpec;
-pub(crate) use os::{Launch, OnExit, reclaim_orphans};
+pub(crate) use os::{Gone, Launch, OnExit, reclaim_orphans};
 
 use crate::auth::Authenticator;
 use crate::error::{KernelError, Result};
@@ -154,16 +154,23 @@ impl ExecRuntime {
         })
     }
 
-    /// OS process `generation` of `pid` has ended: its token stops working
-    /// and its stream ends, and what it was handed stays pending; `false`
-    /// when `pid` is not a live exec process (a kill took it out first).
-    pub(crate) fn suspend(&self, pid: Pid, generation: u64) -> bool {
+    /// The OS process of `pid` has ended: its token stops working and its
+    /// stream ends, and what it was handed stays pending; `false` when `pid`
+    /// is not a live exec process (a kill took it out first).
+    pub(crate) fn suspend(&self, pid: Pid) -> bool {
         let Some(proc) = self.procs.lock().get(&pid).cloned() else {
             return false;
         };
         self.auth.revoke(pid);
-        proc.end_stream(generation);
+        proc.end_stream();
         true
+    }
+
+    /// Whether the current OS process of `pid` is of `generation` and has
+    /// ended on its own: its exit is the one to act on.
+    pub(crate) fn exited_as(&self, pid: Pid, generation: u64) -> bool {
+        let proc = self.procs.lock().get(&pid).cloned();
+        proc.is_some_and(|proc| proc.os.lock().exited_as(generation))
     }
 
     pub(crate) fn get(&self, pid: Pid) -> Option<Arc<ExecProc>> {
@@ -188,36 +195,25 @@ impl ExecRuntime {
             proc.detach();
             watchers.extend(proc.os.lock().end());
         }
-        // Each watcher ends once its group is gone; a panic in one changes nothing here.
+        // Each watcher ends once its group is gone.
         for watcher in watchers {
-            let _ = watcher.await;
+            watcher.await;
         }
     }
 
-    /// Ends the OS processes of the exec processes among `pids` that wait
-    /// to be restarted: their tokens stop working and their streams end at
-    /// once, then each group gets SIGTERM, the grace period and SIGKILL, in
-    /// parallel. The kernel side stays (mailbox, runner, what was handed to
-    /// the agent and not answered), for the next OS process, which
-    /// [`ExecRuntime::relaunch`] starts. Returns when the OS processes are gone.
-    pub(crate) async fn pause(&self, pids: impl Iterator<Item = Pid>) {
-        let procs: Vec<Arc<ExecProc>> = {
-            let live = self.procs.lock();
-            pids.filter_map(|pid| live.get(&pid).cloned()).collect()
-        };
-        let mut watchers = Vec::new();
-        for proc in &procs {
-            self.auth.revoke(proc.pid);
-            let (generation, watcher) = {
-                let mut os = proc.os.lock();
-                (os.generation(), os.next_generation())
-            };
-            proc.end_stream(generation);
-            watchers.extend(watcher);
-        }
-        for watcher in watchers {
-            let _ = watcher.await;
-        }
+    /// Stops the OS process of `pid`, an exec process about to be
+    /// restarted, and makes way for the next one at once (under the table
+    /// lock, with the decision, so a revive that follows always finds the
+    /// new generation): its token stops working and its stream ends, and
+    /// its group gets SIGTERM, the grace period and SIGKILL. The kernel side
+    /// stays (mailbox, runner, what was handed to the agent and not
+    /// answered), for the next OS process, which [`ExecRuntime::relaunch`]
+    /// starts. Resolves once the old OS process is gone, when one ran.
+    pub(crate) fn pause(&self, pid: Pid) -> Option<Gone> {
+        let proc = self.procs.lock().get(&pid).cloned()?;
+        self.auth.revoke(pid);
+        proc.end_stream();
+        proc.os.lock().next_generation()
     }
 }
 

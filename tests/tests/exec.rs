@@ -1130,3 +1130,74 @@ async fn a_message_that_kills_its_agent_twice_is_given_up() {
     assert!(info.exit.is_none(), "{info:?}");
     served.stop().await;
 }
+
+/// What an agent took counts as lost only with an OS process that had it:
+/// one that died before attaching did not, so the task still reaches the
+/// third. A process may not choose its children's working directory.
+#[tokio::test]
+async fn only_an_os_process_that_took_a_task_counts_against_it() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let spec = restart_spec(pb::RestartPolicy::Permanent, 5);
+    let pid = spawn_supervised(&mut admin, "patient", &["sh", "-c", SLEEPER], spec).await;
+    let log = log_of(&mut admin, pid).await;
+    let started = |n: usize| {
+        let log = log.clone();
+        async move {
+            wait_until("the next OS process", STEP, || async {
+                all_after(&log, "os_pid").len() == n
+            })
+            .await;
+            let os_pid: u32 = all_after(&log, "os_pid").pop().unwrap().parse().unwrap();
+            (os_pid, all_after(&log, "token").pop().unwrap())
+        }
+    };
+    let kill_9 = |os_pid: u32| {
+        std::process::Command::new("kill")
+            .args(["-9", &os_pid.to_string()])
+            .status()
+            .unwrap();
+    };
+    let (first, token) = started(1).await;
+    let mut me = served.client(&token);
+    let mut stream = attach(&mut me).await;
+    let task = {
+        let mut admin = served.admin();
+        let request = pb::ExecuteTaskRequest {
+            pid,
+            description: "outlive two".into(),
+            ..Default::default()
+        };
+        tokio::spawn(async move { admin.execute_task(request).await.map(|r| r.into_inner()) })
+    };
+    let Item::Task(taken) = next(&mut stream).await else {
+        panic!("expected the task");
+    };
+    kill_9(first);
+    // The second never attaches: it was handed nothing.
+    let (second, _) = started(2).await;
+    kill_9(second);
+    let (_, token) = started(3).await;
+    let mut me = served.client(&token);
+    let mut stream = attach(&mut me).await;
+    let Item::Task(again) = next(&mut stream).await else {
+        panic!("expected the task again");
+    };
+    assert_eq!(again.request_id, taken.request_id);
+    complete(&mut me, again.request_id, "made it")
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap().output, "made it");
+
+    let refused = me
+        .spawn(pb::SpawnRequest {
+            parent: pid,
+            name: "elsewhere".into(),
+            command: vec!["sh".into(), "-c".into(), "sleep 1".into()],
+            cwd: "/".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_code(refused, Code::PermissionDenied, "working directory");
+    served.stop().await;
+}

@@ -96,7 +96,6 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
     output::print(&output::line(&text))
 }
 
-/// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
 /// `command` with a relative program path (one with a `/`) joined to
 /// `cwd`, as a config agent's is to the config's directory.
 fn program_in(mut command: Vec<String>, cwd: &str) -> Vec<String> {
@@ -137,6 +136,7 @@ fn exec_cwd(command: &[String], cwd: Option<std::path::PathBuf>) -> Result<Strin
     })
 }
 
+/// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
 pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let request = KillRequest {

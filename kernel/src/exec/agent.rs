@@ -96,8 +96,6 @@ struct Pending {
     sent_on: Option<u64>,
     /// OS processes that ended while it was out to them.
     lost: u8,
-    /// The generation of the last of them, so each counts once.
-    lost_in: Option<u64>,
 }
 
 /// What the kernel keeps for one `exec` process.
@@ -192,17 +190,19 @@ impl ExecProc {
     /// have now ended with it out: then a task fails and a message is done
     /// with (logged), so one that kills its agent cannot keep killing the
     /// next.
-    /// `generation` is the OS process's (the watcher and the restart both
-    /// end its stream; it counts once).
-    pub(crate) fn end_stream(&self, generation: u64) {
-        self.attach.send_replace(None);
+    /// Only what is out on the stream ended counts: an OS process that
+    /// never attached was handed nothing, and a second call for the same
+    /// OS process (its exit, then its restart) finds no stream.
+    pub(crate) fn end_stream(&self) {
+        let Some(ended) = self.attach.send_replace(None).map(|a| a.id) else {
+            return;
+        };
         let given_up: Vec<(u64, Answer)> = {
             let mut pending = self.pending.lock();
             let mut lost = Vec::new();
             for (key, item) in pending.iter_mut() {
-                if item.sent_on.is_some() && item.lost_in != Some(generation) {
+                if item.sent_on == Some(ended) {
                     item.lost += 1;
-                    item.lost_in = Some(generation);
                     if item.lost >= MAX_LOST {
                         lost.push(*key);
                     }
@@ -336,7 +336,6 @@ impl ExecProc {
                 answer,
                 sent_on: None,
                 lost: 0,
-                lost_in: None,
             },
         );
         let _forget = Forget(self, key);

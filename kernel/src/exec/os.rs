@@ -18,11 +18,12 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use hivekernel_agents::ExecCommand;
 use hivekernel_agents::sandbox::Policy;
 use rustix::process::Signal;
 use tokio::process::{Child, Command};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,13 +31,17 @@ use super::ExecRuntime;
 use super::agent::ExecProc;
 use crate::command::TLS_CA_ENV;
 
+/// Resolves once a watcher has ended (its OS process group is gone); any
+/// number of waiters may hold it.
+pub(crate) type Gone = Shared<BoxFuture<'static, ()>>;
+
 /// Where the current OS process of an `exec` process is in its life.
 #[derive(Debug)]
 enum OsState {
     /// Not started yet.
     NotStarted,
-    /// Running, watched by this task.
-    Running(JoinHandle<()>),
+    /// Running, watched by the task this resolves with.
+    Running(Gone),
     /// Ended on its own (or could not start): its supervisor decides what follows.
     Exited,
     /// The exec process is being stopped or is gone: never start it (again).
@@ -51,6 +56,8 @@ pub(crate) struct Os {
     stop: CancellationToken,
     /// Which OS process of the exec process is current; a restart starts the next.
     generation: u64,
+    /// Watchers of earlier generations still stopping their OS processes.
+    retiring: Vec<Gone>,
 }
 
 impl Os {
@@ -59,13 +66,15 @@ impl Os {
             state: OsState::NotStarted,
             stop: CancellationToken::new(),
             generation: 0,
+            retiring: Vec::new(),
         }
     }
 
     /// Stops the current OS process for a restart and makes way for the
-    /// next; the watcher to wait for, when it was running. After
-    /// [`Os::end`] nothing starts again.
-    pub(crate) fn next_generation(&mut self) -> Option<JoinHandle<()>> {
+    /// next at once (called under the table lock, with the restart
+    /// decision); resolves once the old one is gone, when it was running.
+    /// After [`Os::end`] nothing starts again.
+    pub(crate) fn next_generation(&mut self) -> Option<Gone> {
         if matches!(self.state, OsState::Done) {
             return None;
         }
@@ -73,7 +82,11 @@ impl Os {
         self.stop = CancellationToken::new();
         self.generation += 1;
         match std::mem::replace(&mut self.state, OsState::NotStarted) {
-            OsState::Running(watcher) => Some(watcher),
+            OsState::Running(watcher) => {
+                self.retiring.retain(|gone| gone.peek().is_none());
+                self.retiring.push(watcher.clone());
+                Some(watcher)
+            }
             _ => None,
         }
     }
@@ -82,14 +95,26 @@ impl Os {
         self.generation
     }
 
-    /// Stops the current OS process for good; the watcher to wait for, when
-    /// it was running.
-    pub(crate) fn end(&mut self) -> Option<JoinHandle<()>> {
+    /// Whether `generation` is current and not started yet.
+    fn startable(&self, generation: u64) -> bool {
+        self.generation == generation && matches!(self.state, OsState::NotStarted)
+    }
+
+    /// Whether the OS process of `generation` is current and has ended on
+    /// its own: its exit is the one to act on.
+    pub(crate) fn exited_as(&self, generation: u64) -> bool {
+        self.generation == generation && matches!(self.state, OsState::Exited)
+    }
+
+    /// Stops the current OS process for good; resolves once it and any
+    /// earlier one still stopping are gone.
+    pub(crate) fn end(&mut self) -> Vec<Gone> {
         self.stop.cancel();
-        match std::mem::replace(&mut self.state, OsState::Done) {
-            OsState::Running(watcher) => Some(watcher),
-            _ => None,
+        let mut gone = std::mem::take(&mut self.retiring);
+        if let OsState::Running(watcher) = std::mem::replace(&mut self.state, OsState::Done) {
+            gone.push(watcher);
         }
+        gone
     }
 
     /// The current OS process of `generation` has ended (or did not
@@ -150,10 +175,13 @@ impl Launch {
             workspace,
         } = &proc.spec;
         let pid = proc.pid;
-        let token = runtime
-            .auth
-            .issue(pid)
-            .map_err(|err| format!("cannot issue its token: {err}"))?;
+        // A kill or restart that came first wins: nothing is started for a
+        // process that has ended, nor twice (checked again below, with the
+        // token issued under the same lock, so a stale launch never
+        // replaces the token of a newer OS process).
+        if !proc.os.lock().startable(*generation) {
+            return Ok(());
+        }
         let log = open_log(log_path)
             .map_err(|err| format!("cannot open its log {}: {err}", log_path.display()))?;
         let stderr = log
@@ -193,7 +221,6 @@ impl Launch {
         cmd.envs(&command.env)
             .env("HIVEKERNEL_ADDR", &runtime.addr)
             .env("HIVEKERNEL_PID", pid.to_string())
-            .env("HIVEKERNEL_TOKEN", token)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr)
@@ -209,11 +236,14 @@ impl Launch {
             None => cmd.env_remove(TLS_CA_ENV),
         };
         let mut os = proc.os.lock();
-        // A kill or restart that came first wins: nothing is started for a
-        // process that has ended, nor twice.
-        if os.generation != *generation || !matches!(os.state, OsState::NotStarted) {
+        if !os.startable(*generation) {
             return Ok(());
         }
+        let token = runtime
+            .auth
+            .issue(pid)
+            .map_err(|err| format!("cannot issue its token: {err}"))?;
+        cmd.env("HIVEKERNEL_TOKEN", token);
         let child = cmd
             .spawn()
             .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
@@ -223,15 +253,22 @@ impl Launch {
             stop: os.stop.clone(),
             generation: *generation,
         };
-        os.state = OsState::Running(tracker.spawn(watch(on_exit, watched, child, grace)));
+        let watcher = tracker.spawn(watch(on_exit, watched, child, grace));
+        os.state = OsState::Running(
+            async move {
+                // A panic in the watcher changes nothing for those waiting.
+                let _ = watcher.await;
+            }
+            .boxed()
+            .shared(),
+        );
         Ok(())
     }
 
     /// After [`Launch::start`] failed: whether that is the exit to report
     /// (the launch is still current; its token and stream are ended).
     pub(crate) fn failed(&self) -> bool {
-        self.proc.os.lock().exited(self.generation)
-            && self.runtime.suspend(self.proc.pid, self.generation)
+        self.proc.os.lock().exited(self.generation) && self.runtime.suspend(self.proc.pid)
     }
 }
 
@@ -292,7 +329,7 @@ async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Durat
     signal(Signal::KILL);
     settle(group).await;
     // A kill or a restart that came first has already dealt with it.
-    if !proc.os.lock().exited(generation) || !runtime.suspend(proc.pid, generation) {
+    if !proc.os.lock().exited(generation) || !runtime.suspend(proc.pid) {
         return;
     }
     let (code, reason) = match status {

@@ -128,14 +128,6 @@ impl Kernel {
         }
     }
 
-    /// Ends the OS processes of the exec processes among `pids`, which wait
-    /// to be restarted (see [`ExecRuntime::pause`]).
-    pub(crate) async fn pause_exec(&self, pids: impl Iterator<Item = Pid>) {
-        if let Some(exec) = self.inner.runtimes().exec() {
-            exec.pause(pids).await;
-        }
-    }
-
     /// The next start of exec process `pid`'s OS process, at its restart;
     /// `None` when it is not an exec process.
     pub(crate) fn relaunch_exec(&self, pid: Pid) -> Option<Launch> {
@@ -146,21 +138,24 @@ impl Kernel {
     /// cannot start, the process exits with [`EXIT_CANNOT_START`] and the
     /// reason, and its restart policy decides what follows.
     pub(crate) async fn launch_exec(&self, launch: Launch) {
-        let pid = launch.proc.pid;
+        let (pid, generation) = (launch.proc.pid, launch.generation);
         let grace = Duration::from_millis(self.settings().shutdown_grace_ms);
         // Holds the kernel weakly, like a runner: a process never keeps it alive.
         let kernel = self.downgrade();
         let on_exit: OnExit = Box::new(move |code, reason| {
             Box::pin(async move {
                 if let Some(inner) = kernel.upgrade() {
-                    Kernel { inner }.exit_external(pid, code, reason).await;
+                    Kernel { inner }
+                        .exit_exec(pid, generation, code, reason)
+                        .await;
                 }
             })
         });
         if let Err(why) = launch.start(self.tracker(), grace, on_exit) {
             tracing::warn!(%pid, reason = %why, "exec process did not start");
             if launch.failed() {
-                self.exit_external(pid, EXIT_CANNOT_START, why).await;
+                self.exit_exec(pid, generation, EXIT_CANNOT_START, why)
+                    .await;
             }
         }
     }

@@ -70,6 +70,16 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
+        // A working directory is read-granted to a sandboxed command and
+        // created if missing: the admin's to choose, not a process's.
+        if let Caller::Process(me) = caller
+            && request.exec.as_ref().is_some_and(|exec| exec.cwd.is_some())
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} may not choose an exec command's working directory (cwd); \
+                 only the admin may"
+            )));
+        }
         let requested = match (&request.runtime, &request.exec) {
             (Some(name), _) => name.as_str(),
             (None, Some(_)) => EXEC_RUNTIME,

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, ReapCause, unix_ms};
+use crate::exec::{ExecRuntime, Gone};
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
@@ -48,6 +49,10 @@ struct Exits {
     undelivered: Vec<(Pid, Envelope)>,
     /// Exec processes waiting to be restarted: only their OS processes stop.
     paused: Vec<Pid>,
+    /// Their OS processes, stopping: waited for before the exits are done.
+    retiring: Vec<Gone>,
+    /// The kernel's exec runtime, which pauses them.
+    exec: Option<Arc<ExecRuntime>>,
     /// The top process of each exit: its parent is told.
     tops: Vec<Top>,
     /// Restarts to schedule and escalations to report.
@@ -100,9 +105,11 @@ enum Stop {
 }
 
 impl Exits {
-    fn new(stop: Stop) -> Self {
+    fn new(stop: Stop, exec: Option<Arc<ExecRuntime>>) -> Self {
         Exits {
             stop,
+            retiring: Vec::new(),
+            exec,
             exited: Vec::new(),
             reaped: Vec::new(),
             runners: Vec::new(),
@@ -168,6 +175,9 @@ impl Exits {
     /// OS process.
     fn pause(&mut self, entry: &Entry, pid: Pid, code: i32, reason: &Arc<str>, now: u64) {
         self.paused.push(pid);
+        if let Some(exec) = &self.exec {
+            self.retiring.extend(exec.pause(pid));
+        }
         self.record(entry, pid, code, reason, now);
     }
 
@@ -185,6 +195,10 @@ impl Exits {
 }
 
 impl Kernel {
+    /// What exits produce, to act on once the table lock is released.
+    fn exits(&self, stop: Stop) -> Exits {
+        Exits::new(stop, self.inner.runtimes().exec().cloned())
+    }
     /// Kills `pid` and its subtree, leaves first, and waits until none of them runs.
     /// Returns the PIDs that exited, leaves first.
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
@@ -234,7 +248,7 @@ impl Kernel {
             } else {
                 reason.to_owned()
             };
-            let mut exits = Exits::new(Stop::Abort);
+            let mut exits = self.exits(Stop::Abort);
             terminate(&mut table, pid, EXIT_KILLED, &reason, &mut exits);
             exits
         };
@@ -246,38 +260,53 @@ impl Kernel {
     /// Called by a process's own runner when its runtime failed: the process
     /// and its subtree exit with `exit_code`, and its restart policy applies.
     pub(crate) async fn exit_self(&self, proc: &Arc<ProcShared>, exit_code: i32, reason: String) {
-        self.exit_with(proc, exit_code, reason, true).await;
+        self.exit_with(proc, exit_code, reason, None).await;
     }
 
-    /// Ends a live process and its subtree with `exit_code`, from outside its
-    /// runner (the OS process of an `exec` process ended).
-    pub(crate) async fn exit_external(&self, pid: Pid, exit_code: i32, reason: String) {
+    /// Ends exec process `pid` and its subtree with `exit_code`, from
+    /// outside its runner: its OS process of `generation` ended (or could
+    /// not start). Checked under the table lock with the generation, so a
+    /// late report of an OS process a restart replaced ends nothing.
+    pub(crate) async fn exit_exec(
+        &self,
+        pid: Pid,
+        generation: u64,
+        exit_code: i32,
+        reason: String,
+    ) {
         let proc = self.inner.table().read().get(pid).map(|e| e.proc.clone());
         if let Some(proc) = proc {
-            self.exit_with(&proc, exit_code, reason, false).await;
+            self.exit_with(&proc, exit_code, reason, Some(generation))
+                .await;
         }
     }
 
+    /// `generation`: an exec process's OS process reports the exit, else
+    /// the process's own runner does.
     async fn exit_with(
         &self,
         proc: &Arc<ProcShared>,
         exit_code: i32,
         reason: String,
-        from_runner: bool,
+        generation: Option<u64>,
     ) {
         let pid = proc.ctx.pid;
-        let mut exits = Exits::new(Stop::Abort);
+        let mut exits = self.exits(Stop::Abort);
         {
             let mut table = self.inner.table().write();
+            let current = |generation: u64| {
+                let exec = self.inner.runtimes().exec();
+                exec.is_some_and(|exec| exec.exited_as(pid, generation))
+            };
             match table.get(pid) {
-                // Only the current incarnation may end it.
-                Some(entry) if entry.is_running(proc) => {
+                // Only the current incarnation (and OS process) may end it.
+                Some(entry) if entry.is_running(proc) && generation.is_none_or(current) => {
                     self.end_supervised(&mut table, pid, exit_code, reason, &mut exits)
                 }
                 _ => return,
             }
         }
-        if from_runner {
+        if generation.is_none() {
             // The caller is the exiting runner: it must not wait for itself.
             exits.runners.retain(|(runner, _)| *runner != pid);
         }
@@ -345,7 +374,7 @@ impl Kernel {
     /// Ends every process below PID 1, leaves first: in-flight tasks get up
     /// to `grace` to finish, then everything left is forced.
     pub(crate) async fn stop_all(&self, grace: Duration) {
-        let mut exits = Exits::new(Stop::Drain);
+        let mut exits = self.exits(Stop::Drain);
         {
             // Spawn checks `stopping` under this lock, so no child of PID 1
             // can appear after this pass.
@@ -395,6 +424,8 @@ impl Kernel {
                     mut runners,
                     undelivered,
                     paused,
+                    retiring,
+                    exec: _,
                     tops,
                     follow,
                 } = exits;
@@ -410,7 +441,9 @@ impl Kernel {
                     .map(|e| e.pid)
                     .filter(|pid| !paused.contains(pid));
                 kernel.stop_exec(ended).await;
-                kernel.pause_exec(paused.into_iter()).await;
+                for gone in retiring {
+                    gone.await;
+                }
                 kernel
                     .inner
                     .transcripts()

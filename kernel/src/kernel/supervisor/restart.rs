@@ -197,7 +197,7 @@ impl Kernel {
         } else {
             reason.to_owned()
         };
-        let mut exits = Exits::new(Stop::Abort);
+        let mut exits = self.exits(Stop::Abort);
         let group = self.next_id();
         let waited = {
             let mut table = self.inner.table().write();
@@ -274,7 +274,7 @@ impl Kernel {
             }
             Err(why) => {
                 // As a supervised restart would: a failed restart is a failure.
-                let mut exits = Exits::new(Stop::Abort);
+                let mut exits = self.exits(Stop::Abort);
                 let message = format!("restart failed: {why}");
                 self.end_supervised(table, pid, EXIT_FAILED, message.clone(), &mut exits);
                 let kernel = self.clone();
@@ -292,7 +292,7 @@ impl Kernel {
     /// its restart policy applied. Called from its own handler, this never
     /// returns: the runner it runs in is stopped with the process.
     pub(crate) async fn exit_process(&self, pid: Pid, code: i32, reason: &str) -> Result<()> {
-        let mut exits = Exits::new(Stop::Abort);
+        let mut exits = self.exits(Stop::Abort);
         {
             let mut table = self.inner.table().write();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
@@ -346,7 +346,7 @@ impl Kernel {
 
     /// Restarts the members of `group` that still wait in it, in PID order.
     async fn restart_group(&self, group: RestartGroup) {
-        let mut exits = Exits::new(Stop::Abort);
+        let mut exits = self.exits(Stop::Abort);
         let mut restarted = Vec::new();
         let mut launches = Vec::new();
         {
