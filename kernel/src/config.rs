@@ -178,6 +178,18 @@ pub struct KernelSettings {
     pub exec: ExecSettings,
 }
 
+/// What processes of `role` may do under `roles`: its entry's list, else
+/// every capability (PID 1 always has every one).
+pub fn role_capabilities(roles: &HashMap<Role, RoleSettings>, role: Role) -> Capabilities {
+    if role == Role::Kernel {
+        return Capabilities::ALL;
+    }
+    roles
+        .get(&role)
+        .and_then(|settings| settings.capabilities)
+        .unwrap_or(Capabilities::ALL)
+}
+
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoleSettings {
@@ -193,13 +205,7 @@ impl KernelSettings {
     /// What processes of `role` may do: its `roles` entry's list, else every
     /// capability (PID 1 always has every one).
     pub fn capabilities(&self, role: Role) -> Capabilities {
-        if role == Role::Kernel {
-            return Capabilities::ALL;
-        }
-        self.roles
-            .get(&role)
-            .and_then(|settings| settings.capabilities)
-            .unwrap_or(Capabilities::ALL)
+        role_capabilities(&self.roles, role)
     }
 
     /// The root of the agents' workspaces: `kernel.workspace`, else the data

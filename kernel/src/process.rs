@@ -63,6 +63,14 @@ pub(crate) struct NewProc {
 }
 
 impl ProcShared {
+    /// The token budget it owns (`None`: it has none, or draws on an
+    /// ancestor's).
+    pub(crate) fn own_budget(&self) -> Option<&Pool> {
+        self.budget
+            .as_deref()
+            .filter(|pool| pool.owner() == self.ctx.pid)
+    }
+
     /// The one way a process (PID 1, a spawn, a restart) comes to be: idle,
     /// with nothing running or blocked.
     #[inline]

@@ -337,19 +337,25 @@ async fn process_state_refuses_bad_keys_and_oversized_values() {
     kernel.shutdown().await;
 }
 
+/// A permanent `probe` lead under PID 1, restarted at most `max_restarts`
+/// times a minute, after 1 to 10 ms.
+fn phoenix(max_restarts: u32) -> SpawnRequest {
+    let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
+    request.restart = Some(hivekernel_agents::RestartSpec {
+        policy: hivekernel_agents::RestartPolicy::Permanent,
+        max_restarts,
+        within_seconds: 60,
+        backoff_ms: [1, 10],
+    });
+    request
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_process_is_alive_again_in_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
     let Up { kernel, .. } = durable(dir.path(), &server, &[]).await;
-    let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
-    request.restart = Some(hivekernel_agents::RestartSpec {
-        policy: hivekernel_agents::RestartPolicy::Permanent,
-        max_restarts: 3,
-        within_seconds: 60,
-        backoff_ms: [1, 10],
-    });
-    let pid = kernel.spawn(Caller::Admin, request).await.unwrap();
+    let pid = kernel.spawn(Caller::Admin, phoenix(3)).await.unwrap();
     kernel
         .send_message(
             Caller::Admin,
@@ -383,15 +389,8 @@ async fn a_crash_loop_across_kernel_restarts_still_escalates_at_its_intensity() 
     let dir = tempfile::tempdir().unwrap();
     let server = LlmServer::answering(|_: &Value| Scripted::content("unused")).await;
     let Up { kernel, .. } = durable(dir.path(), &server, &[]).await;
-    let mut request = probe_request(Pid::KERNEL, "phoenix", Role::Lead);
     // One restart a minute; the second failure in the window escalates.
-    request.restart = Some(hivekernel_agents::RestartSpec {
-        policy: hivekernel_agents::RestartPolicy::Permanent,
-        max_restarts: 1,
-        within_seconds: 60,
-        backoff_ms: [1, 10],
-    });
-    let pid = kernel.spawn(Caller::Admin, request).await.unwrap();
+    let pid = kernel.spawn(Caller::Admin, phoenix(1)).await.unwrap();
     let crash = |kernel: Kernel| async move {
         kernel
             .send_message(

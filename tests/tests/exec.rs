@@ -755,14 +755,14 @@ fn restart_spec(policy: pb::RestartPolicy, max_restarts: u32) -> pb::RestartSpec
     }
 }
 
-/// Spawns an exec process under PID 1 with a restart spec.
+/// Spawns an exec process under PID 1 with a restart spec; its PID and log.
 async fn spawn_supervised(
     client: &mut Client,
     name: &str,
     command: &[&str],
     restart: pb::RestartSpec,
-) -> u64 {
-    client
+) -> (u64, PathBuf) {
+    let pid = client
         .spawn(pb::SpawnRequest {
             parent: 1,
             name: name.into(),
@@ -774,7 +774,8 @@ async fn spawn_supervised(
         .await
         .unwrap()
         .into_inner()
-        .pid
+        .pid;
+    (pid, log_of(client, pid).await)
 }
 
 /// The supervision events about `pid` (on it, or an escalation naming it),
@@ -837,12 +838,11 @@ async fn a_failing_exec_agent_restarts_with_backoff_then_escalates_like_an_in_pr
     let mut events = served.kernel.subscribe(None).live;
     let crashy = r#"echo "started token=$HIVEKERNEL_TOKEN" >&2; sleep 0.2; exit 3"#;
     let spec = restart_spec(pb::RestartPolicy::Permanent, 2);
-    let pid = spawn_supervised(&mut admin, "crashy", &["sh", "-c", crashy], spec).await;
+    let (pid, log) = spawn_supervised(&mut admin, "crashy", &["sh", "-c", crashy], spec).await;
     let exec_timeline = timeline(&mut events, Pid(pid), "escalated").await;
 
     let record = collect(&mut admin, pid).await;
     assert_eq!(record.exit_code, 3, "{record:?}");
-    let log = served.data_dir().join(format!("logs/{pid}-crashy.log"));
     let tokens = all_after(&log, "token");
     assert_eq!(tokens.len(), 3, "three OS processes: {tokens:?}");
     assert!(
@@ -914,8 +914,7 @@ async fn a_restarted_exec_agent_gets_a_fresh_token_and_its_unanswered_work_again
     let served = ExecKernel::start().await;
     let mut admin = served.admin();
     let spec = restart_spec(pb::RestartPolicy::Transient, 5);
-    let pid = spawn_supervised(&mut admin, "phoenix", &["sh", "-c", SLEEPER], spec).await;
-    let log = log_of(&mut admin, pid).await;
+    let (pid, log) = spawn_supervised(&mut admin, "phoenix", &["sh", "-c", SLEEPER], spec).await;
     wait_for_log(&log, "os_pid=").await;
     let first_os: u32 = find_after(&log, "os_pid").unwrap().parse().unwrap();
     let first_token = find_after(&log, "token").unwrap();
@@ -1050,8 +1049,7 @@ async fn an_exec_command_that_can_no_longer_start_exits_127_and_counts_as_a_fail
     }
     let program = program.to_str().unwrap().to_owned();
     let spec = restart_spec(pb::RestartPolicy::Permanent, 1);
-    let pid = spawn_supervised(&mut admin, "vanishing", &[&program], spec).await;
-    let log = log_of(&mut admin, pid).await;
+    let (pid, log) = spawn_supervised(&mut admin, "vanishing", &[&program], spec).await;
     wait_for_log(&log, "os_pid=").await;
     let os_pid = find_after(&log, "os_pid").unwrap();
     std::fs::remove_file(&program).unwrap();
@@ -1088,8 +1086,7 @@ async fn a_message_that_kills_its_agent_twice_is_given_up() {
     let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
     let command = [python.to_str().unwrap(), agent.to_str().unwrap()];
     let spec = restart_spec(pb::RestartPolicy::Permanent, 3);
-    let pid = spawn_supervised(&mut admin, "poisoned", &command, spec).await;
-    let log = log_of(&mut admin, pid).await;
+    let (pid, log) = spawn_supervised(&mut admin, "poisoned", &command, spec).await;
     wait_for_log(&log, "attached as poisoned").await;
     admin
         .send_message(pb::SendMessageRequest {
@@ -1139,8 +1136,7 @@ async fn only_an_os_process_that_took_a_task_counts_against_it() {
     let served = ExecKernel::start().await;
     let mut admin = served.admin();
     let spec = restart_spec(pb::RestartPolicy::Permanent, 5);
-    let pid = spawn_supervised(&mut admin, "patient", &["sh", "-c", SLEEPER], spec).await;
-    let log = log_of(&mut admin, pid).await;
+    let (pid, log) = spawn_supervised(&mut admin, "patient", &["sh", "-c", SLEEPER], spec).await;
     let started = |n: usize| {
         let log = log.clone();
         async move {

@@ -16,7 +16,7 @@ use hivekernel_agents::{CronSpec, Pid, ProcessState, Role};
 use super::{StartError, StartOptions, load_tls, settings, spawn_request};
 use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings, RoleSettings};
 use crate::error::KernelError;
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::{Caller, Kernel, cron};
 use crate::llm::choose_provider;
 use crate::reload::{Change, ConfigReload, Outcome, ReloadReport};
 use crate::runtime::RuntimeRegistry;
@@ -92,13 +92,7 @@ impl Reloader {
         let declared: Vec<(Pid, CronSpec)> = running
             .agents
             .iter()
-            .flat_map(|(agent, pid)| {
-                agent.cron.iter().map(|entry| {
-                    let mut entry = entry.clone();
-                    entry.target = *pid;
-                    (*pid, entry)
-                })
-            })
+            .flat_map(|(agent, pid)| cron::declared(*pid, &agent.cron))
             .collect();
         report.cron = self.kernel.reload_cron(declared).await;
         Ok(report)

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
 
-use super::{Kernel, Parts};
+use super::{Kernel, Parts, cron};
 use crate::config::KernelSettings;
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
@@ -208,13 +208,7 @@ impl KernelBuilder {
         let declared_cron: Vec<(Pid, CronSpec)> = agents
             .iter()
             .zip(&pids)
-            .flat_map(|(agent, pid)| {
-                agent.cron.iter().map(|entry| {
-                    let mut entry = entry.clone();
-                    entry.target = *pid;
-                    (*pid, entry)
-                })
-            })
+            .flat_map(|(agent, pid)| cron::declared(*pid, &agent.cron))
             .collect();
         let cron_problems = if durable || !declared_cron.is_empty() {
             kernel.start_cron(stored_cron, declared_cron).await

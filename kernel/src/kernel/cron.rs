@@ -16,6 +16,8 @@
 //! Layout: `schedule` (the entries and the timer
 //! task), `run` (the actions).
 
+use hivekernel_agents::Pid;
+
 use crate::crontab;
 
 mod run;
@@ -33,4 +35,17 @@ pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
 /// the config check and `add_cron` say it.
 pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
     crontab::parse(expression).map(|schedule| crontab::next_after(&schedule, after_ms))
+}
+
+/// A config agent's cron entries as the kernel takes them at start and at a
+/// reload: `(owner, spec)`, each aimed at the agent, `pid`.
+pub(crate) fn declared(
+    pid: Pid,
+    entries: &[CronSpec],
+) -> impl Iterator<Item = (Pid, CronSpec)> + '_ {
+    entries.iter().map(move |entry| {
+        let mut entry = entry.clone();
+        entry.target = pid;
+        (pid, entry)
+    })
 }

@@ -178,12 +178,7 @@ impl Inner {
     /// What processes of `role` may do: its `roles` entry's list, else
     /// every capability (PID 1 always has every one).
     pub(super) fn role_capabilities(&self, role: Role) -> Capabilities {
-        if role == Role::Kernel {
-            return Capabilities::ALL;
-        }
-        self.role(role)
-            .and_then(|settings| settings.capabilities)
-            .unwrap_or(Capabilities::ALL)
+        crate::config::role_capabilities(&self.roles.read(), role)
     }
 
     /// The `roles` section as it stands now.

@@ -8,6 +8,7 @@
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError, Usage};
 use hivekernel_agents::{Pid, ToolCallReport, TurnRecord};
 
+use crate::budget::Pool;
 use crate::error::KernelError;
 use crate::events::EventKind;
 use crate::kernel::{Caller, Kernel};
@@ -183,11 +184,7 @@ impl Kernel {
             pid,
             own: proc.usage.snapshot(),
             subtree: proc.usage.subtree(),
-            budget_spent: proc
-                .budget
-                .as_ref()
-                .filter(|pool| pool.owner() == pid)
-                .map(|pool| pool.spent()),
+            budget_spent: proc.own_budget().map(Pool::spent),
         };
         // Snapshots only for a kernel that keeps them.
         let store = &self.inner.store();

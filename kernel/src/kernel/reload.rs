@@ -8,26 +8,19 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
-use hivekernel_agents::{LlmUsage, Pid, Role, SpawnRequest};
+use hivekernel_agents::{Pid, Role, SpawnRequest};
 
+use crate::budget::Pool;
 use crate::config::RoleSettings;
 use crate::error::{KernelError, Result};
+use crate::kernel::restore::carry_usage;
 use crate::kernel::spawn::Birth;
 use crate::kernel::{Caller, Kernel};
 use crate::reload::{Change, Outcome};
-use crate::store::Write;
+use crate::store::{StoredUsage, Write};
 
 /// How long a stopped config agent's exit record is waited for.
 const COLLECT_WITHIN: Duration = Duration::from_secs(5);
-
-/// What a config agent had used when it was stopped, carried to its next incarnation.
-#[derive(Debug, Default)]
-struct Carried {
-    own: LlmUsage,
-    subtree: LlmUsage,
-    /// What its own budget had spent, when it had one.
-    budget_spent: Option<u64>,
-}
 
 impl Kernel {
     /// Replaces the `roles` section: processes spawned from now on (config
@@ -120,7 +113,9 @@ impl Kernel {
             }
         };
         if self.inner.table().read().get(pid).is_some() {
-            self.carry(pid, &carried);
+            if let Some(entry) = self.inner.table().read().get(pid) {
+                carry_usage(entry, &carried, None);
+            }
             if let Err(err) = self
                 .inner
                 .store()
@@ -133,33 +128,18 @@ impl Kernel {
         refused.map_or(Ok(()), Err)
     }
 
-    /// What live process `pid` has used, to carry over to its next incarnation.
-    fn carried(&self, pid: Pid) -> Carried {
-        let Some(proc) = self.inner.table().read().get(pid).map(|e| e.proc.clone()) else {
-            return Carried::default();
+    /// What live process `pid` has used, to carry over to its next
+    /// incarnation as a kernel restart carries what the store kept.
+    fn carried(&self, pid: Pid) -> StoredUsage {
+        let table = self.inner.table().read();
+        let Some(entry) = table.get(pid) else {
+            return StoredUsage::default();
         };
-        Carried {
+        let proc = &entry.proc;
+        StoredUsage {
             own: proc.usage.snapshot(),
             subtree: proc.usage.subtree(),
-            budget_spent: proc
-                .budget
-                .as_ref()
-                .filter(|pool| pool.owner() == pid)
-                .map(|pool| pool.spent()),
-        }
-    }
-
-    /// Adds what an earlier incarnation of `pid` used to what it counts now.
-    fn carry(&self, pid: Pid, carried: &Carried) {
-        let Some(proc) = self.inner.table().read().get(pid).map(|e| e.proc.clone()) else {
-            return;
-        };
-        proc.usage.add_kept(carried.own, carried.subtree);
-        if let Some(pool) = &proc.budget
-            && pool.owner() == pid
-            && let Some(spent) = carried.budget_spent
-        {
-            pool.charge(spent);
+            budget_spent: proc.own_budget().map(Pool::spent),
         }
     }
 }

@@ -149,8 +149,7 @@ impl Kernel {
         // What each budget's live borrowers spent, by lender.
         let mut borrowed: HashMap<Pid, u64> = HashMap::new();
         for (pid, entry) in table.iter() {
-            if let Some(pool) = &entry.proc.budget
-                && pool.owner() == pid
+            if let Some(pool) = entry.proc.own_budget()
                 && let Some(lender) = pool.lender_owner()
                 && let Some(spent) = recovered.usage.get(&pid).and_then(|u| u.budget_spent)
             {
@@ -167,7 +166,7 @@ impl Kernel {
                 continue;
             };
             if let Some(kept) = recovered.usage.get(&pid) {
-                carry_usage(entry, pid, kept, borrowed.get(&pid).copied());
+                carry_usage(entry, kept, borrowed.get(&pid).copied());
             }
             let Some(history) = recovered.history.get(&pid) else {
                 continue;
@@ -361,10 +360,13 @@ impl Kernel {
 /// A process back as `pid` carries on with the usage it had, and its own
 /// budget with what it had spent, less what its live borrowers spent
 /// (`borrowed`), which their loans already hold.
-fn carry_usage(entry: &crate::process::Entry, pid: Pid, kept: &StoredUsage, borrowed: Option<u64>) {
+pub(super) fn carry_usage(
+    entry: &crate::process::Entry,
+    kept: &StoredUsage,
+    borrowed: Option<u64>,
+) {
     entry.proc.usage.add_kept(kept.own, kept.subtree);
-    if let Some(pool) = &entry.proc.budget
-        && pool.owner() == pid
+    if let Some(pool) = entry.proc.own_budget()
         && let Some(spent) = kept.budget_spent
     {
         pool.carry(spent, borrowed.unwrap_or(0));

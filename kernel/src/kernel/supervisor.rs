@@ -136,9 +136,7 @@ impl Exits {
     ) -> (&Exited, bool) {
         self.stop(entry, pid, code, reason, now);
         // For good: what its budget did not use goes back to the lender.
-        if let Some(pool) = &entry.proc.budget
-            && pool.owner() == pid
-        {
+        if let Some(pool) = entry.proc.own_budget() {
             pool.close();
         }
         let exited = &self.exited[self.exited.len() - 1];
