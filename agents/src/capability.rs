@@ -34,6 +34,8 @@ named_enum!(
         ManageCron = "manage_cron",
         /// Give a child its own token budget (`max_tokens_total` at spawn).
         BudgetAllocate = "budget_allocate",
+        /// Be given tools of the kernel's MCP servers (`mcp:<server>`).
+        McpTools = "mcp_tools",
     }
 );
 

@@ -21,6 +21,7 @@
 //! - `named`: the macro behind every lowercase string enum.
 //! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
+//! - [`mcp`]: MCP tool-list entries, tools and results as a process sees them.
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod artifact;
@@ -28,6 +29,7 @@ pub mod capability;
 pub mod cron;
 pub mod echo;
 pub mod llm;
+pub mod mcp;
 pub mod memory;
 pub mod message;
 mod named;
@@ -45,6 +47,7 @@ pub mod transcript;
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
 pub use capability::{Capabilities, Capability};
 pub use cron::{CronAction, CronInfo, CronRun, CronSource, CronSpec, Missed, Overlap};
+pub use mcp::{McpOutput, McpSelector, McpTool, McpTools};
 pub use memory::{MemoryEntry, MemoryHit, NewMemory};
 pub use message::{Message, MessageId, Priority, RequestId, Task, TaskReply};
 pub use process::{

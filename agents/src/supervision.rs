@@ -1,7 +1,10 @@
 //! Supervision vocabulary, as in OTP: when a process is restarted, how often
 //! it may be, and how a failed child affects its siblings.
 
+use std::collections::VecDeque;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +91,27 @@ impl RestartSpec {
             within_seconds: 5,
             backoff_ms: [100, 30_000],
         }
+    }
+
+    /// Admits one more restart at `now` given `recent`, when the restarts
+    /// still counted were decided (oldest first; those older than the window
+    /// are dropped), and returns its delay; or refuses it with the number of
+    /// restarts already in the window. The one intensity rule, for processes
+    /// and MCP servers alike.
+    pub fn admit(&self, recent: &mut VecDeque<Instant>, now: Instant) -> Result<Duration, u32> {
+        let window = Duration::from_secs(self.within_seconds);
+        while recent
+            .front()
+            .is_some_and(|&at| now.saturating_duration_since(at) >= window)
+        {
+            recent.pop_front();
+        }
+        let count = u32::try_from(recent.len()).unwrap_or(u32::MAX);
+        if count >= self.max_restarts {
+            return Err(count);
+        }
+        recent.push_back(now);
+        Ok(self.delay(count))
     }
 
     /// The delay before a restart when `recent` restarts are still in the window.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact};
 use crate::cron::{CronInfo, CronSpec};
 use crate::llm::{ChatRequest, ChatResponse, LlmError};
+use crate::mcp::{McpOutput, McpTools};
 use crate::memory::{MemoryEntry, MemoryHit, NewMemory};
 use crate::message::{MessageId, Priority, RequestId, TaskReply};
 use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
@@ -252,6 +253,29 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// The tools MCP server `server` offers now, for a process whose tool
+    /// list selects it (`mcp:<server>` or `mcp:<server>/<tool>`; the
+    /// runtime narrows a one-tool entry itself). A server still starting is
+    /// waited for, up to its startup timeout. The default refuses.
+    async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {
+        let _ = server;
+        Err(no_mcp())
+    }
+
+    /// Calls `tool` of MCP server `server` with `arguments`, within the
+    /// server's per-call deadline; the process's tool list must select it.
+    /// A tool that reports a failure answers `is_error`; a server that
+    /// cannot be reached or does not answer in time is an error. The default refuses.
+    async fn mcp_call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<McpOutput, SyscallError> {
+        let _ = (server, tool, arguments);
+        Err(no_mcp())
+    }
+
     /// Stores an artifact owned by this process, replacing its artifact of
     /// the same name; returns once committed. The default refuses.
     async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {
@@ -302,6 +326,14 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         let _ = (query, limit);
         Err(no_store("memory"))
     }
+}
+
+/// The refusal of a kernel that runs no MCP servers.
+fn no_mcp() -> SyscallError {
+    SyscallError::new(
+        ErrorKind::FailedPrecondition,
+        "this kernel runs no MCP servers",
+    )
 }
 
 /// The refusal of a kernel that keeps nothing on disk.

@@ -39,9 +39,11 @@
 //! # Layout
 //! - `context`: fitting a conversation into the budget.
 //! - `prompt`: the system prompt (prompt, identity, tools) and input texts.
+//! - `mcp`: the MCP servers a tool list selects, and what they offer at each call.
 //! - this file: settings, the factory, the loop.
 
 mod context;
+mod mcp;
 mod prompt;
 
 use std::collections::{BTreeMap, HashMap};
@@ -54,12 +56,14 @@ use crate::llm::{
     ChatMessage, ChatRequest, ChatResponse, LlmError, ToolCall, ToolSchema,
     estimate_request_tokens, estimate_tokens,
 };
+use crate::mcp::McpSelector;
 use crate::message::{Message, Task, TaskReply, kinds};
 use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
 use crate::syscalls::{ErrorKind, SyscallError, ToolCallReport};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
 use crate::transcript::{InputSource, TurnRecord};
+use mcp::{McpSelection, Offered};
 
 /// Retries of one model call after the provider says the context is too long.
 pub const CONTEXT_RETRIES: u32 = 3;
@@ -132,7 +136,11 @@ struct Cached {
 }
 
 impl Cached {
-    fn new(tools: BTreeMap<String, Arc<dyn Tool>>, settings: &Arc<AgentSettings>) -> Self {
+    fn new(
+        tools: BTreeMap<String, Arc<dyn Tool>>,
+        mcp: McpSelection,
+        settings: &Arc<AgentSettings>,
+    ) -> Self {
         let schemas: Vec<ToolSchema> = tools.values().map(|tool| tool.schema()).collect();
         let tokens = estimate_request_tokens(&ChatRequest {
             tools: schemas.clone(),
@@ -140,6 +148,7 @@ impl Cached {
         });
         let toolset = Arc::new(Toolset {
             tools,
+            mcp,
             schemas,
             tokens,
         });
@@ -157,12 +166,14 @@ impl Cached {
 /// Distinct tool lists whose toolsets are kept for reuse.
 const TOOLSET_CACHE: usize = 1024;
 
-/// A resolved tool list: the tools by name and the schemas offered to the model.
+/// A resolved tool list: the built-in tools by name and the schemas offered
+/// to the model, and the MCP servers whose tools are asked for at each call.
 #[derive(Debug)]
 pub struct Toolset {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    mcp: McpSelection,
     schemas: Vec<ToolSchema>,
-    /// Estimated tokens the schemas take in every request.
+    /// Estimated tokens the built-in schemas take in every request.
     tokens: u64,
 }
 
@@ -172,7 +183,7 @@ impl ToolAgentFactory {
         let settings = Arc::new(settings);
         ToolAgentFactory {
             tools: Arc::new(tools),
-            no_tools: Cached::new(BTreeMap::new(), &settings),
+            no_tools: Cached::new(BTreeMap::new(), McpSelection::default(), &settings),
             settings,
             toolsets: Mutex::new(HashMap::new()),
         }
@@ -193,7 +204,12 @@ impl ToolAgentFactory {
             return Ok(found.clone());
         }
         let mut tools = BTreeMap::new();
+        let mut mcp = McpSelection::default();
         for name in names.iter() {
+            if let Some(selector) = McpSelector::parse(name) {
+                mcp.add(selector.map_err(RuntimeError)?);
+                continue;
+            }
             let Some(tool) = self.tools.get(name) else {
                 return Err(RuntimeError(format!(
                     "unknown tool {name:?} (known tools: {})",
@@ -202,7 +218,7 @@ impl ToolAgentFactory {
             };
             tools.insert(name.clone(), tool.clone());
         }
-        let cached = Cached::new(tools, &self.settings);
+        let cached = Cached::new(tools, mcp, &self.settings);
         let mut cache = self.toolsets.lock();
         if cache.len() < TOOLSET_CACHE {
             cache.insert(names.clone(), cached.clone());
@@ -326,7 +342,12 @@ impl ToolAgent {
         let max = self.settings.max_tool_iterations;
         let mut rounds = 0;
         loop {
-            let response = self.call_model(ctx, &history, &turn).await?;
+            let offered = if self.toolset.mcp.is_empty() {
+                Offered::default()
+            } else {
+                self.toolset.mcp.offered(ctx).await
+            };
+            let response = self.call_model(ctx, &history, &turn, &offered).await?;
             let message = response.message;
             if message.tool_calls.is_empty() {
                 let answer = message.content.trim().to_owned();
@@ -346,7 +367,7 @@ impl ToolAgent {
             let calls = message.tool_calls.clone();
             turn.push(message);
             for call in &calls {
-                let result = self.run_tool(ctx, call).await;
+                let result = self.run_tool(ctx, call, &offered).await;
                 turn.push(ChatMessage::tool_result(call.id.clone(), result));
             }
         }
@@ -358,18 +379,28 @@ impl ToolAgent {
         ctx: &ProcessContext,
         history: &[ChatMessage],
         turn: &[ChatMessage],
+        offered: &Offered,
     ) -> Result<ChatResponse, String> {
         let toolset = &self.toolset;
-        let system =
-            ChatMessage::system(prompt::system_prompt(ctx, &toolset.tools, &self.settings));
+        let system = ChatMessage::system(prompt::system_prompt(
+            ctx,
+            &toolset.tools,
+            offered,
+            &self.settings,
+        ));
         let mut budget = self
             .settings
             .budget(&ctx.model)
-            .saturating_sub(toolset.tokens);
+            .saturating_sub(toolset.tokens + offered.tokens());
         let mut attempt = 0;
         loop {
             let request = ChatRequest {
-                tools: toolset.schemas.clone(),
+                tools: toolset
+                    .schemas
+                    .iter()
+                    .cloned()
+                    .chain(offered.schemas())
+                    .collect(),
                 max_tokens: Some(self.settings.max_completion_tokens),
                 ..ChatRequest::new(
                     ctx.model.to_string(),
@@ -393,9 +424,9 @@ impl ToolAgent {
 
     /// Runs one tool call, reported to the kernel; every failure becomes an
     /// `error: ...` result for the model.
-    async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> String {
+    async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall, offered: &Offered) -> String {
         let started = std::time::Instant::now();
-        let result = self.call_tool(ctx, call).await;
+        let result = self.call_tool(ctx, call, offered).await;
         let duration = started.elapsed();
         let error = result.as_ref().err().cloned();
         let text = result.unwrap_or_else(|err| format!("error: {err}"));
@@ -410,10 +441,25 @@ impl ToolAgent {
         output
     }
 
-    async fn call_tool(&self, ctx: &ProcessContext, call: &ToolCall) -> Result<String, String> {
+    async fn call_tool(
+        &self,
+        ctx: &ProcessContext,
+        call: &ToolCall,
+        offered: &Offered,
+    ) -> Result<String, String> {
         let tools = &self.toolset.tools;
-        let Some(tool) = tools.get(&call.name) else {
-            let available: Vec<&str> = tools.keys().map(String::as_str).collect();
+        let tool = tools.get(&call.name);
+        let mcp_tool = if tool.is_none() {
+            offered.get(&call.name)
+        } else {
+            None
+        };
+        if tool.is_none() && mcp_tool.is_none() {
+            let available: Vec<&str> = tools
+                .keys()
+                .map(String::as_str)
+                .chain(offered.tools.iter().map(|tool| tool.schema.name.as_str()))
+                .collect();
             return Err(format!(
                 "tool {:?} is not available to this agent (available: {})",
                 call.name,
@@ -423,7 +469,7 @@ impl ToolAgent {
                     available.join(", ")
                 }
             ));
-        };
+        }
         let raw = call.arguments.trim();
         let args = if raw.is_empty() {
             serde_json::Value::Object(Default::default())
@@ -438,6 +484,27 @@ impl ToolAgent {
                     ));
                 }
             }
+        };
+        if let Some(mcp_tool) = mcp_tool {
+            let serde_json::Value::Object(arguments) = args else {
+                return Err(format!("arguments for {} must be a JSON object", call.name));
+            };
+            let output = ctx
+                .syscalls
+                .mcp_call(&mcp_tool.server, &mcp_tool.name, arguments)
+                .await
+                .map_err(|err| err.message)?;
+            return if output.is_error {
+                Err(output.text)
+            } else {
+                Ok(output.text)
+            };
+        }
+        let Some(tool) = tool else {
+            return Err(format!(
+                "tool {:?} is not available to this agent",
+                call.name
+            ));
         };
         let workspace = ctx.workspace_dir();
         let tool_ctx = ToolContext {

@@ -28,6 +28,7 @@ mod error;
 mod events;
 mod human;
 mod logs;
+mod mcp;
 mod names;
 mod output;
 mod process;
@@ -105,6 +106,9 @@ pub enum Command {
     /// Store, list, read and delete artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
+    /// The MCP servers the kernel supervises: their state and their tools.
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
     /// Print a shell completion script: `source <(hivekernel completion bash)`,
@@ -147,6 +151,45 @@ pub enum CronCommand {
         /// The entry's name.
         name: String,
         /// Print `{"removed": NAME}`.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `hivekernel mcp ...`.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// List the MCP servers: state, restarts, tool count, last error.
+    Ls {
+        /// One JSON array, one object per server.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List one server's tools: the names models see, and those left out and why.
+    Tools {
+        /// The server's name in `mcp_servers`.
+        server: String,
+        /// One JSON array, with each tool's input schema.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Call one tool of a server, as the admin, and print its result
+    /// (exit code 1 when the tool reports a failure).
+    Call {
+        /// The server's name in `mcp_servers`.
+        server: String,
+        /// The tool's name on the server.
+        tool: String,
+        /// Its arguments, a JSON object.
+        #[arg(long, value_name = "JSON", default_value = "{}")]
+        args: String,
+        /// Print `{"text": ..., "is_error": ...}`.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -642,6 +685,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Events(args) => events::events(args).await,
         Command::Logs(args) => logs::logs(args).await,
         Command::Cron(command) => cron::run(command).await,
+        Command::Mcp(command) => mcp::run(command).await,
         Command::Artifacts(ArtifactsCommand::Ls(args)) => artifacts::ls(args).await,
         Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,

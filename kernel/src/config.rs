@@ -13,12 +13,15 @@
 //! phases for `kernel.artifacts`, `kernel.memory` and `kernel.transcripts`), `limits` (both phases
 //! for `kernel.limits`), `connections` (both phases for
 //! `kernel.connections`), `tls` (both phases for `kernel.tls`), `sandbox`
-//! (both phases for `tool_agent.shell` and `kernel.exec`).
+//! (both phases for `tool_agent.shell` and `kernel.exec`), `mcp` (both
+//! phases for `mcp_servers`).
 
 mod connections;
 pub use connections::ConnectionSettings;
 mod cron;
 mod limits;
+mod mcp;
+pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
 pub(crate) use model::base_url_problem;
 mod parse;
@@ -61,6 +64,9 @@ pub struct Config {
     pub agents: Vec<AgentSpec>,
     /// Agent specs the cron `spawn` action starts from; never started on their own.
     pub templates: Vec<AgentSpec>,
+    /// MCP servers the kernel starts and supervises (`mcp_servers`), sorted
+    /// by name; disabled ones are listed too.
+    pub mcp: Vec<McpServerSpec>,
 }
 
 /// What the config may name: registered runtimes and tools.
@@ -331,10 +337,13 @@ impl Config {
         })
     }
 
-    /// Parse and validate `text` as if read from `path` (used for messages and relative paths).
+    /// Parse and validate `text` as if read from `path` (used for messages
+    /// and relative paths); `${NAME}` references in `mcp_servers` read the
+    /// kernel's environment.
     pub fn from_str_at(text: &str, path: &Path, known: &Known) -> Result<Config, ConfigError> {
         let mut issues = Vec::new();
-        let config = load_sections(text, path, known, &mut issues);
+        let env = |name: &str| std::env::var(name).ok();
+        let config = load_sections(text, path, known, &env, &mut issues);
         match config {
             Some(config) if issues.is_empty() => Ok(config),
             _ => Err(ConfigError {
@@ -345,11 +354,13 @@ impl Config {
     }
 }
 
-/// Runs both phases section by section, so issues come out grouped by section.
+/// Runs both phases section by section, so issues come out grouped by
+/// section; `env` reads the environment variables `mcp_servers` names.
 fn load_sections(
     text: &str,
     path: &Path,
     known: &Known,
+    env: &dyn Fn(&str) -> Option<String>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<Config> {
     let base = path.parent().unwrap_or_else(|| Path::new(""));
@@ -383,6 +394,8 @@ fn load_sections(
         let message = format!("{problem} (the default is {})", default.display());
         issues.push(ConfigIssue::new("kernel.workspace", message));
     }
+    let mcp = mcp::servers(document.mcp_servers.as_ref(), &checks, env, issues);
+    let checks = checks.with_mcp(&mcp);
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {
@@ -407,6 +420,7 @@ fn load_sections(
         tools,
         agents,
         templates,
+        mcp,
     })
 }
 

@@ -359,6 +359,7 @@ async fn start_kernel(
                 .collect(),
         )
         .agents(config.agents.iter().map(declared).collect())
+        .mcp_servers(config.mcp.clone())
         .start()
         .await?;
     let kernel = started.kernel;

@@ -122,6 +122,13 @@ pub enum KernelError {
     /// No process answers to a name or a path (the message says which).
     #[error("{0}")]
     NoSuchName(String),
+    /// No MCP server has this name (the message lists those there are).
+    #[error("{0}")]
+    NoSuchMcpServer(String),
+    /// An MCP server cannot take a call now (starting, restarting, failed);
+    /// the message says which and why.
+    #[error("{0}")]
+    McpUnavailable(String),
     /// The caller's memory has no entry with this key.
     #[error("no memory entry with key {}", shown(.0))]
     NoSuchMemory(String),
@@ -140,6 +147,7 @@ impl KernelError {
             | NoSuchCron(_)
             | NoSuchName(_)
             | NoSuchMemory(_)
+            | NoSuchMcpServer(_)
             | ArtifactNotFound(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,
@@ -156,7 +164,7 @@ impl KernelError {
                 ErrorKind::PermissionDenied
             }
             DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
-            ShuttingDown => ErrorKind::Unavailable,
+            ShuttingDown | McpUnavailable(_) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::InMemory) => ErrorKind::FailedPrecondition,
             Store(_) => ErrorKind::Internal,

@@ -165,6 +165,22 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// An MCP server changed state (on PID 1): `ready`, `tools_changed`,
+    /// `restarting` (with the delay), `failed` (for good).
+    McpServer {
+        /// Its name in `mcp_servers`.
+        server: String,
+        /// What it is now.
+        state: String,
+        /// Why it failed, when it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// Its restarts so far (this one included, when restarting).
+        attempt: u32,
+        /// The backoff before the next start, when restarting.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delay_ms: Option<u64>,
+    },
     /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
@@ -223,6 +239,7 @@ impl EventKind {
                 cut(tool);
                 error.iter_mut().for_each(cut);
             }
+            McpServer { reason, .. } => reason.iter_mut().for_each(cut),
             _ => {}
         }
     }
@@ -244,6 +261,7 @@ impl EventKind {
             EventKind::CronRun { .. } => "cron_run",
             EventKind::LlmCall { .. } => "llm_call",
             EventKind::ToolCall { .. } => "tool_call",
+            EventKind::McpServer { .. } => "mcp_server",
             EventKind::Lagged { .. } => "lagged",
             EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",

@@ -46,7 +46,7 @@ pub(crate) use agent::ExecAgent;
 pub(crate) use agent::ExecProc;
 pub use agent::{Attached, Delivery};
 use os::LaunchSpec;
-pub(crate) use os::{Gone, Launch, OnExit, reclaim_orphans};
+pub(crate) use os::{Gone, Launch, OnExit, describe, reclaim_orphans};
 
 use crate::auth::Authenticator;
 use crate::error::{KernelError, Result};

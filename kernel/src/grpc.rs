@@ -17,6 +17,7 @@ mod cron;
 mod decode;
 pub(crate) mod enums;
 mod gate;
+mod mcp;
 mod reload;
 pub use gate::raise_open_file_limit;
 mod service;

@@ -27,6 +27,7 @@ pub(crate) mod cron;
 mod exec;
 mod inner;
 mod llm;
+mod mcp;
 pub(crate) mod memory;
 mod reload;
 mod resolve;
@@ -41,6 +42,7 @@ mod transcript;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 use inner::{Inner, Parts};
+pub use mcp::McpToolInfo;
 pub use restore::{KERNEL_RESTART, Restored};
 
 /// Cheap, cloneable handle to a running kernel.

@@ -34,6 +34,7 @@
 //! - `router`: the routing rules (who may address whom) and the message limits.
 //! - [`runtime`]: the runtime registry.
 //! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
+//! - [`mcp`]: MCP servers the kernel starts and supervises; their tools and calls.
 //! - [`auth`], [`tls`]: tokens and TLS for the control plane.
 //!
 //! Facade: [`kernel`], the `Kernel` handle; its parts in `kernel/inner.rs`
@@ -69,6 +70,7 @@ pub mod kernel;
 pub mod limits;
 pub mod llm;
 mod mailbox;
+pub mod mcp;
 mod process;
 pub mod reload;
 mod router;

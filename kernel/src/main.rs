@@ -7,6 +7,11 @@ use clap::Parser;
 use hivekernel_kernel::cli::{self, Cli};
 use tracing_subscriber::EnvFilter;
 
+/// What is logged unless `RUST_LOG` says otherwise: the kernel at info; the
+/// MCP SDK only when something goes wrong (its info lines narrate every
+/// session, which the kernel already reports as `mcp_server` events).
+const DEFAULT_LOG: &str = "info,rmcp=warn";
+
 #[global_allocator]
 static ALLOCATOR: hivekernel_kernel::Allocator = hivekernel_kernel::Allocator;
 
@@ -30,7 +35,7 @@ fn main() {
 
 async fn run() -> i32 {
     let args = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -110,6 +110,9 @@ impl RuntimeRegistry {
     /// The capability a process needs to be given tool `name`; `None` for a
     /// tool any process may have, or one this kernel does not know.
     pub(crate) fn tool_capability(&self, name: &str) -> Option<Capability> {
+        if name.starts_with(hivekernel_agents::mcp::PREFIX) {
+            return Some(Capability::McpTools);
+        }
         let at = self.tools.binary_search_by(|(tool, _)| (*tool).cmp(name));
         at.ok().and_then(|i| self.tools[i].1)
     }

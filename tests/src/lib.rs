@@ -6,6 +6,7 @@
 //! - [`durable`]: in-process kernels on a real SQLite file, and calling tools as their processes.
 //! - [`served`]: a kernel's gRPC server on loopback and an admin client.
 //! - [`probe`]: the `probe` runtime, a scriptable agent that records what it receives.
+//! - [`mcp`]: the MCP servers and client from npm the tests run against, and /proc checks.
 //! - [`llm_server`]: a loopback HTTP server speaking the chat-completions protocol, scripted per test.
 //! - [`web_server`]: a loopback HTTP server serving fixed pages by path, for `web_fetch`.
 //! - this file: kernel settings for tests, an in-process kernel, and `wait_until`.
@@ -16,6 +17,7 @@ pub mod capture;
 pub mod durable;
 pub mod exec;
 pub mod llm_server;
+pub mod mcp;
 pub mod probe;
 pub mod served;
 pub mod web_server;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::AgentSettings;
+use super::mcp::Offered;
 use crate::message::{Message, Task, kinds};
 use crate::runtime::ProcessContext;
 use crate::tools::Tool;
@@ -15,6 +16,7 @@ use crate::tools::Tool;
 pub(super) fn system_prompt(
     ctx: &ProcessContext,
     tools: &BTreeMap<String, Arc<dyn Tool>>,
+    mcp: &Offered,
     settings: &AgentSettings,
 ) -> String {
     let mut text = ctx.system_prompt.trim_end().to_owned();
@@ -33,12 +35,13 @@ pub(super) fn system_prompt(
         ctx.name, ctx.pid, ctx.role, ctx.tier, settings.provider
     );
     text.push_str("\n## Tools\n");
-    if tools.is_empty() {
+    if tools.is_empty() && mcp.tools.is_empty() && mcp.unavailable.is_empty() {
         text.push_str("You have no tools: answer directly.\n");
     } else {
         for (name, tool) in tools {
             let _ = writeln!(text, "- {name}: {}", tool.description());
         }
+        mcp.describe(&mut text);
     }
     text
 }

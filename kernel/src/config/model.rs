@@ -409,7 +409,7 @@ pub(crate) fn base_url_problem(url: &str) -> Option<String> {
 }
 
 /// Whether `name` is a portable environment variable name.
-fn is_env_name(name: &str) -> bool {
+pub(super) fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()

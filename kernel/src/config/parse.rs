@@ -24,6 +24,7 @@ pub(super) struct Document {
     pub(super) roles: Option<Value>,
     pub(super) agents: Option<Vec<Value>>,
     pub(super) templates: Option<Vec<Value>>,
+    pub(super) mcp_servers: Option<Value>,
 }
 
 /// The `kernel` section as written; missing fields take the defaults.

@@ -1,5 +1,6 @@
 //! Roles in the config, both phases: the `roles` section (capabilities and
 //! supervision defaults per role) and the `restart` and `strategy` fields an agent or a role may set.
+//! An MCP server's `restart` follows the same rule, with its own defaults.
 //!
 //! ```json
 //! "roles": {
@@ -29,26 +30,15 @@ pub(super) struct RawRole {
     capabilities: Option<Vec<String>>,
 }
 
-/// A `restart` object as written; absent numbers take the defaults.
-#[derive(Debug, Deserialize)]
+/// A `restart` object as written; what is left out takes the defaults of
+/// whoever it restarts (a process, an MCP server).
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawRestart {
     policy: Option<String>,
-    max_restarts: u32,
-    within_seconds: u64,
-    backoff_ms: Vec<u64>,
-}
-
-impl Default for RawRestart {
-    fn default() -> Self {
-        let defaults = RestartSpec::default();
-        RawRestart {
-            policy: None,
-            max_restarts: defaults.max_restarts,
-            within_seconds: defaults.within_seconds,
-            backoff_ms: defaults.backoff_ms.to_vec(),
-        }
-    }
+    max_restarts: Option<u32>,
+    within_seconds: Option<u64>,
+    backoff_ms: Option<Vec<u64>>,
 }
 
 /// Parses and checks `roles`: each key a role other than `kernel`.
@@ -114,7 +104,8 @@ fn capabilities(names: &[String], location: &str, issues: &mut Vec<ConfigIssue>)
     set
 }
 
-/// Parses and checks a `restart` object at `location`; `None` when absent.
+/// Parses and checks a process's `restart` object at `location` (`policy`
+/// required, numbers defaulting to [`RestartSpec::new`]'s); `None` when absent.
 pub(super) fn restart(
     value: Option<&Value>,
     location: &str,
@@ -123,12 +114,31 @@ pub(super) fn restart(
     if value.is_none_or(Value::is_null) {
         return None;
     }
+    Some(restart_over(
+        value,
+        RestartSpec::default(),
+        true,
+        location,
+        issues,
+    ))
+}
+
+/// Parses and checks a `restart` object at `location`: each field left out
+/// (or the whole object) takes its value from `defaults`, except `policy`
+/// when `policy_required`. The one rule for every `restart` in the config.
+pub(super) fn restart_over(
+    value: Option<&Value>,
+    defaults: RestartSpec,
+    policy_required: bool,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> RestartSpec {
     let raw = section::<RawRestart>(value, location, issues);
-    let mut spec = RestartSpec::default();
+    let mut spec = defaults;
     match raw.value.policy.as_deref().map(str::parse::<RestartPolicy>) {
         Some(Ok(policy)) => spec.policy = policy,
         Some(Err(problem)) => issues.push(ConfigIssue::new(at(location, "policy"), problem)),
-        None if raw.is_ok("policy") => {
+        None if policy_required && raw.is_ok("policy") => {
             let names: Vec<&str> = RestartPolicy::ALL.iter().map(|p| p.as_str()).collect();
             issues.push(ConfigIssue::new(
                 at(location, "policy"),
@@ -140,11 +150,12 @@ pub(super) fn restart(
         }
         None => {}
     }
-    spec.max_restarts = raw.value.max_restarts;
-    spec.within_seconds = raw.value.within_seconds;
-    match raw.value.backoff_ms.as_slice() {
-        &[first, most] => spec.backoff_ms = [first, most],
-        other => issues.push(ConfigIssue::new(
+    spec.max_restarts = raw.value.max_restarts.unwrap_or(defaults.max_restarts);
+    spec.within_seconds = raw.value.within_seconds.unwrap_or(defaults.within_seconds);
+    match raw.value.backoff_ms.as_deref() {
+        None => {}
+        Some(&[first, most]) => spec.backoff_ms = [first, most],
+        Some(other) => issues.push(ConfigIssue::new(
             at(location, "backoff_ms"),
             format!(
                 "expected [first, most] in milliseconds, got {} values",
@@ -155,7 +166,7 @@ pub(super) fn restart(
     for (field, problem) in spec.problems() {
         issues.push(ConfigIssue::new(at(location, field), problem));
     }
-    Some(spec)
+    spec
 }
 
 /// Parses a `strategy` name at `location`; `None` when absent.

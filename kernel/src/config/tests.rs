@@ -54,6 +54,19 @@ impl Fixture {
         Config::load(&self.config_path(), &known())
     }
 
+    /// Loads `json` with `vars` as the whole environment `mcp_servers` sees.
+    fn load_env(&self, json: &str, vars: &[(&str, &str)]) -> Result<Config, Vec<ConfigIssue>> {
+        let env = |name: &str| {
+            let found = vars.iter().find(|(var, _)| *var == name);
+            found.map(|(_, value)| (*value).to_owned())
+        };
+        let mut issues = Vec::new();
+        match load_sections(json, &self.config_path(), &known(), &env, &mut issues) {
+            Some(config) if issues.is_empty() => Ok(config),
+            _ => Err(issues),
+        }
+    }
+
     fn issues(&self, json: &str) -> Vec<ConfigIssue> {
         match self.load(json) {
             Ok(config) => panic!("expected issues, got {config:#?}"),
@@ -1208,4 +1221,352 @@ fn sandbox_grants_are_resolved_and_may_not_reach_into_the_data_directory() {
         &["inside the data directory"],
     );
     assert_eq!(found.len(), 2, "{found:#?}");
+}
+
+#[test]
+fn mcp_servers_load_stdio_and_http_with_env_references_expanded() {
+    use hivekernel_agents::{RestartPolicy, RestartSpec};
+    let fixture = Fixture::new();
+    let config = fixture
+        .load_env(
+            r#"{"mcp_servers": {
+                "web": {"url": "http://127.0.0.1:3001/mcp",
+                        "headers": {"Authorization": "Bearer ${API_TOKEN}"}},
+                "fs": {"command": ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/tmp/x"],
+                       "env": {"TOKEN": "${GITHUB_TOKEN}", "PRICE": "$$5 in $HOME"}, "cwd": "work",
+                       "timeout_seconds": 120, "startup_timeout_seconds": 10,
+                       "restart": {"policy": "transient", "max_restarts": 2},
+                       "tools": {"include": ["read_*", "list_*"], "exclude": ["*_write"]},
+                       "enabled": false, "max_output_bytes": 1048576},
+                "local": {"command": ["../bin/server", "--stdio"]}}}"#,
+            &[("API_TOKEN", "s3cret"), ("GITHUB_TOKEN", "ghp_1")],
+        )
+        .unwrap();
+    let names: Vec<&str> = config.mcp.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["fs", "local", "web"], "sorted by name");
+
+    let configs = fixture.root().join("configs");
+    let fs = &config.mcp[0];
+    assert_eq!(
+        fs.transport,
+        McpTransport::Stdio {
+            command: vec![
+                "npx".into(),
+                "-y".into(),
+                "@modelcontextprotocol/server-filesystem".into(),
+                "/tmp/x".into()
+            ],
+            env: [
+                ("PRICE".to_owned(), "$5 in $HOME".to_owned()),
+                ("TOKEN".to_owned(), "ghp_1".to_owned())
+            ]
+            .into(),
+            cwd: Some(configs.join("work")),
+        }
+    );
+    assert_eq!(fs.call_timeout, Duration::from_secs(120));
+    assert_eq!(fs.startup_timeout, Duration::from_secs(10));
+    // Restart fields left out take the MCP defaults, not a process's.
+    assert_eq!(
+        fs.restart,
+        RestartSpec {
+            policy: RestartPolicy::Transient,
+            max_restarts: 2,
+            within_seconds: 60,
+            backoff_ms: [500, 30_000],
+        }
+    );
+    assert!(fs.tools.allows("read_file") && !fs.tools.allows("read_write"));
+    assert!(!fs.tools.allows("delete"));
+    assert_eq!((fs.enabled, fs.max_output_bytes), (false, 1 << 20));
+
+    let local = &config.mcp[1];
+    let program = std::path::absolute(&configs).unwrap().join("../bin/server");
+    assert_eq!(
+        local.transport,
+        McpTransport::Stdio {
+            command: vec![program.display().to_string(), "--stdio".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+        }
+    );
+    assert_eq!(local.call_timeout, Duration::from_secs(60));
+    assert_eq!(local.startup_timeout, Duration::from_secs(30));
+    assert_eq!(
+        local.restart,
+        RestartSpec {
+            policy: RestartPolicy::Permanent,
+            max_restarts: 5,
+            within_seconds: 60,
+            backoff_ms: [500, 30_000],
+        }
+    );
+    assert_eq!(local.tools, McpToolFilter::default());
+    assert_eq!((local.enabled, local.max_output_bytes), (true, 4 << 20));
+
+    assert_eq!(
+        config.mcp[2].transport,
+        McpTransport::Http {
+            url: "http://127.0.0.1:3001/mcp".into(),
+            headers: [("Authorization".to_owned(), "Bearer s3cret".to_owned())].into(),
+        }
+    );
+    assert!(Fixture::new().load("{}").unwrap().mcp.is_empty());
+}
+
+#[test]
+fn mcp_server_mistakes_are_all_reported_where_they_are() {
+    let long = "x".repeat(4097);
+    let glob = "g".repeat(129);
+    let json = r#"{"mcp_servers": {
+        "both": {"command": ["sh"], "url": "http://h/mcp"},
+        "none": {},
+        "bad name": {"url": "http://h/mcp"},
+        "empty": {"command": []},
+        "args": {"command": ["", "a\u0000b", "LONG"]},
+        "stdio": {"command": ["sh"], "env": {"": "x", "A=B": "y", "NUL": "a\u0000"},
+                  "headers": {"X": "y"}, "cwd": ""},
+        "http": {"url": "ftp://h/mcp", "env": {"A": "1"}, "cwd": "w",
+                 "headers": {"Bad Name": "v", "X-Ok": "a\r\nb"}},
+        "nohost": {"url": "https://"},
+        "off": {"enabled": false, "command": ["sh"], "timeout_seconds": 0,
+                "startup_timeout_seconds": 3601, "max_output_bytes": 1024,
+                "restart": {"policy": "forever", "backoff_ms": [1]},
+                "tools": {"include": [""], "exclude": ["GLOB"], "only": []}, "colour": 1}}}"#
+        .replace("LONG", &long)
+        .replace("GLOB", &glob);
+    let found = issues(&json);
+    assert_issue(&found, "mcp_servers.both", &["either command", "not both"]);
+    assert_issue(&found, "mcp_servers.none", &["missing", "command", "url"]);
+    assert_issue(
+        &found,
+        "mcp_servers[\"bad name\"]",
+        &["ASCII letters, digits", "' '"],
+    );
+    assert_issue(&found, "mcp_servers.empty.command", &["must not be empty"]);
+    assert_issue(
+        &found,
+        "mcp_servers.args.command[0]",
+        &["program must not be empty"],
+    );
+    assert_issue(&found, "mcp_servers.args.command[1]", &["NUL"]);
+    assert_issue(
+        &found,
+        "mcp_servers.args.command[2]",
+        &["4097 bytes", "at most 4096"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.stdio.env.\"\"",
+        &["\"\" is not a variable name"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.stdio.env.A=B",
+        &["\"A=B\" is not a variable name"],
+    );
+    assert_issue(&found, "mcp_servers.stdio.env.NUL", &["NUL byte"]);
+    assert_issue(
+        &found,
+        "mcp_servers.stdio.headers",
+        &["only for a server with url"],
+    );
+    assert_issue(&found, "mcp_servers.stdio.cwd", &["must not be empty"]);
+    assert_issue(
+        &found,
+        "mcp_servers.http.url",
+        &["\"ftp://h/mcp\"", "http:// or https://"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.http.env",
+        &["only for a server with command"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.http.cwd",
+        &["only for a server with command"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.http.headers.Bad Name",
+        &["\"Bad Name\" is not an HTTP header name"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.http.headers.X-Ok",
+        &["control character"],
+    );
+    assert_issue(&found, "mcp_servers.nohost.url", &["has no host"]);
+    // A disabled server is checked all the same.
+    assert_issue(
+        &found,
+        "mcp_servers.off.timeout_seconds",
+        &["between 1 and 86400, got 0"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.startup_timeout_seconds",
+        &["between 1 and 3600, got 3601"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.max_output_bytes",
+        &["between 4096 and 268435456, got 1024"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.restart.policy",
+        &["\"forever\"", "permanent, transient, temporary"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.restart.backoff_ms",
+        &["expected [first, most]", "got 1 values"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.tools.include[0]",
+        &["1 to 128 bytes, got 0"],
+    );
+    assert_issue(
+        &found,
+        "mcp_servers.off.tools.exclude[0]",
+        &["got 129 bytes"],
+    );
+    assert_issue(&found, "mcp_servers.off.tools.only", &["unknown field"]);
+    assert_issue(&found, "mcp_servers.off.colour", &["unknown field"]);
+    assert_eq!(found.len(), 27, "{found:#?}");
+
+    let found = issues(r#"{"mcp_servers": ["fs"]}"#);
+    assert_issue(&found, "mcp_servers", &["expected a JSON object"]);
+    let found = issues(r#"{"mcp_servers": {"fs": "npx"}}"#);
+    assert_issue(&found, "mcp_servers.fs", &["expected a JSON object"]);
+    assert_eq!(found.len(), 1, "{found:#?}");
+}
+
+#[test]
+fn env_references_expand_through_the_lookup() {
+    let lookup = |name: &str| match name {
+        "X" => Some("1".to_owned()),
+        "EMPTY" => Some(String::new()),
+        _ => None,
+    };
+    let expand = |text: &str| super::mcp::expand(text, lookup);
+    assert_eq!(expand("a ${X} b").unwrap(), "a 1 b");
+    assert_eq!(expand("${X}${X}${EMPTY}").unwrap(), "11");
+    assert_eq!(expand("$$").unwrap(), "$");
+    assert_eq!(expand("$$${X}").unwrap(), "$1");
+    assert_eq!(expand("$${X}").unwrap(), "${X}");
+    assert_eq!(expand("$HOME costs 5$").unwrap(), "$HOME costs 5$");
+    assert_eq!(expand("no references").unwrap(), "no references");
+    assert_eq!(
+        expand("${A}-${X}-${B_2}").unwrap_err(),
+        [
+            "environment variable A is not set",
+            "environment variable B_2 is not set"
+        ]
+    );
+    let problems = expand("${X").unwrap_err();
+    assert_eq!(problems.len(), 1);
+    assert!(problems[0].contains("without a closing"), "{problems:?}");
+    for bad in ["${}", "${1X}", "${A-B}"] {
+        let problems = expand(bad).unwrap_err();
+        assert!(
+            problems[0].contains("does not name an environment variable"),
+            "{bad}: {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_variable_is_an_issue_where_it_is_named() {
+    let found = Fixture::new()
+        .load_env(
+            r#"{"mcp_servers": {
+                "gh": {"url": "${GH_URL}", "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"}},
+                "fs": {"command": ["${FS_BIN}"], "env": {"K": "${X"}}}}"#,
+            &[("GH_URL", "ftp://secret@host")],
+        )
+        .unwrap_err();
+    assert_issue(
+        &found,
+        "mcp_servers.gh.headers.Authorization",
+        &["environment variable GITHUB_TOKEN is not set"],
+    );
+    // The expanded URL is never quoted: it may hold a secret.
+    assert_issue(
+        &found,
+        "mcp_servers.gh.url",
+        &["\"${GH_URL}\" (expanded)", "http:// or https://"],
+    );
+    assert!(!found.iter().any(|i| i.message.contains("secret")));
+    assert_issue(
+        &found,
+        "mcp_servers.fs.command[0]",
+        &["environment variable FS_BIN is not set"],
+    );
+    assert_issue(&found, "mcp_servers.fs.env.K", &["without a closing"]);
+    assert_eq!(found.len(), 4, "{found:#?}");
+}
+
+#[test]
+fn agents_name_mcp_servers_in_their_tools() {
+    let servers = r#""mcp_servers": {"fs": {"command": ["sh"]},
+                                      "web": {"url": "http://h/mcp"},
+                                      "off": {"command": ["sh"], "enabled": false}}"#;
+    let config = Fixture::new()
+        .load(&format!(
+            r#"{{{servers},
+                "agents": [{{"name": "a", "tools": ["read_file", "mcp:fs", "mcp:fs/read_file"]}}],
+                "templates": [{{"name": "t", "tools": ["mcp:web/search"]}}]}}"#
+        ))
+        .unwrap();
+    assert_eq!(
+        config.agents[0].tools,
+        ["read_file", "mcp:fs", "mcp:fs/read_file"]
+    );
+    assert_eq!(config.templates[0].tools, ["mcp:web/search"]);
+
+    let found = issues(&format!(
+        r#"{{{servers},
+            "roles": {{"worker": {{"capabilities": ["file_read"]}}}},
+            "agents": [{{"name": "a", "tools": ["mcp:nope", "mcp:off/x", "mcp:", "mcp:fs", "mcp:fs"]}},
+                       {{"name": "w", "role": "worker", "tools": ["read_file", "mcp:fs/read"]}}],
+            "templates": [{{"name": "t", "tools": ["mcp:a b"]}}]}}"#
+    ));
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[0]",
+        &["unknown MCP server \"nope\" (known: fs, off, web)"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[1]",
+        &["MCP server \"off\" is disabled", "mcp_servers.off.enabled"],
+    );
+    assert_issue(&found, "agents[0] (a).tools[2]", &["\"mcp:\"", "1 to 64"]);
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[4]",
+        &["duplicate tool \"mcp:fs\"", "tools[3]"],
+    );
+    assert_issue(
+        &found,
+        "agents[1] (w).tools[1]",
+        &[
+            "tool \"mcp:fs/read\" needs capability mcp_tools",
+            "role worker",
+            "roles.worker.capabilities",
+        ],
+    );
+    assert_issue(&found, "templates[0] (t).tools[0]", &["\"mcp:a b\""]);
+    assert_eq!(found.len(), 6, "{found:#?}");
+
+    let found = issues(r#"{"agents": [{"name": "a", "tools": ["mcp:fs"]}]}"#);
+    assert_issue(
+        &found,
+        "agents[0] (a).tools[0]",
+        &["unknown MCP server \"fs\" (no mcp_servers configured)"],
+    );
 }

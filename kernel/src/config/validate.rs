@@ -7,12 +7,12 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use hivekernel_agents::{ExecCommand, LimitOverrides, Role, Tier};
+use hivekernel_agents::{Capability, ExecCommand, LimitOverrides, McpSelector, Role, Tier};
 
 use crate::store::Synchronous;
 
 use super::parse::{Agent, RawAgent, RawKernel, Section};
-use super::{AgentSpec, ConfigIssue, KernelSettings, Known, at};
+use super::{AgentSpec, ConfigIssue, KernelSettings, Known, McpServerSpec, at};
 use crate::command::{self, EXEC_RUNTIME};
 use crate::files::FileProblem;
 
@@ -47,16 +47,31 @@ impl Checked {
     }
 }
 
-/// What every check needs: where relative paths start and which runtimes and tools exist.
+/// What every check needs: where relative paths start and which runtimes,
+/// tools and MCP servers exist.
 #[derive(Debug)]
 pub(super) struct Context<'a> {
     base: &'a Path,
     known: &'a Known,
+    /// The checked `mcp_servers`, which agents' `mcp:` tool entries name.
+    mcp: &'a [McpServerSpec],
 }
 
 impl<'a> Context<'a> {
     pub(super) fn new(base: &'a Path, known: &'a Known) -> Self {
-        Context { base, known }
+        Context {
+            base,
+            known,
+            mcp: &[],
+        }
+    }
+
+    /// These checks, with `servers` as the MCP servers agents may name.
+    pub(super) fn with_mcp(self, servers: &'a [McpServerSpec]) -> Self {
+        Context {
+            mcp: servers,
+            ..self
+        }
     }
 
     /// Checks the kernel section and returns the settings and the ceilings for agents.
@@ -339,17 +354,9 @@ impl<'a> Context<'a> {
             ));
             return None;
         };
-        // Absolute, so neither depends on the directory the kernel runs in.
-        let base = if self.base.as_os_str().is_empty() {
-            std::env::current_dir().unwrap_or_default()
-        } else {
-            std::path::absolute(self.base).unwrap_or_else(|_| self.base.to_owned())
-        };
-        if let Some(program) = argv.first_mut()
-            && program.contains('/')
-            && !Path::new(program.as_str()).is_absolute()
-        {
-            *program = base.join(program.as_str()).display().to_string();
+        let base = self.absolute_base();
+        if let Some(program) = argv.first_mut() {
+            resolve_program(program, &base);
         }
         let command = ExecCommand {
             argv,
@@ -367,6 +374,16 @@ impl<'a> Context<'a> {
         Some(command)
     }
 
+    /// The config file's directory, absolute, so that a program or working
+    /// directory resolved against it does not depend on where the kernel runs.
+    pub(super) fn absolute_base(&self) -> PathBuf {
+        if self.base.as_os_str().is_empty() {
+            std::env::current_dir().unwrap_or_default()
+        } else {
+            std::path::absolute(self.base).unwrap_or_else(|_| self.base.to_owned())
+        }
+    }
+
     /// Why `name` is not a registered runtime, listing the ones that are.
     pub(super) fn runtime_problem(&self, name: &str) -> Option<String> {
         if self.known.runtimes.iter().any(|known| known == name) {
@@ -380,7 +397,8 @@ impl<'a> Context<'a> {
         Some(format!("unknown runtime {name:?} ({known})"))
     }
 
-    /// Checks a tool list: names known, non-empty, no duplicates.
+    /// Checks a tool list: names known (built-in tools, or `mcp:` entries
+    /// naming an enabled server), non-empty, no duplicates.
     fn check_tools(&self, tools: &[String], location: &str, issues: &mut Vec<ConfigIssue>) {
         let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, tool) in tools.iter().enumerate() {
@@ -395,6 +413,15 @@ impl<'a> Context<'a> {
                     here,
                     format!("duplicate tool {tool:?} (also {location}[{first}])"),
                 ));
+            } else if let Some(selector) = McpSelector::parse(tool) {
+                match selector.map(|selector| self.mcp_problem(&selector.server)) {
+                    Ok(None) => {
+                        first_seen.insert(tool, i);
+                    }
+                    Ok(Some(problem)) | Err(problem) => {
+                        issues.push(ConfigIssue::new(here, problem));
+                    }
+                }
             } else if !self.known.tools.contains(tool) {
                 issues.push(ConfigIssue::new(
                     here,
@@ -409,7 +436,30 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Checks that `role` grants every capability the tools need.
+    /// Why agents cannot use the MCP server `server`: it is not configured,
+    /// or disabled. Its tools are known only once it runs, so a selector's
+    /// tool part is not checked here.
+    fn mcp_problem(&self, server: &str) -> Option<String> {
+        match self.mcp.iter().find(|spec| spec.name == server) {
+            Some(spec) if spec.enabled => None,
+            Some(_) => Some(format!(
+                "MCP server {server:?} is disabled (mcp_servers.{server}.enabled is false)"
+            )),
+            None if self.mcp.is_empty() => Some(format!(
+                "unknown MCP server {server:?} (no mcp_servers configured)"
+            )),
+            None => {
+                let known: Vec<&str> = self.mcp.iter().map(|spec| spec.name.as_str()).collect();
+                Some(format!(
+                    "unknown MCP server {server:?} (known: {})",
+                    known.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// Checks that `role` grants every capability the tools need (an `mcp:`
+    /// entry needs `mcp_tools`).
     fn check_tool_capabilities(
         &self,
         tools: &[String],
@@ -420,7 +470,13 @@ impl<'a> Context<'a> {
     ) {
         let granted = kernel.capabilities(role);
         for (i, tool) in tools.iter().enumerate() {
-            if let Some(&needed) = self.known.tool_capabilities.get(tool)
+            let needed = match McpSelector::parse(tool) {
+                Some(Ok(_)) => Some(Capability::McpTools),
+                // A malformed entry is reported by `check_tools`.
+                Some(Err(_)) => None,
+                None => self.known.tool_capabilities.get(tool).copied(),
+            };
+            if let Some(needed) = needed
                 && !granted.contains(needed)
             {
                 issues.push(ConfigIssue::new(
@@ -447,6 +503,14 @@ impl<'a> Context<'a> {
         }
         // `join` keeps an absolute path as it is.
         Some(self.base.join(value))
+    }
+}
+
+/// `program` resolved against `base` when it is a relative path with a
+/// slash; a bare name is left for PATH lookup, an absolute path as it is.
+pub(super) fn resolve_program(program: &mut String, base: &Path) {
+    if program.contains('/') && !Path::new(program.as_str()).is_absolute() {
+        *program = base.join(program.as_str()).display().to_string();
     }
 }
 

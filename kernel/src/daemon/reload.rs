@@ -356,6 +356,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("tool_agent", running.started.agent != config.agent),
         ("tool_agent (tools)", running.started.tools != config.tools),
         ("templates", running.started.templates != config.templates),
+        ("mcp_servers", running.started.mcp != config.mcp),
     ];
     fields
         .into_iter()

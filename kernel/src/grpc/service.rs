@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron, reload, transcript};
+use super::{attach, convert, cron, mcp, reload, transcript};
 use crate::kernel::{Caller, Kernel};
 use crate::reload::ConfigReload;
 use crate::trace::scope;
@@ -327,6 +327,39 @@ impl KernelRpc for KernelService {
         let query = transcript::query(req)?;
         let page = self.kernel.transcript(caller, pid, query).await?;
         Ok(Response::new(transcript::page(page)))
+    }
+
+    async fn list_mcp_servers(
+        &self,
+        request: Request<pb::ListMcpServersRequest>,
+    ) -> Rpc<pb::ListMcpServersResponse> {
+        caller(&request)?;
+        Ok(Response::new(mcp::servers(&self.kernel)))
+    }
+
+    async fn list_mcp_tools(
+        &self,
+        request: Request<pb::ListMcpToolsRequest>,
+    ) -> Rpc<pb::ListMcpToolsResponse> {
+        caller(&request)?;
+        Ok(Response::new(mcp::tools(
+            &self.kernel,
+            &request.get_ref().server,
+        )?))
+    }
+
+    async fn call_mcp_tool(
+        &self,
+        request: Request<pb::CallMcpToolRequest>,
+    ) -> Rpc<pb::CallMcpToolResponse> {
+        let caller = caller(&request)?;
+        let trace = trace_of(&request);
+        let answer = scope(
+            Some(trace),
+            mcp::call(&self.kernel, caller, request.get_ref()),
+        )
+        .await?;
+        Ok(Response::new(answer))
     }
 
     type WatchTranscriptStream = ReceiverStream<Result<pb::TranscriptEntry, Status>>;

@@ -4,7 +4,7 @@
 //! A process holds its role's capabilities (the `roles` section) narrowed to
 //! its parent's. The admin token acts as PID 1 and holds every capability.
 
-use hivekernel_agents::{Capabilities, Capability, Pid, Role};
+use hivekernel_agents::{Capabilities, Capability, McpSelector, Pid, Role};
 
 use crate::error::{KernelError, Result};
 use crate::events::EventKind;
@@ -80,6 +80,21 @@ pub(crate) struct ChildGrant<'a> {
 }
 
 impl ChildGrant<'_> {
+    /// Whether the parent has `tool`: the same entry, or for an MCP entry
+    /// one that covers it (`mcp:fs` covers `mcp:fs/read_file`).
+    fn parent_has(&self, tool: &str) -> bool {
+        if self.parent_tools.iter().any(|own| own == tool) {
+            return true;
+        }
+        let Some(Ok(wanted)) = McpSelector::parse(tool) else {
+            return false;
+        };
+        self.parent_tools
+            .iter()
+            .filter_map(|own| McpSelector::parse(own)?.ok())
+            .any(|own| own.covers(&wanted))
+    }
+
     /// The child's capabilities: its role's, never more than its parent's.
     /// Refused when a tool is not among the parent's (PID 1 may give any)
     /// or needs a capability the child does not get.
@@ -93,7 +108,7 @@ impl ChildGrant<'_> {
         if self.parent_role != Role::Kernel {
             let extra: Vec<&str> = tools
                 .iter()
-                .filter(|tool| !self.parent_tools.contains(tool))
+                .filter(|tool| !self.parent_has(tool))
                 .map(String::as_str)
                 .collect();
             if !extra.is_empty() {

@@ -16,10 +16,11 @@ use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
 
 use super::{Kernel, Parts, cron};
-use crate::config::KernelSettings;
+use crate::config::{KernelSettings, McpServerSpec};
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
 use crate::kernel::Restored;
+use crate::mcp::McpServers;
 use crate::runtime::RuntimeRegistry;
 use crate::store::{Recovered, Store};
 
@@ -54,6 +55,7 @@ pub struct KernelBuilder {
     templates: HashMap<String, SpawnRequest>,
     agents: Vec<Declared>,
     cron_anchor: Option<(u64, tokio::time::Instant)>,
+    mcp: Vec<McpServerSpec>,
 }
 
 /// A started kernel, and what starting it did.
@@ -92,6 +94,7 @@ impl Kernel {
             templates: HashMap::new(),
             agents: Vec::new(),
             cron_anchor: None,
+            mcp: Vec::new(),
         }
     }
 }
@@ -130,6 +133,12 @@ impl KernelBuilder {
         self
     }
 
+    /// The MCP servers the kernel starts and supervises (`mcp_servers`).
+    pub fn mcp_servers(mut self, servers: Vec<McpServerSpec>) -> Self {
+        self.mcp = servers;
+        self
+    }
+
     /// The config's agents, started as children of PID 1 in this order.
     pub fn agents(mut self, agents: Vec<Declared>) -> Self {
         self.agents = agents;
@@ -159,6 +168,7 @@ impl KernelBuilder {
             templates,
             agents,
             cron_anchor,
+            mcp,
         } = self;
         if let Some(exec) = exec {
             runtimes.enable_exec(exec);
@@ -169,6 +179,9 @@ impl KernelBuilder {
         };
         store.set_event_log_limit(settings.event_log_limit);
         let durable = store.is_durable();
+        // A server's stderr is kept where exec agents' output is, when
+        // the kernel keeps anything on disk.
+        let mcp_logs = durable.then(|| settings.data_dir.join("logs"));
         let kernel = Kernel::assemble(Parts {
             settings,
             runtimes,
@@ -177,7 +190,9 @@ impl KernelBuilder {
             recovered: recovered.as_ref(),
             templates,
             cron_anchor,
+            mcp: McpServers::new(mcp, mcp_logs),
         });
+        kernel.start_mcp();
         if recovered.is_some() {
             kernel.reclaim_exec_orphans();
         }

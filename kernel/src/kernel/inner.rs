@@ -22,6 +22,7 @@ use crate::config::{KernelSettings, RoleSettings};
 use crate::counter::Counter;
 use crate::events::{EventBus, unix_ms};
 use crate::mailbox::Mailbox;
+use crate::mcp::McpServers;
 use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store};
@@ -42,6 +43,7 @@ pub(super) struct Parts<'a> {
     pub(super) recovered: Option<&'a Recovered>,
     pub(super) templates: HashMap<String, SpawnRequest>,
     pub(super) cron_anchor: Option<(u64, tokio::time::Instant)>,
+    pub(super) mcp: McpServers,
 }
 
 #[derive(Debug)]
@@ -69,6 +71,8 @@ pub(super) struct Inner {
     stopping: AtomicBool,
     reaper: Reaper,
     cron: Cron,
+    /// The MCP servers the config names; fixed at start.
+    mcp: McpServers,
 }
 
 impl Inner {
@@ -82,6 +86,7 @@ impl Inner {
             recovered,
             templates,
             cron_anchor,
+            mcp,
         } = parts;
         let start = |counter: store::Counter, fresh: u64| {
             recovered.map_or(fresh, |r| r.next(counter).max(fresh))
@@ -162,6 +167,7 @@ impl Inner {
             stopping: AtomicBool::new(false),
             reaper: Reaper::default(),
             cron: Cron::new(templates, cron_anchor),
+            mcp,
         }
     }
 
@@ -245,5 +251,9 @@ impl Inner {
 
     pub(super) fn cron(&self) -> &Cron {
         &self.cron
+    }
+
+    pub(super) fn mcp(&self) -> &McpServers {
+        &self.mcp
     }
 }

@@ -70,6 +70,7 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
+        self.check_mcp_tools(&request.tools)?;
         // A working directory is read-granted to a sandboxed command and
         // created if missing: the admin's to choose, not a process's.
         if let Caller::Process(me) = caller

@@ -6,9 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError};
 use hivekernel_agents::{
-    Artifact, ArtifactId, ArtifactInfo, CronInfo, CronSpec, ExitRecord, MemoryEntry, MemoryHit,
-    MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest,
-    SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport, TurnRecord,
+    Artifact, ArtifactId, ArtifactInfo, CronInfo, CronSpec, ExitRecord, McpOutput, McpTools,
+    MemoryEntry, MemoryHit, MessageId, NewArtifact, NewMemory, Outgoing, Pid, ProcessInfo,
+    RequestId, SpawnRequest, SyscallError, Syscalls, TaskReply, TaskSpec, ToolCallReport,
+    TurnRecord,
 };
 
 use crate::error::KernelError;
@@ -192,6 +193,22 @@ impl Syscalls for KernelSyscalls {
         Ok(self
             .kernel()?
             .memory_recall(self.caller(), query, limit)
+            .await?)
+    }
+
+    async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {
+        Ok(self.kernel()?.mcp_tools(self.caller(), server).await?)
+    }
+
+    async fn mcp_call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<McpOutput, SyscallError> {
+        Ok(self
+            .kernel()?
+            .mcp_call(self.caller(), server, tool, arguments)
             .await?)
     }
 }

@@ -56,20 +56,7 @@ impl Supervision {
     /// Admits one more restart at `now` and returns its delay, or refuses
     /// it with the number of restarts already in the window.
     pub(crate) fn admit(&mut self, now: Instant) -> Result<Duration, u32> {
-        let window = Duration::from_secs(self.restart.within_seconds);
-        while self
-            .recent
-            .front()
-            .is_some_and(|&at| now.saturating_duration_since(at) >= window)
-        {
-            self.recent.pop_front();
-        }
-        let recent = u32::try_from(self.recent.len()).unwrap_or(u32::MAX);
-        if recent >= self.restart.max_restarts {
-            return Err(recent);
-        }
-        self.recent.push_back(now);
-        Ok(self.restart.delay(recent))
+        self.restart.admit(&mut self.recent, now)
     }
 
     /// Carries on after a kernel restart with the restarts it had and those

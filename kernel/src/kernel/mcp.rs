@@ -1,0 +1,138 @@
+//! MCP tools through the kernel's checks: a process reaches a server's
+//! tools only when it holds `mcp_tools` and its tool list selects them
+//! (`mcp:<server>` or `mcp:<server>/<tool>`); the admin reaches every one.
+//! The servers themselves are the `mcp` subsystem's (crate::mcp).
+
+use std::sync::Arc;
+
+use hivekernel_agents::{Capability, McpOutput, McpSelector, McpTools};
+
+use crate::error::{KernelError, Result};
+use crate::kernel::{Caller, Kernel};
+use crate::mcp::{Report, ServerInfo};
+
+/// One tool of a server as `mcp tools` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpToolInfo {
+    /// Its name on the server.
+    pub name: String,
+    /// The name models see; empty for a tool left out.
+    pub exposed: String,
+    /// Its description, as the server gave it.
+    pub description: String,
+    /// Its input schema, as JSON.
+    pub input_schema: String,
+    /// Why agents are not offered it; `None` when they are.
+    pub left_out: Option<String>,
+}
+
+impl Kernel {
+    /// Starts the supervisors of the enabled MCP servers; they stop with
+    /// the kernel's shutdown token, after its processes.
+    pub(super) fn start_mcp(&self) {
+        let weak = self.downgrade();
+        let report: Report = Arc::new(move |pid, kind| {
+            if let Some(inner) = weak.upgrade() {
+                inner.events().emit(pid, kind);
+            }
+        });
+        self.inner
+            .mcp()
+            .start(self.inner.tracker(), self.inner.shutdown(), &report);
+    }
+
+    /// Every configured MCP server and its state.
+    pub fn mcp_servers(&self) -> Vec<ServerInfo> {
+        self.inner.mcp().infos()
+    }
+
+    /// The tools MCP server `name` lists, those offered to agents first.
+    pub fn mcp_server_tools(&self, name: &str) -> Result<Vec<McpToolInfo>> {
+        let catalog = self.inner.mcp().catalog(name)?;
+        let offered = catalog.tools.iter().map(|tool| McpToolInfo {
+            name: tool.name.clone(),
+            exposed: tool.schema.name.clone(),
+            description: tool.schema.description.clone(),
+            input_schema: tool.schema.parameters.to_string(),
+            left_out: None,
+        });
+        let left_out = catalog.left_out.iter().map(|(name, why)| McpToolInfo {
+            name: name.clone(),
+            exposed: String::new(),
+            description: String::new(),
+            input_schema: String::new(),
+            left_out: Some(why.clone()),
+        });
+        Ok(offered.chain(left_out).collect())
+    }
+
+    /// Checks the MCP entries of a spawn's tool list: well formed, a
+    /// configured server, and a tool it offers when its tools are known
+    /// (a server still starting is checked at each call instead).
+    pub(crate) fn check_mcp_tools(&self, tools: &[String]) -> Result<()> {
+        for entry in tools {
+            let Some(selector) = McpSelector::parse(entry) else {
+                continue;
+            };
+            let selector = selector.map_err(KernelError::InvalidArgument)?;
+            self.inner.mcp().check(&selector)?;
+        }
+        Ok(())
+    }
+
+    /// The tools of `server` for `caller`'s turn: what the server offers now
+    /// (waiting while it starts, up to its startup timeout).
+    pub async fn mcp_tools(&self, caller: Caller, server: &str) -> Result<McpTools> {
+        let granted = self.mcp_grant(caller, server, None);
+        self.report_denial(caller, "mcp_tools", granted)?;
+        self.inner.mcp().tools(server).await
+    }
+
+    /// Calls `tool` of `server` for `caller`, within the server's deadline.
+    pub async fn mcp_call(
+        &self,
+        caller: Caller,
+        server: &str,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<McpOutput> {
+        self.check_running()?;
+        let granted = self.mcp_grant(caller, server, Some(tool));
+        self.report_denial(caller, "mcp_call", granted)?;
+        self.inner.mcp().call(server, tool, arguments).await
+    }
+
+    /// Refuses a process that lacks `mcp_tools`, or whose tool list selects
+    /// nothing of `server` (with `tool`: not that tool).
+    fn mcp_grant(&self, caller: Caller, server: &str, tool: Option<&str>) -> Result<()> {
+        let Caller::Process(pid) = caller else {
+            return Ok(());
+        };
+        self.require(caller, Capability::McpTools, "use MCP tools")?;
+        let tools = {
+            let table = self.inner.table().read();
+            let Some(entry) = table.get(pid) else {
+                return Err(KernelError::NotFound(pid));
+            };
+            entry.proc.ctx.tools.clone()
+        };
+        let selected = tools
+            .iter()
+            .filter_map(|entry| McpSelector::parse(entry)?.ok())
+            .any(|selector| match tool {
+                Some(tool) => selector.selects(server, tool),
+                None => selector.server == server,
+            });
+        if selected {
+            return Ok(());
+        }
+        let wanted = match tool {
+            Some(tool) => format!("mcp:{server}/{tool}"),
+            None => format!("mcp:{server}"),
+        };
+        Err(KernelError::PermissionDenied(format!(
+            "process {pid} was not given {} (its tool list has no entry selecting it)",
+            crate::error::shown(&wanted)
+        )))
+    }
+}

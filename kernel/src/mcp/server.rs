@@ -1,0 +1,481 @@
+//! One supervised MCP server: its state, and the task that keeps it running.
+//!
+//! The supervisor task owns the connection. It starts the server (the
+//! handshake and the first `tools/list` within `startup_timeout`), then
+//! waits for one of: the connection ending on its own (a crash, an exit,
+//! a lost HTTP session), a call that went past its deadline (it then sends
+//! a `ping`, and a server that does not answer it within the startup
+//! timeout is taken as hung), the server saying its tool list changed (it
+//! lists them again), or the kernel stopping. After a failure the restart
+//! policy decides, with the same intensity rule and backoff as a
+//! process's; past the intensity the server stays `failed` and an event
+//! says so. State changes take a short lock, never held across an `.await`.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::{McpTools, Pid};
+use parking_lot::Mutex;
+use rmcp::RoleClient;
+use rmcp::service::{Peer, ServiceError};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::catalog::Catalog;
+use super::connect::{Connection, Listener};
+use crate::config::{McpServerSpec, McpTransport};
+use crate::event::EventKind;
+use crate::events::unix_ms;
+
+/// Where a server is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// `enabled: false` in the config: never started.
+    Disabled,
+    /// Being started: the handshake and the first tool list.
+    Starting,
+    /// Answering calls.
+    Ready,
+    /// Failed; waiting out its backoff before the next start.
+    Restarting,
+    /// Failed for good: past its restart intensity, or its policy restarts
+    /// nothing. It stays so until the kernel restarts.
+    Failed,
+    /// The kernel is stopping, or has stopped it.
+    Stopped,
+}
+
+impl Phase {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Phase::Disabled => "disabled",
+            Phase::Starting => "starting",
+            Phase::Ready => "ready",
+            Phase::Restarting => "restarting",
+            Phase::Failed => "failed",
+            Phase::Stopped => "stopped",
+        }
+    }
+}
+
+/// What the supervisor reports: an `mcp_server` event, on PID 1.
+pub(crate) type Report = Arc<dyn Fn(Pid, EventKind) + Send + Sync>;
+
+/// A server as `mcp ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Its name in `mcp_servers`.
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: &'static str,
+    /// The program it runs, or the URL it is reached at.
+    pub target: String,
+    /// `disabled`, `starting`, `ready`, `restarting`, `failed` or `stopped`.
+    pub state: &'static str,
+    /// Restarts since the kernel started.
+    pub restarts: u32,
+    /// Tools it offers to agents.
+    pub tools: usize,
+    /// Tools it lists that agents are not offered.
+    pub left_out: usize,
+    /// Why it last failed.
+    pub last_error: Option<String>,
+    /// The OS process of a stdio server, while it runs.
+    pub os_pid: Option<u32>,
+    /// When it entered its state, in ms since the Unix epoch.
+    pub since_unix_ms: u64,
+    /// The name and version the server gave in the handshake.
+    pub server: Option<String>,
+}
+
+/// One server and its state.
+pub(crate) struct Server {
+    pub(crate) name: Arc<str>,
+    pub(crate) spec: McpServerSpec,
+    state: Mutex<State>,
+    /// Bumped at each change of phase, for callers waiting for `ready`.
+    changed: watch::Sender<u64>,
+    /// A call went past its deadline: the supervisor checks the server.
+    suspect: Notify,
+    /// The server said its tool list changed.
+    tools_changed: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("name", &self.name)
+            .field("phase", &self.state.lock().phase)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    peer: Option<Peer<RoleClient>>,
+    catalog: Catalog,
+    restarts: u32,
+    /// When the restarts in the intensity window were decided.
+    recent: VecDeque<Instant>,
+    last_error: Option<String>,
+    os_pid: Option<u32>,
+    since_unix_ms: u64,
+    server: Option<String>,
+}
+
+/// Why a call could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unready {
+    /// Not started, failed for good, or stopped: no point waiting.
+    Down(String),
+    /// Still starting, or restarting, after waiting as long as allowed.
+    NotYet(String),
+}
+
+impl Server {
+    pub(crate) fn new(spec: McpServerSpec) -> Server {
+        let phase = if spec.enabled {
+            Phase::Starting
+        } else {
+            Phase::Disabled
+        };
+        Server {
+            name: Arc::from(spec.name.as_str()),
+            spec,
+            state: Mutex::new(State {
+                phase,
+                peer: None,
+                catalog: Catalog::default(),
+                restarts: 0,
+                recent: VecDeque::new(),
+                last_error: None,
+                os_pid: None,
+                since_unix_ms: unix_ms(SystemTime::now()),
+                server: None,
+            }),
+            changed: watch::Sender::new(0),
+            suspect: Notify::new(),
+            tools_changed: Arc::new(Notify::new()),
+        }
+    }
+
+    pub(crate) fn info(&self) -> ServerInfo {
+        let state = self.state.lock();
+        let (transport, target) = match &self.spec.transport {
+            McpTransport::Stdio { command, .. } => {
+                ("stdio", command.first().cloned().unwrap_or_default())
+            }
+            // The query may hold a secret; the path and host do not.
+            McpTransport::Http { url, .. } => (
+                "http",
+                url.split(['?', '#']).next().unwrap_or_default().to_owned(),
+            ),
+        };
+        ServerInfo {
+            name: self.spec.name.clone(),
+            transport,
+            target,
+            state: self.state_name(state.phase),
+            restarts: state.restarts,
+            tools: state.catalog.tools.len(),
+            left_out: state.catalog.left_out.len(),
+            last_error: state.last_error.clone(),
+            os_pid: state.os_pid,
+            since_unix_ms: state.since_unix_ms,
+            server: state.server.clone(),
+        }
+    }
+
+    /// What `phase` is called for this server: an HTTP server waiting to
+    /// be reached again is `unavailable` (nothing of it is restarted).
+    fn state_name(&self, phase: Phase) -> &'static str {
+        match (&self.spec.transport, phase) {
+            (McpTransport::Http { .. }, Phase::Restarting) => "unavailable",
+            _ => phase.as_str(),
+        }
+    }
+
+    /// The tools it offers and those it leaves out, as they stand.
+    pub(crate) fn catalog(&self) -> Catalog {
+        self.state.lock().catalog.clone()
+    }
+
+    /// Its peer and tools once it is ready: at once if it is, else after
+    /// waiting up to `wait` while it starts or restarts.
+    pub(crate) async fn ready(
+        &self,
+        wait: Duration,
+    ) -> Result<(Peer<RoleClient>, McpTools), Unready> {
+        let mut changes = self.changed.subscribe();
+        let deadline = Instant::now() + wait;
+        loop {
+            {
+                let state = self.state.lock();
+                match state.phase {
+                    Phase::Ready => {
+                        if let Some(peer) = &state.peer {
+                            return Ok((peer.clone(), state.catalog.tools.clone()));
+                        }
+                    }
+                    Phase::Starting | Phase::Restarting => {}
+                    Phase::Disabled => {
+                        return Err(Unready::Down(format!(
+                            "MCP server {} is disabled (mcp_servers.{}.enabled)",
+                            self.name, self.name
+                        )));
+                    }
+                    Phase::Failed => {
+                        return Err(Unready::Down(format!(
+                            "MCP server {} has failed for good{}",
+                            self.name,
+                            because(state.last_error.as_deref())
+                        )));
+                    }
+                    Phase::Stopped => {
+                        return Err(Unready::Down(format!(
+                            "MCP server {} is stopped",
+                            self.name
+                        )));
+                    }
+                }
+            }
+            let waited = tokio::time::timeout_at(deadline, changes.changed()).await;
+            if !matches!(waited, Ok(Ok(()))) {
+                let state = self.state.lock();
+                return Err(Unready::NotYet(format!(
+                    "MCP server {} is {} (not ready after waiting {} ms){}",
+                    self.name,
+                    self.state_name(state.phase),
+                    wait.as_millis(),
+                    because(state.last_error.as_deref())
+                )));
+            }
+        }
+    }
+
+    /// A call went past its deadline or could not be sent; the supervisor
+    /// checks the server with a `ping`.
+    pub(crate) fn suspect(&self) {
+        self.suspect.notify_one();
+    }
+
+    fn set(&self, update: impl FnOnce(&mut State)) {
+        {
+            let mut state = self.state.lock();
+            let before = state.phase;
+            update(&mut state);
+            if state.phase != before {
+                state.since_unix_ms = unix_ms(SystemTime::now());
+            }
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Keeps the server running until `stop`; the supervisor task.
+    pub(crate) async fn supervise(
+        self: Arc<Self>,
+        stop: CancellationToken,
+        logs: Option<PathBuf>,
+        report: Report,
+    ) {
+        let emit =
+            |state: &'static str, reason: Option<String>, attempt: u32, delay: Option<Duration>| {
+                report(
+                    Pid::KERNEL,
+                    EventKind::McpServer {
+                        server: self.name.to_string(),
+                        state: state.to_owned(),
+                        reason,
+                        attempt,
+                        delay_ms: delay.map(|d| d.as_millis() as u64),
+                    },
+                );
+            };
+        loop {
+            let attempt = self.state.lock().restarts;
+            self.set(|s| s.phase = Phase::Starting);
+            let (reason, clean) = self.run_once(&stop, &logs, &emit, attempt).await;
+            if stop.is_cancelled() {
+                break;
+            }
+            tracing::warn!(server = %self.name, %reason, "MCP server failed");
+            let restart = self.spec.restart;
+            if !restart.policy.restarts_after(!clean) {
+                self.set(|s| {
+                    s.phase = Phase::Failed;
+                    s.last_error = Some(reason.clone());
+                });
+                emit(
+                    "failed",
+                    Some(format!(
+                        "{reason}; restart policy {} restarts no more",
+                        restart.policy
+                    )),
+                    attempt,
+                    None,
+                );
+                return;
+            }
+            let admitted = {
+                let mut state = self.state.lock();
+                restart.admit(&mut state.recent, Instant::now())
+            };
+            let delay = match admitted {
+                Ok(delay) => delay,
+                // A remote server is not ours to give up on: it is retried
+                // at the longest backoff until it answers again.
+                Err(_) if matches!(self.spec.transport, McpTransport::Http { .. }) => {
+                    Duration::from_millis(restart.backoff_ms[1])
+                }
+                Err(recent) => {
+                    let why = format!(
+                        "{reason}; restart intensity exceeded: {recent} restarts in {}s",
+                        restart.within_seconds
+                    );
+                    tracing::error!(server = %self.name, %why, "MCP server failed for good");
+                    self.set(|s| {
+                        s.phase = Phase::Failed;
+                        s.last_error = Some(reason.clone());
+                    });
+                    emit("failed", Some(why), attempt, None);
+                    return;
+                }
+            };
+            self.set(|s| {
+                s.phase = Phase::Restarting;
+                s.last_error = Some(reason.clone());
+                s.restarts = s.restarts.saturating_add(1);
+            });
+            emit(
+                self.state_name(Phase::Restarting),
+                Some(reason),
+                attempt + 1,
+                Some(delay),
+            );
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        self.set(|s| {
+            s.phase = Phase::Stopped;
+            s.peer = None;
+            s.os_pid = None;
+        });
+    }
+
+    /// One life of the server, from its start to its end; says why it
+    /// ended and whether that was clean. The connection is closed on every
+    /// path out, the stop included (dropping it kills its group).
+    async fn run_once(
+        &self,
+        stop: &CancellationToken,
+        logs: &Option<PathBuf>,
+        emit: &(impl Fn(&'static str, Option<String>, u32, Option<Duration>) + Sync),
+        attempt: u32,
+    ) -> (String, bool) {
+        let listener = Listener {
+            tools_changed: self.tools_changed.clone(),
+        };
+        let startup = self.spec.startup_timeout;
+        let opening = tokio::time::timeout(startup, async {
+            let connection = Connection::open(&self.spec, logs.as_deref(), listener).await?;
+            let tools = connection
+                .peer()
+                .list_all_tools()
+                .await
+                .map_err(|err| format!("tools/list failed: {err}"));
+            match tools {
+                Ok(tools) => Ok((connection, tools)),
+                Err(err) => {
+                    connection.close().await;
+                    Err(err)
+                }
+            }
+        });
+        // Dropping a half-open connection kills its group: nothing to wait for.
+        let opened = tokio::select! {
+            () = stop.cancelled() => return ("the kernel is stopping".into(), true),
+            opened = opening => opened,
+        };
+        let (mut connection, tools) = match opened {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(why)) => return (why, false),
+            Err(_) => {
+                return (
+                    format!(
+                        "no answer to the handshake within {} s (startup_timeout_seconds)",
+                        startup.as_secs()
+                    ),
+                    false,
+                );
+            }
+        };
+        let catalog = Catalog::new(&self.name, tools, &self.spec.tools);
+        let server = connection
+            .peer()
+            .peer_info()
+            .and_then(|info| info.server_info.clone())
+            .map(|info| format!("{} {}", info.name, info.version));
+        let count = catalog.tools.len();
+        self.set(|s| {
+            s.phase = Phase::Ready;
+            s.peer = Some(connection.peer().clone());
+            s.catalog = catalog;
+            s.os_pid = connection.os_pid();
+            s.server = server;
+        });
+        tracing::info!(server = %self.name, tools = count, "MCP server ready");
+        emit("ready", None, attempt, None);
+        let outcome = loop {
+            tokio::select! {
+                () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                ended = connection.ended() => break ended,
+                () = self.suspect.notified() => {
+                    let ping = connection.peer().send_request(
+                        rmcp::model::ClientRequest::PingRequest(Default::default()),
+                    );
+                    match tokio::time::timeout(startup, ping).await {
+                        // Any answer, an error too, says it is alive.
+                        Ok(Ok(_) | Err(ServiceError::McpError(_))) => {}
+                        Ok(Err(err)) => break (format!("unreachable: {err}"), false),
+                        Err(_) => break (format!(
+                            "hung: a call failed and a ping got no answer within {} s",
+                            startup.as_secs()
+                        ), false),
+                    }
+                }
+                () = self.tools_changed.notified() => {
+                    match tokio::time::timeout(startup, connection.peer().list_all_tools()).await {
+                        Ok(Ok(tools)) => {
+                            let catalog = Catalog::new(&self.name, tools, &self.spec.tools);
+                            let count = catalog.tools.len();
+                            self.set(|s| s.catalog = catalog);
+                            tracing::info!(server = %self.name, tools = count, "MCP server's tool list changed");
+                            emit("tools_changed", None, attempt, None);
+                        }
+                        Ok(Err(err)) => tracing::warn!(server = %self.name, error = %err, "cannot list the changed tools; keeping the old list"),
+                        Err(_) => break (format!(
+                            "hung: tools/list got no answer within {} s after the list changed",
+                            startup.as_secs()
+                        ), false),
+                    }
+                }
+            }
+        };
+        self.set(|s| {
+            s.peer = None;
+            s.os_pid = None;
+        });
+        connection.close().await;
+        outcome
+    }
+}
+
+fn because(error: Option<&str>) -> String {
+    error.map_or_else(String::new, |error| format!(": {error}"))
+}
