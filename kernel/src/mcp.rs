@@ -147,10 +147,10 @@ impl McpServers {
             }),
             Ok(Err(err)) => {
                 server.suspect();
-                Err(KernelError::McpUnavailable(format!(
+                Err(KernelError::McpUnavailable(server.redact(format!(
                     "MCP server {} lost the call to {tool}: {err}",
                     server.name
-                )))
+                ))))
             }
             Err(_) => {
                 server.suspect();

@@ -563,3 +563,85 @@ async fn a_server_that_floods_its_output_costs_neither_memory_nor_the_session() 
     );
     kernel.shutdown().await;
 }
+
+/// Stops (SIGSTOP) or resumes (SIGCONT) an OS process.
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_is_found_by_a_ping_after_a_timed_out_call_and_restarted() {
+    let mut spec = everything();
+    spec.call_timeout = Duration::from_secs(1);
+    spec.startup_timeout = Duration::from_secs(5);
+    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    wait_for_state(&kernel, "everything", "ready", READY).await;
+    let hung = kernel.mcp_servers()[0].os_pid.unwrap();
+    signal(hung, "-STOP");
+    let err = kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "?"})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded, "{err}");
+    assert!(err.to_string().contains("timeout_seconds"), "{err}");
+    wait_until("the hung server replaced", READY, || async {
+        let info = kernel.mcp_servers().pop().unwrap();
+        info.state == "ready" && info.restarts == 1
+    })
+    .await;
+    let info = kernel.mcp_servers().pop().unwrap();
+    assert!(
+        info.last_error.as_deref().unwrap_or("").contains("hung"),
+        "{info:?}"
+    );
+    assert!(!mcp::alive(hung), "the stopped server was killed");
+    let echoed = kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "ok"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(echoed.text, "Echo: ok");
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_kept_waiting_by_a_hung_server() {
+    let mut spec = everything();
+    spec.call_timeout = Duration::from_secs(1);
+    spec.startup_timeout = Duration::from_secs(60);
+    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    wait_for_state(&kernel, "everything", "ready", READY).await;
+    let hung = kernel.mcp_servers()[0].os_pid.unwrap();
+    signal(hung, "-STOP");
+    kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "?"})),
+        )
+        .await
+        .unwrap_err();
+    // The supervisor is now waiting up to 60 s for a ping.
+    let started = Instant::now();
+    kernel.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    assert!(!mcp::alive(hung), "shutdown left the stopped server behind");
+}

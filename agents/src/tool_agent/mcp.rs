@@ -45,14 +45,28 @@ impl McpSelection {
     /// running, failed for good) is named in `unavailable` and offers nothing.
     pub(super) async fn offered(&self, ctx: &ProcessContext) -> Offered {
         let mut offered = Offered::default();
-        for (server, only) in &self.servers {
-            match ctx.syscalls.mcp_tools(server).await {
-                Ok(tools) => offered.tools.extend(
-                    tools
-                        .iter()
-                        .filter(|tool| only.as_ref().is_none_or(|only| only.contains(&tool.name)))
-                        .cloned(),
-                ),
+        // Asked together: one slow server does not add to another's wait.
+        let answers = futures::future::join_all(
+            self.servers
+                .iter()
+                .map(|(server, _)| ctx.syscalls.mcp_tools(server)),
+        )
+        .await;
+        for ((server, only), answer) in self.servers.iter().zip(answers) {
+            match answer {
+                Ok(tools) => {
+                    for tool in tools.iter() {
+                        if only.as_ref().is_some_and(|only| !only.contains(&tool.name)) {
+                            continue;
+                        }
+                        // Two tools under one name would make the request invalid.
+                        if offered.get(&tool.schema.name).is_some() {
+                            tracing::warn!(pid = %ctx.pid, %server, tool = %tool.name, "an MCP tool's model-facing name is taken; left out");
+                            continue;
+                        }
+                        offered.tools.push(tool.clone());
+                    }
+                }
                 Err(err) => {
                     tracing::debug!(pid = %ctx.pid, %server, error = %err, "MCP server offers no tools now");
                     offered.unavailable.push((server.clone(), err.message));

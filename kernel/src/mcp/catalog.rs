@@ -42,7 +42,14 @@ pub(crate) fn exposed_name(server: &str, tool: &str) -> String {
         })
         .collect();
     let plain = format!("{EXPOSED_PREFIX}{server}__{clean}");
-    if clean == tool && !server.contains("__") && !tool.is_empty() && plain.len() <= MAX_EXPOSED {
+    // With no `__` in the server name and none at its end, the first `__`
+    // after the prefix is always the separator, so plain names are unique.
+    if clean == tool
+        && !server.contains("__")
+        && !server.ends_with('_')
+        && !tool.is_empty()
+        && plain.len() <= MAX_EXPOSED
+    {
         return plain;
     }
     let suffix = format!("_{:08x}", fnv1a(server, tool) as u32);
@@ -76,6 +83,16 @@ pub(crate) struct Catalog {
 }
 
 impl Catalog {
+    /// Whether the tools offered differ from `other`'s (by name and schema).
+    pub(crate) fn differs(&self, other: &Catalog) -> bool {
+        self.tools.len() != other.tools.len()
+            || self
+                .tools
+                .iter()
+                .zip(other.tools.iter())
+                .any(|(a, b)| a.name != b.name || a.schema != b.schema)
+    }
+
     /// The catalog of `listed`, the server's `tools/list` answer.
     pub(crate) fn new(server: &Arc<str>, listed: Vec<Tool>, filter: &McpToolFilter) -> Catalog {
         let mut tools = Vec::with_capacity(listed.len());
@@ -83,6 +100,17 @@ impl Catalog {
         let mut taken = HashSet::new();
         for tool in listed {
             let name = tool.name.to_string();
+            if name.is_empty()
+                || name.len() > hivekernel_agents::mcp::MAX_TOOL_NAME
+                || name.chars().any(char::is_control)
+            {
+                let shown = crate::error::shown(&name);
+                left_out.push((
+                    shown,
+                    "its name is empty, longer than 128 bytes or holds control characters".into(),
+                ));
+                continue;
+            }
             if !filter.allows(&name) {
                 left_out.push((name, "not selected by tools.include/tools.exclude".into()));
                 continue;
@@ -259,6 +287,7 @@ mod tests {
         );
         // `a__b`/`c` and `a`/`b__c` would both be mcp__a__b__c.
         assert_ne!(exposed_name("a__b", "c"), exposed_name("a", "b__c"));
+        assert_ne!(exposed_name("a_", "b"), exposed_name("a", "_b"));
         assert!(valid(&exposed_name("s", "")) && valid(&exposed_name("s", "ü")));
         assert_eq!(exposed_name("fs", "read.file"), odd, "stable");
     }

@@ -218,17 +218,20 @@ impl Connection {
                 .is_err()
             {
                 signal(process.group, Signal::KILL);
-                let _ = process.child.wait().await;
+                // SIGKILL cannot be ignored; bounded all the same.
+                let _ = tokio::time::timeout(STOP_GRACE, process.child.wait()).await;
             }
         }
-        // Its helpers too, whatever the leader did.
-        signal(process.group, Signal::KILL);
-        if let Some(log) = process.log.take()
-            && tokio::time::timeout(Duration::from_millis(200), log)
+        // Its helpers too, whatever the leader did; then never again: once
+        // the group is empty its number may be another group's.
+        signal(process.group.take(), Signal::KILL);
+        if let Some(mut log) = process.log.take()
+            && tokio::time::timeout(Duration::from_millis(200), &mut log)
                 .await
                 .is_err()
         {
             tracing::debug!("an MCP server's log writer outlived the server's group");
+            log.abort();
         }
     }
 }
@@ -245,6 +248,10 @@ fn start(
         return Err("its command is empty".into());
     };
     let mut cmd = Command::new(program);
+    // What identifies the kernel to its own agents is not a server's business.
+    for reserved in crate::command::RESERVED_ENV {
+        cmd.env_remove(reserved);
+    }
     cmd.args(args)
         .envs(env)
         .stdin(Stdio::piped())

@@ -169,11 +169,7 @@ impl Server {
             McpTransport::Stdio { command, .. } => {
                 ("stdio", command.first().cloned().unwrap_or_default())
             }
-            // The query may hold a secret; the path and host do not.
-            McpTransport::Http { url, .. } => (
-                "http",
-                url.split(['?', '#']).next().unwrap_or_default().to_owned(),
-            ),
+            McpTransport::Http { url, .. } => ("http", shown_url(url)),
         };
         ServerInfo {
             name: self.spec.name.clone(),
@@ -188,6 +184,29 @@ impl Server {
             since_unix_ms: state.since_unix_ms,
             server: state.server.clone(),
         }
+    }
+
+    /// `text` (a reason from a failure, which may quote a request or
+    /// a URL) without the server's secrets: its header and env values
+    /// become `***`, its URL the form `mcp ls` shows; cut to [`MAX_REASON`].
+    pub(crate) fn redact(&self, mut text: String) -> String {
+        let secrets: Vec<&String> = match &self.spec.transport {
+            McpTransport::Http { url, headers } => {
+                let shown = shown_url(url);
+                if *url != shown {
+                    text = text.replace(url.as_str(), &shown);
+                }
+                headers.values().collect()
+            }
+            McpTransport::Stdio { env, .. } => env.values().collect(),
+        };
+        for secret in secrets {
+            // Short values are too likely to be ordinary words.
+            if secret.len() >= 4 {
+                text = text.replace(secret.as_str(), "***");
+            }
+        }
+        hivekernel_agents::text::cut(text, MAX_REASON)
     }
 
     /// What `phase` is called for this server: an HTTP server waiting to
@@ -221,7 +240,18 @@ impl Server {
                             return Ok((peer.clone(), state.catalog.tools.clone()));
                         }
                     }
-                    Phase::Starting | Phase::Restarting => {}
+                    // Worth waiting for: a first start. A server that has
+                    // failed is not kept waiting on, or every model call of
+                    // every agent selecting it would stall.
+                    Phase::Starting if state.restarts == 0 => {}
+                    Phase::Starting | Phase::Restarting => {
+                        return Err(Unready::NotYet(format!(
+                            "MCP server {} is {}{}",
+                            self.name,
+                            self.state_name(state.phase),
+                            because(state.last_error.as_deref())
+                        )));
+                    }
                     Phase::Disabled => {
                         return Err(Unready::Down(format!(
                             "MCP server {} is disabled (mcp_servers.{}.enabled)",
@@ -299,6 +329,7 @@ impl Server {
             let attempt = self.state.lock().restarts;
             self.set(|s| s.phase = Phase::Starting);
             let (reason, clean) = self.run_once(&stop, &logs, &emit, attempt).await;
+            let reason = self.redact(reason);
             if stop.is_cancelled() {
                 break;
             }
@@ -436,10 +467,18 @@ impl Server {
                 () = stop.cancelled() => break ("the kernel is stopping".into(), true),
                 ended = connection.ended() => break ended,
                 () = self.suspect.notified() => {
-                    let ping = connection.peer().send_request(
-                        rmcp::model::ClientRequest::PingRequest(Default::default()),
+                    let peer = connection.peer().clone();
+                    let ping = tokio::time::timeout(
+                        startup,
+                        peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default())),
                     );
-                    match tokio::time::timeout(startup, ping).await {
+                    // A stop or an end is not kept waiting behind a hung server.
+                    let answer = tokio::select! {
+                        () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                        ended = connection.ended() => break ended,
+                        answer = ping => answer,
+                    };
+                    match answer {
                         // Any answer, an error too, says it is alive.
                         Ok(Ok(_) | Err(ServiceError::McpError(_))) => {}
                         Ok(Err(err)) => break (format!("unreachable: {err}"), false),
@@ -450,13 +489,24 @@ impl Server {
                     }
                 }
                 () = self.tools_changed.notified() => {
-                    match tokio::time::timeout(startup, connection.peer().list_all_tools()).await {
+                    let peer = connection.peer().clone();
+                    let listing = tokio::time::timeout(startup, peer.list_all_tools());
+                    let listed = tokio::select! {
+                        () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                        ended = connection.ended() => break ended,
+                        listed = listing => listed,
+                    };
+                    match listed {
                         Ok(Ok(tools)) => {
                             let catalog = Catalog::new(&self.name, tools, &self.spec.tools);
                             let count = catalog.tools.len();
+                            let changed = self.state.lock().catalog.differs(&catalog);
                             self.set(|s| s.catalog = catalog);
-                            tracing::info!(server = %self.name, tools = count, "MCP server's tool list changed");
-                            emit("tools_changed", None, attempt, None);
+                            // A server may announce changes that change nothing.
+                            if changed {
+                                tracing::info!(server = %self.name, tools = count, "MCP server's tool list changed");
+                                emit("tools_changed", None, attempt, None);
+                            }
                         }
                         Ok(Err(err)) => tracing::warn!(server = %self.name, error = %err, "cannot list the changed tools; keeping the old list"),
                         Err(_) => break (format!(
@@ -468,6 +518,11 @@ impl Server {
             }
         };
         self.set(|s| {
+            s.phase = if stop.is_cancelled() {
+                Phase::Stopped
+            } else {
+                Phase::Restarting
+            };
             s.peer = None;
             s.os_pid = None;
         });
@@ -476,6 +531,65 @@ impl Server {
     }
 }
 
+/// Longest failure reason kept, shown and reported.
+pub(crate) const MAX_REASON: usize = 1024;
+
+/// A URL as it may be shown: without its query and fragment (which may
+/// hold a token) and without user information (`user:password@`).
+fn shown_url(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or_default();
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    format!("{scheme}://{host}{path}")
+}
+
 fn because(error: Option<&str>) -> String {
     error.map_or_else(String::new, |error| format!(": {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_what_may_hold_a_secret() {
+        assert_eq!(
+            shown_url("https://user:s3cret@mcp.example.com:8443/mcp?key=abc#x"),
+            "https://mcp.example.com:8443/mcp"
+        );
+        assert_eq!(
+            shown_url("http://127.0.0.1:3001/mcp"),
+            "http://127.0.0.1:3001/mcp"
+        );
+        assert_eq!(shown_url("https://host"), "https://host");
+    }
+
+    #[test]
+    fn reasons_lose_header_values_and_are_cut() {
+        let mut spec = crate::config::McpServerSpec {
+            name: "docs".into(),
+            transport: McpTransport::Http {
+                url: "https://u:pw@h/mcp?token=T0KEN".into(),
+                headers: [("Authorization".to_owned(), "Bearer s3cret-value".to_owned())].into(),
+            },
+            call_timeout: Duration::from_secs(1),
+            startup_timeout: Duration::from_secs(1),
+            restart: hivekernel_agents::RestartSpec::default(),
+            tools: Default::default(),
+            enabled: true,
+            max_output_bytes: 4096,
+        };
+        let server = Server::new(spec.clone());
+        let reason = server
+            .redact("POST https://u:pw@h/mcp?token=T0KEN failed; sent Bearer s3cret-value".into());
+        assert_eq!(reason, "POST https://h/mcp failed; sent ***");
+        spec.name = "long".into();
+        let long = Server::new(spec).redact("x".repeat(5000));
+        assert!(long.len() <= MAX_REASON, "{}", long.len());
+    }
 }
