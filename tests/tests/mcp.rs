@@ -40,6 +40,29 @@ async fn kernel_with(
     start(builder).await
 }
 
+/// The `mcp_server` events so far, as (state, reason), without `tools_changed`.
+fn server_events(kernel: &Kernel) -> Vec<(String, Option<String>)> {
+    kernel
+        .subscribe(Some(0))
+        .replay
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::McpServer { state, reason, .. } if state != "tools_changed" => {
+                Some((state.clone(), reason.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The states of [`server_events`].
+fn server_states(kernel: &Kernel) -> Vec<String> {
+    server_events(kernel)
+        .into_iter()
+        .map(|(state, _)| state)
+        .collect()
+}
+
 fn args(value: Value) -> serde_json::Map<String, Value> {
     match value {
         Value::Object(map) => map,
@@ -182,15 +205,7 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
         .await
         .unwrap();
     assert_eq!(echoed.text, "Echo: again");
-    let states: Vec<String> = kernel
-        .subscribe(Some(0))
-        .replay
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::McpServer { state, .. } if state != "tools_changed" => Some(state.clone()),
-            _ => None,
-        })
-        .collect();
+    let states = server_states(&kernel);
     assert_eq!(states.first().map(String::as_str), Some("ready"));
     assert_eq!(states.last().map(String::as_str), Some("ready"));
     assert!(
@@ -447,17 +462,7 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back() {
         .await
         .unwrap();
     assert_eq!(echoed.text, "Echo: back");
-    let states: Vec<String> = kernel
-        .subscribe(Some(0))
-        .replay
-        .into_iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::McpServer { state, .. } => Some(state.clone()),
-            _ => None,
-        })
-        .filter(|s| s != "tools_changed")
-        .collect();
-    assert_eq!(states, ["ready", "restarting", "ready"]);
+    assert_eq!(server_states(&kernel), ["ready", "restarting", "ready"]);
     kernel.shutdown().await;
     assert!(!mcp::alive(second));
 }
@@ -480,15 +485,7 @@ async fn a_server_that_never_answers_its_handshake_is_restarted_then_given_up() 
             .contains("startup_timeout_seconds"),
         "{info:?}"
     );
-    let events: Vec<(String, Option<String>)> = kernel
-        .subscribe(Some(0))
-        .replay
-        .into_iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::McpServer { state, reason, .. } => Some((state.clone(), reason.clone())),
-            _ => None,
-        })
-        .collect();
+    let events = server_events(&kernel);
     let states: Vec<&str> = events.iter().map(|(s, _)| s.as_str()).collect();
     assert_eq!(states, ["restarting", "restarting", "failed"]);
     assert!(
