@@ -195,6 +195,20 @@ pub enum McpCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Serve the control plane as MCP tools (ps, describe, spawn, exec, send,
+    /// kill, events, cron_ls, cron_add, cron_rm) on stdin/stdout, for Claude
+    /// Code, Codex, Cursor and other MCP clients. Each call is a gRPC call to
+    /// the running kernel with this command's token (--token,
+    /// HIVEKERNEL_TOKEN or <DATA_DIR>/admin.token), checked as any other.
+    Serve {
+        /// Serve streamable HTTP at http://ADDR/mcp instead (loopback only,
+        /// such as 127.0.0.1:8765). Each request must carry its own token as
+        /// `Authorization: Bearer`; this command's token is not used.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<SocketAddr>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 /// Arguments of `hivekernel cron add`.
@@ -363,6 +377,22 @@ pub struct PsArgs {
     /// milliseconds, tokens, costs in dollars).
     #[arg(long, conflicts_with = "tree")]
     pub json: bool,
+    #[command(flatten)]
+    pub filter: PsFilter,
+    /// Redraw whenever something happens (a spawn, an exit, a task, a model
+    /// call), until Ctrl-C.
+    #[arg(long, short, conflicts_with = "json")]
+    pub watch: bool,
+    /// Only the subtree under this process [default: 1]
+    #[arg(long, value_name = "PROCESS")]
+    pub root: Option<Target>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Which processes `ps` (and `mcp serve`'s `ps` tool) lists.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PsFilter {
     /// Include zombies (exited, not yet collected).
     #[arg(long, short)]
     pub all: bool,
@@ -378,15 +408,6 @@ pub struct PsArgs {
     /// Only processes whose metadata has KEY=VALUE (repeatable: all must match).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_env)]
     pub labels: Vec<(String, String)>,
-    /// Redraw whenever something happens (a spawn, an exit, a task, a model
-    /// call), until Ctrl-C.
-    #[arg(long, short, conflicts_with = "json")]
-    pub watch: bool,
-    /// Only the subtree under this process [default: 1]
-    #[arg(long, value_name = "PROCESS")]
-    pub root: Option<Target>,
-    #[command(flatten)]
-    pub client: ClientArgs,
 }
 
 /// Arguments of `hivekernel spawn`.

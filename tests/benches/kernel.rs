@@ -19,6 +19,7 @@
 //! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
 //! - `agent`: a `tool_agent` turn and `orchestrate` against a loopback model server.
 //! - `durable`: acknowledged sends on a kernel with a store, beside hand-written SQLite.
+//! - `mcp`: an MCP tool call through the kernel beside rmcp directly, and a server's restart.
 
 /// The allocator the `hivekernel` binary runs with, so in-process figures
 /// measure the kernel as it ships.
@@ -35,6 +36,8 @@ mod cold;
 mod durable;
 #[path = "kernel/grpc.rs"]
 mod grpc;
+#[path = "kernel/mcp.rs"]
+mod mcp;
 #[path = "kernel/report.rs"]
 mod report;
 #[path = "kernel/route.rs"]
@@ -54,10 +57,10 @@ use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
                      [--json] [--smoke] [--only NAME[,NAME]]\n\
-                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable";
+                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp";
 
 /// The `--only` names, in the order they run and print.
-const GROUPS: [&str; 10] = [
+const GROUPS: [&str; 11] = [
     "spawn",
     "memory",
     "route",
@@ -68,6 +71,7 @@ const GROUPS: [&str; 10] = [
     "turn",
     "orchestrate",
     "durable",
+    "mcp",
 ];
 
 /// How much work each measurement does: the full run, or a smoke run for CI.
@@ -93,6 +97,10 @@ pub(crate) struct Sizes {
     pub(crate) cold_runs: usize,
     /// Workers of the orchestrate measurement.
     pub(crate) workers: usize,
+    /// Sequential MCP tool calls per run, on each side.
+    pub(crate) mcp_calls: usize,
+    /// MCP server crashes whose median is reported.
+    pub(crate) crashes: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -106,6 +114,8 @@ const FULL: Sizes = Sizes {
     listed: 100_000,
     cold_runs: 5,
     workers: 1_000,
+    mcp_calls: 2_000,
+    crashes: 5,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -119,6 +129,8 @@ const SMOKE: Sizes = Sizes {
     listed: 2_000,
     cold_runs: 1,
     workers: 20,
+    mcp_calls: 20,
+    crashes: 1,
 };
 
 /// The command line, after `--`.
@@ -254,6 +266,12 @@ async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'st
         "turn" => (agent::turn(sizes).await, Some(agent::FLOOR)),
         "orchestrate" => (agent::orchestrate(sizes).await, Some(agent::FLOOR)),
         "durable" => (durable::run(sizes).await, Some(durable::FLOOR)),
+        // No rows (the npm peers are missing): no floor to explain either.
+        "mcp" => {
+            let rows = mcp::run(sizes).await;
+            let floor = (!rows.is_empty()).then_some(mcp::FLOOR);
+            (rows, floor)
+        }
         other => unreachable!("no group {other}"),
     }
 }

@@ -31,6 +31,25 @@ pub fn peers() -> PathBuf {
     dir
 }
 
+/// `server-everything`'s program where [`peers`] looks for it, when it is
+/// there; `None` when the peers are not installed (no panic).
+pub fn installed() -> Option<PathBuf> {
+    let dir = match std::env::var_os("HIVEKERNEL_MCP_PEERS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-peers"),
+    };
+    let program = dir.join("node_modules/.bin/mcp-server-everything");
+    program.exists().then_some(program)
+}
+
+/// The command that installs the peers, run at the repository root.
+pub fn install_command() -> String {
+    format!(
+        "npm install --prefix target/mcp-peers {}",
+        PACKAGES.join(" ")
+    )
+}
+
 /// What `.ci/run` installs, pinned.
 pub const PACKAGES: [&str; 3] = [
     "@modelcontextprotocol/server-everything@2026.8.31",

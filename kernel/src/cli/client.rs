@@ -27,7 +27,8 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 pub(super) type Client = KernelClient<InterceptedService<Channel, Bearer>>;
 
 /// A connected client, plus what is needed to explain its failures.
-#[derive(Debug)]
+/// Cloning shares the connection.
+#[derive(Debug, Clone)]
 pub(super) struct Session {
     /// The gRPC client.
     pub(super) client: Client,

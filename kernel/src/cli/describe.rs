@@ -15,6 +15,40 @@ use super::{CliError, DescribeArgs, human, names, output};
 pub(super) async fn describe(args: DescribeArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let pid = session.pid(&args.pid).await?;
+    let found = gather(&mut session, pid).await?;
+    let text = if args.json {
+        format!("{:#}\n", found.json())
+    } else {
+        found.text(human::now_ms())
+    };
+    output::print(&text)
+}
+
+/// One process, its children, and the cron entries aimed at it.
+#[derive(Debug)]
+pub(super) struct Described {
+    info: ProcessInfo,
+    children: Vec<ProcessInfo>,
+    cron: Vec<CronEntry>,
+}
+
+impl Described {
+    /// The process's JSON with `children` and `cron` arrays added.
+    pub(super) fn json(&self) -> Value {
+        let mut value = output::process_json(&self.info);
+        value["children"] = Value::Array(self.children.iter().map(output::process_json).collect());
+        value["cron"] = Value::Array(self.cron.iter().map(super::cron::entry_json).collect());
+        value
+    }
+
+    /// The sections `describe` prints, ages relative to `now` (Unix ms).
+    pub(super) fn text(&self, now: u64) -> String {
+        text(&self.info, &self.children, &self.cron, now)
+    }
+}
+
+/// Asks the kernel for everything `describe` shows of `pid`.
+pub(super) async fn gather(session: &mut Session, pid: u64) -> Result<Described, CliError> {
     let info = session
         .client
         .get_process(GetProcessRequest { pid })
@@ -49,15 +83,11 @@ pub(super) async fn describe(args: DescribeArgs) -> Result<(), CliError> {
         .into_iter()
         .filter(|entry| entry.spec.as_ref().is_some_and(|spec| spec.target == pid))
         .collect();
-    let text = if args.json {
-        let mut value = output::process_json(&info);
-        value["children"] = Value::Array(children.iter().map(output::process_json).collect());
-        value["cron"] = Value::Array(cron.iter().map(super::cron::entry_json).collect());
-        format!("{value:#}\n")
-    } else {
-        text(&info, &children, &cron, human::now_ms())
-    };
-    output::print(&text)
+    Ok(Described {
+        info,
+        children,
+        cron,
+    })
 }
 
 /// The sections, as text; `now` for ages.

@@ -15,9 +15,9 @@ use super::process::list;
 use super::{CliError, EventsArgs, output};
 
 /// The marker that ends a replay.
-const REPLAY_DONE: &str = "replay_done";
+pub(super) const REPLAY_DONE: &str = "replay_done";
 /// Markers that say events were missed: always shown.
-const MISSED: [&str; 2] = ["pruned", "lagged"];
+pub(super) const MISSED: [&str; 2] = ["pruned", "lagged"];
 
 /// Prints events, one per line, as text or JSON.
 pub(super) async fn events(args: EventsArgs) -> Result<(), CliError> {

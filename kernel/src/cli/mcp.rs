@@ -1,4 +1,6 @@
-//! `mcp ls`, `mcp tools` and `mcp call`.
+//! `mcp ls`, `mcp tools`, `mcp call`, and `mcp serve` (in `serve`).
+
+mod serve;
 
 use hivekernel_proto::v1::{
     CallMcpToolRequest, ListMcpServersRequest, ListMcpToolsRequest, McpServer, McpTool,
@@ -79,6 +81,7 @@ pub(super) async fn run(command: McpCommand) -> Result<(), CliError> {
             }
             output::print(&output::line(&answer.text))
         }
+        McpCommand::Serve { http, client } => serve::run(http, client).await,
     }
 }
 

@@ -9,7 +9,7 @@ use hivekernel_proto::v1::{
 use serde_json::json;
 
 use super::client::Session;
-use hivekernel_agents::Tier;
+use hivekernel_agents::{RestartPolicy, Role, Strategy, Tier};
 
 use super::{CliError, KillArgs, RestartArgs, SpawnArgs, WaitArgs, names, output};
 
@@ -47,43 +47,25 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         })?,
         (None, None) => String::new(),
     };
-    let tools = args
-        .tools
-        .iter()
-        .map(|tool| tool.trim())
-        .filter(|tool| !tool.is_empty())
-        .map(str::to_owned)
-        .collect();
     let mut session = Session::connect(&args.client).await?;
-    let cwd = exec_cwd(&args.command, args.cwd)?;
-    let command = args.command;
-    let request = SpawnRequest {
+    let new = NewProcess {
         parent: session.pid(&args.parent).await?,
         name: args.name,
-        role: args.role.map_or(PbRole::Unspecified, names::role_to_proto) as i32,
-        // The lowest tier unless asked: a spawn from the command line does
-        // not inherit PID 1's strategic tier by accident.
-        tier: names::tier_to_proto(args.tier.unwrap_or(Tier::Operational)) as i32,
-        model: args.model.unwrap_or_default(),
-        runtime: args.runtime.unwrap_or_default(),
+        role: args.role,
+        tier: args.tier,
+        model: args.model,
+        runtime: args.runtime,
         system_prompt,
-        tools,
-        limits: None,
-        metadata: Default::default(),
-        restart: args.restart.map(|policy| RestartSpec {
-            policy: names::policy_to_proto(policy) as i32,
-            ..RestartSpec::default()
-        }),
-        strategy: args
-            .strategy
-            .map_or(PbStrategy::Unspecified, names::strategy_to_proto) as i32,
-        command: program_in(command, &cwd),
-        cwd,
-        env: args.env.into_iter().collect(),
+        tools: args.tools,
+        restart: args.restart,
+        strategy: args.strategy,
+        command: args.command,
+        cwd: args.cwd,
+        env: args.env,
     };
     let pid = session
         .client
-        .spawn(request)
+        .spawn(new.request()?)
         .await
         .map_err(|status| session.error(status))?
         .into_inner()
@@ -94,6 +76,67 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         pid.to_string()
     };
     output::print(&output::line(&text))
+}
+
+/// What a spawn from outside the kernel asks for (`spawn`, and `mcp serve`'s
+/// `spawn` tool): everything not given is the kernel's default.
+#[derive(Debug, Default)]
+pub(super) struct NewProcess {
+    pub(super) parent: u64,
+    pub(super) name: String,
+    pub(super) role: Option<Role>,
+    pub(super) tier: Option<Tier>,
+    pub(super) model: Option<String>,
+    pub(super) runtime: Option<String>,
+    pub(super) system_prompt: String,
+    pub(super) tools: Vec<String>,
+    pub(super) restart: Option<RestartPolicy>,
+    pub(super) strategy: Option<Strategy>,
+    /// An exec agent's command line; empty for an in-kernel runtime.
+    pub(super) command: Vec<String>,
+    /// The exec command's working directory [default: the current one].
+    pub(super) cwd: Option<std::path::PathBuf>,
+    pub(super) env: Vec<(String, String)>,
+}
+
+impl NewProcess {
+    /// The gRPC request: tool names trimmed, blank ones dropped, an exec
+    /// command's directory and relative program made absolute.
+    pub(super) fn request(self) -> Result<SpawnRequest, CliError> {
+        let tools = self
+            .tools
+            .iter()
+            .map(|tool| tool.trim())
+            .filter(|tool| !tool.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let cwd = exec_cwd(&self.command, self.cwd)?;
+        Ok(SpawnRequest {
+            parent: self.parent,
+            name: self.name,
+            role: self.role.map_or(PbRole::Unspecified, names::role_to_proto) as i32,
+            // The lowest tier unless asked: a spawn from outside does not
+            // inherit PID 1's strategic tier by accident.
+            tier: names::tier_to_proto(self.tier.unwrap_or(Tier::Operational)) as i32,
+            model: self.model.unwrap_or_default(),
+            runtime: self.runtime.unwrap_or_default(),
+            system_prompt: self.system_prompt,
+            tools,
+            limits: None,
+            metadata: Default::default(),
+            restart: self.restart.map(|policy| RestartSpec {
+                policy: names::policy_to_proto(policy) as i32,
+                ..RestartSpec::default()
+            }),
+            strategy: self
+                .strategy
+                .map_or(PbStrategy::Unspecified, names::strategy_to_proto)
+                as i32,
+            command: program_in(self.command, &cwd),
+            cwd,
+            env: self.env.into_iter().collect(),
+        })
+    }
 }
 
 /// `command` with a relative program path (one with a `/`) joined to

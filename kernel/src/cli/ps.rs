@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::client::Session;
 use super::process::list;
-use super::{CliError, PsArgs, human, names, output};
+use super::{CliError, PsArgs, PsFilter, human, names, output};
 
 /// Events closer together than this are one redraw.
 const WATCH_SETTLE: Duration = Duration::from_millis(200);
@@ -67,7 +67,11 @@ pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
 
 /// The processes `args` keeps, in the form it asks for.
 fn render(args: &PsArgs, procs: &[ProcessInfo]) -> String {
-    let kept: Vec<ProcessInfo> = procs.iter().filter(|p| keeps(args, p)).cloned().collect();
+    let kept: Vec<ProcessInfo> = procs
+        .iter()
+        .filter(|p| keeps(&args.filter, p))
+        .cloned()
+        .collect();
     if args.json {
         let all = kept.iter().map(output::process_json).collect();
         format!("{:#}\n", Value::Array(all))
@@ -79,7 +83,7 @@ fn render(args: &PsArgs, procs: &[ProcessInfo]) -> String {
 }
 
 /// Whether `p` passes every filter of `args`.
-fn keeps(args: &PsArgs, p: &ProcessInfo) -> bool {
+pub(super) fn keeps(args: &PsFilter, p: &ProcessInfo) -> bool {
     let state = names::state(p.state);
     let zombie = state == "zombie";
     let states_ok = if args.state.is_empty() {
