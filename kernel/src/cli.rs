@@ -195,6 +195,17 @@ pub enum McpCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Restart one server now (admin only), also one that failed for good;
+    /// not counted against its restart intensity. Waits until it is ready.
+    Restart {
+        /// The server's name in `mcp_servers`.
+        server: String,
+        /// Print the server as `mcp ls --json` does.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Serve the control plane as MCP tools (ps, describe, spawn, exec, send,
     /// kill, events, cron_ls, cron_add, cron_rm) on stdin/stdout, for Claude
     /// Code, Codex, Cursor and other MCP clients. Each call is a gRPC call to

@@ -94,6 +94,13 @@ impl McpServers {
         }
     }
 
+    /// Restarts `name` now (see [`Server::restart`]) and says how it stands.
+    pub(crate) async fn restart(&self, name: &str) -> Result<ServerInfo> {
+        let server = self.get(name)?;
+        server.restart().await.map_err(unready)?;
+        Ok(server.info())
+    }
+
     /// The tool list of `name` as it stands, without waiting.
     pub(crate) fn catalog(&self, name: &str) -> Result<Catalog> {
         Ok(self.get(name)?.catalog())
@@ -103,14 +110,15 @@ impl McpServers {
     pub(crate) async fn tools(&self, name: &str) -> Result<McpTools> {
         let server = self.get(name)?;
         let (_, tools) = server
-            .ready(server.spec.startup_timeout)
+            .ready(server.spec.startup_timeout, false)
             .await
             .map_err(unready)?;
         Ok(tools)
     }
 
     /// Calls `tool` of `server` with `arguments`, within the server's
-    /// deadline (waiting for a starting server counts against it). A tool
+    /// deadline (waiting for a starting or restarting stdio server counts
+    /// against it). A tool
     /// that failed, or that the server refused as a request (an unknown
     /// tool, arguments its schema rejects), answers `is_error` for the
     /// model; a server that cannot be reached or does not answer is an error.
@@ -123,7 +131,7 @@ impl McpServers {
         let server = self.get(server)?;
         let deadline = tokio::time::Instant::now() + server.spec.call_timeout;
         let (peer, tools) = server
-            .ready(server.spec.call_timeout.min(server.spec.startup_timeout))
+            .ready(server.spec.call_timeout, true)
             .await
             .map_err(unready)?;
         if !tools.iter().any(|offered| offered.name == tool) {

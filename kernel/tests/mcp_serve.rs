@@ -387,4 +387,24 @@ fn mcp_serve_over_http_asks_every_request_for_a_token_and_serves_another_kernel(
         r#"{"process":999}"#,
     ]);
     assert!(refused.failed(1).contains("999"), "{refused:?}");
+
+    // The admin restarts it: a new session, ready again, one restart counted.
+    let restarted = client.cli(&["mcp", "restart", "hive"]);
+    assert!(
+        restarted
+            .ok()
+            .starts_with("restarted hive: ready, 10 tools (restart 1)"),
+        "{restarted:?}"
+    );
+    let unknown = client.cli(&["mcp", "restart", "nope"]);
+    assert!(unknown.failed(1).contains("nope"), "{unknown:?}");
+    let tree = client.cli(&[
+        "mcp",
+        "call",
+        "hive",
+        "ps",
+        "--args",
+        r#"{"format":"tree"}"#,
+    ]);
+    assert!(tree.ok().contains("queen ("), "{tree:?}");
 }

@@ -642,3 +642,105 @@ async fn shutdown_is_not_kept_waiting_by_a_hung_server() {
     );
     assert!(!mcp::alive(hung), "shutdown left the stopped server behind");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
+    let mut spec = everything();
+    spec.restart.policy = hivekernel_agents::RestartPolicy::Temporary;
+    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    wait_for_state(&kernel, "everything", "ready", READY).await;
+    let first = kernel.mcp_servers()[0].os_pid.unwrap();
+
+    let refused = kernel
+        .restart_mcp_server(Caller::Process(Pid(1)), "everything")
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("only the admin"), "{refused}");
+    let unknown = kernel
+        .restart_mcp_server(Caller::Admin, "nope")
+        .await
+        .unwrap_err();
+    assert!(unknown.to_string().contains("nope"), "{unknown}");
+    assert_eq!(kernel.mcp_servers()[0].os_pid, Some(first));
+
+    // A ready server: closed, started again, ready by the time it answers.
+    let restarted = kernel
+        .restart_mcp_server(Caller::Admin, "everything")
+        .await
+        .unwrap();
+    assert_eq!((restarted.state, restarted.restarts), ("ready", 1));
+    let second = restarted.os_pid.unwrap();
+    assert_ne!(second, first);
+    wait_until("the old server process gone", READY, || async {
+        !mcp::alive(first)
+    })
+    .await;
+
+    // Its restart policy is temporary: a crash fails it for good, and only a
+    // restart brings it back.
+    signal(second, "-KILL");
+    wait_for_state(&kernel, "everything", "failed", READY).await;
+    let failed = kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "x"})),
+        )
+        .await
+        .unwrap_err();
+    assert!(failed.to_string().contains("failed for good"), "{failed}");
+    let back = kernel
+        .restart_mcp_server(Caller::Admin, "everything")
+        .await
+        .unwrap();
+    assert_eq!((back.state, back.restarts), ("ready", 2));
+    let echoed = kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "back"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(echoed.text, "Echo: back");
+    let asked = server_events(&kernel)
+        .into_iter()
+        .filter(|(_, reason)| {
+            reason
+                .as_deref()
+                .is_some_and(|r| r.contains("asked by the admin"))
+        })
+        .count();
+    assert_eq!(asked, 2);
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_during_a_stdio_server_s_restart_waits_for_it() {
+    let mut spec = everything();
+    spec.restart.backoff_ms = [300, 300];
+    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    wait_for_state(&kernel, "everything", "ready", READY).await;
+    let first = kernel.mcp_servers()[0].os_pid.unwrap();
+    signal(first, "-KILL");
+    wait_until("the server restarting", READY, || async {
+        kernel.mcp_servers()[0].state == "restarting"
+    })
+    .await;
+    // Made while it restarts: answered by the new server, not refused.
+    let echoed = kernel
+        .mcp_call(
+            Caller::Admin,
+            "everything",
+            "echo",
+            args(json!({"message": "patient"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(echoed.text, "Echo: patient");
+    let info = kernel.mcp_servers().pop().unwrap();
+    assert_eq!((info.state, info.restarts), ("ready", 1));
+    kernel.shutdown().await;
+}

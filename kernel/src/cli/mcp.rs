@@ -4,6 +4,7 @@ mod serve;
 
 use hivekernel_proto::v1::{
     CallMcpToolRequest, ListMcpServersRequest, ListMcpToolsRequest, McpServer, McpTool,
+    RestartMcpServerRequest,
 };
 use serde_json::{Value, json};
 
@@ -80,6 +81,28 @@ pub(super) async fn run(command: McpCommand) -> Result<(), CliError> {
                 )));
             }
             output::print(&output::line(&answer.text))
+        }
+        McpCommand::Restart {
+            server,
+            json,
+            client,
+        } => {
+            let mut session = Session::connect(&client).await?;
+            let answer = session
+                .client
+                .restart_mcp_server(RestartMcpServerRequest { server })
+                .await
+                .map_err(|status| session.error(status))?
+                .into_inner();
+            let text = if json {
+                server_json(&answer).to_string()
+            } else {
+                format!(
+                    "restarted {}: {}, {} tools (restart {})",
+                    answer.name, answer.state, answer.tools, answer.restarts
+                )
+            };
+            output::print(&output::line(&text))
         }
         McpCommand::Serve { http, client } => serve::run(http, client).await,
     }

@@ -15,6 +15,17 @@ pub(super) fn servers(kernel: &Kernel) -> pb::ListMcpServersResponse {
     }
 }
 
+pub(super) async fn restart(
+    kernel: &Kernel,
+    caller: Caller,
+    name: &str,
+) -> Result<pb::McpServer, Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("server must not be empty"));
+    }
+    Ok(server(kernel.restart_mcp_server(caller, name).await?))
+}
+
 fn server(info: ServerInfo) -> pb::McpServer {
     pb::McpServer {
         name: info.name,

@@ -362,6 +362,15 @@ impl KernelRpc for KernelService {
         Ok(Response::new(answer))
     }
 
+    async fn restart_mcp_server(
+        &self,
+        request: Request<pb::RestartMcpServerRequest>,
+    ) -> Rpc<pb::McpServer> {
+        let caller = caller(&request)?;
+        let answer = mcp::restart(&self.kernel, caller, &request.get_ref().server).await?;
+        Ok(Response::new(answer))
+    }
+
     type WatchTranscriptStream = ReceiverStream<Result<pb::TranscriptEntry, Status>>;
 
     async fn watch_transcript(

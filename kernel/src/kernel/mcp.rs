@@ -41,6 +41,21 @@ impl Kernel {
             .start(self.inner.tracker(), self.inner.shutdown(), &report);
     }
 
+    /// Restarts MCP server `name` now (admin only): a ready server is
+    /// closed and started again, a restarting one skips its backoff, one
+    /// that failed for good starts again with its intensity window cleared.
+    /// Not counted against its intensity. Answers once the new start is
+    /// ready (waiting up to its startup timeout), with its state.
+    pub async fn restart_mcp_server(&self, caller: Caller, name: &str) -> Result<ServerInfo> {
+        if caller != Caller::Admin {
+            return Err(KernelError::PermissionDenied(
+                "only the admin may restart an MCP server".into(),
+            ));
+        }
+        self.check_running()?;
+        self.inner.mcp().restart(name).await
+    }
+
     /// Every configured MCP server and its state.
     pub fn mcp_servers(&self) -> Vec<ServerInfo> {
         self.inner.mcp().infos()

@@ -102,6 +102,8 @@ pub(crate) struct Server {
     suspect: Notify,
     /// The server said its tool list changed.
     tools_changed: Arc<Notify>,
+    /// The admin asked for a restart (`mcp restart`).
+    restart_now: Notify,
 }
 
 impl std::fmt::Debug for Server {
@@ -125,6 +127,10 @@ struct State {
     os_pid: Option<u32>,
     since_unix_ms: u64,
     server: Option<String>,
+    /// Times it has become ready.
+    lives: u64,
+    /// A restart the admin asked for is pending.
+    restart_asked: bool,
 }
 
 /// Why a call could not be made.
@@ -156,10 +162,78 @@ impl Server {
                 os_pid: None,
                 since_unix_ms: unix_ms(SystemTime::now()),
                 server: None,
+                lives: 0,
+                restart_asked: false,
             }),
             changed: watch::Sender::new(0),
             suspect: Notify::new(),
             tools_changed: Arc::new(Notify::new()),
+            restart_now: Notify::new(),
+        }
+    }
+
+    /// Restarts the server now, as the admin asks: a ready one is closed
+    /// and started again, a restarting one skips its backoff, a failed one
+    /// is started again with its intensity window cleared. Not counted
+    /// against the intensity. Waits up to its startup timeout for the new
+    /// start to be ready, and says how it ended.
+    pub(crate) async fn restart(&self) -> Result<(), Unready> {
+        let mut changes = self.changed.subscribe();
+        let lives = {
+            let mut state = self.state.lock();
+            match state.phase {
+                Phase::Disabled => {
+                    return Err(Unready::Down(format!(
+                        "MCP server {} is disabled (mcp_servers.{}.enabled)",
+                        self.name, self.name
+                    )));
+                }
+                Phase::Stopped => {
+                    return Err(Unready::Down(format!(
+                        "MCP server {} is stopped",
+                        self.name
+                    )));
+                }
+                Phase::Starting | Phase::Ready | Phase::Restarting | Phase::Failed => {}
+            }
+            state.restart_asked = true;
+            state.lives
+        };
+        self.restart_now.notify_one();
+        // A start takes at most the startup timeout, after the old
+        // connection's close (at most a few seconds).
+        let deadline = Instant::now() + self.spec.startup_timeout + CLOSE_GRACE;
+        loop {
+            {
+                let state = self.state.lock();
+                match state.phase {
+                    Phase::Ready if state.lives > lives && !state.restart_asked => return Ok(()),
+                    Phase::Failed if !state.restart_asked => {
+                        return Err(Unready::Down(format!(
+                            "MCP server {} failed again{}",
+                            self.name,
+                            because(state.last_error.as_deref())
+                        )));
+                    }
+                    Phase::Stopped => {
+                        return Err(Unready::Down(format!(
+                            "MCP server {} is stopped",
+                            self.name
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            let waited = tokio::time::timeout_at(deadline, changes.changed()).await;
+            if !matches!(waited, Ok(Ok(()))) {
+                let state = self.state.lock();
+                return Err(Unready::NotYet(format!(
+                    "MCP server {} is {} and not ready yet{}",
+                    self.name,
+                    self.state_name(state.phase),
+                    because(state.last_error.as_deref())
+                )));
+            }
         }
     }
 
@@ -224,11 +298,14 @@ impl Server {
     }
 
     /// Its peer and tools once it is ready: at once if it is, else after
-    /// waiting up to `wait` while it starts or restarts.
+    /// waiting up to `wait` while it starts for the first time, or, with
+    /// `through_restart`, while a stdio server restarts.
     pub(crate) async fn ready(
         &self,
         wait: Duration,
+        through_restart: bool,
     ) -> Result<(Peer<RoleClient>, McpTools), Unready> {
+        let stdio = matches!(self.spec.transport, McpTransport::Stdio { .. });
         let mut changes = self.changed.subscribe();
         let deadline = Instant::now() + wait;
         loop {
@@ -244,6 +321,11 @@ impl Server {
                     // failed is not kept waiting on, or every model call of
                     // every agent selecting it would stall.
                     Phase::Starting if state.restarts == 0 => {}
+                    // A call the model has made waits out a crash of a
+                    // local server (its restart is ours, and quick) within
+                    // its own deadline; an unreachable remote one is not
+                    // waited on.
+                    Phase::Starting | Phase::Restarting if through_restart && stdio => {}
                     Phase::Starting | Phase::Restarting => {
                         return Err(Unready::NotYet(format!(
                             "MCP server {} is {}{}",
@@ -333,6 +415,17 @@ impl Server {
             if stop.is_cancelled() {
                 break;
             }
+            if self.take_restart_ask() {
+                self.set(|s| s.restarts = s.restarts.saturating_add(1));
+                tracing::info!(server = %self.name, "MCP server restarted by the admin");
+                emit(
+                    self.state_name(Phase::Restarting),
+                    Some(ASKED.to_owned()),
+                    attempt + 1,
+                    Some(Duration::ZERO),
+                );
+                continue;
+            }
             tracing::warn!(server = %self.name, %reason, "MCP server failed");
             let restart = self.spec.restart;
             if !restart.policy.restarts_after(!clean) {
@@ -349,7 +442,10 @@ impl Server {
                     attempt,
                     None,
                 );
-                return;
+                if self.until_asked(&stop, &emit).await {
+                    continue;
+                }
+                break;
             }
             let admitted = {
                 let mut state = self.state.lock();
@@ -373,7 +469,10 @@ impl Server {
                         s.last_error = Some(reason.clone());
                     });
                     emit("failed", Some(why), attempt, None);
-                    return;
+                    if self.until_asked(&stop, &emit).await {
+                        continue;
+                    }
+                    break;
                 }
             };
             self.set(|s| {
@@ -390,6 +489,9 @@ impl Server {
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep(delay) => {}
+                () = self.restart_now.notified() => {
+                    self.take_restart_ask();
+                }
             }
         }
         self.set(|s| {
@@ -397,6 +499,40 @@ impl Server {
             s.peer = None;
             s.os_pid = None;
         });
+    }
+
+    /// Whether a restart was asked for, clearing the ask.
+    fn take_restart_ask(&self) -> bool {
+        std::mem::take(&mut self.state.lock().restart_asked)
+    }
+
+    /// A failed server waits for the admin's restart (true) or the
+    /// kernel's stop (false). A restart clears the intensity window.
+    async fn until_asked(
+        &self,
+        stop: &CancellationToken,
+        emit: &(impl Fn(&'static str, Option<String>, u32, Option<Duration>) + Sync),
+    ) -> bool {
+        // An ask made while it was failing is already pending.
+        while !self.take_restart_ask() {
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = self.restart_now.notified() => {}
+            }
+        }
+        self.set(|s| {
+            s.recent.clear();
+            s.restarts = s.restarts.saturating_add(1);
+        });
+        let attempt = self.state.lock().restarts;
+        tracing::info!(server = %self.name, "MCP server restarted by the admin");
+        emit(
+            self.state_name(Phase::Restarting),
+            Some(ASKED.to_owned()),
+            attempt,
+            Some(Duration::ZERO),
+        );
+        true
     }
 
     /// One life of the server, from its start to its end; says why it
@@ -415,11 +551,7 @@ impl Server {
         let startup = self.spec.startup_timeout;
         let opening = tokio::time::timeout(startup, async {
             let connection = Connection::open(&self.spec, logs.as_deref(), listener).await?;
-            let tools = connection
-                .peer()
-                .list_all_tools()
-                .await
-                .map_err(|err| format!("tools/list failed: {err}"));
+            let tools = list_tools(connection.peer()).await;
             match tools {
                 Ok(tools) => Ok((connection, tools)),
                 Err(err) => {
@@ -455,6 +587,7 @@ impl Server {
         let count = catalog.tools.len();
         self.set(|s| {
             s.phase = Phase::Ready;
+            s.lives += 1;
             s.peer = Some(connection.peer().clone());
             s.catalog = catalog;
             s.os_pid = connection.os_pid();
@@ -465,6 +598,7 @@ impl Server {
         let outcome = loop {
             tokio::select! {
                 () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                () = self.restart_now.notified() => break (ASKED.into(), true),
                 ended = connection.ended() => break ended,
                 () = self.suspect.notified() => {
                     let peer = connection.peer().clone();
@@ -490,7 +624,7 @@ impl Server {
                 }
                 () = self.tools_changed.notified() => {
                     let peer = connection.peer().clone();
-                    let listing = tokio::time::timeout(startup, peer.list_all_tools());
+                    let listing = tokio::time::timeout(startup, list_tools(&peer));
                     let listed = tokio::select! {
                         () = stop.cancelled() => break ("the kernel is stopping".into(), true),
                         ended = connection.ended() => break ended,
@@ -508,7 +642,7 @@ impl Server {
                                 emit("tools_changed", None, attempt, None);
                             }
                         }
-                        Ok(Err(err)) => tracing::warn!(server = %self.name, error = %err, "cannot list the changed tools; keeping the old list"),
+                        Ok(Err(err)) => tracing::warn!(server = %self.name, error = %self.redact(err), "cannot list the changed tools; keeping the old list"),
                         Err(_) => break (format!(
                             "hung: tools/list got no answer within {} s after the list changed",
                             startup.as_secs()
@@ -530,6 +664,46 @@ impl Server {
         outcome
     }
 }
+
+/// Pages of `tools/list` read before a server counts as broken.
+const MAX_TOOL_PAGES: usize = 64;
+/// Tools listed before a server counts as broken.
+const MAX_TOOLS: usize = 4096;
+
+/// Every page of the server's `tools/list`, within [`MAX_TOOL_PAGES`] and
+/// [`MAX_TOOLS`]: a server that pages on without end is a failure, not a
+/// way to fill the kernel's memory within the startup timeout.
+async fn list_tools(peer: &Peer<RoleClient>) -> Result<Vec<rmcp::model::Tool>, String> {
+    let mut tools = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_TOOL_PAGES {
+        let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
+        let page = peer
+            .list_tools(Some(params))
+            .await
+            .map_err(|err| format!("tools/list failed: {err}"))?;
+        tools.extend(page.tools);
+        if tools.len() > MAX_TOOLS {
+            return Err(format!(
+                "tools/list gave more than {MAX_TOOLS} tools; the kernel takes at most that many"
+            ));
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(tools),
+        }
+    }
+    Err(format!(
+        "tools/list went on for more than {MAX_TOOL_PAGES} pages; the kernel reads at most that many"
+    ))
+}
+
+/// The reason of a restart the admin asked for.
+const ASKED: &str = "restart asked by the admin (mcp restart)";
+
+/// How long closing a connection may take: stdin closed, SIGTERM after
+/// 0.5 s, SIGKILL 2 s later.
+const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// Longest failure reason kept, shown and reported.
 pub(crate) const MAX_REASON: usize = 1024;
