@@ -23,7 +23,7 @@ mod limits;
 mod mcp;
 pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
-pub(crate) use model::base_url_problem;
+pub(crate) use model::{base_url_problem, url_problem};
 mod parse;
 mod sandbox;
 pub use sandbox::ExecSettings;

@@ -720,7 +720,8 @@ async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_during_a_stdio_server_s_restart_waits_for_it() {
     let mut spec = everything();
-    spec.restart.backoff_ms = [300, 300];
+    // Long enough to be seen restarting on a loaded machine.
+    spec.restart.backoff_ms = [2000, 2000];
     let kernel = kernel_with(test_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let first = kernel.mcp_servers()[0].os_pid.unwrap();

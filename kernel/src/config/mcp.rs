@@ -436,7 +436,7 @@ impl<'a> Server<'a> {
     fn url(&self, written: &str, issues: &mut Vec<ConfigIssue>) -> String {
         let location = at(&self.label, "url");
         let url = self.expand(written, &location, issues);
-        if let Some(problem) = super::base_url_problem(&url) {
+        if let Some(problem) = super::url_problem(&url, "https://mcp.example.com/mcp") {
             // The expanded URL may hold a secret: quote what was written.
             let problem = if url == written {
                 problem.replacen(&format!("{url:?}"), &shown(&url), 1)

@@ -391,12 +391,17 @@ fn web(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> WebSettings {
 
 /// Why `url` cannot be an API root, if it cannot.
 pub(crate) fn base_url_problem(url: &str) -> Option<String> {
+    url_problem(url, "https://api.openai.com/v1")
+}
+
+/// Why `url` cannot be an HTTP endpoint, if it cannot; `example` shows a good one.
+pub(crate) fn url_problem(url: &str, example: &str) -> Option<String> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"));
     match rest {
         None => Some(format!(
-            "{url:?} must start with http:// or https:// (e.g. https://api.openai.com/v1)"
+            "{url:?} must start with http:// or https:// (e.g. {example})"
         )),
         Some(rest) if rest.is_empty() || rest.starts_with('/') => {
             Some(format!("{url:?} has no host"))

@@ -6,10 +6,12 @@
 //! a lost HTTP session), a call that went past its deadline (it then sends
 //! a `ping`, and a server that does not answer it within the startup
 //! timeout is taken as hung), the server saying its tool list changed (it
-//! lists them again), or the kernel stopping. After a failure the restart
-//! policy decides, with the same intensity rule and backoff as a
-//! process's; past the intensity the server stays `failed` and an event
-//! says so. State changes take a short lock, never held across an `.await`.
+//! lists them again), the admin asking for a restart (`mcp restart`), or
+//! the kernel stopping. After a failure the restart policy decides, with
+//! the same intensity rule and backoff as a process's; past the intensity
+//! the server stays `failed`, and an event says so, until the admin asks
+//! for a restart. State changes take a short lock, never held across an
+//! `.await`.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -42,7 +44,7 @@ pub(crate) enum Phase {
     /// Failed; waiting out its backoff before the next start.
     Restarting,
     /// Failed for good: past its restart intensity, or its policy restarts
-    /// nothing. It stays so until the kernel restarts.
+    /// nothing. It stays so until the admin restarts it, or the kernel restarts.
     Failed,
     /// The kernel is stopping, or has stopped it.
     Stopped,
@@ -102,8 +104,9 @@ pub(crate) struct Server {
     suspect: Notify,
     /// The server said its tool list changed.
     tools_changed: Arc<Notify>,
-    /// The admin asked for a restart (`mcp restart`).
-    restart_now: Notify,
+    /// How many restarts the admin has asked for (`mcp restart`); the
+    /// supervisor acts on each value it has not handled yet.
+    asks: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Server {
@@ -127,10 +130,9 @@ struct State {
     os_pid: Option<u32>,
     since_unix_ms: u64,
     server: Option<String>,
-    /// Times it has become ready.
-    lives: u64,
-    /// A restart the admin asked for is pending.
-    restart_asked: bool,
+    /// The last of `asks` the supervisor has acted on: set together with
+    /// the phase the restart starts in, so any later state is the new start's.
+    handled: u64,
 }
 
 /// Why a call could not be made.
@@ -162,13 +164,12 @@ impl Server {
                 os_pid: None,
                 since_unix_ms: unix_ms(SystemTime::now()),
                 server: None,
-                lives: 0,
-                restart_asked: false,
+                handled: 0,
             }),
             changed: watch::Sender::new(0),
             suspect: Notify::new(),
             tools_changed: Arc::new(Notify::new()),
-            restart_now: Notify::new(),
+            asks: watch::Sender::new(0),
         }
     }
 
@@ -179,8 +180,8 @@ impl Server {
     /// start to be ready, and says how it ended.
     pub(crate) async fn restart(&self) -> Result<(), Unready> {
         let mut changes = self.changed.subscribe();
-        let lives = {
-            let mut state = self.state.lock();
+        {
+            let state = self.state.lock();
             match state.phase {
                 Phase::Disabled => {
                     return Err(Unready::Down(format!(
@@ -196,10 +197,12 @@ impl Server {
                 }
                 Phase::Starting | Phase::Ready | Phase::Restarting | Phase::Failed => {}
             }
-            state.restart_asked = true;
-            state.lives
-        };
-        self.restart_now.notify_one();
+        }
+        let mut mine = 0;
+        self.asks.send_modify(|asks| {
+            *asks += 1;
+            mine = *asks;
+        });
         // A start takes at most the startup timeout, after the old
         // connection's close (at most a few seconds).
         let deadline = Instant::now() + self.spec.startup_timeout + CLOSE_GRACE;
@@ -207,8 +210,8 @@ impl Server {
             {
                 let state = self.state.lock();
                 match state.phase {
-                    Phase::Ready if state.lives > lives && !state.restart_asked => return Ok(()),
-                    Phase::Failed if !state.restart_asked => {
+                    Phase::Ready if state.handled >= mine => return Ok(()),
+                    Phase::Failed if state.handled >= mine => {
                         return Err(Unready::Down(format!(
                             "MCP server {} failed again{}",
                             self.name,
@@ -407,23 +410,20 @@ impl Server {
                     },
                 );
             };
+        let mut asks = self.asks.subscribe();
+        if *asks.borrow() > 0 {
+            // Asked before this task ran.
+            asks.mark_changed();
+        }
         loop {
             let attempt = self.state.lock().restarts;
             self.set(|s| s.phase = Phase::Starting);
-            let (reason, clean) = self.run_once(&stop, &logs, &emit, attempt).await;
+            let (reason, clean) = self.run_once(&stop, &logs, &emit, attempt, &mut asks).await;
             let reason = self.redact(reason);
             if stop.is_cancelled() {
                 break;
             }
-            if self.take_restart_ask() {
-                self.set(|s| s.restarts = s.restarts.saturating_add(1));
-                tracing::info!(server = %self.name, "MCP server restarted by the admin");
-                emit(
-                    self.state_name(Phase::Restarting),
-                    Some(ASKED.to_owned()),
-                    attempt + 1,
-                    Some(Duration::ZERO),
-                );
+            if self.act_on_ask(&mut asks, false, &emit) {
                 continue;
             }
             tracing::warn!(server = %self.name, %reason, "MCP server failed");
@@ -442,7 +442,7 @@ impl Server {
                     attempt,
                     None,
                 );
-                if self.until_asked(&stop, &emit).await {
+                if self.until_asked(&stop, &emit, &mut asks).await {
                     continue;
                 }
                 break;
@@ -469,7 +469,7 @@ impl Server {
                         s.last_error = Some(reason.clone());
                     });
                     emit("failed", Some(why), attempt, None);
-                    if self.until_asked(&stop, &emit).await {
+                    if self.until_asked(&stop, &emit, &mut asks).await {
                         continue;
                     }
                     break;
@@ -489,8 +489,8 @@ impl Server {
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep(delay) => {}
-                () = self.restart_now.notified() => {
-                    self.take_restart_ask();
+                Ok(()) = asks.changed() => {
+                    self.act_on_ask(&mut asks, false, &emit);
                 }
             }
         }
@@ -501,30 +501,32 @@ impl Server {
         });
     }
 
-    /// Whether a restart was asked for, clearing the ask.
-    fn take_restart_ask(&self) -> bool {
-        std::mem::take(&mut self.state.lock().restart_asked)
-    }
-
-    /// A failed server waits for the admin's restart (true) or the
-    /// kernel's stop (false). A restart clears the intensity window.
-    async fn until_asked(
+    /// Acts on a restart the admin asked for and nothing has handled yet:
+    /// marks it handled and the server starting, in one step, so whoever
+    /// waits on the ask sees only the new start's states after it. After a
+    /// failure for good (`failed`), the intensity window starts afresh.
+    fn act_on_ask(
         &self,
-        stop: &CancellationToken,
+        asks: &mut watch::Receiver<u64>,
+        failed: bool,
         emit: &(impl Fn(&'static str, Option<String>, u32, Option<Duration>) + Sync),
     ) -> bool {
-        // An ask made while it was failing is already pending.
-        while !self.take_restart_ask() {
-            tokio::select! {
-                () = stop.cancelled() => return false,
-                () = self.restart_now.notified() => {}
+        let asked = *asks.borrow_and_update();
+        let attempt = {
+            let mut state = self.state.lock();
+            if asked <= state.handled {
+                return false;
             }
-        }
-        self.set(|s| {
-            s.recent.clear();
-            s.restarts = s.restarts.saturating_add(1);
-        });
-        let attempt = self.state.lock().restarts;
+            state.handled = asked;
+            state.phase = Phase::Starting;
+            state.since_unix_ms = unix_ms(SystemTime::now());
+            state.restarts = state.restarts.saturating_add(1);
+            if failed {
+                state.recent.clear();
+            }
+            state.restarts
+        };
+        self.changed.send_modify(|n| *n += 1);
         tracing::info!(server = %self.name, "MCP server restarted by the admin");
         emit(
             self.state_name(Phase::Restarting),
@@ -533,6 +535,29 @@ impl Server {
             Some(Duration::ZERO),
         );
         true
+    }
+
+    /// A failed server waits for the admin's restart (true) or the
+    /// kernel's stop (false).
+    async fn until_asked(
+        &self,
+        stop: &CancellationToken,
+        emit: &(impl Fn(&'static str, Option<String>, u32, Option<Duration>) + Sync),
+        asks: &mut watch::Receiver<u64>,
+    ) -> bool {
+        loop {
+            if self.act_on_ask(asks, true, emit) {
+                return true;
+            }
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                changed = asks.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
     }
 
     /// One life of the server, from its start to its end; says why it
@@ -544,6 +569,7 @@ impl Server {
         logs: &Option<PathBuf>,
         emit: &(impl Fn(&'static str, Option<String>, u32, Option<Duration>) + Sync),
         attempt: u32,
+        asks: &mut watch::Receiver<u64>,
     ) -> (String, bool) {
         let listener = Listener {
             tools_changed: self.tools_changed.clone(),
@@ -563,6 +589,7 @@ impl Server {
         // Dropping a half-open connection kills its group: nothing to wait for.
         let opened = tokio::select! {
             () = stop.cancelled() => return ("the kernel is stopping".into(), true),
+            Ok(()) = asks.changed() => return (ASKED.into(), true),
             opened = opening => opened,
         };
         let (mut connection, tools) = match opened {
@@ -587,7 +614,6 @@ impl Server {
         let count = catalog.tools.len();
         self.set(|s| {
             s.phase = Phase::Ready;
-            s.lives += 1;
             s.peer = Some(connection.peer().clone());
             s.catalog = catalog;
             s.os_pid = connection.os_pid();
@@ -598,7 +624,7 @@ impl Server {
         let outcome = loop {
             tokio::select! {
                 () = stop.cancelled() => break ("the kernel is stopping".into(), true),
-                () = self.restart_now.notified() => break (ASKED.into(), true),
+                Ok(()) = asks.changed() => break (ASKED.into(), true),
                 ended = connection.ended() => break ended,
                 () = self.suspect.notified() => {
                     let peer = connection.peer().clone();
@@ -609,6 +635,7 @@ impl Server {
                     // A stop or an end is not kept waiting behind a hung server.
                     let answer = tokio::select! {
                         () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                        Ok(()) = asks.changed() => break (ASKED.into(), true),
                         ended = connection.ended() => break ended,
                         answer = ping => answer,
                     };
@@ -627,6 +654,7 @@ impl Server {
                     let listing = tokio::time::timeout(startup, list_tools(&peer));
                     let listed = tokio::select! {
                         () = stop.cancelled() => break ("the kernel is stopping".into(), true),
+                        Ok(()) = asks.changed() => break (ASKED.into(), true),
                         ended = connection.ended() => break ended,
                         listed = listing => listed,
                     };

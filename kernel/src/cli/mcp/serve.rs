@@ -50,21 +50,23 @@ const EVENTS_MAX: usize = 1000;
 const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 /// Distinct tokens whose connections are kept (HTTP); past it they are all dropped.
 const MAX_SESSIONS: usize = 64;
+/// The longest `exec` timeout taken (a year); longer is refused, not clamped.
+const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 const INSTRUCTIONS: &str = "Tools for a running HiveKernel: a process kernel for LLM agents. \
 Agents are processes with a PID in a tree under PID 1. A PROCESS argument is a PID, a process \
 name (unique among live processes) or a path of names from PID 1 such as queen/worker. \
 `ps` and `describe` show the tree; `spawn` starts an agent, `exec` runs a task on one and returns \
 its output, `send` leaves a message in its mailbox, `kill` ends it and its subtree; `events` reads \
-what happened since a sequence number; `cron_*` manage schedules. Every call is checked by the \
-kernel against the token this server was given.";
+what happened since a sequence number; `cron_*` manage schedules. The kernel checks every call \
+against the caller's token, as it checks any client.";
 
 /// Serves the tools on stdin/stdout, or on `http` (loopback only) until Ctrl-C.
 pub(in crate::cli) async fn run(
     http: Option<SocketAddr>,
     client: ClientArgs,
 ) -> Result<(), CliError> {
-    let bridge = Bridge::new(client);
+    let bridge = Bridge::new(client, http.is_some());
     match http {
         None => serve_stdio(bridge).await,
         Some(addr) => serve_http(bridge, addr).await,
@@ -164,6 +166,9 @@ pub(in crate::cli) struct Bridge {
 #[derive(Debug)]
 struct Kernel {
     args: ClientArgs,
+    /// Over HTTP every call must bring its own token: none is read from
+    /// the usual places.
+    http: bool,
     /// By token; "" is the token from the usual places (stdio).
     sessions: Mutex<HashMap<String, Session>>,
 }
@@ -356,7 +361,7 @@ struct EventsParams {
     since_seq: Option<u64>,
     /// Only this process's events.
     process: Option<ProcessRef>,
-    /// Only events of these types, such as spawned, exited, task_done,
+    /// Only events of these types, such as spawned, exited, task_finished,
     /// tool_call, llm_call, denied, mcp_server.
     #[serde(default)]
     types: Vec<String>,
@@ -407,10 +412,11 @@ type Answer = Result<CallToolResult, CliError>;
 
 #[tool_router]
 impl Bridge {
-    fn new(args: ClientArgs) -> Bridge {
+    fn new(args: ClientArgs, http: bool) -> Bridge {
         Bridge {
             kernel: Arc::new(Kernel {
                 args,
+                http,
                 sessions: Mutex::new(HashMap::new()),
             }),
             tool_router: Self::tool_router(),
@@ -530,10 +536,12 @@ impl Bridge {
         let timeout = match params.timeout_seconds {
             None => None,
             Some(secs) => match Duration::try_from_secs_f64(secs) {
-                Ok(timeout) if !timeout.is_zero() => Some(timeout),
+                Ok(timeout) if !timeout.is_zero() && timeout <= MAX_EXEC_TIMEOUT => Some(timeout),
                 _ => {
                     return Ok(error_result(format!(
-                        "timeout_seconds: expected a positive number of seconds, got {secs}"
+                        "timeout_seconds: expected a positive number of seconds up to {} \
+                         (a year), got {secs}",
+                        MAX_EXEC_TIMEOUT.as_secs()
                     )));
                 }
             },
@@ -661,10 +669,14 @@ impl Bridge {
                 .map_err(|status| session.error(status))?
                 .into_inner();
             let keeps = |event: &Event| {
-                MISSED.contains(&event.r#type.as_str())
-                    || (pid.is_none_or(|pid| event.pid == pid)
-                        && (params.types.is_empty() || params.types.contains(&event.r#type)))
+                pid.is_none_or(|pid| event.pid == pid)
+                    && (params.types.is_empty() || params.types.contains(&event.r#type))
             };
+            // Markers that events were missed: kept when reading on from a
+            // sequence number (the reader must know), not counted against
+            // the limit, and left out of "the most recent" (nothing was
+            // asked for that could have been missed).
+            let mut markers: Vec<Event> = Vec::new();
             let mut kept: VecDeque<Event> = VecDeque::new();
             let mut next_since = since;
             let mut more = false;
@@ -675,6 +687,12 @@ impl Bridge {
             {
                 if event.r#type == REPLAY_DONE {
                     break;
+                }
+                if MISSED.contains(&event.r#type.as_str()) {
+                    if params.since_seq.is_some() {
+                        markers.push(event);
+                    }
+                    continue;
                 }
                 if !keeps(&event) {
                     if params.since_seq.is_none() || kept.len() < limit {
@@ -693,7 +711,11 @@ impl Bridge {
                 next_since = next_since.max(event.seq);
                 kept.push_back(event);
             }
-            let events: Vec<Value> = kept.iter().map(output::event_json).collect();
+            let events: Vec<Value> = markers
+                .iter()
+                .chain(kept.iter())
+                .map(output::event_json)
+                .collect();
             Ok(json_result(&json!({
                 "events": events,
                 "next_since_seq": next_since,
@@ -794,6 +816,13 @@ impl Bridge {
             .get::<http::request::Parts>()
             .and_then(|parts| bearer(&parts.headers))
             .map(str::to_owned);
+        if self.kernel.http && token.is_none() {
+            return Ok(error_result(
+                "unauthenticated: send the kernel's admin token or a process token as \
+                 `Authorization: Bearer <token>`"
+                    .to_owned(),
+            ));
+        }
         let result = match self.kernel.session(token.as_deref()).await {
             Ok(mut session) => work(&mut session).await,
             Err(err) => Err(err),
@@ -801,7 +830,14 @@ impl Bridge {
         Ok(match result {
             Ok(result) => result,
             Err(err) => {
-                if matches!(err, CliError::Connect { .. } | CliError::Usage(_)) {
+                // Reconnect next time (the kernel may have moved, the token
+                // file changed), and keep no session for a refused token.
+                if matches!(
+                    err,
+                    CliError::Connect { .. }
+                        | CliError::Usage(_)
+                        | CliError::Unauthenticated { .. }
+                ) {
                     self.kernel.forget(token.as_deref());
                 }
                 error_result(err.to_string())
@@ -885,14 +921,17 @@ mod tests {
 
     #[test]
     fn every_tool_has_an_object_schema_and_a_description() {
-        let bridge = Bridge::new(ClientArgs {
-            addr: None,
-            token: None,
-            data_dir: ".".into(),
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-        });
+        let bridge = Bridge::new(
+            ClientArgs {
+                addr: None,
+                token: None,
+                data_dir: ".".into(),
+                tls_ca: None,
+                tls_cert: None,
+                tls_key: None,
+            },
+            false,
+        );
         let tools = bridge.tool_router.list_all();
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
         for expected in [
