@@ -250,7 +250,10 @@ fn mcp_serve_drives_the_kernel_for_an_mcp_client_with_the_caller_s_rights() {
     let dir = tempfile::tempdir().unwrap();
     let (minion, token) = process_with_token(&kernel, dir.path());
     let (text, failed, _) = call(&addr, &token, "kill", &[&format!("process={queen}")]);
-    assert!(failed && text.contains("may only kill its descendants"), "{text}");
+    assert!(
+        failed && text.contains("may only kill its descendants"),
+        "{text}"
+    );
     assert!(support::find(&kernel.ps(), queen).is_some());
     let (text, failed, _) = call(&addr, "not-a-token", "ps", &[]);
     assert!(failed && text.contains("unauthenticated"), "{text}");
