@@ -106,7 +106,8 @@ pub enum Command {
     /// Store, list, read and delete artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
-    /// The MCP servers the kernel supervises: their state and their tools.
+    /// MCP: the servers the kernel supervises (state, tools, restart), and
+    /// `mcp serve`, the kernel's control plane as an MCP server.
     #[command(subcommand)]
     Mcp(McpCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
