@@ -11,13 +11,7 @@ pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
     match command {
         CronCommand::Ls { json, client } => {
             let mut session = Session::connect(&client).await?;
-            let entries = session
-                .client
-                .list_cron(ListCronRequest {})
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner()
-                .entries;
+            let entries = entries(&mut session).await?;
             if json {
                 let all: Vec<Value> = entries.iter().map(entry_json).collect();
                 output::print(&output::line(&Value::Array(all).to_string()))
@@ -55,17 +49,38 @@ async fn add(args: CronAddArgs) -> Result<(), CliError> {
         overlap: args.overlap,
         missed: args.missed,
     };
+    let entry = add_entry(&mut session, spec).await?;
+    if args.json {
+        output::print(&output::line(&entry_json(&entry).to_string()))
+    } else {
+        output::print(&table(&[entry]))
+    }
+}
+
+/// Every cron entry the caller may see.
+pub(super) async fn entries(session: &mut Session) -> Result<Vec<CronEntry>, CliError> {
+    let entries = session
+        .client
+        .list_cron(ListCronRequest {})
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner()
+        .entries;
+    Ok(entries)
+}
+
+/// Adds `spec`; the entry as the kernel keeps it.
+pub(super) async fn add_entry(
+    session: &mut Session,
+    spec: CronSpec,
+) -> Result<CronEntry, CliError> {
     let entry = session
         .client
         .add_cron(spec)
         .await
         .map_err(|status| session.error(status))?
         .into_inner();
-    if args.json {
-        output::print(&output::line(&entry_json(&entry).to_string()))
-    } else {
-        output::print(&table(&[entry]))
-    }
+    Ok(entry)
 }
 
 /// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry;

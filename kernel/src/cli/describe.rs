@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use hivekernel_proto::v1::{
-    CronEntry, GetProcessRequest, ListCronRequest, ListProcessesRequest, LlmUsage, ProcessInfo,
+    CronEntry, GetProcessRequest, ListProcessesRequest, LlmUsage, ProcessInfo,
 };
 use serde_json::Value;
 
@@ -73,13 +73,8 @@ pub(super) async fn gather(session: &mut Session, pid: u64) -> Result<Described,
     {
         children.extend(batch.processes.into_iter().filter(|p| p.pid != pid));
     }
-    let cron: Vec<CronEntry> = session
-        .client
-        .list_cron(ListCronRequest {})
-        .await
-        .map_err(|status| session.error(status))?
-        .into_inner()
-        .entries
+    let cron: Vec<CronEntry> = super::cron::entries(session)
+        .await?
         .into_iter()
         .filter(|entry| entry.spec.as_ref().is_some_and(|spec| spec.target == pid))
         .collect();

@@ -182,19 +182,26 @@ fn exec_cwd(command: &[String], cwd: Option<std::path::PathBuf>) -> Result<Strin
 /// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
 pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
-    let request = KillRequest {
-        pid: session.pid(&args.pid).await?,
-        reason: args.reason.unwrap_or_default(),
-    };
+    let pid = session.pid(&args.pid).await?;
+    let killed = kill_subtree(&mut session, pid, args.reason.unwrap_or_default()).await?;
+    let text: String = killed.iter().map(|pid| format!("{pid}\n")).collect();
+    output::print(&text)
+}
+
+/// Kills `pid` and its subtree; the PIDs that exited, leaves first.
+pub(super) async fn kill_subtree(
+    session: &mut Session,
+    pid: u64,
+    reason: String,
+) -> Result<Vec<u64>, CliError> {
     let killed = session
         .client
-        .kill(request)
+        .kill(KillRequest { pid, reason })
         .await
         .map_err(|status| session.error(status))?
         .into_inner()
         .killed;
-    let text: String = killed.iter().map(|pid| format!("{pid}\n")).collect();
-    output::print(&text)
+    Ok(killed)
 }
 
 /// Restarts a process and says how many restarts it has had.

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use hivekernel_proto::v1::{ExecuteTaskRequest, Priority as PbPriority, SendMessageRequest};
+use hivekernel_proto::v1::{
+    ExecuteTaskRequest, ExecuteTaskResponse, Priority as PbPriority, SendMessageRequest,
+};
 use serde_json::json;
 use tonic::Request;
 
@@ -52,15 +54,27 @@ pub(super) async fn exec(args: ExecArgs) -> Result<(), CliError> {
 }
 
 /// Connects, finds the process and runs the task.
-async fn ask(args: &ExecArgs) -> Result<hivekernel_proto::v1::ExecuteTaskResponse, CliError> {
+async fn ask(args: &ExecArgs) -> Result<ExecuteTaskResponse, CliError> {
     let mut session = Session::connect(&args.client).await?;
+    let pid = session.pid(&args.pid).await?;
+    execute(&mut session, pid, args.text.clone(), args.timeout).await
+}
+
+/// Runs `task` on `pid` and waits for its reply; with `timeout`, the task
+/// fails after it and the call waits a little longer for the kernel to say so.
+pub(super) async fn execute(
+    session: &mut Session,
+    pid: u64,
+    task: String,
+    timeout: Option<Duration>,
+) -> Result<ExecuteTaskResponse, CliError> {
     let mut request = Request::new(ExecuteTaskRequest {
-        pid: session.pid(&args.pid).await?,
-        description: args.text.clone(),
+        pid,
+        description: task,
         params: Default::default(),
-        timeout_ms: args.timeout.map_or(0, millis),
+        timeout_ms: timeout.map_or(0, millis),
     });
-    if let Some(timeout) = args.timeout {
+    if let Some(timeout) = timeout {
         request.set_timeout(timeout.saturating_add(DEADLINE_SLACK));
     }
     let reply = session
@@ -74,14 +88,34 @@ async fn ask(args: &ExecArgs) -> Result<hivekernel_proto::v1::ExecuteTaskRespons
 /// Sends a fire-and-forget message and prints its id.
 pub(super) async fn send(args: SendArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
+    let to = session.pid(&args.pid).await?;
+    let id = send_message(
+        &mut session,
+        to,
+        args.text,
+        args.kind.unwrap_or_default(),
+        args.priority,
+        args.ttl_ms.unwrap_or(0),
+    )
+    .await?;
+    output::print(&output::line(&id.to_string()))
+}
+
+/// Puts a message from outside the kernel into `to`'s mailbox; its id.
+pub(super) async fn send_message(
+    session: &mut Session,
+    to: u64,
+    payload: String,
+    kind: String,
+    priority: Option<hivekernel_agents::Priority>,
+    ttl_ms: u64,
+) -> Result<u64, CliError> {
     let request = SendMessageRequest {
-        to: session.pid(&args.pid).await?,
-        r#type: args.kind.unwrap_or_default(),
-        payload: args.text,
-        priority: args
-            .priority
-            .map_or(PbPriority::Unspecified, names::priority_to_proto) as i32,
-        ttl_ms: args.ttl_ms.unwrap_or(0),
+        to,
+        r#type: kind,
+        payload,
+        priority: priority.map_or(PbPriority::Unspecified, names::priority_to_proto) as i32,
+        ttl_ms,
         from: 0,
     };
     let id = session
@@ -91,5 +125,5 @@ pub(super) async fn send(args: SendArgs) -> Result<(), CliError> {
         .map_err(|status| session.error(status))?
         .into_inner()
         .message_id;
-    output::print(&output::line(&id.to_string()))
+    Ok(id)
 }

@@ -180,23 +180,8 @@ impl Server {
     /// start to be ready, and says how it ended.
     pub(crate) async fn restart(&self) -> Result<(), Unready> {
         let mut changes = self.changed.subscribe();
-        {
-            let state = self.state.lock();
-            match state.phase {
-                Phase::Disabled => {
-                    return Err(Unready::Down(format!(
-                        "MCP server {} is disabled (mcp_servers.{}.enabled)",
-                        self.name, self.name
-                    )));
-                }
-                Phase::Stopped => {
-                    return Err(Unready::Down(format!(
-                        "MCP server {} is stopped",
-                        self.name
-                    )));
-                }
-                Phase::Starting | Phase::Ready | Phase::Restarting | Phase::Failed => {}
-            }
+        if let Some(refused) = self.out_of_service(self.state.lock().phase) {
+            return Err(refused);
         }
         let mut mine = 0;
         self.asks.send_modify(|asks| {
@@ -218,13 +203,11 @@ impl Server {
                             because(state.last_error.as_deref())
                         )));
                     }
-                    Phase::Stopped => {
-                        return Err(Unready::Down(format!(
-                            "MCP server {} is stopped",
-                            self.name
-                        )));
+                    phase => {
+                        if let Some(refused) = self.out_of_service(phase) {
+                            return Err(refused);
+                        }
                     }
-                    _ => {}
                 }
             }
             let waited = tokio::time::timeout_at(deadline, changes.changed()).await;
@@ -300,6 +283,22 @@ impl Server {
         self.state.lock().catalog.clone()
     }
 
+    /// Why a server in `phase` takes neither calls nor restarts: it is
+    /// disabled, or stopped with the kernel.
+    fn out_of_service(&self, phase: Phase) -> Option<Unready> {
+        match phase {
+            Phase::Disabled => Some(Unready::Down(format!(
+                "MCP server {} is disabled (mcp_servers.{}.enabled)",
+                self.name, self.name
+            ))),
+            Phase::Stopped => Some(Unready::Down(format!(
+                "MCP server {} is stopped",
+                self.name
+            ))),
+            Phase::Starting | Phase::Ready | Phase::Restarting | Phase::Failed => None,
+        }
+    }
+
     /// Its peer and tools once it is ready: at once if it is, else after
     /// waiting up to `wait` while it starts for the first time, or, with
     /// `through_restart`, while a stdio server restarts.
@@ -337,23 +336,16 @@ impl Server {
                             because(state.last_error.as_deref())
                         )));
                     }
-                    Phase::Disabled => {
-                        return Err(Unready::Down(format!(
-                            "MCP server {} is disabled (mcp_servers.{}.enabled)",
-                            self.name, self.name
-                        )));
+                    Phase::Disabled | Phase::Stopped => {
+                        if let Some(refused) = self.out_of_service(state.phase) {
+                            return Err(refused);
+                        }
                     }
                     Phase::Failed => {
                         return Err(Unready::Down(format!(
                             "MCP server {} has failed for good{}",
                             self.name,
                             because(state.last_error.as_deref())
-                        )));
-                    }
-                    Phase::Stopped => {
-                        return Err(Unready::Down(format!(
-                            "MCP server {} is stopped",
-                            self.name
                         )));
                     }
                 }

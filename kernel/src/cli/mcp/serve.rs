@@ -19,10 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier};
-use hivekernel_proto::v1::{
-    CronSpec, Event, ExecuteTaskRequest, KillRequest, ListCronRequest, Priority as PbPriority,
-    RemoveCronRequest, SendMessageRequest, SubscribeEventsRequest,
-};
+use hivekernel_proto::v1::{CronSpec, Event, RemoveCronRequest, SubscribeEventsRequest};
 use parking_lot::Mutex;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -34,20 +31,17 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_handler,
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tonic::Request;
 
 use super::super::client::Session;
 use super::super::describe;
 use super::super::events::{MISSED, REPLAY_DONE};
-use super::super::process::{NewProcess, list, millis};
-use super::super::{CliError, ClientArgs, PsFilter, Target, cron, human, names, output, ps};
+use super::super::process::{NewProcess, kill_subtree, list};
+use super::super::{CliError, ClientArgs, PsFilter, Target, cron, human, output, ps, task};
 
 /// Events one `events` call returns unless asked for fewer.
 const EVENTS_DEFAULT: usize = 100;
 /// The most events one `events` call returns.
 const EVENTS_MAX: usize = 1000;
-/// How much longer than a task's own timeout the bridge waits for the kernel.
-const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 /// Distinct tokens whose connections are kept (HTTP); past it they are all dropped.
 const MAX_SESSIONS: usize = 64;
 /// The longest `exec` timeout taken (a year); longer is refused, not clamped.
@@ -547,21 +541,8 @@ impl Bridge {
             },
         };
         self.answer(&context, async |session| {
-            let mut request = Request::new(ExecuteTaskRequest {
-                pid: params.process.pid(session).await?,
-                description: params.task,
-                params: Default::default(),
-                timeout_ms: timeout.map_or(0, millis),
-            });
-            if let Some(timeout) = timeout {
-                request.set_timeout(timeout.saturating_add(DEADLINE_SLACK));
-            }
-            let reply = session
-                .client
-                .execute_task(request)
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner();
+            let pid = params.process.pid(session).await?;
+            let reply = task::execute(session, pid, params.task, timeout).await?;
             let detail = json!({
                 "request_id": reply.request_id,
                 "success": reply.success,
@@ -587,24 +568,16 @@ impl Bridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         self.answer(&context, async |session| {
-            let request = SendMessageRequest {
-                to: params.process.pid(session).await?,
-                r#type: params.kind.unwrap_or_default(),
-                payload: params.message,
-                priority: params
-                    .priority
-                    .map_or(PbPriority::Unspecified, names::priority_to_proto)
-                    as i32,
-                ttl_ms: params.ttl_ms.unwrap_or(0),
-                from: 0,
-            };
-            let id = session
-                .client
-                .send_message(request)
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner()
-                .message_id;
+            let to = params.process.pid(session).await?;
+            let id = task::send_message(
+                session,
+                to,
+                params.message,
+                params.kind.unwrap_or_default(),
+                params.priority,
+                params.ttl_ms.unwrap_or(0),
+            )
+            .await?;
             Ok(json_result(&json!({ "message_id": id })))
         })
         .await
@@ -620,17 +593,8 @@ impl Bridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         self.answer(&context, async |session| {
-            let request = KillRequest {
-                pid: params.process.pid(session).await?,
-                reason: params.reason.unwrap_or_default(),
-            };
-            let killed = session
-                .client
-                .kill(request)
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner()
-                .killed;
+            let pid = params.process.pid(session).await?;
+            let killed = kill_subtree(session, pid, params.reason.unwrap_or_default()).await?;
             Ok(json_result(&json!({ "killed": killed })))
         })
         .await
@@ -735,13 +699,7 @@ impl Bridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         self.answer(&context, async |session| {
-            let entries = session
-                .client
-                .list_cron(ListCronRequest {})
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner()
-                .entries;
+            let entries = cron::entries(session).await?;
             let all: Vec<Value> = entries.iter().map(cron::entry_json).collect();
             Ok(json_result(&Value::Array(all)))
         })
@@ -768,12 +726,7 @@ impl Bridge {
                 overlap: params.overlap.unwrap_or_else(|| "skip".to_owned()),
                 missed: params.missed.unwrap_or_else(|| "skip".to_owned()),
             };
-            let entry = session
-                .client
-                .add_cron(spec)
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner();
+            let entry = cron::add_entry(session, spec).await?;
             Ok(json_result(&cron::entry_json(&entry)))
         })
         .await
