@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::Role;
 use crate::named::named_enum;
 
 named_enum!(
@@ -82,6 +83,36 @@ impl Capabilities {
     pub fn names(self) -> Vec<&'static str> {
         self.iter().map(Capability::as_str).collect()
     }
+
+    /// What a process of `role` may do when the config grants its role
+    /// nothing explicitly: least privilege. No role gets `shell_exec`,
+    /// `network_access`, `manage_cron`, `budget_allocate` or `mcp_tools` by
+    /// default; only roles that lead others may spawn and kill; `worker` and
+    /// `task` do their own work and report it. PID 1 has every capability.
+    pub fn role_default(role: Role) -> Capabilities {
+        use Capability::*;
+        let set: &[Capability] = match role {
+            Role::Kernel => return Capabilities::ALL,
+            Role::Daemon | Role::Agent => &[
+                SpawnChildren,
+                KillProcesses,
+                SendMessage,
+                WriteArtifact,
+                FileRead,
+                FileWrite,
+            ],
+            Role::Architect | Role::Lead => &[
+                SpawnChildren,
+                KillProcesses,
+                SendMessage,
+                WriteArtifact,
+                FileRead,
+            ],
+            Role::Worker => &[SendMessage, WriteArtifact, FileRead, FileWrite],
+            Role::Task => &[SendMessage, WriteArtifact, FileRead],
+        };
+        set.iter().copied().collect()
+    }
 }
 
 impl FromIterator<Capability> for Capabilities {
@@ -131,6 +162,30 @@ mod tests {
             "ALL is the identity of intersect"
         );
         assert_eq!(set.intersect(Capabilities::NONE), Capabilities::NONE);
+    }
+
+    #[test]
+    fn role_defaults_grant_no_dangerous_capability() {
+        for role in Role::ALL.iter().copied().filter(|r| *r != Role::Kernel) {
+            let set = Capabilities::role_default(role);
+            for risky in [
+                Capability::ShellExec,
+                Capability::NetworkAccess,
+                Capability::ManageCron,
+                Capability::BudgetAllocate,
+                Capability::McpTools,
+            ] {
+                assert!(!set.contains(risky), "{role} gets {risky} by default");
+            }
+            assert!(set.contains(Capability::SendMessage), "{role}");
+        }
+        for role in [Role::Task, Role::Worker] {
+            let set = Capabilities::role_default(role);
+            assert!(!set.contains(Capability::SpawnChildren), "{role}");
+            assert!(!set.contains(Capability::KillProcesses), "{role}");
+        }
+        assert!(Capabilities::role_default(Role::Lead).contains(Capability::SpawnChildren));
+        assert_eq!(Capabilities::role_default(Role::Kernel), Capabilities::ALL);
     }
 
     #[test]

@@ -760,7 +760,13 @@ async fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     }
     let count = config.agents.len();
     let noun = if count == 1 { "agent" } else { "agents" };
-    output::print(&format!("ok: {}: {count} {noun}\n", path.display()))
+    let mut text = format!("ok: {}: {count} {noun}\n", path.display());
+    let grants = crate::config::Grants::of(&config);
+    text.push_str(&grants.agent_lines());
+    for warning in grants.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    output::print(&text)
 }
 
 /// Parses `KEY=VALUE`.

@@ -31,6 +31,7 @@ pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
 pub use storage::{ArtifactSettings, MemorySettings, TranscriptSettings};
 mod supervision;
+pub use supervision::Grants;
 mod tls;
 mod validate;
 
@@ -185,7 +186,8 @@ pub struct KernelSettings {
 }
 
 /// What processes of `role` may do under `roles`: its entry's list, else
-/// every capability (PID 1 always has every one).
+/// the role's least-privilege default ([`Capabilities::role_default`]; PID 1
+/// always has every capability).
 pub fn role_capabilities(roles: &HashMap<Role, RoleSettings>, role: Role) -> Capabilities {
     if role == Role::Kernel {
         return Capabilities::ALL;
@@ -193,7 +195,7 @@ pub fn role_capabilities(roles: &HashMap<Role, RoleSettings>, role: Role) -> Cap
     roles
         .get(&role)
         .and_then(|settings| settings.capabilities)
-        .unwrap_or(Capabilities::ALL)
+        .unwrap_or_else(|| Capabilities::role_default(role))
 }
 
 /// What one role gets unless a process asks otherwise (one entry of `roles`).
@@ -203,13 +205,14 @@ pub struct RoleSettings {
     pub restart: Option<RestartSpec>,
     /// Strategy of processes of this role for their children; `None`: one_for_one.
     pub strategy: Option<Strategy>,
-    /// What processes of this role may do; `None`: every capability.
+    /// What processes of this role may do (`"all"` is every one); `None`:
+    /// the role's default, [`Capabilities::role_default`].
     pub capabilities: Option<Capabilities>,
 }
 
 impl KernelSettings {
-    /// What processes of `role` may do: its `roles` entry's list, else every
-    /// capability (PID 1 always has every one).
+    /// What processes of `role` may do: its `roles` entry's list, else the
+    /// role's default (PID 1 always has every capability).
     pub fn capabilities(&self, role: Role) -> Capabilities {
         role_capabilities(&self.roles, role)
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hivekernel_agents::sandbox::Sandbox;
 use hivekernel_agents::tool_agent::ToolAgentFactory;
 use hivekernel_agents::tools::ToolRegistry;
-use hivekernel_agents::{Pid, Role, SpawnRequest};
+use hivekernel_agents::{Pid, SpawnRequest};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
@@ -119,7 +119,6 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     config.tools.shell.keep_out = settings.keep_out();
     check_grants(&config, &settings)?;
     let tls = load_tls(&settings, options.insecure_remote)?;
-    warn_unrestricted_roles(&settings);
     let data_dir = settings.data_dir.clone();
     check_data_dir(&data_dir)?;
     let auth = Authenticator::new(admin_token(&data_dir)?);
@@ -273,28 +272,6 @@ fn load_tls(
         tracing::warn!(listen = %settings.listen, "listening on a non-loopback address in plain text (--insecure-remote)");
     }
     Ok(tls)
-}
-
-/// Says which roles have every capability because the config lists none for them.
-fn warn_unrestricted_roles(settings: &KernelSettings) {
-    let unrestricted: Vec<&str> = Role::ALL
-        .iter()
-        .filter(|role| **role != Role::Kernel)
-        .filter(|role| {
-            settings
-                .roles
-                .get(role)
-                .is_none_or(|r| r.capabilities.is_none())
-        })
-        .map(|role| role.as_str())
-        .collect();
-    if !unrestricted.is_empty() {
-        tracing::warn!(
-            roles = %unrestricted.join(", "),
-            "roles without a capabilities list have every capability; list them under \
-             roles.<role>.capabilities"
-        );
-    }
 }
 
 /// Refuses a data directory path that names something else (a usage

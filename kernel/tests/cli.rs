@@ -28,6 +28,73 @@ fn config_check_accepts_a_valid_config() {
 }
 
 #[test]
+fn config_check_shows_what_each_agent_may_do_and_warns_about_risky_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        r#"{ "roles": { "worker": { "capabilities": ["file_read", "shell_exec", "manage_cron"] },
+                       "lead": { "capabilities": "all" } },
+             "agents": [ { "name": "t", "role": "task", "runtime": "echo" },
+                         { "name": "w", "role": "worker", "runtime": "echo" },
+                         { "name": "boss", "role": "lead", "runtime": "echo" } ] }"#,
+    );
+    let run = hivekernel(&["config", "check", config.to_str().unwrap()]);
+    let out = run.ok();
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {run:#?}"))
+            .to_owned()
+    };
+    // A task in a config that does not list its role holds its default only.
+    assert!(
+        line("t (task)").ends_with("send_message, write_artifact, file_read"),
+        "{run:#?}"
+    );
+    assert!(
+        line("w (worker)").ends_with("shell_exec, file_read, manage_cron"),
+        "{run:#?}"
+    );
+    assert!(
+        line("boss (lead)").ends_with("every capability"),
+        "{run:#?}"
+    );
+    let warnings: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("role worker grants shell_exec, manage_cron")
+                && w.contains("roles.worker.capabilities")
+                && w.contains("w and processes spawned as worker")),
+        "{run:#?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("role lead grants shell_exec, network_access, manage_cron")),
+        "{run:#?}"
+    );
+    assert_eq!(warnings.len(), 2, "{run:#?}");
+
+    // A tool its role's default does not grant is a config error.
+    let config = write_config(
+        dir.path(),
+        r#"{ "agents": [ { "name": "t", "role": "task", "runtime": "echo", "tools": ["shell_exec"] } ] }"#,
+    );
+    let run = hivekernel(&["config", "check", config.to_str().unwrap()]);
+    let stderr = run.failed(2);
+    assert!(
+        stderr.contains("tool \"shell_exec\" needs capability shell_exec")
+            && stderr.contains("roles.task.capabilities"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn config_check_reports_every_issue_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
@@ -223,7 +290,7 @@ fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
         "--name",
         "w1",
         "--role",
-        "worker",
+        "lead",
         "--tools",
         "read_file,spawn_child",
     ]);
@@ -237,7 +304,7 @@ fn spawn_prints_a_pid_that_ps_shows_under_its_parent() {
     let w1 = find(&procs, pid).unwrap();
     assert_eq!(w1["ppid"], queen);
     assert_eq!(w1["name"], "w1");
-    assert_eq!(w1["role"], "worker");
+    assert_eq!(w1["role"], "lead");
     assert_eq!(
         w1["tier"], "operational",
         "the CLI's default, not the parent's"

@@ -47,12 +47,20 @@ impl RuntimeFactory for Capture {
 /// `name` under PID 1, whose real context is returned so tools can be
 /// called as that process.
 pub async fn captured_process(name: &str) -> (hivekernel_kernel::Kernel, ProcessContext) {
+    captured_process_with(name, crate::test_settings()).await
+}
+
+/// [`captured_process`] in a kernel with `settings`.
+pub async fn captured_process_with(
+    name: &str,
+    settings: hivekernel_kernel::config::KernelSettings,
+) -> (hivekernel_kernel::Kernel, ProcessContext) {
     use hivekernel_agents::{Pid, SpawnRequest};
     use hivekernel_kernel::{Caller, Kernel};
     let capture = Arc::new(Capture::default());
     let (mut runtimes, _) = crate::registry();
     runtimes.register("capture", capture.clone());
-    let kernel = crate::start(Kernel::builder(crate::test_settings()).runtimes(runtimes)).await;
+    let kernel = crate::start(Kernel::builder(settings).runtimes(runtimes)).await;
     let mut request = SpawnRequest::new(Pid::KERNEL, name);
     request.runtime = Some("capture".into());
     kernel

@@ -32,8 +32,9 @@ use hivekernel_kernel::{Kernel, RuntimeRegistry};
 pub use probe::Journal;
 
 /// Settings with small limits and short timeouts, suitable for tests; the
-/// default runtime is `echo`, so kernel tests need no model. Every role has
-/// every capability except `task`, which may not spawn (as in the shipped config).
+/// default runtime is `echo`, so kernel tests need no model. Roles get their
+/// least-privilege defaults, except `task`, which has every capability but
+/// spawning (use [`granting_all`] for more).
 pub fn test_settings() -> KernelSettings {
     let task = RoleSettings {
         capabilities: Some(
@@ -54,6 +55,21 @@ pub fn test_settings() -> KernelSettings {
         roles: [(Role::Task, task)].into(),
         ..KernelSettings::default()
     }
+}
+
+/// `settings` with every capability granted to each of `roles`, as
+/// `"capabilities": "all"` in a config.
+pub fn granting_all(mut settings: KernelSettings, roles: &[Role]) -> KernelSettings {
+    for role in roles {
+        settings.roles.insert(
+            *role,
+            RoleSettings {
+                capabilities: Some(hivekernel_agents::Capabilities::ALL),
+                ..RoleSettings::default()
+            },
+        );
+    }
+    settings
 }
 
 /// The built-in runtimes plus `probe`, whose probes record into the returned journal.

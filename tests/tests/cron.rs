@@ -9,16 +9,18 @@ use hivekernel_agents::{Pid, Role};
 use hivekernel_kernel::config::KernelSettings;
 use hivekernel_kernel::cron::{CronAction, CronInfo, CronSpec, Missed, Overlap};
 use hivekernel_kernel::{Caller, Declared, Kernel, KernelError};
-use hivekernel_tests::{open_store, registry, spawn_probe, test_settings};
+use hivekernel_tests::{granting_all, open_store, registry, spawn_probe, test_settings};
 
 /// Every ten seconds, on the wall clock's multiples of ten.
 const EVERY_10_S: &str = "*/10 * * * * *";
 
+/// Leads and agents here schedule their own entries.
 fn settings() -> KernelSettings {
-    KernelSettings {
+    let settings = KernelSettings {
         task_timeout_seconds: 120,
         ..test_settings()
-    }
+    };
+    granting_all(settings, &[Role::Lead, Role::Agent])
 }
 
 fn spec(name: &str, target: Pid, description: &str) -> CronSpec {
@@ -341,7 +343,8 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
     use hivekernel_agents::tools::{ToolContext, ToolRegistry};
     use serde_json::json;
 
-    let (kernel, process) = hivekernel_tests::capture::captured_process("planner").await;
+    let (kernel, process) =
+        hivekernel_tests::capture::captured_process_with("planner", settings()).await;
     let tools = ToolRegistry::builtin();
     let call = |tool: &'static str, args: serde_json::Value| {
         let tools = &tools;

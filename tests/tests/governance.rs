@@ -293,18 +293,95 @@ async fn rate_limits_refuse_spawns_and_model_calls_past_the_allowance() {
 }
 
 #[tokio::test]
+async fn without_a_roles_section_a_task_may_not_spawn_shell_fetch_or_schedule() {
+    use hivekernel_kernel::cron::{CronAction, CronSpec, Missed, Overlap};
+    let (runtimes, _) = registry();
+    // No `roles` at all: every role takes its least-privilege default.
+    let settings = KernelSettings {
+        roles: Default::default(),
+        ..test_settings()
+    };
+    let kernel = hivekernel_tests::start(Kernel::builder(settings).runtimes(runtimes)).await;
+    let task = kernel
+        .spawn(Caller::Admin, request(ROOT, "t", Role::Task, "probe"))
+        .await
+        .unwrap();
+    let before = pids(&kernel).await;
+
+    let err = kernel
+        .spawn(
+            Caller::Process(task),
+            request(task, "sub", Role::Task, "probe"),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("lacks capability spawn_children"),
+        "{err}"
+    );
+    for (tool, capability) in [
+        ("shell_exec", "shell_exec"),
+        ("web_fetch", "network_access"),
+        ("schedule_cron", "manage_cron"),
+    ] {
+        let asks = with_tools(request(ROOT, "greedy", Role::Task, "probe"), &[tool]);
+        let err = kernel.spawn(Caller::Admin, asks).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("tool {tool} needs capability {capability}")),
+            "{err}"
+        );
+    }
+    let entry = CronSpec {
+        name: "sneaky".into(),
+        expression: "0 3 * * *".into(),
+        action: CronAction::Execute,
+        target: task,
+        template: None,
+        description: "x".into(),
+        enabled: true,
+        overlap: Overlap::Skip,
+        missed: Missed::Skip,
+    };
+    let err = kernel
+        .add_cron(Caller::Process(task), entry)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("lacks capability manage_cron"),
+        "{err}"
+    );
+    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert_eq!(pids(&kernel).await, before, "nothing was spawned");
+    let info = kernel.get_process(Caller::Admin, task).await.unwrap();
+    assert_eq!(
+        info.capabilities.names(),
+        ["send_message", "write_artifact", "file_read"]
+    );
+    kernel.shutdown().await;
+}
+
+#[tokio::test]
 async fn shipped_roles_decide_what_a_process_may_do_and_a_child_never_gets_more() {
     let (runtimes, _) = registry();
     let kernel =
         hivekernel_tests::start(Kernel::builder(shipped_settings()).runtimes(runtimes)).await;
     let probe = |parent, name, role| request(parent, name, role, "probe");
 
-    // A tool needs its capability: a worker may run shell_exec, a task may not.
-    let worker = with_tools(probe(ROOT, "w", Role::Worker), &["shell_exec"]);
+    // A tool needs its capability: a worker may write files, a task may not,
+    // and neither may run shell commands.
+    let worker = with_tools(probe(ROOT, "w", Role::Worker), &["write_file"]);
     let worker = kernel.spawn(Caller::Admin, worker).await.unwrap();
     let before = pids(&kernel).await;
-    let task = with_tools(probe(ROOT, "t", Role::Task), &["shell_exec"]);
+    let task = with_tools(probe(ROOT, "t", Role::Task), &["write_file"]);
     let err = kernel.spawn(Caller::Admin, task).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("tool write_file needs capability file_write"),
+        "{err}"
+    );
+    let shell = with_tools(probe(ROOT, "sh", Role::Worker), &["shell_exec"]);
+    let err = kernel.spawn(Caller::Admin, shell).await.unwrap_err();
     assert!(
         err.to_string()
             .contains("tool shell_exec needs capability shell_exec"),

@@ -18,10 +18,15 @@ use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_tests::llm_server::{LlmServer, Scripted};
 use hivekernel_tests::mcp::{self, everything, wait_for_state};
-use hivekernel_tests::{agent_registry, run_task, start, test_settings, wait_until};
+use hivekernel_tests::{agent_registry, granting_all, run_task, start, test_settings, wait_until};
 use serde_json::{Value, json};
 
 const READY: Duration = Duration::from_secs(60);
+
+/// Test settings in which agents may be given MCP tools (and everything else).
+fn mcp_settings() -> KernelSettings {
+    granting_all(test_settings(), &[Role::Agent])
+}
 
 /// An in-process kernel running `servers`, with `tool_agent` processes
 /// talking to `llm` (when given).
@@ -72,7 +77,7 @@ fn args(value: Value) -> serde_json::Map<String, Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_s_tools_are_listed_and_called() {
-    let kernel = kernel_with(test_settings(), vec![everything()], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![everything()], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let info = kernel.mcp_servers().pop().unwrap();
     assert_eq!((info.transport, info.restarts), ("stdio", 0));
@@ -144,7 +149,7 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
     };
     spec.startup_timeout = Duration::from_secs(3);
     spec.restart.max_restarts = 2;
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     assert_eq!(kernel.mcp_servers()[0].transport, "http");
     let echoed = kernel
@@ -241,7 +246,7 @@ async fn an_agent_lists_and_reads_files_through_the_filesystem_server() {
         Scripted::content("the file holds a launch code"),
     ])
     .await;
-    let kernel = kernel_with(test_settings(), vec![fs], Some(&llm)).await;
+    let kernel = kernel_with(mcp_settings(), vec![fs], Some(&llm)).await;
     wait_for_state(&kernel, "fs", "ready", READY).await;
 
     let mut request = SpawnRequest::new(Pid::KERNEL, "reader");
@@ -324,7 +329,7 @@ async fn mcp_tools_pass_the_same_checks_as_built_in_ones() {
         ),
         ..RoleSettings::default()
     };
-    let mut settings = test_settings();
+    let mut settings = mcp_settings();
     settings.roles.insert(Role::Worker, no_mcp);
     let kernel = kernel_with(settings, vec![everything()], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
@@ -412,7 +417,7 @@ async fn mcp_tools_pass_the_same_checks_as_built_in_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_call_fails_the_call_and_comes_back() {
-    let kernel = kernel_with(test_settings(), vec![everything()], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![everything()], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let first = kernel.mcp_servers()[0].os_pid.unwrap();
 
@@ -474,7 +479,7 @@ async fn a_server_that_never_answers_its_handshake_is_restarted_then_given_up() 
     let mut spec = mcp::stdio("mute", vec!["sleep".into(), marker.clone()]);
     spec.startup_timeout = Duration::from_secs(1);
     spec.restart.max_restarts = 2;
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "mute", "failed", Duration::from_secs(30)).await;
     let info = kernel.mcp_servers().pop().unwrap();
     assert_eq!(info.restarts, 2);
@@ -525,7 +530,7 @@ async fn a_server_that_floods_its_output_costs_neither_memory_nor_the_session() 
     let spec = mcp::stdio("flood", vec!["sh".into(), "-c".into(), script]);
     let settings = KernelSettings {
         data_dir: data.path().to_owned(),
-        ..test_settings()
+        ..mcp_settings()
     };
     let (store, recovered) = hivekernel_tests::open_store(data.path()).await;
     let (registry, _) = agent_registry(AgentSettings::default(), &ToolSettings::default());
@@ -575,7 +580,7 @@ async fn a_hung_server_is_found_by_a_ping_after_a_timed_out_call_and_restarted()
     let mut spec = everything();
     spec.call_timeout = Duration::from_secs(1);
     spec.startup_timeout = Duration::from_secs(5);
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let hung = kernel.mcp_servers()[0].os_pid.unwrap();
     signal(hung, "-STOP");
@@ -619,7 +624,7 @@ async fn shutdown_is_not_kept_waiting_by_a_hung_server() {
     let mut spec = everything();
     spec.call_timeout = Duration::from_secs(1);
     spec.startup_timeout = Duration::from_secs(60);
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let hung = kernel.mcp_servers()[0].os_pid.unwrap();
     signal(hung, "-STOP");
@@ -647,7 +652,7 @@ async fn shutdown_is_not_kept_waiting_by_a_hung_server() {
 async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
     let mut spec = everything();
     spec.restart.policy = hivekernel_agents::RestartPolicy::Temporary;
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let first = kernel.mcp_servers()[0].os_pid.unwrap();
 
@@ -722,7 +727,7 @@ async fn a_call_during_a_stdio_server_s_restart_waits_for_it() {
     let mut spec = everything();
     // Long enough to be seen restarting on a loaded machine.
     spec.restart.backoff_ms = [2000, 2000];
-    let kernel = kernel_with(test_settings(), vec![spec], None).await;
+    let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let first = kernel.mcp_servers()[0].os_pid.unwrap();
     signal(first, "-KILL");

@@ -101,7 +101,8 @@ async fn max_depth_narrows_per_process() {
     let mut request = probe_request(ROOT, "shallow", Role::Lead);
     request.limits.max_depth = Some(1);
     let shallow = kernel.spawn(Caller::Admin, request).await.unwrap();
-    let child = spawn_probe(&kernel, shallow, "child", Role::Worker).await;
+    // A lead may spawn: what stops its child is the depth.
+    let child = spawn_probe(&kernel, shallow, "child", Role::Lead).await;
     assert_eq!(
         kernel
             .get_process(Caller::Admin, child)

@@ -255,7 +255,7 @@ pub(super) fn section<T: DeserializeOwned + Default>(
 }
 
 /// A JSON value as a message shows it: its kind, and the value when short.
-fn describe(value: &Value) -> String {
+pub(super) fn describe(value: &Value) -> String {
     match value {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => format!("boolean {b}"),

@@ -27,7 +27,7 @@ use super::{ConfigIssue, RoleSettings, at};
 pub(super) struct RawRole {
     restart: Option<Value>,
     strategy: Option<String>,
-    capabilities: Option<Vec<String>>,
+    capabilities: Option<Value>,
 }
 
 /// A `restart` object as written; what is left out takes the defaults of
@@ -75,7 +75,8 @@ pub(super) fn roles(
         let strategy = strategy(raw.strategy.as_deref(), &at(&location, "strategy"), issues);
         let capabilities = raw
             .capabilities
-            .map(|names| capabilities(&names, &at(&location, "capabilities"), issues));
+            .filter(|value| !value.is_null())
+            .map(|value| capabilities(&value, &at(&location, "capabilities"), issues));
         roles.insert(
             role,
             RoleSettings {
@@ -88,10 +89,35 @@ pub(super) fn roles(
     roles
 }
 
-/// Parses a `capabilities` list at `location`; unknown and repeated names are issues.
-fn capabilities(names: &[String], location: &str, issues: &mut Vec<ConfigIssue>) -> Capabilities {
+/// Parses `capabilities` at `location`: a list of names, or `"all"`;
+/// unknown and repeated names are issues.
+fn capabilities(value: &Value, location: &str, issues: &mut Vec<ConfigIssue>) -> Capabilities {
+    let names = match value {
+        Value::String(all) if all == "all" => return Capabilities::ALL,
+        Value::Array(names) => names,
+        _ => {
+            issues.push(ConfigIssue::new(
+                location,
+                format!(
+                    "expected a list of capability names or \"all\", got {}",
+                    super::parse::describe(value)
+                ),
+            ));
+            return Capabilities::NONE;
+        }
+    };
     let mut set = Capabilities::NONE;
     for (i, name) in names.iter().enumerate() {
+        let Some(name) = name.as_str() else {
+            issues.push(ConfigIssue::new(
+                format!("{location}[{i}]"),
+                format!(
+                    "expected a capability name, got {}",
+                    super::parse::describe(name)
+                ),
+            ));
+            continue;
+        };
         match name.parse::<Capability>() {
             Ok(capability) if set.contains(capability) => issues.push(ConfigIssue::new(
                 format!("{location}[{i}]"),
@@ -181,5 +207,111 @@ pub(super) fn strategy(
             issues.push(ConfigIssue::new(location, problem));
             None
         }
+    }
+}
+
+/// Capabilities `config check` warns about wherever they are granted: each
+/// lets an agent act outside its workspace and its tree.
+const RISKY: [(Capability, &str); 3] = [
+    (Capability::ShellExec, "run shell commands"),
+    (Capability::NetworkAccess, "reach the network"),
+    (Capability::ManageCron, "schedule work that runs unattended"),
+];
+
+/// What each config agent may do, and where each risky grant comes from:
+/// what `config check` shows.
+#[derive(Debug)]
+pub struct Grants<'a> {
+    config: &'a super::Config,
+}
+
+impl<'a> Grants<'a> {
+    /// The grants of `config`.
+    pub fn of(config: &'a super::Config) -> Self {
+        Grants { config }
+    }
+
+    /// Whether `role` takes its capabilities from the config (else its default).
+    fn listed(&self, role: Role) -> bool {
+        self.config
+            .kernel
+            .roles
+            .get(&role)
+            .is_some_and(|settings| settings.capabilities.is_some())
+    }
+
+    /// Where `role`'s capabilities come from, as a user would find it.
+    fn source(&self, role: Role) -> String {
+        if self.listed(role) {
+            format!("roles.{role}.capabilities")
+        } else {
+            format!("the default for role {role}")
+        }
+    }
+
+    /// One line per config agent: its name, role and capabilities.
+    pub fn agent_lines(&self) -> String {
+        let width = self
+            .config
+            .agents
+            .iter()
+            .map(|agent| agent.name.len() + agent.role.as_str().len() + 3)
+            .max()
+            .unwrap_or(0);
+        let mut text = String::new();
+        for agent in &self.config.agents {
+            let granted = self.config.kernel.capabilities(agent.role);
+            let what = if granted == Capabilities::ALL {
+                "every capability".to_owned()
+            } else if granted == Capabilities::NONE {
+                "no capability".to_owned()
+            } else {
+                granted.names().join(", ")
+            };
+            let who = format!("{} ({})", agent.name, agent.role);
+            text.push_str(&format!("  {who:<width$}  {what}\n"));
+        }
+        text
+    }
+
+    /// One warning per role that grants a risky capability, naming the
+    /// config agents of that role.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for role in Role::ALL.iter().copied().filter(|r| *r != Role::Kernel) {
+            let granted = self.config.kernel.capabilities(role);
+            let risky: Vec<&str> = RISKY
+                .iter()
+                .filter(|(capability, _)| granted.contains(*capability))
+                .map(|(capability, _)| capability.as_str())
+                .collect();
+            if risky.is_empty() {
+                continue;
+            }
+            let does: Vec<&str> = RISKY
+                .iter()
+                .filter(|(capability, _)| granted.contains(*capability))
+                .map(|(_, does)| *does)
+                .collect();
+            let agents: Vec<&str> = self
+                .config
+                .agents
+                .iter()
+                .filter(|agent| agent.role == role)
+                .map(|agent| agent.name.as_str())
+                .collect();
+            let who = if agents.is_empty() {
+                format!("processes spawned as {role}")
+            } else {
+                format!("{} and processes spawned as {role}", agents.join(", "))
+            };
+            warnings.push(format!(
+                "role {role} grants {} ({}): {who} may {}",
+                risky.join(", "),
+                self.source(role),
+                does.join(", ")
+            ));
+        }
+        warnings
     }
 }

@@ -12,11 +12,17 @@ fn known() -> Known {
         tools: vec![
             "execute_task".into(),
             "read_file".into(),
+            "schedule_cron".into(),
+            "shell_exec".into(),
             "spawn_child".into(),
+            "web_fetch".into(),
         ],
         tool_capabilities: [
             ("read_file".into(), Capability::FileRead),
+            ("schedule_cron".into(), Capability::ManageCron),
+            ("shell_exec".into(), Capability::ShellExec),
             ("spawn_child".into(), Capability::SpawnChildren),
+            ("web_fetch".into(), Capability::NetworkAccess),
         ]
         .into(),
     }
@@ -652,7 +658,7 @@ fn unknown_tools_are_refused_with_the_known_ones() {
         "agents[0] (a).tools[1]",
         &[
             "unknown tool \"teleport\"",
-            "execute_task, read_file, spawn_child",
+            "execute_task, read_file, schedule_cron, shell_exec, spawn_child, web_fetch",
         ],
     );
 }
@@ -1113,8 +1119,67 @@ fn a_tool_needs_a_capability_its_role_grants() {
             "roles.worker.capabilities",
         ],
     );
-    // A role the config does not list has every capability.
+    // A role the config does not list has its default: an agent may read and spawn.
     assert_eq!(found.len(), 1, "{found:#?}");
+}
+
+#[test]
+fn an_unlisted_role_gets_its_least_privilege_default() {
+    let found = issues(
+        r#"{"agents": [{"name": "t", "role": "task", "tools": ["read_file", "spawn_child",
+                                                            "shell_exec", "web_fetch",
+                                                            "schedule_cron"]}]}"#,
+    );
+    for (i, needed) in [
+        (1, "spawn_children"),
+        (2, "shell_exec"),
+        (3, "network_access"),
+        (4, "manage_cron"),
+    ] {
+        assert_issue(
+            &found,
+            &format!("agents[0] (t).tools[{i}]"),
+            &[
+                &format!("needs capability {needed}"),
+                "roles.task.capabilities",
+            ],
+        );
+    }
+    assert_eq!(found.len(), 4, "{found:#?}");
+}
+
+#[test]
+fn capabilities_all_grants_every_capability_and_other_shapes_are_refused() {
+    let config = Fixture::new()
+        .load(
+            r#"{"roles": {"task": {"capabilities": "all"}},
+                "agents": [{"name": "t", "role": "task",
+                            "tools": ["shell_exec", "schedule_cron"]}]}"#,
+        )
+        .unwrap();
+    assert_eq!(config.kernel.capabilities(Role::Task), Capabilities::ALL);
+    assert_eq!(
+        config.kernel.capabilities(Role::Worker),
+        Capabilities::role_default(Role::Worker)
+    );
+    let found = issues(
+        r#"{"roles": {"task": {"capabilities": "everything"},
+                      "worker": {"capabilities": ["file_read", 7]}}}"#,
+    );
+    assert_issue(
+        &found,
+        "roles.task.capabilities",
+        &[
+            "list of capability names or \"all\"",
+            "string \"everything\"",
+        ],
+    );
+    assert_issue(
+        &found,
+        "roles.worker.capabilities[1]",
+        &["expected a capability name", "number 7"],
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
 }
 
 #[test]
@@ -1518,6 +1583,7 @@ fn agents_name_mcp_servers_in_their_tools() {
     let config = Fixture::new()
         .load(&format!(
             r#"{{{servers},
+                "roles": {{"agent": {{"capabilities": ["file_read", "mcp_tools"]}}}},
                 "agents": [{{"name": "a", "tools": ["read_file", "mcp:fs", "mcp:fs/read_file"]}}],
                 "templates": [{{"name": "t", "tools": ["mcp:web/search"]}}]}}"#
         ))
@@ -1530,7 +1596,7 @@ fn agents_name_mcp_servers_in_their_tools() {
 
     let found = issues(&format!(
         r#"{{{servers},
-            "roles": {{"worker": {{"capabilities": ["file_read"]}}}},
+            "roles": {{"worker": {{"capabilities": ["file_read"]}}, "agent": {{"capabilities": "all"}}}},
             "agents": [{{"name": "a", "tools": ["mcp:nope", "mcp:off/x", "mcp:", "mcp:fs", "mcp:fs"]}},
                        {{"name": "w", "role": "worker", "tools": ["read_file", "mcp:fs/read"]}}],
             "templates": [{{"name": "t", "tools": ["mcp:a b"]}}]}}"#
@@ -1563,7 +1629,10 @@ fn agents_name_mcp_servers_in_their_tools() {
     assert_issue(&found, "templates[0] (t).tools[0]", &["\"mcp:a b\""]);
     assert_eq!(found.len(), 6, "{found:#?}");
 
-    let found = issues(r#"{"agents": [{"name": "a", "tools": ["mcp:fs"]}]}"#);
+    let found = issues(
+        r#"{"roles": {"agent": {"capabilities": ["mcp_tools"]}},
+            "agents": [{"name": "a", "tools": ["mcp:fs"]}]}"#,
+    );
     assert_issue(
         &found,
         "agents[0] (a).tools[0]",

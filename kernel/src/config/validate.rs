@@ -483,7 +483,7 @@ impl<'a> Context<'a> {
                     format!("{location}[{i}]"),
                     format!(
                         "tool {tool:?} needs capability {needed}, which role {role} does not \
-                         have (roles.{role}.capabilities)"
+                         have: grant it in roles.{role}.capabilities"
                     ),
                 ));
             }

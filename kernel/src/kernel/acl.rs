@@ -130,8 +130,8 @@ impl ChildGrant<'_> {
                 && !caps.contains(needed)
             {
                 return Err(KernelError::PermissionDenied(format!(
-                    "tool {tool} needs capability {needed}, which a {role} child of process {} \
-                     does not get (roles.{role}.capabilities, narrowed to the parent's)",
+                    "tool {tool} needs capability {needed}, which a child of process {} with \
+                     role {role} does not get (roles.{role}.capabilities, narrowed to the parent's)",
                     self.parent
                 )));
             }

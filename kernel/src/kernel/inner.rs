@@ -181,8 +181,8 @@ impl Inner {
         self.roles.read().get(&role).cloned()
     }
 
-    /// What processes of `role` may do: its `roles` entry's list, else
-    /// every capability (PID 1 always has every one).
+    /// What processes of `role` may do: its `roles` entry's list, else the
+    /// role's default (PID 1 always has every capability).
     pub(super) fn role_capabilities(&self, role: Role) -> Capabilities {
         crate::config::role_capabilities(&self.roles.read(), role)
     }

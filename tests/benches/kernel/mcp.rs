@@ -95,9 +95,12 @@ fn arguments() -> Map<String, Value> {
 /// the default runtime whose tool list selects its `echo`.
 async fn start(spec: McpServerSpec) -> (Kernel, Pid) {
     let kernel = hivekernel_tests::start(
-        Kernel::builder(hivekernel_tests::test_settings())
-            .runtimes(RuntimeRegistry::builtin())
-            .mcp_servers(vec![spec]),
+        Kernel::builder(hivekernel_tests::granting_all(
+            hivekernel_tests::test_settings(),
+            &[Role::Agent],
+        ))
+        .runtimes(RuntimeRegistry::builtin())
+        .mcp_servers(vec![spec]),
     )
     .await;
     wait_for_state(&kernel, SERVER, "ready", READY).await;
