@@ -1,9 +1,13 @@
-//! Bearer-token authentication for the control plane.
+//! Bearer-token authentication for the control plane, and the one table of
+//! what each RPC needs.
 //!
 //! The admin token lives in `<data_dir>/admin.token` (mode 0600) and acts as
 //! the kernel itself. Per-process tokens, issued to external runtimes, act as
-//! their process only. The token is the whole credential: no other request
-//! header can name or change the caller. Tokens are never logged.
+//! their process only. Operator tokens (`hivekernel token create`, see
+//! [`crate::tokens`]) see what the admin sees within their scope. The token
+//! is the whole credential: no other request header can name or change the
+//! caller. Tokens are never logged. [`check_scope`] refuses a call the
+//! caller's scope does not cover, for every RPC, in one place.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,7 +21,8 @@ use hivekernel_agents::Pid;
 use parking_lot::RwLock;
 use tonic::Status;
 
-use crate::caller::Caller;
+use crate::caller::{Caller, Scope};
+use crate::tokens::{OperatorTokens, Refused};
 
 /// Name of the admin token file inside the data directory.
 const ADMIN_TOKEN_FILE: &str = "admin.token";
@@ -88,7 +93,7 @@ fn read_admin_token(path: &Path) -> io::Result<String> {
 }
 
 /// A fresh random token, hex-encoded.
-fn random_token() -> io::Result<String> {
+pub(crate) fn random_token() -> io::Result<String> {
     let mut bytes = [0u8; TOKEN_BYTES];
     getrandom::fill(&mut bytes)
         .map_err(|err| io::Error::other(format!("cannot get random bytes from the OS: {err}")))?;
@@ -105,12 +110,16 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Maps bearer tokens to callers: the admin token, and tokens issued to processes.
+/// Maps bearer tokens to callers: the admin token, tokens issued to
+/// processes, and operator tokens.
 #[derive(Clone, Debug)]
 pub struct Authenticator {
     admin: Secret,
     /// Per-process secrets by PID; a process token reads `p<pid>.<secret>`.
     issued: Arc<RwLock<HashMap<Pid, Secret>>>,
+    /// The kernel's operator tokens (`o<id>.<secret>`); none until
+    /// [`Authenticator::with_operators`].
+    operators: OperatorTokens,
 }
 
 impl Authenticator {
@@ -119,7 +128,15 @@ impl Authenticator {
         Authenticator {
             admin: Secret(Arc::from(admin_token)),
             issued: Arc::default(),
+            operators: OperatorTokens::default(),
         }
+    }
+
+    /// This authenticator, also accepting the operator tokens in `operators`
+    /// (the kernel's registry, which token changes update).
+    pub fn with_operators(mut self, operators: OperatorTokens) -> Self {
+        self.operators = operators;
+        self
     }
 
     /// Checks an `authorization` header value and names the caller. Only
@@ -135,6 +152,20 @@ impl Authenticator {
         }
         if ct_eq(token.as_bytes(), self.admin.0.as_bytes()) {
             return Ok(Caller::Admin);
+        }
+        if let Some((id, secret)) = crate::tokens::parse(token) {
+            let now = crate::events::unix_ms(std::time::SystemTime::now());
+            // Only the holder of the real secret learns why it stopped working.
+            return match self.operators.authenticate(id, secret, now) {
+                Ok(scope) => Ok(Caller::Operator { token: id, scope }),
+                Err(Refused::Unknown) => Err(invalid()),
+                Err(Refused::Expired(name)) => Err(Status::unauthenticated(format!(
+                    "token {name:?} has expired: create a new one with `hivekernel token create`"
+                ))),
+                Err(Refused::Revoked(name)) => Err(Status::unauthenticated(format!(
+                    "token {name:?} was revoked"
+                ))),
+            };
         }
         let (pid, secret) = parse_process_token(token).ok_or_else(invalid)?;
         let issued = self.issued.read();
@@ -173,8 +204,83 @@ fn parse_process_token(token: &str) -> Option<(Pid, &str)> {
     Some((Pid(pid.parse().ok()?), secret))
 }
 
+/// The `hivekernel.v1.Kernel` service's path prefix.
+const KERNEL_SERVICE: &str = "/hivekernel.v1.Kernel/";
+
+/// What each RPC of the kernel service needs. A method missing here needs
+/// `admin` (a test checks that every RPC in the proto file is listed).
+const METHOD_SCOPES: &[(&str, Scope)] = &[
+    // Reads.
+    ("GetProcess", Scope::Read),
+    ("FindProcess", Scope::Read),
+    ("ListProcesses", Scope::Read),
+    ("SubscribeEvents", Scope::Read),
+    ("ListCron", Scope::Read),
+    ("GetArtifact", Scope::Read),
+    ("ListArtifacts", Scope::Read),
+    ("GetTranscript", Scope::Read),
+    ("WatchTranscript", Scope::Read),
+    ("ListMcpServers", Scope::Read),
+    ("ListMcpTools", Scope::Read),
+    // Acting on processes and what they own.
+    ("Spawn", Scope::Operate),
+    ("Kill", Scope::Operate),
+    ("RestartProcess", Scope::Operate),
+    ("SendMessage", Scope::Operate),
+    ("ExecuteTask", Scope::Operate),
+    ("WaitChild", Scope::Operate),
+    ("AddCron", Scope::Operate),
+    ("RemoveCron", Scope::Operate),
+    ("StoreArtifact", Scope::Operate),
+    ("DeleteArtifact", Scope::Operate),
+    ("CallMcpTool", Scope::Operate),
+    // An external agent's own runtime calls.
+    ("Attach", Scope::Operate),
+    ("AckMessages", Scope::Operate),
+    ("CompleteTask", Scope::Operate),
+    // The kernel itself.
+    ("ReloadConfig", Scope::Admin),
+    ("RestartMcpServer", Scope::Admin),
+    ("CreateToken", Scope::Admin),
+    ("ListTokens", Scope::Admin),
+    ("RevokeToken", Scope::Admin),
+];
+
+/// The scope a call to the gRPC method at `path` (`/package.Service/Method`)
+/// needs: the kernel service's from [`METHOD_SCOPES`], `read` for the health
+/// and reflection services.
+pub fn scope_needed(path: &str) -> Scope {
+    match path.strip_prefix(KERNEL_SERVICE) {
+        Some(method) => METHOD_SCOPES
+            .iter()
+            .find(|(name, _)| *name == method)
+            .map_or(Scope::Admin, |(_, scope)| *scope),
+        None => Scope::Read,
+    }
+}
+
+/// Refuses `caller` a call to `path` its scope does not cover:
+/// PERMISSION_DENIED naming the scope needed.
+pub fn check_scope(caller: Caller, path: &str) -> Result<(), Status> {
+    let needed = scope_needed(path);
+    if caller.scope() >= needed {
+        return Ok(());
+    }
+    let method = path.rsplit('/').next().unwrap_or(path);
+    let hint = match caller {
+        Caller::Process(_) => "a process token may not call it; use the admin token".to_owned(),
+        _ => format!(
+            "this token's scope is {}; create one with `hivekernel token create --scope {needed}`",
+            caller.scope()
+        ),
+    };
+    Err(Status::permission_denied(format!(
+        "{method} needs the {needed} scope: {hint}"
+    )))
+}
+
 /// Compares two byte strings without stopping at the first difference.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -272,6 +378,89 @@ mod tests {
         auth.issue(Pid(2)).unwrap();
         let shown = format!("{auth:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[test]
+    fn every_rpc_in_the_proto_file_has_exactly_one_scope() {
+        let proto = include_str!("../../proto/proto/hivekernel/v1/kernel.proto");
+        let rpcs: Vec<&str> = proto
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("rpc "))
+            .filter_map(|rest| rest.split('(').next())
+            .map(str::trim)
+            .collect();
+        assert!(rpcs.len() > 20, "{rpcs:?}");
+        for rpc in &rpcs {
+            let listed = METHOD_SCOPES.iter().filter(|(m, _)| m == rpc).count();
+            assert_eq!(listed, 1, "{rpc} must be in METHOD_SCOPES once");
+        }
+        for (method, _) in METHOD_SCOPES {
+            assert!(
+                rpcs.contains(method),
+                "{method} is not an RPC of the proto file"
+            );
+        }
+    }
+
+    #[test]
+    fn a_scope_covers_the_ones_below_it_and_names_what_is_needed() {
+        let read = Caller::Operator {
+            token: 3,
+            scope: Scope::Read,
+        };
+        let operate = Caller::Operator {
+            token: 4,
+            scope: Scope::Operate,
+        };
+        let list = "/hivekernel.v1.Kernel/ListProcesses";
+        let kill = "/hivekernel.v1.Kernel/Kill";
+        let reload = "/hivekernel.v1.Kernel/ReloadConfig";
+        assert!(check_scope(read, list).is_ok());
+        assert!(check_scope(read, "/grpc.health.v1.Health/Check").is_ok());
+        let err = check_scope(read, kill).unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert!(
+            err.message().contains("Kill needs the operate scope"),
+            "{err:?}"
+        );
+        assert!(err.message().contains("scope is read"), "{err:?}");
+        assert!(check_scope(operate, kill).is_ok());
+        assert!(check_scope(operate, reload).is_err());
+        assert!(check_scope(Caller::Admin, reload).is_ok());
+        assert!(check_scope(Caller::Process(Pid(5)), kill).is_ok());
+        let err =
+            check_scope(Caller::Process(Pid(5)), "/hivekernel.v1.Kernel/CreateToken").unwrap_err();
+        assert!(
+            err.message().contains("CreateToken needs the admin scope"),
+            "{err:?}"
+        );
+        // A method the table does not know needs the most.
+        assert_eq!(scope_needed("/hivekernel.v1.Kernel/Teleport"), Scope::Admin);
+    }
+
+    #[test]
+    fn operator_tokens_authenticate_with_their_scope_until_revoked() {
+        let tokens = OperatorTokens::default();
+        let auth = Authenticator::new("admin".into()).with_operators(tokens.clone());
+        let (token, text) = tokens.mint(Some("grafana"), Scope::Read, None, 0).unwrap();
+        tokens.put(token).unwrap();
+        let header = format!("Bearer {text}");
+        assert_eq!(
+            auth.authenticate(Some(&header)).unwrap(),
+            Caller::Operator {
+                token: 1,
+                scope: Scope::Read
+            }
+        );
+        let forged = format!("Bearer {}x", text);
+        assert_eq!(
+            auth.authenticate(Some(&forged)).unwrap_err().message(),
+            INVALID
+        );
+        tokens.put(tokens.revoked("grafana", 1).unwrap()).unwrap();
+        let err = auth.authenticate(Some(&header)).unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated);
+        assert!(err.message().contains("\"grafana\" was revoked"), "{err:?}");
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! - `describe`: `describe`.
 //! - `human`: ages, sizes, counts and dollars as text shows them.
 //! - `artifacts`: `artifacts ls | put | get | rm`.
+//! - `token`: `token create | ls | revoke`, operator tokens with scopes.
 
 mod artifacts;
 mod client;
@@ -35,6 +36,7 @@ mod process;
 mod ps;
 mod reload;
 mod task;
+mod token;
 mod usage;
 
 use std::net::SocketAddr;
@@ -112,6 +114,10 @@ pub enum Command {
     Mcp(McpCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
+    /// Operator tokens with a scope (read, operate, admin), for people and
+    /// tools that should not hold the admin token: create, list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Print a shell completion script: `source <(hivekernel completion bash)`,
     /// `hivekernel completion zsh > ~/.zfunc/_hivekernel`,
     /// `hivekernel completion fish > ~/.config/fish/completions/hivekernel.fish`.
@@ -152,6 +158,52 @@ pub enum CronCommand {
         /// The entry's name.
         name: String,
         /// Print `{"removed": NAME}`.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `hivekernel token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; prints it (shown once: the kernel keeps only a hash).
+    /// read: ps, describe, events, logs, usage, cron ls, artifacts ls/get,
+    /// mcp ls/tools. operate: also spawn, exec, send, kill, restart, cron and
+    /// artifact changes, mcp call. admin: everything, tokens and reload included.
+    Create {
+        /// What it may do: read, operate or admin.
+        #[arg(long, value_parser = parse_scope)]
+        scope: crate::caller::Scope,
+        /// Its name (unique among tokens not revoked) [default: token-<id>]
+        #[arg(long)]
+        name: Option<String>,
+        /// Stop working after this long (30d, 12h, 90m) [default: never]
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        expires: Option<Duration>,
+        /// Print the token and its record as one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List tokens: id, name, scope, created, expires, status.
+    Ls {
+        /// Also expired and revoked tokens.
+        #[arg(short, long)]
+        all: bool,
+        /// One JSON array.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Revoke a token by name or id: refused from its next call on.
+    Revoke {
+        /// Its name, or its id (7 or #7).
+        token: String,
+        /// Print the revoked token's record as JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -719,6 +771,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Logs(args) => logs::logs(args).await,
         Command::Cron(command) => cron::run(command).await,
         Command::Mcp(command) => mcp::run(command).await,
+        Command::Token(command) => token::run(command).await,
         Command::Artifacts(ArtifactsCommand::Ls(args)) => artifacts::ls(args).await,
         Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
@@ -767,6 +820,10 @@ async fn config_check(path: &std::path::Path) -> Result<(), CliError> {
         eprintln!("warning: {warning}");
     }
     output::print(&text)
+}
+
+fn parse_scope(text: &str) -> Result<crate::caller::Scope, String> {
+    text.parse()
 }
 
 /// Parses `KEY=VALUE`.

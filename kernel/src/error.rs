@@ -135,6 +135,9 @@ pub enum KernelError {
     /// The store could not commit what the call needs (nothing was acknowledged).
     #[error("not committed: {0}")]
     Store(#[from] crate::store::StoreError),
+    /// A token change was refused (the message says why).
+    #[error("{0}")]
+    Token(#[from] crate::tokens::TokenError),
 }
 
 impl KernelError {
@@ -168,6 +171,16 @@ impl KernelError {
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::InMemory) => ErrorKind::FailedPrecondition,
             Store(_) => ErrorKind::Internal,
+            Token(err) => {
+                use crate::tokens::TokenError;
+                match err {
+                    TokenError::InvalidName(_) => ErrorKind::InvalidArgument,
+                    TokenError::NotFound(_) => ErrorKind::NotFound,
+                    TokenError::NameTaken(_) | TokenError::AlreadyRevoked(_) => {
+                        ErrorKind::FailedPrecondition
+                    }
+                }
+            }
         }
     }
 }

@@ -181,6 +181,19 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         delay_ms: Option<u64>,
     },
+    /// An operator token was created or revoked (on PID 1), and by whom.
+    Token {
+        /// `created` or `revoked`.
+        action: String,
+        /// The token's id.
+        id: u64,
+        /// Its name.
+        name: String,
+        /// Its scope.
+        scope: String,
+        /// Who did it: `admin`, `token 3`.
+        by: String,
+    },
     /// Stream marker (seq 0): a subscriber fell behind and missed this many events.
     Lagged {
         /// Events skipped.
@@ -262,6 +275,7 @@ impl EventKind {
             EventKind::LlmCall { .. } => "llm_call",
             EventKind::ToolCall { .. } => "tool_call",
             EventKind::McpServer { .. } => "mcp_server",
+            EventKind::Token { .. } => "token",
             EventKind::Lagged { .. } => "lagged",
             EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",

@@ -6,7 +6,7 @@
 //! (from memory, or from the store for older events) and then go live
 //! without a gap.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -213,5 +213,36 @@ impl EventBus {
     /// The next sequence number, exactly: what a clean stop writes back.
     pub(crate) fn next_seq(&self) -> u64 {
         self.ring.lock().next_seq
+    }
+}
+
+/// What part of the event log one subscriber sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventView {
+    /// Every event: the admin and operator tokens.
+    All,
+    /// A process's own events and its descendants': those in the tree when
+    /// the view was made, and every process spawned under one of them since
+    /// (seen by its `spawned` event). A process reaped leaves the set, so it
+    /// stays as large as the subtree.
+    Subtree(HashSet<Pid>),
+}
+
+impl EventView {
+    /// Whether the subscriber sees `event`, following the subtree as it grows.
+    pub fn admits(&mut self, event: &Event) -> bool {
+        let EventView::Subtree(members) = self else {
+            return true;
+        };
+        if let EventKind::Spawned { ppid, .. } = &event.kind
+            && members.contains(ppid)
+        {
+            members.insert(event.pid);
+        }
+        let admitted = members.contains(&event.pid);
+        if admitted && matches!(event.kind, EventKind::Reaped { .. }) {
+            members.remove(&event.pid);
+        }
+        admitted
     }
 }

@@ -4,7 +4,9 @@
 //! Every request, health checks and reflection included, must carry
 //! `authorization: Bearer <token>`. The layer turns the token into a
 //! [`Caller`] and stores it in the request's extensions; handlers act as that
-//! caller and nothing else in the request can change who it is.
+//! caller and nothing else in the request can change who it is. The same
+//! layer refuses a call the caller's scope does not cover
+//! ([`crate::auth::check_scope`]), before any handler runs.
 //!
 //! Layout: `service` (the Kernel service handlers), `streams` (producers of
 //! the streaming RPCs), `attach` (Attach and CompleteTask, for external agents), `convert` (proto <-> kernel types and argument
@@ -23,6 +25,7 @@ pub use gate::raise_open_file_limit;
 mod service;
 mod status;
 mod streams;
+mod tokens;
 mod transcript;
 
 use std::convert::Infallible;
@@ -81,6 +84,7 @@ pub async fn serve_with_tls(
         .set_service_status(SERVICE_NAME, ServingStatus::Serving)
         .await;
 
+    let auth = auth.with_operators(kernel.operator_tokens());
     let drain = CancellationToken::new();
     let connections = kernel.settings().connections;
     let mut server = Server::builder();
@@ -92,6 +96,8 @@ pub async fn serve_with_tls(
         // Idle connections are pinged, so dead clients' streams end.
         .http2_keepalive_interval(Some(connections.keepalive_interval))
         .http2_keepalive_timeout(Some(connections.keepalive_timeout))
+        // Outermost: the interceptor below reads the method it notes.
+        .layer(tower::util::MapRequestLayer::new(note_method))
         .layer(InterceptorLayer::new(move |request| {
             authenticate(&auth, request)
         }))
@@ -156,7 +162,19 @@ fn max_request_bytes(kernel: &Kernel) -> usize {
         .max(DEFAULT)
 }
 
-/// The authentication layer's check: replaces the credential with the caller it names.
+/// The gRPC method a request calls (`/package.Service/Method`): what the
+/// scope check needs, and the interceptor cannot see.
+#[derive(Debug, Clone)]
+struct MethodPath(Arc<str>);
+
+fn note_method(mut request: http::Request<Body>) -> http::Request<Body> {
+    let path = MethodPath(Arc::from(request.uri().path()));
+    request.extensions_mut().insert(path);
+    request
+}
+
+/// The authentication layer's check: replaces the credential with the
+/// caller it names, and refuses a method the caller's scope does not cover.
 fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Request<()>, Status> {
     let caller: Caller = {
         let mut values = request.metadata().get_all("authorization").iter();
@@ -169,6 +187,13 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
         };
         auth.authenticate(header)?
     };
+    // Without a path (never, with the layer above) the call needs the most:
+    // an unknown method of the kernel service needs the admin scope.
+    let path = request
+        .extensions()
+        .get::<MethodPath>()
+        .map(|p| p.0.clone());
+    crate::auth::check_scope(caller, path.as_deref().unwrap_or("/hivekernel.v1.Kernel/?"))?;
     // Handlers never see the token, so it cannot end up in a log by accident.
     request.metadata_mut().remove("authorization");
     // The connection has proved itself: the gate stops timing it.

@@ -38,6 +38,8 @@ mod spawn;
 pub(crate) mod state;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
+mod tokens;
+pub use tokens::{MAX_TOKEN_LIFETIME, NewToken};
 mod transcript;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
@@ -75,6 +77,19 @@ impl Kernel {
     /// The event bus (subscribe, last sequence number).
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         self.inner.events().subscribe(since)
+    }
+
+    /// What of the event log `caller` may see: all of it (the admin and
+    /// operator tokens), or a process's own subtree.
+    pub fn event_view(&self, caller: Caller) -> crate::events::EventView {
+        use crate::events::EventView;
+        match caller {
+            Caller::Process(me) => {
+                let table = self.inner.table().read();
+                EventView::Subtree(table.subtree_preorder(me, None).into_iter().collect())
+            }
+            _ => EventView::All,
+        }
     }
 
     /// Sequence number of the newest event.

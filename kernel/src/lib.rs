@@ -11,7 +11,7 @@
 //!
 //! Leaves: plain values and rules.
 //! - [`error`]: the [`KernelError`] type.
-//! - [`caller`]: who is asking (`Caller`).
+//! - [`caller`]: who is asking (`Caller`) and the scope of what it may ask (`Scope`).
 //! - [`event`]: the event values.
 //! - [`transcript`]: transcript entries and reads of them (the values).
 //! - `crontab`: cron expressions: parsing and the next slot.
@@ -35,7 +35,8 @@
 //! - [`runtime`]: the runtime registry.
 //! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
 //! - [`mcp`]: MCP servers the kernel starts and supervises; their tools and calls.
-//! - [`auth`], [`tls`]: tokens and TLS for the control plane.
+//! - [`auth`], [`tokens`], [`tls`]: tokens (the admin's, processes', operators' with
+//!   scopes) and TLS for the control plane.
 //!
 //! Facade: [`kernel`], the `Kernel` handle; its parts in `kernel/inner.rs`
 //! (private to that file); its operations, one file per concern under
@@ -77,6 +78,7 @@ mod router;
 pub mod runtime;
 pub mod store;
 pub mod tls;
+pub mod tokens;
 mod trace;
 pub mod transcript;
 pub mod transcripts;

@@ -245,6 +245,8 @@ pub(crate) enum Write {
     },
     /// A transcript entry.
     Transcript(Arc<Entry>),
+    /// An operator token, new or changed (revoked).
+    Token(Box<crate::tokens::OperatorToken>),
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
 }

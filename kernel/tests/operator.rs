@@ -507,3 +507,86 @@ fn sighup_reloads_and_sigterm_still_stops_cleanly() {
     kernel.restart();
     assert_eq!(kernel.pid_of("change"), change);
 }
+
+#[test]
+fn scoped_tokens_from_the_cli_read_or_operate_survive_kill_9_and_can_be_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), AGENTS);
+    let mut kernel = Kernel::start_with(dir, &config, &[]);
+    let boss = kernel.pid_of("boss").to_string();
+
+    let run = kernel.cli(&["token", "create", "--scope", "read", "--name", "dashboard"]);
+    let read = run.ok().trim().to_owned();
+    assert!(read.starts_with("o1."), "{run:#?}");
+    let json = kernel
+        .cli(&[
+            "token",
+            "create",
+            "--scope",
+            "operate",
+            "--expires",
+            "30d",
+            "--json",
+        ])
+        .json();
+    assert_eq!(
+        (json["name"].as_str(), json["scope"].as_str()),
+        (Some("token-2"), Some("operate"))
+    );
+    assert!(
+        json["expires_at_unix_ms"].as_u64().unwrap() > json["created_at_unix_ms"].as_u64().unwrap()
+    );
+    let operate = json["token"].as_str().unwrap().to_owned();
+
+    // read lists and may not kill; operate may.
+    let as_read = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--token", &read]);
+        kernel.cli(&all)
+    };
+    assert!(as_read(&["ps"]).ok().contains("boss"));
+    let refused = as_read(&["kill", "boss"]);
+    let stderr = refused.failed(1);
+    assert!(
+        stderr.contains("Kill needs the operate scope") && stderr.contains("--scope operate"),
+        "{stderr}"
+    );
+    let refused = kernel.cli(&["token", "ls", "--token", &operate]);
+    assert!(
+        refused.failed(1).contains("needs the admin scope"),
+        "{refused:#?}"
+    );
+
+    // The tokens outlive the kernel: kill -9, start again.
+    kernel.kill_9();
+    kernel.restart();
+    assert!(kernel.cli(&["ps", "--token", &read]).ok().contains("boss"));
+    let table = kernel.cli(&["token", "ls"]);
+    let out = table.ok();
+    assert!(
+        out.contains("dashboard") && out.contains("token-2") && out.contains("in 29d"),
+        "{out}"
+    );
+    let killed = kernel.cli(&["kill", &boss, "--token", &operate]);
+    assert!(killed.ok().contains(&boss), "{killed:#?}");
+
+    // Revoked: refused, and listed as such with -a only.
+    assert!(
+        kernel
+            .cli(&["token", "revoke", "dashboard"])
+            .ok()
+            .contains("revoked token 1")
+    );
+    let refused = kernel.cli(&["ps", "--token", &read]);
+    assert!(
+        refused.failed(1).contains("\"dashboard\" was revoked"),
+        "{refused:#?}"
+    );
+    assert!(!kernel.cli(&["token", "ls"]).ok().contains("dashboard"));
+    let all = kernel.cli(&["token", "ls", "-a", "--json"]).json();
+    assert_eq!(all[0]["status"], "revoked");
+    let again = kernel.cli(&["token", "revoke", "dashboard"]);
+    assert!(again.failed(1).contains("already revoked"), "{again:#?}");
+    let bad = kernel.cli(&["token", "create", "--scope", "root"]);
+    assert!(bad.failed(2).contains("unknown scope \"root\""), "{bad:#?}");
+}

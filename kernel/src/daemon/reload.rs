@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use hivekernel_agents::{CronSpec, Pid, ProcessState, Role};
 
 use super::{StartError, StartOptions, load_tls, settings, spawn_request};
+use crate::caller::Scope;
 use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings, RoleSettings};
 use crate::error::KernelError;
 use crate::kernel::{Caller, Kernel, cron};
@@ -65,9 +66,9 @@ impl Reloader {
 
     /// Reads, checks and applies the config file; see the module docs.
     async fn reload_as(&self, caller: Caller) -> Result<ReloadReport, KernelError> {
-        if caller != Caller::Admin {
+        if caller.scope() < Scope::Admin {
             return Err(KernelError::PermissionDenied(
-                "only the admin may reload the config".into(),
+                "only the admin scope may reload the config".into(),
             ));
         }
         self.kernel.check_running()?;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron, mcp, reload, transcript};
+use super::{attach, convert, cron, mcp, reload, tokens, transcript};
 use crate::kernel::{Caller, Kernel};
 use crate::reload::ConfigReload;
 use crate::trace::scope;
@@ -210,7 +210,7 @@ impl KernelRpc for KernelService {
         &self,
         request: Request<pb::SubscribeEventsRequest>,
     ) -> Rpc<Self::SubscribeEventsStream> {
-        caller(&request)?;
+        let caller = caller(&request)?;
         let req = request.get_ref();
         // A non-zero since_seq asks for a replay even without the flag.
         let since = (req.replay || req.since_seq != 0).then_some(req.since_seq);
@@ -220,6 +220,7 @@ impl KernelRpc for KernelService {
             self.stop.clone(),
             since,
             subscription,
+            self.kernel.event_view(caller),
         )))
     }
 
@@ -368,6 +369,33 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::McpServer> {
         let caller = caller(&request)?;
         let answer = mcp::restart(&self.kernel, caller, &request.get_ref().server).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Rpc<pb::CreateTokenResponse> {
+        let caller = caller(&request)?;
+        let answer = tokens::create(&self.kernel, caller, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Rpc<pb::ListTokensResponse> {
+        let caller = caller(&request)?;
+        let answer = tokens::list(&self.kernel, caller, request.get_ref())?;
+        Ok(Response::new(answer))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Rpc<pb::OperatorToken> {
+        let caller = caller(&request)?;
+        let answer = tokens::revoke(&self.kernel, caller, &request.get_ref().token).await?;
         Ok(Response::new(answer))
     }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::convert;
-use crate::events::{Event, Subscription, unix_ms};
+use crate::events::{Event, EventView, Subscription, unix_ms};
 use crate::kernel::Kernel;
 
 /// Batches in flight between a `ListProcesses` producer and its client.
@@ -59,12 +59,14 @@ const BACKLOG_CHUNK: usize = 1024;
 /// reaches back past the log, then the store when it reaches back past
 /// memory), a `replay_done` marker when
 /// `since` asked for a replay, then live events without repeats; a lost
-/// stretch of live events becomes one `lagged` marker.
+/// stretch of live events becomes one `lagged` marker. Only events `view`
+/// admits are sent; the markers always are.
 pub(crate) fn events(
     kernel: &Kernel,
     stop: Stop,
     since: Option<u64>,
     subscription: Subscription,
+    mut view: EventView,
 ) -> ReceiverStream<Result<pb::Event, Status>> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let Subscription {
@@ -109,6 +111,9 @@ pub(crate) fn events(
                 after = last.seq;
                 for event in &chunk {
                     last_seq = event.seq;
+                    if !view.admits(event) {
+                        continue;
+                    }
                     if !send(&tx, Ok(convert::event(event)), &stop).await {
                         return;
                     }
@@ -117,6 +122,9 @@ pub(crate) fn events(
         }
         for event in replay {
             last_seq = event.seq;
+            if !view.admits(&event) {
+                continue;
+            }
             if !send(&tx, Ok(convert::event(&event)), &stop).await {
                 return;
             }
@@ -138,6 +146,9 @@ pub(crate) fn events(
                 Ok(event) if event.seq <= last_seq => continue,
                 Ok(event) => {
                     last_seq = event.seq;
+                    if !view.admits(&event) {
+                        continue;
+                    }
                     convert::event(&event)
                 }
                 Err(RecvError::Lagged(missed)) => {
@@ -222,7 +233,13 @@ mod tests {
             kernel: CancellationToken::new(),
             server: CancellationToken::new(),
         };
-        let mut stream = events(&kernel, stop, Some(0), bus.subscribe(Some(0)));
+        let mut stream = events(
+            &kernel,
+            stop,
+            Some(0),
+            bus.subscribe(Some(0)),
+            EventView::All,
+        );
         // The replay is under way: its first chunk (1,024 events) is read.
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.seq, 1);

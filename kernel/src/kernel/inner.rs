@@ -26,6 +26,7 @@ use crate::mcp::McpServers;
 use crate::process::{Entry, NewProc, ProcShared, ProcessTable};
 use crate::runtime::RuntimeRegistry;
 use crate::store::{self, Recovered, Store};
+use crate::tokens::OperatorTokens;
 use crate::transcripts::Transcripts;
 use crate::usage::Meter;
 
@@ -73,6 +74,10 @@ pub(super) struct Inner {
     cron: Cron,
     /// The MCP servers the config names; fixed at start.
     mcp: McpServers,
+    /// Operator tokens; the authentication layer reads the same registry.
+    tokens: OperatorTokens,
+    /// Held while a token change is written, so two never interleave.
+    token_changes: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -150,7 +155,10 @@ impl Inner {
             start(store::Counter::Transcript, 1),
             tracker.clone(),
         );
+        let tokens = OperatorTokens::new(recovered.map(|r| r.tokens.clone()).unwrap_or_default());
         Inner {
+            tokens,
+            token_changes: tokio::sync::Mutex::new(()),
             workspace_root: Arc::from(settings.workspace_root()),
             roles: RwLock::new(Arc::new(settings.roles.clone())),
             settings,
@@ -169,6 +177,11 @@ impl Inner {
             cron: Cron::new(templates, cron_anchor),
             mcp,
         }
+    }
+
+    /// The operator tokens, and the lock token changes hold.
+    pub(super) fn tokens(&self) -> (&OperatorTokens, &tokio::sync::Mutex<()>) {
+        (&self.tokens, &self.token_changes)
     }
 
     pub(super) fn settings(&self) -> &KernelSettings {

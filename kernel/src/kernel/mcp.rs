@@ -47,9 +47,9 @@ impl Kernel {
     /// Not counted against its intensity. Answers once the new start is
     /// ready (waiting up to its startup timeout), with its state.
     pub async fn restart_mcp_server(&self, caller: Caller, name: &str) -> Result<ServerInfo> {
-        if caller != Caller::Admin {
+        if caller.scope() < crate::caller::Scope::Admin {
             return Err(KernelError::PermissionDenied(
-                "only the admin may restart an MCP server".into(),
+                "only the admin scope may restart an MCP server".into(),
             ));
         }
         self.check_running()?;

@@ -118,6 +118,8 @@ pub struct Recovered {
     pub usage: std::collections::HashMap<Pid, StoredUsage>,
     /// Restart history and rate-limit buckets, by PID.
     pub history: std::collections::HashMap<Pid, StoredHistory>,
+    /// Operator tokens, revoked ones included, oldest first.
+    pub tokens: Vec<crate::tokens::OperatorToken>,
 }
 
 /// Model usage of one process as the store kept it.
@@ -330,6 +332,30 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         })?
         .collect::<rusqlite::Result<_>>()?;
 
+    let mut stmt = conn.prepare(
+        "SELECT id, name, scope, hash, created_ms, expires_ms, revoked_ms
+         FROM operator_token ORDER BY id",
+    )?;
+    let tokens = stmt
+        .query_map([], |r| {
+            let scope: String = r.get(2)?;
+            let Ok(scope) = scope.parse() else {
+                return Ok(None);
+            };
+            Ok(Some(crate::tokens::OperatorToken {
+                id: from_sql_u64(r.get(0)?),
+                name: r.get(1)?,
+                scope,
+                hash: r.get(3)?,
+                created_ms: from_sql_u64(r.get(4)?),
+                expires_ms: r.get::<_, Option<i64>>(5)?.map(from_sql_u64),
+                revoked_ms: r.get::<_, Option<i64>>(6)?.map(from_sql_u64),
+            }))
+        })?
+        // A row this build cannot read (a scope it does not know) grants nothing.
+        .filter_map(Result::transpose)
+        .collect::<rusqlite::Result<_>>()?;
+
     Ok(Recovered {
         next_pid,
         next_id,
@@ -344,5 +370,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         cron,
         usage,
         history,
+        tokens,
     })
 }

@@ -189,6 +189,18 @@ pub(super) const MIGRATIONS: &[&str] = &[
          llm_bucket   TEXT,
          spawn_bucket TEXT
      ) STRICT;",
+    // 8: operator tokens (`hivekernel token create`). Only the SHA-256 of a
+    // token's secret is kept; revoked tokens stay, so ids are never reused
+    // and `token ls -a` shows who had access.
+    "CREATE TABLE operator_token (
+         id         INTEGER PRIMARY KEY,
+         name       TEXT NOT NULL,
+         scope      TEXT NOT NULL,
+         hash       TEXT NOT NULL,
+         created_ms INTEGER NOT NULL,
+         expires_ms INTEGER,
+         revoked_ms INTEGER
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

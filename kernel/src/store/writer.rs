@@ -392,6 +392,22 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             )?
             .execute((name, hivekernel_agents::cron::HISTORY as i64))?;
         }
+        Write::Token(token) => {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO operator_token
+                     (id, name, scope, hash, created_ms, expires_ms, revoked_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute((
+                to_sql_u64(token.id),
+                &token.name,
+                token.scope.as_str(),
+                &token.hash,
+                to_sql_u64(token.created_ms),
+                token.expires_ms.map(to_sql_u64),
+                token.revoked_ms.map(to_sql_u64),
+            ))?;
+        }
         Write::Spec { pid, spec } => {
             tx.prepare_cached("INSERT OR REPLACE INTO process_spec (pid, spec) VALUES (?1, ?2)")?
                 .execute((to_sql_u64(pid.0), spec))?;

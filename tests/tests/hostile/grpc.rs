@@ -875,6 +875,104 @@ async fn credentials_are_accepted_only_in_their_one_spelling() {
     served.stopped().await;
 }
 
+#[tokio::test]
+async fn forged_expired_and_too_small_operator_tokens_are_refused_and_change_nothing() {
+    let (kernel, _) = kernel_with(test_settings()).await;
+    let served = Served::start(&kernel).await;
+    let mut admin = served.admin();
+    let victim = spawn_probe(&kernel, Pid::KERNEL, "victim", Role::Agent).await;
+    let create = |name: &'static str, scope: pb::TokenScope, expires_in_seconds| {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .create_token(pb::CreateTokenRequest {
+                    name: name.into(),
+                    scope: scope.into(),
+                    expires_in_seconds,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .secret
+        }
+    };
+    let read = create("reader", pb::TokenScope::Read, 0).await;
+    let brief = create("brief", pb::TokenScope::Admin, 1).await;
+    let before = tree(&mut admin).await;
+    let kill = |mut client: Client| async move {
+        client
+            .kill(pb::KillRequest {
+                pid: victim.0,
+                reason: "hostile".into(),
+            })
+            .await
+            .map(|_| ())
+    };
+    let secret = read.strip_prefix("o1.").unwrap();
+    // Forged: another id, a non-canonical id, a changed or cut secret, the
+    // hash the store keeps, an operator prefix on the admin token.
+    let mut flipped = secret.to_owned();
+    flipped.replace_range(..1, if secret.starts_with('0') { "1" } else { "0" });
+    for forged in [
+        format!("o2.{secret}"),
+        format!("o01.{secret}"),
+        format!("o+1.{secret}"),
+        format!("o0.{secret}"),
+        format!("o1.{flipped}"),
+        format!("o1.{}", &secret[..secret.len() - 1]),
+        "o1.".to_owned(),
+        format!("o1.{secret}.{secret}"),
+        format!("o{}.{secret}", u64::MAX),
+        format!("o99999999999999999999999.{secret}"),
+        format!("o1.{}", hivekernel_tests::served::TOKEN),
+    ] {
+        refused(
+            &forged,
+            kill(served.with_token(&forged)).await,
+            Code::Unauthenticated,
+            "invalid token",
+        );
+    }
+    // Too small a scope: refused before anything runs.
+    refused(
+        "a read token's kill",
+        kill(served.with_token(&read)).await,
+        Code::PermissionDenied,
+        "Kill needs the operate scope",
+    );
+    refused(
+        "a read token's token",
+        served
+            .with_token(&read)
+            .create_token(pb::CreateTokenRequest {
+                name: "escalate".into(),
+                scope: pb::TokenScope::Admin.into(),
+                expires_in_seconds: 0,
+            })
+            .await,
+        Code::PermissionDenied,
+        "CreateToken needs the admin scope",
+    );
+    // Expired: an admin token no longer.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    refused(
+        "an expired admin-scope token",
+        kill(served.with_token(&brief)).await,
+        Code::Unauthenticated,
+        "has expired",
+    );
+    assert_eq!(tree(&mut admin).await, before, "nothing changed");
+    let tokens = admin
+        .list_tokens(pb::ListTokensRequest { all: true })
+        .await
+        .unwrap()
+        .into_inner()
+        .tokens;
+    assert_eq!(tokens.len(), 2, "no token was made: {tokens:?}");
+    kernel.shutdown().await;
+    served.stopped().await;
+}
+
 /// A `SpawnRequest` as a careless or hostile client may encode it: `name`
 /// (field 2) as raw bytes, which need not be UTF-8.
 #[derive(Clone, PartialEq, prost::Message)]

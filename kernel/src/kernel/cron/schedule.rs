@@ -325,7 +325,7 @@ impl Kernel {
                     .entries
                     .get(&name)
                     .ok_or_else(|| KernelError::NoSuchCron(name.clone()))?;
-                if caller != Caller::Admin && entry.owner != caller.pid() {
+                if !caller.sees_all() && entry.owner != caller.pid() {
                     return Err(KernelError::PermissionDenied(format!(
                         "cron entry {name:?} belongs to process {}",
                         entry.owner
@@ -353,7 +353,7 @@ impl Kernel {
         let mut infos: Vec<CronInfo> = state
             .entries
             .values()
-            .filter(|e| caller == Caller::Admin || e.owner == caller.pid())
+            .filter(|e| caller.sees_all() || e.owner == caller.pid())
             .map(Entry::info)
             .collect();
         infos.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
