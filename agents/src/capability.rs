@@ -37,6 +37,9 @@ named_enum!(
         BudgetAllocate = "budget_allocate",
         /// Be given tools of the kernel's MCP servers (`mcp:<server>`).
         McpTools = "mcp_tools",
+        /// Resolve its descendants' inbox requests: approve or deny their
+        /// tool calls, answer their questions.
+        ApproveRequests = "approve_requests",
     }
 );
 
@@ -174,6 +177,7 @@ mod tests {
                 Capability::ManageCron,
                 Capability::BudgetAllocate,
                 Capability::McpTools,
+                Capability::ApproveRequests,
             ] {
                 assert!(!set.contains(risky), "{role} gets {risky} by default");
             }

@@ -24,6 +24,7 @@
 //! - [`mcp`]: MCP tool-list entries, tools and results as a process sees them.
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
+pub mod approval;
 pub mod artifact;
 pub mod capability;
 pub mod cron;
@@ -44,6 +45,7 @@ pub mod tools;
 pub mod trace;
 pub mod transcript;
 
+pub use approval::{ApprovalRule, OnTimeout};
 pub use artifact::{Artifact, ArtifactId, ArtifactInfo, NewArtifact, Visibility};
 pub use capability::{Capabilities, Capability};
 pub use cron::{CronAction, CronInfo, CronRun, CronSource, CronSpec, Missed, Overlap};

@@ -101,6 +101,7 @@ named_enum!(
         Running = "running",
         Blocked = "blocked",
         Sleeping = "sleeping",
+        Waiting = "waiting",
         Zombie = "zombie",
         Dead = "dead",
         Restarting = "restarting",
@@ -192,6 +193,10 @@ pub struct SpawnRequest {
     /// the control plane; never taken from a model's tool arguments.
     #[serde(skip)]
     pub exec: Option<ExecCommand>,
+    /// Tool calls that need a person's approval (a config agent's
+    /// `approval`), besides its role's and its parent's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<crate::approval::ApprovalRule>,
 }
 
 /// The OS process an `exec` process runs.
@@ -223,6 +228,7 @@ impl SpawnRequest {
             strategy: None,
             workspace: None,
             exec: None,
+            approval: Vec::new(),
         }
     }
 }

@@ -42,6 +42,28 @@ pub enum ErrorKind {
     Internal,
 }
 
+/// A question for a person ([`Syscalls::ask_human`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HumanQuestion {
+    /// What is asked.
+    pub question: String,
+    /// The answers offered; empty: any answer.
+    pub choices: Vec<String>,
+    /// How long to wait.
+    pub timeout: std::time::Duration,
+}
+
+/// How a question was settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HumanAnswer {
+    /// The answer.
+    Answered(String),
+    /// The person declined to answer, with the reason given (may be empty).
+    Declined(String),
+    /// Nobody answered in time.
+    TimedOut,
+}
+
 /// A refused or failed syscall, with a message naming what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("{message}")]
@@ -229,6 +251,31 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
             ErrorKind::FailedPrecondition,
             "this kernel has no cron",
         ))
+    }
+
+    /// Puts `question` to a person (the kernel's inbox) and waits for the
+    /// answer, the refusal or the timeout. The default refuses: a kernel
+    /// without an inbox.
+    async fn ask_human(&self, question: HumanQuestion) -> Result<HumanAnswer, SyscallError> {
+        let _ = question;
+        Err(SyscallError::new(
+            ErrorKind::FailedPrecondition,
+            "this kernel has no inbox",
+        ))
+    }
+
+    /// Whether a call of `tool` (a built-in name or `mcp:<server>/<tool>`)
+    /// with `arguments` may run: at once when no approval rule of this
+    /// process covers it, else once a person approves (waiting meanwhile).
+    /// A refusal (denied, timed out) is an error saying so, which the model
+    /// sees as the tool's result. The default allows every call.
+    async fn approve_tool(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<(), SyscallError> {
+        let _ = (tool, arguments);
+        Ok(())
     }
 
     /// Reports a finished tool call; the kernel records it as a `tool_call`

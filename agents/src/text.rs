@@ -54,6 +54,36 @@ fn kept(text: &str, max: usize) -> (usize, String) {
     (prefix(text, max - mark.len()).len(), mark)
 }
 
+/// Whether `text` matches `glob`: `*` matches any text (also none), `?` one
+/// character, anything else itself. Greedy with one backtrack point:
+/// linear in practice, never exponential.
+pub fn glob_matches(glob: &str, text: &str) -> bool {
+    let (glob, text): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
+    let (mut g, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match glob.get(g) {
+            Some('*') => {
+                star = Some((g, t));
+                g += 1;
+            }
+            Some(c) if *c == '?' || *c == text[t] => {
+                g += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sg, st)) => {
+                    g = sg + 1;
+                    t = st + 1;
+                    star = Some((sg, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|c| *c == '*')
+}
+
 /// `value` quoted for a message, its start only when it is longer than
 /// [`SHOWN_BYTES`], with the marker: a refused value may be megabytes long,
 /// and the message goes whole to a model or into a gRPC status header.

@@ -485,6 +485,16 @@ impl ToolAgent {
                 }
             }
         };
+        // A person may have to approve the call first: the kernel says so,
+        // and parks this process until they do.
+        let canonical = match mcp_tool {
+            Some(mcp_tool) => format!("mcp:{}/{}", mcp_tool.server, mcp_tool.name),
+            None => call.name.clone(),
+        };
+        ctx.syscalls
+            .approve_tool(&canonical, &args)
+            .await
+            .map_err(|err| err.message)?;
         if let Some(mcp_tool) = mcp_tool {
             let serde_json::Value::Object(arguments) = args else {
                 return Err(format!("arguments for {} must be a JSON object", call.name));

@@ -20,6 +20,7 @@ use crate::syscalls::SyscallError;
 mod args;
 pub mod artifacts;
 pub mod cron;
+pub mod human;
 pub mod memory;
 pub mod orchestrate;
 pub mod process;
@@ -136,6 +137,7 @@ impl ToolRegistry {
         web::register(&mut registry, settings.web.clone());
         artifacts::register(&mut registry);
         memory::register(&mut registry);
+        human::register(&mut registry);
         registry
     }
 

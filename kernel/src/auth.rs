@@ -222,6 +222,8 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("WatchTranscript", Scope::Read),
     ("ListMcpServers", Scope::Read),
     ("ListMcpTools", Scope::Read),
+    ("ListRequests", Scope::Read),
+    ("WatchRequests", Scope::Read),
     // Acting on processes and what they own.
     ("Spawn", Scope::Operate),
     ("Kill", Scope::Operate),
@@ -234,6 +236,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("StoreArtifact", Scope::Operate),
     ("DeleteArtifact", Scope::Operate),
     ("CallMcpTool", Scope::Operate),
+    ("Resolve", Scope::Operate),
     // An external agent's own runtime calls.
     ("Attach", Scope::Operate),
     ("AckMessages", Scope::Operate),

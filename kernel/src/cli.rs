@@ -20,6 +20,7 @@
 //! - `human`: ages, sizes, counts and dollars as text shows them.
 //! - `artifacts`: `artifacts ls | put | get | rm`.
 //! - `token`: `token create | ls | revoke`, operator tokens with scopes.
+//! - `inbox`: `inbox`, `approve`, `deny`, `answer`.
 
 mod artifacts;
 mod client;
@@ -28,6 +29,7 @@ mod describe;
 mod error;
 mod events;
 mod human;
+mod inbox;
 mod logs;
 mod mcp;
 mod names;
@@ -114,6 +116,39 @@ pub enum Command {
     Mcp(McpCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
+    /// What agents ask people: tool calls waiting for approval, questions
+    /// waiting for an answer (-f: follow as they come and go).
+    Inbox(InboxArgs),
+    /// Approve a tool call waiting in the inbox: it runs.
+    Approve {
+        /// The request's id (hivekernel inbox).
+        id: u64,
+        /// A note for the agent's record.
+        #[arg(long, default_value = "")]
+        note: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Deny a tool call waiting in the inbox (the agent sees the refusal),
+    /// or decline a question.
+    Deny {
+        /// The request's id (hivekernel inbox).
+        id: u64,
+        /// Why; the agent sees it.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Answer a question waiting in the inbox.
+    Answer {
+        /// The request's id (hivekernel inbox).
+        id: u64,
+        /// The answer (one of its choices, when it offers some).
+        text: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Operator tokens with a scope (read, operate, admin), for people and
     /// tools that should not hold the admin token: create, list, revoke.
     #[command(subcommand)]
@@ -163,6 +198,19 @@ pub enum CronCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+}
+
+/// Arguments of `hivekernel inbox`.
+#[derive(Debug, Args)]
+pub struct InboxArgs {
+    /// One JSON array of the pending requests (with -f: one JSON object per change).
+    #[arg(long)]
+    pub json: bool,
+    /// Keep watching: print each request as it is asked and resolved, until Ctrl-C.
+    #[arg(short, long)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// `hivekernel token ...`.
@@ -772,6 +820,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Cron(command) => cron::run(command).await,
         Command::Mcp(command) => mcp::run(command).await,
         Command::Token(command) => token::run(command).await,
+        Command::Inbox(args) => inbox::inbox(args).await,
+        Command::Approve { id, note, client } => {
+            inbox::resolve(&client, id, inbox::Verdict::Approve, note).await
+        }
+        Command::Deny { id, reason, client } => {
+            inbox::resolve(&client, id, inbox::Verdict::Deny, reason).await
+        }
+        Command::Answer { id, text, client } => {
+            inbox::resolve(&client, id, inbox::Verdict::Answer, text).await
+        }
         Command::Artifacts(ArtifactsCommand::Ls(args)) => artifacts::ls(args).await,
         Command::Artifacts(ArtifactsCommand::Put(args)) => artifacts::put(args).await,
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,

@@ -16,6 +16,7 @@
 //! (both phases for `tool_agent.shell` and `kernel.exec`), `mcp` (both
 //! phases for `mcp_servers`).
 
+mod approval;
 mod connections;
 pub use connections::ConnectionSettings;
 mod cron;
@@ -208,6 +209,8 @@ pub struct RoleSettings {
     /// What processes of this role may do (`"all"` is every one); `None`:
     /// the role's default, [`Capabilities::role_default`].
     pub capabilities: Option<Capabilities>,
+    /// Tool calls of processes of this role that need a person's approval.
+    pub approval: Vec<hivekernel_agents::ApprovalRule>,
 }
 
 impl KernelSettings {
@@ -316,6 +319,8 @@ pub struct AgentSpec {
     pub exec: Option<hivekernel_agents::ExecCommand>,
     /// Its cron entries (`target` is set to its PID once it runs).
     pub cron: Vec<hivekernel_agents::CronSpec>,
+    /// Its tool calls that need a person's approval (besides its role's).
+    pub approval: Vec<hivekernel_agents::ApprovalRule>,
 }
 
 /// Largest config file read, in bytes.
@@ -399,6 +404,13 @@ fn load_sections(
     }
     let mcp = mcp::servers(document.mcp_servers.as_ref(), &checks, env, issues);
     let checks = checks.with_mcp(&mcp);
+    for (role, settings) in &kernel.roles {
+        checks.check_approval_tools(
+            &settings.approval,
+            &format!("roles.{role}.approval"),
+            issues,
+        );
+    }
     let mut agents = Vec::new();
     let entries = document.agents.unwrap_or_default();
     for (index, value) in entries.iter().enumerate() {

@@ -526,6 +526,7 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request.restart = agent.restart;
     request.strategy = agent.strategy;
     request.exec = agent.exec.clone();
+    request.approval = agent.approval.clone();
     request
 }
 

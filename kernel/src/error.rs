@@ -135,6 +135,9 @@ pub enum KernelError {
     /// The store could not commit what the call needs (nothing was acknowledged).
     #[error("not committed: {0}")]
     Store(#[from] crate::store::StoreError),
+    /// No inbox request has this id.
+    #[error("no inbox request {0} (hivekernel inbox lists those pending)")]
+    NoSuchRequest(u64),
     /// A token change was refused (the message says why).
     #[error("{0}")]
     Token(#[from] crate::tokens::TokenError),
@@ -151,6 +154,7 @@ impl KernelError {
             | NoSuchName(_)
             | NoSuchMemory(_)
             | NoSuchMcpServer(_)
+            | NoSuchRequest(_)
             | ArtifactNotFound(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,
             PermissionDenied(_) => ErrorKind::PermissionDenied,

@@ -181,6 +181,34 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         delay_ms: Option<u64>,
     },
+    /// This process asks a person (the inbox): a tool call's approval or a
+    /// question; it waits until the request is resolved.
+    ApprovalRequested {
+        /// The request's id (`hivekernel approve ID`).
+        id: u64,
+        /// `approval` or `question`.
+        kind: String,
+        /// The tool, for an approval.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
+        /// Its arguments (cut), for an approval; the question, for a question.
+        text: String,
+        /// When the timeout resolves it (Unix ms).
+        deadline_ms: u64,
+    },
+    /// A request of this process was resolved: `approved`, `denied`,
+    /// `answered`, `timed_out` or `withdrawn`, and by whom.
+    ApprovalResolved {
+        /// The request's id.
+        id: u64,
+        /// What was decided.
+        decision: String,
+        /// Who decided: `admin`, `token 3`, `process 7`, `timeout`, `kernel`.
+        by: String,
+        /// The note, reason or answer (cut), when one was given.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        text: String,
+    },
     /// An operator token was created or revoked (on PID 1), and by whom.
     Token {
         /// `created` or `revoked`.
@@ -276,6 +304,8 @@ impl EventKind {
             EventKind::ToolCall { .. } => "tool_call",
             EventKind::McpServer { .. } => "mcp_server",
             EventKind::Token { .. } => "token",
+            EventKind::ApprovalRequested { .. } => "approval_requested",
+            EventKind::ApprovalResolved { .. } => "approval_resolved",
             EventKind::Lagged { .. } => "lagged",
             EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",

@@ -19,6 +19,7 @@ mod cron;
 mod decode;
 pub(crate) mod enums;
 mod gate;
+mod inbox;
 mod mcp;
 mod reload;
 pub use gate::raise_open_file_limit;

@@ -67,6 +67,7 @@ pub mod events;
 pub mod exec;
 pub mod files;
 pub mod grpc;
+pub mod inbox;
 pub mod kernel;
 pub mod limits;
 pub mod llm;

@@ -34,6 +34,11 @@ pub(crate) struct ProcShared {
     pub(crate) running: AtomicU32,
     /// Calls this process is blocked in (execute_task, wait_child).
     pub(crate) blocked: AtomicU32,
+    /// Inbox requests it waits on (a tool call's approval, `ask_human`).
+    pub(crate) waiting: AtomicU32,
+    /// Tool calls that need a person's approval: its role's, its own and
+    /// its parent's rules; `None`: none do.
+    pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
     /// Model calls made through the kernel, their tokens and cost; rate limits.
     pub(crate) usage: Meter,
     /// The token budget it draws on (its own, or its nearest ancestor's).
@@ -60,6 +65,7 @@ pub(crate) struct NewProc {
     pub(crate) budget: Option<Arc<Pool>>,
     pub(crate) caps: Capabilities,
     pub(crate) restored: bool,
+    pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
 }
 
 impl ProcShared {
@@ -85,6 +91,8 @@ impl ProcShared {
             mailbox: new.mailbox,
             running: AtomicU32::new(0),
             blocked: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            approvals: new.approvals,
             usage: new.usage,
             budget: new.budget,
             caps: new.caps,
@@ -112,6 +120,7 @@ impl ProcShared {
             budget: self.budget.clone(),
             caps: self.caps,
             restored: self.restored,
+            approvals: self.approvals.clone(),
         })
     }
 
@@ -120,7 +129,9 @@ impl ProcShared {
     pub(crate) fn state(&self) -> ProcessState {
         let running = self.running.load(Ordering::Relaxed);
         let blocked = self.blocked.load(Ordering::Relaxed);
-        if blocked > 0 && blocked >= running {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            ProcessState::Waiting
+        } else if blocked > 0 && blocked >= running {
             ProcessState::Blocked
         } else if running > 0 {
             ProcessState::Running

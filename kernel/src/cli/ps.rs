@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use hivekernel_agents::text::glob_matches as matches_glob;
 use hivekernel_proto::v1::{ProcessInfo, SubscribeEventsRequest};
 use serde_json::Value;
 
@@ -101,35 +102,6 @@ pub(super) fn keeps(args: &PsFilter, p: &ProcessInfo) -> bool {
             .labels
             .iter()
             .all(|(key, value)| p.metadata.get(key) == Some(value))
-}
-
-/// `*` matches any text (also none), `?` one character; all else itself.
-fn matches_glob(glob: &str, text: &str) -> bool {
-    let (glob, text): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
-    // Greedy with one backtrack point: linear in practice, never exponential.
-    let (mut g, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match glob.get(g) {
-            Some('*') => {
-                star = Some((g, t));
-                g += 1;
-            }
-            Some(c) if *c == '?' || *c == text[t] => {
-                g += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sg, st)) => {
-                    g = sg + 1;
-                    t = st + 1;
-                    star = Some((sg, st + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|c| *c == '*')
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hivekernel_agents::mcp::check_server_name;
-use hivekernel_agents::text::shown;
+use hivekernel_agents::text::{glob_matches as matches, shown};
 use hivekernel_agents::{RestartPolicy, RestartSpec};
 use serde::Deserialize;
 use serde_json::Value;
@@ -97,38 +97,6 @@ impl McpToolFilter {
         let included = self.include.is_empty() || self.include.iter().any(|g| matches(g, tool));
         included && !self.exclude.iter().any(|g| matches(g, tool))
     }
-}
-
-/// Whether `text` matches the glob `pattern`. Iterative: on a mismatch after
-/// a `*`, that `*` takes one more character and matching resumes, so the
-/// cost stays within `pattern.len() * text.len()` steps.
-fn matches(pattern: &str, text: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    let (mut p, mut t) = (0, 0);
-    // The pattern position after the last `*`, and the text position it resumes at.
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some('*') => {
-                star = Some((p + 1, t));
-                p += 1;
-            }
-            Some(&c) if c == '?' || c == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((after, from)) => {
-                    star = Some((after, from + 1));
-                    p = after;
-                    t = from + 1;
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p..].iter().all(|&c| c == '*')
 }
 
 const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 60;

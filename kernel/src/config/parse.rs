@@ -108,6 +108,7 @@ pub(super) struct RawAgent {
     pub(super) cron: Option<Value>,
     pub(super) command: Option<Vec<String>>,
     pub(super) env: Option<BTreeMap<String, String>>,
+    pub(super) approval: Option<Value>,
 }
 
 /// An agent entry after phase 1.

@@ -28,6 +28,7 @@ pub(super) struct RawRole {
     restart: Option<Value>,
     strategy: Option<String>,
     capabilities: Option<Value>,
+    approval: Option<Value>,
 }
 
 /// A `restart` object as written; what is left out takes the defaults of
@@ -83,6 +84,11 @@ pub(super) fn roles(
                 restart,
                 strategy,
                 capabilities,
+                approval: super::approval::rules(
+                    raw.approval.as_ref(),
+                    &at(&location, "approval"),
+                    issues,
+                ),
             },
         );
     }

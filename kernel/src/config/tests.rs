@@ -1639,3 +1639,67 @@ fn agents_name_mcp_servers_in_their_tools() {
         &["unknown MCP server \"fs\" (no mcp_servers configured)"],
     );
 }
+
+#[test]
+fn approval_rules_are_read_per_role_and_agent_and_bad_ones_are_named() {
+    let config = Fixture::new()
+        .load(
+            r#"{"roles": {"agent": {"capabilities": "all",
+                                    "approval": [{"tool": "shell_exec", "arguments": "rm *"}]}},
+                "agents": [{"name": "a", "tools": ["shell_exec"],
+                            "approval": [{"tool": "spawn_child", "timeout_seconds": 30,
+                                          "on_timeout": "approve"}]}]}"#,
+        )
+        .unwrap();
+    let role = &config.kernel.roles[&Role::Agent].approval;
+    assert_eq!(role.len(), 1);
+    assert_eq!(role[0].arguments.as_deref(), Some("rm *"));
+    assert_eq!(
+        role[0].timeout_seconds,
+        hivekernel_agents::approval::DEFAULT_APPROVAL_TIMEOUT_SECONDS
+    );
+    let own = &config.agents[0].approval;
+    assert_eq!(
+        (own[0].tool.as_str(), own[0].timeout_seconds),
+        ("spawn_child", 30)
+    );
+    assert_eq!(own[0].on_timeout, hivekernel_agents::OnTimeout::Approve);
+
+    let found = issues(
+        r#"{"roles": {"agent": {"approval": [{"tool": "teleport"}, {"arguments": "x"}]}},
+            "agents": [{"name": "a", "approval": [{"tool": "read_file", "timeout_seconds": 0,
+                                                    "on_timeout": "shrug", "when": 1}]},
+                       {"name": "b", "approval": {"tool": "read_file"}}]}"#,
+    );
+    assert_issue(
+        &found,
+        "roles.agent.approval[0].tool",
+        &["unknown tool \"teleport\""],
+    );
+    assert_issue(
+        &found,
+        "roles.agent.approval[1].tool",
+        &["missing required field `tool`"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).approval[0].timeout_seconds",
+        &["between 1 and 86400"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).approval[0].on_timeout",
+        &["\"shrug\"", "deny, approve"],
+    );
+    assert_issue(
+        &found,
+        "agents[0] (a).approval[0].when",
+        &["unknown field `when`"],
+    );
+    assert_issue(
+        &found,
+        "agents[1] (b).approval",
+        &["expected a list of approval rules"],
+    );
+    assert_eq!(found.len(), 6, "{found:#?}");
+}

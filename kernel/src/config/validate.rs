@@ -290,6 +290,8 @@ impl<'a> Context<'a> {
         let restart = super::supervision::restart(raw.restart.as_ref(), &loc("restart"), issues);
         let strategy = raw.strategy.as_deref();
         let strategy = super::supervision::strategy(strategy, &loc("strategy"), issues);
+        let approval = super::approval::rules(raw.approval.as_ref(), &loc("approval"), issues);
+        self.check_approval_tools(&approval, &loc("approval"), issues);
 
         let spec = AgentSpec {
             name: raw.name.clone().unwrap_or_default(),
@@ -308,6 +310,7 @@ impl<'a> Context<'a> {
             exec,
             // Filled from the raw entry by `cron::agent_entries`.
             cron: Vec::new(),
+            approval,
         };
         Checked {
             index,
@@ -454,6 +457,26 @@ impl<'a> Context<'a> {
                     "unknown MCP server {server:?} (known: {})",
                     known.join(", ")
                 ))
+            }
+        }
+    }
+
+    /// Checks that each approval rule names a tool there is: a built-in
+    /// one, or an MCP entry of a configured, enabled server.
+    pub(super) fn check_approval_tools(
+        &self,
+        rules: &[hivekernel_agents::ApprovalRule],
+        location: &str,
+        issues: &mut Vec<ConfigIssue>,
+    ) {
+        for (i, rule) in rules.iter().enumerate() {
+            let mut found = Vec::new();
+            self.check_tools(std::slice::from_ref(&rule.tool), "", &mut found);
+            for issue in found {
+                issues.push(ConfigIssue::new(
+                    format!("{location}[{i}].tool"),
+                    issue.message,
+                ));
             }
         }
     }

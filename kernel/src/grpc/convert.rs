@@ -63,6 +63,8 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         // Clients never pick a host directory: the kernel derives it from the name.
         workspace: None,
         exec: exec_command(req.command, req.env, req.cwd),
+        // Approval rules come from the config (roles, agents), never a client.
+        approval: Vec::new(),
     })
 }
 

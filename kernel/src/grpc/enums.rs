@@ -42,7 +42,9 @@ mapping!(
     state_from_proto,
     ProcessState,
     ProcessState,
-    [Idle, Running, Blocked, Sleeping, Zombie, Dead, Restarting]
+    [
+        Idle, Running, Blocked, Sleeping, Zombie, Dead, Restarting, Waiting
+    ]
 );
 mapping!(
     visibility_to_proto,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron, mcp, reload, tokens, transcript};
+use super::{attach, convert, cron, inbox, mcp, reload, tokens, transcript};
 use crate::kernel::{Caller, Kernel};
 use crate::reload::ConfigReload;
 use crate::trace::scope;
@@ -369,6 +369,34 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::McpServer> {
         let caller = caller(&request)?;
         let answer = mcp::restart(&self.kernel, caller, &request.get_ref().server).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn list_requests(
+        &self,
+        request: Request<pb::ListRequestsRequest>,
+    ) -> Rpc<pb::ListRequestsResponse> {
+        let caller = caller(&request)?;
+        Ok(Response::new(inbox::list(&self.kernel, caller)))
+    }
+
+    type WatchRequestsStream = ReceiverStream<Result<pb::InboxChange, Status>>;
+
+    async fn watch_requests(
+        &self,
+        request: Request<pb::WatchRequestsRequest>,
+    ) -> Rpc<Self::WatchRequestsStream> {
+        let caller = caller(&request)?;
+        Ok(Response::new(inbox::watch(
+            &self.kernel,
+            caller,
+            self.stop.clone(),
+        )))
+    }
+
+    async fn resolve(&self, request: Request<pb::ResolveRequest>) -> Rpc<pb::InboxRequest> {
+        let caller = caller(&request)?;
+        let answer = inbox::resolve(&self.kernel, caller, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
 

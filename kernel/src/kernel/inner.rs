@@ -76,6 +76,8 @@ pub(super) struct Inner {
     mcp: McpServers,
     /// Operator tokens; the authentication layer reads the same registry.
     tokens: OperatorTokens,
+    /// What processes ask people, waiting.
+    inbox: crate::inbox::Inbox,
     /// Held while a token change is written, so two never interleave.
     token_changes: tokio::sync::Mutex<()>,
 }
@@ -137,6 +139,7 @@ impl Inner {
             budget: None,
             caps: Capabilities::ALL,
             restored: false,
+            approvals: None,
         });
         let table = ProcessTable::with_kernel(Entry {
             ppid: Pid(0),
@@ -159,6 +162,7 @@ impl Inner {
         Inner {
             tokens,
             token_changes: tokio::sync::Mutex::new(()),
+            inbox: Default::default(),
             workspace_root: Arc::from(settings.workspace_root()),
             roles: RwLock::new(Arc::new(settings.roles.clone())),
             settings,
@@ -177,6 +181,11 @@ impl Inner {
             cron: Cron::new(templates, cron_anchor),
             mcp,
         }
+    }
+
+    /// The inbox.
+    pub(super) fn inbox(&self) -> &crate::inbox::Inbox {
+        &self.inbox
     }
 
     /// The operator tokens, and the lock token changes hold.

@@ -4,8 +4,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 use hivekernel_agents::{
-    Capability, Limits, Pid, ProcessContext, RestartSpec, Role, Runtime, SpawnRequest, Strategy,
-    Workspace, check_name,
+    ApprovalRule, Capability, Limits, Pid, ProcessContext, RestartSpec, Role, Runtime,
+    SpawnRequest, Strategy, Workspace, check_name,
 };
 
 use crate::budget::Pool;
@@ -183,6 +183,14 @@ impl Kernel {
             role_caps: self.inner.role_capabilities(request.role),
         };
         let caps = grant.check(request.role, &request.tools, self.inner.runtimes())?;
+        let approvals = approval_rules(
+            parent_entry.proc.approvals.as_deref(),
+            self.inner
+                .role(request.role)
+                .map(|r| r.approval)
+                .unwrap_or_default(),
+            &request.approval,
+        );
         let tier = request.tier.unwrap_or(pctx.tier);
         if tier.rank() > pctx.tier.rank() {
             return Err(KernelError::TierAboveParent {
@@ -301,6 +309,7 @@ impl Kernel {
             budget,
             caps,
             restored: matches!(birth, Birth::Restored(_) | Birth::Declared(Some(_))),
+            approvals,
         }));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
@@ -474,4 +483,20 @@ pub(super) fn new_mailbox(settings: &crate::config::KernelSettings) -> Mailbox {
         settings.mailbox_max_bytes,
         std::time::Duration::from_millis(settings.mailbox_aging_ms),
     )
+}
+
+/// A child's approval rules: its parent's, its role's and its own, each
+/// once, in that order; `None` when there are none.
+fn approval_rules(
+    parent: Option<&Vec<ApprovalRule>>,
+    role: Vec<ApprovalRule>,
+    own: &[ApprovalRule],
+) -> Option<Arc<Vec<ApprovalRule>>> {
+    let mut rules: Vec<ApprovalRule> = parent.cloned().unwrap_or_default();
+    for rule in role.into_iter().chain(own.iter().cloned()) {
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+    (!rules.is_empty()).then(|| Arc::new(rules))
 }

@@ -134,6 +134,80 @@ impl Syscalls for KernelSyscalls {
             .await?)
     }
 
+    async fn ask_human(
+        &self,
+        question: hivekernel_agents::syscalls::HumanQuestion,
+    ) -> Result<hivekernel_agents::syscalls::HumanAnswer, SyscallError> {
+        use crate::inbox::{Ask, Decision};
+        use hivekernel_agents::syscalls::HumanAnswer;
+        let ask = Ask::Question {
+            question: question.question,
+            choices: question.choices,
+        };
+        let resolution = self
+            .kernel()?
+            .ask_person(self.pid, ask, question.timeout, Default::default())
+            .await?;
+        Ok(match resolution.decision {
+            Decision::Answered { answer } => HumanAnswer::Answered(answer),
+            Decision::Denied { reason } => HumanAnswer::Declined(reason),
+            Decision::Approved { note } => HumanAnswer::Answered(note),
+            Decision::TimedOut | Decision::Withdrawn => HumanAnswer::TimedOut,
+        })
+    }
+
+    async fn approve_tool(
+        &self,
+        tool: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<(), SyscallError> {
+        use crate::inbox::{Ask, Decision};
+        use hivekernel_agents::{ErrorKind, OnTimeout, approval};
+        let kernel = self.kernel()?;
+        let rules = {
+            let table = kernel.inner.table().read();
+            table
+                .get(self.pid)
+                .and_then(|entry| entry.proc.approvals.clone())
+        };
+        let Some(rule) = rules
+            .as_deref()
+            .and_then(|rules| approval::first_covering(rules, tool, arguments))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let ask = Ask::Approval {
+            tool: tool.to_owned(),
+            arguments: hivekernel_agents::text::cut_str(
+                &arguments.to_string(),
+                super::MAX_SHOWN_ARGUMENTS,
+            ),
+        };
+        let timeout = Duration::from_secs(rule.timeout_seconds);
+        let resolution = kernel
+            .ask_person(self.pid, ask, timeout, rule.on_timeout)
+            .await?;
+        let refused = |why: String| Err(SyscallError::new(ErrorKind::PermissionDenied, why));
+        match resolution.decision {
+            Decision::Approved { .. } => Ok(()),
+            Decision::TimedOut if rule.on_timeout == OnTimeout::Approve => Ok(()),
+            Decision::Denied { reason } if reason.is_empty() => {
+                refused(format!("{tool} was denied by {}", resolution.by))
+            }
+            Decision::Denied { reason } => {
+                refused(format!("{tool} was denied by {}: {reason}", resolution.by))
+            }
+            Decision::TimedOut => refused(format!(
+                "{tool} needs a person's approval, and nobody gave it within {} seconds;                  it did not run",
+                rule.timeout_seconds
+            )),
+            Decision::Answered { .. } | Decision::Withdrawn => {
+                refused(format!("{tool} was not approved; it did not run"))
+            }
+        }
+    }
+
     async fn get_process(&self, pid: Pid) -> Result<ProcessInfo, SyscallError> {
         Ok(self.kernel()?.get_process(self.caller(), pid).await?)
     }

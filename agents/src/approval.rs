@@ -1,0 +1,92 @@
+//! Approval rules: which tool calls need a person's yes before they run.
+//!
+//! A rule names a tool (`shell_exec`, an MCP entry `mcp:<server>/<tool>` or
+//! a whole server `mcp:<server>`) and, optionally, a glob its arguments must
+//! match (for `shell_exec` the command; for any other tool its arguments as
+//! compact JSON). A process gets its role's rules, its own (a config agent's
+//! `approval`) and its parent's: a child never needs fewer approvals than
+//! its parent.
+
+use serde::{Deserialize, Serialize};
+
+use crate::text::glob_matches;
+
+/// The wait for a decision when a rule names none: ten minutes.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECONDS: u64 = 600;
+/// The longest wait a rule may name: a day.
+pub const MAX_APPROVAL_TIMEOUT_SECONDS: u64 = 86_400;
+
+/// What a timeout decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// The call is refused (the default).
+    #[default]
+    Deny,
+    /// The call runs.
+    Approve,
+}
+
+impl OnTimeout {
+    /// `deny` or `approve`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Deny => "deny",
+            OnTimeout::Approve => "approve",
+        }
+    }
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ApprovalRule {
+    /// The tool it covers.
+    pub tool: String,
+    /// A glob the arguments must match (`*` any text, `?` one character);
+    /// `None`: every call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+    /// How long to wait for a decision.
+    pub timeout_seconds: u64,
+    /// What the timeout decides.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+impl ApprovalRule {
+    /// Whether a call of `tool` (canonical: a built-in name or
+    /// `mcp:<server>/<tool>`) with `arguments` needs this rule's approval.
+    pub fn covers(&self, tool: &str, arguments: &serde_json::Value) -> bool {
+        let named = self.tool == tool
+            || tool.strip_prefix(&self.tool).is_some_and(|rest| {
+                self.tool.starts_with("mcp:") && !self.tool.contains('/') && rest.starts_with('/')
+            });
+        if !named {
+            return false;
+        }
+        match &self.arguments {
+            None => true,
+            Some(glob) => glob_matches(glob, &argument_text(tool, arguments)),
+        }
+    }
+}
+
+/// What an `arguments` glob is matched against: `shell_exec`'s command, or
+/// the arguments as compact JSON.
+pub fn argument_text(tool: &str, arguments: &serde_json::Value) -> String {
+    if tool == "shell_exec"
+        && let Some(command) = arguments.get("command").and_then(|c| c.as_str())
+    {
+        return command.to_owned();
+    }
+    arguments.to_string()
+}
+
+/// The first rule of `rules` that covers the call, if any.
+pub fn first_covering<'a>(
+    rules: &'a [ApprovalRule],
+    tool: &str,
+    arguments: &serde_json::Value,
+) -> Option<&'a ApprovalRule> {
+    rules.iter().find(|rule| rule.covers(tool, arguments))
+}

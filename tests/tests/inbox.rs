@@ -1,0 +1,353 @@
+//! The inbox end to end: a `tool_agent` (driven by a chat-completions
+//! server on loopback) whose `shell_exec` call an approval rule covers
+//! waits for a person; approving runs it, denying and the timeout refuse it;
+//! `ask_human` is answered through the `hivekernel` binary over the real
+//! gRPC server; a killed process withdraws what it asked.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
+use hivekernel_agents::{
+    ApprovalRule, Capabilities, OnTimeout, Pid, ProcessState, Role, SpawnRequest,
+};
+use hivekernel_kernel::config::{KernelSettings, RoleSettings};
+use hivekernel_kernel::events::EventKind;
+use hivekernel_kernel::inbox::{Decision, InboxRequest};
+use hivekernel_kernel::{Caller, Kernel, KernelError};
+use hivekernel_tests::llm_server::{LlmServer, Scripted};
+use hivekernel_tests::served::{Served, TOKEN};
+use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
+use serde_json::Value;
+
+fn rule(tool: &str, arguments: Option<&str>, timeout_seconds: u64) -> ApprovalRule {
+    ApprovalRule {
+        tool: tool.into(),
+        arguments: arguments.map(str::to_owned),
+        timeout_seconds,
+        on_timeout: OnTimeout::Deny,
+    }
+}
+
+/// A kernel whose agents (every capability) need approval under `rules`.
+async fn kernel_with(
+    server: &LlmServer,
+    dir: &std::path::Path,
+    rules: Vec<ApprovalRule>,
+) -> Kernel {
+    let mut settings = KernelSettings {
+        workspace: Some(dir.to_owned()),
+        default_runtime: "tool_agent".into(),
+        ..test_settings()
+    };
+    settings.roles.insert(
+        Role::Agent,
+        RoleSettings {
+            capabilities: Some(Capabilities::ALL),
+            approval: rules,
+            ..RoleSettings::default()
+        },
+    );
+    let provider = Arc::new(server.provider());
+    let tools = ToolSettings {
+        shell: hivekernel_tests::shell_settings(settings.keep_out()),
+        ..ToolSettings::default()
+    };
+    agent_kernel(settings, provider, AgentSettings::default(), &tools)
+        .await
+        .0
+}
+
+async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str]) -> Pid {
+    let mut request = SpawnRequest::new(Pid::KERNEL, name);
+    request.model = "test-model".into();
+    request.runtime = Some("tool_agent".into());
+    request.system_prompt = format!("You are {name}.");
+    request.tools = tools.iter().map(|t| (*t).to_owned()).collect();
+    kernel.spawn(Caller::Admin, request).await.unwrap()
+}
+
+/// The one pending request, once there is one.
+async fn pending(kernel: &Kernel) -> Arc<InboxRequest> {
+    wait_until("a pending request", Duration::from_secs(20), || async {
+        !kernel.inbox(Caller::Admin).is_empty()
+    })
+    .await;
+    let mut requests = kernel.inbox(Caller::Admin);
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    requests.remove(0)
+}
+
+fn tool_results(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn shell(command: &str) -> Scripted {
+    let args = serde_json::json!({ "command": command }).to_string();
+    Scripted::tool_calls(&[("c1", "shell_exec", &args)])
+}
+
+#[tokio::test]
+async fn an_approved_call_runs_after_the_agent_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        LlmServer::start(vec![shell("echo approved-run"), Scripted::content("done")]).await;
+    let kernel = kernel_with(&server, dir.path(), vec![rule("shell_exec", None, 600)]).await;
+    let agent = spawn_agent(&kernel, "ops", &["shell_exec"]).await;
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { run_task(&kernel, agent, "say it").await }
+    });
+
+    let request = pending(&kernel).await;
+    assert_eq!(request.pid, agent);
+    let shown = serde_json::to_value(&*request).unwrap();
+    assert_eq!(shown["kind"], "approval");
+    assert_eq!(shown["tool"], "shell_exec");
+    assert!(
+        shown["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("echo approved-run"),
+        "{shown}"
+    );
+    let info = kernel.get_process(Caller::Admin, agent).await.unwrap();
+    assert_eq!(info.state, ProcessState::Waiting);
+    assert_eq!(server.requests().len(), 1, "the model waits too");
+
+    kernel
+        .resolve_request(
+            Caller::Admin,
+            request.id,
+            Decision::Approved { note: "ok".into() },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap(), "done");
+    let results = tool_results(&server.requests()[1]);
+    assert!(results[0].contains("approved-run"), "{results:?}");
+
+    // Resolved once: a second decision and an unknown id are refused.
+    let again = kernel
+        .resolve_request(
+            Caller::Admin,
+            request.id,
+            Decision::Denied {
+                reason: String::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        again
+            .to_string()
+            .contains("already resolved: approved by admin"),
+        "{again}"
+    );
+    let unknown = kernel
+        .resolve_request(
+            Caller::Admin,
+            999,
+            Decision::Approved {
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unknown, KernelError::NoSuchRequest(999)),
+        "{unknown}"
+    );
+
+    // Both ends are events of the agent, the decision with who made it.
+    let events: Vec<String> = kernel
+        .subscribe(Some(0))
+        .replay
+        .iter()
+        .filter(|event| event.pid == agent)
+        .filter_map(|event| match &event.kind {
+            EventKind::ApprovalRequested { id, tool, .. } => Some(format!(
+                "requested {id} {}",
+                tool.clone().unwrap_or_default()
+            )),
+            EventKind::ApprovalResolved {
+                id,
+                decision,
+                by,
+                text,
+            } => Some(format!("{decision} {id} by {by}: {text}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            format!("requested {} shell_exec", request.id),
+            format!("approved {} by admin: ok", request.id)
+        ]
+    );
+    kernel.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_denied_or_timed_out_call_never_runs_and_the_model_is_told_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::start(vec![
+        shell("touch denied-ran"),
+        Scripted::content("gave up"),
+        shell("touch timed-out-ran"),
+        Scripted::content("gave up again"),
+        shell("echo harmless"),
+        Scripted::content("fine"),
+    ])
+    .await;
+    let rules = vec![rule("shell_exec", Some("touch *"), 1)];
+    let kernel = kernel_with(&server, dir.path(), rules).await;
+    let agent = spawn_agent(&kernel, "ops", &["shell_exec"]).await;
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { run_task(&kernel, agent, "first").await }
+    });
+    let request = pending(&kernel).await;
+    let denied = Decision::Denied {
+        reason: "not on prod".into(),
+    };
+    kernel
+        .resolve_request(Caller::Admin, request.id, denied)
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap(), "gave up");
+    let results = tool_results(&server.requests()[1]);
+    assert!(
+        results[0].contains("shell_exec was denied by admin: not on prod"),
+        "{results:?}"
+    );
+
+    // Nobody decides: after its timeout the rule's on_timeout (deny) applies.
+    assert_eq!(
+        run_task(&kernel, agent, "second").await.unwrap(),
+        "gave up again"
+    );
+    let results = tool_results(&server.requests()[3]);
+    assert!(
+        results[0].contains("nobody gave it within 1 seconds"),
+        "{results:?}"
+    );
+
+    // A command the rule's glob does not match runs without asking.
+    assert_eq!(run_task(&kernel, agent, "third").await.unwrap(), "fine");
+    let results = tool_results(&server.requests()[5]);
+    assert!(results[0].contains("harmless"), "{results:?}");
+    assert!(kernel.inbox(Caller::Admin).is_empty());
+    let workspace = dir.path().join("ops");
+    assert!(!workspace.join("denied-ran").exists() && !workspace.join("timed-out-ran").exists());
+    kernel.shutdown().await;
+}
+
+// Several threads: the test blocks on the CLI while the server answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_human_is_answered_through_the_cli_and_a_killed_asker_withdraws() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let question = serde_json::json!({
+        "question": "Which region?",
+        "choices": ["eu-west", "us-east"]
+    })
+    .to_string();
+    let server = LlmServer::start(vec![
+        Scripted::tool_calls(&[("c1", "ask_human", &question)]),
+        Scripted::content("deploying"),
+        Scripted::tool_calls(&[("c1", "ask_human", r#"{"question": "Anyone there?"}"#)]),
+    ])
+    .await;
+    let kernel = kernel_with(&server, dir.path(), Vec::new()).await;
+    let served = Served::start(&kernel).await;
+    let agent = spawn_agent(&kernel, "deployer", &["ask_human"]).await;
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { run_task(&kernel, agent, "deploy").await }
+    });
+    let request = pending(&kernel).await;
+    let cli = |args: &[&str]| {
+        let addr = format!("http://{}", served.addr);
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .args(["--addr", &addr, "--token", TOKEN])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let id = request.id.to_string();
+    let (code, listed, _) = cli(&["inbox"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        listed.contains("Which region? [eu-west | us-east]") && listed.contains("deployer"),
+        "{listed}"
+    );
+    let (code, _, err) = cli(&["answer", &id, "mars"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("eu-west, us-east") && err.contains("\"mars\""),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["approve", &id]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("is a question: answer it"), "{err}");
+    let (code, out, err) = cli(&["answer", &id, "eu-west"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("answered request {id} of process {agent}")),
+        "{out}"
+    );
+    assert_eq!(task.await.unwrap().unwrap(), "deploying");
+    assert_eq!(tool_results(&server.requests()[1]), ["eu-west"]);
+    let (code, _, err) = cli(&["answer", &id, "us-east"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("already resolved: answered by admin"), "{err}");
+
+    // Asked again, then killed while it waits: the request is withdrawn.
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move {
+            let task = hivekernel_agents::TaskSpec::new(agent, "again");
+            match kernel.execute_task(Caller::Admin, task).await {
+                Ok((_, reply)) => reply,
+                Err(err) => Err(err.to_string()),
+            }
+        }
+    });
+    let request = pending(&kernel).await;
+    kernel.kill(Caller::Admin, agent, "enough").await.unwrap();
+    let outcome = task.await.unwrap().unwrap_err();
+    assert!(outcome.contains("exited"), "{outcome}");
+    wait_until("the request withdrawn", Duration::from_secs(10), || async {
+        kernel.inbox(Caller::Admin).is_empty()
+    })
+    .await;
+    let withdrawn = kernel.subscribe(Some(0)).replay.iter().any(|event| {
+        matches!(&event.kind, EventKind::ApprovalResolved { id, decision, .. }
+            if *id == request.id && decision == "withdrawn")
+    });
+    assert!(withdrawn);
+    let (code, _, err) = cli(&["deny", &request.id.to_string()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("already resolved: withdrawn"), "{err}");
+    kernel.shutdown().await;
+    served.stopped().await;
+}
