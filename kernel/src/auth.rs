@@ -22,12 +22,10 @@ use parking_lot::RwLock;
 use tonic::Status;
 
 use crate::caller::{Caller, Scope};
-use crate::tokens::{OperatorTokens, Refused};
+use crate::tokens::{OperatorTokens, Refused, ct_eq, random_token};
 
 /// Name of the admin token file inside the data directory.
 const ADMIN_TOKEN_FILE: &str = "admin.token";
-/// Random bytes in a token (hex-encoded to twice as many characters).
-const TOKEN_BYTES: usize = 32;
 /// Message for a request without credentials.
 const MISSING: &str = "missing authorization metadata: send `authorization: Bearer <token>` \
                        (the admin token is in <data_dir>/admin.token)";
@@ -92,14 +90,6 @@ fn read_admin_token(path: &Path) -> io::Result<String> {
     Ok(token)
 }
 
-/// A fresh random token, hex-encoded.
-pub(crate) fn random_token() -> io::Result<String> {
-    let mut bytes = [0u8; TOKEN_BYTES];
-    getrandom::fill(&mut bytes)
-        .map_err(|err| io::Error::other(format!("cannot get random bytes from the OS: {err}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// A secret that never shows in `Debug` output.
 #[derive(Clone)]
 struct Secret(Arc<str>);
@@ -154,7 +144,7 @@ impl Authenticator {
             return Ok(Caller::Admin);
         }
         if let Some((id, secret)) = crate::tokens::parse(token) {
-            let now = crate::events::unix_ms(std::time::SystemTime::now());
+            let now = crate::event::unix_ms(std::time::SystemTime::now());
             // Only the holder of the real secret learns why it stopped working.
             return match self.operators.authenticate(id, secret, now) {
                 Ok(scope) => Ok(Caller::Operator { token: id, scope }),
@@ -282,15 +272,6 @@ pub fn check_scope(caller: Caller, path: &str) -> Result<(), Status> {
     )))
 }
 
-/// Compares two byte strings without stopping at the first difference.
-pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -303,7 +284,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().join("nested/data");
         let first = load_or_create_admin_token(&data_dir).unwrap();
-        assert_eq!(first.len(), TOKEN_BYTES * 2);
+        assert_eq!(first.len(), crate::tokens::TOKEN_BYTES * 2);
         assert!(first.bytes().all(|b| b.is_ascii_hexdigit()));
         let mode = std::fs::metadata(admin_token_path(&data_dir))
             .unwrap()

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -15,6 +16,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::caller::Scope;
+
+/// Random bytes in a token's secret (hex-encoded to twice as many characters).
+pub(crate) const TOKEN_BYTES: usize = 32;
 
 /// Longest token name, in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
@@ -127,7 +131,7 @@ impl OperatorTokens {
         let Some(token) = tokens.get(&id) else {
             return Err(Refused::Unknown);
         };
-        if !crate::auth::ct_eq(hash(secret).as_bytes(), token.hash.as_bytes()) {
+        if !ct_eq(hash(secret).as_bytes(), token.hash.as_bytes()) {
             return Err(Refused::Unknown);
         }
         if token.revoked_ms.is_some() {
@@ -180,7 +184,7 @@ impl OperatorTokens {
             return Err(TokenError::NameTaken(name));
         }
         drop(tokens);
-        let secret = crate::auth::random_token()
+        let secret = random_token()
             .map_err(|err| TokenError::InvalidName(format!("cannot make a token: {err}")))?;
         let token = OperatorToken {
             id,
@@ -253,6 +257,23 @@ fn check_name(name: &str) -> Result<(), TokenError> {
         )));
     }
     Ok(())
+}
+
+/// A fresh random token, hex-encoded.
+pub(crate) fn random_token() -> io::Result<String> {
+    let mut bytes = [0u8; TOKEN_BYTES];
+    getrandom::fill(&mut bytes)
+        .map_err(|err| io::Error::other(format!("cannot get random bytes from the OS: {err}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Compares two byte strings without stopping at the first difference.
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 /// SHA-256 of `secret`, hex.
