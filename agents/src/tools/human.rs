@@ -18,6 +18,8 @@ pub const MAX_CHOICES: usize = 20;
 pub const MAX_TIMEOUT_SECONDS: u64 = 86_400;
 /// The wait when the question names none.
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 3_600;
+/// Longest question, and longest choice, in bytes.
+pub const MAX_QUESTION_BYTES: usize = 8192;
 
 /// Adds `ask_human`.
 pub fn register(registry: &mut ToolRegistry) {
@@ -69,6 +71,17 @@ impl Tool for AskHuman {
         let question = args.question.trim();
         if question.is_empty() {
             return Err(ToolError::new("question must not be empty"));
+        }
+        if question.len() > MAX_QUESTION_BYTES {
+            return Err(ToolError::new(format!(
+                "question is {} bytes; at most {MAX_QUESTION_BYTES}",
+                question.len()
+            )));
+        }
+        if args.choices.iter().any(|c| c.len() > MAX_QUESTION_BYTES) {
+            return Err(ToolError::new(format!(
+                "a choice is longer than {MAX_QUESTION_BYTES} bytes"
+            )));
         }
         if args.choices.len() > MAX_CHOICES {
             return Err(ToolError::new(format!(

@@ -54,6 +54,14 @@ impl Kernel {
         on_timeout: OnTimeout,
     ) -> Result<Resolution> {
         self.check_running()?;
+        if let Ask::Question { question, choices } = &ask {
+            let longest = choices.iter().map(String::len).max().unwrap_or(0);
+            if question.len().max(longest) > MAX_INBOX_TEXT {
+                return Err(KernelError::InvalidArgument(format!(
+                    "a question and each of its choices may be at most {MAX_INBOX_TEXT} bytes"
+                )));
+            }
+        }
         let (proc, name) = {
             let table = self.inner.table().read();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
