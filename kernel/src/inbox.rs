@@ -107,6 +107,17 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// The note, reason or answer a person gave; empty for a timeout or a
+    /// withdrawal.
+    pub fn text(&self) -> &str {
+        match self {
+            Decision::Approved { note } => note,
+            Decision::Denied { reason } => reason,
+            Decision::Answered { answer } => answer,
+            Decision::TimedOut | Decision::Withdrawn => "",
+        }
+    }
+
     /// Its name in events and the CLI.
     pub fn as_str(&self) -> &'static str {
         match self {

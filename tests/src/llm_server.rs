@@ -499,3 +499,15 @@ pub fn system_message(body: &Value) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The contents of the `tool` messages in a recorded chat request, in order:
+/// the tool results the model was shown.
+pub fn tool_results(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect()
+}

@@ -39,6 +39,27 @@ async fn next(events: &mut Streaming<pb::Event>) -> pb::Event {
         .unwrap()
 }
 
+/// Every event of `client`'s replay from the start, up to the `replay_done`
+/// marker, and the stream to read live events from.
+async fn replay(mut client: Client) -> (Vec<pb::Event>, Streaming<pb::Event>) {
+    let mut events = client
+        .subscribe_events(pb::SubscribeEventsRequest {
+            since_seq: 0,
+            replay: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut replayed = Vec::new();
+    loop {
+        let event = next(&mut events).await;
+        if event.r#type == "replay_done" {
+            return (replayed, events);
+        }
+        replayed.push(event);
+    }
+}
+
 async fn create(client: &mut Client, name: &str, scope: pb::TokenScope, secs: u64) -> String {
     client
         .create_token(pb::CreateTokenRequest {
@@ -65,23 +86,8 @@ async fn a_process_token_sees_only_events_of_its_own_subtree() {
 
     // The replay: a's own events and those of its descendants, the one
     // already reaped included; nothing of PID 1 or b.
-    let mut events = served
-        .with_token(&token)
-        .subscribe_events(pb::SubscribeEventsRequest {
-            since_seq: 0,
-            replay: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut seen = Vec::new();
-    loop {
-        let event = next(&mut events).await;
-        if event.r#type == "replay_done" {
-            break;
-        }
-        seen.push((event.pid, event.r#type));
-    }
+    let (replayed, mut events) = replay(served.with_token(&token)).await;
+    let seen: Vec<(u64, String)> = replayed.into_iter().map(|e| (e.pid, e.r#type)).collect();
     assert!(seen.contains(&(a.0, "spawned".into())), "{seen:?}");
     assert!(seen.contains(&(a1.0, "spawned".into())), "{seen:?}");
     assert!(seen.contains(&(a1x.0, "spawned".into())), "{seen:?}");
@@ -106,23 +112,8 @@ async fn a_process_token_sees_only_events_of_its_own_subtree() {
     assert_eq!((event.pid, event.r#type.as_str()), (a2.0, "exited"));
 
     // The admin sees b's events in the same log.
-    let mut all = served
-        .admin()
-        .subscribe_events(pb::SubscribeEventsRequest {
-            since_seq: 0,
-            replay: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut pids = Vec::new();
-    loop {
-        let event = next(&mut all).await;
-        if event.r#type == "replay_done" {
-            break;
-        }
-        pids.push(event.pid);
-    }
+    let (replayed, _) = replay(served.admin()).await;
+    let pids: Vec<u64> = replayed.iter().map(|e| e.pid).collect();
     assert!(pids.contains(&b.0) && pids.contains(&a.0), "{pids:?}");
     kernel.shutdown().await;
     served.stopped().await;

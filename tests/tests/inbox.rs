@@ -18,10 +18,9 @@ use hivekernel_kernel::config::{KernelSettings, RoleSettings};
 use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::inbox::{Decision, InboxRequest};
 use hivekernel_kernel::{Caller, Kernel, KernelError};
-use hivekernel_tests::llm_server::{LlmServer, Scripted};
+use hivekernel_tests::llm_server::{LlmServer, Scripted, tool_results};
 use hivekernel_tests::served::{Served, TOKEN};
 use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
-use serde_json::Value;
 
 fn rule(tool: &str, arguments: Option<&str>, timeout_seconds: u64) -> ApprovalRule {
     ApprovalRule {
@@ -79,16 +78,6 @@ async fn pending(kernel: &Kernel) -> Arc<InboxRequest> {
     let mut requests = kernel.inbox(Caller::Admin);
     assert_eq!(requests.len(), 1, "{requests:?}");
     requests.remove(0)
-}
-
-fn tool_results(request: &Value) -> Vec<String> {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect()
 }
 
 fn shell(command: &str) -> Scripted {

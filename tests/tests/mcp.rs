@@ -276,15 +276,7 @@ async fn an_agent_lists_and_reads_files_through_the_filesystem_server() {
         offered,
         ["mcp__fs__list_directory", "mcp__fs__read_text_file"]
     );
-    let results = |i: usize| -> Vec<String> {
-        requests[i]["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].as_str().unwrap().to_owned())
-            .collect()
-    };
+    let results = |i: usize| hivekernel_tests::llm_server::tool_results(&requests[i]);
     assert!(
         results(1)[0].contains("[FILE] notes.txt"),
         "{:?}",

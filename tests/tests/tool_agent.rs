@@ -13,7 +13,7 @@ use hivekernel_agents::{Pid, Role, SpawnRequest, TaskSpec};
 use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::{Caller, Kernel};
 use hivekernel_tests::llm_server::{
-    LlmServer, Scripted, last_message, scripted_answer, system_message,
+    LlmServer, Scripted, last_message, scripted_answer, system_message, tool_results,
 };
 use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
 use serde_json::Value;
@@ -87,16 +87,6 @@ fn orchestrate_result(server: &LlmServer) -> String {
 }
 
 /// The tool messages of a request body, in order.
-fn tool_results(request: &Value) -> Vec<String> {
-    request["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 fn worker_tools() -> ToolSettings {
     let mut tools = ToolSettings::default();
     tools.orchestrate.worker_prompt = Arc::from("WORKER PROMPT: do the one subtask.");

@@ -87,18 +87,12 @@ pub(super) fn watch(
                     }
                 }
                 Ok(Change::Resolved(done, how)) if kernel.sees_request(caller, &done) => {
-                    let text = match &how.decision {
-                        Decision::Approved { note } => note.clone(),
-                        Decision::Denied { reason } => reason.clone(),
-                        Decision::Answered { answer } => answer.clone(),
-                        Decision::TimedOut | Decision::Withdrawn => String::new(),
-                    };
                     pb::InboxChange {
                         change: "resolved".into(),
                         request: Some(request(&done)),
                         decision: how.decision.as_str().into(),
                         by: how.by.clone(),
-                        text,
+                        text: how.decision.text().to_owned(),
                     }
                 }
                 Ok(_) => continue,

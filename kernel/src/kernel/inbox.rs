@@ -127,12 +127,7 @@ impl Kernel {
         decision: Decision,
         by: String,
     ) -> std::result::Result<Resolution, NotPending> {
-        let text = match &decision {
-            Decision::Approved { note } => note.clone(),
-            Decision::Denied { reason } => reason.clone(),
-            Decision::Answered { answer } => answer.clone(),
-            Decision::TimedOut | Decision::Withdrawn => String::new(),
-        };
+        let text = cut_str(decision.text(), MAX_SHOWN_ARGUMENTS);
         let resolution = Resolution {
             decision,
             by,
@@ -145,7 +140,7 @@ impl Kernel {
                 id,
                 decision: resolution.decision.as_str().to_owned(),
                 by: resolution.by.clone(),
-                text: cut_str(&text, MAX_SHOWN_ARGUMENTS),
+                text,
             },
         );
         Ok(resolution)
@@ -167,17 +162,13 @@ impl Kernel {
             .get(id)
             .map_err(|why| not_pending(id, why))?;
         self.may_resolve(caller, &request)?;
-        let text = match &decision {
-            Decision::Approved { note } => note,
-            Decision::Denied { reason } => reason,
-            Decision::Answered { answer } => answer,
-            Decision::TimedOut | Decision::Withdrawn => {
-                return Err(KernelError::InvalidArgument(
-                    "a person approves, denies or answers; timeouts and withdrawals are the kernel's"
-                        .into(),
-                ));
-            }
-        };
+        if matches!(decision, Decision::TimedOut | Decision::Withdrawn) {
+            return Err(KernelError::InvalidArgument(
+                "a person approves, denies or answers; timeouts and withdrawals are the kernel's"
+                    .into(),
+            ));
+        }
+        let text = decision.text();
         if text.len() > MAX_INBOX_TEXT {
             return Err(KernelError::InvalidArgument(format!(
                 "the text is {} bytes; at most {MAX_INBOX_TEXT}",
