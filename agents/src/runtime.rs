@@ -102,6 +102,17 @@ pub trait Runtime: Send + Sync + fmt::Debug {
     ) -> Result<bool, RuntimeError> {
         self.on_message(ctx, message).await.map(|()| true)
     }
+
+    /// Carries on with a turn that was waiting for a person when the kernel
+    /// stopped, from the checkpoint it gave then (see
+    /// [`crate::syscalls::Checkpoint`]); the inbox request it waited for is
+    /// pending again, and the turn's first wait for a person takes it up.
+    /// Answers the turn's outcome, as [`Runtime::execute`] would. The
+    /// default cannot: the kernel withdraws the request.
+    async fn resume(&self, ctx: &ProcessContext, checkpoint: &str) -> TaskReply {
+        let _ = (ctx, checkpoint);
+        Err("this runtime cannot resume a turn".into())
+    }
 }
 
 /// Creates the runtime for a newly spawned process.

@@ -20,6 +20,14 @@ use crate::message::{MessageId, Priority, RequestId, TaskReply};
 use crate::process::{ExitRecord, Pid, ProcessInfo, SpawnRequest};
 use crate::transcript::TurnRecord;
 
+/// The turn a call that may wait for a person belongs to, for the kernel
+/// to keep while it waits: called only when the call does wait, it answers
+/// the runtime's checkpoint of the turn, which the kernel keeps with the
+/// request and hands back to [`crate::Runtime::resume`] after a kernel
+/// restart. `None`: the turn cannot be resumed (a restart withdraws the
+/// request).
+pub type Checkpoint<'a> = Option<&'a (dyn Fn() -> String + Sync)>;
+
 /// The class of a refused or failed syscall; maps one-to-one onto gRPC codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -256,8 +264,12 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
     /// Puts `question` to a person (the kernel's inbox) and waits for the
     /// answer, the refusal or the timeout. The default refuses: a kernel
     /// without an inbox.
-    async fn ask_human(&self, question: HumanQuestion) -> Result<HumanAnswer, SyscallError> {
-        let _ = question;
+    async fn ask_human(
+        &self,
+        question: HumanQuestion,
+        checkpoint: Checkpoint<'_>,
+    ) -> Result<HumanAnswer, SyscallError> {
+        let _ = (question, checkpoint);
         Err(SyscallError::new(
             ErrorKind::FailedPrecondition,
             "this kernel has no inbox",
@@ -273,8 +285,9 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         &self,
         tool: &str,
         arguments: &serde_json::Value,
+        checkpoint: Checkpoint<'_>,
     ) -> Result<(), SyscallError> {
-        let _ = (tool, arguments);
+        let _ = (tool, arguments, checkpoint);
         Ok(())
     }
 

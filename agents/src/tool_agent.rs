@@ -29,6 +29,14 @@
 //! - `child_exited` and `sibling_copy` notices are logged, not sent to the
 //!   model (an orchestrator would otherwise pay a model call per worker).
 //!
+//! # Waiting for a person
+//! A tool call an approval rule covers, and `ask_human`, wait for a person.
+//! While one waits, the kernel keeps the turn's checkpoint (its input,
+//! the model's answers and the tool results so far, the calls still to
+//! run, the parked one first, and the rounds taken) with the request, so
+//! after a kernel restart [`Runtime::resume`] carries on from there: the
+//! parked call runs again and takes up the same request.
+//!
 //! # Conversation
 //! Daemons keep their conversation between inputs (trimmed to the context
 //! budget); every other role starts each input fresh. Before each call the
@@ -60,7 +68,7 @@ use crate::mcp::McpSelector;
 use crate::message::{Message, Task, TaskReply, kinds};
 use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
-use crate::syscalls::{ErrorKind, SyscallError, ToolCallReport};
+use crate::syscalls::{Checkpoint, ErrorKind, SyscallError, ToolCallReport};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
 use crate::transcript::{InputSource, TurnRecord};
 use mcp::{McpSelection, Offered};
@@ -310,6 +318,44 @@ impl Runtime for ToolAgent {
         }
         Ok(())
     }
+
+    async fn resume(&self, ctx: &ProcessContext, checkpoint: &str) -> TaskReply {
+        let parked: Parked = serde_json::from_str(checkpoint)
+            .map_err(|err| format!("the turn's checkpoint is unreadable: {err}"))?;
+        let input = match parked.turn.first() {
+            Some(first) if !parked.calls.is_empty() => first.content.clone(),
+            _ => return Err("the turn's checkpoint holds no call to resume".into()),
+        };
+        tracing::info!(pid = %ctx.pid, calls = parked.calls.len(), "resuming a turn that waited for a person");
+        let source = parked.source.clone();
+        self.recorded(ctx, source, input, self.answer(ctx, parked))
+            .await
+    }
+}
+
+/// A turn as it waits for a person: what [`Checkpoint`] answers, and
+/// [`Runtime::resume`] carries on from.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Parked {
+    /// Where the turn's input came from.
+    source: InputSource,
+    /// The input, the model's answers and the tool results so far.
+    turn: Vec<ChatMessage>,
+    /// The calls of the model's last answer not run yet; the first waits.
+    calls: Vec<ToolCall>,
+    /// Rounds of tool calls taken.
+    rounds: u32,
+}
+
+/// [`Parked`] from borrowed parts, as JSON.
+fn checkpoint_json(
+    source: &InputSource,
+    turn: &[ChatMessage],
+    calls: &[ToolCall],
+    rounds: u32,
+) -> String {
+    serde_json::json!({ "source": source, "turn": turn, "calls": calls, "rounds": rounds })
+        .to_string()
 }
 
 impl ToolAgent {
@@ -320,11 +366,29 @@ impl ToolAgent {
         source: InputSource,
         input: String,
     ) -> Result<String, String> {
+        let parked = Parked {
+            source: source.clone(),
+            turn: vec![ChatMessage::user(input.clone())],
+            calls: Vec::new(),
+            rounds: 0,
+        };
+        self.recorded(ctx, source, input, self.answer(ctx, parked))
+            .await
+    }
+
+    /// Runs `work`, a turn, recording its input and its end in the transcript.
+    async fn recorded(
+        &self,
+        ctx: &ProcessContext,
+        source: InputSource,
+        input: String,
+        work: impl Future<Output = Result<String, String>>,
+    ) -> Result<String, String> {
         ctx.syscalls.record(TurnRecord::Input {
             source,
-            text: input.clone(),
+            text: input,
         });
-        let outcome = self.answer(ctx, input).await;
+        let outcome = work.await;
         ctx.syscalls.record(match &outcome {
             Ok(answer) => TurnRecord::Answer(answer.clone()),
             Err(error) => TurnRecord::Failed(error.clone()),
@@ -332,44 +396,56 @@ impl ToolAgent {
         outcome
     }
 
-    /// Runs one input to a final answer.
-    async fn answer(&self, ctx: &ProcessContext, input: String) -> Result<String, String> {
+    /// Runs a turn to its final answer: the calls it still has to run (a
+    /// resumed turn's), then rounds of model calls and tool calls.
+    async fn answer(&self, ctx: &ProcessContext, parked: Parked) -> Result<String, String> {
+        let Parked {
+            source,
+            mut turn,
+            mut calls,
+            mut rounds,
+        } = parked;
         let history = match &self.history {
             Some(conversation) => conversation.snapshot(ctx).await,
             None => Vec::new(),
         };
-        let mut turn = vec![ChatMessage::user(input)];
         let max = self.settings.max_tool_iterations;
-        let mut rounds = 0;
         loop {
             let offered = if self.toolset.mcp.is_empty() {
                 Offered::default()
             } else {
                 self.toolset.mcp.offered(ctx).await
             };
-            let response = self.call_model(ctx, &history, &turn, &offered).await?;
-            let message = response.message;
-            if message.tool_calls.is_empty() {
-                let answer = message.content.trim().to_owned();
-                if answer.is_empty() {
-                    return Err("the model answered with neither text nor a tool call".into());
+            if calls.is_empty() {
+                let response = self.call_model(ctx, &history, &turn, &offered).await?;
+                let message = response.message;
+                if message.tool_calls.is_empty() {
+                    let answer = message.content.trim().to_owned();
+                    if answer.is_empty() {
+                        return Err("the model answered with neither text nor a tool call".into());
+                    }
+                    turn.push(message);
+                    self.remember(ctx, turn).await;
+                    return Ok(answer);
                 }
+                if rounds == max {
+                    return Err(format!(
+                        "no final answer after {max} rounds of tool calls (max_tool_iterations)"
+                    ));
+                }
+                rounds += 1;
+                calls = message.tool_calls.clone();
                 turn.push(message);
-                self.remember(ctx, turn).await;
-                return Ok(answer);
             }
-            if rounds == max {
-                return Err(format!(
-                    "no final answer after {max} rounds of tool calls (max_tool_iterations)"
-                ));
-            }
-            rounds += 1;
-            let calls = message.tool_calls.clone();
-            turn.push(message);
-            for call in &calls {
-                let result = self.run_tool(ctx, call, &offered).await;
+            for (i, call) in calls.iter().enumerate() {
+                let result = {
+                    // Made only when the call waits for a person.
+                    let checkpoint = || checkpoint_json(&source, &turn, &calls[i..], rounds);
+                    self.run_tool(ctx, call, &offered, Some(&checkpoint)).await
+                };
                 turn.push(ChatMessage::tool_result(call.id.clone(), result));
             }
+            calls.clear();
         }
     }
 
@@ -424,9 +500,15 @@ impl ToolAgent {
 
     /// Runs one tool call, reported to the kernel; every failure becomes an
     /// `error: ...` result for the model.
-    async fn run_tool(&self, ctx: &ProcessContext, call: &ToolCall, offered: &Offered) -> String {
+    async fn run_tool(
+        &self,
+        ctx: &ProcessContext,
+        call: &ToolCall,
+        offered: &Offered,
+        checkpoint: Checkpoint<'_>,
+    ) -> String {
         let started = std::time::Instant::now();
-        let result = self.call_tool(ctx, call, offered).await;
+        let result = self.call_tool(ctx, call, offered, checkpoint).await;
         let duration = started.elapsed();
         let error = result.as_ref().err().cloned();
         let text = result.unwrap_or_else(|err| format!("error: {err}"));
@@ -446,6 +528,7 @@ impl ToolAgent {
         ctx: &ProcessContext,
         call: &ToolCall,
         offered: &Offered,
+        checkpoint: Checkpoint<'_>,
     ) -> Result<String, String> {
         let tools = &self.toolset.tools;
         let tool = tools.get(&call.name);
@@ -492,7 +575,7 @@ impl ToolAgent {
             None => call.name.clone(),
         };
         ctx.syscalls
-            .approve_tool(&canonical, &args)
+            .approve_tool(&canonical, &args, checkpoint)
             .await
             .map_err(|err| err.message)?;
         if let Some(mcp_tool) = mcp_tool {
@@ -520,6 +603,7 @@ impl ToolAgent {
         let tool_ctx = ToolContext {
             process: ctx,
             workspace: workspace.as_deref(),
+            checkpoint,
         };
         tool.call(&tool_ctx, args)
             .await

@@ -30,12 +30,24 @@ pub mod workspace;
 pub use args::decode;
 
 /// What a tool call may use: the calling process and its workspace.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct ToolContext<'a> {
     /// The calling process (identity and syscalls).
     pub process: &'a ProcessContext,
     /// The process's own workspace directory, when it has one.
     pub workspace: Option<&'a Path>,
+    /// The turn this call belongs to, for a tool that may wait for a person.
+    pub checkpoint: crate::syscalls::Checkpoint<'a>,
+}
+
+impl std::fmt::Debug for ToolContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("process", &self.process)
+            .field("workspace", &self.workspace)
+            .field("checkpoint", &self.checkpoint.is_some())
+            .finish()
+    }
 }
 
 impl ToolContext<'_> {

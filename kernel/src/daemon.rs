@@ -348,6 +348,8 @@ async fn start_kernel(
             requeued = restored.requeued,
             dropped = restored.dropped,
             failed_requests = restored.failed_requests,
+            resumed_turns = restored.resumed,
+            withdrawn_requests = restored.withdrawn,
             "restored state from the store"
         );
     }

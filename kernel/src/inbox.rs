@@ -4,6 +4,10 @@
 //! person resolves the request or its timeout does; a process that goes
 //! away withdraws its requests. Resolved requests are remembered for a
 //! while, so resolving one twice is told apart from an unknown id.
+//!
+//! A request filed again after a kernel restart waits for its resumed turn
+//! to take it up ([`Inbox::take_up`]); a person may resolve it before that,
+//! and the turn then finds the resolution.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -11,7 +15,7 @@ use std::sync::Arc;
 pub use hivekernel_agents::OnTimeout;
 use hivekernel_agents::{Pid, TraceId};
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, oneshot};
 
 /// Resolved requests remembered, newest kept.
@@ -20,7 +24,7 @@ const REMEMBERED: usize = 4096;
 const WATCH_BUFFER: usize = 256;
 
 /// What a request asks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Ask {
     /// May this tool call run?
@@ -49,15 +53,8 @@ impl Ask {
     }
 }
 
-fn on_timeout_name<S: serde::Serializer>(
-    value: &OnTimeout,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(value.as_str())
-}
-
 /// One request in the inbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxRequest {
     /// Its id (`hivekernel approve ID`).
     pub id: u64,
@@ -74,10 +71,9 @@ pub struct InboxRequest {
     pub deadline_ms: u64,
     /// What the timeout decides for an approval: `deny` unless its rule
     /// says `approve`.
-    #[serde(serialize_with = "on_timeout_name")]
     pub on_timeout: OnTimeout,
     /// The trace of the work that asked.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceId>,
 }
 
@@ -153,12 +149,13 @@ pub enum Change {
 
 struct Pending {
     request: Arc<InboxRequest>,
-    reply: oneshot::Sender<Resolution>,
+    /// The waiting turn; `None` for a request filed again after a restart
+    /// until its resumed turn takes it up.
+    reply: Option<oneshot::Sender<Resolution>>,
 }
 
 #[derive(Default)]
 struct State {
-    next_id: u64,
     pending: BTreeMap<u64, Pending>,
     /// Recently resolved, oldest first.
     resolved: VecDeque<(u64, Arc<Resolution>)>,
@@ -181,10 +178,7 @@ impl std::fmt::Debug for Inbox {
 impl Default for Inbox {
     fn default() -> Self {
         Inbox {
-            state: Mutex::new(State {
-                next_id: 1,
-                ..State::default()
-            }),
+            state: Mutex::new(State::default()),
             changes: broadcast::channel(WATCH_BUFFER).0,
         }
     }
@@ -200,31 +194,52 @@ pub enum NotPending {
 }
 
 impl Inbox {
-    /// Files a request (its `id` set here) and answers the receiver its
-    /// resolution arrives on.
-    pub fn ask(
-        &self,
-        mut request: InboxRequest,
-    ) -> (Arc<InboxRequest>, oneshot::Receiver<Resolution>) {
+    /// Files a request (its id never used before) and answers the receiver
+    /// its resolution arrives on.
+    pub fn ask(&self, request: InboxRequest) -> (Arc<InboxRequest>, oneshot::Receiver<Resolution>) {
         let (reply, answer) = oneshot::channel();
-        let request = {
-            let mut state = self.state.lock();
-            request.id = state.next_id;
-            state.next_id += 1;
-            let request = Arc::new(request);
-            state.pending.insert(
-                request.id,
-                Pending {
-                    request: request.clone(),
-                    reply,
-                },
-            );
-            // Under the lock, so a watcher sees a request once: in its
-            // first list or as a change after it.
-            let _ = self.changes.send(Change::Asked(request.clone()));
-            request
-        };
-        (request, answer)
+        (self.file(request, Some(reply)), answer)
+    }
+
+    /// Files again a request that was pending when the kernel stopped; it
+    /// waits for its resumed turn to [take it up](Inbox::take_up).
+    pub fn refile(&self, request: InboxRequest) -> Arc<InboxRequest> {
+        self.file(request, None)
+    }
+
+    fn file(
+        &self,
+        request: InboxRequest,
+        reply: Option<oneshot::Sender<Resolution>>,
+    ) -> Arc<InboxRequest> {
+        let mut state = self.state.lock();
+        let request = Arc::new(request);
+        state.pending.insert(
+            request.id,
+            Pending {
+                request: request.clone(),
+                reply,
+            },
+        );
+        // Under the lock, so a watcher sees a request once: in its
+        // first list or as a change after it.
+        let _ = self.changes.send(Change::Asked(request.clone()));
+        request
+    }
+
+    /// A resumed turn takes up request `id` again: the request and the
+    /// receiver its resolution arrives on, or how it was resolved meanwhile.
+    pub fn take_up(
+        &self,
+        id: u64,
+    ) -> Result<(Arc<InboxRequest>, oneshot::Receiver<Resolution>), NotPending> {
+        let mut state = self.state.lock();
+        if let Some(pending) = state.pending.get_mut(&id) {
+            let (reply, answer) = oneshot::channel();
+            pending.reply = Some(reply);
+            return Ok((pending.request.clone(), answer));
+        }
+        Err(Self::not_pending(&state, id))
     }
 
     /// The pending request `id`, if it is.
@@ -270,7 +285,9 @@ impl Inbox {
             pending
         };
         // The process may be gone already: then nobody waits for this.
-        let _ = pending.reply.send((*resolution).clone());
+        if let Some(reply) = pending.reply {
+            let _ = reply.send((*resolution).clone());
+        }
         Ok(pending.request)
     }
 

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use hivekernel_agents::{Message, MessageId, Pid, Priority, Task, TaskReply};
+use hivekernel_agents::{Message, MessageId, Pid, Priority, Task, TaskReply, TraceContext};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -36,6 +36,21 @@ pub(crate) enum Item {
         priority: Priority,
         reply: ReplyTo,
     },
+    /// A turn that waited for a person when the kernel stopped, to carry on.
+    Resume(Box<Resume>),
+}
+
+/// A turn to resume after a restart.
+#[derive(Debug)]
+pub(crate) struct Resume {
+    /// The inbox request it waits for.
+    pub(crate) request: u64,
+    /// Its runtime's checkpoint.
+    pub(crate) checkpoint: String,
+    /// The `delegate_async` request it answers.
+    pub(crate) origin: Option<crate::trace::Origin>,
+    /// The trace it belongs to.
+    pub(crate) trace: Option<TraceContext>,
 }
 
 /// An item with its delivery bookkeeping.
@@ -73,6 +88,7 @@ impl Envelope {
         match &self.item {
             Item::Message(m) => m.priority,
             Item::Task { priority, .. } => *priority,
+            Item::Resume(_) => Priority::High,
         }
     }
 
@@ -80,6 +96,7 @@ impl Envelope {
         match &self.item {
             Item::Message(m) => m.from,
             Item::Task { task, .. } => task.from,
+            Item::Resume(_) => Pid::KERNEL,
         }
     }
 
@@ -87,6 +104,7 @@ impl Envelope {
         match &self.item {
             Item::Message(m) => &m.kind,
             Item::Task { .. } => "task_request",
+            Item::Resume(_) => "resume",
         }
     }
 
@@ -100,6 +118,7 @@ impl Envelope {
                 .fold(task.description.len(), |sum, (k, v)| {
                     sum + k.len() + v.len()
                 }),
+            Item::Resume(resume) => resume.checkpoint.len(),
         };
         bytes as u64
     }

@@ -42,7 +42,8 @@ use crate::transcript::Entry;
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
 pub use recover::{
-    Recovered, StoredCron, StoredHistory, StoredMessage, StoredProcess, StoredRequest, StoredUsage,
+    Recovered, StoredCron, StoredHistory, StoredInbox, StoredMessage, StoredProcess, StoredRequest,
+    StoredUsage,
 };
 pub use transcript::Retention;
 
@@ -247,6 +248,10 @@ pub(crate) enum Write {
     Transcript(Arc<Entry>),
     /// An operator token, new or changed (revoked).
     Token(Box<crate::tokens::OperatorToken>),
+    /// A pending inbox request.
+    InboxPut(Box<StoredInbox>),
+    /// An inbox request left the inbox.
+    InboxDone(u64),
     /// Nothing; a barrier to wait for everything queued before it.
     Flush,
 }

@@ -7,13 +7,25 @@
 
 use std::cell::Cell;
 
-use hivekernel_agents::{TraceContext, TraceId};
+use hivekernel_agents::{Pid, RequestId, TraceContext, TraceId};
 
 /// What the task-local holds.
 struct Work {
     trace: Option<TraceContext>,
     /// The turn's id once something was recorded in it; 0 before.
     turn: Cell<u64>,
+    /// The `delegate_async` request the work answers, if it does.
+    origin: Option<Origin>,
+    /// A resumed turn's inbox request, until its first wait takes it up.
+    resume: Cell<Option<u64>>,
+}
+
+/// A `delegate_async` request being worked on: its id and its requester,
+/// who is answered with a `task_response`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Origin {
+    pub(crate) request_id: RequestId,
+    pub(crate) from: Pid,
 }
 
 tokio::task_local! {
@@ -29,9 +41,40 @@ pub(crate) fn scope<F: Future>(
         Work {
             trace,
             turn: Cell::new(0),
+            origin: None,
+            resume: Cell::new(None),
         },
         work,
     )
+}
+
+/// [`scope`] for a turn that answers `origin`, resuming inbox request
+/// `resume` when it is one that waited across a kernel restart.
+pub(crate) fn scope_turn<F: Future>(
+    trace: Option<TraceContext>,
+    origin: Option<Origin>,
+    resume: Option<u64>,
+    work: F,
+) -> impl Future<Output = F::Output> {
+    CURRENT.scope(
+        Work {
+            trace,
+            turn: Cell::new(0),
+            origin,
+            resume: Cell::new(resume),
+        },
+        work,
+    )
+}
+
+/// The `delegate_async` request the work running now answers.
+pub(crate) fn origin() -> Option<Origin> {
+    CURRENT.try_with(|work| work.origin).ok().flatten()
+}
+
+/// The inbox request a resumed turn waited for, the first time it is asked.
+pub(crate) fn take_resume() -> Option<u64> {
+    CURRENT.try_with(|work| work.resume.take()).ok().flatten()
 }
 
 /// The trace of the work running now, if any.

@@ -82,6 +82,7 @@ pub async fn call_tool(
     let ctx = ToolContext {
         process,
         workspace: None,
+        checkpoint: None,
     };
     tool.call(&ctx, args).await
 }

@@ -353,6 +353,7 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
             let ctx = ToolContext {
                 process,
                 workspace: None,
+                checkpoint: None,
             };
             tools.get(tool).unwrap().call(&ctx, args).await
         }

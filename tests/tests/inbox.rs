@@ -340,3 +340,235 @@ async fn ask_human_is_answered_through_the_cli_and_a_killed_asker_withdraws() {
     kernel.shutdown().await;
     served.stopped().await;
 }
+
+/// A `hivekernel start` of the real binary on `dir/data`, killed when dropped.
+struct Binary {
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Binary {
+    fn start(bin: &std::path::Path, dir: &std::path::Path) -> Binary {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("kernel.log"))
+            .unwrap();
+        let _ = std::fs::remove_file(dir.join("data/kernel.addr"));
+        let child = std::process::Command::new(bin)
+            .arg("start")
+            .arg(dir.join("config.json"))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env_remove("HIVEKERNEL_LLM_BASE_URL")
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut kernel = Binary {
+            bin: bin.to_owned(),
+            dir: dir.to_owned(),
+            child,
+            addr: String::new(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        kernel.addr = loop {
+            if let Ok(addr) = std::fs::read_to_string(dir.join("data/kernel.addr"))
+                && !addr.trim().is_empty()
+            {
+                break addr.trim().to_owned();
+            }
+            let log = || std::fs::read_to_string(dir.join("kernel.log")).unwrap_or_default();
+            assert!(kernel.child.try_wait().unwrap().is_none(), "{}", log());
+            assert!(std::time::Instant::now() < deadline, "{}", log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        kernel
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.bin);
+        command
+            .args(args)
+            .args(["--addr", &self.addr, "--data-dir"])
+            .arg(self.dir.join("data"));
+        command
+    }
+
+    /// Runs a client command; its stdout, or a panic with its stderr.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.cli(args)).unwrap()
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_survives_kill_9_and_a_clean_stop_and_is_approved_after() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = LlmServer::answering(|request| {
+        let last = request["messages"].as_array().unwrap().last().unwrap();
+        if last["role"] == "tool" {
+            Scripted::content(&format!("ran: {}", last["content"].as_str().unwrap()))
+        } else {
+            shell("echo resumed > marker.txt && echo wrote-it")
+        }
+    })
+    .await;
+    let config = serde_json::json!({
+        "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 30000,
+                    "workspace": dir.path().join("ws") },
+        "llm": { "provider": "openai", "base_url": server.base_url(),
+                 "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0 },
+        "roles": { "daemon": { "capabilities": ["shell_exec"] } },
+        "agents": [{
+            "name": "ops", "role": "daemon", "runtime": "tool_agent", "model": "test-model",
+            "system_prompt": "You run commands.", "tools": ["shell_exec"],
+            "approval": [{ "tool": "shell_exec", "timeout_seconds": 3600 }]
+        }]
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let mut kernel = Binary::start(&bin, dir.path());
+    let ps = kernel.json(&["ps", "--json"]);
+    let ops = ps
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "ops")
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    // The requester blocks in `exec`; the kernel dies under it.
+    let mut exec = kernel
+        .command(&["exec", &ops.to_string(), "write the marker"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pending = |kernel: &Binary| -> Vec<serde_json::Value> {
+        kernel
+            .json(&["inbox", "--json"])
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pending(&kernel).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "nothing in the inbox");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = pending(&kernel).remove(0);
+    assert_eq!(before["tool"], "shell_exec", "{before}");
+    let id = before["id"].as_u64().unwrap();
+
+    let state = |kernel: &Binary| {
+        let info = kernel.json(&["describe", &ops.to_string(), "--json"]);
+        info["state"].as_str().unwrap_or_default().to_owned()
+    };
+    let waiting_again = |kernel: &Binary| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while state(kernel) != "waiting" {
+            assert!(std::time::Instant::now() < deadline, "{}", state(kernel));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    waiting_again(&kernel);
+
+    // kill -9: the request and the turn that waits for it come back.
+    kernel.child.kill().unwrap();
+    kernel.child.wait().unwrap();
+    let _ = exec.wait();
+    drop(kernel);
+    let mut kernel = Binary::start(&bin, dir.path());
+    let after = pending(&kernel);
+    assert_eq!(after.len(), 1, "{after:?}");
+    for field in [
+        "id",
+        "pid",
+        "tool",
+        "arguments",
+        "created_ms",
+        "deadline_ms",
+    ] {
+        assert_eq!(after[0][field], before[field], "{field}");
+    }
+    waiting_again(&kernel);
+    assert_eq!(server.requests().len(), 1, "the model is not asked again");
+
+    // A clean stop does not wait out the grace period for a parked turn,
+    // and keeps it too.
+    let stopping = std::time::Instant::now();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &kernel.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = kernel.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "the stop took {:?}",
+        stopping.elapsed()
+    );
+    drop(kernel);
+    let kernel = Binary::start(&bin, dir.path());
+    assert_eq!(pending(&kernel)[0]["id"], id);
+    waiting_again(&kernel);
+    assert!(!dir.path().join("ws/ops/marker.txt").exists());
+
+    let out = kernel.cli(&["approve", &id.to_string(), "--note", "go ahead"]);
+    assert!(out.contains(&format!("request {id}")), "{out}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.requests().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn did not go on"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        tool_results(&server.requests()[1]),
+        ["exit code: 0\nwrote-it\n"]
+    );
+    let marker = std::fs::read_to_string(dir.path().join("ws/ops/marker.txt")).unwrap();
+    assert_eq!(marker, "resumed\n");
+    assert!(pending(&kernel).is_empty());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while state(&kernel) == "waiting" {
+        assert!(std::time::Instant::now() < deadline, "still waiting");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let events = kernel.cli(&["events", "--json"]);
+    let resolved = events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["type"] == "approval_resolved")
+        .collect::<Vec<_>>();
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(resolved[0]["id"], id, "{resolved:?}");
+    assert_eq!(resolved[0]["decision"], "approved", "{resolved:?}");
+    assert_eq!(resolved[0]["by"], "admin", "{resolved:?}");
+}

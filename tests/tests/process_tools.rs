@@ -89,6 +89,7 @@ impl Fixture {
         let ctx = ToolContext {
             process,
             workspace: None,
+            checkpoint: None,
         };
         self.tools.get(tool).unwrap().call(&ctx, args).await
     }

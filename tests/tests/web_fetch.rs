@@ -51,6 +51,7 @@ impl Fixture {
         let ctx = ToolContext {
             process: &self.process,
             workspace: None,
+            checkpoint: None,
         };
         tools.get("web_fetch").unwrap().call(&ctx, args).await
     }
@@ -145,6 +146,7 @@ async fn refused_urls_never_reach_the_server() {
     let ctx = ToolContext {
         process: &fx.process,
         workspace: None,
+        checkpoint: None,
     };
     let err = tools
         .get("web_fetch")

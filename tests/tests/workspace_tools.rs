@@ -83,6 +83,7 @@ impl Fixture {
         let ctx = ToolContext {
             process: &self.process,
             workspace: Some(&self.ws),
+            checkpoint: None,
         };
         self.tools.get(tool).unwrap().call(&ctx, args).await
     }

@@ -106,7 +106,7 @@ impl Tool for AskHuman {
         let answer = ctx
             .process
             .syscalls
-            .ask_human(asked)
+            .ask_human(asked, ctx.checkpoint)
             .await
             .map_err(|err| ToolError::new(err.message))?;
         Ok(match answer {

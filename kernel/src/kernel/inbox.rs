@@ -5,13 +5,19 @@
 //! otherwise. A process that goes away (killed, exited, the kernel
 //! stopping) withdraws what it asked. Each request and each resolution is
 //! an event of the asking process.
+//!
+//! Pending requests are kept in the store with the checkpoint of the turn
+//! that waits (and the `delegate_async` request it answers): a kernel that
+//! stops, cleanly or not, files them again when it starts, and resumes
+//! each turn (kernel/restore.rs), whose first wait for a person takes its
+//! request up again ([`crate::trace::take_resume`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::text::cut_str;
 use hivekernel_agents::{Capability, OnTimeout, Pid};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 
 use super::{Caller, Kernel, Result};
 use crate::caller::Scope;
@@ -19,6 +25,7 @@ use crate::error::KernelError;
 use crate::events::{EventKind, unix_ms};
 use crate::inbox::{Ask, Change, Decision, InboxRequest, NotPending, Resolution};
 use crate::process::CountGuard;
+use crate::store::{StoredInbox, Write};
 
 /// Most bytes of a tool call's arguments a request shows.
 pub const MAX_SHOWN_ARGUMENTS: usize = 2048;
@@ -26,7 +33,8 @@ pub const MAX_SHOWN_ARGUMENTS: usize = 2048;
 pub const MAX_INBOX_TEXT: usize = 8192;
 
 /// Withdraws a request when the wait for it ends early (the asking task
-/// dropped: its process killed, the kernel stopping).
+/// dropped: its process killed). A kernel that is stopping keeps it, for
+/// the next start to resume.
 struct Withdraw<'a> {
     kernel: &'a Kernel,
     id: u64,
@@ -35,7 +43,7 @@ struct Withdraw<'a> {
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && !self.kernel.is_stopping() {
             let _ = self
                 .kernel
                 .settle(self.id, Decision::Withdrawn, "kernel".into());
@@ -43,15 +51,28 @@ impl Drop for Withdraw<'_> {
     }
 }
 
+/// A resumed turn's request, taken up again.
+enum TakenUp {
+    /// Still pending: wait for it.
+    Waiting(Arc<InboxRequest>, oneshot::Receiver<Resolution>),
+    /// Resolved while the turn was not back yet.
+    Resolved(Resolution),
+    /// Gone, or asking something else now: file anew.
+    Gone,
+}
+
 impl Kernel {
     /// Files `ask` for `pid` and waits for its resolution: a person's, or
-    /// the timeout's after `timeout`.
+    /// the timeout's after `timeout`. `checkpoint` is the waiting turn's,
+    /// kept with the request so a restart can resume the turn; a resumed
+    /// turn's first call takes up the request it waited for instead.
     pub(crate) async fn ask_person(
         &self,
         pid: Pid,
         ask: Ask,
         timeout: Duration,
         on_timeout: OnTimeout,
+        checkpoint: Option<String>,
     ) -> Result<Resolution> {
         self.check_running()?;
         if let Ask::Question { question, choices } = &ask {
@@ -67,34 +88,32 @@ impl Kernel {
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             (entry.proc.clone(), entry.proc.ctx.name.to_string())
         };
-        let now = unix_ms(SystemTime::now());
-        let deadline_ms =
-            now.saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        let (tool, text) = match &ask {
-            Ask::Approval { tool, arguments } => (Some(tool.clone()), arguments.clone()),
-            Ask::Question { question, .. } => (None, question.clone()),
+        let taken = match crate::trace::take_resume() {
+            Some(id) => self.take_up(id, &ask),
+            None => TakenUp::Gone,
         };
-        let kind = ask.kind().to_owned();
-        let (request, answer) = self.inner.inbox().ask(InboxRequest {
-            id: 0,
-            pid,
-            name,
-            ask,
-            created_ms: now,
-            deadline_ms,
-            on_timeout,
-            trace: crate::trace::current_id(),
-        });
-        self.inner.events().emit(
-            pid,
-            EventKind::ApprovalRequested {
-                id: request.id,
-                kind,
-                tool,
-                text: cut_str(&text, MAX_SHOWN_ARGUMENTS),
-                deadline_ms,
-            },
-        );
+        let (request, answer) = match taken {
+            TakenUp::Waiting(request, answer) => (request, answer),
+            TakenUp::Resolved(resolution) => return Ok(resolution),
+            TakenUp::Gone => {
+                let now = unix_ms(SystemTime::now());
+                let request = InboxRequest {
+                    id: self.next_id(),
+                    pid,
+                    name,
+                    ask,
+                    created_ms: now,
+                    deadline_ms: now
+                        .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+                    on_timeout,
+                    trace: crate::trace::current_id(),
+                };
+                self.file_request(request, checkpoint).await
+            }
+        };
+        let left = request
+            .deadline_ms
+            .saturating_sub(unix_ms(SystemTime::now()));
         let _waiting = CountGuard::enter(&proc.waiting);
         let mut withdraw = Withdraw {
             kernel: self,
@@ -103,7 +122,7 @@ impl Kernel {
         };
         let resolution = tokio::select! {
             resolved = answer => resolved.ok(),
-            () = tokio::time::sleep(timeout) => None,
+            () = tokio::time::sleep(Duration::from_millis(left)) => None,
         };
         withdraw.armed = false;
         match resolution {
@@ -120,6 +139,86 @@ impl Kernel {
         }
     }
 
+    /// Keeps `request` in the store with the waiting turn's `checkpoint`,
+    /// then files it, with its event.
+    async fn file_request(
+        &self,
+        request: InboxRequest,
+        checkpoint: Option<String>,
+    ) -> (Arc<InboxRequest>, oneshot::Receiver<Resolution>) {
+        let (id, pid) = (request.id, request.pid);
+        match serde_json::to_string(&request) {
+            Ok(json) => {
+                let row = StoredInbox {
+                    id,
+                    pid,
+                    request: json,
+                    checkpoint,
+                    origin: crate::trace::origin().map(|o| (o.request_id, o.from)),
+                };
+                // Kept before anyone can see it, so a resolution never
+                // reaches the store ahead of the request.
+                if let Err(err) = self
+                    .inner
+                    .store()
+                    .commit(Write::InboxPut(Box::new(row)))
+                    .await
+                {
+                    tracing::error!(%pid, request = id, error = %err, "store: inbox request not kept");
+                }
+            }
+            Err(err) => {
+                tracing::error!(%pid, request = id, error = %err, "inbox request not kept")
+            }
+        }
+        let (tool, text) = match &request.ask {
+            Ask::Approval { tool, arguments } => (Some(tool.clone()), arguments.clone()),
+            Ask::Question { question, .. } => (None, question.clone()),
+        };
+        let (kind, deadline_ms) = (request.ask.kind().to_owned(), request.deadline_ms);
+        let filed = self.inner.inbox().ask(request);
+        self.inner.events().emit(
+            pid,
+            EventKind::ApprovalRequested {
+                id,
+                kind,
+                tool,
+                text: cut_str(&text, MAX_SHOWN_ARGUMENTS),
+                deadline_ms,
+            },
+        );
+        filed
+    }
+
+    /// A resumed turn takes up request `id`, pending since before a
+    /// restart, when it asks the same again; withdrawn otherwise.
+    fn take_up(&self, id: u64, ask: &Ask) -> TakenUp {
+        match self.inner.inbox().take_up(id) {
+            Ok((request, answer)) if same_ask(&request.ask, ask) => {
+                TakenUp::Waiting(request, answer)
+            }
+            Ok(_) => {
+                let _ = self.settle(id, Decision::Withdrawn, "kernel".into());
+                TakenUp::Gone
+            }
+            Err(NotPending::Resolved(resolution)) => TakenUp::Resolved((*resolution).clone()),
+            Err(NotPending::Unknown) => TakenUp::Gone,
+        }
+    }
+
+    /// Files again a request kept from before a restart, for its resumed
+    /// turn to take up.
+    pub(crate) fn refile_request(&self, request: InboxRequest) {
+        self.inner.inbox().refile(request);
+    }
+
+    /// Withdraws request `id` when nobody waits for it any more (a resumed
+    /// turn that ended without taking it up, a process that did not come
+    /// back), as `by` says.
+    pub(crate) fn withdraw_request(&self, id: u64, by: &str) {
+        let _ = self.settle(id, Decision::Withdrawn, by.to_owned());
+    }
+
     /// Resolves `id` as `decision` by `by`, with its event.
     fn settle(
         &self,
@@ -134,6 +233,7 @@ impl Kernel {
             at_ms: unix_ms(SystemTime::now()),
         };
         let request = self.inner.inbox().resolve(id, resolution.clone())?;
+        self.inner.store().submit(Write::InboxDone(id));
         self.inner.events().emit(
             request.pid,
             EventKind::ApprovalResolved {
@@ -267,6 +367,20 @@ impl Kernel {
     ) -> Vec<Arc<InboxRequest>> {
         requests.retain(|request| self.sees_request(caller, request));
         requests
+    }
+}
+
+/// Whether a resumed turn asks what it asked before the restart.
+fn same_ask(before: &Ask, now: &Ask) -> bool {
+    match (before, now) {
+        (Ask::Approval { tool, .. }, Ask::Approval { tool: again, .. }) => tool == again,
+        (
+            Ask::Question { question, .. },
+            Ask::Question {
+                question: again, ..
+            },
+        ) => question == again,
+        _ => false,
     }
 }
 

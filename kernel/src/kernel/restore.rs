@@ -1,8 +1,9 @@
 //! Coming back after a restart: config agents keep their PIDs, every other
 //! process alive before comes back from its kept spawn request as the PID
 //! it had, with its usage, budget, restart history and rate limits; what
-//! cannot come back is recorded dead, acknowledged messages are delivered
-//! and unanswered requests are failed.
+//! cannot come back is recorded dead, acknowledged messages are delivered,
+//! turns that waited for a person carry on waiting, and unanswered
+//! requests are failed.
 //!
 //! The order matters: [`Kernel::spawn_declared`] for every config agent
 //! first, then [`Kernel::restore`] once, before the control plane opens.
@@ -15,17 +16,20 @@ use std::time::{Duration, SystemTime};
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
     ExecCommand, ExitRecord, Message, MessageId, Pid, Priority, RestartPolicy, SpawnRequest,
+    TraceContext,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::events::{EventKind, ReapCause, unix_ms};
+use crate::inbox::InboxRequest;
 use crate::kernel::spawn::Birth;
 use crate::kernel::supervisor::EXIT_KILLED;
 use crate::kernel::{Caller, Kernel};
-use crate::mailbox::{Envelope, Item, ReplyTo};
-use crate::store::{BucketKind, Recovered, StoredProcess, StoredUsage, Write};
+use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
+use crate::store::{BucketKind, Recovered, StoredInbox, StoredProcess, StoredUsage, Write};
+use crate::trace::Origin;
 
 /// Why processes that did not come back are dead.
 pub const KERNEL_RESTART: &str = "kernel restart";
@@ -44,6 +48,10 @@ pub struct Restored {
     pub dropped: usize,
     /// Unanswered requests reported failed to their requesters.
     pub failed_requests: usize,
+    /// Turns that waited for a person, resumed (their requests pending again).
+    pub resumed: usize,
+    /// Inbox requests withdrawn: their process or their turn did not come back.
+    pub withdrawn: usize,
 }
 
 impl Kernel {
@@ -328,9 +336,15 @@ impl Kernel {
             }
         }
 
+        let answering = self.resume_turns(recovered.inbox, &alive, &mut restored);
+
         // Requests nobody answered before the restart: failed, not lost,
-        // and the event log says which.
-        for request in recovered.requests {
+        // and the event log says which; a resumed turn answers its own.
+        for request in recovered
+            .requests
+            .into_iter()
+            .filter(|request| !answering.contains(&request.id))
+        {
             restored.failed_requests += 1;
             let error = format!(
                 "{KERNEL_RESTART}: process {} did not answer before the kernel stopped",
@@ -354,6 +368,74 @@ impl Kernel {
             );
         }
         restored
+    }
+}
+
+impl Kernel {
+    /// Files again the inbox requests pending before the restart and
+    /// resumes the turns that waited for them; a request whose process or
+    /// turn did not come back is withdrawn. Answers the `delegate_async`
+    /// requests the resumed turns answer.
+    fn resume_turns(
+        &self,
+        rows: Vec<StoredInbox>,
+        alive: &HashSet<Pid>,
+        restored: &mut Restored,
+    ) -> HashSet<hivekernel_agents::RequestId> {
+        let mut answering = HashSet::new();
+        for row in rows {
+            let request = match serde_json::from_str::<InboxRequest>(&row.request) {
+                Ok(request) if request.id == row.id && request.pid == row.pid => request,
+                Ok(_) | Err(_) => {
+                    tracing::warn!(request = row.id, pid = %row.pid, "kept inbox request unreadable; dropped");
+                    self.inner.store().submit(Write::InboxDone(row.id));
+                    restored.withdrawn += 1;
+                    continue;
+                }
+            };
+            let proc = self
+                .inner
+                .table()
+                .read()
+                .get(row.pid)
+                .filter(|entry| alive.contains(&row.pid) && entry.is_alive())
+                .map(|entry| entry.proc.clone());
+            let trace = request.trace.map(|trace_id| TraceContext {
+                trace_id,
+                ..TraceContext::new_root()
+            });
+            self.refile_request(request);
+            let (Some(proc), Some(checkpoint)) = (proc, row.checkpoint) else {
+                self.withdraw_request(row.id, KERNEL_RESTART);
+                restored.withdrawn += 1;
+                continue;
+            };
+            let origin = row
+                .origin
+                .map(|(request_id, from)| Origin { request_id, from });
+            let resume = Resume {
+                request: row.id,
+                checkpoint,
+                origin,
+                trace,
+            };
+            let env = Envelope::new(
+                MessageId(self.next_id()),
+                Item::Resume(Box::new(resume)),
+                None,
+            );
+            match proc.mailbox.push_restored(env, || self.start_runner(&proc)) {
+                Ok(()) => {
+                    restored.resumed += 1;
+                    answering.extend(origin.map(|o| o.request_id));
+                }
+                Err(_) => {
+                    self.withdraw_request(row.id, KERNEL_RESTART);
+                    restored.withdrawn += 1;
+                }
+            }
+        }
+        answering
     }
 }
 

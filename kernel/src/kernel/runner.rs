@@ -19,10 +19,10 @@ use tokio::time::Instant;
 use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 use super::{Inner, Kernel};
 use crate::events::EventKind;
-use crate::mailbox::{Envelope, Item, ReplyTo};
+use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
-use crate::trace::scope;
+use crate::trace::{Origin, scope, scope_turn};
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
@@ -140,9 +140,28 @@ fn handle(
     match env.item {
         Item::Task { task, reply, .. } => {
             let trace = task.trace;
-            Box::pin(scope(
+            // A waiting turn keeps the request it answers, for a restart.
+            let origin = match reply {
+                ReplyTo::Mailbox(from) => Some(Origin {
+                    request_id: task.request_id,
+                    from,
+                }),
+                ReplyTo::Waiter(_) => None,
+            };
+            Box::pin(scope_turn(
                 trace,
+                origin,
+                None,
                 handle_task(kernel, proc, runtime, task, reply),
+            ))
+        }
+        Item::Resume(resume) => {
+            let (trace, origin, request) = (resume.trace, resume.origin, resume.request);
+            Box::pin(scope_turn(
+                trace,
+                origin,
+                Some(request),
+                handle_resume(kernel, proc, runtime, *resume),
             ))
         }
         Item::Message(message) => {
@@ -194,17 +213,7 @@ async fn handle_task(
     let Some(outcome) = outcome else {
         return Ok(());
     };
-    let (answer, fatal) = match outcome {
-        Ok(Ok(answer)) => (answer, None),
-        Ok(Err(panic)) => {
-            let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
-            (Err(why.clone()), Some((EXIT_PANICKED, why)))
-        }
-        Err(_) => (
-            Err(format!("task timed out after {} s", limit.as_secs())),
-            None,
-        ),
-    };
+    let (answer, fatal) = settled(outcome, limit);
     let Some(inner) = kernel.upgrade() else {
         return Ok(());
     };
@@ -221,6 +230,81 @@ async fn handle_task(
             error: None,
         },
     );
+    fatal.map_or(Ok(()), Err)
+}
+
+/// A task's reply from how its work ended, and the exit a panic calls for.
+fn settled(
+    outcome: std::result::Result<
+        std::thread::Result<hivekernel_agents::TaskReply>,
+        tokio::time::error::Elapsed,
+    >,
+    limit: Duration,
+) -> (hivekernel_agents::TaskReply, Option<Fatal>) {
+    match outcome {
+        Ok(Ok(answer)) => (answer, None),
+        Ok(Err(panic)) => {
+            let why = format!("runtime panicked: {}", panic_text(panic.as_ref()));
+            (Err(why.clone()), Some((EXIT_PANICKED, why)))
+        }
+        Err(_) => (
+            Err(format!("task timed out after {} s", limit.as_secs())),
+            None,
+        ),
+    }
+}
+
+/// Carries on with a turn that waited for a person when the kernel
+/// stopped, and answers the `delegate_async` request it works on, if any,
+/// as its task would have.
+async fn handle_resume(
+    kernel: Weak<Inner>,
+    proc: Arc<ProcShared>,
+    runtime: Arc<dyn Runtime>,
+    resume: Resume,
+) -> Result<(), Fatal> {
+    let pid = proc.ctx.pid;
+    let _running = CountGuard::enter(&proc.running);
+    let started = Instant::now();
+    // Answered as failed if this turn is dropped first (its process killed).
+    let unanswered = resume.origin.map(|origin| Unanswered {
+        kernel: kernel.clone(),
+        worker: pid,
+        request_id: origin.request_id,
+        reply: Some(ReplyTo::Mailbox(origin.from)),
+    });
+    let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
+    let work = AssertUnwindSafe(runtime.resume(&proc.ctx, &resume.checkpoint)).catch_unwind();
+    let (answer, fatal) = settled(tokio::time::timeout(limit, work).await, limit);
+    let Some(inner) = kernel.upgrade() else {
+        return Ok(());
+    };
+    let kernel = Kernel { inner };
+    // A turn that ended without taking its request up leaves nobody to wait for it.
+    kernel.withdraw_request(resume.request, "kernel");
+    match (resume.origin, unanswered) {
+        (Some(origin), Some(unanswered)) => {
+            let success = answer.is_ok();
+            let error = answer.as_ref().err().map(|why| Arc::from(why.as_str()));
+            kernel.deliver_reply(pid, origin.request_id, unanswered.disarm(), answer);
+            kernel.inner.events().emit(
+                pid,
+                EventKind::TaskFinished {
+                    request_id: origin.request_id,
+                    from: origin.from,
+                    success,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    error,
+                },
+            );
+        }
+        _ => match &answer {
+            Ok(_) => tracing::info!(%pid, request = resume.request, "resumed turn finished"),
+            Err(error) => {
+                tracing::warn!(%pid, request = resume.request, %error, "resumed turn failed")
+            }
+        },
+    }
     fatal.map_or(Ok(()), Err)
 }
 

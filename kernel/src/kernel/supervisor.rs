@@ -388,10 +388,7 @@ impl Kernel {
             }
         }
         // Closed mailboxes let runners finish in-flight work and return.
-        if tokio::time::timeout(grace, join_runners(&mut exits.runners))
-            .await
-            .is_err()
-        {
+        if !self.drain_runners(&mut exits.runners, grace).await {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
                 "forcing processes still running after the grace period"
@@ -400,6 +397,47 @@ impl Kernel {
         }
         // Whatever is left was forced: finish_exits waits until it has stopped.
         self.finish_exits(exits).await;
+    }
+
+    /// Waits up to `grace` for `runners` to finish their in-flight work;
+    /// `false` when some are still running after it. A turn waiting for a
+    /// person is not waited for: the store keeps it, and the next start
+    /// resumes it, so a runner all of whose turns wait is aborted at once.
+    async fn drain_runners(
+        &self,
+        runners: &mut Vec<(Pid, JoinHandle<()>)>,
+        grace: Duration,
+    ) -> bool {
+        let waits = |pid: Pid| {
+            let table = self.inner.table().read();
+            table.get(pid).map(|entry| {
+                let waiting = entry.proc.waiting.load(Ordering::SeqCst);
+                (waiting, entry.proc.running.load(Ordering::SeqCst))
+            })
+        };
+        let someone_waits = runners
+            .iter()
+            .any(|(pid, _)| waits(*pid).is_some_and(|(waiting, _)| waiting > 0));
+        if !someone_waits {
+            return tokio::time::timeout(grace, join_runners(runners))
+                .await
+                .is_ok();
+        }
+        let deadline = Instant::now() + grace;
+        loop {
+            runners.retain(|(_, runner)| !runner.is_finished());
+            let parked = runners.iter().all(|(pid, _)| {
+                waits(*pid).is_some_and(|(waiting, running)| waiting > 0 && waiting >= running)
+            });
+            if parked {
+                runners.iter().for_each(|(_, runner)| runner.abort());
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Acts on exits once the table lock is released: stop the runners, fail
@@ -711,8 +749,8 @@ impl Kernel {
     /// Fails a task (or reports a message) that was still queued when its receiver exited.
     fn fail_undelivered(&self, pid: Pid, env: Envelope) {
         let id = env.id;
-        if env.durable && self.is_stopping() {
-            // Still in the store: delivered after the restart.
+        if (env.durable || matches!(env.item, Item::Resume(_))) && self.is_stopping() {
+            // Still in the store: delivered (resumed) after the restart.
             return;
         }
         self.message_done(id, env.durable);
@@ -729,6 +767,17 @@ impl Kernel {
                     reply,
                     Err(format!("process {pid} exited before handling the task")),
                 );
+            }
+            Item::Resume(resume) => {
+                self.withdraw_request(resume.request, "kernel");
+                if let Some(origin) = resume.origin {
+                    self.deliver_reply(
+                        pid,
+                        origin.request_id,
+                        ReplyTo::Mailbox(origin.from),
+                        Err(format!("process {pid} exited before handling the task")),
+                    );
+                }
             }
             Item::Message(message) => {
                 self.inner.events().emit(

@@ -137,6 +137,7 @@ impl Syscalls for KernelSyscalls {
     async fn ask_human(
         &self,
         question: hivekernel_agents::syscalls::HumanQuestion,
+        checkpoint: hivekernel_agents::syscalls::Checkpoint<'_>,
     ) -> Result<hivekernel_agents::syscalls::HumanAnswer, SyscallError> {
         use crate::inbox::{Ask, Decision};
         use hivekernel_agents::syscalls::HumanAnswer;
@@ -146,7 +147,13 @@ impl Syscalls for KernelSyscalls {
         };
         let resolution = self
             .kernel()?
-            .ask_person(self.pid, ask, question.timeout, Default::default())
+            .ask_person(
+                self.pid,
+                ask,
+                question.timeout,
+                Default::default(),
+                checkpoint.map(|turn| turn()),
+            )
             .await?;
         Ok(match resolution.decision {
             Decision::Answered { answer } => HumanAnswer::Answered(answer),
@@ -160,6 +167,7 @@ impl Syscalls for KernelSyscalls {
         &self,
         tool: &str,
         arguments: &serde_json::Value,
+        checkpoint: hivekernel_agents::syscalls::Checkpoint<'_>,
     ) -> Result<(), SyscallError> {
         use crate::inbox::{Ask, Decision};
         use hivekernel_agents::{ErrorKind, OnTimeout, approval};
@@ -186,7 +194,13 @@ impl Syscalls for KernelSyscalls {
         };
         let timeout = Duration::from_secs(rule.timeout_seconds);
         let resolution = kernel
-            .ask_person(self.pid, ask, timeout, rule.on_timeout)
+            .ask_person(
+                self.pid,
+                ask,
+                timeout,
+                rule.on_timeout,
+                checkpoint.map(|turn| turn()),
+            )
             .await?;
         let refused = |why: String| Err(SyscallError::new(ErrorKind::PermissionDenied, why));
         match resolution.decision {

@@ -66,6 +66,21 @@ pub struct StoredRequest {
     pub to: Pid,
 }
 
+/// An inbox request that was pending when the kernel stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredInbox {
+    /// Its id.
+    pub id: u64,
+    /// The process that asked.
+    pub pid: Pid,
+    /// The request as JSON (`crate::inbox::InboxRequest`).
+    pub request: String,
+    /// The checkpoint of the turn that waits for it, when it has one.
+    pub checkpoint: Option<String>,
+    /// The `delegate_async` request that turn answers: its id and requester.
+    pub origin: Option<(RequestId, Pid)>,
+}
+
 /// A cron entry as stored.
 #[derive(Debug, Clone)]
 pub struct StoredCron {
@@ -120,6 +135,8 @@ pub struct Recovered {
     pub history: std::collections::HashMap<Pid, StoredHistory>,
     /// Operator tokens, revoked ones included, oldest first.
     pub tokens: Vec<crate::tokens::OperatorToken>,
+    /// Inbox requests still pending, oldest first.
+    pub inbox: Vec<StoredInbox>,
 }
 
 /// Model usage of one process as the store kept it.
@@ -174,6 +191,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
     let next_id = counter(Counter::Id.key())?
         .max(max("SELECT max(id) FROM messages")? + 1)
         .max(max("SELECT max(id) FROM requests")? + 1)
+        .max(max("SELECT max(id) FROM inbox")? + 1)
         .max(1);
     let next_event_seq = counter(Counter::EventSeq.key())?
         .max(max("SELECT max(seq) FROM events")? + 1)
@@ -356,6 +374,27 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         .filter_map(Result::transpose)
         .collect::<rusqlite::Result<_>>()?;
 
+    let mut stmt = conn.prepare(
+        "SELECT id, pid, request, checkpoint, origin_id, origin_from FROM inbox ORDER BY id",
+    )?;
+    let inbox = stmt
+        .query_map([], |r| {
+            let origin = match (r.get::<_, Option<i64>>(4)?, r.get::<_, Option<i64>>(5)?) {
+                (Some(id), Some(from)) => {
+                    Some((RequestId(from_sql_u64(id)), Pid(from_sql_u64(from))))
+                }
+                _ => None,
+            };
+            Ok(StoredInbox {
+                id: from_sql_u64(r.get(0)?),
+                pid: Pid(from_sql_u64(r.get(1)?)),
+                request: r.get(2)?,
+                checkpoint: r.get(3)?,
+                origin,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
     Ok(Recovered {
         next_pid,
         next_id,
@@ -371,5 +410,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         usage,
         history,
         tokens,
+        inbox,
     })
 }

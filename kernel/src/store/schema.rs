@@ -201,6 +201,17 @@ pub(super) const MIGRATIONS: &[&str] = &[
          expires_ms INTEGER,
          revoked_ms INTEGER
      ) STRICT;",
+    // 9: inbox requests still pending, with the checkpoint of the turn that
+    // waits for each and the `delegate_async` request that turn answers,
+    // so a restart files them again and resumes their turns.
+    "CREATE TABLE inbox (
+         id          INTEGER PRIMARY KEY,
+         pid         INTEGER NOT NULL,
+         request     TEXT NOT NULL,
+         checkpoint  TEXT,
+         origin_id   INTEGER,
+         origin_from INTEGER
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

@@ -408,6 +408,25 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                 token.revoked_ms.map(to_sql_u64),
             ))?;
         }
+        Write::InboxPut(row) => {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO inbox
+                     (id, pid, request, checkpoint, origin_id, origin_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute((
+                to_sql_u64(row.id),
+                to_sql_u64(row.pid.0),
+                &row.request,
+                row.checkpoint.as_deref(),
+                row.origin.map(|(id, _)| to_sql_u64(id.0)),
+                row.origin.map(|(_, from)| to_sql_u64(from.0)),
+            ))?;
+        }
+        Write::InboxDone(id) => {
+            tx.prepare_cached("DELETE FROM inbox WHERE id = ?1")?
+                .execute([to_sql_u64(*id)])?;
+        }
         Write::Spec { pid, spec } => {
             tx.prepare_cached("INSERT OR REPLACE INTO process_spec (pid, spec) VALUES (?1, ?2)")?
                 .execute((to_sql_u64(pid.0), spec))?;

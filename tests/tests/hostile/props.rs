@@ -251,7 +251,7 @@ proptest! {
         let (runtime, _kernel, process) = agent();
         let tools = ToolRegistry::builtin();
         // No workspace: the workspace tools stop before touching a disk.
-        let ctx = ToolContext { process, workspace: None };
+        let ctx = ToolContext { process, workspace: None, checkpoint: None };
         for name in tools.names() {
             let tool = tools.get(name).unwrap();
             let decoded = decode::<Value>(tool.as_ref(), args.clone());

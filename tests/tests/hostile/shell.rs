@@ -77,6 +77,7 @@ impl Shell {
         let ctx = ToolContext {
             process: &self.process,
             workspace: Some(&self.ws),
+            checkpoint: None,
         };
         self.tools.get("shell_exec").unwrap().call(&ctx, args).await
     }

@@ -48,6 +48,7 @@ async fn every_tool_refuses_malformed_arguments_by_name_and_changes_nothing() {
     let ctx = ToolContext {
         process: &process,
         workspace: Some(&ws),
+        checkpoint: None,
     };
     let live = kernel.live_count();
     let huge = "h".repeat(2 << 20);
