@@ -24,6 +24,7 @@ mod limits;
 mod mcp;
 pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
+mod notify;
 pub(crate) use model::{base_url_problem, url_problem};
 mod parse;
 mod sandbox;
@@ -184,6 +185,8 @@ pub struct KernelSettings {
     pub tls: Option<crate::tls::TlsFiles>,
     /// Whether `exec` agents run in the sandbox (`kernel.exec`).
     pub exec: ExecSettings,
+    /// The inbox's webhook (`kernel.notify`); `None`: none.
+    pub notify: Option<crate::notify::NotifySettings>,
 }
 
 /// What processes of `role` may do under `roles`: its entry's list, else
@@ -269,6 +272,7 @@ impl Default for KernelSettings {
             prices: Default::default(),
             tls: None,
             exec: Default::default(),
+            notify: None,
         }
     }
 }
@@ -363,7 +367,8 @@ impl Config {
 }
 
 /// Runs both phases section by section, so issues come out grouped by
-/// section; `env` reads the environment variables `mcp_servers` names.
+/// section; `env` reads the environment variables `mcp_servers` and
+/// `kernel.notify` name.
 fn load_sections(
     text: &str,
     path: &Path,
@@ -373,9 +378,10 @@ fn load_sections(
 ) -> Option<Config> {
     let base = path.parent().unwrap_or_else(|| Path::new(""));
     let document = parse::document(text, issues)?;
-    let kernel = parse::kernel(document.kernel.as_ref(), issues);
+    let raw_kernel = parse::kernel(document.kernel.as_ref(), issues);
     let checks = validate::Context::new(base, known);
-    let (mut kernel, ceilings) = checks.kernel(&kernel, issues);
+    let (mut kernel, ceilings) = checks.kernel(&raw_kernel, issues);
+    kernel.notify = notify::notify(raw_kernel.value.notify.as_ref(), env, issues);
     let (llm, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
     let (agent, tools) = model::tool_agent(

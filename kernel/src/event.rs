@@ -209,6 +209,15 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         text: String,
     },
+    /// The inbox webhook could not be told of a request of this process.
+    NotifyFailed {
+        /// The request's id.
+        id: u64,
+        /// Why, naming the last attempt's problem.
+        error: String,
+        /// Attempts made (0: dropped before any, the queue being full).
+        attempts: u32,
+    },
     /// An operator token was created or revoked (on PID 1), and by whom.
     Token {
         /// `created` or `revoked`.
@@ -306,6 +315,7 @@ impl EventKind {
             EventKind::Token { .. } => "token",
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::ApprovalResolved { .. } => "approval_resolved",
+            EventKind::NotifyFailed { .. } => "notify_failed",
             EventKind::Lagged { .. } => "lagged",
             EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",

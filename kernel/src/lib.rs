@@ -73,6 +73,7 @@ pub mod limits;
 pub mod llm;
 mod mailbox;
 pub mod mcp;
+pub mod notify;
 mod process;
 pub mod reload;
 mod router;

@@ -3,7 +3,8 @@
 //! `GET <path>` is answered with the [`Page`] registered for the path (the
 //! query is ignored); an unknown path gets a `404` in plain text. Every
 //! request's path and `User-Agent` are recorded, so a test can assert that a
-//! refused fetch never reached the server. The server stops when dropped.
+//! refused fetch never reached the server, and its method, `Authorization`
+//! header and body too, for webhook tests. The server stops when dropped.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -63,6 +64,21 @@ impl Page {
 struct Seen {
     /// (path, user agent) per request, in arrival order.
     requests: Mutex<Vec<(String, Option<String>)>>,
+    /// Every request whole, in arrival order.
+    received: Mutex<Vec<Received>>,
+}
+
+/// One request as the server read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// Its path.
+    pub path: String,
+    /// Its `Authorization` header, if any.
+    pub authorization: Option<String>,
+    /// Its body, as text.
+    pub body: String,
 }
 
 /// A running loopback page server; stops when dropped.
@@ -113,6 +129,11 @@ impl WebServer {
     pub fn paths(&self) -> Vec<String> {
         let requests = self.seen.requests.lock();
         requests.iter().map(|(path, _)| path.clone()).collect()
+    }
+
+    /// Every request so far, whole, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.seen.received.lock().clone()
     }
 
     /// The `User-Agent` of the latest request.
@@ -166,6 +187,22 @@ async fn handle(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     seen.requests.lock().push((path.clone(), user_agent));
+    let method = request.method().to_string();
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let body = http_body_util::BodyExt::collect(request.into_body())
+        .await
+        .map(|body| String::from_utf8_lossy(&body.to_bytes()).into_owned())
+        .unwrap_or_default();
+    seen.received.lock().push(Received {
+        method,
+        path: path.clone(),
+        authorization,
+        body,
+    });
     let page = pages.get(&path).cloned().unwrap_or_else(|| Page::Body {
         status: 404,
         content_type: Some("text/plain".to_owned()),

@@ -17,9 +17,11 @@ use hivekernel_agents::{
 use hivekernel_kernel::config::{KernelSettings, RoleSettings};
 use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::inbox::{Decision, InboxRequest};
+use hivekernel_kernel::notify::NotifySettings;
 use hivekernel_kernel::{Caller, Kernel, KernelError};
 use hivekernel_tests::llm_server::{LlmServer, Scripted, tool_results};
 use hivekernel_tests::served::{Served, TOKEN};
+use hivekernel_tests::web_server::{Page, WebServer};
 use hivekernel_tests::{agent_kernel, run_task, test_settings, wait_until};
 
 fn rule(tool: &str, arguments: Option<&str>, timeout_seconds: u64) -> ApprovalRule {
@@ -37,9 +39,20 @@ async fn kernel_with(
     dir: &std::path::Path,
     rules: Vec<ApprovalRule>,
 ) -> Kernel {
+    kernel_notifying(server, dir, rules, None).await
+}
+
+/// [`kernel_with`], calling the `notify` webhook.
+async fn kernel_notifying(
+    server: &LlmServer,
+    dir: &std::path::Path,
+    rules: Vec<ApprovalRule>,
+    notify: Option<NotifySettings>,
+) -> Kernel {
     let mut settings = KernelSettings {
         workspace: Some(dir.to_owned()),
         default_runtime: "tool_agent".into(),
+        notify,
         ..test_settings()
     };
     settings.roles.insert(
@@ -571,4 +584,129 @@ async fn a_pending_approval_survives_kill_9_and_a_clean_stop_and_is_approved_aft
     assert_eq!(resolved[0]["id"], id, "{resolved:?}");
     assert_eq!(resolved[0]["decision"], "approved", "{resolved:?}");
     assert_eq!(resolved[0]["by"], "admin", "{resolved:?}");
+}
+
+/// Webhook settings for `url` on loopback.
+fn hook(url: &str, retries: u32) -> NotifySettings {
+    NotifySettings {
+        url: url.parse().unwrap(),
+        headers: vec![("Authorization".into(), "Bearer hook-secret".into())],
+        allow_private_networks: true,
+        allow_addresses: Vec::new(),
+        timeout: Duration::from_secs(2),
+        retries,
+    }
+}
+
+#[tokio::test]
+async fn the_notify_webhook_hears_of_each_request_and_a_failing_one_holds_nothing_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = |status| Page::Body {
+        status,
+        content_type: None,
+        body: Vec::new(),
+    };
+    let hooks = WebServer::start(vec![("/hook", empty(204)), ("/broken", empty(500))]).await;
+    let server = LlmServer::start(vec![
+        shell("echo told"),
+        Scripted::content("done"),
+        shell("echo untold"),
+        Scripted::content("done anyway"),
+    ])
+    .await;
+
+    // A working webhook gets the request as JSON, with its header.
+    let notify = hook(&hooks.url("/hook"), 0);
+    let rules = vec![rule("shell_exec", None, 600)];
+    let kernel = kernel_notifying(&server, dir.path(), rules.clone(), Some(notify)).await;
+    let agent = spawn_agent(&kernel, "ops", &["shell_exec"]).await;
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { run_task(&kernel, agent, "tell them").await }
+    });
+    let request = pending(&kernel).await;
+    wait_until("the webhook called", Duration::from_secs(20), || async {
+        !hooks.received().is_empty()
+    })
+    .await;
+    let call = hooks.received().remove(0);
+    assert_eq!(
+        (call.method.as_str(), call.path.as_str()),
+        ("POST", "/hook")
+    );
+    assert_eq!(call.authorization.as_deref(), Some("Bearer hook-secret"));
+    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    assert_eq!(body["type"], "inbox_request", "{body}");
+    assert_eq!(body["request"]["id"], request.id, "{body}");
+    assert_eq!(body["request"]["pid"], agent.0, "{body}");
+    assert_eq!(body["request"]["tool"], "shell_exec", "{body}");
+    assert!(
+        body["request"]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("echo told"),
+        "{body}"
+    );
+    kernel
+        .resolve_request(
+            Caller::Admin,
+            request.id,
+            Decision::Approved {
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap(), "done");
+    kernel.shutdown().await;
+
+    // A failing one is retried, then reported; the request waits as usual.
+    let notify = hook(&hooks.url("/broken"), 1);
+    let kernel = kernel_notifying(&server, dir.path(), rules, Some(notify)).await;
+    let agent = spawn_agent(&kernel, "ops2", &["shell_exec"]).await;
+    let task = tokio::spawn({
+        let kernel = kernel.clone();
+        async move { run_task(&kernel, agent, "tell nobody").await }
+    });
+    let request = pending(&kernel).await;
+    let failed = || {
+        kernel
+            .subscribe(Some(0))
+            .replay
+            .iter()
+            .find_map(|event| match &event.kind {
+                EventKind::NotifyFailed {
+                    id,
+                    error,
+                    attempts,
+                } if *id == request.id => Some((event.pid, error.clone(), *attempts)),
+                _ => None,
+            })
+    };
+    wait_until("the failure reported", Duration::from_secs(20), || async {
+        failed().is_some()
+    })
+    .await;
+    let (pid, error, attempts) = failed().unwrap();
+    assert_eq!((pid, attempts), (agent, 2));
+    assert!(error.contains("HTTP 500"), "{error}");
+    assert!(!error.contains("/broken"), "the path stays out: {error}");
+    let broken = hooks
+        .received()
+        .iter()
+        .filter(|c| c.path == "/broken")
+        .count();
+    assert_eq!(broken, 2);
+    kernel
+        .resolve_request(
+            Caller::Admin,
+            request.id,
+            Decision::Approved {
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.await.unwrap().unwrap(), "done anyway");
+    kernel.shutdown().await;
 }

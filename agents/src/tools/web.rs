@@ -136,6 +136,50 @@ impl WebFetch {
     }
 }
 
+/// The address rules of `web_fetch` (see the module docs) for an outbound
+/// call the kernel makes itself, such as the inbox's webhook: loopback,
+/// private and similar ranges only when `allow_private_networks` (or
+/// listed in `allow_addresses`), never the never-fetched ones.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    reach: Reach,
+}
+
+impl Guard {
+    /// The rules `settings` open (their `allow_private_networks` and
+    /// `allow_addresses`).
+    pub fn new(allow_private_networks: bool, allow_addresses: &[IpAddr]) -> Self {
+        Guard {
+            reach: Reach {
+                private: allow_private_networks,
+                addresses: Arc::from(allow_addresses),
+            },
+        }
+    }
+
+    /// Refuses a URL that is not http or https, has no host, carries
+    /// credentials, or names an address the rules refuse.
+    pub fn check_url(&self, url: &Url) -> Result<(), String> {
+        guard::check_url(url, &self.reach)
+    }
+
+    /// An HTTP client that resolves names only to addresses the rules
+    /// allow, follows no redirect and uses no proxy, with `timeout` per
+    /// request.
+    pub fn client(&self, timeout: Duration) -> Result<reqwest::Client, String> {
+        reqwest::Client::builder()
+            .user_agent(concat!("hivekernel/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(timeout)
+            .dns_resolver(Arc::new(GuardedResolver {
+                reach: self.reach.clone(),
+            }))
+            .build()
+            .map_err(|err| format!("cannot build an HTTP client: {err}"))
+    }
+}
+
 /// Adds `web_fetch` under `settings`.
 pub fn register(registry: &mut ToolRegistry, settings: WebSettings) {
     registry.register(Arc::new(WebFetch::new(settings)));

@@ -54,6 +54,7 @@ pub(super) struct RawKernel {
     pub(super) connections: Option<Value>,
     pub(super) tls: Option<Value>,
     pub(super) exec: Option<Value>,
+    pub(super) notify: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -83,6 +84,7 @@ impl Default for RawKernel {
             connections: None,
             tls: None,
             exec: None,
+            notify: None,
         }
     }
 }

@@ -1703,3 +1703,86 @@ fn approval_rules_are_read_per_role_and_agent_and_bad_ones_are_named() {
     );
     assert_eq!(found.len(), 6, "{found:#?}");
 }
+
+#[test]
+fn the_notify_webhook_is_read_with_its_secrets_from_the_environment_and_bad_ones_are_named() {
+    let vars = [
+        ("NOTIFY_URL", "https://hooks.example.com/T0/B0/s3cret"),
+        ("NOTIFY_AUTH", "Bearer abc"),
+    ];
+    let fixture = Fixture::new();
+    let issues = |json: &str| fixture.load_env(json, &vars).unwrap_err();
+    let config = fixture
+        .load_env(
+            r#"{"kernel": {"notify": {"url_env": "NOTIFY_URL",
+                                      "headers_env": {"Authorization": "NOTIFY_AUTH"},
+                                      "retries": 2}}}"#,
+            &vars,
+        )
+        .unwrap();
+    let notify = config.kernel.notify.unwrap();
+    assert_eq!(
+        notify.url.as_str(),
+        "https://hooks.example.com/T0/B0/s3cret"
+    );
+    assert_eq!(
+        notify.headers,
+        [("Authorization".to_owned(), "Bearer abc".to_owned())]
+    );
+    assert_eq!((notify.retries, notify.timeout.as_secs()), (2, 10));
+    // Its secrets stay out of logs.
+    let shown = format!("{notify:?}");
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("abc"),
+        "{shown}"
+    );
+    assert_eq!(notify.shown(), "https://hooks.example.com");
+
+    let found = issues(r#"{"kernel": {"notify": {"url": "not a url"}}}"#);
+    assert_issue(&found, "kernel.notify.url", &["not a URL"]);
+    let found = issues(r#"{"kernel": {"notify": {"url": "http://127.0.0.1:9/hook"}}}"#);
+    assert_issue(
+        &found,
+        "kernel.notify.url",
+        &["127.0.0.1", "allow_private_networks"],
+    );
+    let found = issues(r#"{"kernel": {"notify": {"url": "ftp://example.com/x"}}}"#);
+    assert_issue(&found, "kernel.notify.url", &["only http and https"]);
+    let found = issues(
+        r#"{"kernel": {"notify": {"url_env": "NOTIFY_UNSET",
+                                  "headers_env": {"Bad Header": "NOTIFY_AUTH",
+                                                  "X-Token": "NOTIFY_UNSET"},
+                                  "timeout_seconds": 0}}}"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.notify.url_env",
+        &["NOTIFY_UNSET is not set"],
+    );
+    assert_issue(
+        &found,
+        "kernel.notify.headers_env.Bad Header",
+        &["not a valid header name"],
+    );
+    assert_issue(
+        &found,
+        "kernel.notify.headers_env.X-Token",
+        &["NOTIFY_UNSET is not set"],
+    );
+    assert_issue(
+        &found,
+        "kernel.notify.timeout_seconds",
+        &["between 1 and 300"],
+    );
+    let found = issues(r#"{"kernel": {"notify": {"retries": 1}}}"#);
+    assert_issue(&found, "kernel.notify.url", &["missing"]);
+    // Loopback when asked for.
+    let config = fixture
+        .load_env(
+            r#"{"kernel": {"notify": {"url": "http://127.0.0.1:9/hook",
+                                      "allow_private_networks": true}}}"#,
+            &vars,
+        )
+        .unwrap();
+    assert!(config.kernel.notify.is_some());
+}

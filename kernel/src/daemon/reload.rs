@@ -295,6 +295,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         prices,
         tls,
         exec,
+        notify,
         restore_temporary,
     } = &running.settings;
     let new = settings;
@@ -348,6 +349,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("kernel.connections", *connections != new.connections),
         ("kernel.tls", *tls != new.tls),
         ("kernel.exec", *exec != new.exec),
+        ("kernel.notify", *notify != new.notify),
         (
             "kernel.restore_temporary",
             *restore_temporary != new.restore_temporary,

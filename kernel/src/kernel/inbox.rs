@@ -187,6 +187,17 @@ impl Kernel {
                 deadline_ms,
             },
         );
+        if let Some(notifier) = self.inner.notifier() {
+            let body = serde_json::json!({ "type": "inbox_request", "request": &*filed.0 });
+            if let Err(failed) = notifier.notify(id, pid, body) {
+                let kind = EventKind::NotifyFailed {
+                    id,
+                    error: failed.error,
+                    attempts: failed.attempts,
+                };
+                self.inner.events().emit(pid, kind);
+            }
+        }
         filed
     }
 

@@ -78,6 +78,8 @@ pub(super) struct Inner {
     tokens: OperatorTokens,
     /// What processes ask people, waiting.
     inbox: crate::inbox::Inbox,
+    /// The inbox's webhook, when the config names one.
+    notifier: Option<crate::notify::Notifier>,
     /// Held while a token change is written, so two never interleave.
     token_changes: tokio::sync::Mutex<()>,
 }
@@ -159,7 +161,27 @@ impl Inner {
             tracker.clone(),
         );
         let tokens = OperatorTokens::new(recovered.map(|r| r.tokens.clone()).unwrap_or_default());
+        let shutdown = CancellationToken::new();
+        let notifier = settings.notify.clone().and_then(|notify| {
+            let kernel = weak.clone();
+            let failed = move |failed: crate::notify::Failed| {
+                if let Some(inner) = kernel.upgrade() {
+                    inner.events.emit(
+                        failed.pid,
+                        crate::events::EventKind::NotifyFailed {
+                            id: failed.request,
+                            error: failed.error,
+                            attempts: failed.attempts,
+                        },
+                    );
+                }
+            };
+            crate::notify::Notifier::start(notify, &tracker, shutdown.clone(), failed)
+                .inspect_err(|err| tracing::error!(error = %err, "the inbox webhook cannot start"))
+                .ok()
+        });
         Inner {
+            notifier,
             tokens,
             token_changes: tokio::sync::Mutex::new(()),
             inbox: Default::default(),
@@ -175,7 +197,7 @@ impl Inner {
             runtimes,
             llm,
             tracker,
-            shutdown: CancellationToken::new(),
+            shutdown,
             stopping: AtomicBool::new(false),
             reaper: Reaper::default(),
             cron: Cron::new(templates, cron_anchor),
@@ -186,6 +208,11 @@ impl Inner {
     /// The inbox.
     pub(super) fn inbox(&self) -> &crate::inbox::Inbox {
         &self.inbox
+    }
+
+    /// The inbox's webhook, if any.
+    pub(super) fn notifier(&self) -> Option<&crate::notify::Notifier> {
+        self.notifier.as_ref()
     }
 
     /// The operator tokens, and the lock token changes hold.
