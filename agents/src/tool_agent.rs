@@ -428,7 +428,7 @@ impl ToolAgent {
                     self.remember(ctx, turn).await;
                     return Ok(answer);
                 }
-                if rounds == max {
+                if rounds >= max {
                     return Err(format!(
                         "no final answer after {max} rounds of tool calls (max_tool_iterations)"
                     ));

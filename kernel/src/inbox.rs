@@ -158,7 +158,7 @@ struct Pending {
 struct State {
     pending: BTreeMap<u64, Pending>,
     /// Recently resolved, oldest first.
-    resolved: VecDeque<(u64, Arc<Resolution>)>,
+    resolved: VecDeque<(Arc<InboxRequest>, Arc<Resolution>)>,
 }
 
 /// The kernel's inbox.
@@ -227,19 +227,28 @@ impl Inbox {
         request
     }
 
-    /// A resumed turn takes up request `id` again: the request and the
-    /// receiver its resolution arrives on, or how it was resolved meanwhile.
+    /// A resumed turn takes up request `id` again: the request, and the
+    /// receiver its resolution arrives on or how it was resolved meanwhile;
+    /// `None` when it is neither pending nor remembered.
+    #[allow(clippy::type_complexity)]
     pub fn take_up(
         &self,
         id: u64,
-    ) -> Result<(Arc<InboxRequest>, oneshot::Receiver<Resolution>), NotPending> {
+    ) -> Option<(
+        Arc<InboxRequest>,
+        Result<oneshot::Receiver<Resolution>, Arc<Resolution>>,
+    )> {
         let mut state = self.state.lock();
         if let Some(pending) = state.pending.get_mut(&id) {
             let (reply, answer) = oneshot::channel();
             pending.reply = Some(reply);
-            return Ok((pending.request.clone(), answer));
+            return Some((pending.request.clone(), Ok(answer)));
         }
-        Err(Self::not_pending(&state, id))
+        state
+            .resolved
+            .iter()
+            .find(|(request, _)| request.id == id)
+            .map(|(request, how)| (request.clone(), Err(how.clone())))
     }
 
     /// The pending request `id`, if it is.
@@ -255,7 +264,7 @@ impl Inbox {
         state
             .resolved
             .iter()
-            .find(|(resolved, _)| *resolved == id)
+            .find(|(request, _)| request.id == id)
             .map_or(NotPending::Unknown, |(_, how)| {
                 NotPending::Resolved(how.clone())
             })
@@ -277,7 +286,9 @@ impl Inbox {
             if state.resolved.len() == REMEMBERED {
                 state.resolved.pop_front();
             }
-            state.resolved.push_back((id, resolution.clone()));
+            state
+                .resolved
+                .push_back((pending.request.clone(), resolution.clone()));
             let _ = self.changes.send(Change::Resolved(
                 pending.request.clone(),
                 resolution.clone(),

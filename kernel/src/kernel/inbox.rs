@@ -51,6 +51,21 @@ impl Drop for Withdraw<'_> {
     }
 }
 
+/// Removes a kept request's row when its filing is given up midway.
+struct Unfiled<'a> {
+    kernel: &'a Kernel,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Unfiled<'_> {
+    fn drop(&mut self) {
+        if self.armed && !self.kernel.is_stopping() {
+            self.kernel.inner.store().submit(Write::InboxDone(self.id));
+        }
+    }
+}
+
 /// A resumed turn's request, taken up again.
 enum TakenUp {
     /// Still pending: wait for it.
@@ -147,6 +162,14 @@ impl Kernel {
         checkpoint: Option<String>,
     ) -> (Arc<InboxRequest>, oneshot::Receiver<Resolution>) {
         let (id, pid) = (request.id, request.pid);
+        // Given up during the commit (its task's limit, a requester gone):
+        // the row must not outlive the wait, or a restart would resume a
+        // turn that already ended.
+        let mut unfiled = Unfiled {
+            kernel: self,
+            id,
+            armed: true,
+        };
         match serde_json::to_string(&request) {
             Ok(json) => {
                 let row = StoredInbox {
@@ -171,6 +194,7 @@ impl Kernel {
                 tracing::error!(%pid, request = id, error = %err, "inbox request not kept")
             }
         }
+        unfiled.armed = false;
         let (tool, text) = match &request.ask {
             Ask::Approval { tool, arguments } => (Some(tool.clone()), arguments.clone()),
             Ask::Question { question, .. } => (None, question.clone()),
@@ -202,18 +226,19 @@ impl Kernel {
     }
 
     /// A resumed turn takes up request `id`, pending since before a
-    /// restart, when it asks the same again; withdrawn otherwise.
+    /// restart, when it asks exactly the same again (a decision is never
+    /// applied to a call nobody saw); withdrawn otherwise.
     fn take_up(&self, id: u64, ask: &Ask) -> TakenUp {
         match self.inner.inbox().take_up(id) {
-            Ok((request, answer)) if same_ask(&request.ask, ask) => {
-                TakenUp::Waiting(request, answer)
+            Some((request, Ok(answer))) if request.ask == *ask => TakenUp::Waiting(request, answer),
+            Some((request, Err(resolution))) if request.ask == *ask => {
+                TakenUp::Resolved((*resolution).clone())
             }
-            Ok(_) => {
-                let _ = self.settle(id, Decision::Withdrawn, "kernel".into());
+            Some((_, Ok(_))) => {
+                self.withdraw_request(id, "kernel");
                 TakenUp::Gone
             }
-            Err(NotPending::Resolved(resolution)) => TakenUp::Resolved((*resolution).clone()),
-            Err(NotPending::Unknown) => TakenUp::Gone,
+            Some((_, Err(_))) | None => TakenUp::Gone,
         }
     }
 
@@ -378,20 +403,6 @@ impl Kernel {
     ) -> Vec<Arc<InboxRequest>> {
         requests.retain(|request| self.sees_request(caller, request));
         requests
-    }
-}
-
-/// Whether a resumed turn asks what it asked before the restart.
-fn same_ask(before: &Ask, now: &Ask) -> bool {
-    match (before, now) {
-        (Ask::Approval { tool, .. }, Ask::Approval { tool: again, .. }) => tool == again,
-        (
-            Ask::Question { question, .. },
-            Ask::Question {
-                question: again, ..
-            },
-        ) => question == again,
-        _ => false,
     }
 }
 

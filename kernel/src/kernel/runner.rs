@@ -273,6 +273,12 @@ async fn handle_resume(
         request_id: origin.request_id,
         reply: Some(ReplyTo::Mailbox(origin.from)),
     });
+    // However the turn ends (killed too), a request it did not take up
+    // has nobody to wait for it.
+    let _unclaimed = Unclaimed {
+        kernel: kernel.clone(),
+        request: resume.request,
+    };
     let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
     let work = AssertUnwindSafe(runtime.resume(&proc.ctx, &resume.checkpoint)).catch_unwind();
     let (answer, fatal) = settled(tokio::time::timeout(limit, work).await, limit);
@@ -280,8 +286,6 @@ async fn handle_resume(
         return Ok(());
     };
     let kernel = Kernel { inner };
-    // A turn that ended without taking its request up leaves nobody to wait for it.
-    kernel.withdraw_request(resume.request, "kernel");
     match (resume.origin, unanswered) {
         (Some(origin), Some(unanswered)) => {
             let success = answer.is_ok();
@@ -357,6 +361,24 @@ async fn handle_message(
             EXIT_PANICKED,
             format!("runtime panicked: {}", panic_text(panic.as_ref())),
         )),
+    }
+}
+
+/// Withdraws a resumed turn's request when the turn ends without having
+/// taken it up (a no-op once it is resolved); a stopping kernel keeps it.
+struct Unclaimed {
+    kernel: Weak<Inner>,
+    request: u64,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(inner) = self.kernel.upgrade() {
+            let kernel = Kernel { inner };
+            if !kernel.is_stopping() {
+                kernel.withdraw_request(self.request, "kernel");
+            }
+        }
     }
 }
 

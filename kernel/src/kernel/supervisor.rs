@@ -424,15 +424,19 @@ impl Kernel {
                 .is_ok();
         }
         let deadline = Instant::now() + grace;
+        // Parked at two polls in a row: a turn whose request was just
+        // resolved gets its chance to go on.
+        let mut parked_before = false;
         loop {
             runners.retain(|(_, runner)| !runner.is_finished());
             let parked = runners.iter().all(|(pid, _)| {
                 waits(*pid).is_some_and(|(waiting, running)| waiting > 0 && waiting >= running)
             });
-            if parked {
+            if parked && parked_before {
                 runners.iter().for_each(|(_, runner)| runner.abort());
                 return true;
             }
+            parked_before = parked;
             if Instant::now() >= deadline {
                 return false;
             }

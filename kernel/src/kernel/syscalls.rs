@@ -93,6 +93,12 @@ impl Syscalls for KernelSyscalls {
 
     fn tool_called(&self, report: ToolCallReport) {
         if let Ok(kernel) = self.kernel() {
+            // A resumed turn past its waiting call without taking its
+            // request up (no rule covers the call now): nobody waits for
+            // it, and another restart must not run the call again.
+            if let Some(id) = crate::trace::take_resume() {
+                kernel.withdraw_request(id, "kernel");
+            }
             kernel.tool_called(self.pid, report);
         }
     }
