@@ -1,8 +1,13 @@
 //! The gRPC control plane: the `hivekernel.v1.Kernel` service, the standard
 //! health service and server reflection, all behind one authentication layer.
 //!
-//! Every request, health checks and reflection included, must carry
-//! `authorization: Bearer <token>`. The layer turns the token into a
+//! Every request but a health check (reflection included) must carry
+//! `authorization: Bearer <token>`. The standard `grpc.health.v1.Health`
+//! service answers anyone: it says only whether the kernel serves, and load
+//! balancers and Kubernetes' gRPC probes send no credentials. It is
+//! `SERVING` once the store is open and the config's agents are up (the
+//! server starts only then) and `NOT_SERVING` from the moment a stop begins.
+//! The layer turns the token into a
 //! [`Caller`] and stores it in the request's extensions; handlers act as that
 //! caller and nothing else in the request can change who it is. The same
 //! layer refuses a call the caller's scope does not cover
@@ -80,10 +85,7 @@ pub async fn serve_with_tls(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (mut health, health_service) = tonic_health::server::health_reporter();
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_service_status(SERVICE_NAME, ServingStatus::Serving)
-        .await;
+    set_health(&mut health, ServingStatus::Serving).await;
 
     let auth = auth.with_operators(kernel.operator_tokens());
     let drain = CancellationToken::new();
@@ -118,17 +120,26 @@ pub async fn serve_with_tls(
     let _accepting = gate.accepting;
     let server = router.serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
     tokio::pin!(server);
+    let stopping = kernel.stopping_token();
+    let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
         result = &mut server => return result,
-        () = shutdown => {}
+        () = stopping.cancelled() => {
+            // Probes see NOT_SERVING while the processes stop; calls are
+            // still answered until the server drains.
+            set_health(&mut health, ServingStatus::NotServing).await;
+            tokio::select! {
+                result = &mut server => return result,
+                () = &mut shutdown => {}
+            }
+        }
+        () = &mut shutdown => {}
     }
 
     // Watchers see NOT_SERVING, then their streams end as the statuses go:
     // open streams would otherwise hold the drain open.
+    set_health(&mut health, ServingStatus::NotServing).await;
     for service in ["", SERVICE_NAME] {
-        health
-            .set_service_status(service, ServingStatus::NotServing)
-            .await;
         health.clear_service_status(service).await;
     }
     drain.cancel();
@@ -143,6 +154,13 @@ pub async fn serve_with_tls(
             );
             Ok(())
         }
+    }
+}
+
+/// Sets the status of the server as a whole and of the kernel service.
+async fn set_health(health: &mut tonic_health::server::HealthReporter, status: ServingStatus) {
+    for service in ["", SERVICE_NAME] {
+        health.set_service_status(service, status).await;
     }
 }
 
@@ -177,6 +195,18 @@ fn note_method(mut request: http::Request<Body>) -> http::Request<Body> {
 /// The authentication layer's check: replaces the credential with the
 /// caller it names, and refuses a method the caller's scope does not cover.
 fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Request<()>, Status> {
+    let path = request
+        .extensions()
+        .get::<MethodPath>()
+        .map(|p| p.0.clone());
+    if path.as_deref().is_some_and(is_health_check) {
+        // Answered, but the connection is not admitted: one that only
+        // checks health is closed after the handshake timeout like any
+        // other that never authenticated (probes open one per check), so
+        // health checks cannot hold connection slots.
+        request.metadata_mut().remove("authorization");
+        return Ok(request);
+    }
     let caller: Caller = {
         let mut values = request.metadata().get_all("authorization").iter();
         let first = values.next();
@@ -190,10 +220,6 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
     };
     // Without a path (never, with the layer above) the call needs the most:
     // an unknown method of the kernel service needs the admin scope.
-    let path = request
-        .extensions()
-        .get::<MethodPath>()
-        .map(|p| p.0.clone());
     crate::auth::check_scope(caller, path.as_deref().unwrap_or("/hivekernel.v1.Kernel/?"))?;
     // Handlers never see the token, so it cannot end up in a log by accident.
     request.metadata_mut().remove("authorization");
@@ -203,6 +229,13 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
     }
     request.extensions_mut().insert(caller);
     Ok(request)
+}
+
+/// Whether `path` is a method of the standard health service (`Check`,
+/// `Watch`, or one a newer client knows: the service answers UNIMPLEMENTED).
+fn is_health_check(path: &str) -> bool {
+    path.strip_prefix("/grpc.health.v1.Health/")
+        .is_some_and(|method| !method.contains('/'))
 }
 
 /// A service made on its first call, and shared by every call after it.

@@ -162,6 +162,7 @@ impl Kernel {
             self.inner.tracker().wait().await;
             return;
         }
+        self.inner.stop_begun().cancel();
         let grace = Duration::from_millis(self.inner.settings().shutdown_grace_ms);
         self.stop_all(grace).await;
         self.inner.shutdown().cancel();
@@ -189,6 +190,12 @@ impl Kernel {
     /// Whether [`Kernel::shutdown`] has begun.
     pub fn is_stopping(&self) -> bool {
         self.inner.stopping().load(Ordering::SeqCst)
+    }
+
+    /// A token cancelled as soon as [`Kernel::shutdown`] begins, before
+    /// any process is stopped.
+    pub fn stopping_token(&self) -> CancellationToken {
+        self.inner.stop_begun().clone()
     }
 
     /// A token cancelled when the kernel has stopped its processes.

@@ -191,31 +191,67 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
 }
 
 #[tokio::test]
-async fn health_reports_serving_to_authenticated_callers_only() {
-    let served = Served::start().await;
-    let mut health = HealthClient::with_interceptor(served.channel.clone(), Headers::bearer(TOKEN));
+async fn health_answers_without_a_token_and_says_not_serving_once_a_stop_begins() {
+    let (kernel, _journal) = hivekernel_tests::kernel_with(hivekernel_tests::test_settings()).await;
+    // The server outlives the kernel's stop until released, as while
+    // `hivekernel start` stops its processes.
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let served = Served::start_until(kernel, async move {
+        let _ = released.await;
+    })
+    .await;
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    let mut anonymous = HealthClient::new(served.channel.clone());
+    let mut wrong_token =
+        HealthClient::with_interceptor(served.channel.clone(), Headers::bearer("nope"));
     for service in ["", "hivekernel.v1.Kernel"] {
-        let reply = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
+        let reply = anonymous.check(check(service)).await.unwrap().into_inner();
+        assert_eq!(reply.status, ServingStatus::Serving as i32, "{service:?}");
+        let reply = wrong_token
+            .check(check(service))
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(
-            reply.status,
-            ServingStatus::Serving as i32,
-            "service {service:?}"
-        );
+        assert_eq!(reply.status, ServingStatus::Serving as i32, "{service:?}");
     }
-    let mut anonymous = HealthClient::new(served.channel.clone());
-    let result = anonymous
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
+    assert_status(
+        anonymous.check(check("no.such.Service")).await,
+        Code::NotFound,
+        "",
+    );
+    // Health is the only thing answered without a token.
+    let result = served
+        .client_with(Headers(Vec::new()))
+        .get_process(pb::GetProcessRequest { pid: 1 })
         .await;
     assert_status(result, Code::Unauthenticated, "authorization");
-    served.stop().await;
+
+    let mut watch = anonymous.watch(check("")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    served.kernel.shutdown().await;
+    let next = tokio::time::timeout(STEP, watch.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    for service in ["", "hivekernel.v1.Kernel"] {
+        let reply = anonymous.check(check(service)).await.unwrap().into_inner();
+        assert_eq!(
+            reply.status,
+            ServingStatus::NotServing as i32,
+            "{service:?}"
+        );
+    }
+    release.send(()).unwrap();
+    tokio::time::timeout(STEP, served.server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]

@@ -70,6 +70,9 @@ pub(super) struct Inner {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     stopping: AtomicBool,
+    /// Cancelled as a stop begins (`stopping` turns true): what outside
+    /// watchers (health) wait on.
+    stop_begun: CancellationToken,
     reaper: Reaper,
     cron: Cron,
     /// The MCP servers the config names; fixed at start.
@@ -199,6 +202,7 @@ impl Inner {
             tracker,
             shutdown,
             stopping: AtomicBool::new(false),
+            stop_begun: CancellationToken::new(),
             reaper: Reaper::default(),
             cron: Cron::new(templates, cron_anchor),
             mcp,
@@ -292,6 +296,10 @@ impl Inner {
 
     pub(super) fn stopping(&self) -> &AtomicBool {
         &self.stopping
+    }
+
+    pub(super) fn stop_begun(&self) -> &CancellationToken {
+        &self.stop_begun
     }
 
     pub(super) fn reaper(&self) -> &Reaper {
