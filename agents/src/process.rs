@@ -16,6 +16,8 @@ pub const EXIT_KILLED: i32 = 137;
 pub const EXIT_PANICKED: i32 = 101;
 /// Exit code of a process whose runtime failed.
 pub const EXIT_FAILED: i32 = 1;
+/// Exit code of an `exec` process whose OS process could not be started.
+pub const EXIT_CANNOT_START: i32 = 127;
 
 /// Longest process name, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;

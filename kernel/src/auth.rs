@@ -239,6 +239,35 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("RevokeToken", Scope::Admin),
 ];
 
+/// The service and method a gRPC `path` names, as the kernel's own
+/// strings, when it is one this server has (`None`: anything else, which a
+/// metric must not take as a label).
+pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
+    const OTHERS: &[(&str, &str)] = &[
+        ("grpc.health.v1.Health", "Check"),
+        ("grpc.health.v1.Health", "Watch"),
+        (
+            "grpc.reflection.v1.ServerReflection",
+            "ServerReflectionInfo",
+        ),
+        (
+            "grpc.reflection.v1alpha.ServerReflection",
+            "ServerReflectionInfo",
+        ),
+    ];
+    if let Some(method) = path.strip_prefix(KERNEL_SERVICE) {
+        return METHOD_SCOPES
+            .iter()
+            .find(|(name, _)| *name == method)
+            .map(|(name, _)| ("hivekernel.v1.Kernel", *name));
+    }
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    OTHERS
+        .iter()
+        .find(|(s, m)| *s == service && *m == method)
+        .copied()
+}
+
 /// The scope a call to the gRPC method at `path` (`/package.Service/Method`)
 /// needs: the kernel service's from [`METHOD_SCOPES`], `read` for the health
 /// and reflection services.

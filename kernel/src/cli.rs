@@ -69,6 +69,20 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// What is logged to stderr: a level (error, warn, info, debug, trace) or
+    /// directives such as info,hivekernel_kernel=debug. RUST_LOG, when set, wins.
+    /// [default: the config's kernel.log.level for start, else info]
+    #[arg(long, global = true, value_name = "FILTER", value_parser = log_filter)]
+    pub log_level: Option<String>,
+    /// How log records are written to stderr: text (coloured on a terminal,
+    /// unless NO_COLOR is set) or json, one object per line.
+    /// [default: the config's kernel.log.format for start, else text]
+    #[arg(long, global = true, value_name = "FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
+}
+
+fn log_filter(value: &str) -> Result<String, String> {
+    crate::config::check_log_level(value).map(|()| value.to_owned())
 }
 
 /// The subcommands.
@@ -384,6 +398,10 @@ pub struct StartArgs {
     /// <DATA_DIR>/tls-ca.pem [default: the --tls-cert file]
     #[arg(long, value_name = "PEM")]
     pub tls_ca: Option<PathBuf>,
+    /// Serve /metrics (Prometheus), /healthz and /readyz over plain HTTP on this
+    /// address, instead of the config's `kernel.metrics.listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `hivekernel config ...`.
@@ -855,6 +873,7 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             client_ca: args.tls_client_ca,
             ca: args.tls_ca,
         },
+        metrics_listen: args.metrics_listen,
     };
     daemon::run(options).await.map_err(CliError::Start)
 }
@@ -1006,6 +1025,7 @@ mod tests {
         let parsed = spawn(&["--restart", "permanent", "--strategy", "rest_for_one"]);
         let Ok(Cli {
             command: Command::Spawn(args),
+            ..
         }) = parsed
         else {
             panic!("not a spawn: {parsed:?}");

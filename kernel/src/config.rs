@@ -25,7 +25,9 @@ mod mcp;
 pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
 mod notify;
+mod observe;
 pub(crate) use model::{base_url_problem, url_problem};
+pub use observe::{DEFAULT_LOG_LEVEL, LogFormat, LogSettings, MetricsSettings, check_log_level};
 mod parse;
 mod sandbox;
 pub use sandbox::ExecSettings;
@@ -187,6 +189,10 @@ pub struct KernelSettings {
     pub exec: ExecSettings,
     /// The inbox's webhook (`kernel.notify`); `None`: none.
     pub notify: Option<crate::notify::NotifySettings>,
+    /// The metrics listener (`kernel.metrics`); `None`: no metrics are kept.
+    pub metrics: Option<MetricsSettings>,
+    /// What is logged, and how (`kernel.log`).
+    pub log: LogSettings,
 }
 
 /// What processes of `role` may do under `roles`: its entry's list, else
@@ -273,6 +279,8 @@ impl Default for KernelSettings {
             tls: None,
             exec: Default::default(),
             notify: None,
+            metrics: None,
+            log: LogSettings::default(),
         }
     }
 }
@@ -325,6 +333,15 @@ pub struct AgentSpec {
     pub cron: Vec<hivekernel_agents::CronSpec>,
     /// Its tool calls that need a person's approval (besides its role's).
     pub approval: Vec<hivekernel_agents::ApprovalRule>,
+}
+
+/// `kernel.log` of a config file's text, when it parses as JSON and the
+/// section is valid; anything else is left to [`Config::load`] to report.
+pub fn log_settings(text: &[u8]) -> Option<LogSettings> {
+    let document: serde_json::Value = serde_json::from_slice(text).ok()?;
+    let mut issues = Vec::new();
+    let settings = observe::log(document.get("kernel")?.get("log"), &mut issues);
+    issues.is_empty().then_some(settings)
 }
 
 /// Largest config file read, in bytes.

@@ -43,6 +43,8 @@ pub struct StartOptions {
     pub insecure_remote: bool,
     /// TLS files given on the command line; each replaces the config's.
     pub tls: TlsFlags,
+    /// Overrides `kernel.metrics.listen` (and turns metrics on).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -72,11 +74,13 @@ pub enum StartError {
     },
     /// The listen address could not be bound.
     #[error(
-        "cannot listen on {addr}: {source} (is another kernel running? pass --listen to pick another address)"
+        "cannot listen on {addr}: {source} (is another kernel running? pass --{flag} to pick another address)"
     )]
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The flag that picks another (`listen`, `metrics-listen`).
+        flag: &'static str,
         /// The OS error.
         source: std::io::Error,
     },
@@ -122,7 +126,11 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let data_dir = settings.data_dir.clone();
     check_data_dir(&data_dir)?;
     let auth = Authenticator::new(admin_token(&data_dir)?);
-    let (listener, addr) = bind(settings.listen).await?;
+    let (listener, addr) = bind(settings.listen, "listen").await?;
+    let metrics_listener = match &settings.metrics {
+        Some(metrics) => Some(bind(metrics.listen, "metrics-listen").await?),
+        None => None,
+    };
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
@@ -145,6 +153,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
             return Err(err);
         }
     };
+    if let Some((listener, addr)) = metrics_listener {
+        serve_metrics(&kernel, listener, addr);
+    }
     let server = serve(&kernel, listener, auth, tls, reloader.clone());
     stop_on_signal(kernel, server, &mut signals, &reloader, &addr_file).await
 }
@@ -245,6 +256,9 @@ fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, S
     if let Some(dir) = &options.data_dir {
         settings.data_dir = dir.clone();
     }
+    if let Some(listen) = options.metrics_listen {
+        settings.metrics = Some(crate::config::MetricsSettings { listen });
+    }
     settings.tls = options
         .tls
         .clone()
@@ -297,9 +311,13 @@ fn admin_token(data_dir: &Path) -> Result<String, StartError> {
 }
 
 /// The control plane's listener and the address it got.
-async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+async fn bind(
+    listen: SocketAddr,
+    flag: &'static str,
+) -> Result<(TcpListener, SocketAddr), StartError> {
     let bind_error = |source| StartError::Bind {
         addr: listen,
+        flag,
         source,
     };
     let listener = TcpListener::bind(listen).await.map_err(bind_error)?;
@@ -400,6 +418,27 @@ fn serve(
         Some(reloader),
         async move { token_cancelled.cancelled().await },
     ))
+}
+
+/// The metrics listener, owned by the kernel's tracker; it answers until
+/// the processes have stopped, `/readyz` saying 503 meanwhile.
+fn serve_metrics(kernel: &Kernel, listener: TcpListener, addr: SocketAddr) {
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "metrics listener on a non-loopback address: anyone who reaches it reads the metrics");
+    }
+    tracing::info!("metrics on http://{addr}/metrics (also /healthz, /readyz)");
+    let stopped = kernel.shutdown_token();
+    kernel.tracker().spawn({
+        let kernel = kernel.clone();
+        async move {
+            let served = crate::http::serve(kernel, listener, async move {
+                stopped.cancelled().await;
+            });
+            if let Err(err) = served.await {
+                tracing::error!(error = %err, "the metrics listener failed");
+            }
+        }
+    });
 }
 
 /// Serves until SIGINT or SIGTERM (or until the server fails, which is as

@@ -16,6 +16,7 @@ use tokio::sync::broadcast;
 
 pub(crate) use crate::event::unix_ms;
 pub use crate::event::{Event, EventKind, ReapCause};
+use crate::metrics::Metrics;
 use crate::store::{Counter, Store, Write};
 
 /// Retained events plus a live feed that continues exactly after them.
@@ -62,6 +63,8 @@ pub struct EventBus {
     live: broadcast::Sender<Arc<Event>>,
     /// Where events are persisted (nowhere, in memory).
     store: Store,
+    /// Counts every event, when the kernel keeps metrics.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl EventBus {
@@ -82,7 +85,19 @@ impl EventBus {
             retain: retain.max(1),
             live,
             store,
+            metrics: None,
         }
+    }
+
+    /// This bus, counting every event it emits in `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<Arc<Metrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Live subscribers now.
+    pub fn subscribers(&self) -> usize {
+        self.live.receiver_count()
     }
 
     /// Records an event about `pid` and returns its sequence number.
@@ -94,6 +109,9 @@ impl EventBus {
     pub(crate) fn emit_at(&self, pid: Pid, mut kind: EventKind, at_unix_ms: u64) -> u64 {
         // Cut outside the lock: a long text costs only its sender.
         kind.bound();
+        if let Some(metrics) = &self.metrics {
+            metrics.event(&kind);
+        }
         let trace = crate::trace::current_id();
         let mut ring = self.ring.lock();
         let event = self.retained(&mut ring, pid, kind, at_unix_ms, trace);
@@ -112,6 +130,9 @@ impl EventBus {
     pub fn emit_all(&self, mut events: Vec<(Pid, EventKind)>) {
         for (_, kind) in &mut events {
             kind.bound();
+            if let Some(metrics) = &self.metrics {
+                metrics.event(kind);
+            }
         }
         let at_unix_ms = unix_ms(SystemTime::now());
         let trace = crate::trace::current_id();

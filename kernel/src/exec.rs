@@ -53,8 +53,7 @@ use crate::error::{KernelError, Result};
 
 pub use crate::command::EXEC_RUNTIME;
 
-/// Exit code of an `exec` process whose OS process could not be started.
-pub const EXIT_CANNOT_START: i32 = 127;
+pub use hivekernel_agents::process::EXIT_CANNOT_START;
 
 /// The `exec` runtime of one kernel: what it hands its OS processes, and
 /// the kernel side of every live `exec` process.

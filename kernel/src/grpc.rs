@@ -26,6 +26,7 @@ pub(crate) mod enums;
 mod gate;
 mod inbox;
 mod mcp;
+mod measure;
 mod reload;
 pub use gate::raise_open_file_limit;
 mod service;
@@ -99,7 +100,9 @@ pub async fn serve_with_tls(
         // Idle connections are pinged, so dead clients' streams end.
         .http2_keepalive_interval(Some(connections.keepalive_interval))
         .http2_keepalive_timeout(Some(connections.keepalive_timeout))
-        // Outermost: the interceptor below reads the method it notes.
+        // Outermost: it sees every answer, the auth layer's refusals too.
+        .layer(measure::MeasureLayer(kernel.metrics()))
+        // The interceptor below reads the method this notes.
         .layer(tower::util::MapRequestLayer::new(note_method))
         .layer(InterceptorLayer::new(move |request| {
             authenticate(&auth, request)

@@ -23,6 +23,7 @@ use crate::store::{self, Store, Write};
 mod acl;
 pub(crate) mod artifacts;
 mod builder;
+mod census;
 pub(crate) mod cron;
 mod exec;
 mod inbox;
@@ -74,6 +75,12 @@ impl Kernel {
     /// The settings this kernel runs with.
     pub fn settings(&self) -> &KernelSettings {
         self.inner.settings()
+    }
+
+    /// The metrics it keeps (`kernel.metrics`), for the doors that count
+    /// their calls; `None`: it keeps none.
+    pub(crate) fn metrics(&self) -> Option<Arc<crate::metrics::Metrics>> {
+        self.inner.metrics().cloned()
     }
 
     /// The event bus (subscribe, last sequence number).

@@ -92,6 +92,15 @@ impl Envelope {
         }
     }
 
+    /// `message`, `task` or `resume`: what metrics count it as.
+    pub(crate) fn item_type(&self) -> &'static str {
+        match &self.item {
+            Item::Message(_) => "message",
+            Item::Task { .. } => "task",
+            Item::Resume(_) => "resume",
+        }
+    }
+
     pub(crate) fn from(&self) -> Pid {
         match &self.item {
             Item::Message(m) => m.from,

@@ -223,6 +223,17 @@ impl Entry {
         self.exit.is_none()
     }
 
+    /// What `ps` shows: zombie, restarting, or what its counters say.
+    pub(crate) fn state(&self) -> ProcessState {
+        if self.exit.is_some() {
+            ProcessState::Zombie
+        } else if self.is_restarting() {
+            ProcessState::Restarting
+        } else {
+            self.proc.state()
+        }
+    }
+
     pub(crate) fn info(&self, pid: Pid) -> ProcessInfo {
         let p = &self.proc;
         ProcessInfo {
@@ -231,13 +242,7 @@ impl Entry {
             name: p.ctx.name.to_string(),
             role: p.ctx.role,
             tier: p.ctx.tier,
-            state: if self.exit.is_some() {
-                ProcessState::Zombie
-            } else if self.is_restarting() {
-                ProcessState::Restarting
-            } else {
-                p.state()
-            },
+            state: self.state(),
             model: p.ctx.model.to_string(),
             runtime: p.runtime_name.to_string(),
             tools: p.ctx.tools.to_vec(),

@@ -326,6 +326,9 @@ struct Shared {
     events_pruned_through: AtomicU64,
     /// What transcripts keep (set by the kernel at start).
     transcripts: Mutex<Retention>,
+    /// Where the writer records how long each commit took, when the
+    /// kernel keeps metrics (set by the kernel as it is built).
+    commit_seconds: std::sync::OnceLock<prometheus::Histogram>,
 }
 
 /// Handle to the store; cheap to clone.
@@ -358,6 +361,7 @@ impl Store {
             event_log_limit: AtomicU64::new(DEFAULT_EVENT_LOG_LIMIT),
             events_pruned_through: AtomicU64::new(recovered.events_pruned_through),
             transcripts: Mutex::new(Retention::default()),
+            commit_seconds: std::sync::OnceLock::new(),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -407,6 +411,22 @@ impl Store {
         if let Some(shared) = &self.shared {
             *shared.transcripts.lock() = settings;
         }
+    }
+
+    /// Records how long each commit takes in `histogram` from now on (the
+    /// first histogram given stays).
+    pub fn observe_commits(&self, histogram: prometheus::Histogram) {
+        if let Some(shared) = &self.shared {
+            let _ = shared.commit_seconds.set(histogram);
+        }
+    }
+
+    /// Writes queued and not yet committed (0 in memory).
+    pub fn queued(&self) -> usize {
+        self.shared.as_deref().map_or(0, |shared| {
+            let queue = shared.queue.lock();
+            queue.ops.len() + queue.lazy.len()
+        })
     }
 
     /// Every event up to this sequence number has left the log (0: none

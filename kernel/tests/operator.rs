@@ -590,3 +590,135 @@ fn scoped_tokens_from_the_cli_read_or_operate_survive_kill_9_and_can_be_revoked(
     let bad = kernel.cli(&["token", "create", "--scope", "root"]);
     assert!(bad.failed(2).contains("unknown scope \"root\""), "{bad:#?}");
 }
+
+/// Starts the kernel on `config` with `args`, RUST_LOG unset unless `env`
+/// sets it, stops it with SIGTERM once it serves, and returns its stderr.
+fn logged(config: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), config);
+    let log = dir.path().join("kernel.log");
+    let mut child = Command::new(support::binary())
+        .arg("start")
+        .arg(&path)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("HIVEKERNEL_LLM_BASE_URL")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.path().join("data/kernel.addr").exists() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(child.try_wait().unwrap().is_none(), "exited early:\n{text}");
+        assert!(Instant::now() < deadline, "never served:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "exit {status}:\n{text}");
+    text
+}
+
+/// Each line of `log` as a JSON object, or a panic naming the line.
+fn json_lines(log: &str) -> Vec<Value> {
+    log.lines()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line)
+                .unwrap_or_else(|err| panic!("not a JSON line ({err}): {line:?}\n{log}"));
+            assert!(
+                record["timestamp"].is_string() && record["message"].is_string(),
+                "{line}"
+            );
+            record
+        })
+        .collect()
+}
+
+#[test]
+fn logs_follow_the_config_then_the_flags_then_rust_log_as_text_or_json_lines() {
+    // A metrics listener on every interface: the kernel warns about it.
+    let config = r#"{
+      "kernel": { "listen": "127.0.0.1:0", "shutdown_grace_ms": 500, "default_runtime": "echo",
+                  "metrics": { "listen": "0.0.0.0:0" },
+                  "log": { "level": "warn", "format": "json" } },
+      "agents": [ { "name": "boss", "role": "daemon", "system_prompt": "You lead." } ]
+    }"#;
+    let levels = |records: &[Value]| -> Vec<String> {
+        records
+            .iter()
+            .map(|r| r["level"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let warned = |records: &[Value]| {
+        records.iter().any(|r| {
+            r["level"] == "WARN" && r["message"].as_str().unwrap().contains("non-loopback")
+        })
+    };
+
+    // The config's level and format.
+    let records = json_lines(&logged(config, &[], &[]));
+    assert!(warned(&records), "{records:?}");
+    assert!(
+        !levels(&records).contains(&"INFO".to_owned()),
+        "{records:?}"
+    );
+
+    // --log-level over the config's.
+    let records = json_lines(&logged(config, &["--log-level", "info"], &[]));
+    assert!(warned(&records), "{records:?}");
+    assert!(
+        records.iter().any(|r| r["level"] == "INFO"
+            && r["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("metrics on http://0.0.0.0:")),
+        "{records:?}"
+    );
+
+    // RUST_LOG over both.
+    let records = json_lines(&logged(
+        config,
+        &["--log-level", "info"],
+        &[("RUST_LOG", "error")],
+    ));
+    assert!(
+        levels(&records).iter().all(|level| level == "ERROR"),
+        "{records:?}"
+    );
+
+    // --log-format over the config's: text, and no colour off a terminal.
+    let text = logged(config, &["--log-format", "text"], &[]);
+    assert!(
+        text.lines()
+            .any(|line| line.contains("WARN") && line.contains("non-loopback")),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.trim_start().starts_with('{'),
+        "{text:?}"
+    );
+
+    // A bad flag is refused before anything starts.
+    let bad = support::hivekernel(&["--log-level", "hivekernel=loud", "ps"]);
+    assert!(bad.failed(2).contains("invalid log filter"), "{bad:#?}");
+    let bad = support::hivekernel(&["--log-level", "verbose", "ps"]);
+    assert!(
+        bad.failed(2).contains("unknown log level \"verbose\""),
+        "{bad:#?}"
+    );
+    let bad = support::hivekernel(&["ps", "--log-format", "xml"]);
+    assert!(bad.failed(2).contains("xml"), "{bad:#?}");
+}

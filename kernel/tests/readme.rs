@@ -108,7 +108,8 @@ fn captured(line: &str) -> Option<(&str, &str)> {
 /// Why an example is not run here, if it is not.
 fn skipped(command: &str) -> Option<&'static str> {
     let first = command.split_whitespace().next().unwrap_or_default();
-    if ["cargo", "python3", "npm", "alias"].contains(&first) || first.starts_with("target/") {
+    if ["cargo", "python3", "npm", "sudo", "alias"].contains(&first) || first.starts_with("target/")
+    {
         return Some("set-up");
     }
     if first == "grpcurl" || first.starts_with("TOKEN=") {

@@ -1,7 +1,8 @@
 //! The kernel against its physical floor.
 //!
 //! `cargo bench -p hivekernel-tests --bench kernel [-- --json] [-- --smoke]
-//! [-- --only spawn,route]`. Every figure is printed beside a floor measured
+//! [-- --only spawn,route] [-- --metrics]`. `--metrics` runs every kernel
+//! with `kernel.metrics` set, to compare against a run without. Every figure is printed beside a floor measured
 //! in the same run on the same runtime (raw tokio tasks and channels, an
 //! empty tonic RPC, `/bin/true`), as a cost ratio, because absolute times
 //! drift on shared 2-core machines. docs/PERFORMANCE.md explains each row.
@@ -51,12 +52,14 @@ mod stats;
 #[path = "kernel/tree.rs"]
 mod tree;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use hivekernel_kernel::config::{KernelSettings, MetricsSettings};
 use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
-                     [--json] [--smoke] [--only NAME[,NAME]]\n\
+                     [--json] [--smoke] [--only NAME[,NAME]] [--metrics]\n\
                      names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp";
 
 /// The `--only` names, in the order they run and print.
@@ -133,6 +136,36 @@ const SMOKE: Sizes = Sizes {
     crashes: 1,
 };
 
+/// `--metrics`: every kernel keeps metrics (`kernel.metrics`).
+static METRICS: AtomicBool = AtomicBool::new(false);
+
+/// `settings`, keeping metrics when the run was asked to (`--metrics`).
+pub(crate) fn observed(settings: KernelSettings) -> KernelSettings {
+    if !METRICS.load(Ordering::Relaxed) {
+        return settings;
+    }
+    with_metrics(settings)
+}
+
+/// `settings` with metrics kept (an in-process kernel serves no listener).
+pub(crate) fn with_metrics(settings: KernelSettings) -> KernelSettings {
+    KernelSettings {
+        metrics: Some(MetricsSettings {
+            listen: "127.0.0.1:0".parse().expect("address"),
+        }),
+        ..settings
+    }
+}
+
+/// Extra arguments a `--child` run needs to measure what this run does.
+pub(crate) fn child_args() -> &'static [&'static str] {
+    if METRICS.load(Ordering::Relaxed) {
+        &["--metrics"]
+    } else {
+        &[]
+    }
+}
+
 /// The command line, after `--`.
 #[derive(Debug, Default)]
 struct Args {
@@ -153,6 +186,7 @@ impl Args {
                 "--json" => parsed.json = true,
                 "--smoke" => parsed.smoke = true,
                 "--bench" => parsed.bench = true,
+                "--metrics" => METRICS.store(true, Ordering::Relaxed),
                 "--only" => {
                     let list = args.next().ok_or("--only needs a list of names")?;
                     let mut only = Vec::new();

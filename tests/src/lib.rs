@@ -1,6 +1,7 @@
 //! Shared support for HiveKernel's end-to-end tests.
 //!
 //! # Layout
+//! - [`binary`]: a `hivekernel start` of the real binary, its CLI and its log.
 //! - [`capture`]: a runtime factory that hands the test a process's real context.
 //! - [`exec`]: a served kernel with the `exec` runtime, the Python examples, `/proc` checks.
 //! - [`durable`]: in-process kernels on a real SQLite file, and calling tools as their processes.
@@ -13,6 +14,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod binary;
 pub mod capture;
 pub mod durable;
 pub mod exec;
@@ -224,6 +226,15 @@ pub fn shell_settings(
 /// Builds the `hivekernel` binary beside the running test or bench executable
 /// (same target directory and profile) and returns its path; `Err` carries the
 /// path and why the build failed. `$HIVEKERNEL_BIN` pins a binary instead.
+///
+/// It builds what `cargo test --workspace` builds (every target of the
+/// workspace), so the binary has the features the test build unified and,
+/// after that build, costs nothing; building the binary alone would pick
+/// other features and recompile much of the tree, and the next test build
+/// would recompile it back. For the same reason it runs cargo without the
+/// variables cargo sets for a running test (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*`, ...): build scripts such as ring's rerun when those
+/// differ from the outer build's, which rebuilds half the tree twice.
 pub fn build_hivekernel() -> Result<std::path::PathBuf, (std::path::PathBuf, String)> {
     use std::path::{Path, PathBuf};
     if let Some(bin) = std::env::var_os("HIVEKERNEL_BIN") {
@@ -242,7 +253,7 @@ pub fn build_hivekernel() -> Result<std::path::PathBuf, (std::path::PathBuf, Str
     let mut build = std::process::Command::new(cargo);
     build
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--bin", "hivekernel", "-p", "hivekernel-kernel"])
+        .args(["build", "--workspace", "--all-targets"])
         .arg("--target-dir")
         .arg(target_dir);
     match profile_dir.file_name().and_then(|name| name.to_str()) {
@@ -254,9 +265,31 @@ pub fn build_hivekernel() -> Result<std::path::PathBuf, (std::path::PathBuf, Str
             build.args(["--profile", profile]);
         }
     }
+    for (name, _) in std::env::vars_os().filter(|(name, _)| set_for_tests(name)) {
+        build.env_remove(name);
+    }
     match build.status() {
         Ok(status) if status.success() && bin.exists() => Ok(bin),
         Ok(status) => Err((bin, format!("cargo build exited with {status}"))),
         Err(err) => Err((bin, format!("cannot run cargo: {err}"))),
     }
+}
+
+/// Whether cargo sets `name` for the test or bench it runs (rather than
+/// the user setting it for cargo).
+fn set_for_tests(name: &std::ffi::OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    name == "OUT_DIR"
+        || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ]
+        .contains(&name)
 }

@@ -19,6 +19,7 @@ use hivekernel_kernel::events::EventKind;
 use hivekernel_kernel::inbox::{Decision, InboxRequest};
 use hivekernel_kernel::notify::NotifySettings;
 use hivekernel_kernel::{Caller, Kernel, KernelError};
+use hivekernel_tests::binary::Binary;
 use hivekernel_tests::llm_server::{LlmServer, Scripted, tool_results};
 use hivekernel_tests::served::{Served, TOKEN};
 use hivekernel_tests::web_server::{Page, WebServer};
@@ -352,87 +353,6 @@ async fn ask_human_is_answered_through_the_cli_and_a_killed_asker_withdraws() {
     assert!(err.contains("already resolved: withdrawn"), "{err}");
     kernel.shutdown().await;
     served.stopped().await;
-}
-
-/// A `hivekernel start` of the real binary on `dir/data`, killed when dropped.
-struct Binary {
-    bin: std::path::PathBuf,
-    dir: std::path::PathBuf,
-    child: std::process::Child,
-    addr: String,
-}
-
-impl Binary {
-    fn start(bin: &std::path::Path, dir: &std::path::Path) -> Binary {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("kernel.log"))
-            .unwrap();
-        let _ = std::fs::remove_file(dir.join("data/kernel.addr"));
-        let child = std::process::Command::new(bin)
-            .arg("start")
-            .arg(dir.join("config.json"))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .env_remove("HIVEKERNEL_LLM_BASE_URL")
-            .env("RUST_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut kernel = Binary {
-            bin: bin.to_owned(),
-            dir: dir.to_owned(),
-            child,
-            addr: String::new(),
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        kernel.addr = loop {
-            if let Ok(addr) = std::fs::read_to_string(dir.join("data/kernel.addr"))
-                && !addr.trim().is_empty()
-            {
-                break addr.trim().to_owned();
-            }
-            let log = || std::fs::read_to_string(dir.join("kernel.log")).unwrap_or_default();
-            assert!(kernel.child.try_wait().unwrap().is_none(), "{}", log());
-            assert!(std::time::Instant::now() < deadline, "{}", log());
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        kernel
-    }
-
-    fn command(&self, args: &[&str]) -> std::process::Command {
-        let mut command = std::process::Command::new(&self.bin);
-        command
-            .args(args)
-            .args(["--addr", &self.addr, "--data-dir"])
-            .arg(self.dir.join("data"));
-        command
-    }
-
-    /// Runs a client command; its stdout, or a panic with its stderr.
-    fn cli(&self, args: &[&str]) -> String {
-        let out = self.command(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        serde_json::from_str(&self.cli(args)).unwrap()
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

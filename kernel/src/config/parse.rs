@@ -55,6 +55,8 @@ pub(super) struct RawKernel {
     pub(super) tls: Option<Value>,
     pub(super) exec: Option<Value>,
     pub(super) notify: Option<Value>,
+    pub(super) metrics: Option<Value>,
+    pub(super) log: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -85,6 +87,8 @@ impl Default for RawKernel {
             tls: None,
             exec: None,
             notify: None,
+            metrics: None,
+            log: None,
         }
     }
 }

@@ -198,6 +198,8 @@ impl<'a> Context<'a> {
             exec: super::sandbox::exec(k.exec.as_ref(), self, issues),
             // Read with the environment, by `load_sections`.
             notify: None,
+            metrics: super::observe::metrics(k.metrics.as_ref(), issues),
+            log: super::observe::log(k.log.as_ref(), issues),
         };
         (settings, ceilings)
     }

@@ -296,6 +296,8 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         tls,
         exec,
         notify,
+        metrics,
+        log,
         restore_temporary,
     } = &running.settings;
     let new = settings;
@@ -350,6 +352,8 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("kernel.tls", *tls != new.tls),
         ("kernel.exec", *exec != new.exec),
         ("kernel.notify", *notify != new.notify),
+        ("kernel.metrics", *metrics != new.metrics),
+        ("kernel.log", *log != new.log),
         (
             "kernel.restore_temporary",
             *restore_temporary != new.restore_temporary,

@@ -59,6 +59,9 @@ pub(super) struct Inner {
     /// Message and request ids.
     ids: Counter,
     events: EventBus,
+    /// What `/metrics` serves, when `kernel.metrics` is set; the bus and
+    /// the store feed it too.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     transcripts: Transcripts,
     /// The SQLite store, or its in-memory form.
     store: Store,
@@ -163,6 +166,11 @@ impl Inner {
             start(store::Counter::Transcript, 1),
             tracker.clone(),
         );
+        let metrics = settings.metrics.as_ref().map(|_| {
+            let metrics = Arc::new(crate::metrics::Metrics::new(SystemTime::now()));
+            store.observe_commits(metrics.store_commits());
+            metrics
+        });
         let tokens = OperatorTokens::new(recovered.map(|r| r.tokens.clone()).unwrap_or_default());
         let shutdown = CancellationToken::new();
         let notifier = settings.notify.clone().and_then(|notify| {
@@ -194,7 +202,9 @@ impl Inner {
             table: RwLock::new(table),
             pids,
             ids,
-            events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq),
+            events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq)
+                .with_metrics(metrics.clone()),
+            metrics,
             transcripts,
             store,
             runtimes,
@@ -264,6 +274,10 @@ impl Inner {
 
     pub(super) fn events(&self) -> &EventBus {
         &self.events
+    }
+
+    pub(super) fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
+        self.metrics.as_ref()
     }
 
     pub(super) fn transcripts(&self) -> &Transcripts {

@@ -85,6 +85,16 @@ impl Kernel {
         } else {
             (0, None)
         };
+        if let Some(metrics) = self.inner.metrics() {
+            metrics.llm_call(
+                &proc.ctx.model,
+                proc.ctx.role,
+                usage,
+                cost_nano_usd,
+                started.elapsed(),
+                answer.is_ok(),
+            );
+        }
         self.inner.events().emit(
             pid,
             EventKind::LlmCall {

@@ -285,10 +285,19 @@ impl Kernel {
     fn push(&self, proc: &Arc<ProcShared>, env: Envelope) -> Result<()> {
         let pid = proc.ctx.pid;
         let on_expired = |expired| self.report_expired(pid, expired);
-        match proc
+        let kind = env.item_type();
+        let pushed = proc
             .mailbox
-            .push(env, on_expired, || self.start_runner(proc))
-        {
+            .push(env, on_expired, || self.start_runner(proc));
+        if let Some(metrics) = self.inner.metrics() {
+            match &pushed {
+                Ok(()) => metrics.routed(kind),
+                Err(PushError::Full) => metrics.mailbox_refused("full"),
+                Err(PushError::FullBytes) => metrics.mailbox_refused("full_bytes"),
+                Err(PushError::Closed) => metrics.mailbox_refused("closed"),
+            }
+        }
+        match pushed {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(KernelError::MailboxFull {
                 pid,

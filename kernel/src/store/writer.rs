@@ -151,6 +151,7 @@ fn prune_events(conn: &Connection, shared: &Shared) {
 
 /// Writes `ops` in one transaction and answers every waiter.
 fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
+    let timer = shared.commit_seconds.get().map(|h| h.start_timer());
     let result = conn
         .transaction()
         .and_then(|tx| {
@@ -170,6 +171,7 @@ fn commit_batch(conn: &mut Connection, shared: &Shared, ops: Vec<Op>) {
             tx.commit().map(|()| applied)
         })
         .map_err(|err| sqlite_error(&shared.path, "cannot commit", err));
+    drop(timer);
     if let Err(err) = &result {
         tracing::error!(error = %err, writes = ops.len(), "store: a batch was not written");
     }

@@ -76,7 +76,7 @@ async fn start(
     max_workers: u32,
     transcripts: bool,
 ) -> (Kernel, tempfile::TempDir) {
-    let settings = KernelSettings {
+    let settings = crate::observed(KernelSettings {
         listen: "127.0.0.1:0".parse().expect("address"),
         max_children,
         task_timeout_seconds: 600,
@@ -87,7 +87,7 @@ async fn start(
             ..TranscriptSettings::default()
         },
         ..KernelSettings::default()
-    };
+    });
     let mut tools = ToolSettings::default();
     tools.orchestrate.max_workers = max_workers;
     tools.orchestrate.subtask_timeout = Duration::from_secs(600);

@@ -92,11 +92,11 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
 async fn durable_send(per: usize) -> (f64, Latencies) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
-    let settings = KernelSettings {
+    let settings = crate::observed(KernelSettings {
         mailbox_capacity: 1 << 16,
         default_runtime: "echo".into(),
         ..KernelSettings::default()
-    };
+    });
     let kernel = hivekernel_tests::start(
         Kernel::builder(settings)
             .runtimes(RuntimeRegistry::builtin())

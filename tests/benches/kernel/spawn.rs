@@ -31,10 +31,10 @@ const MEM_FLOOR: &str = "mem-floor";
 
 /// Settings that let PID 1 hold 100,000 children.
 pub(crate) fn settings() -> KernelSettings {
-    KernelSettings {
+    crate::observed(KernelSettings {
         max_children: 100_000,
         ..KernelSettings::default()
-    }
+    })
 }
 
 pub(crate) async fn start_kernel() -> Kernel {
@@ -184,6 +184,7 @@ async fn footprint(what: &str, n: usize) -> Footprint {
     let mut child = Command::new(exe);
     child
         .args(["--child", what, &n.to_string()])
+        .args(crate::child_args())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit());
     let output = tokio::task::spawn_blocking(move || child.output())

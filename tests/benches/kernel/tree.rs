@@ -134,12 +134,26 @@ async fn quiet() {
 
 pub(crate) async fn list(sizes: &Sizes) -> Vec<Row> {
     let n = sizes.listed;
-    let kernel = start_kernel().await;
+    // With metrics kept, for the /metrics row; listing never touches them.
+    let settings = crate::with_metrics(crate::spawn::settings());
+    let kernel = hivekernel_tests::start(
+        Kernel::builder(settings).runtimes(hivekernel_kernel::RuntimeRegistry::builtin()),
+    )
+    .await;
     let names = (0..n).map(|i| format!("agent-{i}")).collect();
     spawn_agents(&kernel, names).await;
     let listed = n + 1;
 
     let in_process = warm_median(sizes.runs, || list_in_process(&kernel, listed)).await;
+    let rendered = warm_median(sizes.runs, || async {
+        let start = Instant::now();
+        let text = kernel.metrics_text().expect("the kernel keeps metrics");
+        let ns = nanos_since(start);
+        assert!(text.contains("hivekernel_processes{"), "{text}");
+        black_box(text);
+        ns
+    })
+    .await;
     let served = Served::start(kernel).await;
     let client = served.client().await;
     let streamed = warm_median(sizes.runs, || {
@@ -176,6 +190,15 @@ pub(crate) async fn list(sizes: &Sizes) -> Vec<Row> {
             Some(floor),
         )
         .note("batches of 1000"),
+        Row::new(
+            "list",
+            format!("render /metrics with {label} processes"),
+            Unit::Nanos,
+            rendered,
+            Some(floor),
+        )
+        .target(Target::at_most(10e6, Unit::Nanos))
+        .note("census of the table, then the text encoding"),
     ]
 }
 

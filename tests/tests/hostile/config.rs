@@ -60,6 +60,36 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
             "99999",
         ),
         (
+            r#"{"kernel": {"metrics": {"listen": "localhost"}}}"#.into(),
+            "kernel.metrics.listen",
+            "invalid socket address \"localhost\"",
+        ),
+        (
+            r#"{"kernel": {"metrics": {}}}"#.into(),
+            "kernel.metrics.listen",
+            "is required",
+        ),
+        (
+            r#"{"kernel": {"metrics": {"port": 9464}}}"#.into(),
+            "kernel.metrics.port",
+            "unknown field `port`",
+        ),
+        (
+            r#"{"kernel": {"log": {"level": "loud"}}}"#.into(),
+            "kernel.log.level",
+            "unknown log level \"loud\"",
+        ),
+        (
+            r#"{"kernel": {"log": {"level": "info,hivekernel=loud"}}}"#.into(),
+            "kernel.log.level",
+            "invalid log filter \"info,hivekernel=loud\"",
+        ),
+        (
+            r#"{"kernel": {"log": {"format": "xml"}}}"#.into(),
+            "kernel.log.format",
+            "unknown log format \"xml\" (expected text or json)",
+        ),
+        (
             r#"{"kernel": {"rm_rf": true}}"#.into(),
             "kernel.rm_rf",
             "unknown field `rm_rf`",
@@ -170,6 +200,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         data_dir: Some(data_dir.to_owned()),
         insecure_remote: false,
         tls: Default::default(),
+        metrics_listen: None,
     }
 }
 
