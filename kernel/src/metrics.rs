@@ -69,6 +69,30 @@ pub struct Census {
     pub store_queue: u64,
 }
 
+/// [`Metrics::hot`]: `messages_routed_total` by type, and tasks by outcome.
+#[derive(Debug)]
+struct Hot {
+    routed_message: IntCounter,
+    routed_task: IntCounter,
+    routed_resume: IntCounter,
+    /// `[error, ok]`, indexed by success.
+    tasks: [IntCounter; 2],
+    task_seconds: [Histogram; 2],
+}
+
+impl Hot {
+    fn new(routed: &IntCounterVec, tasks: &IntCounterVec, task_seconds: &HistogramVec) -> Hot {
+        let outcomes = [outcome(false), outcome(true)];
+        Hot {
+            routed_message: routed.with_label_values(&["message"]),
+            routed_task: routed.with_label_values(&["task"]),
+            routed_resume: routed.with_label_values(&["resume"]),
+            tasks: outcomes.map(|o| tasks.with_label_values(&[o])),
+            task_seconds: outcomes.map(|o| task_seconds.with_label_values(&[o])),
+        }
+    }
+}
+
 /// The kernel's metrics: one registry, its families, and the label caps.
 #[derive(Debug)]
 pub struct Metrics {
@@ -82,8 +106,6 @@ pub struct Metrics {
     mailbox_refusals: IntCounterVec,
     messages_expired: IntCounter,
     messages_dropped: IntCounter,
-    tasks: IntCounterVec,
-    task_seconds: HistogramVec,
     llm_calls: IntCounterVec,
     llm_tokens: IntCounterVec,
     llm_cost: CounterVec,
@@ -105,6 +127,10 @@ pub struct Metrics {
     event_subscribers: IntGauge,
     inbox_pending: IntGaugeVec,
     store_queue: IntGauge,
+    /// Children of the families counted for every message and task,
+    /// resolved once: a family's lookup hashes its label values under a
+    /// lock, which the route path should not pay per item.
+    hot: Hot,
     tools: Bounded,
     models: Bounded,
     /// One scrape at a time: a render resets and refills the gauges.
@@ -117,7 +143,21 @@ impl Metrics {
     pub fn new(started: std::time::SystemTime) -> Metrics {
         let registry = Registry::new();
         let reg = Registrar(&registry);
+        let routed = reg.counters(
+            "messages_routed_total",
+            "Items delivered into a mailbox, by type (message, task, resume).",
+            &["type"],
+        );
+        let tasks = reg.counters("tasks_total", "Tasks finished, by outcome.", &["outcome"]);
+        let task_seconds = reg.histograms(
+            "task_duration_seconds",
+            "Time from a task's pop to its reply, by outcome.",
+            &["outcome"],
+            WORK_BUCKETS,
+        );
+        let hot = Hot::new(&routed, &tasks, &task_seconds);
         let metrics = Metrics {
+            routed,
             spawns: reg.counters(
                 "spawns_total",
                 "Processes created (not those restored after a kernel restart), by role.",
@@ -142,11 +182,6 @@ impl Metrics {
                 "Requests refused by policy (capabilities, limits, budgets, rate limits, routing rules), by action.",
                 &["action"],
             ),
-            routed: reg.counters(
-                "messages_routed_total",
-                "Items delivered into a mailbox, by type (message, task, resume).",
-                &["type"],
-            ),
             mailbox_refusals: reg.counters(
                 "mailbox_refusals_total",
                 "Items a mailbox refused: full (by count or bytes) or closed.",
@@ -159,13 +194,6 @@ impl Metrics {
             messages_dropped: reg.counter(
                 "messages_dropped_total",
                 "Messages the kernel produced itself that could not be delivered.",
-            ),
-            tasks: reg.counters("tasks_total", "Tasks finished, by outcome.", &["outcome"]),
-            task_seconds: reg.histograms(
-                "task_duration_seconds",
-                "Time from a task's pop to its reply, by outcome.",
-                &["outcome"],
-                WORK_BUCKETS,
             ),
             llm_calls: reg.counters(
                 "llm_calls_total",
@@ -266,6 +294,7 @@ impl Metrics {
                 "store_queue_writes",
                 "Writes queued for the store, not yet committed.",
             ),
+            hot,
             tools: Bounded::default(),
             models: Bounded::default(),
             rendering: Mutex::new(()),
@@ -323,11 +352,9 @@ impl Metrics {
                 duration_ms,
                 ..
             } => {
-                let outcome = outcome(*success);
-                self.tasks.with_label_values(&[outcome]).inc();
-                self.task_seconds
-                    .with_label_values(&[outcome])
-                    .observe(seconds(*duration_ms));
+                let ok = usize::from(*success);
+                self.hot.tasks[ok].inc();
+                self.hot.task_seconds[ok].observe(seconds(*duration_ms));
             }
             EventKind::ToolCall {
                 tool,
@@ -403,10 +430,15 @@ impl Metrics {
             .observe(duration.as_secs_f64());
     }
 
-    /// An item of `kind` went into a mailbox.
+    /// An item of `kind` (`message`, `task`, `resume`) went into a mailbox.
     #[inline]
     pub fn routed(&self, kind: &'static str) {
-        self.routed.with_label_values(&[kind]).inc();
+        match kind {
+            "message" => self.hot.routed_message.inc(),
+            "task" => self.hot.routed_task.inc(),
+            "resume" => self.hot.routed_resume.inc(),
+            other => self.routed.with_label_values(&[other]).inc(),
+        }
     }
 
     /// A mailbox refused an item (`full`, `full_bytes`, `closed`).
