@@ -23,6 +23,7 @@
 //! - `inbox`: `inbox`, `approve`, `deny`, `answer`.
 
 mod artifacts;
+mod backup;
 mod client;
 mod cron;
 mod describe;
@@ -167,6 +168,24 @@ pub enum Command {
     /// tools that should not hold the admin token: create, list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Copy the store to a new file, consistent as of one moment, while the
+    /// kernel runs or not (SQLite's VACUUM INTO; the copy is checked before
+    /// it takes the name DEST). Needs no token: it reads the data directory.
+    Backup {
+        /// The new file (never overwritten).
+        dest: PathBuf,
+        #[command(flatten)]
+        local: DataDirArgs,
+    },
+    /// Put a backup in place as the store of a data directory no kernel is
+    /// running on (refused while one is); the store it replaces is kept
+    /// beside it as hivekernel.db.before-restore-<unix seconds>.
+    Restore {
+        /// The backup to restore.
+        src: PathBuf,
+        #[command(flatten)]
+        local: DataDirArgs,
+    },
     /// Print a shell completion script: `source <(hivekernel completion bash)`,
     /// `hivekernel completion zsh > ~/.zfunc/_hivekernel`,
     /// `hivekernel completion fish > ~/.config/fish/completions/hivekernel.fish`.
@@ -187,6 +206,23 @@ pub struct UsageArgs {
     pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+/// Where `backup` and `restore` find the store: they read the data
+/// directory's files, not the control plane.
+#[derive(Debug, Args)]
+pub struct DataDirArgs {
+    /// The kernel's data directory (`restore` creates it if missing).
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "HIVEKERNEL_DATA_DIR",
+        default_value = ".hivekernel"
+    )]
+    pub data_dir: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `hivekernel cron ...`.
@@ -853,6 +889,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Backup { dest, local } => backup::backup(dest, local).await,
+        Command::Restore { src, local } => backup::restore(src, local).await,
         Command::Completion { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "hivekernel", &mut script);

@@ -483,7 +483,7 @@ async fn stop_on_signal(
 
 /// Takes `<data_dir>/kernel.lock` for as long as the returned file lives:
 /// two kernels on one store would each believe they own it.
-fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, StartError> {
+pub(crate) fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, StartError> {
     let path = data_dir.join("kernel.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)

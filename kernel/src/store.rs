@@ -21,6 +21,7 @@
 //! (their tables).
 
 mod artifacts;
+pub mod backup;
 mod memory;
 mod recover;
 mod schema;
