@@ -183,6 +183,20 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
     found
 }
 
+/// PIDs of processes holding `marker` still alive after `wait`: a
+/// SIGKILL is sent at once, but the process ends a moment later on a busy
+/// machine.
+pub async fn processes_left_with(marker: &str, wait: std::time::Duration) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether process `pid` is still running (not gone, not a zombie).
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -501,7 +501,7 @@ async fn a_server_that_never_answers_its_handshake_is_restarted_then_given_up() 
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
     assert!(err.to_string().contains("failed for good"), "{err}");
     assert_eq!(
-        mcp::processes_with(&marker),
+        mcp::processes_left_with(&marker, Duration::from_secs(5)).await,
         Vec::<u32>::new(),
         "no sleep left behind"
     );
