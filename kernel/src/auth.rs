@@ -206,6 +206,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("ListProcesses", Scope::Read),
     ("SubscribeEvents", Scope::Read),
     ("ListCron", Scope::Read),
+    ("GetUsageReport", Scope::Read),
     ("GetArtifact", Scope::Read),
     ("ListArtifacts", Scope::Read),
     ("GetTranscript", Scope::Read),

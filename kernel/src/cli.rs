@@ -201,6 +201,14 @@ pub struct UsageArgs {
     /// Only the subtree under this process [default: 1]
     #[arg(value_name = "PROCESS")]
     pub pid: Option<Target>,
+    /// Sum the whole kernel's model usage over time (kept per UTC day) by
+    /// model, day or role, instead of listing processes.
+    #[arg(long, value_parser = ["model", "day", "role"], conflicts_with = "pid")]
+    pub by: Option<String>,
+    /// With --by: from this long ago (7d, 24h) or from this UTC day
+    /// (2026-11-01) on [default: everything kept]
+    #[arg(long, value_name = "WHEN", value_parser = parse_since, requires = "by")]
+    pub since: Option<Since>,
     /// Print one JSON array, one object per process.
     #[arg(long)]
     pub json: bool,
@@ -950,6 +958,24 @@ fn parse_env(text: &str) -> Result<(String, String), String> {
 
 /// Parses a duration written as numbers with units, largest first:
 /// `500ms`, `90s`, `10m`, `2h`, `1d`, `1h30m`.
+/// Where `usage --since` starts: a while ago, or a UTC day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Since {
+    /// This long before now.
+    Ago(Duration),
+    /// This day, `YYYY-MM-DD`.
+    Day(String),
+}
+
+fn parse_since(text: &str) -> Result<Since, String> {
+    if crate::store::usage::is_day(text.trim()) {
+        return Ok(Since::Day(text.trim().to_owned()));
+    }
+    parse_duration(text).map(Since::Ago).map_err(|_| {
+        format!("expected a duration such as 7d or 24h, or a day such as 2026-11-01, got {text:?}")
+    })
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("expected a duration such as 90s, 10m, 2h or 1d, got {text:?}");
     let mut total = Duration::ZERO;

@@ -27,7 +27,10 @@ mod model;
 mod notify;
 mod observe;
 pub(crate) use model::{base_url_problem, url_problem};
-pub use observe::{DEFAULT_LOG_LEVEL, LogFormat, LogSettings, MetricsSettings, check_log_level};
+pub use observe::{
+    DEFAULT_LOG_LEVEL, LogFormat, LogSettings, MetricsSettings, OtelProtocol, OtelSettings,
+    check_log_level,
+};
 mod parse;
 mod sandbox;
 pub use sandbox::ExecSettings;
@@ -193,6 +196,9 @@ pub struct KernelSettings {
     pub metrics: Option<MetricsSettings>,
     /// What is logged, and how (`kernel.log`).
     pub log: LogSettings,
+    /// Where traces are exported (`kernel.otel` with the `OTEL_*`
+    /// variables); `None`: no spans are made.
+    pub otel: Option<OtelSettings>,
 }
 
 /// What processes of `role` may do under `roles`: its entry's list, else
@@ -281,6 +287,7 @@ impl Default for KernelSettings {
             notify: None,
             metrics: None,
             log: LogSettings::default(),
+            otel: None,
         }
     }
 }
@@ -399,6 +406,7 @@ fn load_sections(
     let checks = validate::Context::new(base, known);
     let (mut kernel, ceilings) = checks.kernel(&raw_kernel, issues);
     kernel.notify = notify::notify(raw_kernel.value.notify.as_ref(), env, issues);
+    kernel.otel = observe::otel(raw_kernel.value.otel.as_ref(), env, issues);
     let (llm, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
     let (agent, tools) = model::tool_agent(

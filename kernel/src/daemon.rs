@@ -3,6 +3,9 @@
 //! and shut down gracefully on SIGINT or SIGTERM.
 
 mod reload;
+mod systemd;
+
+pub(crate) use systemd::NOTIFY_SOCKET;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -62,6 +65,9 @@ pub enum StartError {
     /// The model provider cannot be set up (a missing key, a bad endpoint).
     #[error("model provider: {0}")]
     Provider(String),
+    /// The trace exporter cannot be set up (`kernel.otel`, `OTEL_*`).
+    #[error("traces: {0}")]
+    Traces(String),
     /// A file in the data directory could not be read or written.
     #[error("{what} {}: {source}", path.display())]
     Io {
@@ -105,7 +111,8 @@ impl StartError {
             StartError::Config(_)
             | StartError::Usage(_)
             | StartError::Tls(_)
-            | StartError::Provider(_) => 2,
+            | StartError::Provider(_)
+            | StartError::Traces(_) => 2,
             _ => 1,
         }
     }
@@ -136,7 +143,8 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
-        .with_sandbox(exec_sandbox(&settings).await?);
+        .with_sandbox(exec_sandbox(&settings).await?)
+        .with_log_rotation(settings.exec.log);
     let (kernel, pids) =
         start_kernel(&config, settings.clone(), chosen, (store, recovered), exec).await?;
     let reloader = Arc::new(Reloader::new(
@@ -157,6 +165,10 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         serve_metrics(&kernel, listener, addr);
     }
     let server = serve(&kernel, listener, auth, tls, reloader.clone());
+    systemd::notify(&format!(
+        "READY=1\nSTATUS=serving on {addr}\nMAINPID={}",
+        std::process::id()
+    ));
     stop_on_signal(kernel, server, &mut signals, &reloader, &addr_file).await
 }
 
@@ -341,7 +353,24 @@ async fn start_kernel(
         agent_settings,
     ));
     tracing::info!(provider = %chosen.description, "model provider");
-    let started = Kernel::builder(settings)
+    let traces = match &settings.otel {
+        Some(otel) => {
+            let traces = crate::otel::Traces::start(otel).map_err(StartError::Traces)?;
+            tracing::info!(
+                endpoint = %otel.endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"),
+                protocol = otel.protocol.as_str(),
+                capture_content = otel.capture_content,
+                "exporting traces over OTLP"
+            );
+            Some(Arc::new(traces))
+        }
+        None => None,
+    };
+    let mut builder = Kernel::builder(settings);
+    if let Some(traces) = traces {
+        builder = builder.traces(traces);
+    }
+    let started = builder
         .runtimes(registry)
         .llm(chosen.provider)
         .store(store, recovered)
@@ -461,6 +490,7 @@ async fn stop_on_signal(
         }
     };
     let unexpected = early.is_some();
+    systemd::notify("STOPPING=1\nSTATUS=stopping processes, leaves first");
     tracing::info!("shutting down: stopping processes, leaves first");
     kernel.shutdown().await;
     let _ = std::fs::remove_file(addr_file);

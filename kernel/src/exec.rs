@@ -31,6 +31,7 @@
 mod agent;
 pub use crate::command;
 mod os;
+mod rotate;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,7 @@ pub(crate) use agent::ExecProc;
 pub use agent::{Attached, Delivery};
 use os::LaunchSpec;
 pub(crate) use os::{Gone, Launch, OnExit, describe, reclaim_orphans};
+pub use rotate::LogRotation;
 
 use crate::auth::Authenticator;
 use crate::error::{KernelError, Result};
@@ -66,6 +68,8 @@ pub struct ExecRuntime {
     tls_ca: Option<PathBuf>,
     /// How the OS processes are confined; `None`: they are not.
     sandbox: Option<ExecSandbox>,
+    /// When their logs are rotated (`kernel.exec.log`).
+    rotation: LogRotation,
     procs: Mutex<FxHashMap<Pid, Arc<ExecProc>>>,
 }
 
@@ -98,6 +102,7 @@ impl ExecRuntime {
             addr: addr.to_string(),
             tls_ca: None,
             sandbox: None,
+            rotation: LogRotation::DEFAULT,
             procs: Mutex::default(),
         }
     }
@@ -106,6 +111,12 @@ impl ExecRuntime {
     /// to trust for it (`None`: plain text, as by default).
     pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Self {
         self.tls_ca = ca;
+        self
+    }
+
+    /// Rotates every OS process's log as `rotation` says.
+    pub fn with_log_rotation(mut self, rotation: LogRotation) -> Self {
+        self.rotation = rotation;
         self
     }
 

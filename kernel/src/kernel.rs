@@ -83,6 +83,12 @@ impl Kernel {
         self.inner.metrics().cloned()
     }
 
+    /// Where spans go (`kernel.otel`), for the doors that open them;
+    /// `None`: traces are not exported.
+    pub(crate) fn traces(&self) -> Option<&Arc<crate::otel::Traces>> {
+        self.inner.traces()
+    }
+
     /// The event bus (subscribe, last sequence number).
     pub fn subscribe(&self, since: Option<u64>) -> Subscription {
         self.inner.events().subscribe(since)
@@ -192,6 +198,11 @@ impl Kernel {
                 .map(|(counter, next)| Write::Settle { counter, next }),
         );
         store.close().await;
+        // Spans still queued go out before the process ends (blocking, at
+        // most a few seconds: off the async threads).
+        if let Some(traces) = self.inner.traces().cloned() {
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
     }
 
     /// Whether [`Kernel::shutdown`] has begun.

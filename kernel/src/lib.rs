@@ -77,6 +77,7 @@ mod mailbox;
 pub mod mcp;
 pub mod metrics;
 pub mod notify;
+pub mod otel;
 mod process;
 pub mod reload;
 mod router;

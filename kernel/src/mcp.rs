@@ -60,7 +60,7 @@ impl McpServers {
         if self.servers.is_empty() {
             return;
         }
-        install_tls_provider();
+        crate::tls::install_provider();
         for server in self.servers.values().filter(|s| s.spec.enabled) {
             tracker.spawn(server.clone().supervise(
                 stop.clone(),
@@ -220,11 +220,4 @@ fn tool_names(tools: &McpTools) -> String {
         String::new()
     };
     format!("its tools: {}{more}", names.join(", "))
-}
-
-/// HTTPS to MCP servers goes through rustls with ring, the provider the
-/// control plane's TLS already uses; installed once per process (a provider
-/// already installed is kept).
-fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -26,6 +26,7 @@ mod memory;
 mod recover;
 mod schema;
 mod transcript;
+pub mod usage;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -183,6 +184,15 @@ pub(crate) enum Write {
         subtree: LlmUsage,
         /// What its own budget (if it has one) and the budgets lent from it spent.
         budget_spent: Option<u64>,
+    },
+    /// One model call's usage, added to its UTC day, model and role.
+    UsageDay {
+        /// `YYYY-MM-DD`.
+        day: String,
+        model: Arc<str>,
+        role: &'static str,
+        usage: hivekernel_agents::llm::Usage,
+        cost_nano_usd: u64,
     },
     /// How to spawn `pid` again after a restart: its spawn request as JSON.
     Spec {

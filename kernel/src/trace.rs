@@ -4,14 +4,25 @@
 //! trace) and around each cron firing (a new trace). Tasks and messages
 //! made while it is set continue its trace; events and transcript entries
 //! recorded while it is set carry its trace id.
+//!
+//! A task or message carries the context of the work that made it (its
+//! span is the new item's parent, as a `traceparent` names the caller's
+//! span); the work that handles it runs in a span of its own under that
+//! one when the kernel exports traces (otel.rs), and in the item's context
+//! as it is when it does not (nothing reads span ids then).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use hivekernel_agents::{Pid, RequestId, TraceContext, TraceId};
+
+use crate::otel::Span;
 
 /// What the task-local holds.
 struct Work {
     trace: Option<TraceContext>,
+    /// The exported span the work runs in (ended when the work ends); a
+    /// no-op when the kernel exports no traces.
+    span: RefCell<Span>,
     /// The turn's id once something was recorded in it; 0 before.
     turn: Cell<u64>,
     /// The `delegate_async` request the work answers, if it does.
@@ -40,6 +51,24 @@ pub(crate) fn scope<F: Future>(
     CURRENT.scope(
         Work {
             trace,
+            span: RefCell::default(),
+            turn: Cell::new(0),
+            origin: None,
+            resume: Cell::new(None),
+        },
+        work,
+    )
+}
+
+/// [`scope`] in an exported span (`trace` is its context).
+pub(crate) fn scope_in<F: Future>(
+    (span, trace): (Span, Option<TraceContext>),
+    work: F,
+) -> impl Future<Output = F::Output> {
+    CURRENT.scope(
+        Work {
+            trace,
+            span: RefCell::new(span),
             turn: Cell::new(0),
             origin: None,
             resume: Cell::new(None),
@@ -51,7 +80,7 @@ pub(crate) fn scope<F: Future>(
 /// [`scope`] for a turn that answers `origin`, resuming inbox request
 /// `resume` when it is one that waited across a kernel restart.
 pub(crate) fn scope_turn<F: Future>(
-    trace: Option<TraceContext>,
+    (span, trace): (Span, Option<TraceContext>),
     origin: Option<Origin>,
     resume: Option<u64>,
     work: F,
@@ -59,6 +88,7 @@ pub(crate) fn scope_turn<F: Future>(
     CURRENT.scope(
         Work {
             trace,
+            span: RefCell::new(span),
             turn: Cell::new(0),
             origin,
             resume: Cell::new(resume),
@@ -87,10 +117,15 @@ pub(crate) fn current_id() -> Option<TraceId> {
     current().map(|trace| trace.trace_id)
 }
 
-/// The trace of a task or message made now: a step of the current trace,
-/// or a new one.
+/// The trace of a task or message made now: the current work's (whose
+/// span is the item's parent), or a new one.
 pub(crate) fn for_new_item() -> TraceContext {
-    current().map_or_else(TraceContext::new_root, TraceContext::child)
+    current().unwrap_or_else(TraceContext::new_root)
+}
+
+/// Marks the span of the work running now failed (`error.type` and why).
+pub(crate) fn fail(error_type: impl Into<opentelemetry::Value>, why: &str) {
+    let _ = CURRENT.try_with(|work| work.span.borrow_mut().fail(error_type, why));
 }
 
 /// The turn of the work running now, taking its id from `new` the first

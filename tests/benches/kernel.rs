@@ -1,8 +1,9 @@
 //! The kernel against its physical floor.
 //!
 //! `cargo bench -p hivekernel-tests --bench kernel [-- --json] [-- --smoke]
-//! [-- --only spawn,route] [-- --metrics]`. `--metrics` runs every kernel
-//! with `kernel.metrics` set, to compare against a run without. Every figure is printed beside a floor measured
+//! [-- --only spawn,route] [-- --metrics] [-- --traces]`. `--metrics` runs
+//! every kernel with `kernel.metrics` set, `--traces` with traces exported
+//! to an OTLP receiver on loopback, to compare against a run without. Every figure is printed beside a floor measured
 //! in the same run on the same runtime (raw tokio tasks and channels, an
 //! empty tonic RPC, `/bin/true`), as a cost ratio, because absolute times
 //! drift on shared 2-core machines. docs/PERFORMANCE.md explains each row.
@@ -59,7 +60,7 @@ use hivekernel_kernel::config::{KernelSettings, MetricsSettings};
 use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
-                     [--json] [--smoke] [--only NAME[,NAME]] [--metrics]\n\
+                     [--json] [--smoke] [--only NAME[,NAME]] [--metrics] [--traces]\n\
                      names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp";
 
 /// The `--only` names, in the order they run and print.
@@ -139,6 +140,42 @@ const SMOKE: Sizes = Sizes {
 /// `--metrics`: every kernel keeps metrics (`kernel.metrics`).
 static METRICS: AtomicBool = AtomicBool::new(false);
 
+/// `--traces`: every kernel exports traces, to an OTLP receiver of this
+/// bench's own on loopback (its own thread, counting what it is sent).
+static TRACES: AtomicBool = AtomicBool::new(false);
+
+/// `builder`, exporting traces when the run was asked to (`--traces`).
+pub(crate) fn traced(
+    builder: hivekernel_kernel::KernelBuilder,
+) -> hivekernel_kernel::KernelBuilder {
+    if !TRACES.load(Ordering::Relaxed) {
+        return builder;
+    }
+    static RECEIVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let endpoint = RECEIVER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the OTLP receiver");
+            runtime.block_on(async {
+                let receiver = hivekernel_tests::otlp::OtlpReceiver::http_counting().await;
+                let _ = tx.send(receiver.endpoint());
+                std::future::pending::<()>().await;
+            });
+        });
+        rx.recv().expect("the OTLP receiver's address")
+    });
+    let otel = hivekernel_kernel::config::OtelSettings {
+        endpoint: Some(endpoint.clone()),
+        protocol: hivekernel_kernel::config::OtelProtocol::HttpProtobuf,
+        capture_content: false,
+    };
+    let traces = hivekernel_kernel::otel::Traces::start(&otel).expect("the trace exporter");
+    builder.traces(std::sync::Arc::new(traces))
+}
+
 /// `settings`, keeping metrics when the run was asked to (`--metrics`).
 pub(crate) fn observed(settings: KernelSettings) -> KernelSettings {
     if !METRICS.load(Ordering::Relaxed) {
@@ -159,10 +196,14 @@ pub(crate) fn with_metrics(settings: KernelSettings) -> KernelSettings {
 
 /// Extra arguments a `--child` run needs to measure what this run does.
 pub(crate) fn child_args() -> &'static [&'static str] {
-    if METRICS.load(Ordering::Relaxed) {
-        &["--metrics"]
-    } else {
-        &[]
+    match (
+        METRICS.load(Ordering::Relaxed),
+        TRACES.load(Ordering::Relaxed),
+    ) {
+        (true, true) => &["--metrics", "--traces"],
+        (true, false) => &["--metrics"],
+        (false, true) => &["--traces"],
+        (false, false) => &[],
     }
 }
 
@@ -187,6 +228,7 @@ impl Args {
                 "--smoke" => parsed.smoke = true,
                 "--bench" => parsed.bench = true,
                 "--metrics" => METRICS.store(true, Ordering::Relaxed),
+                "--traces" => TRACES.store(true, Ordering::Relaxed),
                 "--only" => {
                     let list = args.next().ok_or("--only needs a list of names")?;
                     let mut only = Vec::new();

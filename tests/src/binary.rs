@@ -24,6 +24,11 @@ impl Binary {
     /// Starts the daemon with `extra` arguments after the usual ones and
     /// waits (up to 30 s) until it has written its address.
     pub fn start_with(bin: &Path, dir: &Path, extra: &[&str]) -> Binary {
+        Binary::start_with_env(bin, dir, extra, &[])
+    }
+
+    /// [`Binary::start_with`], with `env` set for the daemon.
+    pub fn start_with_env(bin: &Path, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Binary {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -38,6 +43,7 @@ impl Binary {
             .args(extra)
             .env_remove("HIVEKERNEL_LLM_BASE_URL")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

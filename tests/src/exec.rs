@@ -37,6 +37,11 @@ impl ExecKernel {
     /// Starts one with [`crate::test_settings`], a fresh data directory and a
     /// 500 ms grace between SIGTERM and SIGKILL.
     pub async fn start() -> ExecKernel {
+        ExecKernel::start_with(|runtime| runtime).await
+    }
+
+    /// [`ExecKernel::start`] with the `exec` runtime as `configure` makes it.
+    pub async fn start_with(configure: impl FnOnce(ExecRuntime) -> ExecRuntime) -> ExecKernel {
         let data_dir = tempfile::tempdir().unwrap();
         let mut settings = crate::test_settings();
         settings.data_dir = data_dir.path().to_owned();
@@ -48,7 +53,7 @@ impl ExecKernel {
         let kernel = crate::start(
             Kernel::builder(settings)
                 .runtimes(registry)
-                .exec(ExecRuntime::new(auth.clone(), addr)),
+                .exec(configure(ExecRuntime::new(auth.clone(), addr))),
         )
         .await;
         let stop = kernel.shutdown_token();

@@ -20,6 +20,7 @@ pub mod durable;
 pub mod exec;
 pub mod llm_server;
 pub mod mcp;
+pub mod otlp;
 pub mod probe;
 pub mod served;
 pub mod web_server;

@@ -1197,3 +1197,38 @@ async fn only_an_os_process_that_took_a_task_counts_against_it() {
     assert_code(refused, Code::PermissionDenied, "working directory");
     served.stop().await;
 }
+
+/// An agent's log grows past `kernel.exec.log.max_bytes`: it is copied to
+/// `.1` (older ones moving up, the oldest beyond `keep` dropped) and
+/// truncated, and the agent, writing in append mode, carries on at its
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_agents_log_is_rotated_by_size_keeping_the_newest_files() {
+    use hivekernel_kernel::exec::LogRotation;
+    let served = ExecKernel::start_with(|runtime| {
+        runtime.with_log_rotation(LogRotation {
+            max_bytes: 64 * 1024,
+            keep: 2,
+        })
+    })
+    .await;
+    let mut admin = served.admin();
+    // Three generations of 100 kB, each written once the one before was
+    // rotated away (its stdout, the log, is back to empty).
+    let script = r#"for c in a b c; do
+          head -c 100000 /dev/zero | tr '\0' "$c"; echo
+          while [ "$(stat -L -c %s /proc/$$/fd/1)" -gt 1000 ]; do sleep 0.1; done
+        done
+        echo done
+        exec sleep 600"#;
+    let pid = spawn_exec(&mut admin, "chatty", &["/bin/sh", "-c", script]).await;
+    let log = log_of(&mut admin, pid).await;
+    let rotated = |n: u32| PathBuf::from(format!("{}.{n}", log.display()));
+    wait_for_log(&log, "done").await;
+    let generation = |n: u32| std::fs::read_to_string(rotated(n)).unwrap();
+    assert_eq!(generation(1), format!("{}\n", "c".repeat(100_000)));
+    assert_eq!(generation(2), format!("{}\n", "b".repeat(100_000)));
+    assert!(!rotated(3).exists(), "keep 2: the oldest was dropped");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "done\n");
+    served.stop().await;
+}

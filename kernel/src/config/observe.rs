@@ -1,10 +1,11 @@
-//! `kernel.metrics` and `kernel.log`, both phases: how operators watch a
-//! running kernel.
+//! `kernel.metrics`, `kernel.log` and `kernel.otel`, both phases: how
+//! operators watch a running kernel.
 //!
 //! ```json
 //! "kernel": {
 //!   "metrics": { "listen": "127.0.0.1:9464" },
-//!   "log": { "level": "info,rmcp=warn", "format": "json" }
+//!   "log": { "level": "info,rmcp=warn", "format": "json" },
+//!   "otel": { "endpoint": "http://127.0.0.1:4318", "capture_content": false }
 //! }
 //! ```
 
@@ -165,4 +166,171 @@ pub(super) fn log(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> LogSe
         }
     }
     settings
+}
+
+/// OpenTelemetry trace export (`kernel.otel`, or the standard
+/// `OTEL_EXPORTER_OTLP_*` variables, which win as `RUST_LOG` does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelSettings {
+    /// The collector's base URL (`/v1/traces` is added for OTLP/HTTP);
+    /// `None`: the exporter reads `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` itself.
+    pub endpoint: Option<String>,
+    /// How spans are sent.
+    pub protocol: OtelProtocol,
+    /// Whether spans carry message contents (prompts, answers, tool
+    /// results): off unless asked for, as they may hold anything.
+    pub capture_content: bool,
+}
+
+/// The OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OtelProtocol {
+    /// Protobuf over HTTP (port 4318), the OpenTelemetry default.
+    #[default]
+    HttpProtobuf,
+    /// gRPC (port 4317).
+    Grpc,
+}
+
+impl OtelProtocol {
+    /// As `OTEL_EXPORTER_OTLP_PROTOCOL` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtelProtocol::HttpProtobuf => "http/protobuf",
+            OtelProtocol::Grpc => "grpc",
+        }
+    }
+}
+
+impl std::str::FromStr for OtelProtocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "http/protobuf" => Ok(OtelProtocol::HttpProtobuf),
+            "grpc" => Ok(OtelProtocol::Grpc),
+            "http/json" => Err("http/json is not supported (use http/protobuf or grpc)".to_owned()),
+            other => Err(format!(
+                "unknown OTLP protocol {} (expected http/protobuf or grpc)",
+                hivekernel_agents::text::shown(other)
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawOtel {
+    endpoint: Option<String>,
+    protocol: Option<String>,
+    capture_content: Option<bool>,
+}
+
+const ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+const PROTOCOL_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+];
+
+/// Parses `kernel.otel` with the standard variables; `None` when traces
+/// are not exported (neither names an endpoint, or `OTEL_SDK_DISABLED=true`
+/// or `OTEL_TRACES_EXPORTER=none`).
+pub(super) fn otel(
+    value: Option<&Value>,
+    env: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<OtelSettings> {
+    let section = section::<RawOtel>(value, "kernel.otel", issues);
+    let raw = section.value;
+    let set = |name: &str| env(name).filter(|value| !value.trim().is_empty());
+    if set("OTEL_SDK_DISABLED").is_some_and(|value| value.trim().eq_ignore_ascii_case("true")) {
+        return None;
+    }
+    match set("OTEL_TRACES_EXPORTER").map(|value| value.trim().to_ascii_lowercase()) {
+        Some(value) if value == "none" => return None,
+        Some(value) if value != "otlp" => {
+            issues.push(ConfigIssue::new(
+                "OTEL_TRACES_EXPORTER",
+                format!(
+                    "unsupported exporter {} (hivekernel exports traces over otlp, or none)",
+                    hivekernel_agents::text::shown(&value)
+                ),
+            ));
+            return None;
+        }
+        _ => {}
+    }
+    let from_env = ENDPOINT_VARS
+        .iter()
+        .find_map(|name| set(name).map(|value| (*name, value)));
+    let mut ok = true;
+    let endpoint = match (&from_env, raw.endpoint) {
+        (Some((name, url)), _) => {
+            ok &= check_endpoint(name, url, issues);
+            None
+        }
+        (None, Some(url)) => {
+            ok &= check_endpoint("kernel.otel.endpoint", &url, issues);
+            Some(url)
+        }
+        (None, None) => {
+            if value.is_some_and(|value| !value.is_null()) {
+                issues.push(ConfigIssue::new(
+                    "kernel.otel.endpoint",
+                    "is required when kernel.otel is given (such as http://127.0.0.1:4318), \
+                     unless OTEL_EXPORTER_OTLP_ENDPOINT is set",
+                ));
+            }
+            return None;
+        }
+    };
+    let protocol = match PROTOCOL_VARS
+        .iter()
+        .find_map(|name| set(name).map(|value| (*name, value)))
+    {
+        Some((name, value)) => parse_protocol(name, &value, issues),
+        None => match raw.protocol {
+            Some(value) => parse_protocol("kernel.otel.protocol", &value, issues),
+            None => Some(OtelProtocol::default()),
+        },
+    };
+    let capture_content = raw.capture_content.unwrap_or_else(|| {
+        set("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+            .is_some_and(|value| value.trim().eq_ignore_ascii_case("true"))
+    });
+    let protocol = protocol?;
+    ok.then_some(OtelSettings {
+        endpoint,
+        protocol,
+        capture_content,
+    })
+}
+
+fn parse_protocol(name: &str, value: &str, issues: &mut Vec<ConfigIssue>) -> Option<OtelProtocol> {
+    value
+        .parse()
+        .inspect_err(|problem: &String| issues.push(ConfigIssue::new(name, problem.clone())))
+        .ok()
+}
+
+/// An endpoint is an http or https URL with a host.
+fn check_endpoint(name: &str, url: &str, issues: &mut Vec<ConfigIssue>) -> bool {
+    let parsed = reqwest::Url::parse(url.trim());
+    let ok = parsed
+        .as_ref()
+        .is_ok_and(|url| matches!(url.scheme(), "http" | "https") && url.host().is_some());
+    if !ok {
+        issues.push(ConfigIssue::new(
+            name,
+            format!(
+                "invalid endpoint {} (expected an http or https URL, such as http://127.0.0.1:4318)",
+                hivekernel_agents::text::shown(url)
+            ),
+        ));
+    }
+    ok
 }

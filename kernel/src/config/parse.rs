@@ -57,6 +57,7 @@ pub(super) struct RawKernel {
     pub(super) notify: Option<Value>,
     pub(super) metrics: Option<Value>,
     pub(super) log: Option<Value>,
+    pub(super) otel: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -89,6 +90,7 @@ impl Default for RawKernel {
             notify: None,
             metrics: None,
             log: None,
+            otel: None,
         }
     }
 }

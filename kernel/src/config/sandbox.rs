@@ -7,7 +7,8 @@
 //!   "shell": { "unsandboxed": false, "read_only": ["/srv/reference"], "read_write": ["/srv/scratch"] }
 //! },
 //! "kernel": {
-//!   "exec": { "sandbox": true, "read_only": ["../sdk-examples/python", "/opt/venv"] }
+//!   "exec": { "sandbox": true, "read_only": ["../sdk-examples/python", "/opt/venv"],
+//!             "log": { "max_bytes": 10485760, "keep": 5 } }
 //! }
 //! ```
 //!
@@ -34,6 +35,8 @@ pub struct ExecSettings {
     /// Paths granted on top of the system ones, the agent's workspace, its
     /// program and its working directory (read-only).
     pub grants: Grants,
+    /// When each agent's log is rotated (`kernel.exec.log`).
+    pub log: crate::exec::LogRotation,
 }
 
 /// `tool_agent.shell` as written.
@@ -52,7 +55,21 @@ pub(super) struct RawExec {
     sandbox: bool,
     read_only: Vec<String>,
     read_write: Vec<String>,
+    log: Option<Value>,
 }
+
+/// `kernel.exec.log` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawLogRotation {
+    max_bytes: Option<u64>,
+    keep: Option<u32>,
+}
+
+/// The smallest rotation size: a smaller one would rotate on every check.
+const MIN_LOG_BYTES: u64 = 64 * 1024;
+/// The most rotated files kept per agent.
+const MAX_LOG_KEEP: u32 = 100;
 
 /// Parses and checks `tool_agent.shell` (the hidden paths are filled in
 /// once the kernel section is known).
@@ -84,6 +101,7 @@ pub(super) fn exec(
 ) -> ExecSettings {
     let raw = section::<RawExec>(value, "kernel.exec", issues).value;
     ExecSettings {
+        log: log_rotation(raw.log.as_ref(), issues),
         sandbox: raw.sandbox,
         grants: grants(
             &raw.read_only,
@@ -93,6 +111,35 @@ pub(super) fn exec(
             issues,
         ),
     }
+}
+
+/// `kernel.exec.log`: the defaults for what it leaves out.
+fn log_rotation(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> crate::exec::LogRotation {
+    let raw = section::<RawLogRotation>(value, "kernel.exec.log", issues).value;
+    let mut rotation = crate::exec::LogRotation::DEFAULT;
+    if let Some(max_bytes) = raw.max_bytes {
+        if max_bytes != 0 && max_bytes < MIN_LOG_BYTES {
+            issues.push(ConfigIssue::new(
+                "kernel.exec.log.max_bytes",
+                format!(
+                    "{max_bytes} is too small (at least {MIN_LOG_BYTES}, or 0 never to rotate)"
+                ),
+            ));
+        } else {
+            rotation.max_bytes = max_bytes;
+        }
+    }
+    if let Some(keep) = raw.keep {
+        if keep > MAX_LOG_KEEP {
+            issues.push(ConfigIssue::new(
+                "kernel.exec.log.keep",
+                format!("{keep} is too many (at most {MAX_LOG_KEEP}; 0 keeps none)"),
+            ));
+        } else {
+            rotation.keep = keep;
+        }
+    }
+    rotation
 }
 
 /// `read_only` and `read_write` of `section`, resolved against the config's directory.

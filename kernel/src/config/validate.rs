@@ -200,6 +200,8 @@ impl<'a> Context<'a> {
             notify: None,
             metrics: super::observe::metrics(k.metrics.as_ref(), issues),
             log: super::observe::log(k.log.as_ref(), issues),
+            // Read with the environment, by `load_sections`.
+            otel: None,
         };
         (settings, ceilings)
     }

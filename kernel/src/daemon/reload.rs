@@ -298,6 +298,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         notify,
         metrics,
         log,
+        otel,
         restore_temporary,
     } = &running.settings;
     let new = settings;
@@ -354,6 +355,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("kernel.notify", *notify != new.notify),
         ("kernel.metrics", *metrics != new.metrics),
         ("kernel.log", *log != new.log),
+        ("kernel.otel", *otel != new.otel),
         (
             "kernel.restore_temporary",
             *restore_temporary != new.restore_temporary,

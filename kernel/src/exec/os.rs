@@ -235,6 +235,9 @@ impl Launch {
             Some(ca) => cmd.env(TLS_CA_ENV, ca),
             None => cmd.env_remove(TLS_CA_ENV),
         };
+        // systemd's notification socket is the kernel's: an agent that
+        // wrote READY=1 or STOPPING=1 to it would speak for the kernel.
+        cmd.env_remove(crate::daemon::NOTIFY_SOCKET);
         let mut os = proc.os.lock();
         if !os.startable(*generation) {
             return Ok(());
@@ -292,6 +295,9 @@ fn open_log(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// How often a running process's log size is looked at.
+const ROTATION_CHECK: Duration = Duration::from_secs(5);
+
 /// Waits for the OS process to exit on its own, or stops it when the kernel
 /// process ends or restarts; an exit on its own is the kernel process's
 /// exit with its status, for its supervisor to act on.
@@ -311,9 +317,32 @@ async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Durat
             let _ = rustix::process::kill_process_group(group, sig);
         }
     };
-    let own = tokio::select! {
-        status = child.wait() => Some(status),
-        () = stop.cancelled() => None,
+    // Its log is looked at every few seconds while it runs, and rotated
+    // once it grows past its limit (off the async threads: a copy).
+    let mut rotation =
+        tokio::time::interval_at(tokio::time::Instant::now() + ROTATION_CHECK, ROTATION_CHECK);
+    rotation.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let own = loop {
+        tokio::select! {
+            status = child.wait() => break Some(status),
+            () = stop.cancelled() => break None,
+            _ = rotation.tick(), if runtime.rotation.max_bytes > 0 => {
+                let (log, limits) = (proc.spec.log_path.clone(), runtime.rotation);
+                let rotated =
+                    tokio::task::spawn_blocking(move || super::rotate::rotate_if_over(&log, limits))
+                        .await;
+                match rotated {
+                    Ok(Ok(true)) => tracing::debug!(pid = %proc.pid, "exec log rotated"),
+                    Ok(Ok(false)) | Err(_) => {}
+                    Ok(Err(err)) => tracing::warn!(
+                        pid = %proc.pid,
+                        log = %proc.spec.log_path.display(),
+                        error = %err,
+                        "cannot rotate the exec log"
+                    ),
+                }
+            }
+        }
     };
     let Some(status) = own else {
         signal(Signal::TERM);

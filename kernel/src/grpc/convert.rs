@@ -243,6 +243,30 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
     }
 }
 
+/// A usage report: its rows and their sum.
+pub(crate) fn usage_report(rows: Vec<crate::store::usage::UsageRow>) -> pb::UsageReport {
+    let mut total = LlmUsage::default();
+    let rows = rows
+        .into_iter()
+        .map(|row| {
+            total.calls = total.calls.saturating_add(row.usage.calls);
+            total.prompt_tokens = total.prompt_tokens.saturating_add(row.usage.prompt_tokens);
+            total.completion_tokens = total
+                .completion_tokens
+                .saturating_add(row.usage.completion_tokens);
+            total.cost_nano_usd = total.cost_nano_usd.saturating_add(row.usage.cost_nano_usd);
+            pb::UsageReportRow {
+                key: row.key,
+                usage: Some(usage(row.usage)),
+            }
+        })
+        .collect();
+    pb::UsageReport {
+        rows,
+        total: Some(usage(total)),
+    }
+}
+
 fn usage(usage: LlmUsage) -> pb::LlmUsage {
     pb::LlmUsage {
         calls: usage.calls,

@@ -13,8 +13,9 @@ use tonic::{Request, Response, Status};
 use super::streams::{self, Stop};
 use super::{attach, convert, cron, inbox, mcp, reload, tokens, transcript};
 use crate::kernel::{Caller, Kernel};
+use crate::otel::Span;
 use crate::reload::ConfigReload;
-use crate::trace::scope;
+use crate::trace::scope_in;
 
 /// Processes per `ListProcesses` batch when the request leaves it at 0.
 const DEFAULT_BATCH: usize = 1000;
@@ -62,10 +63,9 @@ pub(super) fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
 
 type Rpc<T> = Result<Response<T>, Status>;
 
-/// The trace a call runs in: a step of the caller's `traceparent`, else a
-/// new trace. A malformed `traceparent` is ignored (logged at debug level),
-/// never an error to the caller.
-fn trace_of<T>(request: &Request<T>) -> TraceContext {
+/// The caller's `traceparent`, if it sent one. A malformed one is ignored
+/// (logged at debug level), never an error to the caller.
+fn traceparent<T>(request: &Request<T>) -> Option<TraceContext> {
     let given = request.metadata().get("traceparent");
     let parsed = given
         .and_then(|value| value.to_str().ok())
@@ -73,16 +73,47 @@ fn trace_of<T>(request: &Request<T>) -> TraceContext {
     if given.is_some() && parsed.is_none() {
         tracing::debug!(traceparent = ?given, "malformed traceparent ignored");
     }
-    parsed.map_or_else(TraceContext::new_root, TraceContext::child)
+    parsed
+}
+
+impl KernelService {
+    /// The span a call that starts work runs in, and its trace: under the
+    /// caller's `traceparent`, else a new trace.
+    fn call_span<T>(&self, method: &'static str, request: &Request<T>) -> (Span, TraceContext) {
+        let parent = traceparent(request);
+        match self.kernel.traces() {
+            Some(traces) => traces.server(method, parent),
+            None => (
+                Span::default(),
+                parent.map_or_else(TraceContext::new_root, TraceContext::child),
+            ),
+        }
+    }
+}
+
+/// Runs `work` as one call, in its span and trace; a refusal marks the
+/// span failed with the gRPC code it becomes.
+async fn in_call<R, E: Into<Status>>(
+    (span, trace): (Span, TraceContext),
+    work: impl Future<Output = Result<R, E>>,
+) -> Result<R, Status> {
+    scope_in((span, Some(trace)), async move {
+        work.await.map_err(|err| {
+            let status: Status = err.into();
+            crate::trace::fail(format!("{:?}", status.code()), status.message());
+            status
+        })
+    })
+    .await
 }
 
 #[tonic::async_trait]
 impl KernelRpc for KernelService {
     async fn spawn(&self, request: Request<pb::SpawnRequest>) -> Rpc<pb::SpawnResponse> {
         let caller = caller(&request)?;
-        let trace = trace_of(&request);
+        let opened = self.call_span("Spawn", &request);
         let spawn = convert::spawn_request(request.into_inner())?;
-        let pid = scope(Some(trace), self.kernel.spawn(caller, spawn)).await?;
+        let pid = in_call(opened, self.kernel.spawn(caller, spawn)).await?;
         Ok(Response::new(pb::SpawnResponse { pid: pid.0 }))
     }
 
@@ -164,9 +195,10 @@ impl KernelRpc for KernelService {
         request: Request<pb::SendMessageRequest>,
     ) -> Rpc<pb::SendMessageResponse> {
         let caller = caller(&request)?;
-        let trace = trace_of(&request);
+        let opened = self.call_span("SendMessage", &request);
+        let trace = opened.1;
         let message = convert::outgoing(caller, request.into_inner())?;
-        let id = scope(Some(trace), self.kernel.send_message(caller, message)).await?;
+        let id = in_call(opened, self.kernel.send_message(caller, message)).await?;
         Ok(Response::new(pb::SendMessageResponse {
             message_id: id.0,
             trace_id: trace.trace_id.to_string(),
@@ -178,10 +210,10 @@ impl KernelRpc for KernelService {
         request: Request<pb::ExecuteTaskRequest>,
     ) -> Rpc<pb::ExecuteTaskResponse> {
         let caller = caller(&request)?;
-        let trace = trace_of(&request);
+        let opened = self.call_span("ExecuteTask", &request);
+        let trace = opened.1;
         let task = convert::task_spec(request.into_inner())?;
-        let (request_id, reply) =
-            scope(Some(trace), self.kernel.execute_task(caller, task)).await?;
+        let (request_id, reply) = in_call(opened, self.kernel.execute_task(caller, task)).await?;
         let (success, output, error) = match reply {
             Ok(output) => (true, output, String::new()),
             Err(error) => (false, String::new(), error),
@@ -205,6 +237,21 @@ impl KernelRpc for KernelService {
     }
 
     type SubscribeEventsStream = ReceiverStream<Result<pb::Event, Status>>;
+
+    async fn get_usage_report(
+        &self,
+        request: Request<pb::UsageReportRequest>,
+    ) -> Rpc<pb::UsageReport> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let by = request
+            .by
+            .parse()
+            .map_err(|why: String| Status::invalid_argument(format!("by: {why}")))?;
+        let since = Some(request.since_day).filter(|day| !day.is_empty());
+        let rows = self.kernel.usage_report(caller, by, since).await?;
+        Ok(Response::new(convert::usage_report(rows)))
+    }
 
     async fn subscribe_events(
         &self,
@@ -354,12 +401,8 @@ impl KernelRpc for KernelService {
         request: Request<pb::CallMcpToolRequest>,
     ) -> Rpc<pb::CallMcpToolResponse> {
         let caller = caller(&request)?;
-        let trace = trace_of(&request);
-        let answer = scope(
-            Some(trace),
-            mcp::call(&self.kernel, caller, request.get_ref()),
-        )
-        .await?;
+        let opened = self.call_span("CallMcpTool", &request);
+        let answer = in_call(opened, mcp::call(&self.kernel, caller, request.get_ref())).await?;
         Ok(Response::new(answer))
     }
 

@@ -56,6 +56,7 @@ pub struct KernelBuilder {
     agents: Vec<Declared>,
     cron_anchor: Option<(u64, tokio::time::Instant)>,
     mcp: Vec<McpServerSpec>,
+    traces: Option<Arc<crate::otel::Traces>>,
 }
 
 /// A started kernel, and what starting it did.
@@ -95,6 +96,7 @@ impl Kernel {
             agents: Vec::new(),
             cron_anchor: None,
             mcp: Vec::new(),
+            traces: None,
         }
     }
 }
@@ -109,6 +111,13 @@ impl KernelBuilder {
     /// The model provider behind every process's model calls.
     pub fn llm(mut self, provider: Arc<dyn Provider>) -> Self {
         self.llm = Some(provider);
+        self
+    }
+
+    /// Exports a span per gRPC call, task and message handled, model call,
+    /// tool call, spawn and cron firing to `traces` (see [`crate::otel`]).
+    pub fn traces(mut self, traces: Arc<crate::otel::Traces>) -> Self {
+        self.traces = Some(traces);
         self
     }
 
@@ -169,6 +178,7 @@ impl KernelBuilder {
             agents,
             cron_anchor,
             mcp,
+            traces,
         } = self;
         if let Some(exec) = exec {
             runtimes.enable_exec(exec);
@@ -191,6 +201,7 @@ impl KernelBuilder {
             templates,
             cron_anchor,
             mcp: McpServers::new(mcp, mcp_logs),
+            traces,
         });
         kernel.start_mcp();
         if recovered.is_some() {

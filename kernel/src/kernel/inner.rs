@@ -45,6 +45,7 @@ pub(super) struct Parts<'a> {
     pub(super) templates: HashMap<String, SpawnRequest>,
     pub(super) cron_anchor: Option<(u64, tokio::time::Instant)>,
     pub(super) mcp: McpServers,
+    pub(super) traces: Option<Arc<crate::otel::Traces>>,
 }
 
 #[derive(Debug)]
@@ -62,6 +63,8 @@ pub(super) struct Inner {
     /// What `/metrics` serves, when `kernel.metrics` is set; the bus and
     /// the store feed it too.
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Where spans go, when traces are exported (`kernel.otel`).
+    traces: Option<Arc<crate::otel::Traces>>,
     transcripts: Transcripts,
     /// The SQLite store, or its in-memory form.
     store: Store,
@@ -102,6 +105,7 @@ impl Inner {
             templates,
             cron_anchor,
             mcp,
+            traces,
         } = parts;
         let start = |counter: store::Counter, fresh: u64| {
             recovered.map_or(fresh, |r| r.next(counter).max(fresh))
@@ -205,6 +209,7 @@ impl Inner {
             events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq)
                 .with_metrics(metrics.clone()),
             metrics,
+            traces,
             transcripts,
             store,
             runtimes,
@@ -278,6 +283,10 @@ impl Inner {
 
     pub(super) fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
         self.metrics.as_ref()
+    }
+
+    pub(super) fn traces(&self) -> Option<&Arc<crate::otel::Traces>> {
+        self.traces.as_ref()
     }
 
     pub(super) fn transcripts(&self) -> &Transcripts {

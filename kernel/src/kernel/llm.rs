@@ -13,10 +13,10 @@ use crate::error::KernelError;
 use crate::events::EventKind;
 use crate::kernel::{Caller, Kernel};
 use crate::process::ProcShared;
+use crate::store::usage::{UsageBy, UsageRow};
 use crate::store::{BucketKind, Write};
 use crate::transcript::EntryKind as TranscriptKind;
 
-/// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 impl Kernel {
     /// One model call for process `pid`; its usage is recorded against `pid`.
     pub(crate) async fn chat(
@@ -70,8 +70,16 @@ impl Kernel {
             request.max_tokens,
             &request.messages,
         );
+        let traces = self.inner.traces();
+        let mut span = traces
+            .map(|traces| traces.chat(llm.name(), request, pid))
+            .unwrap_or_default();
         let started = std::time::Instant::now();
         let answer = llm.chat(request).await;
+        if let Some(traces) = traces {
+            traces.answered(&mut span, &answer);
+        }
+        drop(span);
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (usage, error) = match &answer {
             Ok(response) => (response.usage, None),
@@ -135,9 +143,38 @@ impl Kernel {
         answer
     }
 
+    /// Model usage over time, summed `by`, from UTC day `since`
+    /// (`YYYY-MM-DD`; none: all kept). The operator's: a process may not
+    /// read what the whole kernel spends.
+    pub async fn usage_report(
+        &self,
+        caller: Caller,
+        by: UsageBy,
+        since: Option<String>,
+    ) -> crate::error::Result<Vec<UsageRow>> {
+        if let Caller::Process(pid) = caller {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {pid} may not read the kernel's usage report (it is the operator's)"
+            )));
+        }
+        if let Some(day) = &since
+            && !crate::store::usage::is_day(day)
+        {
+            return Err(KernelError::InvalidArgument(format!(
+                "since_day {} is not a day (expected YYYY-MM-DD)",
+                hivekernel_agents::text::shown(day)
+            )));
+        }
+        let store = self.durable_store("usage over time")?;
+        Ok(store.usage_report(by, since).await?)
+    }
+
     /// Records a tool call `pid`'s runtime made, as a `tool_call` event
     /// and in its transcript.
     pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
+        if let Some(traces) = self.inner.traces() {
+            traces.tool_called(pid, &report);
+        }
         let ok = report.error.is_none();
         let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
         self.inner.transcripts().record(
@@ -200,7 +237,18 @@ impl Kernel {
         let store = &self.inner.store();
         let durable = store.is_durable();
         let mut writes: Vec<Write> = match durable {
-            true => vec![kept(proc.ctx.pid, proc)],
+            true => vec![
+                kept(proc.ctx.pid, proc),
+                Write::UsageDay {
+                    day: crate::store::usage::utc_day(crate::event::unix_ms(
+                        std::time::SystemTime::now(),
+                    )),
+                    model: proc.ctx.model.clone(),
+                    role: proc.ctx.role.as_str(),
+                    usage,
+                    cost_nano_usd: cost,
+                },
+            ],
             false => Vec::new(),
         };
         {

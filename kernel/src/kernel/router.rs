@@ -384,7 +384,7 @@ impl Kernel {
                     request_id: Some(request_id),
                     via: None,
                     // The answer continues the task's trace.
-                    trace: crate::trace::current().map(hivekernel_agents::TraceContext::child),
+                    trace: crate::trace::current(),
                 };
                 // With a store, the answer replaces the request in one
                 // ordered step: a crash leaves one or the other, never neither.

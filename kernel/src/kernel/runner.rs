@@ -20,9 +20,10 @@ use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 use super::{Inner, Kernel};
 use crate::events::EventKind;
 use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
+use crate::otel::Span;
 use crate::process::{CountGuard, ProcShared};
 use crate::store::Write;
-use crate::trace::{Origin, scope, scope_turn};
+use crate::trace::{Origin, scope_in, scope_turn};
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
@@ -139,7 +140,7 @@ fn handle(
     let (id, durable) = (env.id, env.durable);
     match env.item {
         Item::Task { task, reply, .. } => {
-            let trace = task.trace;
+            let opened = work_span(&kernel, &proc, task.trace, "task");
             // A waiting turn keeps the request it answers, for a restart.
             let origin = match reply {
                 ReplyTo::Mailbox(from) => Some(Origin {
@@ -149,29 +150,49 @@ fn handle(
                 ReplyTo::Waiter(_) => None,
             };
             Box::pin(scope_turn(
-                trace,
+                opened,
                 origin,
                 None,
                 handle_task(kernel, proc, runtime, task, reply),
             ))
         }
         Item::Resume(resume) => {
-            let (trace, origin, request) = (resume.trace, resume.origin, resume.request);
+            let (origin, request) = (resume.origin, resume.request);
+            let opened = work_span(&kernel, &proc, resume.trace, "resume");
             Box::pin(scope_turn(
-                trace,
+                opened,
                 origin,
                 Some(request),
                 handle_resume(kernel, proc, runtime, *resume),
             ))
         }
         Item::Message(message) => {
-            let trace = message.trace;
-            Box::pin(scope(
-                trace,
+            let opened = work_span(&kernel, &proc, message.trace, "message");
+            Box::pin(scope_in(
+                opened,
                 handle_message(kernel, proc, runtime, message, id, durable),
             ))
         }
     }
+}
+
+/// The span a handler runs in, under the trace the item carries, when
+/// the kernel exports traces; otherwise none, and the item's trace as it
+/// is. Off, this is one relaxed load per item.
+fn work_span(
+    kernel: &Weak<Inner>,
+    proc: &ProcShared,
+    trace: Option<hivekernel_agents::TraceContext>,
+    item: &'static str,
+) -> (Span, Option<hivekernel_agents::TraceContext>) {
+    if crate::otel::exporting()
+        && let Some(inner) = kernel.upgrade()
+        && let Some(traces) = inner.traces()
+    {
+        let (span, context) = traces.invoke_agent(&proc.ctx, trace, item);
+        return (span, Some(context));
+    }
+    (Span::default(), trace)
 }
 
 /// Works on one task and sends its reply.
@@ -214,6 +235,9 @@ async fn handle_task(
         return Ok(());
     };
     let (answer, fatal) = settled(outcome, limit);
+    if let Err(why) = &answer {
+        crate::trace::fail("task_failed", why);
+    }
     let Some(inner) = kernel.upgrade() else {
         return Ok(());
     };
@@ -282,6 +306,9 @@ async fn handle_resume(
     let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
     let work = AssertUnwindSafe(runtime.resume(&proc.ctx, &resume.checkpoint)).catch_unwind();
     let (answer, fatal) = settled(tokio::time::timeout(limit, work).await, limit);
+    if let Err(why) = &answer {
+        crate::trace::fail("task_failed", why);
+    }
     let Some(inner) = kernel.upgrade() else {
         return Ok(());
     };

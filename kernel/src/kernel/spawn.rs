@@ -36,7 +36,7 @@ impl Kernel {
     /// With a store, it answers once the child's spawn request is committed,
     /// so a child whose PID was answered comes back after a crash.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
-        self.spawn_as(caller, request, Birth::New { acknowledged: true })
+        self.spawn_traced(caller, request, Birth::New { acknowledged: true })
             .await
     }
 
@@ -45,7 +45,7 @@ impl Kernel {
     /// caller writes later (its conversation, a message naming the child),
     /// so whatever of the caller survives a crash finds the child back too.
     pub(crate) async fn spawn_queued(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
-        self.spawn_as(
+        self.spawn_traced(
             caller,
             request,
             Birth::New {
@@ -53,6 +53,23 @@ impl Kernel {
             },
         )
         .await
+    }
+
+    /// [`Kernel::spawn_as`] in a `create_agent` span, when the kernel
+    /// exports traces: a new process, asked for by a caller.
+    async fn spawn_traced(
+        &self,
+        caller: Caller,
+        request: SpawnRequest,
+        birth: Birth,
+    ) -> Result<Pid> {
+        let Some(traces) = self.inner.traces() else {
+            return self.spawn_as(caller, request, birth).await;
+        };
+        let mut span = traces.create_agent(&request);
+        let spawned = self.spawn_as(caller, request, birth).await;
+        crate::otel::Traces::created(&mut span, &spawned);
+        spawned
     }
 
     /// Spawns a process that comes to be as `birth` says.

@@ -252,6 +252,8 @@ fn start(
     for reserved in crate::command::RESERVED_ENV {
         cmd.env_remove(reserved);
     }
+    // systemd's notification socket is the kernel's, not a server's.
+    cmd.env_remove(crate::daemon::NOTIFY_SOCKET);
     cmd.args(args)
         .envs(env)
         .stdin(Stdio::piped())

@@ -212,6 +212,18 @@ pub(super) const MIGRATIONS: &[&str] = &[
          origin_id   INTEGER,
          origin_from INTEGER
      ) STRICT;",
+    // 10: model usage over time, summed per UTC day, model and role as
+    // calls are charged (`hivekernel usage --by model|day|role`).
+    "CREATE TABLE usage_daily (
+         day               TEXT NOT NULL,
+         model             TEXT NOT NULL,
+         role              TEXT NOT NULL,
+         calls             INTEGER NOT NULL,
+         prompt_tokens     INTEGER NOT NULL,
+         completion_tokens INTEGER NOT NULL,
+         cost_nano_usd     INTEGER NOT NULL,
+         PRIMARY KEY (day, model, role)
+     ) STRICT, WITHOUT ROWID;",
 ];
 
 /// The schema version this build writes.

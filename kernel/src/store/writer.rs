@@ -336,6 +336,13 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                 budget_spent.map(to_sql_u64),
             ))?;
         }
+        Write::UsageDay {
+            day,
+            model,
+            role,
+            usage,
+            cost_nano_usd,
+        } => super::usage::add(tx, day, model, role, *usage, *cost_nano_usd)?,
         Write::Declared { name, pid } => {
             tx.prepare_cached(
                 "INSERT INTO declared (name, pid) VALUES (?1, ?2)

@@ -94,12 +94,12 @@ async fn start(
     let dir = tempfile::tempdir().expect("a directory for the store");
     let (registry, _) = hivekernel_tests::agent_registry(AgentSettings::default(), &tools);
     let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
-    let kernel = hivekernel_tests::start(
+    let kernel = hivekernel_tests::start(crate::traced(
         Kernel::builder(settings)
             .runtimes(registry)
             .llm(provider)
             .store(store, recovered),
-    )
+    ))
     .await;
     (kernel, dir)
 }

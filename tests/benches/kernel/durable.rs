@@ -97,11 +97,11 @@ async fn durable_send(per: usize) -> (f64, Latencies) {
         default_runtime: "echo".into(),
         ..KernelSettings::default()
     });
-    let kernel = hivekernel_tests::start(
+    let kernel = hivekernel_tests::start(crate::traced(
         Kernel::builder(settings)
             .runtimes(RuntimeRegistry::builtin())
             .store(store.clone(), recovered),
-    )
+    ))
     .await;
     let mut sinks = Vec::new();
     for i in 0..SINKS {

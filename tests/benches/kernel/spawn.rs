@@ -38,7 +38,10 @@ pub(crate) fn settings() -> KernelSettings {
 }
 
 pub(crate) async fn start_kernel() -> Kernel {
-    hivekernel_tests::start(Kernel::builder(settings()).runtimes(RuntimeRegistry::builtin())).await
+    hivekernel_tests::start(crate::traced(
+        Kernel::builder(settings()).runtimes(RuntimeRegistry::builtin()),
+    ))
+    .await
 }
 
 fn names(n: usize) -> Vec<String> {

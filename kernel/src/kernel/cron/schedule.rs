@@ -696,12 +696,24 @@ impl Kernel {
         let kernel = self.clone();
         let name = name.to_owned();
         // Each firing is a trace of its own: its run, and all it causes.
-        let trace = Some(hivekernel_agents::TraceContext::new_root());
+        let opened = match self.inner.traces() {
+            Some(traces) => {
+                let (span, trace) = traces.cron(&spec.name, slot);
+                (span, Some(trace))
+            }
+            None => (
+                crate::otel::Span::default(),
+                Some(hivekernel_agents::TraceContext::new_root()),
+            ),
+        };
         self.inner
             .tracker()
-            .spawn(crate::trace::scope(trace, async move {
+            .spawn(crate::trace::scope_in(opened, async move {
                 let started = Instant::now();
                 let outcome = kernel.run_cron(&spec).await;
+                if let Err(why) = &outcome {
+                    crate::trace::fail("cron_failed", why);
+                }
                 let run = CronRun {
                     at_unix_ms: slot,
                     status: if outcome.is_ok() { "ok" } else { "failed" }.into(),
