@@ -22,6 +22,10 @@ pub const MAX_CWD_BYTES: usize = 4096;
 /// The PEM file an `exec` process trusts for a server that serves TLS.
 pub const TLS_CA_ENV: &str = "HIVEKERNEL_TLS_CA";
 
+/// systemd's notification socket (`Type=notify`): the kernel's own, so
+/// never handed on to the processes it starts.
+pub const NOTIFY_SOCKET_ENV: &str = "NOTIFY_SOCKET";
+
 /// Variables the kernel sets (or clears) for every `exec` process; a command may not set them.
 pub const RESERVED_ENV: [&str; 4] = [
     "HIVEKERNEL_ADDR",

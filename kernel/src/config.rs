@@ -33,7 +33,7 @@ pub use observe::{
 };
 mod parse;
 mod sandbox;
-pub use sandbox::ExecSettings;
+pub use sandbox::{ExecSettings, LogRotation};
 pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
 pub use storage::{ArtifactSettings, MemorySettings, TranscriptSettings};

@@ -5,8 +5,6 @@
 mod reload;
 mod systemd;
 
-pub(crate) use systemd::NOTIFY_SOCKET;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -37,7 +37,7 @@ use opentelemetry::trace::{
     Span as _, SpanContext, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceState,
     Tracer as _, TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, StringValue};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
@@ -141,15 +141,17 @@ impl Traces {
         parent: Option<TraceContext>,
         item: &'static str,
     ) -> (Span, TraceContext) {
+        // Shared, not copied: one span per item handled.
+        let id = StringValue::from(std::sync::Arc::<str>::from(ctx.pid.to_string()));
         self.open(
             format!("invoke_agent {}", ctx.name),
             SpanKind::Internal,
             parent.map(Parent::Local),
             vec![
                 KeyValue::new("gen_ai.operation.name", "invoke_agent"),
-                KeyValue::new("gen_ai.agent.name", ctx.name.to_string()),
-                KeyValue::new("gen_ai.agent.id", ctx.pid.to_string()),
-                KeyValue::new("gen_ai.conversation.id", ctx.pid.to_string()),
+                KeyValue::new("gen_ai.agent.name", StringValue::from(ctx.name.clone())),
+                KeyValue::new("gen_ai.agent.id", id.clone()),
+                KeyValue::new("gen_ai.conversation.id", id),
                 KeyValue::new("hivekernel.role", ctx.role.as_str()),
                 KeyValue::new("hivekernel.item", item),
             ],
@@ -158,7 +160,13 @@ impl Traces {
 
     /// The span of one model call process `pid` makes, in the work
     /// running now.
-    pub(crate) fn chat(&self, provider: &str, request: &ChatRequest, pid: Pid) -> Span {
+    pub(crate) fn chat(
+        &self,
+        parent: Option<TraceContext>,
+        provider: &str,
+        request: &ChatRequest,
+        pid: Pid,
+    ) -> Span {
         let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "chat"),
             KeyValue::new("gen_ai.provider.name", provider.to_owned()),
@@ -175,8 +183,8 @@ impl Traces {
                 attributes.push(KeyValue::new("gen_ai.system_instructions", system));
             }
         }
-        let parent = crate::trace::current().map(Parent::Local);
         let name = format!("chat {}", request.model);
+        let parent = parent.map(Parent::Local);
         self.open(name, SpanKind::Client, parent, attributes).0
     }
 
@@ -214,8 +222,12 @@ impl Traces {
 
     /// The span of one spawn (`create_agent`), in the work running now;
     /// completed with [`Traces::created`].
-    pub(crate) fn create_agent(&self, request: &SpawnRequest) -> Span {
-        let parent = crate::trace::current().map(Parent::Local);
+    pub(crate) fn create_agent(
+        &self,
+        parent: Option<TraceContext>,
+        request: &SpawnRequest,
+    ) -> Span {
+        let parent = parent.map(Parent::Local);
         let attributes = vec![
             KeyValue::new("gen_ai.operation.name", "create_agent"),
             KeyValue::new("gen_ai.agent.name", request.name.clone()),
@@ -236,7 +248,12 @@ impl Traces {
     }
 
     /// Records one tool call `pid` made, now that it ended (`execute_tool`).
-    pub(crate) fn tool_called(&self, pid: Pid, report: &ToolCallReport) {
+    pub(crate) fn tool_called(
+        &self,
+        parent: Option<TraceContext>,
+        pid: Pid,
+        report: &ToolCallReport,
+    ) {
         let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "execute_tool"),
             KeyValue::new("gen_ai.tool.name", report.tool.clone()),
@@ -252,7 +269,7 @@ impl Traces {
         }
         self.ended(
             format!("execute_tool {}", report.tool),
-            crate::trace::current(),
+            parent,
             report.duration,
             attributes,
             report.error.as_deref(),

@@ -36,7 +36,31 @@ pub struct ExecSettings {
     /// program and its working directory (read-only).
     pub grants: Grants,
     /// When each agent's log is rotated (`kernel.exec.log`).
-    pub log: crate::exec::LogRotation,
+    pub log: LogRotation,
+}
+
+/// How an `exec` agent's log is rotated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRotation {
+    /// Rotate once the log is larger than this; 0: never.
+    pub max_bytes: u64,
+    /// Rotated files kept beside the log (`.1` the newest); 0: the log is
+    /// only truncated.
+    pub keep: u32,
+}
+
+impl LogRotation {
+    /// 10 MiB, five rotated files: at most 60 MiB per agent.
+    pub const DEFAULT: LogRotation = LogRotation {
+        max_bytes: 10 * 1024 * 1024,
+        keep: 5,
+    };
+}
+
+impl Default for LogRotation {
+    fn default() -> Self {
+        LogRotation::DEFAULT
+    }
 }
 
 /// `tool_agent.shell` as written.
@@ -114,9 +138,9 @@ pub(super) fn exec(
 }
 
 /// `kernel.exec.log`: the defaults for what it leaves out.
-fn log_rotation(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> crate::exec::LogRotation {
+fn log_rotation(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> LogRotation {
     let raw = section::<RawLogRotation>(value, "kernel.exec.log", issues).value;
-    let mut rotation = crate::exec::LogRotation::DEFAULT;
+    let mut rotation = LogRotation::DEFAULT;
     if let Some(max_bytes) = raw.max_bytes {
         if max_bytes != 0 && max_bytes < MIN_LOG_BYTES {
             issues.push(ConfigIssue::new(

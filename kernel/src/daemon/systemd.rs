@@ -8,8 +8,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
 
-/// The variable systemd sets for a `Type=notify` service.
-pub(crate) const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+use crate::command::NOTIFY_SOCKET_ENV as NOTIFY_SOCKET;
 
 /// Tells systemd `state` (newline-separated `KEY=value` lines), when it
 /// listens. A failure is logged, never fatal: the kernel runs the same

@@ -237,7 +237,7 @@ impl Launch {
         };
         // systemd's notification socket is the kernel's: an agent that
         // wrote READY=1 or STOPPING=1 to it would speak for the kernel.
-        cmd.env_remove(crate::daemon::NOTIFY_SOCKET);
+        cmd.env_remove(crate::command::NOTIFY_SOCKET_ENV);
         let mut os = proc.os.lock();
         if !os.startable(*generation) {
             return Ok(());

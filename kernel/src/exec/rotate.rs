@@ -15,29 +15,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-/// How an `exec` agent's log is rotated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogRotation {
-    /// Rotate once the log is larger than this; 0: never.
-    pub max_bytes: u64,
-    /// Rotated files kept beside the log (`.1` the newest); 0: the log is
-    /// only truncated.
-    pub keep: u32,
-}
-
-impl LogRotation {
-    /// 10 MiB, five rotated files: at most 60 MiB per agent.
-    pub const DEFAULT: LogRotation = LogRotation {
-        max_bytes: 10 * 1024 * 1024,
-        keep: 5,
-    };
-}
-
-impl Default for LogRotation {
-    fn default() -> Self {
-        LogRotation::DEFAULT
-    }
-}
+pub use crate::config::LogRotation;
 
 /// `log` rotated as `rotation` says when it has grown past its limit;
 /// `Ok(true)` when it was rotated.

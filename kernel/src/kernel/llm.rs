@@ -72,7 +72,7 @@ impl Kernel {
         );
         let traces = self.inner.traces();
         let mut span = traces
-            .map(|traces| traces.chat(llm.name(), request, pid))
+            .map(|traces| traces.chat(crate::trace::current(), llm.name(), request, pid))
             .unwrap_or_default();
         let started = std::time::Instant::now();
         let answer = llm.chat(request).await;
@@ -173,7 +173,7 @@ impl Kernel {
     /// and in its transcript.
     pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
         if let Some(traces) = self.inner.traces() {
-            traces.tool_called(pid, &report);
+            traces.tool_called(crate::trace::current(), pid, &report);
         }
         let ok = report.error.is_none();
         let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);

@@ -66,7 +66,7 @@ impl Kernel {
         let Some(traces) = self.inner.traces() else {
             return self.spawn_as(caller, request, birth).await;
         };
-        let mut span = traces.create_agent(&request);
+        let mut span = traces.create_agent(crate::trace::current(), &request);
         let spawned = self.spawn_as(caller, request, birth).await;
         crate::otel::Traces::created(&mut span, &spawned);
         spawned

@@ -253,7 +253,7 @@ fn start(
         cmd.env_remove(reserved);
     }
     // systemd's notification socket is the kernel's, not a server's.
-    cmd.env_remove(crate::daemon::NOTIFY_SOCKET);
+    cmd.env_remove(crate::command::NOTIFY_SOCKET_ENV);
     cmd.args(args)
         .envs(env)
         .stdin(Stdio::piped())
