@@ -65,9 +65,10 @@ pub struct Traces {
 }
 
 /// One span being recorded; it ends when dropped. A no-op when the kernel
-/// exports no traces.
+/// exports no traces: one word then (the SDK's span is a few hundred bytes,
+/// and every handler's task-local holds one).
 #[derive(Debug, Default)]
-pub(crate) struct Span(Option<opentelemetry_sdk::trace::Span>);
+pub(crate) struct Span(Option<Box<opentelemetry_sdk::trace::Span>>);
 
 impl Traces {
     /// Builds the exporter and the batch processor. Must run inside the
@@ -131,7 +132,7 @@ impl Traces {
             .tracer
             .build_with_context(builder, &parent_context(parent));
         let context = own_context(span.span_context());
-        (Span(Some(span)), context)
+        (Span(Some(Box::new(span))), context)
     }
 
     /// The span a process handles one task, message or resumed turn in.
