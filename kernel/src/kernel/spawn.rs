@@ -36,8 +36,11 @@ impl Kernel {
     /// With a store, it answers once the child's spawn request is committed,
     /// so a child whose PID was answered comes back after a crash.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
-        self.spawn_traced(caller, request, Birth::New { acknowledged: true })
-            .await
+        let birth = Birth::New { acknowledged: true };
+        match self.inner.traces() {
+            None => self.spawn_as(caller, request, birth).await,
+            Some(_) => Box::pin(self.spawn_traced(caller, request, birth)).await,
+        }
     }
 
     /// [`Kernel::spawn`] for a process's own `spawn` syscall: answers without
@@ -45,18 +48,19 @@ impl Kernel {
     /// caller writes later (its conversation, a message naming the child),
     /// so whatever of the caller survives a crash finds the child back too.
     pub(crate) async fn spawn_queued(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
-        self.spawn_traced(
-            caller,
-            request,
-            Birth::New {
-                acknowledged: false,
-            },
-        )
-        .await
+        let birth = Birth::New {
+            acknowledged: false,
+        };
+        match self.inner.traces() {
+            None => self.spawn_as(caller, request, birth).await,
+            Some(_) => Box::pin(self.spawn_traced(caller, request, birth)).await,
+        }
     }
 
     /// [`Kernel::spawn_as`] in a `create_agent` span, when the kernel
-    /// exports traces: a new process, asked for by a caller.
+    /// exports traces: a new process, asked for by a caller. Spawn is a hot
+    /// path: without traces its future is what it was, and with them this
+    /// one is boxed.
     async fn spawn_traced(
         &self,
         caller: Caller,
