@@ -48,33 +48,15 @@ pub(crate) fn scope<F: Future>(
     trace: Option<TraceContext>,
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(
-        Work {
-            trace,
-            span: RefCell::default(),
-            turn: Cell::new(0),
-            origin: None,
-            resume: Cell::new(None),
-        },
-        work,
-    )
+    scope_in((Span::default(), trace), work)
 }
 
 /// [`scope`] in an exported span (`trace` is its context).
 pub(crate) fn scope_in<F: Future>(
-    (span, trace): (Span, Option<TraceContext>),
+    opened: (Span, Option<TraceContext>),
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(
-        Work {
-            trace,
-            span: RefCell::new(span),
-            turn: Cell::new(0),
-            origin: None,
-            resume: Cell::new(None),
-        },
-        work,
-    )
+    scope_turn(opened, None, None, work)
 }
 
 /// [`scope`] for a turn that answers `origin`, resuming inbox request
