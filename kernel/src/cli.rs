@@ -446,6 +446,14 @@ pub struct StartArgs {
     /// address, instead of the config's `kernel.metrics.listen`.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the web dashboard, on ADDR if given, instead of the config's
+    /// `kernel.dashboard` [default: on when the control plane listens on
+    /// loopback, at its address with the next port]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, require_equals = true)]
+    pub dashboard: Option<Option<SocketAddr>>,
+    /// Do not serve the web dashboard.
+    #[arg(long, conflicts_with = "dashboard")]
+    pub no_dashboard: bool,
 }
 
 /// `hivekernel config ...`.
@@ -920,6 +928,17 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             ca: args.tls_ca,
         },
         metrics_listen: args.metrics_listen,
+        dashboard: match (args.dashboard, args.no_dashboard) {
+            (_, true) => Some(crate::config::DashboardSettings {
+                enabled: Some(false),
+                listen: None,
+            }),
+            (Some(listen), false) => Some(crate::config::DashboardSettings {
+                enabled: Some(true),
+                listen,
+            }),
+            (None, false) => None,
+        },
     };
     daemon::run(options).await.map_err(CliError::Start)
 }

@@ -28,8 +28,8 @@ mod notify;
 mod observe;
 pub(crate) use model::{base_url_problem, url_problem};
 pub use observe::{
-    DEFAULT_LOG_LEVEL, LogFormat, LogSettings, MetricsSettings, OtelProtocol, OtelSettings,
-    check_log_level,
+    DEFAULT_LOG_LEVEL, DashboardSettings, LogFormat, LogSettings, MetricsSettings, OtelProtocol,
+    OtelSettings, check_log_level,
 };
 mod parse;
 mod sandbox;
@@ -194,6 +194,8 @@ pub struct KernelSettings {
     pub notify: Option<crate::notify::NotifySettings>,
     /// The metrics listener (`kernel.metrics`); `None`: no metrics are kept.
     pub metrics: Option<MetricsSettings>,
+    /// The web dashboard (`kernel.dashboard`).
+    pub dashboard: DashboardSettings,
     /// What is logged, and how (`kernel.log`).
     pub log: LogSettings,
     /// Where traces are exported (`kernel.otel` with the `OTEL_*`
@@ -286,6 +288,7 @@ impl Default for KernelSettings {
             exec: Default::default(),
             notify: None,
             metrics: None,
+            dashboard: DashboardSettings::default(),
             log: LogSettings::default(),
             otel: None,
         }

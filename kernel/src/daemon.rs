@@ -46,6 +46,9 @@ pub struct StartOptions {
     pub tls: TlsFlags,
     /// Overrides `kernel.metrics.listen` (and turns metrics on).
     pub metrics_listen: Option<SocketAddr>,
+    /// `--dashboard[=ADDR]` or `--no-dashboard`: on or off; an address
+    /// given replaces `kernel.dashboard.listen`.
+    pub dashboard: Option<crate::config::DashboardSettings>,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -136,6 +139,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         Some(metrics) => Some(bind(metrics.listen, "metrics-listen").await?),
         None => None,
     };
+    let dashboard_listener = bind_dashboard(&settings).await?;
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
@@ -152,8 +156,8 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         settings,
         &pids,
     ));
-    let addr_file = match publish_addr(&data_dir, addr, tls.as_ref()) {
-        Ok(file) => file,
+    let mut published = match publish_addr(&data_dir, addr, tls.as_ref()) {
+        Ok(file) => vec![file],
         Err(err) => {
             kernel.shutdown().await;
             return Err(err);
@@ -162,12 +166,22 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     if let Some((listener, addr)) = metrics_listener {
         serve_metrics(&kernel, listener, addr);
     }
+    if let Some((listener, addr)) = dashboard_listener {
+        let options = crate::dashboard::Options {
+            kernel: kernel.clone(),
+            auth: auth.clone(),
+            reload: Some(reloader.clone()),
+            addr,
+            tls: tls.as_ref().map(ServerTls::http_config),
+        };
+        published.extend(serve_dashboard(options, listener, &data_dir));
+    }
     let server = serve(&kernel, listener, auth, tls, reloader.clone());
     systemd::notify(&format!(
         "READY=1\nSTATUS=serving on {addr}\nMAINPID={}",
         std::process::id()
     ));
-    stop_on_signal(kernel, server, &mut signals, &reloader, &addr_file).await
+    stop_on_signal(kernel, server, &mut signals, &reloader, &published).await
 }
 
 /// What `start` would refuse in this config that the config alone cannot
@@ -268,6 +282,15 @@ fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, S
     }
     if let Some(listen) = options.metrics_listen {
         settings.metrics = Some(crate::config::MetricsSettings { listen });
+    }
+    if let Some(dashboard) = options.dashboard {
+        settings.dashboard = crate::config::DashboardSettings {
+            enabled: dashboard.enabled,
+            listen: dashboard.listen.or(settings.dashboard.listen),
+        };
+        if dashboard.enabled == Some(false) {
+            settings.dashboard.listen = None;
+        }
     }
     settings.tls = options
         .tls
@@ -468,6 +491,69 @@ fn serve_metrics(kernel: &Kernel, listener: TcpListener, addr: SocketAddr) {
     });
 }
 
+/// The dashboard's listener, when it is on: where `kernel.dashboard` says,
+/// else beside the control plane (see [`crate::config::DashboardSettings`]).
+/// An address it was not asked for that is taken only warns.
+async fn bind_dashboard(
+    settings: &KernelSettings,
+) -> Result<Option<(TcpListener, SocketAddr)>, StartError> {
+    let Some((listen, asked)) = settings.dashboard.address(settings.listen) else {
+        return Ok(None);
+    };
+    match bind(listen, "dashboard=ADDR").await {
+        Ok(bound) => Ok(Some(bound)),
+        Err(err) if asked => Err(err),
+        Err(err) => {
+            tracing::warn!(
+                "the dashboard is off: {err} (or set kernel.dashboard.listen, or --no-dashboard)"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The dashboard, owned by the kernel's tracker; its URL is said and
+/// written to `<data_dir>/dashboard.url`, which is returned (removed again
+/// at shutdown).
+fn serve_dashboard(
+    options: crate::dashboard::Options,
+    listener: TcpListener,
+    data_dir: &Path,
+) -> Option<PathBuf> {
+    let addr = options.addr;
+    if !addr.ip().is_loopback() && options.tls.is_none() {
+        tracing::warn!(%addr, "dashboard on a non-loopback address without TLS: its session cookie and tokens cross the network in plain text");
+    }
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{addr}/");
+    tracing::info!(
+        admin_token = %crate::auth::admin_token_path(data_dir).display(),
+        "dashboard on {url} (log in with a token)"
+    );
+    let kernel = options.kernel.clone();
+    let stopped = kernel.shutdown_token();
+    kernel.tracker().spawn(async move {
+        let served = crate::dashboard::serve(options, listener, async move {
+            stopped.cancelled().await;
+        });
+        if let Err(err) = served.await {
+            tracing::error!(error = %err, "the dashboard failed");
+        }
+    });
+    let file = data_dir.join("dashboard.url");
+    match write_addr_file(&file, &url) {
+        Ok(()) => Some(file),
+        Err(err) => {
+            tracing::warn!(error = %err, "the dashboard's URL file");
+            None
+        }
+    }
+}
+
 /// Serves until SIGINT or SIGTERM (or until the server fails, which is as
 /// fatal as a signal), reloading the config on each SIGHUP, then stops the
 /// kernel, leaves first.
@@ -476,7 +562,7 @@ async fn stop_on_signal(
     mut server: JoinHandle<Result<(), tonic::transport::Error>>,
     signals: &mut Signals,
     reloader: &Arc<Reloader>,
-    addr_file: &Path,
+    published: &[PathBuf],
 ) -> Result<(), StartError> {
     let early = loop {
         tokio::select! {
@@ -491,7 +577,9 @@ async fn stop_on_signal(
     systemd::notify("STOPPING=1\nSTATUS=stopping processes, leaves first");
     tracing::info!("shutting down: stopping processes, leaves first");
     kernel.shutdown().await;
-    let _ = std::fs::remove_file(addr_file);
+    for file in published {
+        let _ = std::fs::remove_file(file);
+    }
     let served = match early {
         Some(served) => served,
         None => server.await,

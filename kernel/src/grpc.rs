@@ -16,7 +16,8 @@
 //! Layout: `service` (the Kernel service handlers), `streams` (producers of
 //! the streaming RPCs), `attach` (Attach and CompleteTask, for external agents), `convert` (proto <-> kernel types and argument
 //! checks), `status` (`KernelError` -> `tonic::Status`), `reload` (the
-//! ReloadConfig answer).
+//! ReloadConfig answer), `local` (the service called in-process, by the
+//! dashboard).
 
 mod attach;
 mod convert;
@@ -25,10 +26,13 @@ mod decode;
 pub(crate) mod enums;
 mod gate;
 mod inbox;
+mod local;
 mod mcp;
 mod measure;
 mod reload;
 pub use gate::raise_open_file_limit;
+pub use local::{Answer, LocalService};
+pub(crate) use measure::code_name;
 mod service;
 mod status;
 mod streams;
@@ -171,7 +175,7 @@ async fn set_health(health: &mut tonic_health::server::HealthReporter, status: S
 /// the largest artifact, payload or spawn `kernel.limits` allow (plus room
 /// for the other fields) needs it. Anything past a limit inside that is
 /// refused by the limit, with its name.
-fn max_request_bytes(kernel: &Kernel) -> usize {
+pub(crate) fn max_request_bytes(kernel: &Kernel) -> usize {
     const DEFAULT: usize = 4 << 20;
     let settings = kernel.settings();
     let artifact = usize::try_from(settings.artifacts.max_bytes).unwrap_or(usize::MAX);

@@ -61,6 +61,7 @@ mod counter;
 pub mod cron;
 mod crontab;
 pub mod daemon;
+pub mod dashboard;
 pub mod error;
 pub mod event;
 pub mod events;

@@ -7,6 +7,7 @@
 
 use crate::files::FileProblem;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::pem::{self, PemObject as _};
@@ -114,6 +115,8 @@ pub enum TlsError {
 #[derive(Debug, Clone)]
 pub struct ServerTls {
     config: ServerTlsConfig,
+    /// The same identity and client CA for HTTP/1.1 (the dashboard).
+    http: Arc<rustls::ServerConfig>,
     trust: Vec<u8>,
     mutual: bool,
 }
@@ -158,12 +161,24 @@ impl ServerTls {
                 config
             }
         };
+        let client_ca = match &files.client_ca {
+            Some(path) => Some(read_certs(path, CLIENT_CA)?),
+            None => None,
+        };
+        let http = http_config(&cert, &key, client_ca.as_deref()).map_err(|problem| {
+            TlsError::Invalid {
+                what: KEY,
+                path: files.key.clone(),
+                problem,
+            }
+        })?;
         let trust = match &files.ca {
             Some(path) => read_certs(path, CA)?,
             None => cert,
         };
         Ok(ServerTls {
             config,
+            http: Arc::new(http),
             trust,
             mutual: files.client_ca.is_some(),
         })
@@ -172,6 +187,12 @@ impl ServerTls {
     /// The settings for tonic's server.
     pub fn config(&self) -> ServerTlsConfig {
         self.config.clone()
+    }
+
+    /// The settings for an HTTP/1.1 server with the same identity and
+    /// client CA (the dashboard).
+    pub fn http_config(&self) -> Arc<rustls::ServerConfig> {
+        self.http.clone()
     }
 
     /// The PEM local clients trust for this server (written to [`TRUST_FILE`]).
@@ -183,6 +204,45 @@ impl ServerTls {
     pub fn is_mutual(&self) -> bool {
         self.mutual
     }
+}
+
+/// rustls settings for HTTP/1.1 from PEM already checked by `load`.
+fn http_config(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> Result<rustls::ServerConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| err.to_string())?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|err| err.to_string())?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|err| err.to_string())?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                roots
+                    .add(cert.map_err(|err| err.to_string())?)
+                    .map_err(|err| err.to_string())?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|err| err.to_string())?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|err| format!("cannot be used with the certificate: {err}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
 }
 
 /// A client's TLS settings: trust `ca` for the server and, for mutual TLS,

@@ -277,7 +277,7 @@ pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// SHA-256 of `secret`, hex.
-fn hash(secret: &str) -> String {
+pub(crate) fn hash(secret: &str) -> String {
     Sha256::digest(secret.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))

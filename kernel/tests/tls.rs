@@ -447,3 +447,148 @@ fn an_exec_agent_reaches_a_tls_kernel_with_the_ca_it_is_given() {
     assert!(text.contains(&format!("ca={}", ca.display())), "{text}");
     assert!(text.contains("\"tls-agent\""), "{text}");
 }
+
+/// One HTTP/1.0 request over TLS to `addr`, trusting `ca` (and presenting
+/// `client` when given): the status line, the headers and the body; an
+/// error when the handshake fails.
+fn https(
+    addr: &str,
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+    request: &str,
+) -> std::io::Result<String> {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).unwrap(),
+            )
+            .unwrap(),
+    };
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let socket = std::net::TcpStream::connect(addr)?;
+    socket.set_read_timeout(Some(Duration::from_secs(20)))?;
+    let mut stream = rustls::StreamOwned::new(connection, socket);
+    stream.write_all(request.as_bytes())?;
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // HTTP/1.0: the server may close without a TLS close_notify.
+        Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        Err(err) => return Err(err),
+    }
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// `host:port` of the dashboard the kernel announced, with its scheme.
+fn dashboard_url(kernel: &Kernel) -> String {
+    let file = kernel.data_dir().join("dashboard.url");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(url) = std::fs::read_to_string(&file) {
+            return url.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no dashboard.url:\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_dashboard_is_served_over_tls_with_the_control_planes_certificate() {
+    let (kernel, pki) = start(Pki::server_flags);
+    let url = dashboard_url(&kernel);
+    let addr = url
+        .strip_prefix("https://")
+        .unwrap_or_else(|| panic!("{url}"))
+        .trim_end_matches('/')
+        .to_owned();
+    let page = https(
+        &addr,
+        &pki.ca,
+        None,
+        &format!("GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n"),
+    )
+    .unwrap();
+    assert!(page.starts_with("HTTP/1.0 200"), "{page}");
+    assert!(page.contains("<html"), "{page}");
+    // Logged in over TLS, the session cookie is Secure.
+    let body = format!("{{\"token\": \"{}\"}}", kernel.token());
+    let login = https(
+        &addr,
+        &pki.ca,
+        None,
+        &format!(
+            "POST /api/login HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .unwrap();
+    let cookie = login
+        .lines()
+        .find(|line| line.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("{login}"));
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    // A client that trusts another CA gets no page, and plain HTTP no answer.
+    assert!(https(&addr, &pki.other_ca, None, "GET / HTTP/1.0\r\n\r\n").is_err());
+    let plain = {
+        use std::io::{Read, Write};
+        let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        socket.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        let _ = socket.read_to_end(&mut answer);
+        answer
+    };
+    assert!(!String::from_utf8_lossy(&plain).contains("<html"));
+}
+
+#[test]
+fn under_mutual_tls_the_dashboard_needs_a_client_certificate_too() {
+    let (kernel, pki) = start(|pki| {
+        let mut flags = pki.server_flags();
+        flags.extend(["--tls-client-ca".to_owned(), pki.ca.display().to_string()]);
+        flags
+    });
+    let url = dashboard_url(&kernel);
+    let addr = url.trim_start_matches("https://").trim_end_matches('/');
+    let get = format!("GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    assert!(https(addr, &pki.ca, None, &get).is_err());
+    let other = (
+        pki.other_client_cert.as_path(),
+        pki.other_client_key.as_path(),
+    );
+    assert!(https(addr, &pki.ca, Some(other), &get).is_err());
+    let client = (pki.client_cert.as_path(), pki.client_key.as_path());
+    let page = https(addr, &pki.ca, Some(client), &get).unwrap();
+    assert!(page.starts_with("HTTP/1.0 200"), "{page}");
+}

@@ -1,9 +1,11 @@
 //! The kernel against its physical floor.
 //!
 //! `cargo bench -p hivekernel-tests --bench kernel [-- --json] [-- --smoke]
-//! [-- --only spawn,route] [-- --metrics] [-- --traces]`. `--metrics` runs
-//! every kernel with `kernel.metrics` set, `--traces` with traces exported
-//! to an OTLP receiver on loopback, to compare against a run without. Every figure is printed beside a floor measured
+//! [-- --only spawn,route] [-- --metrics] [-- --traces] [-- --dashboard]`.
+//! `--metrics` runs every kernel with `kernel.metrics` set, `--traces` with
+//! traces exported to an OTLP receiver on loopback, `--dashboard` with the
+//! dashboard served and one page watching its events (spawn and send
+//! rows), to compare against a run without. Every figure is printed beside a floor measured
 //! in the same run on the same runtime (raw tokio tasks and channels, an
 //! empty tonic RPC, `/bin/true`), as a cost ratio, because absolute times
 //! drift on shared 2-core machines. docs/PERFORMANCE.md explains each row.
@@ -60,7 +62,7 @@ use hivekernel_kernel::config::{KernelSettings, MetricsSettings};
 use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
-                     [--json] [--smoke] [--only NAME[,NAME]] [--metrics] [--traces]\n\
+                     [--json] [--smoke] [--only NAME[,NAME]] [--metrics] [--traces] [--dashboard]\n\
                      names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp";
 
 /// The `--only` names, in the order they run and print.
@@ -139,6 +141,75 @@ const SMOKE: Sizes = Sizes {
 
 /// `--metrics`: every kernel keeps metrics (`kernel.metrics`).
 static METRICS: AtomicBool = AtomicBool::new(false);
+
+/// `--dashboard`: every kernel the spawn and send rows start serves the
+/// dashboard, and one page watches its event stream (a client on loopback
+/// reading `SubscribeEvents` as server-sent events).
+static DASHBOARD: AtomicBool = AtomicBool::new(false);
+
+/// Serves the dashboard of `kernel` and watches it as a page does, when
+/// the run was asked to (`--dashboard`); both end with the kernel.
+pub(crate) async fn watched(kernel: &hivekernel_kernel::Kernel) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if !DASHBOARD.load(Ordering::Relaxed) {
+        return;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a dashboard listener");
+    let addr = listener.local_addr().expect("its address");
+    let options = hivekernel_kernel::dashboard::Options {
+        kernel: kernel.clone(),
+        auth: hivekernel_kernel::auth::Authenticator::new("bench-admin".to_owned()),
+        reload: None,
+        addr,
+        tls: None,
+    };
+    let stopped = kernel.shutdown_token();
+    tokio::spawn(hivekernel_kernel::dashboard::serve(
+        options,
+        listener,
+        async move {
+            stopped.cancelled().await;
+        },
+    ));
+    let request = |head: String| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(head.as_bytes()).await.expect("send");
+        stream
+    };
+    let body = r#"{"token": "bench-admin"}"#;
+    let mut login = request(format!(
+        "POST /api/login HTTP/1.0
+Host: {addr}
+Content-Type: application/json
+         Content-Length: {}
+
+{body}",
+        body.len()
+    ))
+    .await;
+    let mut answer = String::new();
+    login.read_to_string(&mut answer).await.expect("the login");
+    let cookie = answer
+        .lines()
+        .find_map(|line| line.strip_prefix("set-cookie: "))
+        .and_then(|cookie| cookie.split(';').next())
+        .expect("a session cookie")
+        .to_owned();
+    let mut watch = request(format!(
+        "GET /api/watch/SubscribeEvents?q=%7B%7D HTTP/1.0
+Host: {addr}
+Cookie: {cookie}
+
+"
+    ))
+    .await;
+    tokio::spawn(async move {
+        let mut buffer = vec![0; 64 << 10];
+        while watch.read(&mut buffer).await.is_ok_and(|n| n > 0) {}
+    });
+}
 
 /// `--traces`: every kernel exports traces, to an OTLP receiver of this
 /// bench's own on loopback (its own thread, counting what it is sent).
@@ -229,6 +300,7 @@ impl Args {
                 "--bench" => parsed.bench = true,
                 "--metrics" => METRICS.store(true, Ordering::Relaxed),
                 "--traces" => TRACES.store(true, Ordering::Relaxed),
+                "--dashboard" => DASHBOARD.store(true, Ordering::Relaxed),
                 "--only" => {
                     let list = args.next().ok_or("--only needs a list of names")?;
                     let mut only = Vec::new();

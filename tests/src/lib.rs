@@ -16,6 +16,7 @@
 
 pub mod binary;
 pub mod capture;
+pub mod dashboard;
 pub mod durable;
 pub mod exec;
 pub mod llm_server;

@@ -1,9 +1,10 @@
-//! `kernel.metrics`, `kernel.log` and `kernel.otel`, both phases: how
-//! operators watch a running kernel.
+//! `kernel.metrics`, `kernel.log`, `kernel.otel` and `kernel.dashboard`,
+//! both phases: how operators watch a running kernel.
 //!
 //! ```json
 //! "kernel": {
 //!   "metrics": { "listen": "127.0.0.1:9464" },
+//!   "dashboard": { "enabled": true, "listen": "127.0.0.1:50052" },
 //!   "log": { "level": "info,rmcp=warn", "format": "json" },
 //!   "otel": { "endpoint": "http://127.0.0.1:4318", "capture_content": false }
 //! }
@@ -23,6 +24,39 @@ pub struct MetricsSettings {
     /// Where it listens (plain HTTP, no credentials: bind it where only
     /// the scraper reaches).
     pub listen: SocketAddr,
+}
+
+/// The web dashboard (`kernel.dashboard`, `--dashboard`, `--no-dashboard`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DashboardSettings {
+    /// `None`: on when the control plane listens on loopback.
+    pub enabled: Option<bool>,
+    /// Where it listens; `None`: the control plane's address with the
+    /// next port (50051 -> 50052; port 0 stays 0, any free port).
+    pub listen: Option<SocketAddr>,
+}
+
+impl DashboardSettings {
+    /// Where the dashboard listens beside a control plane on `control`,
+    /// and whether it was asked for (a default address that is taken
+    /// only warns); `None` when it is off.
+    pub fn address(&self, control: SocketAddr) -> Option<(SocketAddr, bool)> {
+        let asked = self.enabled == Some(true) || self.listen.is_some();
+        let on = self
+            .enabled
+            .unwrap_or(self.listen.is_some() || control.ip().is_loopback());
+        if !on {
+            return None;
+        }
+        let listen = self.listen.unwrap_or_else(|| {
+            let port = match control.port() {
+                0 => 0,
+                port => port.checked_add(1).unwrap_or(0),
+            };
+            SocketAddr::new(control.ip(), port)
+        });
+        Some((listen, asked))
+    }
 }
 
 /// What the kernel logs, and how (`kernel.log`); `RUST_LOG` overrides the
@@ -113,6 +147,13 @@ struct RawMetrics {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct RawDashboard {
+    enabled: Option<bool>,
+    listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawLog {
     level: Option<String>,
     format: Option<String>,
@@ -146,6 +187,36 @@ pub(super) fn metrics(
             ));
             None
         }
+    }
+}
+
+/// Parses and checks `kernel.dashboard`.
+pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> DashboardSettings {
+    let raw = section::<RawDashboard>(value, "kernel.dashboard", issues).value;
+    let listen = raw
+        .listen
+        .and_then(|listen| match listen.parse::<SocketAddr>() {
+            Ok(listen) => Some(listen),
+            Err(_) => {
+                issues.push(ConfigIssue::new(
+                    "kernel.dashboard.listen",
+                    format!(
+                        "invalid socket address {} (expected IP:PORT, such as 127.0.0.1:50052)",
+                        hivekernel_agents::text::shown(&listen)
+                    ),
+                ));
+                None
+            }
+        });
+    if raw.enabled == Some(false) && listen.is_some() {
+        issues.push(ConfigIssue::new(
+            "kernel.dashboard.listen",
+            "is given while kernel.dashboard.enabled is false: drop one of them",
+        ));
+    }
+    DashboardSettings {
+        enabled: raw.enabled,
+        listen,
     }
 }
 

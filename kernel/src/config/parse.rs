@@ -58,6 +58,7 @@ pub(super) struct RawKernel {
     pub(super) metrics: Option<Value>,
     pub(super) log: Option<Value>,
     pub(super) otel: Option<Value>,
+    pub(super) dashboard: Option<Value>,
 }
 
 impl Default for RawKernel {
@@ -91,6 +92,7 @@ impl Default for RawKernel {
             metrics: None,
             log: None,
             otel: None,
+            dashboard: None,
         }
     }
 }

@@ -297,6 +297,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         exec,
         notify,
         metrics,
+        dashboard,
         log,
         otel,
         restore_temporary,
@@ -354,6 +355,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         ("kernel.exec", *exec != new.exec),
         ("kernel.notify", *notify != new.notify),
         ("kernel.metrics", *metrics != new.metrics),
+        ("kernel.dashboard", *dashboard != new.dashboard),
         ("kernel.log", *log != new.log),
         ("kernel.otel", *otel != new.otel),
         (

@@ -76,7 +76,7 @@ where
 }
 
 /// The canonical name of a gRPC status code (`UNAUTHENTICATED`).
-fn code_name(code: i32) -> &'static str {
+pub(crate) fn code_name(code: i32) -> &'static str {
     const NAMES: [&str; 17] = [
         "OK",
         "CANCELLED",

@@ -38,10 +38,12 @@ pub(crate) fn settings() -> KernelSettings {
 }
 
 pub(crate) async fn start_kernel() -> Kernel {
-    hivekernel_tests::start(crate::traced(
+    let kernel = hivekernel_tests::start(crate::traced(
         Kernel::builder(settings()).runtimes(RuntimeRegistry::builtin()),
     ))
-    .await
+    .await;
+    crate::watched(&kernel).await;
+    kernel
 }
 
 fn names(n: usize) -> Vec<String> {

@@ -75,6 +75,26 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
             "unknown field `port`",
         ),
         (
+            r#"{"kernel": {"dashboard": {"listen": "localhost:50052"}}}"#.into(),
+            "kernel.dashboard.listen",
+            "invalid socket address \"localhost:50052\"",
+        ),
+        (
+            r#"{"kernel": {"dashboard": {"enabled": "yes"}}}"#.into(),
+            "kernel.dashboard.enabled",
+            "invalid type",
+        ),
+        (
+            r#"{"kernel": {"dashboard": {"enabled": false, "listen": "127.0.0.1:8080"}}}"#.into(),
+            "kernel.dashboard.listen",
+            "enabled is false",
+        ),
+        (
+            r#"{"kernel": {"dashboard": true}}"#.into(),
+            "kernel.dashboard",
+            "expected a JSON object",
+        ),
+        (
             r#"{"kernel": {"log": {"level": "loud"}}}"#.into(),
             "kernel.log.level",
             "unknown log level \"loud\"",
@@ -201,6 +221,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         insecure_remote: false,
         tls: Default::default(),
         metrics_listen: None,
+        dashboard: None,
     }
 }
 

@@ -1,0 +1,175 @@
+//! The web dashboard (`kernel.dashboard`): a page served by the kernel
+//! binary itself, on its own listener beside the control plane, that
+//! watches and steers the swarm.
+//!
+//! It is a client of the Kernel service and nothing else: every call the
+//! page makes (`POST /api/rpc/<Method>`, `GET /api/watch/<Method>` for the
+//! live streams as server-sent events) goes through
+//! [`crate::grpc::LocalService`], the same handlers and scope table a gRPC
+//! client reaches, with the session's caller. Messages are the service's
+//! own in their canonical JSON form ([`json`]).
+//!
+//! Why its own listener: the control plane's port speaks HTTP/2 only and
+//! closes a connection that makes no call with a bearer token in time
+//! (`kernel.connections`); a browser speaks HTTP/1.1 and logs in once.
+//!
+//! Security: nothing but the page, its script and style is served without
+//! a session ([`session`]); the session cookie is HttpOnly and
+//! SameSite=Strict (and Secure under TLS); every POST but the login must
+//! carry the session's CSRF token in `X-CSRF-Token`, be JSON, and come
+//! from the page's own origin when the browser names one; the page may
+//! load nothing from elsewhere (Content-Security-Policy), nor be framed.
+
+mod api;
+pub mod assets;
+pub mod json;
+pub mod session;
+mod tls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Authenticator;
+use crate::grpc::LocalService;
+use crate::kernel::Kernel;
+use crate::reload::ConfigReload;
+
+/// What the page may load: only from itself.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; \
+     frame-ancestors 'none'";
+
+/// The dashboard's shared state.
+#[derive(Debug)]
+struct Dashboard {
+    service: LocalService,
+    schema: json::Schema,
+    sessions: session::Sessions,
+    /// The session cookie's name: per port, as browsers share cookies
+    /// between the ports of one host.
+    cookie: String,
+    /// Whether it is served over TLS (the cookie is then Secure).
+    secure: bool,
+    etags: Vec<HeaderValue>,
+}
+
+/// How to serve the dashboard.
+#[derive(Clone)]
+pub struct Options {
+    pub kernel: Kernel,
+    pub auth: Authenticator,
+    pub reload: Option<Arc<dyn ConfigReload>>,
+    /// Where it listens (for the cookie's name).
+    pub addr: SocketAddr,
+    /// Served over TLS with these settings (the control plane's
+    /// certificate), else plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("addr", &self.addr)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The dashboard as an axum service, its streams ending when `drain` is
+/// cancelled.
+pub fn router(options: Options, drain: CancellationToken) -> Result<Router, String> {
+    let Options {
+        kernel,
+        auth,
+        reload,
+        addr,
+        tls,
+    } = options;
+    let body_limit = crate::grpc::max_request_bytes(&kernel);
+    let auth = auth.with_operators(kernel.operator_tokens());
+    let dashboard = Arc::new(Dashboard {
+        service: LocalService::new(kernel, drain, reload),
+        schema: json::Schema::load()?,
+        sessions: session::Sessions::new(auth),
+        cookie: format!("hivekernel-{}", addr.port()),
+        secure: tls.is_some(),
+        etags: assets::ASSETS.iter().map(assets::Asset::etag).collect(),
+    });
+    Ok(Router::new()
+        .route("/", get(api::asset))
+        .route("/assets/{file}", get(api::asset))
+        .route("/api/session", get(api::session))
+        .route("/api/login", post(api::login))
+        .route("/api/logout", post(api::logout))
+        .route("/api/rpc/{method}", post(api::rpc))
+        .route("/api/watch/{method}", get(api::watch))
+        .fallback(api::not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(security_headers))
+        .with_state(dashboard))
+}
+
+/// Serves the dashboard on `listener` until `shutdown` resolves; its live
+/// streams end then too, so open pages do not hold the stop up.
+pub async fn serve(
+    options: Options,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let drain = CancellationToken::new();
+    let tls = options.tls.clone();
+    let app = router(options, drain.clone()).map_err(std::io::Error::other)?;
+    let stop = async move {
+        shutdown.await;
+        drain.cancel();
+    };
+    match tls {
+        Some(config) => {
+            let listener = tls::TlsListener::new(listener, config)?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    }
+}
+
+async fn security_headers(request: Request, next: Next) -> Response {
+    let api = request.uri().path().starts_with("/api/");
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if api {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// What every handler is given.
+type Shared = State<Arc<Dashboard>>;

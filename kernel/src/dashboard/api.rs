@@ -1,0 +1,463 @@
+//! The dashboard's HTTP handlers: the files, login and logout, and the
+//! Kernel service's methods as JSON.
+//!
+//! - `GET /api/session`: `{scope, pid, csrf, version}`, or 401.
+//! - `POST /api/login` `{"token": "..."}`: the same, and the cookie.
+//! - `POST /api/logout`: 204, the cookie cleared.
+//! - `POST /api/rpc/<Method>`: the request message as JSON in, the answer
+//!   out (`ListProcesses`, a stream that ends, as an array of its batches).
+//! - `GET /api/watch/<Method>?q=<request JSON>`: a live stream
+//!   (`SubscribeEvents`, `WatchTranscript`, `WatchRequests`) as server-sent
+//!   events, one `data:` per message, closed by an `end` or `error` event.
+//!
+//! An error is `{"code": "<gRPC code>", "message": "..."}` with the HTTP
+//! status the gRPC code maps to.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use prost_reflect::MethodDescriptor;
+use tonic::{Code, Status};
+
+use super::Shared;
+use super::session::{Active, LIFETIME, NoSession};
+use crate::caller::Caller;
+use crate::grpc::{Answer, code_name};
+
+/// The header that carries the session's CSRF token.
+const CSRF_HEADER: &str = "x-csrf-token";
+/// Streams that end, which a POST may read whole.
+const ENDING_STREAMS: [&str; 1] = ["ListProcesses"];
+/// Live streams a page may watch.
+const WATCHED: [&str; 3] = ["SubscribeEvents", "WatchTranscript", "WatchRequests"];
+/// Bytes of JSON a POST of an ending stream answers with at most.
+const MAX_COLLECTED: usize = 256 << 20;
+/// How often an idle live stream sends a comment, so proxies keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// A refusal, as the page reads it.
+struct Refusal(Status);
+
+impl From<Status> for Refusal {
+    fn from(status: Status) -> Self {
+        Refusal(status)
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let code = self.0.code();
+        let body = serde_json::json!({
+            "code": code_name(code as i32),
+            "message": self.0.message(),
+        });
+        (
+            http_status(code),
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// The HTTP status a gRPC code is answered with (as gRPC gateways map them).
+fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+pub(super) async fn asset(state: Shared, uri: Uri, request: HeaderMap) -> Response {
+    let found = super::assets::ASSETS
+        .iter()
+        .zip(&state.etags)
+        .find(|(asset, _)| asset.path == uri.path());
+    match found {
+        Some((asset, etag)) => asset.serve(etag.clone(), &request),
+        None => not_found().await,
+    }
+}
+
+pub(super) async fn not_found() -> Response {
+    Refusal(Status::not_found(
+        "not found: the dashboard serves /, /assets/ and /api/",
+    ))
+    .into_response()
+}
+
+/// The session the request's cookie names.
+fn active(state: &Shared, headers: &HeaderMap) -> Result<(String, Active), Refusal> {
+    let id =
+        cookie(headers, &state.cookie).ok_or_else(|| Status::unauthenticated("not logged in"))?;
+    match state.sessions.get(&id) {
+        Ok(active) => Ok((id, active)),
+        Err(NoSession::Missing) => {
+            Err(Status::unauthenticated("the session has ended: log in again").into())
+        }
+        Err(NoSession::Refused(why)) => Err(Status::unauthenticated(why).into()),
+    }
+}
+
+/// The session of a request that changes something: its CSRF token must
+/// be in the header, its body JSON, its origin (when given) this one.
+fn acting(state: &Shared, headers: &HeaderMap) -> Result<(String, Active), Refusal> {
+    check_post(headers)?;
+    let (id, active) = active(state, headers)?;
+    let given = headers
+        .get(CSRF_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    if !active.csrf_matches(given) {
+        return Err(
+            Status::permission_denied("missing or wrong X-CSRF-Token: reload the page").into(),
+        );
+    }
+    Ok((id, active))
+}
+
+/// A POST must be JSON (which a cross-site form cannot send) and, when the
+/// browser names its origin, come from this host.
+fn check_post(headers: &HeaderMap) -> Result<(), Refusal> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !json {
+        return Err(Status::invalid_argument("send the body as application/json").into());
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|host| host.to_str().ok());
+        let same = origin
+            .to_str()
+            .ok()
+            .and_then(|origin| origin.split_once("://"))
+            .is_some_and(|(_, authority)| Some(authority) == host);
+        if !same {
+            return Err(Status::permission_denied("a request from another origin").into());
+        }
+    }
+    Ok(())
+}
+
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+fn set_cookie(state: &Shared, value: &str, max_age: u64) -> HeaderValue {
+    let secure = if state.secure { "; Secure" } else { "" };
+    let cookie = format!(
+        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+        state.cookie
+    );
+    HeaderValue::from_str(&cookie).unwrap_or(HeaderValue::from_static(""))
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// What the page is told about its session.
+fn described(active: &Active) -> Vec<u8> {
+    let pid = match active.caller {
+        Caller::Process(pid) => pid.0,
+        _ => 0,
+    };
+    serde_json::json!({
+        "scope": active.caller.scope().as_str(),
+        "pid": pid,
+        "csrf": active.csrf,
+        "version": env!("CARGO_PKG_VERSION"),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+pub(super) async fn session(state: Shared, headers: HeaderMap) -> Response {
+    match active(&state, &headers) {
+        Ok((_, active)) => json_response(described(&active)),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+pub(super) async fn login(state: Shared, headers: HeaderMap, body: Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Login {
+        token: String,
+    }
+    if let Err(refusal) = check_post(&headers) {
+        return refusal.into_response();
+    }
+    let login: Login = match serde_json::from_slice(&body) {
+        Ok(login) => login,
+        Err(err) => {
+            return Refusal(Status::invalid_argument(format!(
+                "the body must be {{\"token\": \"...\"}}: {err}"
+            )))
+            .into_response();
+        }
+    };
+    match state.sessions.login(&login.token) {
+        Ok((id, active)) => {
+            tracing::info!(caller = %active.caller.who(), "dashboard: logged in");
+            let mut response = json_response(described(&active));
+            response.headers_mut().insert(
+                header::SET_COOKIE,
+                set_cookie(&state, &id, LIFETIME.as_secs()),
+            );
+            response
+        }
+        Err(why) => Refusal(Status::unauthenticated(why)).into_response(),
+    }
+}
+
+pub(super) async fn logout(state: Shared, headers: HeaderMap) -> Response {
+    match acting(&state, &headers) {
+        Ok((id, _)) => {
+            state.sessions.logout(&id);
+            let mut response = StatusCode::NO_CONTENT.into_response();
+            response
+                .headers_mut()
+                .insert(header::SET_COOKIE, set_cookie(&state, "", 0));
+            response
+        }
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// The method a page names, if it may call it this way.
+fn method(state: &Shared, name: &str, watched: bool) -> Result<MethodDescriptor, Refusal> {
+    let unknown = || {
+        Refusal(Status::not_found(format!(
+            "no method {} in hivekernel.v1.Kernel",
+            hivekernel_agents::text::shown(name)
+        )))
+    };
+    let method = state.schema.method(name).ok_or_else(unknown)?;
+    let allowed = if watched {
+        WATCHED.contains(&name)
+    } else {
+        !method.is_client_streaming()
+            && (!method.is_server_streaming() || ENDING_STREAMS.contains(&name))
+    };
+    if !allowed {
+        let how = if watched {
+            format!("only {} are watched", WATCHED.join(", "))
+        } else if method.is_server_streaming() {
+            format!("{name} is a live stream: GET /api/watch/{name}")
+        } else {
+            format!("{name} is not served to pages")
+        };
+        return Err(Refusal(Status::invalid_argument(how)));
+    }
+    Ok(method)
+}
+
+pub(super) async fn rpc(
+    state: Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match call(&state, &name, &headers, &body).await {
+        Ok(body) => json_response(body),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+async fn call(
+    state: &Shared,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<u8>, Refusal> {
+    let (_, active) = acting(state, headers)?;
+    let method = method(state, name, false)?;
+    let request = state
+        .schema
+        .request(&method, body)
+        .map_err(Status::invalid_argument)?;
+    let mut answer = state.service.call(active.caller, name, request).await?;
+    if !method.is_server_streaming() {
+        let message = answer
+            .next()
+            .await
+            .unwrap_or_else(|| Err(Status::internal("the call answered nothing")))?;
+        return state
+            .schema
+            .response(&method, message)
+            .map_err(|err| Refusal(Status::internal(err)));
+    }
+    let mut out = b"[".to_vec();
+    while let Some(message) = answer.next().await {
+        let json = state
+            .schema
+            .response(&method, message?)
+            .map_err(|err| Refusal(Status::internal(err)))?;
+        if out.len() + json.len() > MAX_COLLECTED {
+            return Err(Refusal(Status::resource_exhausted(
+                "the answer is larger than 256 MiB: ask for less (root, maxDepth)",
+            )));
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&json);
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+pub(super) async fn watch(
+    state: Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let opened = async {
+        let (_, active) = active(&state, &headers)?;
+        let method = method(&state, &name, true)?;
+        let query = uri
+            .query()
+            .and_then(|query| {
+                form_urlencoded::parse(query.as_bytes())
+                    .find(|(key, _)| key == "q")
+                    .map(|(_, value)| value.into_owned())
+            })
+            .unwrap_or_default();
+        let request = state
+            .schema
+            .request(&method, query.as_bytes())
+            .map_err(Status::invalid_argument)?;
+        let answer = state.service.call(active.caller, &name, request).await?;
+        Ok::<_, Refusal>((method, answer))
+    };
+    match opened.await {
+        Ok((method, answer)) => Sse::new(events(state, method, answer))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+            .into_response(),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// A live stream's messages as events, then `end`, or `error` with the
+/// status that ended it.
+fn events(
+    state: Shared,
+    method: MethodDescriptor,
+    answer: Answer,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(Some(answer), move |answer| {
+        let state = state.clone();
+        let method = method.clone();
+        async move {
+            let mut answer = answer?;
+            let event = match answer.next().await {
+                Some(Ok(message)) => match state.schema.response(&method, message) {
+                    Ok(json) => {
+                        let data = String::from_utf8_lossy(&json).into_owned();
+                        return Some((Ok(Event::default().data(data)), Some(answer)));
+                    }
+                    Err(err) => error_event(&Status::internal(err)),
+                },
+                Some(Err(status)) => error_event(&status),
+                None => Event::default().event("end").data("{}"),
+            };
+            Some((Ok(event), None))
+        }
+    })
+}
+
+fn error_event(status: &Status) -> Event {
+    let body = serde_json::json!({
+        "code": code_name(status.code() as i32),
+        "message": status.message(),
+    });
+    Event::default().event("error").data(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (key, value) in pairs {
+            map.append(*key, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let map = headers(&[
+            ("cookie", "theme=dark; hivekernel-8=abc"),
+            ("cookie", "hivekernel-80=def"),
+        ]);
+        assert_eq!(cookie(&map, "hivekernel-80").as_deref(), Some("def"));
+        assert_eq!(cookie(&map, "hivekernel-8").as_deref(), Some("abc"));
+        assert_eq!(cookie(&map, "hivekernel-9"), None);
+        assert_eq!(
+            cookie(&headers(&[("cookie", "hivekernel-9=")]), "hivekernel-9"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_post_must_be_json_from_this_origin() {
+        let json = ("content-type", "application/json; charset=utf-8");
+        assert!(check_post(&headers(&[json])).is_ok());
+        assert!(
+            check_post(&headers(&[
+                json,
+                ("host", "127.0.0.1:50052"),
+                ("origin", "http://127.0.0.1:50052")
+            ]))
+            .is_ok()
+        );
+        assert!(
+            check_post(&headers(&[
+                json,
+                ("host", "127.0.0.1:50052"),
+                ("origin", "http://evil.example")
+            ]))
+            .is_err()
+        );
+        assert!(check_post(&headers(&[("content-type", "text/plain")])).is_err());
+        assert!(check_post(&headers(&[])).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! The Kernel service's messages as JSON: the canonical proto3 mapping
+//! (lowerCamelCase names, enums by name), with 64-bit integers as numbers
+//! (PIDs and token counts stay far below 2^53) and every field written,
+//! defaults too, so a page reads `mailboxLen: 0` rather than nothing.
+//! Read from the same descriptors the server's reflection serves.
+
+use bytes::Bytes;
+use prost::Message as _;
+use prost_reflect::{
+    DescriptorPool, DeserializeOptions, DynamicMessage, MethodDescriptor, SerializeOptions,
+};
+
+const SERVICE: &str = "hivekernel.v1.Kernel";
+
+/// The service's methods and their message types.
+#[derive(Debug, Clone)]
+pub struct Schema {
+    pool: DescriptorPool,
+}
+
+impl Schema {
+    /// Reads the descriptors built with the proto crate.
+    pub fn load() -> Result<Schema, String> {
+        let pool = DescriptorPool::decode(hivekernel_proto::FILE_DESCRIPTOR_SET)
+            .map_err(|err| format!("the built-in descriptors do not decode: {err}"))?;
+        if pool.get_service_by_name(SERVICE).is_none() {
+            return Err(format!("the built-in descriptors have no {SERVICE}"));
+        }
+        Ok(Schema { pool })
+    }
+
+    /// The method called `name` (`GetProcess`).
+    pub fn method(&self, name: &str) -> Option<MethodDescriptor> {
+        self.pool
+            .get_service_by_name(SERVICE)?
+            .methods()
+            .find(|method| method.name() == name)
+    }
+
+    /// `json`, a request of `method`, encoded; the error names the field.
+    pub fn request(&self, method: &MethodDescriptor, json: &[u8]) -> Result<Bytes, String> {
+        let json = if json.iter().all(u8::is_ascii_whitespace) {
+            b"{}".as_slice()
+        } else {
+            json
+        };
+        let mut reader = serde_json::Deserializer::from_slice(json);
+        let message = DynamicMessage::deserialize_with_options(
+            method.input(),
+            &mut reader,
+            &DeserializeOptions::new().deny_unknown_fields(true),
+        )
+        .and_then(|message| reader.end().map(|()| message))
+        .map_err(|err| format!("the body is not a {}: {err}", method.input().name()))?;
+        Ok(Bytes::from(message.encode_to_vec()))
+    }
+
+    /// An encoded answer of `method`, as JSON.
+    pub fn response(&self, method: &MethodDescriptor, encoded: Bytes) -> Result<Vec<u8>, String> {
+        let message = DynamicMessage::decode(method.output(), encoded)
+            .map_err(|err| format!("the answer does not decode: {err}"))?;
+        let mut out = serde_json::Serializer::new(Vec::new());
+        message
+            .serialize_with_options(
+                &mut out,
+                &SerializeOptions::new()
+                    .stringify_64_bit_integers(false)
+                    .skip_default_fields(false),
+            )
+            .map_err(|err| format!("the answer does not serialize: {err}"))?;
+        Ok(out.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use hivekernel_proto::v1 as pb;
+
+    use super::*;
+
+    #[test]
+    fn requests_read_the_canonical_names_and_refuse_unknown_fields() {
+        let schema = Schema::load().unwrap();
+        let method = schema.method("Kill").unwrap();
+        let encoded = schema
+            .request(&method, br#"{"pid": 12, "reason": "done"}"#)
+            .unwrap();
+        let kill = pb::KillRequest::decode(encoded).unwrap();
+        assert_eq!((kill.pid, kill.reason.as_str()), (12, "done"));
+        let err = schema
+            .request(&method, br#"{"pid": 12, "pdi": 3}"#)
+            .unwrap_err();
+        assert!(err.contains("KillRequest") && err.contains("pdi"), "{err}");
+        let err = schema
+            .request(&method, br#"{"pid": "twelve"}"#)
+            .unwrap_err();
+        assert!(err.contains("KillRequest"), "{err}");
+        assert!(schema.request(&method, b"{} trailing").is_err());
+        assert!(schema.request(&method, b" ").is_ok());
+        assert!(schema.method("NoSuchMethod").is_none());
+    }
+
+    #[test]
+    fn answers_write_every_field_with_numbers_and_enum_names() {
+        let schema = Schema::load().unwrap();
+        let method = schema.method("GetProcess").unwrap();
+        let info = pb::ProcessInfo {
+            pid: 7,
+            name: "queen".to_owned(),
+            state: pb::ProcessState::Running as i32,
+            ..Default::default()
+        };
+        let json = schema
+            .response(&method, Bytes::from(info.encode_to_vec()))
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["pid"], 7);
+        assert_eq!(value["name"], "queen");
+        assert_eq!(value["state"], "PROCESS_STATE_RUNNING");
+        assert_eq!(value["mailboxLen"], 0);
+    }
+}
