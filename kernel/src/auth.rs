@@ -211,6 +211,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("ListArtifacts", Scope::Read),
     ("GetTranscript", Scope::Read),
     ("WatchTranscript", Scope::Read),
+    ("ReadLog", Scope::Read),
     ("ListMcpServers", Scope::Read),
     ("ListMcpTools", Scope::Read),
     ("ListRequests", Scope::Read),

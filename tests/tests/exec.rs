@@ -1232,3 +1232,94 @@ async fn an_exec_agents_log_is_rotated_by_size_keeping_the_newest_files() {
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "done\n");
     served.stop().await;
 }
+
+#[tokio::test]
+async fn an_exec_agents_log_is_read_through_the_kernel_its_tail_or_from_an_offset() {
+    let served = ExecKernel::start().await;
+    let mut admin = served.admin();
+    let (pid, log, _, token) = sleeper(&served, "logger").await;
+    let written = std::fs::read_to_string(&log).unwrap();
+    let read = |offset: u64, tail: bool, max_bytes: u64| pb::ReadLogRequest {
+        pid,
+        offset,
+        tail,
+        max_bytes,
+    };
+    let whole = admin
+        .read_log(read(0, false, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(whole.text, written);
+    assert_eq!((whole.offset, whole.size), (0, written.len() as u64));
+    let tail = admin.read_log(read(0, true, 8)).await.unwrap().into_inner();
+    assert_eq!(tail.text, written[written.len() - 8..]);
+    assert_eq!(tail.offset, written.len() as u64 - 8);
+    // From where the last read ended: nothing new yet; past the end (a
+    // rotation happened meanwhile): from the start again.
+    let next = admin
+        .read_log(read(whole.size, false, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((next.text.as_str(), next.size), ("", whole.size));
+    let past = admin
+        .read_log(read(whole.size + 100, false, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((past.offset, past.text), (0, written.clone()));
+
+    // Only for exec agents, and only for those who may read it.
+    let other = spawn_exec(&mut admin, "other", &["sh", "-c", "exec sleep 600"]).await;
+    let echo = admin
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: "plain".into(),
+            runtime: "echo".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pid;
+    assert_code(
+        admin
+            .read_log(pb::ReadLogRequest {
+                pid: echo,
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "no log file",
+    );
+    let mut own = served.client(&token);
+    assert_eq!(
+        own.read_log(read(0, false, 0))
+            .await
+            .unwrap()
+            .into_inner()
+            .text,
+        written
+    );
+    assert_code(
+        own.read_log(pb::ReadLogRequest {
+            pid: other,
+            ..Default::default()
+        })
+        .await,
+        Code::PermissionDenied,
+        "its own log",
+    );
+    assert_code(
+        admin
+            .read_log(pb::ReadLogRequest {
+                pid: 999_999,
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        "999999",
+    );
+    served.stop().await;
+}

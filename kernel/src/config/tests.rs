@@ -1786,3 +1786,48 @@ fn the_notify_webhook_is_read_with_its_secrets_from_the_environment_and_bad_ones
         .unwrap();
     assert!(config.kernel.notify.is_some());
 }
+
+#[test]
+fn the_dashboard_is_on_beside_a_loopback_control_plane_unless_told_otherwise() {
+    let at = |listen: &str| listen.parse::<std::net::SocketAddr>().unwrap();
+    let default = DashboardSettings::default();
+    assert_eq!(
+        default.address(at("127.0.0.1:50051")),
+        Some((at("127.0.0.1:50052"), false))
+    );
+    assert_eq!(
+        default.address(at("[::1]:7000")),
+        Some((at("[::1]:7001"), false))
+    );
+    assert_eq!(
+        default.address(at("127.0.0.1:0")),
+        Some((at("127.0.0.1:0"), false))
+    );
+    assert_eq!(
+        default.address(at("127.0.0.1:65535")),
+        Some((at("127.0.0.1:0"), false))
+    );
+    // Off beside a control plane others reach, unless asked for.
+    assert_eq!(default.address(at("0.0.0.0:50051")), None);
+    let asked = DashboardSettings {
+        enabled: Some(true),
+        listen: None,
+    };
+    assert_eq!(
+        asked.address(at("0.0.0.0:50051")),
+        Some((at("0.0.0.0:50052"), true))
+    );
+    let placed = DashboardSettings {
+        enabled: None,
+        listen: Some(at("127.0.0.1:8080")),
+    };
+    assert_eq!(
+        placed.address(at("10.0.0.1:50051")),
+        Some((at("127.0.0.1:8080"), true))
+    );
+    let off = DashboardSettings {
+        enabled: Some(false),
+        listen: None,
+    };
+    assert_eq!(off.address(at("127.0.0.1:50051")), None);
+}

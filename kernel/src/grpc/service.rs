@@ -470,6 +470,22 @@ impl KernelRpc for KernelService {
         Ok(Response::new(answer))
     }
 
+    async fn read_log(&self, request: Request<pb::ReadLogRequest>) -> Rpc<pb::LogChunk> {
+        let caller = caller(&request)?;
+        let req = request.into_inner();
+        let pid = convert::required_pid("pid", req.pid)?;
+        let from = (!req.tail).then_some(req.offset);
+        let chunk = self
+            .kernel
+            .exec_log(caller, pid, from, req.max_bytes)
+            .await?;
+        Ok(Response::new(pb::LogChunk {
+            text: chunk.text,
+            offset: chunk.offset,
+            size: chunk.size,
+        }))
+    }
+
     type WatchTranscriptStream = ReceiverStream<Result<pb::TranscriptEntry, Status>>;
 
     async fn watch_transcript(

@@ -15,6 +15,21 @@ use crate::exec::{
 
 /// Most message ids one acknowledgement may carry.
 pub(crate) const MAX_ACKS: usize = 10_000;
+/// Bytes of an `exec` agent's log one read returns when not told.
+pub(crate) const DEFAULT_LOG_READ: u64 = 64 << 10;
+/// Bytes of an `exec` agent's log one read returns at most.
+pub(crate) const MAX_LOG_READ: u64 = 1 << 20;
+
+/// A piece of an `exec` agent's log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    /// The bytes read, as text (invalid UTF-8 replaced).
+    pub text: String,
+    /// Where in the file they start.
+    pub offset: u64,
+    /// The file's size when read: where the next read starts.
+    pub size: u64,
+}
 
 impl Kernel {
     fn exec_runtime(&self) -> Result<&Arc<ExecRuntime>> {
@@ -104,6 +119,37 @@ impl Kernel {
         info
     }
 
+    /// Part of `pid`'s log file (an `exec` agent's stdout and stderr): at
+    /// most `max_bytes` (0: [`DEFAULT_LOG_READ`]; at most
+    /// [`MAX_LOG_READ`]) from `from`, or the last `max_bytes` when `from`
+    /// is `None`. A read past the end (the log was rotated meanwhile)
+    /// starts at the beginning again. The same readers as the transcript:
+    /// a process reads its own and its descendants'.
+    pub async fn exec_log(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        from: Option<u64>,
+        max_bytes: u64,
+    ) -> Result<LogChunk> {
+        self.may_read_own(caller, pid, super::transcript::Record::Log)?;
+        let info = self.get_process(caller, pid).await?;
+        let Some(path) = info.log_path else {
+            return Err(KernelError::InvalidArgument(format!(
+                "process {pid} runs {} rather than exec: it has no log file (its transcript \
+                 is what it did)",
+                info.runtime
+            )));
+        };
+        let max = match max_bytes {
+            0 => DEFAULT_LOG_READ,
+            n => n.min(MAX_LOG_READ),
+        };
+        tokio::task::spawn_blocking(move || read_log(std::path::Path::new(&path), from, max))
+            .await
+            .map_err(|err| KernelError::FailedPrecondition(format!("reading the log: {err}")))?
+    }
+
     /// Ends the OS processes a kernel before this one on the same data
     /// directory left running when it was killed (see
     /// [`crate::exec::reclaim_orphans`]); before any exec process starts.
@@ -159,4 +205,42 @@ impl Kernel {
             }
         }
     }
+}
+
+/// What [`Kernel::exec_log`] reads; a log not written yet is empty.
+fn read_log(path: &std::path::Path, from: Option<u64>, max: u64) -> Result<LogChunk> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(LogChunk {
+                text: String::new(),
+                offset: 0,
+                size: 0,
+            });
+        }
+        Err(err) => {
+            return Err(KernelError::FailedPrecondition(format!(
+                "cannot read the log {}: {err}",
+                path.display()
+            )));
+        }
+    };
+    let failed = |err: std::io::Error| {
+        KernelError::FailedPrecondition(format!("cannot read the log {}: {err}", path.display()))
+    };
+    let size = file.metadata().map_err(failed)?.len();
+    let offset = match from {
+        Some(from) if from <= size => from,
+        Some(_) => 0,
+        None => size.saturating_sub(max),
+    };
+    file.seek(SeekFrom::Start(offset)).map_err(failed)?;
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes).map_err(failed)?;
+    Ok(LogChunk {
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        offset,
+        size: offset + bytes.len() as u64,
+    })
 }

@@ -14,7 +14,7 @@ impl Kernel {
     /// may read its own transcript and its descendants'; the admin reads
     /// every one, kept transcripts of reaped processes too.
     pub async fn transcript(&self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
-        let known = self.may_read_transcript(caller, pid)?;
+        let known = self.may_read_own(caller, pid, Record::Transcript)?;
         let page = self.inner.transcripts().read(pid, query).await?;
         if !known && page.entries.is_empty() && query.after_id == 0 {
             return Err(KernelError::NotFound(pid));
@@ -31,7 +31,7 @@ impl Kernel {
         caller: Caller,
         pid: Pid,
     ) -> Result<broadcast::Receiver<Arc<Entry>>> {
-        let known = self.may_read_transcript(caller, pid)?;
+        let known = self.may_read_own(caller, pid, Record::Transcript)?;
         let live = self.inner.transcripts().subscribe();
         if !known {
             let first = Query {
@@ -50,9 +50,9 @@ impl Kernel {
         table.get(pid).is_none_or(|entry| !entry.is_alive())
     }
 
-    /// Refuses a process caller `pid`'s transcript unless it is its own or
-    /// a descendant's; answers whether `pid` is in the process table.
-    fn may_read_transcript(&self, caller: Caller, pid: Pid) -> Result<bool> {
+    /// Refuses a process caller `pid`'s transcript or log unless it is its
+    /// own or a descendant's; answers whether `pid` is in the process table.
+    pub(super) fn may_read_own(&self, caller: Caller, pid: Pid, what: Record) -> Result<bool> {
         let checked = {
             let table = self.inner.table().read();
             let known = table.get(pid).is_some();
@@ -61,11 +61,36 @@ impl Kernel {
                 Caller::Process(_) if !known => Err(KernelError::NotFound(pid)),
                 Caller::Process(me) if me == pid || table.is_ancestor(me, pid) => Ok(true),
                 Caller::Process(me) => Err(KernelError::PermissionDenied(format!(
-                    "process {me} may read only its own transcript and its descendants'; \
-                     process {pid} is not one of them"
+                    "process {me} may read only its own {what} and its descendants'; \
+                     process {pid} is not one of them",
+                    what = what.noun()
                 ))),
             }
         };
-        self.report_denial(caller, "read_transcript", checked)
+        self.report_denial(caller, what.action(), checked)
+    }
+}
+
+/// What a process may read of itself and its descendants.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Record {
+    Transcript,
+    /// An `exec` agent's log file.
+    Log,
+}
+
+impl Record {
+    fn noun(self) -> &'static str {
+        match self {
+            Record::Transcript => "transcript",
+            Record::Log => "log",
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Record::Transcript => "read_transcript",
+            Record::Log => "read_log",
+        }
     }
 }

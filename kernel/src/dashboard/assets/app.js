@@ -1061,7 +1061,9 @@
     };
     show(info);
     if (state.procs.has(pid)) upsert(info);
-    ctx.onProc = (i) => { if (num(i.pid) === pid) show(i); };
+    const log = info.runtime === 'exec' ? logPanel(ctx, pid) : null;
+    if (log) ctx.root.insertBefore(log.el, transcript);
+    ctx.onProc = (i) => { if (num(i.pid) === pid) { show(i); if (log) log.more(); } };
 
     const loadChildren = throttle(async () => {
       try {
@@ -1095,6 +1097,33 @@
           h('td', null, timeEl(e.nextRunUnixMs, { none: 'none' })), h('td', null, timeEl(e.lastRunUnixMs, { none: 'never' })))))
         : note('None.'));
     } catch (err) { if (ctx.alive) fill(cron, cron.firstChild, errorLine(err.message)); }
+  }
+
+  // An exec agent's log file, read through the kernel: its tail, then what
+  // was added since, whenever the process is refreshed or on request.
+  function logPanel(ctx, pid) {
+    const pre = h('pre', { id: 'exec-log', class: 'text log', tabindex: '0', 'aria-label': 'Log file' });
+    const status = h('p', { id: 'exec-log-status', class: 'muted', role: 'status' });
+    const refresh = h('button', { id: 'exec-log-refresh', type: 'button', class: 'small' }, 'Read new lines');
+    let offset = null, busy = false;
+    async function more() {
+      if (busy || !ctx.alive) return;
+      busy = true;
+      try {
+        const req = offset == null ? { pid, tail: true, maxBytes: 65536 } : { pid, offset, maxBytes: 1048576 };
+        const chunk = await api('ReadLog', req);
+        if (!ctx.alive) return;
+        if (offset != null && num(chunk.offset) < offset) pre.textContent = '';
+        if (offset == null && num(chunk.offset) > 0) status.textContent = `The last ${fmtInt(num(chunk.size) - num(chunk.offset))} bytes of ${fmtInt(chunk.size)}.`;
+        pre.append(chunk.text || '');
+        offset = num(chunk.size);
+        if (!pre.textContent) status.textContent = 'Nothing logged yet.';
+        else if (pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40) pre.scrollTop = pre.scrollHeight;
+      } catch (err) { if (ctx.alive) status.textContent = err.message; } finally { busy = false; }
+    }
+    refresh.addEventListener('click', more);
+    more();
+    return { el: section('Log', 'proc-log', h('div', { class: 'toolbar' }, refresh), status, pre), more };
   }
 
   function usageKv(u) {
