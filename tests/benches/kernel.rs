@@ -180,12 +180,8 @@ pub(crate) async fn watched(kernel: &hivekernel_kernel::Kernel) {
     };
     let body = r#"{"token": "bench-admin"}"#;
     let mut login = request(format!(
-        "POST /api/login HTTP/1.0
-Host: {addr}
-Content-Type: application/json
-         Content-Length: {}
-
-{body}",
+        "POST /api/login HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
         body.len()
     ))
     .await;
@@ -195,19 +191,21 @@ Content-Type: application/json
         .lines()
         .find_map(|line| line.strip_prefix("set-cookie: "))
         .and_then(|cookie| cookie.split(';').next())
-        .expect("a session cookie")
+        .unwrap_or_else(|| panic!("no session cookie in {answer:?}"))
         .to_owned();
     let mut watch = request(format!(
-        "GET /api/watch/SubscribeEvents?q=%7B%7D HTTP/1.0
-Host: {addr}
-Cookie: {cookie}
-
-"
+        "GET /api/watch/SubscribeEvents?q=%7B%7D HTTP/1.0\r\nHost: {addr}\r\nCookie: {cookie}\r\n\r\n"
     ))
     .await;
     tokio::spawn(async move {
         let mut buffer = vec![0; 64 << 10];
-        while watch.read(&mut buffer).await.is_ok_and(|n| n > 0) {}
+        let mut read = 0;
+        while let Ok(n) = watch.read(&mut buffer).await
+            && n > 0
+        {
+            read += n;
+        }
+        eprintln!("bench: the dashboard page read {read} bytes of events");
     });
 }
 
