@@ -175,39 +175,41 @@ pub(super) fn metrics(
         ));
         return None;
     };
-    match listen.parse::<SocketAddr>() {
-        Ok(listen) => Some(MetricsSettings { listen }),
-        Err(_) => {
-            issues.push(ConfigIssue::new(
-                "kernel.metrics.listen",
-                format!(
-                    "invalid socket address {} (expected IP:PORT, such as 127.0.0.1:9464)",
-                    hivekernel_agents::text::shown(&listen)
-                ),
-            ));
-            None
-        }
+    let listen = socket_address("kernel.metrics.listen", &listen, "127.0.0.1:9464", issues)?;
+    Some(MetricsSettings { listen })
+}
+
+/// `text` as an IP:PORT, or an issue at `location` naming it and `example`.
+fn socket_address(
+    location: &str,
+    text: &str,
+    example: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<SocketAddr> {
+    let parsed = text.parse::<SocketAddr>().ok();
+    if parsed.is_none() {
+        issues.push(ConfigIssue::new(
+            location,
+            format!(
+                "invalid socket address {} (expected IP:PORT, such as {example})",
+                hivekernel_agents::text::shown(text)
+            ),
+        ));
     }
+    parsed
 }
 
 /// Parses and checks `kernel.dashboard`.
 pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> DashboardSettings {
     let raw = section::<RawDashboard>(value, "kernel.dashboard", issues).value;
-    let listen = raw
-        .listen
-        .and_then(|listen| match listen.parse::<SocketAddr>() {
-            Ok(listen) => Some(listen),
-            Err(_) => {
-                issues.push(ConfigIssue::new(
-                    "kernel.dashboard.listen",
-                    format!(
-                        "invalid socket address {} (expected IP:PORT, such as 127.0.0.1:50052)",
-                        hivekernel_agents::text::shown(&listen)
-                    ),
-                ));
-                None
-            }
-        });
+    let listen = raw.listen.and_then(|listen| {
+        socket_address(
+            "kernel.dashboard.listen",
+            &listen,
+            "127.0.0.1:50052",
+            issues,
+        )
+    });
     if raw.enabled == Some(false) && listen.is_some() {
         issues.push(ConfigIssue::new(
             "kernel.dashboard.listen",

@@ -52,18 +52,23 @@ impl From<Status> for Refusal {
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let code = self.0.code();
-        let body = serde_json::json!({
-            "code": code_name(code as i32),
-            "message": self.0.message(),
-        });
         (
-            http_status(code),
+            http_status(self.0.code()),
             [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
+            error_body(&self.0),
         )
             .into_response()
     }
+}
+
+/// `{"code": "<gRPC code>", "message": "..."}`: how a refusal reads, as an
+/// answer or as a stream's last event.
+fn error_body(status: &Status) -> String {
+    serde_json::json!({
+        "code": code_name(status.code() as i32),
+        "message": status.message(),
+    })
+    .to_string()
 }
 
 /// The HTTP status a gRPC code is answered with (as gRPC gateways map them).
@@ -403,11 +408,7 @@ fn events(
 }
 
 fn error_event(status: &Status) -> Event {
-    let body = serde_json::json!({
-        "code": code_name(status.code() as i32),
-        "message": status.message(),
-    });
-    Event::default().event("error").data(body.to_string())
+    Event::default().event("error").data(error_body(status))
 }
 
 #[cfg(test)]
