@@ -144,6 +144,10 @@ pub struct CronInfo {
     pub running: bool,
     /// The latest runs, newest last.
     pub history: Vec<CronRun>,
+    /// A config entry enabled or disabled by hand rather than as the
+    /// config declares it (`spec.enabled` is the switch).
+    #[serde(default)]
+    pub switched: bool,
 }
 
 #[cfg(test)]
@@ -194,6 +198,7 @@ mod tests {
             runs: 0,
             running: false,
             history: Vec::new(),
+            switched: false,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["action"], "spawn");

@@ -225,6 +225,8 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("WaitChild", Scope::Operate),
     ("AddCron", Scope::Operate),
     ("RemoveCron", Scope::Operate),
+    ("SetCronEnabled", Scope::Operate),
+    ("RunCron", Scope::Operate),
     ("StoreArtifact", Scope::Operate),
     ("DeleteArtifact", Scope::Operate),
     ("CallMcpTool", Scope::Operate),

@@ -256,6 +256,26 @@ pub enum CronCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Let an entry fire on its schedule again; prints it. A config entry
+    /// keeps the switch until the config changes it.
+    Enable(CronNameArgs),
+    /// Stop an entry firing on its schedule (it keeps its history); prints it.
+    Disable(CronNameArgs),
+    /// Fire an entry now, enabled or not; prints it. The run's outcome
+    /// shows in `cron ls` and as a `cron_run` event.
+    Run(CronNameArgs),
+}
+
+/// Arguments of `cron enable`, `cron disable` and `cron run`.
+#[derive(Debug, Args)]
+pub struct CronNameArgs {
+    /// The entry's name.
+    pub name: String,
+    /// Print the entry as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// Arguments of `hivekernel inbox`.
@@ -754,7 +774,8 @@ pub struct EventsArgs {
     /// Only events of these types (spawned, exited, llm_call, tool_call, denied, ...).
     #[arg(long = "type", value_name = "TYPE[,TYPE]", value_delimiter = ',')]
     pub types: Vec<String>,
-    /// Only the newest N of the retained events that match (then live ones with --follow).
+    /// Only the newest N of the retained events that match, at most 100000
+    /// (then live ones with --follow).
     #[arg(long, value_name = "N")]
     pub tail: Option<usize>,
     /// Only the events of one trace: all the work one request caused (the

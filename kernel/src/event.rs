@@ -294,6 +294,30 @@ impl EventKind {
         }
     }
 
+    /// The names of the events a subscriber may ask for by type (the
+    /// stream markers aside).
+    pub const TYPES: [&'static str; 19] = [
+        "spawned",
+        "exited",
+        "reaped",
+        "message_expired",
+        "message_dropped",
+        "kernel_message",
+        "route_denied",
+        "denied",
+        "task_finished",
+        "restarted",
+        "escalated",
+        "cron_run",
+        "llm_call",
+        "tool_call",
+        "mcp_server",
+        "token",
+        "approval_requested",
+        "approval_resolved",
+        "notify_failed",
+    ];
+
     /// The snake_case name, as in the `type` field of the JSON form.
     pub fn name(&self) -> &'static str {
         match self {

@@ -237,6 +237,84 @@ impl EventBus {
     }
 }
 
+/// What one subscriber asked to see, within what its [`EventView`] lets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    /// Only these processes' events.
+    processes: Option<Processes>,
+    /// Only events of these types (empty: every type).
+    types: HashSet<&'static str>,
+    /// Only the events of this trace.
+    trace: Option<TraceId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Processes {
+    members: HashSet<Pid>,
+    /// Take in the children the members spawn, as an [`EventView`] does.
+    subtree: bool,
+}
+
+impl EventFilter {
+    /// Every event.
+    pub fn any() -> Self {
+        EventFilter::default()
+    }
+
+    /// Only the events of `members` (and, with `subtree`, of the children
+    /// they spawn from now on).
+    pub fn processes(mut self, members: HashSet<Pid>, subtree: bool) -> Self {
+        self.processes = Some(Processes { members, subtree });
+        self
+    }
+
+    /// Only events of `types`; an unknown name is refused, naming the known ones.
+    pub fn types(mut self, types: &[String]) -> Result<Self, String> {
+        for name in types {
+            let name = name.trim();
+            let known = EventKind::TYPES.iter().find(|known| **known == name);
+            let Some(known) = known else {
+                return Err(format!(
+                    "unknown event type {} (known: {})",
+                    crate::error::shown(name),
+                    EventKind::TYPES.join(", ")
+                ));
+            };
+            self.types.insert(known);
+        }
+        Ok(self)
+    }
+
+    /// Only the events of `trace`.
+    pub fn trace(mut self, trace: TraceId) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// Whether it lets every event through.
+    pub fn is_any(&self) -> bool {
+        *self == EventFilter::default()
+    }
+
+    /// Whether the subscriber asked for `event`; a subtree grows here with
+    /// every `spawned` event, whatever the types asked for.
+    pub fn admits(&mut self, event: &Event) -> bool {
+        if let Some(Processes { members, subtree }) = &mut self.processes {
+            if *subtree
+                && let EventKind::Spawned { ppid, .. } = &event.kind
+                && members.contains(ppid)
+            {
+                members.insert(event.pid);
+            }
+            if !members.contains(&event.pid) {
+                return false;
+            }
+        }
+        (self.types.is_empty() || self.types.contains(event.kind.name()))
+            && self.trace.is_none_or(|trace| event.trace == Some(trace))
+    }
+}
+
 /// What part of the event log one subscriber sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventView {

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use hivekernel_agents::{Pid, ProcessInfo};
+use hivekernel_agents::{Pid, ProcessInfo, TraceId};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -104,6 +104,51 @@ impl Kernel {
                 EventView::Subtree(table.subtree_preorder(me, None).into_iter().collect())
             }
             _ => EventView::All,
+        }
+    }
+
+    /// The filter of a subscriber that asked for the events of `pid` (its
+    /// subtree's with `subtree`), of `types` and of `trace`. A process may
+    /// name only itself or a live descendant; for the operator a PID no
+    /// longer in the table is taken as it is, for the events it left.
+    pub fn event_filter(
+        &self,
+        caller: Caller,
+        pid: Option<Pid>,
+        subtree: bool,
+        types: &[String],
+        trace: Option<TraceId>,
+    ) -> Result<crate::events::EventFilter> {
+        let mut filter = crate::events::EventFilter::any()
+            .types(types)
+            .map_err(KernelError::InvalidArgument)?;
+        if let Some(trace) = trace {
+            filter = filter.trace(trace);
+        }
+        match pid {
+            Some(pid) => {
+                let table = self.inner.table().read();
+                if let Caller::Process(me) = caller
+                    && me != pid
+                    && !table.is_ancestor(me, pid)
+                {
+                    return Err(KernelError::PermissionDenied(format!(
+                        "process {me} may only watch the events of itself and its \
+                         descendants, not of {pid}"
+                    )));
+                }
+                let mut members: std::collections::HashSet<Pid> = if subtree {
+                    table.subtree_preorder(pid, None).into_iter().collect()
+                } else {
+                    std::collections::HashSet::new()
+                };
+                members.insert(pid);
+                Ok(filter.processes(members, subtree))
+            }
+            None if subtree => Err(KernelError::InvalidArgument(
+                "subtree needs the pid whose subtree to watch".into(),
+            )),
+            None => Ok(filter),
         }
     }
 

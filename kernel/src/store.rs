@@ -222,13 +222,15 @@ pub(crate) enum Write {
         name: String,
         pid: Pid,
     },
-    /// A cron entry was added or (config) declared; `spec` is its JSON.
+    /// A cron entry was added, (config) declared or switched on or off;
+    /// `spec` is its JSON, `switched` a config entry's switch by hand.
     CronPut {
         name: String,
         spec: String,
         owner: Pid,
         source: &'static str,
         created_ms: u64,
+        switched: Option<bool>,
     },
     CronRemove(String),
     /// A cron entry is about to run for the slot `at_ms`.

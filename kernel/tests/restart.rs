@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_client::KernelClient;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
@@ -52,6 +52,7 @@ async fn all_events(kernel: &Kernel) -> Vec<(u64, String, Value)> {
     let request = pb::SubscribeEventsRequest {
         since_seq: 0,
         replay: true,
+        ..Default::default()
     };
     let mut stream = client
         .subscribe_events(authed(kernel, request))
@@ -416,6 +417,35 @@ fn cron_entries_added_with_the_cli_run_and_survive_kill_9() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert!(entries[0]["runs"].as_u64().unwrap() >= before);
     assert_eq!(entries[0]["target"].as_u64(), Some(helper.parse().unwrap()));
+
+    // Off: it stops firing, and stays off across a restart; run now still runs it.
+    let off = kernel.cli(&["cron", "disable", "beat", "--json"]).json();
+    assert_eq!(
+        (off["enabled"].clone(), off["next_run_unix_ms"].clone()),
+        (json!(false), Value::Null)
+    );
+    let table = kernel.cli(&["cron", "ls"]);
+    assert!(table.ok().contains("disabled"), "{table:#?}");
+    kernel.stop();
+    kernel.restart();
+    let stopped = runs(&kernel)[0]["runs"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(
+        runs(&kernel)[0]["runs"].as_u64().unwrap(),
+        stopped,
+        "a disabled entry fired"
+    );
+    kernel.cli(&["cron", "run", "beat"]).ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs(&kernel)[0]["runs"].as_u64().unwrap() == stopped {
+        assert!(Instant::now() < deadline, "run now did not run it");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let on = kernel.cli(&["cron", "enable", "beat", "--json"]).json();
+    assert_eq!(on["enabled"], true);
+    assert!(on["next_run_unix_ms"].as_u64().unwrap() > 0);
+    let unknown = kernel.cli(&["cron", "run", "nope"]);
+    assert!(unknown.failed(1).contains("no cron entry"), "{unknown:#?}");
 
     let removed = kernel.cli(&["cron", "rm", "beat", "--json"]).json();
     assert_eq!(removed["removed"], "beat");

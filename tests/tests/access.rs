@@ -41,15 +41,21 @@ async fn next(events: &mut Streaming<pb::Event>) -> pb::Event {
 
 /// Every event of `client`'s replay from the start, up to the `replay_done`
 /// marker, and the stream to read live events from.
-async fn replay(mut client: Client) -> (Vec<pb::Event>, Streaming<pb::Event>) {
-    let mut events = client
-        .subscribe_events(pb::SubscribeEventsRequest {
-            since_seq: 0,
-            replay: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+async fn replay(client: Client) -> (Vec<pb::Event>, Streaming<pb::Event>) {
+    let request = pb::SubscribeEventsRequest {
+        since_seq: 0,
+        replay: true,
+        ..Default::default()
+    };
+    replay_of(client, request).await
+}
+
+/// [`replay`] of what `request` asks for.
+async fn replay_of(
+    mut client: Client,
+    request: pb::SubscribeEventsRequest,
+) -> (Vec<pb::Event>, Streaming<pb::Event>) {
+    let mut events = client.subscribe_events(request).await.unwrap().into_inner();
     let mut replayed = Vec::new();
     loop {
         let event = next(&mut events).await;
@@ -115,6 +121,123 @@ async fn a_process_token_sees_only_events_of_its_own_subtree() {
     let (replayed, _) = replay(served.admin()).await;
     let pids: Vec<u64> = replayed.iter().map(|e| e.pid).collect();
     assert!(pids.contains(&b.0) && pids.contains(&a.0), "{pids:?}");
+    kernel.shutdown().await;
+    served.stopped().await;
+}
+
+#[tokio::test]
+async fn the_kernel_filters_a_stream_by_process_subtree_type_and_tail() {
+    let (kernel, _) = kernel_with(test_settings()).await;
+    let served = Served::start(&kernel).await;
+    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
+    let a1 = spawn_probe(&kernel, a, "a1", Role::Lead).await;
+    let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
+    let a1x = spawn_probe(&kernel, a1, "a1x", Role::Worker).await;
+    kernel.kill(Caller::Admin, a1x, "gone").await.unwrap();
+    let pairs = |events: &[pb::Event]| -> Vec<(u64, String)> {
+        events.iter().map(|e| (e.pid, e.r#type.clone())).collect()
+    };
+
+    // a's subtree, spawns only: the one reaped since included.
+    let spawns = pb::SubscribeEventsRequest {
+        replay: true,
+        pid: a.0,
+        subtree: true,
+        types: vec!["spawned".into()],
+        ..Default::default()
+    };
+    let (replayed, mut live) = replay_of(served.admin(), spawns).await;
+    let spawned = |pid: Pid| (pid.0, "spawned".to_owned());
+    assert_eq!(pairs(&replayed), [spawned(a), spawned(a1), spawned(a1x)]);
+    // Live: b's child and a2's exit are not asked for; a2's spawn is.
+    spawn_probe(&kernel, b, "b1", Role::Worker).await;
+    let a2 = spawn_probe(&kernel, a1, "a2", Role::Worker).await;
+    kernel.kill(Caller::Admin, a2, "done").await.unwrap();
+    let a3 = spawn_probe(&kernel, a1, "a3", Role::Worker).await;
+    assert_eq!(pairs(&[next(&mut live).await]), [spawned(a2)]);
+    assert_eq!(pairs(&[next(&mut live).await]), [spawned(a3)]);
+
+    // The newest N of what matches, and of everything: the last N of a
+    // whole replay read after it, up to where it ended.
+    let tail = |tail: u64, pid: Pid| pb::SubscribeEventsRequest {
+        pid: pid.0,
+        subtree: pid != Pid(0),
+        tail,
+        ..Default::default()
+    };
+    let (of_a, _) = replay_of(served.admin(), tail(2, a)).await;
+    let (everything, _) = replay_of(served.admin(), tail(3, Pid(0))).await;
+    let (all, _) = replay(served.admin()).await;
+    let newest = |events: &[pb::Event], wanted: &dyn Fn(&pb::Event) -> bool, n: usize| {
+        let end = events.last().unwrap().seq;
+        let matching: Vec<pb::Event> = all
+            .iter()
+            .filter(|e| e.seq <= end && wanted(e))
+            .cloned()
+            .collect();
+        matching[matching.len() - n..].to_vec()
+    };
+    let subtree = [a.0, a1.0, a1x.0, a2.0, a3.0];
+    assert_eq!(of_a, newest(&of_a, &|e| subtree.contains(&e.pid), 2));
+    assert_eq!(everything, newest(&everything, &|_| true, 3));
+    // A process alone, not its children.
+    let only_b = pb::SubscribeEventsRequest {
+        replay: true,
+        pid: b.0,
+        ..Default::default()
+    };
+    let (replayed, _) = replay_of(served.admin(), only_b).await;
+    assert!(!replayed.is_empty() && replayed.iter().all(|e| e.pid == b.0));
+
+    // Bad requests are refused by name.
+    let refusals = [
+        (
+            pb::SubscribeEventsRequest {
+                types: vec!["spawnd".into()],
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "unknown event type \"spawnd\"",
+        ),
+        (
+            pb::SubscribeEventsRequest {
+                trace_id: "not-a-trace".into(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "trace_id",
+        ),
+        (
+            pb::SubscribeEventsRequest {
+                tail: 1 << 40,
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "tail",
+        ),
+        (
+            pb::SubscribeEventsRequest {
+                subtree: true,
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "subtree needs the pid",
+        ),
+    ];
+    for (request, code, says) in refusals {
+        refused(served.admin().subscribe_events(request).await, code, says);
+    }
+    // A process asks only for its own subtree's events.
+    let token = served.auth.issue(a1).unwrap();
+    let outside = pb::SubscribeEventsRequest {
+        pid: b.0,
+        ..Default::default()
+    };
+    refused(
+        served.with_token(&token).subscribe_events(outside).await,
+        Code::PermissionDenied,
+        "may only watch",
+    );
     kernel.shutdown().await;
     served.stopped().await;
 }

@@ -50,16 +50,32 @@ async fn durable(
     hivekernel_kernel::store::Recovered,
     Vec<String>,
 ) {
+    declaring(dir, earlier, Vec::new()).await
+}
+
+/// [`durable`], its agent declaring `cron` in the config.
+async fn declaring(
+    dir: &std::path::Path,
+    earlier: Option<&Kernel>,
+    cron: Vec<CronSpec>,
+) -> (
+    Kernel,
+    Pid,
+    hivekernel_kernel::store::Recovered,
+    Vec<String>,
+) {
     let (store, recovered) = open_store(dir).await;
     let (runtimes, _) = registry();
+    let mut agent = Declared::new(hivekernel_tests::probe_request(
+        Pid::KERNEL,
+        "agent",
+        Role::Agent,
+    ));
+    agent.cron = cron;
     let mut builder = Kernel::builder(settings())
         .runtimes(runtimes)
         .store(store, recovered.clone())
-        .agents(vec![Declared::new(hivekernel_tests::probe_request(
-            Pid::KERNEL,
-            "agent",
-            Role::Agent,
-        ))]);
+        .agents(vec![agent]);
     if let Some(earlier) = earlier {
         builder = builder.cron_clock_of(earlier);
     }
@@ -474,4 +490,137 @@ async fn a_name_changes_hands_cleanly_and_only_its_latest_entry_fires() {
     );
     assert!(!x.running);
     kernel.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() {
+    let (runtimes, _) = registry();
+    let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
+    let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
+    let other = spawn_probe(&kernel, Pid::KERNEL, "other", Role::Agent).await;
+    kernel
+        .add_cron(Caller::Admin, spec("tick", agent, "tock"))
+        .await
+        .unwrap();
+
+    let off = kernel
+        .set_cron_enabled(Caller::Admin, "tick", false)
+        .await
+        .unwrap();
+    assert!(!off.spec.enabled && !off.switched, "{off:?}");
+    assert_eq!(off.next_run_unix_ms, None);
+    pass(25_000).await;
+    assert_eq!(info(&kernel, "tick").runs, 0, "a disabled entry fired");
+
+    // Run now: enabled or not, once, and the schedule stays off.
+    let started = kernel.run_cron_now(Caller::Admin, "tick").await.unwrap();
+    assert!(started.running, "{started:?}");
+    pass(1_000).await;
+    let tick = info(&kernel, "tick");
+    assert_eq!((tick.runs, statuses(&tick)), (1, vec!["ok"]), "{tick:?}");
+    assert_eq!(tick.history[0].output, "tock");
+    assert_eq!(tick.next_run_unix_ms, None);
+
+    let on = kernel
+        .set_cron_enabled(Caller::Admin, "tick", true)
+        .await
+        .unwrap();
+    assert!(on.spec.enabled && on.next_run_unix_ms.unwrap() > kernel.cron_now_ms());
+    // Switching to what it is already changes nothing.
+    let again = kernel
+        .set_cron_enabled(Caller::Admin, "tick", true)
+        .await
+        .unwrap();
+    assert_eq!(again.next_run_unix_ms, on.next_run_unix_ms);
+
+    // A process changes only its own entries.
+    kernel
+        .add_cron(Caller::Process(agent), spec("own", agent, "mine"))
+        .await
+        .unwrap();
+    for result in [
+        kernel
+            .set_cron_enabled(Caller::Process(other), "own", false)
+            .await,
+        kernel.run_cron_now(Caller::Process(other), "own").await,
+    ] {
+        assert!(
+            matches!(result, Err(KernelError::PermissionDenied(_))),
+            "{result:?}"
+        );
+    }
+    assert!(info(&kernel, "own").spec.enabled);
+    let off = kernel
+        .set_cron_enabled(Caller::Process(agent), "own", false)
+        .await
+        .unwrap();
+    assert!(!off.spec.enabled);
+    let missing = kernel.run_cron_now(Caller::Admin, "nope").await;
+    assert!(
+        matches!(missing, Err(KernelError::NoSuchCron(_))),
+        "{missing:?}"
+    );
+
+    // While a run of an entry that skips overlaps goes on, run now is refused.
+    let mut slow = spec("slow", agent, "sleep 5000");
+    slow.enabled = false;
+    kernel.add_cron(Caller::Admin, slow).await.unwrap();
+    kernel.run_cron_now(Caller::Admin, "slow").await.unwrap();
+    let busy = kernel.run_cron_now(Caller::Admin, "slow").await;
+    match busy {
+        Err(KernelError::FailedPrecondition(why)) => assert!(why.contains("running"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    pass(6_000).await;
+    assert_eq!(statuses(&info(&kernel, "slow")), ["ok"]);
+    kernel.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_entry_switched_by_hand_stays_so_across_restarts_until_the_config_changes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let declared = |description: &str| {
+        let mut entry = spec("nightly", Pid::KERNEL, description);
+        entry.expression = "0 0 3 * * *".into();
+        vec![entry]
+    };
+    let (first, agent, _, _) = declaring(dir.path(), None, declared("report")).await;
+    let off = first
+        .set_cron_enabled(Caller::Admin, "nightly", false)
+        .await
+        .unwrap();
+    assert!(!off.spec.enabled && off.switched && off.next_run_unix_ms.is_none());
+    // Still the config's to remove.
+    let removed = first.remove_cron(Caller::Admin, "nightly").await;
+    assert!(
+        matches!(removed, Err(KernelError::FailedPrecondition(_))),
+        "{removed:?}"
+    );
+    first.shutdown().await;
+
+    // The config as it was: the switch holds.
+    let (second, back, _, problems) = declaring(dir.path(), Some(&first), declared("report")).await;
+    assert_eq!((back, problems.len()), (agent, 0));
+    let kept = info(&second, "nightly");
+    assert!(!kept.spec.enabled && kept.switched, "{kept:?}");
+    assert_eq!(kept.next_run_unix_ms, None);
+    // Back to as declared by hand: no switch left.
+    let on = second
+        .set_cron_enabled(Caller::Admin, "nightly", true)
+        .await
+        .unwrap();
+    assert!(on.spec.enabled && !on.switched && on.next_run_unix_ms.is_some());
+    second
+        .set_cron_enabled(Caller::Admin, "nightly", false)
+        .await
+        .unwrap();
+    second.shutdown().await;
+
+    // The config changed the entry: its word wins.
+    let (third, _, _, _) = declaring(dir.path(), Some(&second), declared("a new report")).await;
+    let changed = info(&third, "nightly");
+    assert!(changed.spec.enabled && !changed.switched, "{changed:?}");
+    assert_eq!(changed.spec.description, "a new report");
+    assert!(changed.next_run_unix_ms.is_some());
+    third.shutdown().await;
 }

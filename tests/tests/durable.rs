@@ -773,6 +773,7 @@ async fn the_event_log_keeps_the_newest_events_within_its_limit() {
         .subscribe_events(pb::SubscribeEventsRequest {
             since_seq: 0,
             replay: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -797,6 +798,7 @@ async fn the_event_log_keeps_the_newest_events_within_its_limit() {
         .subscribe_events(pb::SubscribeEventsRequest {
             since_seq: pruned,
             replay: true,
+            ..Default::default()
         })
         .await
         .unwrap()

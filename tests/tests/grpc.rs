@@ -751,6 +751,7 @@ async fn subscribe_events_replays_then_goes_live() {
         .subscribe_events(pb::SubscribeEventsRequest {
             since_seq: before,
             replay: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -852,6 +853,7 @@ async fn shutdown_ends_open_event_streams_and_the_server() {
         .subscribe_events(pb::SubscribeEventsRequest {
             since_seq: 0,
             replay: false,
+            ..Default::default()
         })
         .await
         .unwrap()

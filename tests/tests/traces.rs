@@ -70,6 +70,7 @@ async fn an_orchestrate_and_all_its_workers_share_the_callers_trace() {
         .subscribe_events(pb::SubscribeEventsRequest {
             since_seq: before,
             replay: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -127,5 +128,36 @@ async fn an_orchestrate_and_all_its_workers_share_the_callers_trace() {
     assert!(fresh.success);
     assert_eq!(fresh.trace_id.len(), 32);
     assert_ne!(fresh.trace_id, TRACE);
+
+    // The kernel replays one trace's events alone: the first task's, not the new one's.
+    let mut stream = served
+        .admin()
+        .subscribe_events(pb::SubscribeEventsRequest {
+            replay: true,
+            trace_id: TRACE.to_uppercase(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut traced = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        if event.r#type == "replay_done" {
+            break;
+        }
+        traced.push(event);
+    }
+    // Up to where the first read ended (a worker may be reaped after it).
+    let end = events.last().unwrap().seq;
+    let seqs = |events: &[pb::Event]| -> Vec<u64> {
+        events
+            .iter()
+            .map(|e| e.seq)
+            .filter(|seq| *seq <= end)
+            .collect()
+    };
+    assert_eq!(seqs(&traced), seqs(&events), "{traced:#?}");
+    assert!(traced.iter().all(|e| e.trace_id == TRACE));
     kernel.shutdown().await;
 }

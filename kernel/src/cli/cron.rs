@@ -1,10 +1,12 @@
-//! `cron ls`, `cron add` and `cron rm`.
+//! `cron ls`, `cron add`, `cron rm`, `cron enable|disable` and `cron run`.
 
-use hivekernel_proto::v1::{CronEntry, CronSpec, ListCronRequest, RemoveCronRequest};
+use hivekernel_proto::v1::{
+    CronEntry, CronSpec, ListCronRequest, RemoveCronRequest, RunCronRequest, SetCronEnabledRequest,
+};
 use serde_json::{Value, json};
 
 use super::client::Session;
-use super::{CliError, CronAddArgs, CronCommand, human, output};
+use super::{CliError, CronAddArgs, CronCommand, CronNameArgs, human, output};
 
 /// Runs one `cron` subcommand.
 pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
@@ -33,6 +35,35 @@ pub(super) async fn run(command: CronCommand) -> Result<(), CliError> {
                 Ok(())
             }
         }
+        CronCommand::Enable(args) => change(args, Change::Enable(true)).await,
+        CronCommand::Disable(args) => change(args, Change::Enable(false)).await,
+        CronCommand::Run(args) => change(args, Change::Run).await,
+    }
+}
+
+/// What `cron enable|disable|run` asks of one entry.
+enum Change {
+    Enable(bool),
+    Run,
+}
+
+async fn change(args: CronNameArgs, change: Change) -> Result<(), CliError> {
+    let mut session = Session::connect(&args.client).await?;
+    let name = args.name;
+    let answer = match change {
+        Change::Enable(enabled) => {
+            session
+                .client
+                .set_cron_enabled(SetCronEnabledRequest { name, enabled })
+                .await
+        }
+        Change::Run => session.client.run_cron(RunCronRequest { name }).await,
+    };
+    let entry = answer.map_err(|status| session.error(status))?.into_inner();
+    if args.json {
+        output::print(&output::line(&entry_json(&entry).to_string()))
+    } else {
+        output::print(&table(&[entry]))
     }
 }
 
@@ -155,6 +186,7 @@ pub(super) fn entry_json(entry: &CronEntry) -> Value {
         "created_unix_ms": entry.created_unix_ms,
         "runs": entry.runs,
         "running": entry.running,
+        "switched": entry.switched,
         "history": history,
     })
 }

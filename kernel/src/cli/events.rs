@@ -1,17 +1,14 @@
 //! `events`: replay retained kernel events, or follow the live stream,
-//! filtered by process (or subtree) and type.
+//! filtered by process (or subtree), type and trace; the kernel filters.
 //!
 //! A replay ends with a `replay_done` marker (seq 0); without `--follow`
 //! the command stops there. Of the markers only `pruned` and `lagged` are
 //! printed: they tell the reader that events were missed.
 
-use std::collections::{HashSet, VecDeque};
-
 use hivekernel_proto::v1::{Event, SubscribeEventsRequest};
 use tonic::Streaming;
 
 use super::client::Session;
-use super::process::list;
 use super::{CliError, EventsArgs, output};
 
 /// The marker that ends a replay.
@@ -34,29 +31,26 @@ pub(super) async fn events(args: EventsArgs) -> Result<(), CliError> {
         ),
         None => None,
     };
-    let mut filter = Filter {
-        pids: None,
+    let pid = match &args.pid {
+        Some(target) => session.pid(target).await?,
+        None => 0,
+    };
+    // The newest 0 of the replay: nothing of it.
+    let tail = args.tail.map(|n| n as u64);
+    if tail == Some(0) && !args.follow {
+        return Ok(());
+    }
+    // --follow alone means live only; otherwise replay what is retained.
+    let replay = tail != Some(0) && (!args.follow || args.since.is_some() || tail.is_some());
+    let request = SubscribeEventsRequest {
+        // A sequence number asks for a replay on its own.
+        since_seq: if replay { args.since.unwrap_or(0) } else { 0 },
+        replay,
+        pid,
         subtree: args.subtree,
         types: args.types.iter().map(|t| t.trim().to_owned()).collect(),
-        trace,
-    };
-    if let Some(target) = &args.pid {
-        let pid = session.pid(target).await?;
-        let pids: HashSet<u64> = if args.subtree {
-            list(&mut session, pid)
-                .await?
-                .iter()
-                .map(|p| p.pid)
-                .collect()
-        } else {
-            HashSet::from([pid])
-        };
-        filter.pids = Some(pids);
-    }
-    let request = SubscribeEventsRequest {
-        since_seq: args.since.unwrap_or(0),
-        // --follow alone means live only; otherwise replay what is retained.
-        replay: !args.follow || args.since.is_some() || args.tail.is_some(),
+        trace_id: trace.unwrap_or_default(),
+        tail: tail.unwrap_or(0),
     };
     let mut stream = session
         .client
@@ -71,8 +65,6 @@ pub(super) async fn events(args: EventsArgs) -> Result<(), CliError> {
             output::line(&output::event_text(event))
         }
     };
-    // With --tail, the replay is held back and only its last N printed.
-    let mut held: Option<VecDeque<Event>> = args.tail.map(VecDeque::with_capacity);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     // If Ctrl-C cannot be caught, the default handler still ends the process.
@@ -92,69 +84,15 @@ pub(super) async fn events(args: EventsArgs) -> Result<(), CliError> {
             return Ok(());
         };
         if event.r#type == REPLAY_DONE {
-            if let Some(held) = held.take() {
-                let text: String = held.iter().map(&render).collect();
-                output::print(&text)?;
-            }
             if !args.follow {
                 return Ok(());
             }
             continue;
         }
-        if !filter.keeps(&event) {
-            continue;
-        }
-        match &mut held {
-            Some(held) if args.tail.is_some_and(|n| n > 0) => {
-                if held.len() == args.tail.unwrap_or(0) {
-                    held.pop_front();
-                }
-                held.push_back(event);
-            }
-            Some(_) => {}
-            None => output::print(&render(&event))?,
-        }
+        output::print(&render(&event))?;
     }
 }
 
 async fn next(stream: &mut Streaming<Event>) -> Result<Option<Event>, tonic::Status> {
     stream.message().await
-}
-
-/// Which events are printed.
-struct Filter {
-    /// Only these processes' (`None`: every process).
-    pids: Option<HashSet<u64>>,
-    /// Processes spawned under those in `pids` join it.
-    subtree: bool,
-    /// Only these types (empty: every type).
-    types: Vec<String>,
-    /// Only this trace's (lowercase hex).
-    trace: Option<String>,
-}
-
-impl Filter {
-    /// Whether `event` is printed; follows spawns into a watched subtree.
-    fn keeps(&mut self, event: &Event) -> bool {
-        if MISSED.contains(&event.r#type.as_str()) {
-            return true;
-        }
-        if let Some(pids) = &mut self.pids {
-            if self.subtree && event.r#type == "spawned" {
-                let ppid = serde_json::from_str::<serde_json::Value>(&event.detail)
-                    .ok()
-                    .and_then(|detail| detail["ppid"].as_u64());
-                if ppid.is_some_and(|ppid| pids.contains(&ppid)) {
-                    pids.insert(event.pid);
-                }
-            }
-            if !pids.contains(&event.pid) {
-                return false;
-            }
-        }
-        self.trace
-            .as_ref()
-            .is_none_or(|trace| *trace == event.trace_id)
-            && (self.types.is_empty() || self.types.contains(&event.r#type))
-    }
 }

@@ -27,6 +27,7 @@ pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
         .subscribe_events(SubscribeEventsRequest {
             since_seq: 0,
             replay: false,
+            ..Default::default()
         })
         .await
         .map_err(|status| session.error(status))?

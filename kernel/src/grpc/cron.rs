@@ -67,5 +67,6 @@ pub(super) fn entry(info: CronInfo) -> pb::CronEntry {
             })
             .collect(),
         created_unix_ms: info.created_unix_ms,
+        switched: info.switched,
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hivekernel_agents::{ArtifactId, Pid, TraceContext};
+use hivekernel_agents::{ArtifactId, Pid, TraceContext, TraceId};
 use hivekernel_proto::v1 as pb;
 use hivekernel_proto::v1::kernel_server::Kernel as KernelRpc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
 use super::{attach, convert, cron, inbox, mcp, reload, tokens, transcript};
+use crate::events::EventView;
 use crate::kernel::{Caller, Kernel};
 use crate::otel::Span;
 use crate::reload::ConfigReload;
@@ -259,15 +260,53 @@ impl KernelRpc for KernelService {
     ) -> Rpc<Self::SubscribeEventsStream> {
         let caller = caller(&request)?;
         let req = request.get_ref();
-        // A non-zero since_seq asks for a replay even without the flag.
-        let since = (req.replay || req.since_seq != 0).then_some(req.since_seq);
+        let trace = match req.trace_id.as_str() {
+            "" => None,
+            text => Some(TraceId::parse(text).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "trace_id: {} is not a trace id (32 hex digits)",
+                    crate::error::shown(text)
+                ))
+            })?),
+        };
+        let pid = (req.pid != 0).then_some(Pid(req.pid));
+        let filter = self
+            .kernel
+            .event_filter(caller, pid, req.subtree, &req.types, trace)?;
+        let tail = match usize::try_from(req.tail) {
+            Ok(0) => None,
+            Ok(tail) if tail <= streams::MAX_TAIL => Some(tail),
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "tail: at most {} events, got {}",
+                    streams::MAX_TAIL,
+                    req.tail
+                )));
+            }
+        };
+        let view = self.kernel.event_view(caller);
+        // A non-zero since_seq or a tail asks for a replay even without the flag.
+        let mut since =
+            (req.replay || req.since_seq != 0 || tail.is_some()).then_some(req.since_seq);
+        // When every event matches, the newest N start at a known place.
+        if let (Some(tail), Some(from), EventView::All, true) =
+            (tail, since, &view, filter.is_any())
+        {
+            let newest = self.kernel.last_event_seq().saturating_sub(tail as u64);
+            since = Some(from.max(newest));
+        }
         let subscription = self.kernel.subscribe(since);
+        let wanted = streams::Wanted {
+            since,
+            tail,
+            view,
+            filter,
+        };
         Ok(Response::new(streams::events(
             &self.kernel,
             self.stop.clone(),
-            since,
             subscription,
-            self.kernel.event_view(caller),
+            wanted,
         )))
     }
 
@@ -287,6 +326,28 @@ impl KernelRpc for KernelService {
             .remove_cron(caller, &request.get_ref().name)
             .await?;
         Ok(Response::new(pb::RemoveCronResponse {}))
+    }
+
+    async fn set_cron_enabled(
+        &self,
+        request: Request<pb::SetCronEnabledRequest>,
+    ) -> Rpc<pb::CronEntry> {
+        let caller = caller(&request)?;
+        let request = request.get_ref();
+        let info = self
+            .kernel
+            .set_cron_enabled(caller, &request.name, request.enabled)
+            .await?;
+        Ok(Response::new(cron::entry(info)))
+    }
+
+    async fn run_cron(&self, request: Request<pb::RunCronRequest>) -> Rpc<pb::CronEntry> {
+        let caller = caller(&request)?;
+        let info = self
+            .kernel
+            .run_cron_now(caller, &request.get_ref().name)
+            .await?;
+        Ok(Response::new(cron::entry(info)))
     }
 
     async fn list_cron(&self, request: Request<pb::ListCronRequest>) -> Rpc<pb::ListCronResponse> {

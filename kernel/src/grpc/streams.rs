@@ -4,6 +4,7 @@
 //! slow client slows its producer instead of growing a buffer, and the task
 //! ends when the client goes away, the server drains or the kernel stops.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::convert;
-use crate::events::{Event, EventView, Subscription, unix_ms};
+use crate::events::{Event, EventFilter, EventView, Subscription, unix_ms};
 use crate::kernel::Kernel;
 
 /// Batches in flight between a `ListProcesses` producer and its client.
@@ -55,18 +56,85 @@ pub(crate) fn process_batches(
 /// Stored events read per query while replaying from the store.
 const BACKLOG_CHUNK: usize = 1024;
 
+/// The most events a `tail` holds back.
+pub(crate) const MAX_TAIL: usize = 100_000;
+
+/// What one `SubscribeEvents` asked for and may see.
+#[derive(Debug)]
+pub(crate) struct Wanted {
+    /// Replay the retained events after this sequence number first.
+    pub(crate) since: Option<u64>,
+    /// Of the replay, only the newest N that match.
+    pub(crate) tail: Option<usize>,
+    /// What the caller may see.
+    pub(crate) view: EventView,
+    /// What the caller asked to see.
+    pub(crate) filter: EventFilter,
+}
+
+impl Wanted {
+    fn admits(&mut self, event: &Event) -> bool {
+        // Both see every event, so each follows the subtrees it tracks.
+        let seen = self.view.admits(event);
+        self.filter.admits(event) && seen
+    }
+}
+
+/// The replayed events a `tail` holds back until the replay ends, and how
+/// many events it found pruned meanwhile: said only when the tail is not
+/// full, since pruning takes the oldest and a full tail lost none of them.
+struct Held {
+    events: VecDeque<Event>,
+    keep: usize,
+    pruned: u64,
+}
+
+/// What a replay came to next.
+enum Found<'a> {
+    Event(&'a Event),
+    /// Events after where the replay stood that the log no longer has.
+    Pruned(u64),
+}
+
+/// Sends what a replay found, or holds it back when only a tail is
+/// wanted; false when the stream must end.
+async fn replayed(
+    tx: &mpsc::Sender<Result<pb::Event, Status>>,
+    stop: &Stop,
+    held: &mut Option<Held>,
+    found: Found<'_>,
+) -> bool {
+    match (held, found) {
+        (Some(held), Found::Event(event)) => {
+            if held.events.len() == held.keep {
+                held.events.pop_front();
+            }
+            held.events.push_back(event.clone());
+            true
+        }
+        (Some(held), Found::Pruned(missed)) => {
+            held.pruned += missed;
+            true
+        }
+        (None, Found::Event(event)) => send(tx, Ok(convert::event(event)), stop).await,
+        (None, Found::Pruned(missed)) => {
+            let marker = convert::pruned(missed, unix_ms(SystemTime::now()));
+            send(tx, Ok(marker), stop).await
+        }
+    }
+}
+
 /// A stream of the subscription's replay (a `pruned` marker first when it
 /// reaches back past the log, then the store when it reaches back past
-/// memory), a `replay_done` marker when
-/// `since` asked for a replay, then live events without repeats; a lost
-/// stretch of live events becomes one `lagged` marker. Only events `view`
-/// admits are sent; the markers always are.
+/// memory; with a tail only its newest events), a `replay_done` marker
+/// when a replay was asked for, then live events without repeats; a lost
+/// stretch of live events becomes one `lagged` marker. Only events the
+/// caller may see and asked for are sent; the markers always are.
 pub(crate) fn events(
     kernel: &Kernel,
     stop: Stop,
-    since: Option<u64>,
     subscription: Subscription,
-    mut view: EventView,
+    mut wanted: Wanted,
 ) -> ReceiverStream<Result<pb::Event, Status>> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let Subscription {
@@ -75,13 +143,16 @@ pub(crate) fn events(
         replay,
         mut live,
     } = subscription;
+    let since = wanted.since;
+    let mut held = wanted.tail.map(|keep| Held {
+        events: VecDeque::new(),
+        keep,
+        pruned: 0,
+    });
     kernel.tracker().spawn(async move {
         let mut last_seq = 0;
-        if pruned > 0 {
-            let marker = convert::pruned(pruned, unix_ms(SystemTime::now()));
-            if !send(&tx, Ok(marker), &stop).await {
-                return;
-            }
+        if pruned > 0 && !replayed(&tx, &stop, &mut held, Found::Pruned(pruned)).await {
+            return;
         }
         if let Some(backlog) = backlog {
             // Older events come from the store, a chunk at a time.
@@ -101,20 +172,19 @@ pub(crate) fn events(
                 // Pruned while this replay was under way: say so, as at the start.
                 let next = chunk.first().map_or(backlog.before, |e| e.seq);
                 let gone_through = backlog.store.events_pruned_through().min(next - 1);
-                if gone_through > after {
-                    let marker = convert::pruned(gone_through - after, unix_ms(SystemTime::now()));
-                    if !send(&tx, Ok(marker), &stop).await {
-                        return;
-                    }
+                if gone_through > after
+                    && !replayed(&tx, &stop, &mut held, Found::Pruned(gone_through - after)).await
+                {
+                    return;
                 }
                 let Some(last) = chunk.last() else { break };
                 after = last.seq;
                 for event in &chunk {
                     last_seq = event.seq;
-                    if !view.admits(event) {
+                    if !wanted.admits(event) {
                         continue;
                     }
-                    if !send(&tx, Ok(convert::event(event)), &stop).await {
+                    if !replayed(&tx, &stop, &mut held, Found::Event(event)).await {
                         return;
                     }
                 }
@@ -122,11 +192,24 @@ pub(crate) fn events(
         }
         for event in replay {
             last_seq = event.seq;
-            if !view.admits(&event) {
+            if !wanted.admits(&event) {
                 continue;
             }
-            if !send(&tx, Ok(convert::event(&event)), &stop).await {
+            if !replayed(&tx, &stop, &mut held, Found::Event(&event)).await {
                 return;
+            }
+        }
+        if let Some(held) = held {
+            if held.pruned > 0 && held.events.len() < held.keep {
+                let marker = convert::pruned(held.pruned, unix_ms(SystemTime::now()));
+                if !send(&tx, Ok(marker), &stop).await {
+                    return;
+                }
+            }
+            for event in &held.events {
+                if !send(&tx, Ok(convert::event(event)), &stop).await {
+                    return;
+                }
             }
         }
         if let Some(since) = since {
@@ -146,7 +229,7 @@ pub(crate) fn events(
                 Ok(event) if event.seq <= last_seq => continue,
                 Ok(event) => {
                     last_seq = event.seq;
-                    if !view.admits(&event) {
+                    if !wanted.admits(&event) {
                         continue;
                     }
                     convert::event(&event)
@@ -233,13 +316,13 @@ mod tests {
             kernel: CancellationToken::new(),
             server: CancellationToken::new(),
         };
-        let mut stream = events(
-            &kernel,
-            stop,
-            Some(0),
-            bus.subscribe(Some(0)),
-            EventView::All,
-        );
+        let wanted = Wanted {
+            since: Some(0),
+            tail: None,
+            view: EventView::All,
+            filter: EventFilter::any(),
+        };
+        let mut stream = events(&kernel, stop, bus.subscribe(Some(0)), wanted);
         // The replay is under way: its first chunk (1,024 events) is read.
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.seq, 1);
@@ -276,5 +359,171 @@ mod tests {
         drop(stream);
         kernel.shutdown().await;
         store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tail_of_a_filtered_replay_is_the_newest_that_match_from_store_and_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(&dir.path().join(DB_FILE), Synchronous::Normal).unwrap();
+        // 100 events in memory, the rest only in the store.
+        let bus = EventBus::with_store(100, store.clone(), 1);
+        let mut wanted_seqs = Vec::new();
+        for i in 0..3_000u64 {
+            if i % 10 == 0 {
+                let kind = EventKind::CronRun {
+                    name: Arc::from("nightly"),
+                    status: "ok".into(),
+                    duration_ms: i,
+                };
+                wanted_seqs.push(bus.emit(Pid(3), kind));
+                // Of another process: not asked for.
+                bus.emit(
+                    Pid(4),
+                    EventKind::CronRun {
+                        name: Arc::from("other"),
+                        status: "ok".into(),
+                        duration_ms: i,
+                    },
+                );
+            } else {
+                bus.emit(Pid(3), EventKind::Lagged { missed: i });
+            }
+        }
+        store.flush().await.unwrap();
+        let kernel = Kernel::builder(KernelSettings::default())
+            .runtimes(RuntimeRegistry::default())
+            .start()
+            .await
+            .unwrap()
+            .kernel;
+        let stop = Stop {
+            kernel: CancellationToken::new(),
+            server: CancellationToken::new(),
+        };
+        let filter = EventFilter::any()
+            .processes([Pid(3)].into(), false)
+            .types(&["cron_run".to_owned()])
+            .unwrap();
+        let wanted = Wanted {
+            since: Some(0),
+            tail: Some(5),
+            view: EventView::All,
+            filter,
+        };
+        let mut stream = events(&kernel, stop, bus.subscribe(Some(0)), wanted);
+        let mut seqs = Vec::new();
+        while let Some(item) = stream.next().await {
+            let event = item.unwrap();
+            if event.r#type == "replay_done" {
+                break;
+            }
+            assert_eq!((event.pid, event.r#type.as_str()), (3, "cron_run"));
+            seqs.push(event.seq);
+        }
+        assert_eq!(seqs, wanted_seqs[wanted_seqs.len() - 5..]);
+        // Live: only what matches comes through.
+        bus.emit(Pid(4), EventKind::Lagged { missed: 0 });
+        let live = bus.emit(
+            Pid(3),
+            EventKind::CronRun {
+                name: Arc::from("nightly"),
+                status: "failed".into(),
+                duration_ms: 1,
+            },
+        );
+        assert_eq!(stream.next().await.unwrap().unwrap().seq, live);
+        drop(stream);
+        kernel.shutdown().await;
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tail_says_events_were_pruned_only_when_it_is_not_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(&dir.path().join(DB_FILE), Synchronous::Normal).unwrap();
+        store.set_event_log_limit(1_000);
+        let bus = EventBus::with_store(100, store.clone(), 1);
+        emit(&bus, 15_000);
+        store.flush().await.unwrap();
+        store.flush().await.unwrap();
+        assert!(store.events_pruned_through() > 0);
+        // Memory lets go of committed events as new ones come.
+        emit(&bus, 1);
+        let kernel = Kernel::builder(KernelSettings::default())
+            .runtimes(RuntimeRegistry::default())
+            .start()
+            .await
+            .unwrap()
+            .kernel;
+        let read = |keep: usize| {
+            let stop = Stop {
+                kernel: CancellationToken::new(),
+                server: CancellationToken::new(),
+            };
+            let wanted = Wanted {
+                since: Some(0),
+                tail: Some(keep),
+                view: EventView::All,
+                filter: EventFilter::any().processes([Pid(2)].into(), false),
+            };
+            events(&kernel, stop, bus.subscribe(Some(0)), wanted)
+        };
+        let until_done = |mut stream: ReceiverStream<Result<pb::Event, Status>>| async move {
+            let mut got = Vec::new();
+            while let Some(item) = stream.next().await {
+                let event = item.unwrap();
+                if event.r#type == "replay_done" {
+                    return got;
+                }
+                got.push((event.seq, event.r#type));
+            }
+            panic!("no replay_done");
+        };
+        let full = until_done(read(5)).await;
+        let seqs: Vec<u64> = full.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, (14_997..=15_001).collect::<Vec<u64>>());
+        let short = until_done(read(100_000)).await;
+        assert_eq!(short[0].1, "pruned", "{:?}", &short[..3]);
+        assert_eq!(short.last().unwrap().0, 15_001);
+        kernel.shutdown().await;
+        store.close().await;
+    }
+
+    #[test]
+    fn a_filter_names_unknown_types_and_follows_a_subtree_whatever_the_types() {
+        let err = EventFilter::any()
+            .types(&["spawned".to_owned(), "spawnd".to_owned()])
+            .unwrap_err();
+        assert!(
+            err.contains("\"spawnd\"") && err.contains("llm_call"),
+            "{err}"
+        );
+        let mut filter = EventFilter::any()
+            .processes([Pid(2)].into(), true)
+            .types(&["reaped".to_owned()])
+            .unwrap();
+        let event = |seq, pid, kind| Event {
+            seq,
+            at_unix_ms: 0,
+            pid: Pid(pid),
+            trace: None,
+            kind,
+        };
+        let spawned = |ppid| EventKind::Spawned {
+            ppid: Pid(ppid),
+            name: Arc::from("w"),
+            role: hivekernel_agents::Role::Worker,
+            tier: hivekernel_agents::Tier::Operational,
+            runtime: Arc::from("tool_agent"),
+            restored: false,
+        };
+        let reaped = || EventKind::Reaped {
+            by: crate::events::ReapCause::Timeout,
+        };
+        // The spawn is not shown, but its child joins the subtree.
+        assert!(!filter.admits(&event(1, 5, spawned(2))));
+        assert!(filter.admits(&event(2, 5, reaped())));
+        assert!(!filter.admits(&event(3, 6, reaped())));
+        assert!(!filter.is_any() && EventFilter::any().is_any());
     }
 }

@@ -100,6 +100,8 @@ pub struct StoredCron {
     pub runs: u64,
     /// The latest runs, oldest first.
     pub history: Vec<hivekernel_agents::CronRun>,
+    /// A config entry's switch by hand (`None`: as declared).
+    pub switched: Option<bool>,
 }
 
 /// Everything a restarting kernel needs from the store.
@@ -264,7 +266,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         .collect::<rusqlite::Result<Vec<_>>>()?;
 
     let mut stmt = conn.prepare(
-        "SELECT name, spec, owner, source, created_ms, last_fire_ms, runs FROM cron ORDER BY name",
+        "SELECT name, spec, owner, source, created_ms, last_fire_ms, runs, switched
+         FROM cron ORDER BY name",
     )?;
     let mut cron = stmt
         .query_map([], |r| {
@@ -277,6 +280,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
                 last_fire_ms: r.get::<_, Option<i64>>(5)?.map(from_sql_u64),
                 runs: from_sql_u64(r.get(6)?),
                 history: Vec::new(),
+                switched: r.get::<_, Option<i64>>(7)?.map(|on| on != 0),
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;

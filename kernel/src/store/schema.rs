@@ -224,6 +224,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
          cost_nano_usd     INTEGER NOT NULL,
          PRIMARY KEY (day, model, role)
      ) STRICT, WITHOUT ROWID;",
+    // 11: a config cron entry enabled or disabled by hand (`hivekernel cron
+    // enable|disable`): 1 or 0, kept until the config changes the entry;
+    // NULL: as declared.
+    "ALTER TABLE cron ADD COLUMN switched INTEGER;",
 ];
 
 /// The schema version this build writes.

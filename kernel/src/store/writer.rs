@@ -356,11 +356,13 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             owner,
             source,
             created_ms,
+            switched,
         } => {
             tx.prepare_cached(
-                "INSERT INTO cron (name, spec, owner, source, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO cron (name, spec, owner, source, created_ms, switched)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, owner = excluded.owner,
-                 source = excluded.source",
+                 source = excluded.source, switched = excluded.switched",
             )?
             .execute((
                 name,
@@ -368,6 +370,7 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
                 to_sql_u64(owner.0),
                 source,
                 to_sql_u64(*created_ms),
+                switched.map(i64::from),
             ))?;
         }
         Write::CronRemove(name) => {

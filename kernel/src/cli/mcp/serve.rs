@@ -13,7 +13,7 @@
 //! starts this server before the kernel still gets it, and every tool says
 //! "cannot connect" until the kernel is up.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -623,25 +623,30 @@ impl Bridge {
                 None => None,
             };
             let since = params.since_seq.unwrap_or(0);
+            // The kernel filters; without since_seq it keeps the newest `limit`.
             let mut stream = session
                 .client
                 .subscribe_events(SubscribeEventsRequest {
                     since_seq: since,
                     replay: true,
+                    pid: pid.unwrap_or(0),
+                    types: params.types.clone(),
+                    tail: if params.since_seq.is_none() {
+                        limit as u64
+                    } else {
+                        0
+                    },
+                    ..Default::default()
                 })
                 .await
                 .map_err(|status| session.error(status))?
                 .into_inner();
-            let keeps = |event: &Event| {
-                pid.is_none_or(|pid| event.pid == pid)
-                    && (params.types.is_empty() || params.types.contains(&event.r#type))
-            };
             // Markers that events were missed: kept when reading on from a
             // sequence number (the reader must know), not counted against
             // the limit, and left out of "the most recent" (nothing was
             // asked for that could have been missed).
             let mut markers: Vec<Event> = Vec::new();
-            let mut kept: VecDeque<Event> = VecDeque::new();
+            let mut kept: Vec<Event> = Vec::new();
             let mut next_since = since;
             let mut more = false;
             while let Some(event) = stream
@@ -650,6 +655,11 @@ impl Bridge {
                 .map_err(|status| session.error(status))?
             {
                 if event.r#type == REPLAY_DONE {
+                    // Every event up to the end of the replay has been read.
+                    let last = serde_json::from_str::<Value>(&event.detail)
+                        .ok()
+                        .and_then(|detail| detail["last_seq"].as_u64());
+                    next_since = next_since.max(last.unwrap_or(0));
                     break;
                 }
                 if MISSED.contains(&event.r#type.as_str()) {
@@ -658,22 +668,13 @@ impl Bridge {
                     }
                     continue;
                 }
-                if !keeps(&event) {
-                    if params.since_seq.is_none() || kept.len() < limit {
-                        next_since = next_since.max(event.seq);
-                    }
-                    continue;
-                }
                 if kept.len() == limit {
-                    if params.since_seq.is_some() {
-                        // Oldest first from since_seq: the rest is the next call's.
-                        more = true;
-                        break;
-                    }
-                    kept.pop_front();
+                    // Oldest first from since_seq: the rest is the next call's.
+                    more = true;
+                    break;
                 }
                 next_since = next_since.max(event.seq);
-                kept.push_back(event);
+                kept.push(event);
             }
             let events: Vec<Value> = markers
                 .iter()

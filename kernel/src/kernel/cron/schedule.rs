@@ -81,12 +81,35 @@ struct Entry {
     /// Tells this entry apart from an earlier one of the same name, so a
     /// run of the earlier one never counts for it.
     generation: u64,
+    /// A config entry switched on or off by hand (`None`: as declared);
+    /// kept until the config changes the entry.
+    switched: Option<bool>,
 }
 
 impl Entry {
+    /// Whether it fires on its schedule: the switch, else as declared.
+    fn enabled(&self) -> bool {
+        self.switched.unwrap_or(self.spec.enabled)
+    }
+
+    /// The store's record of it.
+    fn put(&self) -> Write {
+        Write::CronPut {
+            name: self.spec.name.clone(),
+            spec: serde_json::to_string(&self.spec).unwrap_or_default(),
+            owner: self.owner,
+            source: self.source.as_str(),
+            created_ms: self.created_ms,
+            switched: self.switched,
+        }
+    }
+
     fn info(&self) -> CronInfo {
+        let mut spec = self.spec.clone();
+        spec.enabled = self.enabled();
         CronInfo {
-            spec: self.spec.clone(),
+            spec,
+            switched: self.switched.is_some(),
             owner: self.owner,
             source: self.source,
             next_run_unix_ms: self.next_ms,
@@ -123,7 +146,7 @@ impl State {
         if let Some(old) = entry.next_ms.take() {
             self.due.remove(&(old, name.to_owned()));
         }
-        if entry.spec.enabled {
+        if entry.enabled() {
             entry.next_ms = crontab::next_after(&entry.schedule, after_ms);
             if let Some(next) = entry.next_ms {
                 self.due.insert((next, name.to_owned()));
@@ -145,6 +168,44 @@ impl State {
         }
         Some(entry)
     }
+}
+
+/// Why an entry fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Firing {
+    /// Its slot is due.
+    Slot,
+    /// At start, for slots that passed while the kernel was down (`run_once`).
+    Missed,
+    /// Someone asked for a run now.
+    Asked,
+}
+
+/// What [`Kernel::fire`] did.
+#[derive(Debug)]
+enum Fired {
+    Started,
+    /// A run goes on and the entry skips overlaps (a slot is recorded as skipped).
+    Busy,
+    /// The entry (or that slot of it) is no more.
+    Gone,
+    /// The store did not take the slot, so nothing ran.
+    NotRecorded(String),
+}
+
+/// The entry called `name`, when `caller` owns it or sees all.
+fn owned<'a>(state: &'a State, caller: Caller, name: &str) -> Result<&'a Entry> {
+    let entry = state
+        .entries
+        .get(name)
+        .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))?;
+    if !caller.sees_all() && entry.owner != caller.pid() {
+        return Err(KernelError::PermissionDenied(format!(
+            "cron entry {name:?} belongs to process {}",
+            entry.owner
+        )));
+    }
+    Ok(entry)
 }
 
 /// A config entry at a reload: its owner, whether that is alive, its spec.
@@ -266,33 +327,25 @@ impl Kernel {
                 )));
             }
             let created_ms = kernel.cron_now_ms();
-            kernel
-                .inner
-                .store()
-                .commit(Write::CronPut {
-                    name: spec.name.clone(),
-                    spec: serde_json::to_string(&spec).unwrap_or_default(),
-                    owner,
-                    source: CronSource::Api.as_str(),
-                    created_ms,
-                })
-                .await?;
+            let entry = Entry {
+                spec,
+                schedule,
+                owner,
+                source: CronSource::Api,
+                created_ms,
+                last_fire_ms: None,
+                next_ms: None,
+                running: 0,
+                runs: 0,
+                history: VecDeque::new(),
+                generation: kernel.inner.cron().generation(),
+                switched: None,
+            };
+            kernel.inner.store().commit(entry.put()).await?;
             let info = {
                 let mut state = kernel.inner.cron().state.lock();
-                let name = spec.name.clone();
-                state.insert(Entry {
-                    spec,
-                    schedule,
-                    owner,
-                    source: CronSource::Api,
-                    created_ms,
-                    last_fire_ms: None,
-                    next_ms: None,
-                    running: 0,
-                    runs: 0,
-                    history: VecDeque::new(),
-                    generation: kernel.inner.cron().generation(),
-                });
+                let name = entry.spec.name.clone();
+                state.insert(entry);
                 state.reschedule(&name, created_ms);
                 state.entries.get(&name).map(Entry::info)
             };
@@ -321,16 +374,7 @@ impl Kernel {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             {
                 let state = kernel.inner.cron().state.lock();
-                let entry = state
-                    .entries
-                    .get(&name)
-                    .ok_or_else(|| KernelError::NoSuchCron(name.clone()))?;
-                if !caller.sees_all() && entry.owner != caller.pid() {
-                    return Err(KernelError::PermissionDenied(format!(
-                        "cron entry {name:?} belongs to process {}",
-                        entry.owner
-                    )));
-                }
+                let entry = owned(&state, caller, &name)?;
                 if entry.source == CronSource::Config {
                     return Err(KernelError::FailedPrecondition(format!(
                         "cron entry {name:?} is declared in the config; remove it there"
@@ -345,6 +389,131 @@ impl Kernel {
         });
         task.await
             .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron change failed".into())))
+    }
+
+    /// Switches an entry the caller owns (the operator: any) on or off. An
+    /// API entry is changed as if added so; a config entry keeps the
+    /// switch, across restarts too, until the config changes it.
+    pub async fn set_cron_enabled(
+        &self,
+        caller: Caller,
+        name: &str,
+        enabled: bool,
+    ) -> Result<CronInfo> {
+        let result = async {
+            self.require(
+                caller,
+                Capability::ManageCron,
+                "enable or disable cron entries",
+            )?;
+            self.set_cron_enabled_checked(caller, name, enabled).await
+        };
+        self.report_denial(caller, "set_cron_enabled", result.await)
+    }
+
+    /// [`Kernel::set_cron_enabled`], once the caller holds the capability.
+    async fn set_cron_enabled_checked(
+        &self,
+        caller: Caller,
+        name: &str,
+        enabled: bool,
+    ) -> Result<CronInfo> {
+        self.check_running()?;
+        let kernel = self.clone();
+        let name = name.to_owned();
+        // In a task the kernel owns, like `add_cron`.
+        let task = self.inner.tracker().spawn(async move {
+            // Under the admin lock nothing but runs changes the entry meanwhile.
+            let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
+            let (spec, switched) = {
+                let state = kernel.inner.cron().state.lock();
+                let entry = owned(&state, caller, &name)?;
+                if entry.enabled() == enabled {
+                    return Ok(entry.info());
+                }
+                let mut spec = entry.spec.clone();
+                let switched = match entry.source {
+                    CronSource::Api => {
+                        spec.enabled = enabled;
+                        None
+                    }
+                    // Back to as declared clears the switch.
+                    CronSource::Config => (enabled != spec.enabled).then_some(enabled),
+                };
+                (spec, switched)
+            };
+            // On disk first: a failed write changes nothing.
+            let put = {
+                let state = kernel.inner.cron().state.lock();
+                let entry = owned(&state, caller, &name)?;
+                Write::CronPut {
+                    name: name.clone(),
+                    spec: serde_json::to_string(&spec).unwrap_or_default(),
+                    owner: entry.owner,
+                    source: entry.source.as_str(),
+                    created_ms: entry.created_ms,
+                    switched,
+                }
+            };
+            kernel.inner.store().commit(put).await?;
+            let info = {
+                let mut state = kernel.inner.cron().state.lock();
+                let now = kernel.cron_now_ms();
+                let entry = state
+                    .entries
+                    .get_mut(&name)
+                    .ok_or_else(|| KernelError::NoSuchCron(name.clone()))?;
+                entry.spec = spec;
+                entry.switched = switched;
+                let after = now.max(entry.last_fire_ms.unwrap_or(0));
+                state.reschedule(&name, after);
+                state.entries.get(&name).map(Entry::info)
+            };
+            kernel.inner.cron().wake.notify_one();
+            info.ok_or(KernelError::NoSuchCron(name))
+        });
+        task.await
+            .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron change failed".into())))
+    }
+
+    /// Fires an entry the caller owns (the operator: any) now, enabled or
+    /// not, leaving its schedule as it is; the run is recorded as any other.
+    pub async fn run_cron_now(&self, caller: Caller, name: &str) -> Result<CronInfo> {
+        let result = async {
+            self.require(caller, Capability::ManageCron, "run cron entries")?;
+            self.check_running()?;
+            owned(&self.inner.cron().state.lock(), caller, name)?;
+            // In a task the kernel owns: a caller that gives up cannot leave
+            // a run counted that never started.
+            let kernel = self.clone();
+            let name = name.to_owned();
+            let task = self.inner.tracker().spawn(async move {
+                let now = kernel.cron_now_ms();
+                match kernel.fire(&name, now, Firing::Asked).await {
+                    Fired::Started => {}
+                    Fired::Busy => {
+                        return Err(KernelError::FailedPrecondition(format!(
+                            "cron entry {name:?} is running already (its overlap policy is skip)"
+                        )));
+                    }
+                    Fired::Gone => return Err(KernelError::NoSuchCron(name)),
+                    Fired::NotRecorded(why) => {
+                        return Err(KernelError::FailedPrecondition(format!(
+                            "cron entry {name:?} not run: the store did not record it ({why})"
+                        )));
+                    }
+                }
+                let state = kernel.inner.cron().state.lock();
+                state
+                    .entries
+                    .get(&name)
+                    .map(Entry::info)
+                    .ok_or(KernelError::NoSuchCron(name))
+            });
+            task.await
+                .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron run failed".into())))
+        };
+        self.report_denial(caller, "run_cron", result.await)
     }
 
     /// Entries the caller owns (every entry for the operator), by name.
@@ -375,15 +544,24 @@ impl Kernel {
             stored.into_iter().map(|s| (s.name.clone(), s)).collect();
         let mut entries = Vec::new();
         for (owner, spec) in declared {
-            let previous = kept.remove(&spec.name);
+            let mut previous = kept.remove(&spec.name);
             match crontab::parse(&spec.expression) {
                 Ok(schedule) => {
+                    // A switch by hand holds while the config leaves the entry as it was.
+                    if let Some(stored) = &mut previous
+                        && (stored.owner != owner
+                            || serde_json::from_str::<CronSpec>(&stored.spec).ok().as_ref()
+                                != Some(&spec))
+                    {
+                        stored.switched = None;
+                    }
                     self.inner.store().submit(Write::CronPut {
                         name: spec.name.clone(),
                         spec: serde_json::to_string(&spec).unwrap_or_default(),
                         owner,
                         source: CronSource::Config.as_str(),
                         created_ms: previous.as_ref().map_or(now, |p| p.created_ms),
+                        switched: previous.as_ref().and_then(|p| p.switched),
                     });
                     entries.push((spec, schedule, owner, CronSource::Config, previous));
                 }
@@ -430,12 +608,14 @@ impl Kernel {
             let mut state = self.inner.cron().state.lock();
             for (spec, schedule, owner, source, previous) in entries {
                 let name = spec.name.clone();
-                let (created_ms, last_fire_ms, runs, history) = match previous {
-                    Some(p) => (p.created_ms, p.last_fire_ms, p.runs, p.history),
-                    None => (now, None, 0, Vec::new()),
+                let (created_ms, last_fire_ms, runs, history, switched) = match previous {
+                    Some(p) => (p.created_ms, p.last_fire_ms, p.runs, p.history, p.switched),
+                    None => (now, None, 0, Vec::new(), None),
                 };
+                // Only a config entry carries a switch; an API entry's is its spec.
+                let switched = switched.filter(|_| source == CronSource::Config);
                 let since = last_fire_ms.unwrap_or(created_ms);
-                let missed = spec.enabled
+                let missed = switched.unwrap_or(spec.enabled)
                     && crontab::next_after(&schedule, since).is_some_and(|slot| slot <= now);
                 let run_once = missed && spec.missed == Missed::RunOnce;
                 state.insert(Entry {
@@ -450,6 +630,7 @@ impl Kernel {
                     runs,
                     history: history.into(),
                     generation: self.inner.cron().generation(),
+                    switched,
                 });
                 // Never a slot at or before the last one fired, whatever the clock says.
                 state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
@@ -467,7 +648,7 @@ impl Kernel {
             }
         }
         for name in missed_now {
-            self.fire(&name, now, false).await;
+            self.fire(&name, now, Firing::Missed).await;
         }
         self.inner.cron().wake.notify_one();
         problems
@@ -577,14 +758,8 @@ impl Kernel {
             Some(p) => (p.created_ms, p.last_fire_ms, p.runs, p.history),
             None => (now, None, 0, VecDeque::new()),
         };
-        writes.push(Write::CronPut {
-            name: name.clone(),
-            spec: serde_json::to_string(&spec).unwrap_or_default(),
-            owner,
-            source: CronSource::Config.as_str(),
-            created_ms,
-        });
-        state.insert(Entry {
+        // The config changed the entry: its word replaces any switch by hand.
+        let entry = Entry {
             spec,
             schedule,
             owner,
@@ -596,7 +771,10 @@ impl Kernel {
             runs,
             history,
             generation: self.inner.cron().generation(),
-        });
+            switched: None,
+        };
+        writes.push(entry.put());
+        state.insert(entry);
         // Never a slot at or before the last one fired.
         state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
         Change::new(name, Some(owner), outcome)
@@ -626,7 +804,7 @@ impl Kernel {
                         due.cloned().collect()
                     };
                     for (slot, name) in &due {
-                        kernel.fire(name, *slot, true).await;
+                        kernel.fire(name, *slot, Firing::Slot).await;
                     }
                     if !due.is_empty() {
                         continue;
@@ -647,20 +825,28 @@ impl Kernel {
 
     /// Fires `name` for `slot`: reschedules it, then (unless the overlap
     /// policy skips it) commits the slot and starts the action.
-    async fn fire(&self, name: &str, slot: u64, due: bool) {
+    async fn fire(&self, name: &str, slot: u64, why: Firing) -> Fired {
         let (spec, generation) = {
             let mut state = self.inner.cron().state.lock();
             let current = state.entries.get(name).and_then(|e| e.next_ms);
             // A slot of an entry since removed or replaced: drop it, never fire it.
-            if due && current != Some(slot) {
+            if why == Firing::Slot && current != Some(slot) {
                 state.due.remove(&(slot, name.to_owned()));
-                return;
+                return Fired::Gone;
+            }
+            let Some(entry) = state.entries.get(name) else {
+                return Fired::Gone;
+            };
+            let busy = entry.running > 0 && entry.spec.overlap == Overlap::Skip;
+            // Asked for while a run goes on: refused, and nothing recorded.
+            if busy && why == Firing::Asked {
+                return Fired::Busy;
             }
             state.reschedule(name, slot.max(self.cron_now_ms()));
             let Some(entry) = state.entries.get_mut(name) else {
-                return;
+                return Fired::Gone;
             };
-            if entry.running > 0 && entry.spec.overlap == Overlap::Skip {
+            if busy {
                 let run = CronRun {
                     at_unix_ms: slot,
                     status: "skipped".into(),
@@ -668,7 +854,7 @@ impl Kernel {
                     output: "the previous run was still going".into(),
                 };
                 self.record_run(&mut state, name, run);
-                return;
+                return Fired::Busy;
             }
             entry.running += 1;
             entry.last_fire_ms = Some(slot);
@@ -691,7 +877,7 @@ impl Kernel {
             {
                 entry.running = entry.running.saturating_sub(1);
             }
-            return;
+            return Fired::NotRecorded(err.to_string());
         }
         let kernel = self.clone();
         let name = name.to_owned();
@@ -732,6 +918,7 @@ impl Kernel {
                 }
                 kernel.record_run(&mut state, &name, run);
             }));
+        Fired::Started
     }
 
     /// Adds a run to `name`'s history, in memory, in the store and as an event.
