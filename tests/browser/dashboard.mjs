@@ -188,6 +188,43 @@ try {
     await page.waitForSelector('#cron-add-form');
   });
 
+  await step('a cron entry is added, disabled, run now and enabled again from the page', async () => {
+    const cronEntry = () => JSON.parse(cli('cron', 'ls', '--json')).find((e) => e.name === 'digest');
+    await page.fill('#cron-name', 'digest');
+    await page.fill('#cron-schedule', '0 0 3 * * *');
+    await page.fill('#cron-target', String(writer));
+    await page.fill('#cron-task', 'the daily digest');
+    await page.click('#cron-submit');
+    const entryRow = '[data-testid="cron-row"][data-name="digest"]';
+    await page.waitForSelector(entryRow);
+    await page.click(`${entryRow} [data-action="disable-cron"]`);
+    await page.waitForSelector(`${entryRow} [data-action="enable-cron"]`);
+    expect(cronEntry().enabled === false && !cronEntry().next_run_unix_ms, `after disable: ${JSON.stringify(cronEntry())}`);
+    await page.click(`${entryRow} [data-action="run-cron"]`);
+    // The view follows cron_run events: the run's result shows without a reload.
+    await page.waitForSelector(`${entryRow} details summary:has-text("ok")`);
+    const ran = cronEntry();
+    expect(ran.runs === 1 && ran.history[0].output.includes('answer: the daily digest'), `after run now: ${JSON.stringify(ran)}`);
+    await page.screenshot({ path: join(env.SHOTS, 'cron.png'), fullPage: true });
+    await page.click(`${entryRow} [data-action="enable-cron"]`);
+    await page.waitForSelector(`${entryRow} [data-action="disable-cron"]`);
+    expect(cronEntry().enabled === true && cronEntry().next_run_unix_ms > 0, `after enable: ${JSON.stringify(cronEntry())}`);
+  });
+
+  await step('the trace view shows the events of one trace, read by the kernel', async () => {
+    const reply = JSON.parse(cli('exec', String(writer), 'trace this task', '--json'));
+    expect(/^[0-9a-f]{32}$/.test(reply.trace_id), `exec printed ${JSON.stringify(reply)}`);
+    await page.goto(`${env.DASHBOARD_URL}#/trace/${reply.trace_id}`);
+    await page.waitForFunction(() => /Replay complete/.test(document.querySelector('#trace-status')?.textContent || ''));
+    const rows = page.locator('[data-testid="trace-row"]');
+    await rows.filter({ hasText: 'task_finished' }).first().waitFor();
+    await rows.filter({ hasText: 'llm_call' }).first().waitFor();
+    // Only this trace: the earlier tasks' model calls are not in it.
+    const calls = await rows.filter({ hasText: 'llm_call' }).count();
+    expect(calls === 1, `${calls} model calls in a one-call trace`);
+    await page.screenshot({ path: join(env.SHOTS, 'trace.png'), fullPage: true });
+  });
+
   await step('a narrow window still shows the tree', async () => {
     const narrow = await newPage({ width: 420, height: 800 });
     await login(narrow, env.ADMIN_TOKEN);
@@ -206,8 +243,11 @@ try {
     await reader.waitForSelector('#transcript');
     expect(await reader.locator('.action, #exec-form, #send-form, #action-kill, #action-restart').count() === 0,
       'a read session shows action controls');
+    // Events from before the page was opened are shown: the kernel replays the newest.
+    await reader.goto(`${env.DASHBOARD_URL}#/events`);
+    await reader.waitForSelector(`[data-testid="event-row"]:has-text("scout exit code")`);
     await reader.goto(`${env.DASHBOARD_URL}#/cron`);
-    await reader.waitForSelector('#cron-list');
+    await reader.waitForSelector('[data-testid="cron-row"][data-name="digest"]');
     expect(await reader.locator('#cron-add-form, .action').count() === 0, 'a read session may add cron entries');
     const csrf = await reader.evaluate(async () => (await (await fetch('/api/session')).json()).csrf);
     const forged = await post(reader, 'Kill', { pid: writer, reason: 'forged' }, csrf);

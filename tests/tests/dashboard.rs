@@ -279,19 +279,40 @@ async fn live_streams_arrive_as_server_sent_events() {
     let admin: Session = login(&addr, &admin_token(&kernel)).unwrap();
 
     let mut events = admin.watch("SubscribeEvents", &json!({}));
+    // The answer's headers come once the subscription is made.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while events.status.is_none() && std::time::Instant::now() < deadline {
+        events.next(Duration::from_millis(100));
+    }
     let spawned = kernel.cli(&["spawn", "--name", "scout", "--parent", "writer"]);
     let pid: u64 = spawned
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("{spawned}"));
-    let event = events
-        .until(Duration::from_secs(20), |event| {
-            event.data.contains("\"spawned\"") && event.data.contains(&format!("\"pid\":{pid}"))
+    // Each server-sent event carries the messages that were ready together, as an array.
+    let spawned_event = |sent: &dashboard::SentEvent| {
+        let batch: serde_json::Value = serde_json::from_str(&sent.data).unwrap();
+        let batch = batch
+            .as_array()
+            .unwrap_or_else(|| panic!("{sent:?}"))
+            .clone();
+        batch
+            .into_iter()
+            .find(|event| event["type"] == "spawned" && event["pid"] == pid)
+    };
+    let sent = events
+        .until(Duration::from_secs(20), |sent| {
+            spawned_event(sent).is_some()
         })
         .unwrap_or_else(|| panic!("no spawned event for {pid}: status {:?}", events.status));
     assert_eq!(events.status, Some(200));
-    let event: serde_json::Value = serde_json::from_str(&event.data).unwrap();
+    let event = spawned_event(&sent).unwrap();
     assert!(event["seq"].as_u64().unwrap() > 0);
+    assert!(event["atUnixMs"].as_u64().unwrap() > 0);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(event["detail"].as_str().unwrap()).unwrap()["name"],
+        "scout"
+    );
 
     // A stream the caller may not read ends with an error event; a method
     // that is not a live stream is refused before any.

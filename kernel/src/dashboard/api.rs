@@ -8,7 +8,8 @@
 //!   out (`ListProcesses`, a stream that ends, as an array of its batches).
 //! - `GET /api/watch/<Method>?q=<request JSON>`: a live stream
 //!   (`SubscribeEvents`, `WatchTranscript`, `WatchRequests`) as server-sent
-//!   events, one `data:` per message, closed by an `end` or `error` event.
+//!   events, each `data:` a JSON array of the messages that were ready
+//!   together (at most [`BATCH`]), closed by an `end` or `error` event.
 //!
 //! An error is `{"code": "<gRPC code>", "message": "..."}` with the HTTP
 //! status the gRPC code maps to.
@@ -21,8 +22,11 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{FutureExt as _, Stream, StreamExt as _};
+use hivekernel_proto::v1 as pb;
+use prost::Message as _;
 use prost_reflect::MethodDescriptor;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
 
 use super::Shared;
@@ -40,6 +44,9 @@ const WATCHED: [&str; 3] = ["SubscribeEvents", "WatchTranscript", "WatchRequests
 const MAX_COLLECTED: usize = 256 << 20;
 /// How often an idle live stream sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Messages of a live stream sent in one event at most: a busy stream is
+/// written a batch at a time rather than a write per message.
+const BATCH: usize = 256;
 
 /// A refusal, as the page reads it.
 struct Refusal(Status);
@@ -368,41 +375,117 @@ pub(super) async fn watch(
             .schema
             .request(&method, query.as_bytes())
             .map_err(Status::invalid_argument)?;
-        let answer = state.service.call(active.caller, &name, request).await?;
-        Ok::<_, Refusal>((method, answer))
+        // The event stream, the busiest, comes without the gRPC frames.
+        let source = if name == "SubscribeEvents" {
+            let request = pb::SubscribeEventsRequest::decode(request)
+                .map_err(|err| Status::invalid_argument(err.to_string()))?;
+            let events = state.service.subscribe_events(active.caller, request);
+            Source::Events(events.await?)
+        } else {
+            Source::Framed(
+                state.service.call(active.caller, &name, request).await?,
+                method,
+            )
+        };
+        Ok::<_, Refusal>(source)
     };
     match opened.await {
-        Ok((method, answer)) => Sse::new(events(state, method, answer))
+        Ok(source) => Sse::new(events(state, source))
             .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
             .into_response(),
         Err(refusal) => refusal.into_response(),
     }
 }
 
-/// A live stream's messages as events, then `end`, or `error` with the
-/// status that ended it.
-fn events(
-    state: Shared,
-    method: MethodDescriptor,
-    answer: Answer,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures::stream::unfold(Some(answer), move |answer| {
+/// A live stream's messages: encoded frames of a call, or the events of
+/// `SubscribeEvents` as they are made.
+enum Source {
+    Framed(Answer, MethodDescriptor),
+    Events(ReceiverStream<Result<pb::Event, Status>>),
+}
+
+impl Source {
+    /// The next message as JSON; `None` once the call ended well. Cancel
+    /// safe: nothing is taken until a message is ready.
+    async fn next(&mut self, state: &Shared) -> Option<Result<Vec<u8>, Status>> {
+        match self {
+            Source::Framed(answer, method) => {
+                let message = answer.next().await?;
+                Some(message.and_then(|message| {
+                    state
+                        .schema
+                        .response(method, message)
+                        .map_err(Status::internal)
+                }))
+            }
+            Source::Events(events) => {
+                let event = events.next().await?;
+                Some(event.map(|event| super::json::event_json(&event)))
+            }
+        }
+    }
+}
+
+/// Where a live stream's events are.
+enum Step {
+    /// The call goes on.
+    Reading(Source),
+    /// The call has ended: this event says how.
+    Closing(Event),
+    Done,
+}
+
+/// A live stream's messages as events, each carrying the messages that
+/// were ready together, then `end`, or `error` with the status that ended it.
+fn events(state: Shared, source: Source) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(Step::Reading(source), move |step| {
         let state = state.clone();
-        let method = method.clone();
         async move {
-            let mut answer = answer?;
-            let event = match answer.next().await {
-                Some(Ok(message)) => match state.schema.response(&method, message) {
-                    Ok(json) => {
-                        let data = String::from_utf8_lossy(&json).into_owned();
-                        return Some((Ok(Event::default().data(data)), Some(answer)));
-                    }
-                    Err(err) => error_event(&Status::internal(err)),
-                },
-                Some(Err(status)) => error_event(&status),
-                None => Event::default().event("end").data("{}"),
+            let mut source = match step {
+                Step::Reading(source) => source,
+                Step::Closing(event) => return Some((Ok(event), Step::Done)),
+                Step::Done => return None,
             };
-            Some((Ok(event), None))
+            let mut batch = vec![b'['];
+            let mut count = 0;
+            let mut ended = None;
+            while count < BATCH {
+                // The first message is waited for; the rest only taken when ready.
+                let next = if count == 0 {
+                    source.next(&state).await
+                } else {
+                    match source.next(&state).now_or_never() {
+                        Some(next) => next,
+                        None => break,
+                    }
+                };
+                match next {
+                    Some(Ok(json)) => {
+                        if count > 0 {
+                            batch.push(b',');
+                        }
+                        batch.extend_from_slice(&json);
+                        count += 1;
+                    }
+                    Some(Err(status)) => {
+                        ended = Some(error_event(&status));
+                        break;
+                    }
+                    None => {
+                        ended = Some(Event::default().event("end").data("{}"));
+                        break;
+                    }
+                }
+            }
+            batch.push(b']');
+            let next = match ended {
+                Some(event) if count == 0 => return Some((Ok(event), Step::Done)),
+                Some(event) => Step::Closing(event),
+                None => Step::Reading(source),
+            };
+            let data = String::from_utf8(batch)
+                .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned());
+            Some((Ok(Event::default().data(data)), next))
         }
     })
 }

@@ -5,12 +5,48 @@
 //! Read from the same descriptors the server's reflection serves.
 
 use bytes::Bytes;
+use hivekernel_proto::v1 as pb;
 use prost::Message as _;
 use prost_reflect::{
     DescriptorPool, DeserializeOptions, DynamicMessage, MethodDescriptor, SerializeOptions,
 };
+use serde::Serialize;
 
 const SERVICE: &str = "hivekernel.v1.Kernel";
+/// The message of the event stream, the busiest a page reads.
+const EVENT: &str = "hivekernel.v1.Event";
+
+/// An event as [`Schema::response`] writes it without reflection: the
+/// same names and values (a test holds the two to each other).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EventJson<'a> {
+    seq: u64,
+    at_unix_ms: u64,
+    pid: u64,
+    r#type: &'a str,
+    detail: &'a str,
+    trace_id: &'a str,
+}
+
+/// An event as JSON, as the descriptors would write it.
+pub fn event_json(event: &pb::Event) -> Vec<u8> {
+    // Numbers and strings only: it cannot fail.
+    serde_json::to_vec(&EventJson::from(event)).unwrap_or_default()
+}
+
+impl<'a> From<&'a pb::Event> for EventJson<'a> {
+    fn from(event: &'a pb::Event) -> Self {
+        EventJson {
+            seq: event.seq,
+            at_unix_ms: event.at_unix_ms,
+            pid: event.pid,
+            r#type: &event.r#type,
+            detail: &event.detail,
+            trace_id: &event.trace_id,
+        }
+    }
+}
 
 /// The service's methods and their message types.
 #[derive(Debug, Clone)]
@@ -57,6 +93,16 @@ impl Schema {
 
     /// An encoded answer of `method`, as JSON.
     pub fn response(&self, method: &MethodDescriptor, encoded: Bytes) -> Result<Vec<u8>, String> {
+        if method.output().full_name() == EVENT {
+            let event = pb::Event::decode(encoded)
+                .map_err(|err| format!("the answer does not decode: {err}"))?;
+            return Ok(event_json(&event));
+        }
+        self.reflected(method, encoded)
+    }
+
+    /// [`Schema::response`] through the descriptors, for any message.
+    fn reflected(&self, method: &MethodDescriptor, encoded: Bytes) -> Result<Vec<u8>, String> {
         let message = DynamicMessage::decode(method.output(), encoded)
             .map_err(|err| format!("the answer does not decode: {err}"))?;
         let mut out = serde_json::Serializer::new(Vec::new());
@@ -120,5 +166,36 @@ mod tests {
         assert_eq!(value["name"], "queen");
         assert_eq!(value["state"], "PROCESS_STATE_RUNNING");
         assert_eq!(value["mailboxLen"], 0);
+    }
+
+    #[test]
+    fn an_event_is_written_as_the_descriptors_would_write_it() {
+        let schema = Schema::load().unwrap();
+        let method = schema.method("SubscribeEvents").unwrap();
+        for event in [
+            pb::Event {
+                seq: 1 << 40,
+                at_unix_ms: 1_790_000_000_000,
+                pid: 7,
+                r#type: "tool_call".to_owned(),
+                detail: r#"{"tool":"shell_exec","ok":false,"error":"\"quoted\"\n\u00e9"}"#
+                    .to_owned(),
+                trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
+            },
+            pb::Event::default(),
+        ] {
+            let encoded = Bytes::from(event.encode_to_vec());
+            let fast: serde_json::Value =
+                serde_json::from_slice(&schema.response(&method, encoded.clone()).unwrap())
+                    .unwrap();
+            let reflected: serde_json::Value =
+                serde_json::from_slice(&schema.reflected(&method, encoded).unwrap()).unwrap();
+            assert_eq!(fast, reflected);
+        }
+        assert!(
+            schema
+                .response(&method, Bytes::from_static(b"\xff"))
+                .is_err()
+        );
     }
 }

@@ -18,7 +18,7 @@
     roots: [],                     // pids without a known parent
     tree: { rows: [], dirty: true, frame: 0, selected: 0, filter: '', scrollTop: 0,
             loading: false, again: false, pending: [], loaded: false, error: '', matches: 0 },
-    events: { list: [], lastSeq: 0 },   // oldest first, capped
+    events: { list: [], lastSeq: 0, history: null },   // oldest first, capped; history: the watch that read the kept log
     inbox: new Set(),              // ids of pending inbox requests (for the nav badge)
     gone: new Set(),               // reaped pids: a late GetProcess answer must not bring one back
     refresh: { last: new Map(), timers: new Map(), queue: [], queued: new Set(), inflight: 0 },
@@ -250,11 +250,15 @@
     let closed = false;
     const close = () => { if (!closed) { closed = true; es.close(); } };
     es.addEventListener('open', () => { if (!closed && hooks.onOpen) hooks.onOpen(); });
+    // Each message carries one or more of the stream's messages, as a JSON array.
     es.addEventListener('message', (e) => {
       if (closed) return;
-      let msg;
-      try { msg = JSON.parse(e.data); } catch { return; }
-      onMessage(msg);
+      let batch;
+      try { batch = JSON.parse(e.data); } catch { return; }
+      for (const msg of Array.isArray(batch) ? batch : [batch]) {
+        if (closed) return;
+        onMessage(msg);
+      }
     });
     es.addEventListener('end', () => {
       if (closed) return;
@@ -512,7 +516,7 @@
     ev.d = parseJson(ev.detail);
     const seq = num(ev.seq);
     if (seq > state.events.lastSeq) state.events.lastSeq = seq;
-    if (ev.type !== 'replay_done') {
+    if (ev.type !== 'replay_done' && !(seq && seq <= (state.events.historySeq || 0) && state.events.list.some((e) => num(e.seq) === seq))) {
       const list = state.events.list;
       list.push(ev);
       if (list.length > EVENTS_KEPT + 200) list.splice(0, list.length - EVENTS_KEPT);
@@ -821,6 +825,31 @@
 
   // ---- events view
 
+  // The newest events the kernel kept from before this page opened, put in front of
+  // those the live stream brought (once per page; not applied to the tree, which was
+  // listed whole).
+  function loadEventHistory(onLoaded) {
+    if (state.events.history) return;
+    const events = state.events, got = [];
+    const failed = () => { if (events.history === w) events.history = null; };
+    const w = watch('SubscribeEvents', { replay: true, tail: EVENTS_KEPT }, (ev) => {
+      if (ev.type !== 'replay_done') { if (num(ev.seq)) got.push(ev); return; }
+      w.close();
+      if (state.events !== events) return;   // logged out meanwhile
+      const list = events.list;
+      let first = Infinity;
+      for (const e of list) if (num(e.seq)) { first = num(e.seq); break; }
+      const older = got.filter((e) => num(e.seq) < first);
+      for (const e of older) e.d = parseJson(e.detail);
+      const room = EVENTS_KEPT - list.length;
+      if (room > 0) list.unshift(...older.slice(-room));
+      // Live events up to here came with the history: the live stream's copies are dropped.
+      events.historySeq = got.length ? num(got[got.length - 1].seq) : 0;
+      onLoaded();
+    }, { onError: failed, onDrop: failed });
+    events.history = w;
+  }
+
   function viewEvents(ctx) {
     const f = { type: '', who: '', subtree: '', trace: '' };
     let paused = false, missed = 0, frame = 0;
@@ -892,7 +921,7 @@
         if (row === at) at = at.nextSibling; else tbody.insertBefore(row, at);
       }
       count.textContent = `${matched.toLocaleString()} events` + (matched > EVENTS_SHOWN ? `, the newest ${EVENTS_SHOWN} shown` : '')
-        + ` (the latest ${Math.min(list.length, EVENTS_KEPT).toLocaleString()} since this page was opened are kept).`;
+        + ` (the latest ${Math.min(list.length, EVENTS_KEPT).toLocaleString()} are kept).`;
     }
 
     ctx.onEvent = () => { if (paused) missed++; schedule(); };
@@ -911,6 +940,7 @@
           h('thead', null, h('tr', null, ['Time', 'Seq', 'PID', 'Type', 'Detail', 'Trace'].map((s) => h('th', { scope: 'col' }, s)))),
           tbody)));
     render();
+    loadEventHistory(() => { if (ctx.alive) schedule(); });
   }
 
   function eventRow(ev) {
@@ -929,7 +959,7 @@
   function viewTrace(ctx, id) {
     const traceId = String(id || '').toLowerCase();
     const events = new Map();        // seq -> event of this trace
-    let scanned = 0, done = false, pruned = 0, frame = 0, changed = true, lastSeq = 0, failed = false;
+    let done = false, pruned = 0, frame = 0, changed = true, lastSeq = 0, failed = false;
     const status = h('p', { id: 'trace-status', class: 'muted', role: 'status' });
     const prunedNote = h('p', { id: 'trace-pruned', class: 'warning', hidden: true });
     const body = h('div', { id: 'trace-waterfall', class: 'waterfall' });
@@ -940,11 +970,12 @@
       if (String(ev.traceId || '').toLowerCase() === traceId && num(ev.seq)) { events.set(num(ev.seq), ev); changed = true; schedule(); }
     };
     for (const ev of state.events.list) take(ev);
-    // The whole kept log is read once (after a lost connection, from where it stopped).
-    const w = liveWatch('SubscribeEvents', () => ({ replay: true, sinceSeq: lastSeq }), (ev) => {
+    // The kernel replays the kept log filtered to this trace, then sends its new events
+    // (after a lost connection, from where it stopped).
+    const w = liveWatch('SubscribeEvents', () => ({ replay: true, sinceSeq: lastSeq, traceId }), (ev) => {
       if (ev.type === 'pruned') pruned += num(parseJson(ev.detail).missed);
-      else if (ev.type === 'replay_done') done = true;
-      else if (num(ev.seq)) { scanned++; lastSeq = Math.max(lastSeq, num(ev.seq)); take(ev); }
+      else if (ev.type === 'replay_done') { done = true; lastSeq = Math.max(lastSeq, num(parseJson(ev.detail).last_seq)); }
+      else if (num(ev.seq)) { lastSeq = Math.max(lastSeq, num(ev.seq)); take(ev); }
       schedule();
     }, { onError: (err) => { failed = true; status.textContent = err.message; status.className = 'error'; } });
     ctx.cleanups.push(() => w.close());
@@ -956,7 +987,7 @@
     function render() {
       frame = 0;
       if (!failed) {
-        status.textContent = (done ? 'Replay complete' : `Reading the event log… ${scanned.toLocaleString()} events read`)
+        status.textContent = (done ? 'Replay complete' : 'Reading the event log…')
           + ` — ${events.size.toLocaleString()} events in this trace` + (done ? ', new ones appear live.' : '.');
       }
       if (pruned) {
@@ -1395,14 +1426,20 @@
         const r = await api('ListCron', {});
         if (!ctx.alive) return;
         const entries = (r && r.entries) || [];
-        fill(holder, entries.length ? cronTable(entries, act, remove) : note('No cron entries.'));
+        fill(holder, entries.length ? cronTable(entries, act, change) : note('No cron entries.'));
       } catch (e) { if (ctx.alive) fill(holder, errorLine(e.message)); }
     }
-    async function remove(name, btn) {
-      if (!window.confirm(`Remove the cron entry "${name}"?`)) return;
+    // One entry's action: RemoveCron, SetCronEnabled or RunCron.
+    async function change(method, req, btn, ask) {
+      if (ask && !window.confirm(ask)) return;
       err.textContent = '';
       btn.disabled = true;
-      try { await api('RemoveCron', { name }); if (ctx.alive) load(); } catch (e) { if (ctx.alive) { err.textContent = e.message; btn.disabled = false; } }
+      try {
+        await api(method, req);
+        if (!ctx.alive) return;
+        if (method === 'RunCron') flash(`Cron entry "${req.name}" started.`);
+        load();
+      } catch (e) { if (ctx.alive) { err.textContent = e.message; btn.disabled = false; } }
     }
     const reload = throttle(load, 1000);
     ctx.cleanups.push(() => reload.cancel());
@@ -1412,13 +1449,25 @@
     load();
   }
 
-  function cronTable(entries, act, remove) {
+  function cronTable(entries, act, change) {
     const head = ['Name', 'Schedule', 'Action', 'Target', 'Task', 'Next run', 'Last run', 'Runs', 'Latest result', 'Status', 'Source', 'Owner', 'Overlap / missed', 'Created'];
     if (act) head.push('Actions');
+    const button = (label, action, name, cls, onClick) => {
+      const b = h('button', { type: 'button', class: 'action small' + (cls ? ' ' + cls : ''), 'data-action': action, 'aria-label': `${label} ${name}` }, label);
+      b.addEventListener('click', () => onClick(b));
+      return b;
+    };
     return table(head, entries.map((e) => {
       const s = e.spec || {}, hist = e.history || [], lastRun = hist[hist.length - 1];
-      const btn = act && e.source !== 'config' ? h('button', { type: 'button', class: 'action danger small', 'data-action': 'remove-cron', 'aria-label': 'Remove ' + s.name }, 'Remove') : null;
-      if (btn) btn.addEventListener('click', () => remove(s.name, btn));
+      const buttons = act ? [
+        button('Run now', 'run-cron', s.name, 'primary', (b) => change('RunCron', { name: s.name }, b)),
+        s.disabled
+          ? button('Enable', 'enable-cron', s.name, '', (b) => change('SetCronEnabled', { name: s.name, enabled: true }, b))
+          : button('Disable', 'disable-cron', s.name, '', (b) => change('SetCronEnabled', { name: s.name, enabled: false }, b)),
+        e.source !== 'config'
+          ? button('Remove', 'remove-cron', s.name, 'danger', (b) => change('RemoveCron', { name: s.name }, b, `Remove the cron entry "${s.name}"?`))
+          : h('span', { class: 'muted small', title: 'Entries declared in the config are removed there' }, 'declared in the config'),
+      ] : null;
       const cells = [
         h('td', null, s.name), h('td', { class: 'nowrap' }, h('code', null, s.expression)), h('td', null, s.action || 'execute'),
         h('td', null, num(s.target) ? pidLink(s.target, true) : ['owner ', pidLink(e.owner)]),
@@ -1426,11 +1475,11 @@
         h('td', null, timeEl(e.nextRunUnixMs, { none: 'none' })), h('td', null, timeEl(e.lastRunUnixMs, { none: 'never' })),
         numCell(fmtInt(e.runs)),
         h('td', null, lastRun ? cronHistory(hist) : dim('—')),
-        h('td', null, s.disabled ? 'disabled' : e.running ? 'running' : 'enabled'),
+        h('td', null, s.disabled ? 'disabled' : e.running ? 'running' : 'enabled', e.switched ? dim(' (by hand; the config says otherwise)') : '', s.disabled && e.running ? ', running' : ''),
         h('td', null, e.source || ''), h('td', null, pidLink(e.owner)),
         h('td', null, `${s.overlap || 'skip'} / ${s.missed || 'skip'}`), h('td', null, timeEl(e.createdUnixMs)),
       ];
-      if (act) cells.push(h('td', null, btn || h('span', { class: 'muted small' }, 'declared in the config')));
+      if (act) cells.push(h('td', { class: 'actions nowrap' }, buttons));
       return h('tr', { 'data-testid': 'cron-row', 'data-name': s.name }, cells);
     }), { id: 'cron-table' });
   }
@@ -1765,7 +1814,8 @@
     state.procs = new Map();
     state.roots = [];
     Object.assign(state.tree, { rows: [], dirty: true, selected: 0, filter: '', scrollTop: 0, loading: false, again: false, pending: [], loaded: false, error: '' });
-    state.events = { list: [], lastSeq: 0 };
+    if (state.events.history) state.events.history.close();
+    state.events = { list: [], lastSeq: 0, history: null };
     state.inbox = new Set();
     state.gone = new Set();
   }
