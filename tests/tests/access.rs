@@ -79,15 +79,22 @@ async fn create(client: &mut Client, name: &str, scope: pb::TokenScope, secs: u6
         .secret
 }
 
+/// `a` (a lead) with `a1` under it and `a1x` under that, killed; `b`
+/// beside `a`.
+async fn two_trees(kernel: &hivekernel_kernel::Kernel) -> [Pid; 4] {
+    let a = spawn_probe(kernel, ROOT, "a", Role::Lead).await;
+    let a1 = spawn_probe(kernel, a, "a1", Role::Lead).await;
+    let b = spawn_probe(kernel, ROOT, "b", Role::Lead).await;
+    let a1x = spawn_probe(kernel, a1, "a1x", Role::Worker).await;
+    kernel.kill(Caller::Admin, a1x, "gone").await.unwrap();
+    [a, a1, b, a1x]
+}
+
 #[tokio::test]
 async fn a_process_token_sees_only_events_of_its_own_subtree() {
     let (kernel, _) = kernel_with(test_settings()).await;
     let served = Served::start(&kernel).await;
-    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
-    let a1 = spawn_probe(&kernel, a, "a1", Role::Lead).await;
-    let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
-    let a1x = spawn_probe(&kernel, a1, "a1x", Role::Worker).await;
-    kernel.kill(Caller::Admin, a1x, "gone").await.unwrap();
+    let [a, a1, b, a1x] = two_trees(&kernel).await;
     let token = served.auth.issue(a).unwrap();
 
     // The replay: a's own events and those of its descendants, the one
@@ -129,11 +136,7 @@ async fn a_process_token_sees_only_events_of_its_own_subtree() {
 async fn the_kernel_filters_a_stream_by_process_subtree_type_and_tail() {
     let (kernel, _) = kernel_with(test_settings()).await;
     let served = Served::start(&kernel).await;
-    let a = spawn_probe(&kernel, ROOT, "a", Role::Lead).await;
-    let a1 = spawn_probe(&kernel, a, "a1", Role::Lead).await;
-    let b = spawn_probe(&kernel, ROOT, "b", Role::Lead).await;
-    let a1x = spawn_probe(&kernel, a1, "a1x", Role::Worker).await;
-    kernel.kill(Caller::Admin, a1x, "gone").await.unwrap();
+    let [a, a1, b, a1x] = two_trees(&kernel).await;
     let pairs = |events: &[pb::Event]| -> Vec<(u64, String)> {
         events.iter().map(|e| (e.pid, e.r#type.clone())).collect()
     };

@@ -18,6 +18,25 @@ use tokio_stream::StreamExt;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
+/// The events `request` replays as the admin, up to its `replay_done`.
+async fn replayed(served: &Served, request: pb::SubscribeEventsRequest) -> Vec<pb::Event> {
+    let mut stream = served
+        .admin()
+        .subscribe_events(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        if event.r#type == "replay_done" {
+            break;
+        }
+        events.push(event);
+    }
+    events
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orchestrate_and_all_its_workers_share_the_callers_trace() {
     let server = LlmServer::answering(scripted_answer).await;
@@ -65,24 +84,15 @@ async fn an_orchestrate_and_all_its_workers_share_the_callers_trace() {
     assert!(reply.success, "{reply:?}");
     assert_eq!(reply.trace_id, TRACE);
 
-    let mut stream = served
-        .admin()
-        .subscribe_events(pb::SubscribeEventsRequest {
+    let events = replayed(
+        &served,
+        pb::SubscribeEventsRequest {
             since_seq: before,
             replay: true,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(event) = stream.next().await {
-        let event = event.unwrap();
-        if event.r#type == "replay_done" {
-            break;
-        }
-        events.push(event);
-    }
+        },
+    )
+    .await;
     let workers: std::collections::HashSet<u64> = events
         .iter()
         .filter(|e| e.r#type == "spawned")
@@ -130,24 +140,15 @@ async fn an_orchestrate_and_all_its_workers_share_the_callers_trace() {
     assert_ne!(fresh.trace_id, TRACE);
 
     // The kernel replays one trace's events alone: the first task's, not the new one's.
-    let mut stream = served
-        .admin()
-        .subscribe_events(pb::SubscribeEventsRequest {
+    let traced = replayed(
+        &served,
+        pb::SubscribeEventsRequest {
             replay: true,
             trace_id: TRACE.to_uppercase(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut traced = Vec::new();
-    while let Some(event) = stream.next().await {
-        let event = event.unwrap();
-        if event.r#type == "replay_done" {
-            break;
-        }
-        traced.push(event);
-    }
+        },
+    )
+    .await;
     // Up to where the first read ended (a worker may be reaped after it).
     let end = events.last().unwrap().seq;
     let seqs = |events: &[pb::Event]| -> Vec<u64> {

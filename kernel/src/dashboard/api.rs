@@ -22,11 +22,8 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{FutureExt as _, Stream, StreamExt as _};
-use hivekernel_proto::v1 as pb;
-use prost::Message as _;
+use futures::{FutureExt as _, Stream};
 use prost_reflect::MethodDescriptor;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
 
 use super::Shared;
@@ -375,19 +372,8 @@ pub(super) async fn watch(
             .schema
             .request(&method, query.as_bytes())
             .map_err(Status::invalid_argument)?;
-        // The event stream, the busiest, comes without the gRPC frames.
-        let source = if name == "SubscribeEvents" {
-            let request = pb::SubscribeEventsRequest::decode(request)
-                .map_err(|err| Status::invalid_argument(err.to_string()))?;
-            let events = state.service.subscribe_events(active.caller, request);
-            Source::Events(events.await?)
-        } else {
-            Source::Framed(
-                state.service.call(active.caller, &name, request).await?,
-                method,
-            )
-        };
-        Ok::<_, Refusal>(source)
+        let answer = state.service.call(active.caller, &name, request).await?;
+        Ok::<_, Refusal>(Source { answer, method })
     };
     match opened.await {
         Ok(source) => Sse::new(events(state, source))
@@ -397,32 +383,23 @@ pub(super) async fn watch(
     }
 }
 
-/// A live stream's messages: encoded frames of a call, or the events of
-/// `SubscribeEvents` as they are made.
-enum Source {
-    Framed(Answer, MethodDescriptor),
-    Events(ReceiverStream<Result<pb::Event, Status>>),
+/// A live stream: the call's answer and what its messages are.
+struct Source {
+    answer: Answer,
+    method: MethodDescriptor,
 }
 
 impl Source {
     /// The next message as JSON; `None` once the call ended well. Cancel
     /// safe: nothing is taken until a message is ready.
     async fn next(&mut self, state: &Shared) -> Option<Result<Vec<u8>, Status>> {
-        match self {
-            Source::Framed(answer, method) => {
-                let message = answer.next().await?;
-                Some(message.and_then(|message| {
-                    state
-                        .schema
-                        .response(method, message)
-                        .map_err(Status::internal)
-                }))
-            }
-            Source::Events(events) => {
-                let event = events.next().await?;
-                Some(event.map(|event| super::json::event_json(&event)))
-            }
-        }
+        let message = self.answer.next().await?;
+        Some(message.and_then(|message| {
+            state
+                .schema
+                .response(&self.method, message)
+                .map_err(Status::internal)
+        }))
     }
 }
 

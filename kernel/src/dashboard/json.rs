@@ -29,12 +29,6 @@ struct EventJson<'a> {
     trace_id: &'a str,
 }
 
-/// An event as JSON, as the descriptors would write it.
-pub fn event_json(event: &pb::Event) -> Vec<u8> {
-    // Numbers and strings only: it cannot fail.
-    serde_json::to_vec(&EventJson::from(event)).unwrap_or_default()
-}
-
 impl<'a> From<&'a pb::Event> for EventJson<'a> {
     fn from(event: &'a pb::Event) -> Self {
         EventJson {
@@ -96,7 +90,8 @@ impl Schema {
         if method.output().full_name() == EVENT {
             let event = pb::Event::decode(encoded)
                 .map_err(|err| format!("the answer does not decode: {err}"))?;
-            return Ok(event_json(&event));
+            // Numbers and strings only: it cannot fail.
+            return Ok(serde_json::to_vec(&EventJson::from(&event)).unwrap_or_default());
         }
         self.reflected(method, encoded)
     }

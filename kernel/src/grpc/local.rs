@@ -7,15 +7,12 @@
 //! A call is a gRPC request in all but transport: the encoded message in
 //! one gRPC frame, the caller in the request's extensions where the auth
 //! layer would have put it, and the answer's frames read back with the
-//! call's status from the trailers. The event stream, the busiest, is also
-//! served without the frames ([`LocalService::subscribe_events`]): the same
-//! handler and scope check, its messages as they are made.
+//! call's status from the trailers.
 
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use hivekernel_proto::v1 as pb;
-use hivekernel_proto::v1::kernel_server::{Kernel as KernelRpc, KernelServer};
+use hivekernel_proto::v1::kernel_server::KernelServer;
 use http_body_util::BodyExt as _;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -37,7 +34,6 @@ const FRAME_HEADER: usize = 5;
 #[derive(Clone)]
 pub struct LocalService {
     server: KernelServer<KernelService>,
-    service: Arc<KernelService>,
 }
 
 impl std::fmt::Debug for LocalService {
@@ -55,25 +51,10 @@ impl LocalService {
         reload: Option<Arc<dyn ConfigReload>>,
     ) -> Self {
         let limit = super::max_request_bytes(&kernel);
-        let service = Arc::new(KernelService::new(kernel, drain, reload));
         LocalService {
-            server: KernelServer::from_arc(service.clone()).max_decoding_message_size(limit),
-            service,
+            server: KernelServer::new(KernelService::new(kernel, drain, reload))
+                .max_decoding_message_size(limit),
         }
-    }
-
-    /// `SubscribeEvents` as `caller`, after the same scope check, its
-    /// events as messages rather than encoded frames.
-    pub async fn subscribe_events(
-        &self,
-        caller: Caller,
-        request: pb::SubscribeEventsRequest,
-    ) -> Result<tokio_stream::wrappers::ReceiverStream<Result<pb::Event, Status>>, Status> {
-        check_scope(caller, &format!("{SERVICE_PATH}SubscribeEvents"))?;
-        let mut request = tonic::Request::new(request);
-        request.extensions_mut().insert(caller);
-        let answer = KernelRpc::subscribe_events(&*self.service, request).await?;
-        Ok(answer.into_inner())
     }
 
     /// Calls `method` (`GetProcess`) with `request` (the encoded message)

@@ -287,6 +287,23 @@ mod tests {
     use crate::runtime::RuntimeRegistry;
     use crate::store::{DB_FILE, Store, Synchronous};
 
+    /// A kernel with nothing in it, for a stream's producer to run under.
+    async fn idle_kernel() -> Kernel {
+        Kernel::builder(KernelSettings::default())
+            .runtimes(RuntimeRegistry::default())
+            .start()
+            .await
+            .unwrap()
+            .kernel
+    }
+
+    fn never_stops() -> Stop {
+        Stop {
+            kernel: CancellationToken::new(),
+            server: CancellationToken::new(),
+        }
+    }
+
     fn emit(bus: &EventBus, n: u64) {
         for i in 0..n {
             let kind = EventKind::Lagged { missed: i };
@@ -306,16 +323,8 @@ mod tests {
         store.flush().await.unwrap();
         // Memory lets go of committed events as new ones come.
         emit(&bus, 1);
-        let kernel = Kernel::builder(KernelSettings::default())
-            .runtimes(RuntimeRegistry::default())
-            .start()
-            .await
-            .unwrap()
-            .kernel;
-        let stop = Stop {
-            kernel: CancellationToken::new(),
-            server: CancellationToken::new(),
-        };
+        let kernel = idle_kernel().await;
+        let stop = never_stops();
         let wanted = Wanted {
             since: Some(0),
             tail: None,
@@ -390,16 +399,8 @@ mod tests {
             }
         }
         store.flush().await.unwrap();
-        let kernel = Kernel::builder(KernelSettings::default())
-            .runtimes(RuntimeRegistry::default())
-            .start()
-            .await
-            .unwrap()
-            .kernel;
-        let stop = Stop {
-            kernel: CancellationToken::new(),
-            server: CancellationToken::new(),
-        };
+        let kernel = idle_kernel().await;
+        let stop = never_stops();
         let filter = EventFilter::any()
             .processes([Pid(3)].into(), false)
             .types(&["cron_run".to_owned()])
@@ -449,17 +450,9 @@ mod tests {
         assert!(store.events_pruned_through() > 0);
         // Memory lets go of committed events as new ones come.
         emit(&bus, 1);
-        let kernel = Kernel::builder(KernelSettings::default())
-            .runtimes(RuntimeRegistry::default())
-            .start()
-            .await
-            .unwrap()
-            .kernel;
+        let kernel = idle_kernel().await;
         let read = |keep: usize| {
-            let stop = Stop {
-                kernel: CancellationToken::new(),
-                server: CancellationToken::new(),
-            };
+            let stop = never_stops();
             let wanted = Wanted {
                 since: Some(0),
                 tail: Some(keep),

@@ -94,13 +94,18 @@ impl Entry {
 
     /// The store's record of it.
     fn put(&self) -> Write {
+        self.put_as(&self.spec, self.switched)
+    }
+
+    /// The store's record of it with `spec` and `switched` in place of its own.
+    fn put_as(&self, spec: &CronSpec, switched: Option<bool>) -> Write {
         Write::CronPut {
             name: self.spec.name.clone(),
-            spec: serde_json::to_string(&self.spec).unwrap_or_default(),
+            spec: serde_json::to_string(spec).unwrap_or_default(),
             owner: self.owner,
             source: self.source.as_str(),
             created_ms: self.created_ms,
-            switched: self.switched,
+            switched,
         }
     }
 
@@ -425,7 +430,7 @@ impl Kernel {
         let task = self.inner.tracker().spawn(async move {
             // Under the admin lock nothing but runs changes the entry meanwhile.
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
-            let (spec, switched) = {
+            let (spec, switched, put) = {
                 let state = kernel.inner.cron().state.lock();
                 let entry = owned(&state, caller, &name)?;
                 if entry.enabled() == enabled {
@@ -440,21 +445,10 @@ impl Kernel {
                     // Back to as declared clears the switch.
                     CronSource::Config => (enabled != spec.enabled).then_some(enabled),
                 };
-                (spec, switched)
+                let put = entry.put_as(&spec, switched);
+                (spec, switched, put)
             };
             // On disk first: a failed write changes nothing.
-            let put = {
-                let state = kernel.inner.cron().state.lock();
-                let entry = owned(&state, caller, &name)?;
-                Write::CronPut {
-                    name: name.clone(),
-                    spec: serde_json::to_string(&spec).unwrap_or_default(),
-                    owner: entry.owner,
-                    source: entry.source.as_str(),
-                    created_ms: entry.created_ms,
-                    switched,
-                }
-            };
             kernel.inner.store().commit(put).await?;
             let info = {
                 let mut state = kernel.inner.cron().state.lock();
