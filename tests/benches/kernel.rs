@@ -193,19 +193,34 @@ pub(crate) async fn watched(kernel: &hivekernel_kernel::Kernel) {
         .and_then(|cookie| cookie.split(';').next())
         .unwrap_or_else(|| panic!("no session cookie in {answer:?}"))
         .to_owned();
-    let mut watch = request(format!(
+    let watch = request(format!(
         "GET /api/watch/SubscribeEvents?q=%7B%7D HTTP/1.0\r\nHost: {addr}\r\nCookie: {cookie}\r\n\r\n"
     ))
     .await;
     tokio::spawn(async move {
-        let mut buffer = vec![0; 64 << 10];
-        let mut read = 0;
-        while let Ok(n) = watch.read(&mut buffer).await
-            && n > 0
-        {
-            read += n;
+        use tokio::io::AsyncBufReadExt as _;
+        // Read as a page does: every event of every batch parsed.
+        let mut lines = tokio::io::BufReader::new(watch).lines();
+        let (mut read, mut seen, mut lost) = (0, 0, 0);
+        while let Ok(Some(line)) = lines.next_line().await {
+            read += line.len() + 1;
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(serde_json::Value::Array(events)) = serde_json::from_str(data) else {
+                continue;
+            };
+            for event in events {
+                seen += 1;
+                if event["type"] == "lagged" {
+                    let detail: serde_json::Value =
+                        serde_json::from_str(event["detail"].as_str().unwrap_or("{}"))
+                            .unwrap_or_default();
+                    lost += detail["missed"].as_u64().unwrap_or(0);
+                }
+            }
         }
-        eprintln!("bench: the dashboard page read {read} bytes of events");
+        eprintln!("bench: the dashboard page read {read} bytes: {seen} events, {lost} lost");
     });
 }
 

@@ -783,7 +783,7 @@ async fn spawn_supervised(
 /// delay and whether it is manual, the rest left out so two kinds of
 /// process compare.
 async fn timeline(
-    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<hivekernel_kernel::events::Event>>,
+    events: &mut hivekernel_kernel::events::Live,
     pid: Pid,
     last: &str,
 ) -> Vec<serde_json::Value> {

@@ -791,8 +791,9 @@ async fn a_subscriber_that_falls_behind_gets_one_lagged_event_then_the_rest() {
         .unwrap()
         .into_inner();
     // Messages to PID 1 become events. On this single-threaded runtime the
-    // stream's producer cannot run until the test yields, so it falls behind.
-    const SENT: u64 = 8_000;
+    // stream's producer cannot run until the test yields, so it falls behind
+    // the 65,536 events the bus keeps in memory.
+    const SENT: u64 = 70_000;
     for i in 0..SENT {
         let message = Outgoing::new(Pid::KERNEL, format!("note {i}"));
         served

@@ -11,10 +11,9 @@ use hivekernel_agents::{
     Outgoing, Pid, ProcessInfo, ProcessState, RestartPolicy, RestartSpec, Role, Strategy, TaskSpec,
 };
 use hivekernel_kernel::config::RoleSettings;
-use hivekernel_kernel::events::{Event, EventKind};
+use hivekernel_kernel::events::{Event, EventKind, Live};
 use hivekernel_kernel::{Caller, EXIT_FAILED, EXIT_KILLED, EXIT_PANICKED, Kernel, KernelError};
 use hivekernel_tests::{kernel, kernel_with, probe_request, test_settings, wait_until};
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 const ROOT: Pid = Pid::KERNEL;
@@ -74,7 +73,7 @@ async fn is_gone(kernel: &Kernel, pid: Pid) -> bool {
 }
 
 /// The kernel's live events, read with a deadline.
-struct Events(broadcast::Receiver<Arc<Event>>);
+struct Events(Live);
 
 impl Events {
     fn new(kernel: &Kernel) -> Self {
@@ -105,7 +104,7 @@ impl Events {
 
     /// The events already emitted and not yet read.
     fn drain(&mut self) -> Vec<Arc<Event>> {
-        std::iter::from_fn(|| self.0.try_recv().ok()).collect()
+        std::iter::from_fn(|| self.0.try_recv().ok().flatten()).collect()
     }
 }
 
