@@ -99,40 +99,6 @@ impl Live {
     }
 }
 
-impl Shared {
-    /// Takes what has arrived after `next`, if anything has (or the reader
-    /// has lagged, or the bus closed); otherwise, with `wait`, marks the
-    /// ring as waited on.
-    fn take(
-        &self,
-        next: &mut u64,
-        into: &mut Vec<Arc<Event>>,
-        max: usize,
-        wait: bool,
-    ) -> Option<Result<usize, Missed>> {
-        let mut ring = self.ring.lock();
-        let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
-        if *next < first {
-            let missed = first - *next;
-            *next = first;
-            return Some(Err(Missed::Lagged(missed)));
-        }
-        let skip = usize::try_from(*next - first).unwrap_or(usize::MAX);
-        if skip < ring.events.len() {
-            let before = into.len();
-            into.extend(ring.events.range(skip..).take(max).cloned());
-            let taken = into.len() - before;
-            *next += taken as u64;
-            return Some(Ok(taken));
-        }
-        if ring.closed {
-            return Some(Err(Missed::Closed));
-        }
-        ring.waiting |= wait;
-        None
-    }
-}
-
 impl Drop for Live {
     fn drop(&mut self) {
         self.shared.readers.fetch_sub(1, Ordering::Relaxed);
@@ -180,6 +146,38 @@ impl Shared {
         if waiting {
             self.arrived.notify_waiters();
         }
+    }
+
+    /// Takes what has arrived after `next`, if anything has (or the reader
+    /// has lagged, or the bus closed); otherwise, with `wait`, marks the
+    /// ring as waited on.
+    fn take(
+        &self,
+        next: &mut u64,
+        into: &mut Vec<Arc<Event>>,
+        max: usize,
+        wait: bool,
+    ) -> Option<Result<usize, Missed>> {
+        let mut ring = self.ring.lock();
+        let first = ring.events.front().map_or(ring.next_seq, |e| e.seq);
+        if *next < first {
+            let missed = first - *next;
+            *next = first;
+            return Some(Err(Missed::Lagged(missed)));
+        }
+        let skip = usize::try_from(*next - first).unwrap_or(usize::MAX);
+        if skip < ring.events.len() {
+            let before = into.len();
+            into.extend(ring.events.range(skip..).take(max).cloned());
+            let taken = into.len() - before;
+            *next += taken as u64;
+            return Some(Ok(taken));
+        }
+        if ring.closed {
+            return Some(Err(Missed::Closed));
+        }
+        ring.waiting |= wait;
+        None
     }
 }
 
@@ -374,10 +372,8 @@ impl EventBus {
 
 impl Drop for EventBus {
     fn drop(&mut self) {
-        let mut ring = self.shared.ring.lock();
-        ring.closed = true;
-        ring.waiting = true;
-        self.shared.wake(ring);
+        self.shared.ring.lock().closed = true;
+        self.shared.arrived.notify_waiters();
     }
 }
 
