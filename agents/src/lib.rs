@@ -37,6 +37,7 @@ mod named;
 pub mod process;
 pub mod runtime;
 pub mod sandbox;
+pub mod skill;
 pub mod supervision;
 pub mod syscalls;
 pub mod text;
