@@ -38,6 +38,7 @@ mod output;
 mod process;
 mod ps;
 mod reload;
+mod skills;
 mod task;
 mod token;
 mod usage;
@@ -122,6 +123,9 @@ pub enum Command {
     /// List, add and remove cron entries.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Skills in the Agent Skills format (a directory with a SKILL.md).
+    #[command(subcommand)]
+    Skills(SkillsCommand),
     /// Store, list, read and delete artifacts.
     #[command(subcommand)]
     Artifacts(ArtifactsCommand),
@@ -474,6 +478,21 @@ pub struct StartArgs {
     /// Do not serve the web dashboard.
     #[arg(long, conflicts_with = "dashboard")]
     pub no_dashboard: bool,
+}
+
+/// `hivekernel skills ...`.
+#[derive(Debug, Subcommand)]
+pub enum SkillsCommand {
+    /// Check a skill directory, or every skill directory in DIR, against the
+    /// Agent Skills format: every issue with its file and field; exit 2 when
+    /// any skill has an error (warnings alone pass).
+    Check {
+        /// A skill directory (holding SKILL.md) or a directory of them.
+        dir: PathBuf,
+        /// One JSON array: dir, name, ok and findings per skill.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `hivekernel config ...`.
@@ -895,6 +914,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
+        Command::Skills(SkillsCommand::Check { dir, json }) => skills::check(&dir, json),
         Command::Config(ConfigCommand::Reload { json, client }) => {
             reload::reload(json, &client).await
         }

@@ -152,6 +152,84 @@ fn config_check_finds_what_start_would_refuse_in_this_environment() {
     );
 }
 
+/// Writes `skills/<dir>/SKILL.md` under `root`.
+fn write_skill(root: &Path, dir: &str, text: &str) -> PathBuf {
+    let dir = root.join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("SKILL.md"), text).unwrap();
+    dir
+}
+
+#[test]
+fn skills_check_lists_every_issue_with_its_file_and_field_and_exits_2() {
+    let root = tempfile::tempdir().unwrap();
+    let good = write_skill(
+        root.path(),
+        "deploy-service",
+        "---\nname: deploy-service\ndescription: How we deploy. Use when asked to ship.\n---\n# Steps\n",
+    );
+    // A skill alone passes, naming it.
+    let run = hivekernel(&["skills", "check", good.to_str().unwrap()]);
+    assert_eq!(
+        run.ok().trim(),
+        format!("ok: {} (deploy-service)", good.display()),
+        "{run:#?}"
+    );
+
+    write_skill(
+        root.path(),
+        "Triage",
+        "---\nname: Triage\ndescription: d\nversion: 2\n---\nbody",
+    );
+    write_skill(root.path(), "no-desc", "---\nname: no-desc\n---\nbody");
+    std::fs::create_dir_all(root.path().join("notes")).unwrap();
+    let run = hivekernel(&["skills", "check", root.path().to_str().unwrap()]);
+    let stderr = run.failed(2);
+    assert!(
+        stderr.contains("2 of 3 skills in") && stderr.contains("break the Agent Skills format"),
+        "{run:#?}"
+    );
+    let triage = root.path().join("Triage/SKILL.md");
+    let no_desc = root.path().join("no-desc/SKILL.md");
+    for expected in [
+        format!(
+            "{}: error: version: not a field of the format",
+            triage.display()
+        ),
+        format!(
+            "{}: error: name: \"Triage\" must be lowercase",
+            triage.display()
+        ),
+        format!("{}: error: description: missing", no_desc.display()),
+        format!("ok: {} (deploy-service)", good.display()),
+    ] {
+        assert!(
+            run.stdout.lines().any(|l| l.starts_with(&expected)),
+            "{expected} not in {run:#?}"
+        );
+    }
+
+    let run = hivekernel(&["skills", "check", "--json", root.path().to_str().unwrap()]);
+    run.failed(2);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let oks: Vec<bool> = report
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["ok"].as_bool().unwrap())
+        .collect();
+    // By name, bytewise: "Triage" sorts first.
+    assert_eq!(oks, [false, true, false], "{report:#}");
+    assert_eq!(report[2]["findings"][0]["field"], "description");
+
+    let run = hivekernel(&[
+        "skills",
+        "check",
+        root.path().join("notes").to_str().unwrap(),
+    ]);
+    assert!(run.failed(2).contains("no skills in"), "{run:#?}");
+}
+
 #[test]
 fn ps_json_lists_the_kernel_and_the_config_agents() {
     let kernel = Kernel::start();
