@@ -22,6 +22,7 @@
 //! - [`tools`]: the [`Tool`](tools::Tool) trait, tool arguments, the tool registry and the built-in tools.
 //! - [`tool_agent`]: the universal `tool_agent` runtime (prompt + tools + model loop).
 //! - [`mcp`]: MCP tool-list entries, tools and results as a process sees them.
+//! - [`skill`]: skills in the Agent Skills format: reading and checking them, tool-list entries.
 //! - [`llm`]: model providers (OpenAI-compatible HTTP, scripted offline) and the chat types.
 
 pub mod approval;
@@ -58,6 +59,7 @@ pub use process::{
     ProcessInfo, ProcessState, Role, SpawnRequest, Tier, check_name,
 };
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
+pub use skill::{Skill, SkillEntry, SkillSelector};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
 pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport};
 pub use trace::{SpanId, TraceContext, TraceId};

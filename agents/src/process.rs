@@ -199,6 +199,11 @@ pub struct SpawnRequest {
     /// `approval`), besides its role's and its parent's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approval: Vec<crate::approval::ApprovalRule>,
+    /// Directories of skills it and its descendants see (a config agent's
+    /// `skills`). Only the kernel's own config sets this; it is not taken
+    /// from clients or from a model's tool arguments.
+    #[serde(skip)]
+    pub skills: Vec<PathBuf>,
 }
 
 /// The OS process an `exec` process runs.
@@ -231,6 +236,7 @@ impl SpawnRequest {
             workspace: None,
             exec: None,
             approval: Vec::new(),
+            skills: Vec::new(),
         }
     }
 }

@@ -336,6 +336,12 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         Err(no_mcp())
     }
 
+    /// The skills this process may see and its tool list selects (`skills`,
+    /// or `skill:<name>` entries), sorted by name. The default: none.
+    async fn skills(&self) -> Result<crate::skill::Catalogue, SyscallError> {
+        Ok(std::sync::Arc::from([]))
+    }
+
     /// Stores an artifact owned by this process, replacing its artifact of
     /// the same name; returns once committed. The default refuses.
     async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {

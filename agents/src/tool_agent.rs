@@ -48,11 +48,13 @@
 //! - `context`: fitting a conversation into the budget.
 //! - `prompt`: the system prompt (prompt, identity, tools) and input texts.
 //! - `mcp`: the MCP servers a tool list selects, and what they offer at each call.
+//! - `skills`: the skills a tool list selects: catalogue, activation, files.
 //! - this file: settings, the factory, the loop.
 
 mod context;
 mod mcp;
 mod prompt;
+mod skills;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -68,10 +70,12 @@ use crate::mcp::McpSelector;
 use crate::message::{Message, Task, TaskReply, kinds};
 use crate::process::Role;
 use crate::runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory};
+use crate::skill::SkillSelector;
 use crate::syscalls::{Checkpoint, ErrorKind, SyscallError, ToolCallReport};
 use crate::tools::{Tool, ToolContext, ToolRegistry};
 use crate::transcript::{InputSource, TurnRecord};
 use mcp::{McpSelection, Offered};
+use skills::Shelf;
 
 /// Retries of one model call after the provider says the context is too long.
 pub const CONTEXT_RETRIES: u32 = 3;
@@ -91,6 +95,11 @@ pub struct AgentSettings {
     pub max_tool_result_bytes: usize,
     /// Name of the provider the kernel uses, for the identity section and logs.
     pub provider: String,
+    /// Tokens the skills catalogue may take in the system prompt.
+    pub skill_catalogue_tokens: u64,
+    /// Tokens the active skills' instructions may take in the system prompt
+    /// (never more than a quarter of the context budget).
+    pub skill_active_tokens: u64,
 }
 
 impl Default for AgentSettings {
@@ -102,6 +111,8 @@ impl Default for AgentSettings {
             max_completion_tokens: 4096,
             max_tool_result_bytes: 64 * 1024,
             provider: "scripted".into(),
+            skill_catalogue_tokens: 4_000,
+            skill_active_tokens: 16_000,
         }
     }
 }
@@ -147,6 +158,7 @@ impl Cached {
     fn new(
         tools: BTreeMap<String, Arc<dyn Tool>>,
         mcp: McpSelection,
+        skills: bool,
         settings: &Arc<AgentSettings>,
     ) -> Self {
         let schemas: Vec<ToolSchema> = tools.values().map(|tool| tool.schema()).collect();
@@ -157,6 +169,7 @@ impl Cached {
         let toolset = Arc::new(Toolset {
             tools,
             mcp,
+            skills,
             schemas,
             tokens,
         });
@@ -180,6 +193,9 @@ const TOOLSET_CACHE: usize = 1024;
 pub struct Toolset {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     mcp: McpSelection,
+    /// Whether the list selects skills (`skills` or `skill:<name>`); the
+    /// kernel answers which.
+    skills: bool,
     schemas: Vec<ToolSchema>,
     /// Estimated tokens the built-in schemas take in every request.
     tokens: u64,
@@ -191,7 +207,7 @@ impl ToolAgentFactory {
         let settings = Arc::new(settings);
         ToolAgentFactory {
             tools: Arc::new(tools),
-            no_tools: Cached::new(BTreeMap::new(), McpSelection::default(), &settings),
+            no_tools: Cached::new(BTreeMap::new(), McpSelection::default(), false, &settings),
             settings,
             toolsets: Mutex::new(HashMap::new()),
         }
@@ -213,9 +229,15 @@ impl ToolAgentFactory {
         }
         let mut tools = BTreeMap::new();
         let mut mcp = McpSelection::default();
+        let mut skills = false;
         for name in names.iter() {
             if let Some(selector) = McpSelector::parse(name) {
                 mcp.add(selector.map_err(RuntimeError)?);
+                continue;
+            }
+            if let Some(selector) = SkillSelector::parse(name) {
+                selector.map_err(RuntimeError)?;
+                skills = true;
                 continue;
             }
             let Some(tool) = self.tools.get(name) else {
@@ -226,7 +248,7 @@ impl ToolAgentFactory {
             };
             tools.insert(name.clone(), tool.clone());
         }
-        let cached = Cached::new(tools, mcp, &self.settings);
+        let cached = Cached::new(tools, mcp, skills, &self.settings);
         let mut cache = self.toolsets.lock();
         if cache.len() < TOOLSET_CACHE {
             cache.insert(names.clone(), cached.clone());
@@ -259,20 +281,34 @@ pub struct ToolAgent {
 
 /// Key of a daemon's conversation in its durable state.
 pub const HISTORY_KEY: &str = "conversation";
+/// Key of the skills a daemon's conversation activated, in its durable state.
+pub const SKILLS_KEY: &str = "active_skills";
 
 /// A daemon's conversation: read back from the kernel's store on first use,
 /// written back after every turn, so it survives a kernel restart.
 #[derive(Debug, Default)]
 struct Conversation {
     messages: Mutex<Vec<ChatMessage>>,
+    /// The skills its turns activated, oldest first; they stay active when
+    /// the turns that activated them are trimmed away.
+    skills: Mutex<Vec<String>>,
     loaded: tokio::sync::OnceCell<()>,
 }
 
 impl Conversation {
-    /// The conversation so far, loading it from the store the first time.
-    async fn snapshot(&self, ctx: &ProcessContext) -> Vec<ChatMessage> {
+    /// The conversation so far and the skills it activated, loading both
+    /// from the store the first time.
+    async fn snapshot(&self, ctx: &ProcessContext) -> (Vec<ChatMessage>, Vec<String>) {
         self.loaded
             .get_or_init(|| async {
+                if let Ok(Some(json)) = ctx.syscalls.load_state(SKILLS_KEY).await {
+                    match serde_json::from_str::<Vec<String>>(&json) {
+                        Ok(stored) => *self.skills.lock() = stored,
+                        Err(err) => {
+                            tracing::warn!(pid = %ctx.pid, error = %err, "stored active skills unreadable; none kept")
+                        }
+                    }
+                }
                 match ctx.syscalls.load_state(HISTORY_KEY).await {
                     Ok(Some(json)) => match serde_json::from_str::<Vec<ChatMessage>>(&json) {
                         Ok(stored) => {
@@ -291,7 +327,7 @@ impl Conversation {
                 }
             })
             .await;
-        self.messages.lock().clone()
+        (self.messages.lock().clone(), self.skills.lock().clone())
     }
 }
 
@@ -405,9 +441,9 @@ impl ToolAgent {
             mut calls,
             mut rounds,
         } = parked;
-        let history = match &self.history {
+        let (history, remembered) = match &self.history {
             Some(conversation) => conversation.snapshot(ctx).await,
-            None => Vec::new(),
+            None => Default::default(),
         };
         let max = self.settings.max_tool_iterations;
         loop {
@@ -416,8 +452,19 @@ impl ToolAgent {
             } else {
                 self.toolset.mcp.offered(ctx).await
             };
+            let shelf = if self.toolset.skills {
+                let room = self
+                    .settings
+                    .skill_active_tokens
+                    .min(self.settings.budget(&ctx.model) / 4);
+                Shelf::now(ctx, &remembered, &[&history, &turn], room).await
+            } else {
+                Shelf::default()
+            };
             if calls.is_empty() {
-                let response = self.call_model(ctx, &history, &turn, &offered).await?;
+                let response = self
+                    .call_model(ctx, &history, &turn, &offered, &shelf)
+                    .await?;
                 let message = response.message;
                 if message.tool_calls.is_empty() {
                     let answer = message.content.trim().to_owned();
@@ -425,7 +472,7 @@ impl ToolAgent {
                         return Err("the model answered with neither text nor a tool call".into());
                     }
                     turn.push(message);
-                    self.remember(ctx, turn).await;
+                    self.remember(ctx, turn, &shelf).await;
                     return Ok(answer);
                 }
                 if rounds >= max {
@@ -441,7 +488,8 @@ impl ToolAgent {
                 let result = {
                     // Made only when the call waits for a person.
                     let checkpoint = || checkpoint_json(&source, &turn, &calls[i..], rounds);
-                    self.run_tool(ctx, call, &offered, Some(&checkpoint)).await
+                    self.run_tool(ctx, call, &offered, &shelf, Some(&checkpoint))
+                        .await
                 };
                 turn.push(ChatMessage::tool_result(call.id.clone(), result));
             }
@@ -456,18 +504,20 @@ impl ToolAgent {
         history: &[ChatMessage],
         turn: &[ChatMessage],
         offered: &Offered,
+        shelf: &Shelf,
     ) -> Result<ChatResponse, String> {
         let toolset = &self.toolset;
         let system = ChatMessage::system(prompt::system_prompt(
             ctx,
             &toolset.tools,
             offered,
+            toolset.skills.then_some(shelf),
             &self.settings,
         ));
         let mut budget = self
             .settings
             .budget(&ctx.model)
-            .saturating_sub(toolset.tokens + offered.tokens());
+            .saturating_sub(toolset.tokens + offered.tokens() + shelf.tokens());
         let mut attempt = 0;
         loop {
             let request = ChatRequest {
@@ -476,6 +526,7 @@ impl ToolAgent {
                     .iter()
                     .cloned()
                     .chain(offered.schemas())
+                    .chain(shelf.schemas().iter().cloned())
                     .collect(),
                 max_tokens: Some(self.settings.max_completion_tokens),
                 ..ChatRequest::new(
@@ -505,10 +556,11 @@ impl ToolAgent {
         ctx: &ProcessContext,
         call: &ToolCall,
         offered: &Offered,
+        shelf: &Shelf,
         checkpoint: Checkpoint<'_>,
     ) -> String {
         let started = std::time::Instant::now();
-        let result = self.call_tool(ctx, call, offered, checkpoint).await;
+        let result = self.call_tool(ctx, call, offered, shelf, checkpoint).await;
         let duration = started.elapsed();
         let error = result.as_ref().err().cloned();
         let text = result.unwrap_or_else(|err| format!("error: {err}"));
@@ -528,6 +580,7 @@ impl ToolAgent {
         ctx: &ProcessContext,
         call: &ToolCall,
         offered: &Offered,
+        shelf: &Shelf,
         checkpoint: Checkpoint<'_>,
     ) -> Result<String, String> {
         let tools = &self.toolset.tools;
@@ -537,11 +590,18 @@ impl ToolAgent {
         } else {
             None
         };
-        if tool.is_none() && mcp_tool.is_none() {
+        let skill_tool = tool.is_none() && mcp_tool.is_none() && shelf.offers(&call.name);
+        if tool.is_none() && mcp_tool.is_none() && !skill_tool {
+            let skill_tools = if shelf.offers(skills::VIEW) {
+                [skills::VIEW, skills::READ].as_slice()
+            } else {
+                &[]
+            };
             let available: Vec<&str> = tools
                 .keys()
                 .map(String::as_str)
                 .chain(offered.tools.iter().map(|tool| tool.schema.name.as_str()))
+                .chain(skill_tools.iter().copied())
                 .collect();
             return Err(format!(
                 "tool {:?} is not available to this agent (available: {})",
@@ -578,6 +638,9 @@ impl ToolAgent {
             .approve_tool(&canonical, &args, checkpoint)
             .await
             .map_err(|err| err.message)?;
+        if skill_tool {
+            return shelf.call(&call.name, args).await;
+        }
         if let Some(mcp_tool) = mcp_tool {
             let serde_json::Value::Object(arguments) = args else {
                 return Err(format!("arguments for {} must be a JSON object", call.name));
@@ -611,11 +674,28 @@ impl ToolAgent {
     }
 
     /// Keeps a finished turn in a daemon's conversation, trimmed to the
-    /// budget, and writes the conversation back to the kernel's store.
-    async fn remember(&self, ctx: &ProcessContext, turn: Vec<ChatMessage>) {
+    /// budget, and writes the conversation back to the kernel's store, with
+    /// the skills it has active when they changed.
+    async fn remember(&self, ctx: &ProcessContext, turn: Vec<ChatMessage>, shelf: &Shelf) {
         let Some(conversation) = &self.history else {
             return;
         };
+        if self.toolset.skills {
+            // The last call's shelf already holds this turn's activations.
+            let active = shelf.active_names();
+            let changed = {
+                let mut kept = conversation.skills.lock();
+                let changed = *kept != active;
+                *kept = active.clone();
+                changed
+            };
+            if changed {
+                let json = serde_json::Value::from(active).to_string();
+                if let Err(err) = ctx.syscalls.save_state(SKILLS_KEY, Some(json)).await {
+                    tracing::warn!(pid = %ctx.pid, error = %err, "active skills not saved");
+                }
+            }
+        }
         let budget = self.settings.budget(&ctx.model);
         let json = {
             let mut history = conversation.messages.lock();

@@ -14,7 +14,8 @@
 //! for `kernel.limits`), `connections` (both phases for
 //! `kernel.connections`), `tls` (both phases for `kernel.tls`), `sandbox`
 //! (both phases for `tool_agent.shell` and `kernel.exec`), `mcp` (both
-//! phases for `mcp_servers`).
+//! phases for `mcp_servers`), `skills` (both phases for `kernel.skills`,
+//! an agent's `skills` and `tool_agent.skills`).
 
 mod approval;
 mod connections;
@@ -33,6 +34,7 @@ pub use observe::{
 };
 mod parse;
 mod sandbox;
+mod skills;
 pub use sandbox::{ExecSettings, LogRotation};
 pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
@@ -201,6 +203,9 @@ pub struct KernelSettings {
     /// Where traces are exported (`kernel.otel` with the `OTEL_*`
     /// variables); `None`: no spans are made.
     pub otel: Option<OtelSettings>,
+    /// Directories of skills every process may see (`kernel.skills`), in
+    /// order: a later one's skill wins over an earlier one's of the same name.
+    pub skills: Vec<PathBuf>,
 }
 
 /// What processes of `role` may do under `roles`: its entry's list, else
@@ -291,6 +296,7 @@ impl Default for KernelSettings {
             dashboard: DashboardSettings::default(),
             log: LogSettings::default(),
             otel: None,
+            skills: Vec::new(),
         }
     }
 }
@@ -343,6 +349,9 @@ pub struct AgentSpec {
     pub cron: Vec<hivekernel_agents::CronSpec>,
     /// Its tool calls that need a person's approval (besides its role's).
     pub approval: Vec<hivekernel_agents::ApprovalRule>,
+    /// Directories of skills it and its descendants see besides the
+    /// kernel's, winning over them.
+    pub skills: Vec<PathBuf>,
 }
 
 /// `kernel.log` of a config file's text, when it parses as JSON and the

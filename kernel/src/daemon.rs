@@ -684,6 +684,7 @@ pub fn spawn_request(agent: &AgentSpec) -> SpawnRequest {
     request.strategy = agent.strategy;
     request.exec = agent.exec.clone();
     request.approval = agent.approval.clone();
+    request.skills = agent.skills.clone();
     request
 }
 

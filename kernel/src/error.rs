@@ -129,6 +129,9 @@ pub enum KernelError {
     /// the message says which and why.
     #[error("{0}")]
     McpUnavailable(String),
+    /// No skill the caller may see has this name (the message says whose).
+    #[error("{0}")]
+    NoSuchSkill(String),
     /// The caller's memory has no entry with this key.
     #[error("no memory entry with key {}", shown(.0))]
     NoSuchMemory(String),
@@ -154,6 +157,7 @@ impl KernelError {
             | NoSuchName(_)
             | NoSuchMemory(_)
             | NoSuchMcpServer(_)
+            | NoSuchSkill(_)
             | NoSuchRequest(_)
             | ArtifactNotFound(_) => ErrorKind::NotFound,
             InvalidArgument(_) => ErrorKind::InvalidArgument,

@@ -36,6 +36,7 @@ mod resolve;
 mod restore;
 mod router;
 mod runner;
+mod skills;
 mod spawn;
 pub(crate) mod state;
 pub(crate) mod supervisor;

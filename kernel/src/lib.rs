@@ -35,6 +35,7 @@
 //! - [`runtime`]: the runtime registry.
 //! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
 //! - [`mcp`]: MCP servers the kernel starts and supervises; their tools and calls.
+//! - [`skills`]: the skill library: skills loaded from the config's directories.
 //! - [`auth`], [`tokens`], [`tls`]: tokens (the admin's, processes', operators' with
 //!   scopes) and TLS for the control plane.
 //!
@@ -45,8 +46,8 @@
 //! (send, `execute_task`, `delegate_async`, replies), `runner`, `cron` (the
 //! schedules and their runs; [`cron`] re-exports its vocabulary), `exec`,
 //! `restore`, `llm` (model calls; [`llm`] chooses the provider),
-//! `artifacts`, `memory`, `state`, `syscalls` (the `Syscalls` bound to one
-//! process).
+//! `artifacts`, `memory`, `skills`, `state`, `syscalls` (the `Syscalls`
+//! bound to one process).
 //!
 //! Doors: [`grpc`] (the tonic server: service, health, reflection, auth
 //! layer), [`daemon`] (`hivekernel start`) and [`cli`] (the command line).
@@ -83,6 +84,7 @@ mod process;
 pub mod reload;
 mod router;
 pub mod runtime;
+pub mod skills;
 pub mod store;
 pub mod tls;
 pub mod tokens;

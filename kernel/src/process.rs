@@ -39,6 +39,10 @@ pub(crate) struct ProcShared {
     /// Tool calls that need a person's approval: its role's, its own and
     /// its parent's rules; `None`: none do.
     pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
+    /// Directories of skills it sees besides the kernel's: its config
+    /// agent's and its ancestors', in that order of precedence (the last
+    /// wins); `None`: only the kernel's.
+    pub(crate) skill_dirs: Option<Arc<[std::path::PathBuf]>>,
     /// Model calls made through the kernel, their tokens and cost; rate limits.
     pub(crate) usage: Meter,
     /// The token budget it draws on (its own, or its nearest ancestor's).
@@ -66,6 +70,7 @@ pub(crate) struct NewProc {
     pub(crate) caps: Capabilities,
     pub(crate) restored: bool,
     pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
+    pub(crate) skill_dirs: Option<Arc<[std::path::PathBuf]>>,
 }
 
 impl ProcShared {
@@ -93,6 +98,7 @@ impl ProcShared {
             blocked: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             approvals: new.approvals,
+            skill_dirs: new.skill_dirs,
             usage: new.usage,
             budget: new.budget,
             caps: new.caps,
@@ -121,6 +127,7 @@ impl ProcShared {
             caps: self.caps,
             restored: self.restored,
             approvals: self.approvals.clone(),
+            skill_dirs: self.skill_dirs.clone(),
         })
     }
 

@@ -98,6 +98,8 @@ pub struct ReloadReport {
     pub cron: Vec<Change>,
     /// Roles of the `roles` section (either the old or the new one).
     pub roles: Vec<Change>,
+    /// The skills directories, loaded again; empty when neither config names any.
+    pub skills: Vec<Change>,
     /// Settings that differ from what the kernel runs with and take effect
     /// only at a kernel restart (`kernel.listen`, `llm`, ...).
     pub needs_restart: Vec<String>,

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::AgentSettings;
 use super::mcp::Offered;
+use super::skills::Shelf;
 use crate::message::{Message, Task, kinds};
 use crate::runtime::ProcessContext;
 use crate::tools::Tool;
@@ -17,6 +18,7 @@ pub(super) fn system_prompt(
     ctx: &ProcessContext,
     tools: &BTreeMap<String, Arc<dyn Tool>>,
     mcp: &Offered,
+    skills: Option<&Shelf>,
     settings: &AgentSettings,
 ) -> String {
     let mut text = ctx.system_prompt.trim_end().to_owned();
@@ -35,13 +37,24 @@ pub(super) fn system_prompt(
         ctx.name, ctx.pid, ctx.role, ctx.tier, settings.provider
     );
     text.push_str("\n## Tools\n");
-    if tools.is_empty() && mcp.tools.is_empty() && mcp.unavailable.is_empty() {
+    let skill_tools = skills.map(Shelf::schemas).unwrap_or_default();
+    if tools.is_empty()
+        && mcp.tools.is_empty()
+        && mcp.unavailable.is_empty()
+        && skill_tools.is_empty()
+    {
         text.push_str("You have no tools: answer directly.\n");
     } else {
         for (name, tool) in tools {
             let _ = writeln!(text, "- {name}: {}", tool.description());
         }
         mcp.describe(&mut text);
+        for tool in skill_tools {
+            let _ = writeln!(text, "- {}: {}", tool.name, tool.description);
+        }
+    }
+    if let Some(skills) = skills {
+        skills.describe(&mut text, settings.skill_catalogue_tokens);
     }
     text
 }

@@ -44,6 +44,7 @@ mod files;
 mod path;
 mod shell;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::{ToolError, ToolRegistry, decode};
@@ -74,8 +75,22 @@ pub fn register(registry: &mut ToolRegistry, shell: ShellSettings) {
     registry.register(Arc::new(ShellExec::new(shell)));
 }
 
+/// Reads up to `limit` bytes of the file at `path` under `dir`, confined
+/// as the file tools are (no `..`, no absolute path, no symlink leading
+/// out, none swapped in); answers the bytes and the file's size. Blocking.
+pub(crate) fn read_beneath(
+    dir: &Path,
+    path: &str,
+    limit: u64,
+) -> Result<(Vec<u8>, u64), ToolError> {
+    let root = beneath::Root::existing(dir)?;
+    let target = path::resolve(root.path(), path)?;
+    let chunk = root.read(&target, 0, limit)?;
+    Ok((chunk.bytes, chunk.total))
+}
+
 /// Runs blocking file work off the async threads.
-async fn blocking<T, F>(work: F) -> Result<T, ToolError>
+pub(crate) async fn blocking<T, F>(work: F) -> Result<T, ToolError>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, ToolError> + Send + 'static,

@@ -44,6 +44,7 @@ pub(super) async fn reload(json: bool, client: &ClientArgs) -> Result<(), CliErr
         .iter()
         .chain(&report.cron)
         .chain(&report.roles)
+        .chain(&report.skills)
         .filter(|change| outcome(change) == "failed")
         .count();
     if failed > 0 {
@@ -102,6 +103,9 @@ fn report_text(report: &ReloadConfigResponse) -> String {
     if !report.roles.is_empty() {
         text.push_str(&section("ROLE", &report.roles));
     }
+    if !report.skills.is_empty() {
+        text.push_str(&section("SKILLS", &report.skills));
+    }
     if !report.needs_restart.is_empty() {
         text.push_str(&format!(
             "needs a restart (changed, not applied): {}\n",
@@ -131,6 +135,7 @@ fn report_json(report: &ReloadConfigResponse) -> Value {
         "agents": changes(&report.agents),
         "cron": changes(&report.cron),
         "roles": changes(&report.roles),
+        "skills": changes(&report.skills),
         "needs_restart": report.needs_restart,
     })
 }

@@ -8,9 +8,6 @@ use serde_json::{Value, json};
 
 use super::{CliError, output};
 
-/// Directories a scan never enters.
-const SKIPPED: [&str; 2] = ["node_modules", "target"];
-
 /// Checks the skill in `dir`, or every skill directly under it; prints every
 /// finding with its file and field. Exit 2 when any skill has an error.
 pub(super) fn check(dir: &Path, as_json: bool) -> Result<(), CliError> {
@@ -64,27 +61,13 @@ fn skill_dirs(dir: &Path) -> Result<Vec<PathBuf>, CliError> {
     if dir.join(SKILL_FILE).exists() {
         return Ok(vec![dir.to_path_buf()]);
     }
-    let entries = std::fs::read_dir(dir)
-        .map_err(|err| CliError::Usage(format!("cannot read {shown}: {err}")))?;
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|err| CliError::Usage(format!("cannot read {shown}: {err}")))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || SKIPPED.contains(&name.as_ref()) {
-            continue;
-        }
-        let path = entry.path();
-        if path.is_dir() && path.join(SKILL_FILE).exists() {
-            found.push(path);
-        }
-    }
+    let found =
+        skill::scan(dir).map_err(|err| CliError::Usage(format!("cannot read {shown}: {err}")))?;
     if found.is_empty() {
         return Err(CliError::Usage(format!(
             "no skills in {shown}: neither it nor a directory in it holds a {SKILL_FILE}"
         )));
     }
-    found.sort();
     Ok(found)
 }
 

@@ -19,7 +19,8 @@
 //!   "orchestrate": { "worker_prompt_file": "../prompts/worker.md", "max_workers": 8,
 //!                    "subtask_timeout_seconds": 120, "worker_model": "mini" },
 //!   "web": { "allow_private_networks": false, "allow_addresses": ["10.0.0.7"],
-//!            "max_bytes": 2097152, "timeout_seconds": 30, "max_redirects": 5 }
+//!            "max_bytes": 2097152, "timeout_seconds": 30, "max_redirects": 5 },
+//!   "skills": { "catalogue_tokens": 4000, "active_tokens": 16000 }
 //! }
 //! ```
 
@@ -85,6 +86,7 @@ pub(super) struct RawToolAgent {
     orchestrate: Option<Value>,
     web: Option<Value>,
     shell: Option<Value>,
+    skills: Option<Value>,
 }
 
 impl Default for RawToolAgent {
@@ -96,6 +98,7 @@ impl Default for RawToolAgent {
             orchestrate: None,
             web: None,
             shell: None,
+            skills: None,
         }
     }
 }
@@ -297,14 +300,16 @@ pub(super) fn tool_agent(
         "tool_agent.max_tool_result_bytes",
         issues,
     );
-    let agent = AgentSettings {
+    let mut agent = AgentSettings {
         max_tool_iterations: raw.max_tool_iterations,
         context_tokens: sizes.context_tokens,
         default_context_tokens: sizes.default_context_tokens,
         max_completion_tokens: sizes.max_completion_tokens,
         max_tool_result_bytes: raw.max_tool_result_bytes,
         provider: String::new(),
+        ..AgentSettings::default()
     };
+    super::skills::prompt(raw.skills.as_ref(), &mut agent, issues);
 
     let web = web(raw.web.as_ref(), issues);
     let shell = super::sandbox::shell(raw.shell.as_ref(), checks, issues);

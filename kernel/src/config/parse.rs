@@ -59,6 +59,7 @@ pub(super) struct RawKernel {
     pub(super) log: Option<Value>,
     pub(super) otel: Option<Value>,
     pub(super) dashboard: Option<Value>,
+    pub(super) skills: Vec<String>,
 }
 
 impl Default for RawKernel {
@@ -93,6 +94,7 @@ impl Default for RawKernel {
             log: None,
             otel: None,
             dashboard: None,
+            skills: Vec::new(),
         }
     }
 }
@@ -119,6 +121,7 @@ pub(super) struct RawAgent {
     pub(super) command: Option<Vec<String>>,
     pub(super) env: Option<BTreeMap<String, String>>,
     pub(super) approval: Option<Value>,
+    pub(super) skills: Vec<String>,
 }
 
 /// An agent entry after phase 1.

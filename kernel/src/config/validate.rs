@@ -7,7 +7,9 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use hivekernel_agents::{Capability, ExecCommand, LimitOverrides, McpSelector, Role, Tier};
+use hivekernel_agents::{
+    Capability, ExecCommand, LimitOverrides, McpSelector, Role, SkillSelector, Tier,
+};
 
 use crate::store::Synchronous;
 
@@ -203,6 +205,7 @@ impl<'a> Context<'a> {
             log: super::observe::log(k.log.as_ref(), issues),
             // Read with the environment, by `load_sections`.
             otel: None,
+            skills: super::skills::dirs(&k.skills, "kernel.skills", self, issues),
         };
         (settings, ceilings)
     }
@@ -300,6 +303,7 @@ impl<'a> Context<'a> {
         let approval = super::approval::rules(raw.approval.as_ref(), &loc("approval"), issues);
         self.check_approval_tools(&approval, &loc("approval"), issues);
 
+        let skills = super::skills::dirs(&raw.skills, &loc("skills"), self, issues);
         let spec = AgentSpec {
             name: raw.name.clone().unwrap_or_default(),
             role,
@@ -318,6 +322,7 @@ impl<'a> Context<'a> {
             // Filled from the raw entry by `cron::agent_entries`.
             cron: Vec::new(),
             approval,
+            skills,
         };
         Checked {
             index,
@@ -407,8 +412,9 @@ impl<'a> Context<'a> {
         Some(format!("unknown runtime {name:?} ({known})"))
     }
 
-    /// Checks a tool list: names known (built-in tools, or `mcp:` entries
-    /// naming an enabled server), non-empty, no duplicates.
+    /// Checks a tool list: names known (built-in tools, `skills` and
+    /// `skill:<name>` entries, or `mcp:` entries naming an enabled server),
+    /// non-empty, no duplicates.
     fn check_tools(&self, tools: &[String], location: &str, issues: &mut Vec<ConfigIssue>) {
         let mut first_seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, tool) in tools.iter().enumerate() {
@@ -423,6 +429,13 @@ impl<'a> Context<'a> {
                     here,
                     format!("duplicate tool {tool:?} (also {location}[{first}])"),
                 ));
+            } else if let Some(selector) = SkillSelector::parse(tool) {
+                match selector {
+                    Ok(_) => {
+                        first_seen.insert(tool, i);
+                    }
+                    Err(problem) => issues.push(ConfigIssue::new(here, problem)),
+                }
             } else if let Some(selector) = McpSelector::parse(tool) {
                 match selector.map(|selector| self.mcp_problem(&selector.server)) {
                     Ok(None) => {

@@ -89,6 +89,17 @@ impl Reloader {
         // Before the agents: one restarted for its role's sake gets the new one.
         report.roles = self.kernel.reload_roles(settings.roles.clone());
         let old_roles = std::mem::replace(&mut running.settings.roles, settings.roles);
+        let declared = config.agents.iter().chain(&config.templates);
+        let sources = crate::skills::Sources::new(
+            &settings.skills,
+            declared.map(|agent| (agent.name.as_str(), agent.skills.as_slice())),
+        );
+        let had_skills = !running.settings.skills.is_empty()
+            || running.agents.iter().any(|(agent, _)| !agent.skills.is_empty());
+        if had_skills || !sources.is_empty() {
+            report.skills = vec![self.kernel.reload_skills(sources)];
+        }
+        running.settings.skills = settings.skills.clone();
         report.agents = self.apply_agents(&mut running, &config, &old_roles).await;
         let declared: Vec<(Pid, CronSpec)> = running
             .agents
@@ -301,6 +312,8 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         log,
         otel,
         restore_temporary,
+        // Applied by the reload (`reload_skills`).
+        skills: _,
     } = &running.settings;
     let new = settings;
     let fields = [

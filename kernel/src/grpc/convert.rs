@@ -65,6 +65,8 @@ pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Statu
         exec: exec_command(req.command, req.env, req.cwd),
         // Approval rules come from the config (roles, agents), never a client.
         approval: Vec::new(),
+        // So do skill directories.
+        skills: Vec::new(),
     })
 }
 

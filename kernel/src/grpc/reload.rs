@@ -19,6 +19,7 @@ pub(super) fn response(report: ReloadReport) -> pb::ReloadConfigResponse {
         agents: report.agents.into_iter().map(change).collect(),
         cron: report.cron.into_iter().map(change).collect(),
         roles: report.roles.into_iter().map(change).collect(),
+        skills: report.skills.into_iter().map(change).collect(),
         needs_restart: report.needs_restart,
     }
 }

@@ -4,7 +4,7 @@
 //! A process holds its role's capabilities (the `roles` section) narrowed to
 //! its parent's. The admin token acts as PID 1 and holds every capability.
 
-use hivekernel_agents::{Capabilities, Capability, McpSelector, Pid, Role};
+use hivekernel_agents::{Capabilities, Capability, McpSelector, Pid, Role, SkillSelector};
 
 use crate::error::{KernelError, Result};
 use crate::events::EventKind;
@@ -80,11 +80,19 @@ pub(crate) struct ChildGrant<'a> {
 }
 
 impl ChildGrant<'_> {
-    /// Whether the parent has `tool`: the same entry, or for an MCP entry
-    /// one that covers it (`mcp:fs` covers `mcp:fs/read_file`).
+    /// Whether the parent has `tool`: the same entry, or for an MCP or
+    /// skill entry one that covers it (`mcp:fs` covers `mcp:fs/read_file`,
+    /// `skills` covers `skill:deploy`).
     fn parent_has(&self, tool: &str) -> bool {
         if self.parent_tools.iter().any(|own| own == tool) {
             return true;
+        }
+        if let Some(Ok(wanted)) = SkillSelector::parse(tool) {
+            return self
+                .parent_tools
+                .iter()
+                .filter_map(|own| SkillSelector::parse(own)?.ok())
+                .any(|own| own.covers(&wanted));
         }
         let Some(Ok(wanted)) = McpSelector::parse(tool) else {
             return false;

@@ -192,6 +192,7 @@ impl KernelBuilder {
         // A server's stderr is kept where exec agents' output is, when
         // the kernel keeps anything on disk.
         let mcp_logs = durable.then(|| settings.data_dir.join("logs"));
+        let skills = crate::skills::Library::load(skill_sources(&settings, &agents, &templates));
         let kernel = Kernel::assemble(Parts {
             settings,
             runtimes,
@@ -202,6 +203,7 @@ impl KernelBuilder {
             cron_anchor,
             mcp: McpServers::new(mcp, mcp_logs),
             traces,
+            skills,
         });
         kernel.start_mcp();
         if recovered.is_some() {
@@ -248,4 +250,20 @@ impl KernelBuilder {
             cron_problems,
         })
     }
+}
+
+/// The directories skills are loaded from: the kernel's, then each config
+/// agent's and template's.
+fn skill_sources(
+    settings: &KernelSettings,
+    agents: &[Declared],
+    templates: &HashMap<String, SpawnRequest>,
+) -> crate::skills::Sources {
+    let mut from_templates: Vec<&SpawnRequest> = templates.values().collect();
+    from_templates.sort_by(|a, b| a.name.cmp(&b.name));
+    let requests = agents.iter().map(|agent| &agent.request).chain(from_templates);
+    crate::skills::Sources::new(
+        &settings.skills,
+        requests.map(|request| (request.name.as_str(), request.skills.as_slice())),
+    )
 }

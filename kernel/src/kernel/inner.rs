@@ -46,6 +46,7 @@ pub(super) struct Parts<'a> {
     pub(super) cron_anchor: Option<(u64, tokio::time::Instant)>,
     pub(super) mcp: McpServers,
     pub(super) traces: Option<Arc<crate::otel::Traces>>,
+    pub(super) skills: crate::skills::Library,
 }
 
 #[derive(Debug)]
@@ -83,6 +84,8 @@ pub(super) struct Inner {
     cron: Cron,
     /// The MCP servers the config names; fixed at start.
     mcp: McpServers,
+    /// The skills the config's directories hold; reloaded with the config.
+    skills: crate::skills::Library,
     /// Operator tokens; the authentication layer reads the same registry.
     tokens: OperatorTokens,
     /// What processes ask people, waiting.
@@ -106,6 +109,7 @@ impl Inner {
             cron_anchor,
             mcp,
             traces,
+            skills,
         } = parts;
         let start = |counter: store::Counter, fresh: u64| {
             recovered.map_or(fresh, |r| r.next(counter).max(fresh))
@@ -152,6 +156,7 @@ impl Inner {
             caps: Capabilities::ALL,
             restored: false,
             approvals: None,
+            skill_dirs: None,
         });
         let table = ProcessTable::with_kernel(Entry {
             ppid: Pid(0),
@@ -221,6 +226,7 @@ impl Inner {
             reaper: Reaper::default(),
             cron: Cron::new(templates, cron_anchor),
             mcp,
+            skills,
         }
     }
 
@@ -335,5 +341,9 @@ impl Inner {
 
     pub(super) fn mcp(&self) -> &McpServers {
         &self.mcp
+    }
+
+    pub(super) fn skills(&self) -> &crate::skills::Library {
+        &self.skills
     }
 }

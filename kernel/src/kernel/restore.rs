@@ -457,7 +457,7 @@ pub(super) fn carry_usage(
 
 /// A spawn request as the store keeps it: the request, and what a request
 /// carries but never serializes (it is not taken from clients): the
-/// workspace and the exec command.
+/// workspace, the exec command and the skill directories.
 #[derive(Serialize)]
 struct SpecRef<'a> {
     request: &'a SpawnRequest,
@@ -465,6 +465,8 @@ struct SpecRef<'a> {
     workspace: Option<&'a Path>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exec: Option<ExecRef<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    skills: &'a [PathBuf],
 }
 
 #[derive(Serialize)]
@@ -483,6 +485,8 @@ struct Spec {
     workspace: Option<PathBuf>,
     #[serde(default)]
     exec: Option<SpecExec>,
+    #[serde(default)]
+    skills: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -504,6 +508,7 @@ pub(super) fn spec_json(request: &SpawnRequest) -> String {
             env: &exec.env,
             cwd: exec.cwd.as_deref(),
         }),
+        skills: &request.skills,
     };
     // Strings, numbers and maps of strings: serializing cannot fail.
     serde_json::to_string(&spec).unwrap_or_default()
@@ -521,6 +526,7 @@ fn read_spec(json: &str, ppid: Pid) -> std::result::Result<SpawnRequest, String>
         ));
     }
     request.workspace = spec.workspace;
+    request.skills = spec.skills;
     request.exec = spec.exec.map(|exec| ExecCommand {
         argv: exec.argv,
         env: exec.env,
@@ -536,8 +542,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_kept_spawn_request_reads_back_whole_with_its_exec_command_and_workspace() {
+    fn a_kept_spawn_request_reads_back_whole_with_its_exec_command_workspace_and_skills() {
         let mut request = SpawnRequest::new(Pid(7), "worker");
+        request.skills = vec!["/srv/skills".into()];
         request.model = "small".into();
         request.tools = vec!["shell".into()];
         request.metadata.insert("team".into(), "blue".into());
@@ -551,6 +558,7 @@ mod tests {
         assert_eq!(back, request);
         assert_eq!(back.exec, request.exec);
         assert_eq!(back.workspace, request.workspace);
+        assert_eq!(back.skills, request.skills);
     }
 
     #[test]

@@ -212,6 +212,7 @@ impl Kernel {
                 .unwrap_or_default(),
             &request.approval,
         );
+        let skill_dirs = skill_dirs(parent_entry.proc.skill_dirs.as_ref(), &request.skills);
         let tier = request.tier.unwrap_or(pctx.tier);
         if tier.rank() > pctx.tier.rank() {
             return Err(KernelError::TierAboveParent {
@@ -331,6 +332,7 @@ impl Kernel {
             caps,
             restored: matches!(birth, Birth::Restored(_) | Birth::Declared(Some(_))),
             approvals,
+            skill_dirs,
         }));
         if let Some(parent_entry) = table.get_mut(parent) {
             parent_entry.children.insert(pid);
@@ -504,6 +506,23 @@ pub(super) fn new_mailbox(settings: &crate::config::KernelSettings) -> Mailbox {
         settings.mailbox_max_bytes,
         std::time::Duration::from_millis(settings.mailbox_aging_ms),
     )
+}
+
+/// A child's skill directories: its parent's, then its own (which win), each once.
+fn skill_dirs(
+    parent: Option<&Arc<[std::path::PathBuf]>>,
+    own: &[std::path::PathBuf],
+) -> Option<Arc<[std::path::PathBuf]>> {
+    if own.is_empty() {
+        return parent.cloned();
+    }
+    let inherited = parent.map(|dirs| dirs.iter()).into_iter().flatten();
+    let dirs: Vec<std::path::PathBuf> = inherited
+        .filter(|dir| !own.contains(dir))
+        .chain(own)
+        .cloned()
+        .collect();
+    Some(Arc::from(dirs))
 }
 
 /// A child's approval rules: its parent's, its role's and its own, each

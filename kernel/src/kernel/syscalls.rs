@@ -290,6 +290,10 @@ impl Syscalls for KernelSyscalls {
             .await?)
     }
 
+    async fn skills(&self) -> Result<hivekernel_agents::skill::Catalogue, SyscallError> {
+        Ok(self.kernel()?.skills_for(self.caller())?)
+    }
+
     async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {
         Ok(self.kernel()?.mcp_tools(self.caller(), server).await?)
     }

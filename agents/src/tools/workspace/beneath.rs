@@ -62,13 +62,19 @@ pub(super) struct Listing {
 impl Root {
     /// Opens the workspace, creating it if it does not exist yet.
     pub(super) fn open(workspace: &Path) -> Result<Root, ToolError> {
-        let fail = |err: io::Error| {
+        std::fs::create_dir_all(workspace).map_err(|err| {
             ToolError::new(format!(
                 "cannot open the workspace {}: {err}",
                 workspace.display()
             ))
-        };
-        std::fs::create_dir_all(workspace).map_err(fail)?;
+        })?;
+        Self::existing(workspace)
+    }
+
+    /// Opens a directory that must exist already.
+    pub(super) fn existing(workspace: &Path) -> Result<Root, ToolError> {
+        let fail =
+            |err: io::Error| ToolError::new(format!("cannot open {}: {err}", workspace.display()));
         let canonical = std::fs::canonicalize(workspace).map_err(fail)?;
         let dir = rustix::fs::open(&canonical, DIR, Mode::empty()).map_err(|e| fail(e.into()))?;
         Ok(Root { dir, canonical })

@@ -1,0 +1,110 @@
+//! Skills through the kernel's checks: a process sees the kernel's skill
+//! directories and its own and its ancestors' (a config agent's `skills`),
+//! narrowed to what its tool list selects (`skills`, or `skill:<name>`
+//! entries); an operator sees every loaded skill. The library itself is
+//! the `skills` subsystem's (crate::skills).
+
+use hivekernel_agents::skill::{Catalogue, SkillSelector};
+use hivekernel_agents::{Pid, SkillEntry};
+
+use crate::error::{KernelError, Result};
+use crate::kernel::{Caller, Kernel};
+use crate::reload::{Change, Outcome};
+use crate::skills::{Listed, Problem, Sources};
+
+impl Kernel {
+    /// The skills `caller` may use, sorted by name: for a process, what it
+    /// sees and its tool list selects; for an operator, what a process
+    /// with `skills` and no directories of its own would see.
+    pub fn skills_for(&self, caller: Caller) -> Result<Catalogue> {
+        let Caller::Process(pid) = caller else {
+            return Ok(self.inner.skills().catalogue(None));
+        };
+        let (dirs, tools) = {
+            let table = self.inner.table().read();
+            let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
+            (entry.proc.skill_dirs.clone(), entry.proc.ctx.tools.clone())
+        };
+        let selectors: Vec<SkillSelector> = tools
+            .iter()
+            .filter_map(|entry| SkillSelector::parse(entry)?.ok())
+            .collect();
+        if selectors.is_empty() {
+            return Ok(std::sync::Arc::from([]));
+        }
+        let seen = self.inner.skills().catalogue(dirs.as_ref());
+        if selectors.contains(&SkillSelector::All) {
+            return Ok(seen);
+        }
+        Ok(seen
+            .iter()
+            .filter(|entry| selectors.iter().any(|s| s.selects(&entry.skill.name)))
+            .cloned()
+            .collect())
+    }
+
+    /// Every loaded skill (shadowed ones too, marked), and what was wrong
+    /// with the skills directories when they were loaded. Operators only.
+    pub fn skill_listing(&self, caller: Caller) -> Result<(Vec<Listed>, Vec<Problem>)> {
+        self.require_operator(caller, "list every skill")?;
+        Ok(self.inner.skills().listing())
+    }
+
+    /// Skill `name` as `caller` would use it: for an operator, the one a
+    /// process with every agent's directories would see last (the winner),
+    /// with where else it is defined; for a process, the one it sees.
+    pub fn skill(&self, caller: Caller, name: &str) -> Result<SkillEntry> {
+        if let Some(why) = hivekernel_agents::skill::name_problem(name) {
+            return Err(KernelError::InvalidArgument(format!(
+                "skill name {}: {why}",
+                crate::error::shown(name)
+            )));
+        }
+        if let Caller::Process(_) = caller {
+            let seen = self.skills_for(caller)?;
+            return seen
+                .iter()
+                .find(|entry| entry.skill.name == name)
+                .cloned()
+                .ok_or_else(|| unknown_skill(name, caller.pid()));
+        }
+        let (listed, _) = self.inner.skills().listing();
+        listed
+            .into_iter()
+            .filter(|listed| listed.entry.skill.name == name)
+            .find(|listed| !listed.shadowed)
+            .map(|listed| listed.entry)
+            .ok_or_else(|| unknown_skill(name, Pid::KERNEL))
+    }
+
+    /// Loads the skills directories again (a config reload); reports the
+    /// count and each problem.
+    pub(crate) fn reload_skills(&self, sources: Sources) -> Change {
+        let (count, problems) = self.inner.skills().replace(sources);
+        let skipped = problems.iter().filter(|p| p.skipped).count();
+        let mut change = Change::new("skills", None, Outcome::Updated);
+        change = change.detail(format!(
+            "{count} loaded, {skipped} skipped, {} warnings",
+            problems.len() - skipped
+        ));
+        change
+    }
+
+    fn require_operator(&self, caller: Caller, action: &str) -> Result<()> {
+        if caller.sees_all() {
+            return Ok(());
+        }
+        Err(KernelError::PermissionDenied(format!(
+            "only an operator may {action}; a process sees the skills its tool list selects"
+        )))
+    }
+}
+
+fn unknown_skill(name: &str, pid: Pid) -> KernelError {
+    let whose = if pid == Pid::KERNEL {
+        "no loaded skill".to_owned()
+    } else {
+        format!("no skill process {pid} may see")
+    };
+    KernelError::NoSuchSkill(format!("{whose} is named {}", crate::error::shown(name)))
+}
