@@ -95,6 +95,10 @@ pub struct AgentSettings {
     pub max_tool_result_bytes: usize,
     /// Name of the provider the kernel uses, for the identity section and logs.
     pub provider: String,
+    /// Whether the system prompt carries the process's budget state (tokens
+    /// used and left, cost, rate limits) when it has a budget or a rate
+    /// limit; read at the start of each input.
+    pub budget_in_prompt: bool,
     /// Tokens the skills catalogue may take in the system prompt.
     pub skill_catalogue_tokens: u64,
     /// Tokens the active skills' instructions may take in the system prompt
@@ -111,6 +115,7 @@ impl Default for AgentSettings {
             max_completion_tokens: 4096,
             max_tool_result_bytes: 64 * 1024,
             provider: "scripted".into(),
+            budget_in_prompt: true,
             skill_catalogue_tokens: 4_000,
             skill_active_tokens: 16_000,
         }
@@ -446,6 +451,18 @@ impl ToolAgent {
             None => Default::default(),
         };
         let max = self.settings.max_tool_iterations;
+        // Once per input, so the system prompt stays the same within a turn.
+        let budget = if self.settings.budget_in_prompt {
+            match ctx.syscalls.get_process(ctx.pid).await {
+                Ok(info) => crate::tools::budget::describe(&info),
+                Err(err) => {
+                    tracing::debug!(pid = %ctx.pid, error = %err, "budget state unknown");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         loop {
             let offered = if self.toolset.mcp.is_empty() {
                 Offered::default()
@@ -462,9 +479,12 @@ impl ToolAgent {
                 Shelf::default()
             };
             if calls.is_empty() {
-                let response = self
-                    .call_model(ctx, &history, &turn, &offered, &shelf)
-                    .await?;
+                let sections = prompt::Sections {
+                    mcp: &offered,
+                    skills: self.toolset.skills.then_some(&shelf),
+                    budget: budget.as_deref(),
+                };
+                let response = self.call_model(ctx, &history, &turn, &sections).await?;
                 let message = response.message;
                 if message.tool_calls.is_empty() {
                     let answer = message.content.trim().to_owned();
@@ -503,21 +523,22 @@ impl ToolAgent {
         ctx: &ProcessContext,
         history: &[ChatMessage],
         turn: &[ChatMessage],
-        offered: &Offered,
-        shelf: &Shelf,
+        sections: &prompt::Sections<'_>,
     ) -> Result<ChatResponse, String> {
         let toolset = &self.toolset;
         let system = ChatMessage::system(prompt::system_prompt(
             ctx,
             &toolset.tools,
-            offered,
-            toolset.skills.then_some(shelf),
+            sections,
             &self.settings,
         ));
+        let (offered, shelf) = (sections.mcp, sections.skills);
+        let skill_schemas = shelf.map(Shelf::schemas).unwrap_or_default();
+        let skill_tokens = shelf.map_or(0, Shelf::tokens);
         let mut budget = self
             .settings
             .budget(&ctx.model)
-            .saturating_sub(toolset.tokens + offered.tokens() + shelf.tokens());
+            .saturating_sub(toolset.tokens + offered.tokens() + skill_tokens);
         let mut attempt = 0;
         loop {
             let request = ChatRequest {
@@ -526,7 +547,7 @@ impl ToolAgent {
                     .iter()
                     .cloned()
                     .chain(offered.schemas())
-                    .chain(shelf.schemas().iter().cloned())
+                    .chain(skill_schemas.iter().cloned())
                     .collect(),
                 max_tokens: Some(self.settings.max_completion_tokens),
                 ..ChatRequest::new(

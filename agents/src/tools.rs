@@ -19,6 +19,7 @@ use crate::syscalls::SyscallError;
 
 mod args;
 pub mod artifacts;
+pub mod budget;
 pub mod cron;
 pub mod human;
 pub mod memory;
@@ -150,6 +151,7 @@ impl ToolRegistry {
         artifacts::register(&mut registry);
         memory::register(&mut registry);
         human::register(&mut registry);
+        registry.register(Arc::new(budget::Budget));
         registry
     }
 

@@ -214,6 +214,8 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("ReadLog", Scope::Read),
     ("ListMcpServers", Scope::Read),
     ("ListMcpTools", Scope::Read),
+    ("ListSkills", Scope::Read),
+    ("GetSkill", Scope::Read),
     ("ListRequests", Scope::Read),
     ("WatchRequests", Scope::Read),
     // Acting on processes and what they own.

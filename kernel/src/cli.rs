@@ -483,6 +483,25 @@ pub struct StartArgs {
 /// `hivekernel skills ...`.
 #[derive(Debug, Subcommand)]
 pub enum SkillsCommand {
+    /// List the skills the kernel loaded: name, where from, who sees it,
+    /// description; shadowed ones marked; then what was skipped and why.
+    Ls {
+        /// One JSON object: skills and problems.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one skill: its frontmatter fields and its instructions.
+    Show {
+        /// The skill's name.
+        name: String,
+        /// One JSON object, the body included.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Check a skill directory, or every skill directory in DIR, against the
     /// Agent Skills format: every issue with its file and field; exit 2 when
     /// any skill has an error (warnings alone pass).
@@ -915,6 +934,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Start(args) => start(args).await,
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
         Command::Skills(SkillsCommand::Check { dir, json }) => skills::check(&dir, json),
+        Command::Skills(SkillsCommand::Ls { json, client }) => skills::ls(json, &client).await,
+        Command::Skills(SkillsCommand::Show { name, json, client }) => {
+            skills::show(&name, json, &client).await
+        }
         Command::Config(ConfigCommand::Reload { json, client }) => {
             reload::reload(json, &client).await
         }

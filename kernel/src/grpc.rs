@@ -34,6 +34,7 @@ pub use gate::raise_open_file_limit;
 pub use local::{Answer, LocalService};
 pub(crate) use measure::code_name;
 mod service;
+mod skills;
 mod status;
 mod streams;
 mod tokens;

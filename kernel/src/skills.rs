@@ -74,7 +74,10 @@ impl Sources {
     /// Every directory, each once, kernel's first.
     fn dirs(&self) -> Vec<&Path> {
         let mut dirs: Vec<&Path> = Vec::new();
-        let all = self.kernel.iter().chain(self.agents.iter().flat_map(|(_, d)| d));
+        let all = self
+            .kernel
+            .iter()
+            .chain(self.agents.iter().flat_map(|(_, d)| d));
         for dir in all {
             if !dirs.contains(&dir.as_path()) {
                 dirs.push(dir);

@@ -162,6 +162,11 @@ fn write_skill(root: &Path, dir: &str, text: &str) -> PathBuf {
 
 #[test]
 fn skills_check_lists_every_issue_with_its_file_and_field_and_exits_2() {
+    // The shipped skills keep every rule of the format.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/skills");
+    let run = hivekernel(&["skills", "check", shipped.to_str().unwrap()]);
+    assert!(run.ok().contains("(triage-build)"), "{run:#?}");
+
     let root = tempfile::tempdir().unwrap();
     let good = write_skill(
         root.path(),

@@ -559,3 +559,73 @@ async fn limits_in_a_request_never_exceed_the_parents() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     kernel.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_agent_with_a_budget_reads_its_state_in_its_prompt_and_from_the_budget_tool() {
+    let server = LlmServer::start(vec![
+        Scripted::content_with_usage("first", 400_000, 100_000),
+        Scripted::tool_calls(&[("b1", "budget", "{}")]),
+        Scripted::content("second"),
+        Scripted::content("unbudgeted"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = llm_kernel(&server, &dir).await;
+    let mut agent = with_tools(
+        request(ROOT, "aware", Role::Agent, "tool_agent"),
+        &["budget"],
+    );
+    agent.limits.llm_calls_per_minute = Some(30);
+    let agent = kernel
+        .spawn(Caller::Admin, with_budget(agent, 1_000_000))
+        .await
+        .unwrap();
+    assert_eq!(run_task(&kernel, agent, "one").await.unwrap(), "first");
+    assert_eq!(run_task(&kernel, agent, "two").await.unwrap(), "second");
+
+    let requests = server.requests();
+    let system = |i: usize| hivekernel_tests::llm_server::system_message(&requests[i]);
+    let before = system(0);
+    assert!(before.contains("## Budget"), "{before}");
+    assert!(
+        before.contains("- Tokens: 0 used of 1000000, 1000000 left (your own budget"),
+        "{before}"
+    );
+    assert!(
+        before.contains("- Rate limits: 30 model calls a minute"),
+        "{before}"
+    );
+    // The second input sees the first's spending: 500k tokens at $2.50/$10 per million.
+    let after = system(1);
+    assert!(
+        after.contains("- Tokens: 500000 used of 1000000, 500000 left"),
+        "{after}"
+    );
+    assert!(
+        after.contains("- Spent: 1 model calls, 500000 tokens, $2.0000"),
+        "{after}"
+    );
+    assert_eq!(system(2), after, "the same within one input");
+    let answered = &hivekernel_tests::llm_server::tool_results(&requests[2])[0];
+    // The tool answers as of now: the call that asked for it is counted.
+    assert!(
+        answered.contains("used of 1000000") && answered.contains("- Spent: 2 model calls"),
+        "{answered}"
+    );
+
+    // No budget and no rate limit: no section.
+    let free = kernel
+        .spawn(
+            Caller::Admin,
+            request(ROOT, "free", Role::Agent, "tool_agent"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        run_task(&kernel, free, "three").await.unwrap(),
+        "unbudgeted"
+    );
+    let last = hivekernel_tests::llm_server::system_message(&server.requests()[3]);
+    assert!(!last.contains("## Budget"), "{last}");
+    kernel.shutdown().await;
+}

@@ -13,14 +13,29 @@ use crate::message::{Message, Task, kinds};
 use crate::runtime::ProcessContext;
 use crate::tools::Tool;
 
-/// The agent's prompt, then who it is, then the tools it has.
+/// What a system prompt holds besides the agent's own prompt, identity
+/// and built-in tools, as of one model call.
+pub(super) struct Sections<'a> {
+    pub(super) mcp: &'a Offered,
+    /// `None`: the tool list selects no skills.
+    pub(super) skills: Option<&'a Shelf>,
+    /// The budget lines, when the prompt carries them.
+    pub(super) budget: Option<&'a str>,
+}
+
+/// The agent's prompt, then who it is, the tools it has, its skills and
+/// its budget (last: the part that changes most often).
 pub(super) fn system_prompt(
     ctx: &ProcessContext,
     tools: &BTreeMap<String, Arc<dyn Tool>>,
-    mcp: &Offered,
-    skills: Option<&Shelf>,
+    sections: &Sections<'_>,
     settings: &AgentSettings,
 ) -> String {
+    let Sections {
+        mcp,
+        skills,
+        budget,
+    } = *sections;
     let mut text = ctx.system_prompt.trim_end().to_owned();
     if !text.is_empty() {
         text.push_str("\n\n");
@@ -55,6 +70,10 @@ pub(super) fn system_prompt(
     }
     if let Some(skills) = skills {
         skills.describe(&mut text, settings.skill_catalogue_tokens);
+    }
+    if let Some(budget) = budget {
+        text.push_str("\n## Budget\n");
+        text.push_str(budget);
     }
     text
 }

@@ -78,23 +78,7 @@ impl Shelf {
                 names.push(name);
             }
         }
-        let mut active = Vec::new();
-        let mut dropped = Vec::new();
-        let mut used = 0;
-        for name in names.iter().rev() {
-            let Some(entry) = find(&catalogue, name) else {
-                continue;
-            };
-            let cost = tokens(&entry.skill.body) + 8;
-            if active.is_empty() || used + cost <= active_tokens {
-                used += cost;
-                active.push(entry.skill.clone());
-            } else {
-                dropped.push(name.clone());
-            }
-        }
-        active.reverse();
-        dropped.reverse();
+        let (active, dropped) = pick(&catalogue, &names, active_tokens);
         let schemas = schemas(&catalogue);
         let tokens = schemas
             .iter()
@@ -343,6 +327,30 @@ fn find<'a>(catalogue: &'a Catalogue, name: &str) -> Option<&'a SkillEntry> {
         .map(|at| &catalogue[at])
 }
 
+/// The skills of `names` (oldest activation first) still in `catalogue`
+/// whose instructions fit in `room` tokens, newest first in, and those
+/// that do not fit; both oldest first. The newest always fits.
+fn pick(catalogue: &Catalogue, names: &[String], room: u64) -> (Vec<Arc<Skill>>, Vec<String>) {
+    let mut active = Vec::new();
+    let mut dropped = Vec::new();
+    let mut used = 0;
+    for name in names.iter().rev() {
+        let Some(entry) = find(catalogue, name) else {
+            continue;
+        };
+        let cost = tokens(&entry.skill.body) + 8;
+        if active.is_empty() || used + cost <= room {
+            used += cost;
+            active.push(entry.skill.clone());
+        } else {
+            dropped.push(name.clone());
+        }
+    }
+    active.reverse();
+    dropped.reverse();
+    (active, dropped)
+}
+
 /// Rough tokens of `text`: four bytes each, as the context estimate counts.
 fn tokens(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
@@ -393,4 +401,93 @@ fn files(dir: &std::path::Path) -> Vec<String> {
     }
     found.sort();
     found
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::llm::ToolCall;
+    use crate::skill::Source;
+
+    fn catalogue(skills: &[(&str, &str, usize)]) -> Catalogue {
+        skills
+            .iter()
+            .map(|(name, description, body)| SkillEntry {
+                skill: Arc::new(Skill {
+                    name: (*name).to_owned(),
+                    description: (*description).to_owned(),
+                    license: None,
+                    compatibility: None,
+                    allowed_tools: Vec::new(),
+                    metadata: Vec::new(),
+                    extra: Vec::new(),
+                    body: "b".repeat(*body),
+                    dir: std::path::PathBuf::from("/nowhere"),
+                }),
+                source: Source::Dir(Arc::from(std::path::Path::new("/skills"))),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_catalogue_is_cut_to_its_budget_with_a_count_of_the_rest() {
+        let shelf = Shelf {
+            catalogue: catalogue(&[
+                ("alpha", "First\n  line.", 1),
+                ("beta", &"x".repeat(400), 1),
+                ("gamma", "Third.", 1),
+            ]),
+            ..Shelf::default()
+        };
+        let mut text = String::new();
+        shelf.describe(&mut text, 50);
+        assert!(text.contains("- alpha: First line.\n"), "{text}");
+        assert!(!text.contains("beta") && !text.contains("gamma"), "{text}");
+        assert!(
+            text.contains("(2 more skills are not listed here"),
+            "{text}"
+        );
+        let mut whole = String::new();
+        shelf.describe(&mut whole, 4_000);
+        assert!(whole.contains("- gamma: Third.") && !whole.contains("more skills"));
+        assert!(!whole.contains("Active skills"));
+    }
+
+    #[test]
+    fn the_newest_activations_are_kept_within_the_room() {
+        let catalogue = catalogue(&[("a", "A", 400), ("b", "B", 400), ("c", "C", 4_000)]);
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let kept =
+            |active: &[Arc<Skill>]| active.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+
+        let (active, dropped) = pick(&catalogue, &names(&["a", "b", "gone"]), 1_000);
+        assert_eq!(kept(&active), ["a", "b"]);
+        assert!(dropped.is_empty());
+        let (active, dropped) = pick(&catalogue, &names(&["a", "b"]), 150);
+        assert_eq!(
+            (kept(&active), dropped),
+            (vec!["b".to_owned()], names(&["a"]))
+        );
+        // The newest is kept even when it alone is over the room.
+        let (active, dropped) = pick(&catalogue, &names(&["a", "c"]), 150);
+        assert_eq!(
+            (kept(&active), dropped),
+            (vec!["c".to_owned()], names(&["a"]))
+        );
+    }
+
+    #[test]
+    fn activations_are_read_from_the_assistant_s_skill_view_calls() {
+        let mut asked = ChatMessage::assistant("");
+        asked.tool_calls = vec![
+            ToolCall::new("1", VIEW, r#"{"name":"deploy"}"#),
+            ToolCall::new("2", READ, r#"{"name":"other","path":"x"}"#),
+            ToolCall::new("3", VIEW, "not json"),
+            ToolCall::new("4", VIEW, r#"{"name":"triage"}"#),
+        ];
+        let said = ChatMessage::user(r#"skill_view {"name":"fake"}"#);
+        assert_eq!(activated(&[said, asked]), ["deploy", "triage"]);
+    }
 }

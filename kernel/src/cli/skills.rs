@@ -1,12 +1,141 @@
-//! `hivekernel skills check DIR`: checks skills in the Agent Skills format
-//! as strictly as the format asks, without a kernel.
+//! `hivekernel skills`: `ls` and `show` ask a running kernel what it
+//! loaded; `check DIR` checks skills in the Agent Skills format as
+//! strictly as the format asks, without a kernel.
 
 use std::path::{Path, PathBuf};
 
 use hivekernel_agents::skill::{self, Read, SKILL_FILE, Severity, Strictness};
+use hivekernel_proto::v1::{GetSkillRequest, ListSkillsRequest, SkillInfo};
 use serde_json::{Value, json};
 
-use super::{CliError, output};
+use super::client::Session;
+use super::{CliError, ClientArgs, output};
+
+/// Lists the loaded skills, then the problems of the last load.
+pub(super) async fn ls(as_json: bool, client: &ClientArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(client).await?;
+    let answer = session
+        .client
+        .list_skills(ListSkillsRequest {})
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    if as_json {
+        let problems: Vec<Value> = answer
+            .problems
+            .iter()
+            .map(|p| json!({"path": p.path, "message": p.message, "skipped": p.skipped}))
+            .collect();
+        let all = json!({
+            "skills": answer.skills.iter().map(info_json).collect::<Vec<_>>(),
+            "problems": problems,
+        });
+        return output::print(&output::line(&all.to_string()));
+    }
+    let mut text = String::new();
+    if answer.skills.is_empty() {
+        text.push_str("no skills loaded (kernel.skills, or an agent's skills, in the config)\n");
+    } else {
+        let mut rows = vec![["NAME", "SCOPE", "SOURCE", "DESCRIPTION"].map(str::to_owned)];
+        for info in &answer.skills {
+            let mut name = info.name.clone();
+            if info.shadowed {
+                name.push_str(" (shadowed)");
+            }
+            let scope = if info.scope.is_empty() {
+                "-".to_owned()
+            } else {
+                info.scope.join(",")
+            };
+            let description = info
+                .description
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            rows.push([
+                name,
+                scope,
+                info.source.clone(),
+                hivekernel_agents::text::cut_str(&description, 80),
+            ]);
+        }
+        text.push_str(&output::aligned(&rows));
+    }
+    for problem in &answer.problems {
+        let what = if problem.skipped {
+            "skipped"
+        } else {
+            "warning"
+        };
+        text.push_str(&output::line(&format!(
+            "{what}: {}: {}",
+            problem.path, problem.message
+        )));
+    }
+    output::print(&text)
+}
+
+/// Shows one skill: its fields, then its body.
+pub(super) async fn show(name: &str, as_json: bool, client: &ClientArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(client).await?;
+    let skill = session
+        .client
+        .get_skill(GetSkillRequest {
+            name: name.to_owned(),
+        })
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    let info = skill.info.unwrap_or_default();
+    if as_json {
+        let mut all = info_json(&info);
+        all["body"] = Value::from(skill.body);
+        return output::print(&output::line(&all.to_string()));
+    }
+    let mut rows = vec![
+        ["name".to_owned(), info.name.clone()],
+        ["description".to_owned(), info.description.clone()],
+        ["dir".to_owned(), info.dir.clone()],
+        ["source".to_owned(), info.source.clone()],
+    ];
+    let optional = [
+        ("license", info.license.clone()),
+        ("compatibility", info.compatibility.clone()),
+        ("allowed-tools", info.allowed_tools.join(" ")),
+    ];
+    for (field, value) in optional {
+        if !value.is_empty() {
+            rows.push([field.to_owned(), value]);
+        }
+    }
+    let mut metadata: Vec<_> = info.metadata.iter().collect();
+    metadata.sort();
+    for (key, value) in metadata {
+        rows.push([format!("metadata.{key}"), value.clone()]);
+    }
+    let mut text = String::new();
+    for [field, value] in rows {
+        text.push_str(&output::line(&format!("{field}: {value}")));
+    }
+    text.push('\n');
+    text.push_str(&output::line(skill.body.trim_end()));
+    output::print(&text)
+}
+
+fn info_json(info: &SkillInfo) -> Value {
+    json!({
+        "name": info.name,
+        "description": info.description,
+        "source": info.source,
+        "scope": info.scope,
+        "shadowed": info.shadowed,
+        "dir": info.dir,
+        "license": (!info.license.is_empty()).then_some(&info.license),
+        "compatibility": (!info.compatibility.is_empty()).then_some(&info.compatibility),
+        "allowed_tools": info.allowed_tools,
+        "metadata": info.metadata,
+    })
+}
 
 /// Checks the skill in `dir`, or every skill directly under it; prints every
 /// finding with its file and field. Exit 2 when any skill has an error.

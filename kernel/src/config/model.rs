@@ -20,7 +20,8 @@
 //!                    "subtask_timeout_seconds": 120, "worker_model": "mini" },
 //!   "web": { "allow_private_networks": false, "allow_addresses": ["10.0.0.7"],
 //!            "max_bytes": 2097152, "timeout_seconds": 30, "max_redirects": 5 },
-//!   "skills": { "catalogue_tokens": 4000, "active_tokens": 16000 }
+//!   "skills": { "catalogue_tokens": 4000, "active_tokens": 16000 },
+//!   "budget_in_prompt": true
 //! }
 //! ```
 
@@ -87,6 +88,7 @@ pub(super) struct RawToolAgent {
     web: Option<Value>,
     shell: Option<Value>,
     skills: Option<Value>,
+    budget_in_prompt: bool,
 }
 
 impl Default for RawToolAgent {
@@ -99,6 +101,7 @@ impl Default for RawToolAgent {
             web: None,
             shell: None,
             skills: None,
+            budget_in_prompt: agent.budget_in_prompt,
         }
     }
 }
@@ -307,6 +310,7 @@ pub(super) fn tool_agent(
         max_completion_tokens: sizes.max_completion_tokens,
         max_tool_result_bytes: raw.max_tool_result_bytes,
         provider: String::new(),
+        budget_in_prompt: raw.budget_in_prompt,
         ..AgentSettings::default()
     };
     super::skills::prompt(raw.skills.as_ref(), &mut agent, issues);

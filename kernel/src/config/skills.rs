@@ -35,10 +35,7 @@ pub(super) fn dirs(
     if entries.len() > MAX_DIRS {
         issues.push(ConfigIssue::new(
             location,
-            format!(
-                "names {} directories; at most {MAX_DIRS}",
-                entries.len()
-            ),
+            format!("names {} directories; at most {MAX_DIRS}", entries.len()),
         ));
         return Vec::new();
     }
@@ -92,7 +89,11 @@ impl Default for RawPrompt {
 }
 
 /// Parses `tool_agent.skills` into `agent`.
-pub(super) fn prompt(value: Option<&Value>, agent: &mut AgentSettings, issues: &mut Vec<ConfigIssue>) {
+pub(super) fn prompt(
+    value: Option<&Value>,
+    agent: &mut AgentSettings,
+    issues: &mut Vec<ConfigIssue>,
+) {
     let raw = section::<RawPrompt>(value, "tool_agent.skills", issues).value;
     in_range(
         raw.catalogue_tokens,

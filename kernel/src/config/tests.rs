@@ -1831,3 +1831,53 @@ fn the_dashboard_is_on_beside_a_loopback_control_plane_unless_told_otherwise() {
     };
     assert_eq!(off.address(at("127.0.0.1:50051")), None);
 }
+
+#[test]
+fn skill_directories_resolve_beside_the_config_and_tool_lists_select_skills() {
+    let fixture = Fixture::new();
+    let config = fixture
+        .load(
+            r#"{"kernel": {"skills": ["../skills", "/srv/skills"]},
+                "tool_agent": {"skills": {"catalogue_tokens": 900}},
+                "agents": [
+                  {"name": "ops", "tools": ["skills"], "skills": ["../ops-skills"]},
+                  {"name": "one", "tools": ["skill:triage-build", "read_file"]}
+                ]}"#,
+        )
+        .unwrap();
+    let configs = fixture.root().join("configs");
+    assert_eq!(
+        config.kernel.skills,
+        [configs.join("../skills"), PathBuf::from("/srv/skills")]
+    );
+    assert_eq!(config.agents[0].skills, [configs.join("../ops-skills")]);
+    assert!(config.agents[1].skills.is_empty());
+    assert_eq!(config.agent.skill_catalogue_tokens, 900);
+    assert_eq!(config.agent.skill_active_tokens, 16_000);
+    let request = crate::daemon::spawn_request(&config.agents[0]);
+    assert_eq!(request.skills, config.agents[0].skills);
+}
+
+#[test]
+fn skill_mistakes_are_all_reported_where_they_are() {
+    let issues = issues(
+        r#"{"kernel": {"skills": ["a", "", "a"]},
+            "tool_agent": {"skills": {"catalogue_tokens": 5, "active": 1}},
+            "agents": [
+              {"name": "x", "tools": ["skill:", "skill:a b", "skills", "skills"],
+               "skills": "not-a-list"}
+            ]}"#,
+    );
+    assert_issue(&issues, "kernel.skills[1]", &["must not be empty"]);
+    assert_issue(
+        &issues,
+        "kernel.skills[2]",
+        &["duplicate directory", "kernel.skills[0]"],
+    );
+    assert_issue(&issues, "tool_agent.skills.catalogue_tokens", &["100"]);
+    assert_issue(&issues, "tool_agent.skills.active", &["unknown field"]);
+    assert_issue(&issues, "agents[0] (x).tools[0]", &["skill name is empty"]);
+    assert_issue(&issues, "agents[0] (x).tools[1]", &["no spaces"]);
+    assert_issue(&issues, "agents[0] (x).tools[3]", &["duplicate tool"]);
+    assert_issue(&issues, "agents[0] (x).skills", &["sequence"]);
+}

@@ -95,7 +95,10 @@ impl Reloader {
             declared.map(|agent| (agent.name.as_str(), agent.skills.as_slice())),
         );
         let had_skills = !running.settings.skills.is_empty()
-            || running.agents.iter().any(|(agent, _)| !agent.skills.is_empty());
+            || running
+                .agents
+                .iter()
+                .any(|(agent, _)| !agent.skills.is_empty());
         if had_skills || !sources.is_empty() {
             report.skills = vec![self.kernel.reload_skills(sources)];
         }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::streams::{self, Stop};
-use super::{attach, convert, cron, inbox, mcp, reload, tokens, transcript};
+use super::{attach, convert, cron, inbox, mcp, reload, skills, tokens, transcript};
 use crate::events::EventView;
 use crate::kernel::{Caller, Kernel};
 use crate::otel::Span;
@@ -444,6 +444,20 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::ListMcpServersResponse> {
         caller(&request)?;
         Ok(Response::new(mcp::servers(&self.kernel)))
+    }
+
+    async fn list_skills(
+        &self,
+        request: Request<pb::ListSkillsRequest>,
+    ) -> Rpc<pb::ListSkillsResponse> {
+        let caller = caller(&request)?;
+        Ok(Response::new(skills::list(&self.kernel, caller)?))
+    }
+
+    async fn get_skill(&self, request: Request<pb::GetSkillRequest>) -> Rpc<pb::Skill> {
+        let caller = caller(&request)?;
+        let name = &request.get_ref().name;
+        Ok(Response::new(skills::get(&self.kernel, caller, name)?))
     }
 
     async fn list_mcp_tools(

@@ -261,7 +261,10 @@ fn skill_sources(
 ) -> crate::skills::Sources {
     let mut from_templates: Vec<&SpawnRequest> = templates.values().collect();
     from_templates.sort_by(|a, b| a.name.cmp(&b.name));
-    let requests = agents.iter().map(|agent| &agent.request).chain(from_templates);
+    let requests = agents
+        .iter()
+        .map(|agent| &agent.request)
+        .chain(from_templates);
     crate::skills::Sources::new(
         &settings.skills,
         requests.map(|request| (request.name.as_str(), request.skills.as_slice())),

@@ -1,0 +1,361 @@
+//! Skills end to end: real skill directories (two kernel directories with
+//! a name collision, an agent's own directory, a broken skill and one
+//! without a description), a `tool_agent` driven by a loopback model that
+//! sees the catalogue, activates a skill, reads its files (and is refused
+//! a traversal, a symlink out and a file outside its folders), who sees
+//! what, and `skills ls` / `skills show` / a reload on the real binary.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hivekernel_agents::tool_agent::AgentSettings;
+use hivekernel_agents::tools::ToolSettings;
+use hivekernel_agents::{ErrorKind, Pid, Role, SpawnRequest};
+use hivekernel_kernel::kernel::Declared;
+use hivekernel_kernel::{Caller, Kernel};
+use hivekernel_tests::binary::Binary;
+use hivekernel_tests::llm_server::{LlmServer, Scripted, system_message, tool_results};
+use hivekernel_tests::{agent_registry, granting_all, run_task, test_settings};
+use serde_json::{Value, json};
+
+/// Writes `<dir>/<name>/SKILL.md` with `text`; answers the skill's directory.
+fn skill(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let at = dir.join(name);
+    std::fs::create_dir_all(&at).unwrap();
+    std::fs::write(at.join("SKILL.md"), text).unwrap();
+    at
+}
+
+/// The directories of one test: `shared` and `team` (the kernel's, in that
+/// order), `ops` (an agent's), and a secret outside them all.
+struct Skills {
+    _root: tempfile::TempDir,
+    shared: PathBuf,
+    team: PathBuf,
+    ops: PathBuf,
+}
+
+fn skill_dirs() -> Skills {
+    let root = tempfile::tempdir().unwrap();
+    let base = root.path().canonicalize().unwrap();
+    let (shared, team, ops) = (base.join("shared"), base.join("team"), base.join("ops"));
+    skill(
+        &shared,
+        "deploy",
+        "---\nname: deploy\ndescription: Deploy (the old way).\n---\nOld steps.\n",
+    );
+    skill(
+        &shared,
+        "triage",
+        "---\nname: triage\ndescription: Triage a failing build.\n---\nRead the log first.\n",
+    );
+    skill(&shared, "broken", "---\nname: [broken\n---\nbody\n");
+    skill(&shared, "nodesc", "---\nname: nodesc\n---\nbody\n");
+    let deploy = skill(
+        &team,
+        "deploy",
+        "---\nname: deploy\ndescription: >\n  Deploy the service\n  to production.\nlicense: MIT\n\
+         metadata:\n  owner: platform\n---\n1. Run the checklist in references/checklist.md.\n\
+         2. Ship it with scripts/ship.sh.\n",
+    );
+    std::fs::create_dir_all(deploy.join("references")).unwrap();
+    std::fs::create_dir_all(deploy.join("scripts")).unwrap();
+    std::fs::write(deploy.join("references/checklist.md"), "CHECKLIST-42\n").unwrap();
+    std::fs::write(deploy.join("scripts/ship.sh"), "#!/bin/sh\necho shipped\n").unwrap();
+    std::fs::write(base.join("secret.txt"), "TOP-SECRET\n").unwrap();
+    std::os::unix::fs::symlink(base.join("secret.txt"), deploy.join("references/escape.md"))
+        .unwrap();
+    skill(
+        &ops,
+        "rotate-keys",
+        "---\nname: rotate-keys\ndescription: Rotate the signing keys.\n---\nRotate them.\n",
+    );
+    Skills {
+        _root: root,
+        shared,
+        team,
+        ops,
+    }
+}
+
+fn agent(name: &str, tools: &[&str]) -> SpawnRequest {
+    let mut request = SpawnRequest::new(Pid::KERNEL, name);
+    request.role = Role::Agent;
+    request.model = "test-model".into();
+    request.runtime = Some("tool_agent".into());
+    request.tools = tools.iter().map(|t| (*t).to_owned()).collect();
+    request
+}
+
+/// A kernel with `shared` and `team` as its skill directories, and two
+/// config agents: `ops` (tools `skills`, its own directory `ops`) and
+/// `worker` (tool `skill:triage`). Answers the kernel and their PIDs.
+async fn kernel(skills: &Skills, llm: &LlmServer) -> (Kernel, Pid, Pid) {
+    let mut settings = granting_all(test_settings(), &[Role::Agent]);
+    settings.skills = vec![skills.shared.clone(), skills.team.clone()];
+    let (registry, _) = agent_registry(AgentSettings::default(), &ToolSettings::default());
+    let mut ops = agent("ops", &["skills", "spawn_child"]);
+    ops.skills = vec![skills.ops.clone()];
+    let worker = agent("worker", &["skill:triage", "spawn_child"]);
+    let started = Kernel::builder(settings)
+        .runtimes(registry)
+        .llm(Arc::new(llm.provider()))
+        .agents(vec![Declared::new(ops), Declared::new(worker)])
+        .start()
+        .await
+        .unwrap();
+    (started.kernel, started.agents[0], started.agents[1])
+}
+
+fn names(kernel: &Kernel, pid: Pid) -> Vec<String> {
+    kernel
+        .skills_for(Caller::Process(pid))
+        .unwrap()
+        .iter()
+        .map(|entry| entry.skill.name.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_sees_the_catalogue_activates_a_skill_and_reads_only_its_files() {
+    let skills = skill_dirs();
+    let view = |name: &str| json!({ "name": name }).to_string();
+    let read = |path: &str| json!({ "name": "deploy", "path": path }).to_string();
+    let llm = LlmServer::start(vec![
+        Scripted::tool_calls(&[("c1", "skill_view", &view("deploy"))]),
+        Scripted::tool_calls(&[
+            ("c2", "skill_read", &read("references/checklist.md")),
+            ("c3", "skill_read", &read("references/../../secret.txt")),
+            ("c4", "skill_read", &read("references/escape.md")),
+            ("c5", "skill_read", &read("SKILL.md")),
+            ("c6", "skill_view", &view("nope")),
+            ("c7", "skill_read", &read("/etc/passwd")),
+        ]),
+        Scripted::content("deployed"),
+    ])
+    .await;
+    let (kernel, ops, _) = kernel(&skills, &llm).await;
+    let answer = run_task(&kernel, ops, "deploy the service").await.unwrap();
+    assert_eq!(answer, "deployed");
+
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3);
+    // The catalogue: the later kernel directory's deploy, the agent's own
+    // skill, no broken skill.
+    let first = system_message(&requests[0]);
+    assert!(
+        first.contains("- deploy: Deploy the service to production."),
+        "{first}"
+    );
+    assert!(
+        first.contains("- triage: Triage a failing build."),
+        "{first}"
+    );
+    assert!(
+        first.contains("- rotate-keys: Rotate the signing keys."),
+        "{first}"
+    );
+    assert!(!first.contains("the old way"), "{first}");
+    assert!(
+        !first.contains("broken") && !first.contains("nodesc"),
+        "{first}"
+    );
+    assert!(!first.contains("### Skill: deploy"), "{first}");
+    let view_tool = requests[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "skill_view")
+        .unwrap();
+    assert_eq!(
+        view_tool["function"]["parameters"]["properties"]["name"]["enum"],
+        json!(["deploy", "rotate-keys", "triage"])
+    );
+
+    // Activated: the instructions are in the system prompt from the next call on.
+    let viewed = &tool_results(&requests[1])[0];
+    assert!(viewed.contains("Skill deploy is active"), "{viewed}");
+    assert!(
+        viewed.contains("references/checklist.md") && viewed.contains("scripts/ship.sh"),
+        "{viewed}"
+    );
+    for later in &requests[1..] {
+        let system = system_message(later);
+        assert!(system.contains("### Skill: deploy"), "{system}");
+        assert!(
+            system.contains("2. Ship it with scripts/ship.sh."),
+            "{system}"
+        );
+    }
+
+    let results = tool_results(&requests[2]);
+    assert_eq!(results[1], "CHECKLIST-42\n");
+    assert!(
+        results[2].contains("refused") && results[2].contains(".."),
+        "traversal: {}",
+        results[2]
+    );
+    assert!(
+        results[3].contains("refused") && !results[3].contains("TOP-SECRET"),
+        "symlink: {}",
+        results[3]
+    );
+    assert!(
+        results[4].contains("references/, assets/ or scripts/"),
+        "{}",
+        results[4]
+    );
+    assert!(
+        results[5].contains("no skill \"nope\" is available"),
+        "{}",
+        results[5]
+    );
+    assert!(results[6].contains("refused"), "{}", results[6]);
+    assert!(results.iter().all(|r| !r.contains("TOP-SECRET")));
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_process_sees_what_its_tool_list_and_its_tree_give_it() {
+    let skills = skill_dirs();
+    let llm = LlmServer::start(Vec::new()).await;
+    let (kernel, ops, worker) = kernel(&skills, &llm).await;
+    assert_eq!(names(&kernel, ops), ["deploy", "rotate-keys", "triage"]);
+    assert_eq!(names(&kernel, worker), ["triage"]);
+    let plain = kernel
+        .spawn(Caller::Admin, agent("plain", &[]))
+        .await
+        .unwrap();
+    assert!(names(&kernel, plain).is_empty());
+
+    // A child inherits its parent's directories, narrowed to its own list.
+    let child = kernel
+        .spawn(Caller::Process(ops), {
+            let mut request = agent("ops-child", &["skill:rotate-keys"]);
+            request.parent = ops;
+            request
+        })
+        .await
+        .unwrap();
+    assert_eq!(names(&kernel, child), ["rotate-keys"]);
+    // A child never gets more skills than its parent.
+    let mut wider = agent("wider", &["skills"]);
+    wider.parent = worker;
+    let refused = kernel
+        .spawn(Caller::Process(worker), wider)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("skills"), "{refused}");
+
+    // The operator's view: every skill, the shadowed one marked, and the
+    // skipped ones with their file and field.
+    let (listed, problems) = kernel.skill_listing(Caller::Admin).unwrap();
+    let rows: Vec<(String, bool, Vec<String>)> = listed
+        .iter()
+        .map(|l| (l.entry.skill.name.clone(), l.shadowed, l.scope.clone()))
+        .collect();
+    let kernel_scope = vec!["kernel".to_owned()];
+    assert_eq!(
+        rows,
+        [
+            ("deploy".to_owned(), true, kernel_scope.clone()),
+            ("deploy".to_owned(), false, kernel_scope.clone()),
+            ("rotate-keys".to_owned(), false, vec!["ops".to_owned()]),
+            ("triage".to_owned(), false, kernel_scope),
+        ]
+    );
+    let problem = |dir: &str| {
+        problems
+            .iter()
+            .find(|p| p.path.ends_with(format!("{dir}/SKILL.md")))
+            .unwrap_or_else(|| panic!("no problem for {dir}: {problems:?}"))
+    };
+    assert!(problem("broken").skipped);
+    assert!(problem("nodesc").skipped);
+    assert!(
+        problem("nodesc").message.starts_with("description:"),
+        "{problems:?}"
+    );
+    assert!(
+        kernel.skill_listing(Caller::Process(ops)).is_err(),
+        "a process lists only its own skills"
+    );
+
+    let winner = kernel.skill(Caller::Admin, "deploy").unwrap();
+    assert!(winner.skill.dir.starts_with(&skills.team));
+    let hidden = kernel.skill(Caller::Process(worker), "deploy").unwrap_err();
+    assert_eq!(hidden.kind(), ErrorKind::NotFound);
+    assert!(hidden.to_string().contains("\"deploy\""), "{hidden}");
+    kernel.shutdown().await;
+}
+
+fn config(skills: &Skills) -> Value {
+    json!({
+        "kernel": { "skills": [skills.shared, skills.team] },
+        "agents": [
+            { "name": "ops", "role": "agent", "tools": ["skills"], "skills": [skills.ops] }
+        ]
+    })
+}
+
+#[test]
+fn skills_ls_show_and_a_reload_on_the_real_binary() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let skills = skill_dirs();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config(&skills).to_string()).unwrap();
+    let kernel = Binary::start(&bin, dir.path());
+    let log = kernel.log();
+    assert!(
+        log.contains("nodesc"),
+        "a skipped skill is warned about: {log}"
+    );
+
+    let table = kernel.cli(&["skills", "ls"]);
+    assert!(table.contains("deploy (shadowed)"), "{table}");
+    assert!(
+        table.contains("rotate-keys") && table.contains("ops"),
+        "{table}"
+    );
+    assert!(table.contains("skipped:"), "{table}");
+    let listed = kernel.json(&["skills", "ls", "--json"]);
+    assert_eq!(listed["skills"].as_array().unwrap().len(), 4);
+
+    let shown = kernel.cli(&["skills", "show", "deploy"]);
+    assert!(
+        shown.contains("description: Deploy the service to production."),
+        "{shown}"
+    );
+    assert!(shown.contains("license: MIT"), "{shown}");
+    assert!(shown.contains("metadata.owner: platform"), "{shown}");
+    assert!(
+        shown.contains("2. Ship it with scripts/ship.sh."),
+        "{shown}"
+    );
+    let missing = kernel
+        .command(&["skills", "show", "nope"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("no loaded skill is named \"nope\""), "{said}");
+
+    // A new skill on disk is seen after a reload.
+    skill(
+        &skills.team,
+        "postmortem",
+        "---\nname: postmortem\ndescription: Write a postmortem.\n---\nBlameless.\n",
+    );
+    let reload = kernel.cli(&["config", "reload"]);
+    assert!(
+        reload.contains("SKILLS") && reload.contains("5 loaded"),
+        "{reload}"
+    );
+    let listed = kernel.json(&["skills", "ls", "--json"]);
+    assert_eq!(listed["skills"].as_array().unwrap().len(), 5);
+}
