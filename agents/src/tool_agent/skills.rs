@@ -276,7 +276,7 @@ fn decode<T: serde::de::DeserializeOwned>(
     tool: &str,
     args: serde_json::Value,
 ) -> Result<T, String> {
-    serde_json::from_value(args).map_err(|err| format!("bad arguments for {tool}: {err}"))
+    serde_json::from_value(args).map_err(|err| format!("invalid arguments for {tool}: {err}"))
 }
 
 /// `skill_view` and `skill_read` over `catalogue`'s names; none when it is empty.

@@ -8,9 +8,13 @@ use std::fmt::Write as _;
 use async_trait::async_trait;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, refused};
+use super::{Tool, ToolContext, ToolError, decode, refused};
 use crate::capability::Capability;
 use crate::process::ProcessInfo;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
 
 /// The `budget` tool.
 #[derive(Debug)]
@@ -37,8 +41,9 @@ impl Tool for Budget {
     async fn call(
         &self,
         ctx: &ToolContext<'_>,
-        _args: serde_json::Value,
+        args: serde_json::Value,
     ) -> Result<String, ToolError> {
+        let NoArgs {} = decode(self, args)?;
         let me = ctx.process.pid;
         let info = ctx
             .process
