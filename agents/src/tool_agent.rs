@@ -77,6 +77,9 @@ use crate::transcript::{InputSource, TurnRecord};
 use mcp::{McpSelection, Offered};
 use skills::Shelf;
 
+/// The tools a tool list's skill entries give (`skill_view`, `skill_read`).
+pub const SKILL_TOOLS: [&str; 2] = [skills::VIEW, skills::READ];
+
 /// Retries of one model call after the provider says the context is too long.
 pub const CONTEXT_RETRIES: u32 = 3;
 
@@ -703,14 +706,17 @@ impl ToolAgent {
         };
         if self.toolset.skills {
             // The last call's shelf already holds this turn's activations.
-            let active = shelf.active_names();
             let changed = {
                 let mut kept = conversation.skills.lock();
-                let changed = *kept != active;
-                *kept = active.clone();
-                changed
+                match shelf.kept(&kept) {
+                    Some(active) if *kept != active => {
+                        *kept = active.clone();
+                        Some(active)
+                    }
+                    _ => None,
+                }
             };
-            if changed {
+            if let Some(active) = changed {
                 let json = serde_json::Value::from(active).to_string();
                 if let Err(err) = ctx.syscalls.save_state(SKILLS_KEY, Some(json)).await {
                     tracing::warn!(pid = %ctx.pid, error = %err, "active skills not saved");

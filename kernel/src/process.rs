@@ -39,9 +39,9 @@ pub(crate) struct ProcShared {
     /// Tool calls that need a person's approval: its role's, its own and
     /// its parent's rules; `None`: none do.
     pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
-    /// Directories of skills it sees besides the kernel's: its config
-    /// agent's and its ancestors', in that order of precedence (the last
-    /// wins); `None`: only the kernel's.
+    /// Directories of skills it sees besides the kernel's: its ancestors',
+    /// oldest first, then its config agent's own (a later one's skill wins
+    /// over an earlier one's); `None`: only the kernel's.
     pub(crate) skill_dirs: Option<Arc<[std::path::PathBuf]>>,
     /// Model calls made through the kernel, their tokens and cost; rate limits.
     pub(crate) usage: Meter,

@@ -7,8 +7,8 @@
 //! description, a name that cannot address it) is skipped with a warning;
 //! a directory that does not exist is a warning. Nothing here fails a start.
 //!
-//! What a process sees is the kernel's directories, then its own and its
-//! ancestors' (a config agent's `skills`), merged by name: a later
+//! What a process sees is the kernel's directories, then its ancestors'
+//! and last its own (a config agent's `skills`), merged by name: a later
 //! directory's skill wins over an earlier one's. Within one directory two
 //! skills of one name keep the first by directory name.
 
@@ -93,8 +93,9 @@ pub(crate) struct Library {
     loaded: RwLock<Arc<Loaded>>,
 }
 
+/// The skills of one load: [`Loaded::read`], then [`Library::replace`].
 #[derive(Debug, Default)]
-struct Loaded {
+pub(crate) struct Loaded {
     sources: Sources,
     /// Each directory's skills, by name.
     dirs: HashMap<PathBuf, BTreeMap<String, SkillEntry>>,
@@ -112,14 +113,13 @@ impl Library {
     /// each problem.
     pub(crate) fn load(sources: Sources) -> Library {
         let library = Library::default();
-        library.replace(sources);
+        library.replace(Loaded::read(sources));
         library
     }
 
-    /// Loads `sources` again and puts them in place of what was loaded;
-    /// answers how many skills were loaded and the problems.
-    pub(crate) fn replace(&self, sources: Sources) -> (usize, Vec<Problem>) {
-        let loaded = Loaded::read(sources);
+    /// Puts `loaded` in place of what was loaded and logs its problems;
+    /// answers how many skills it holds and the problems.
+    pub(crate) fn replace(&self, loaded: Loaded) -> (usize, Vec<Problem>) {
         for problem in &loaded.problems {
             tracing::warn!(path = %problem.path.display(), skipped = problem.skipped, "skill: {}", problem.message);
         }
@@ -141,7 +141,9 @@ impl Library {
         let order = loaded.sources.kernel.iter().chain(dirs.iter());
         let merged = loaded.merge(order);
         let mut scoped = loaded.scoped.lock();
-        // Bounded by the config's agents; cleared by a reload.
+        // One entry per distinct directory list a process carries: the
+        // config agents' and their descendants' (restored ones included),
+        // a handful in practice; cleared by a reload.
         scoped.insert(dirs.clone(), merged.clone());
         merged
     }
@@ -205,7 +207,8 @@ impl Library {
 }
 
 impl Loaded {
-    fn read(sources: Sources) -> Loaded {
+    /// Reads every directory of `sources` (blocking).
+    pub(crate) fn read(sources: Sources) -> Loaded {
         let mut dirs = HashMap::new();
         let mut problems = Vec::new();
         for dir in sources.dirs() {

@@ -67,6 +67,8 @@ fn skill_dirs() -> Skills {
     std::fs::write(base.join("secret.txt"), "TOP-SECRET\n").unwrap();
     std::os::unix::fs::symlink(base.join("secret.txt"), deploy.join("references/escape.md"))
         .unwrap();
+    // A folder that is a link back into the skill: no way around the folders.
+    std::os::unix::fs::symlink(".", deploy.join("assets")).unwrap();
     skill(
         &ops,
         "rotate-keys",
@@ -132,6 +134,7 @@ async fn an_agent_sees_the_catalogue_activates_a_skill_and_reads_only_its_files(
             ("c5", "skill_read", &read("SKILL.md")),
             ("c6", "skill_view", &view("nope")),
             ("c7", "skill_read", &read("/etc/passwd")),
+            ("c8", "skill_read", &read("assets/SKILL.md")),
         ]),
         Scripted::content("deployed"),
     ])
@@ -181,6 +184,10 @@ async fn an_agent_sees_the_catalogue_activates_a_skill_and_reads_only_its_files(
         viewed.contains("references/checklist.md") && viewed.contains("scripts/ship.sh"),
         "{viewed}"
     );
+    assert!(
+        !viewed.contains("assets/"),
+        "a linked folder is not listed: {viewed}"
+    );
     for later in &requests[1..] {
         let system = system_message(later);
         assert!(system.contains("### Skill: deploy"), "{system}");
@@ -203,7 +210,7 @@ async fn an_agent_sees_the_catalogue_activates_a_skill_and_reads_only_its_files(
         results[3]
     );
     assert!(
-        results[4].contains("references/, assets/ or scripts/"),
+        results[4].contains("not inside references/, assets/, scripts/"),
         "{}",
         results[4]
     );
@@ -213,6 +220,11 @@ async fn an_agent_sees_the_catalogue_activates_a_skill_and_reads_only_its_files(
         results[5]
     );
     assert!(results[6].contains("refused"), "{}", results[6]);
+    assert!(
+        results[7].contains("refused") && results[7].contains("not inside"),
+        "{}",
+        results[7]
+    );
     assert!(results.iter().all(|r| !r.contains("TOP-SECRET")));
     kernel.shutdown().await;
 }

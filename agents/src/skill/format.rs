@@ -11,6 +11,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use yaml_rust2::parser::{Event, EventReceiver, Parser};
 use yaml_rust2::{Yaml, YamlLoader};
 
 use super::Skill;
@@ -275,6 +276,17 @@ impl Checker {
 
     /// The frontmatter as a mapping, or `None` (with an error) when it is not one.
     fn frontmatter(&mut self, front: &str) -> Option<Vec<(Yaml, Yaml)>> {
+        // The loader copies an alias's whole node, so a few hundred bytes
+        // of nested aliases would expand to billions of nodes.
+        if has_aliases(front) {
+            self.error(
+                None,
+                "anchors and aliases (`&name`, `*name`) are not read in skill frontmatter: \
+                 write each value out"
+                    .to_owned(),
+            );
+            return None;
+        }
         let parsed = match YamlLoader::load_from_str(front) {
             Ok(docs) => docs,
             Err(err) => match self.strictness {
@@ -491,6 +503,20 @@ fn quoted(front: &str) -> String {
 }
 
 /// A scalar's text; `None` for a mapping, a list or null.
+/// Whether the YAML in `text` uses an alias; text that does not parse has
+/// none (the loader reports it).
+fn has_aliases(text: &str) -> bool {
+    struct Aliases(bool);
+    impl EventReceiver for Aliases {
+        fn on_event(&mut self, event: Event) {
+            self.0 |= matches!(event, Event::Alias(_));
+        }
+    }
+    let mut found = Aliases(false);
+    let _ = Parser::new_from_str(text).load(&mut found, true);
+    found.0
+}
+
 fn scalar(value: &Yaml) -> Option<String> {
     match value {
         Yaml::String(text) | Yaml::Real(text) => Some(text.clone()),
@@ -707,6 +733,26 @@ mod tests {
         let lenient = parsed("s/a", text, Strictness::Lenient).skill.unwrap();
         assert_eq!(lenient.allowed_tools, ["web_fetch", "shell_exec"]);
         assert_eq!(lenient.metadata, [("ok".to_owned(), "yes".to_owned())]);
+    }
+
+    #[test]
+    fn aliases_are_refused_before_they_can_expand() {
+        let mut bomb = String::from("---\nname: bomb\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..30 {
+            let prev = i - 1;
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}]\n"
+            ));
+        }
+        bomb.push_str("description: d\n---\nbody\n");
+        for strictness in [Strictness::Lenient, Strictness::Strict] {
+            let read = parsed("bomb", &bomb, strictness);
+            assert!(read.skill.is_none());
+            assert!(
+                messages(&read)[0].contains("anchors and aliases"),
+                "{read:?}"
+            );
+        }
     }
 
     #[test]

@@ -94,9 +94,23 @@ impl Shelf {
         }
     }
 
-    /// The names of the active skills, oldest activation first.
-    pub(super) fn active_names(&self) -> Vec<String> {
-        self.active.iter().map(|s| s.name.clone()).collect()
+    /// What a daemon keeps active after a turn, oldest first: the active
+    /// skills, after the `remembered` ones the catalogue lacks now (a
+    /// reload may bring them back); `None` when the kernel gave no
+    /// catalogue, so nothing is known to have changed.
+    pub(super) fn kept(&self, remembered: &[String]) -> Option<Vec<String>> {
+        if self.unavailable.is_some() {
+            return None;
+        }
+        let missing = remembered
+            .iter()
+            .filter(|name| find(&self.catalogue, name).is_none())
+            .cloned();
+        Some(
+            missing
+                .chain(self.active.iter().map(|s| s.name.clone()))
+                .collect(),
+        )
     }
 
     /// The schemas of `skill_view` and `skill_read`; none when no skill is offered.
@@ -229,17 +243,10 @@ impl Shelf {
     async fn read(&self, args: serde_json::Value) -> Result<String, String> {
         let args: ReadArgs = decode(READ, args)?;
         let skill = self.entry(&args.name)?.skill.clone();
-        let first = args.path.split('/').find(|p| !p.is_empty() && *p != ".");
-        if !first.is_some_and(|first| READABLE.contains(&first)) {
-            return Err(format!(
-                "path {} refused: skill_read reads files under references/, assets/ or scripts/",
-                crate::text::quoted(&args.path, 256)
-            ));
-        }
         let path = args.path.clone();
         let dir = skill.dir.clone();
         let (bytes, total) = crate::tools::workspace::blocking(move || {
-            crate::tools::workspace::read_beneath(&dir, &path, READ_LIMIT)
+            crate::tools::workspace::read_beneath(&dir, &path, &READABLE, READ_LIMIT)
         })
         .await
         .map_err(|err| err.to_string())?;
@@ -276,7 +283,10 @@ fn decode<T: serde::de::DeserializeOwned>(
     tool: &str,
     args: serde_json::Value,
 ) -> Result<T, String> {
-    serde_json::from_value(args).map_err(|err| format!("invalid arguments for {tool}: {err}"))
+    serde_json::from_value(args).map_err(|err| {
+        // serde may quote the bad value, which the model may have made huge.
+        crate::text::cut(format!("invalid arguments for {tool}: {err}"), 1024)
+    })
 }
 
 /// `skill_view` and `skill_read` over `catalogue`'s names; none when it is empty.
@@ -329,7 +339,8 @@ fn find<'a>(catalogue: &'a Catalogue, name: &str) -> Option<&'a SkillEntry> {
 
 /// The skills of `names` (oldest activation first) still in `catalogue`
 /// whose instructions fit in `room` tokens, newest first in, and those
-/// that do not fit; both oldest first. The newest always fits.
+/// that do not fit; both oldest first. The newest is always kept, cut to
+/// the room when it alone is larger.
 fn pick(catalogue: &Catalogue, names: &[String], room: u64) -> (Vec<Arc<Skill>>, Vec<String>) {
     let mut active = Vec::new();
     let mut dropped = Vec::new();
@@ -339,9 +350,16 @@ fn pick(catalogue: &Catalogue, names: &[String], room: u64) -> (Vec<Arc<Skill>>,
             continue;
         };
         let cost = tokens(&entry.skill.body) + 8;
-        if active.is_empty() || used + cost <= room {
+        if used + cost <= room {
             used += cost;
             active.push(entry.skill.clone());
+        } else if active.is_empty() {
+            // The newest alone is over the room: its start, cut to fit.
+            let mut cut = Skill::clone(&entry.skill);
+            let bytes = usize::try_from(room.saturating_sub(8) * 4).unwrap_or(usize::MAX);
+            cut.body = crate::text::cut(cut.body, bytes);
+            used = room;
+            active.push(Arc::new(cut));
         } else {
             dropped.push(name.clone());
         }
@@ -372,12 +390,13 @@ fn activated(messages: &[ChatMessage]) -> Vec<String> {
 }
 
 /// The files under a skill's readable folders, relative to it, sorted;
-/// symlinks are not followed.
+/// symlinks are not followed (a folder that is a link is left out).
 fn files(dir: &std::path::Path) -> Vec<String> {
     let mut found = Vec::new();
     let mut pending: Vec<(std::path::PathBuf, String)> = READABLE
         .iter()
         .map(|name| (dir.join(name), (*name).to_owned()))
+        .filter(|(path, _)| std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()))
         .collect();
     while let Some((path, shown)) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&path) else {
@@ -470,12 +489,33 @@ mod tests {
             (kept(&active), dropped),
             (vec!["b".to_owned()], names(&["a"]))
         );
-        // The newest is kept even when it alone is over the room.
+        // The newest is kept even when it alone is over the room, cut to it.
         let (active, dropped) = pick(&catalogue, &names(&["a", "c"]), 150);
         assert_eq!(
             (kept(&active), dropped),
             (vec!["c".to_owned()], names(&["a"]))
         );
+        assert!(active[0].body.len() <= 150 * 4, "{}", active[0].body.len());
+        assert!(active[0].body.starts_with("bbbb"));
+    }
+
+    #[test]
+    fn a_daemon_keeps_what_the_catalogue_lacks_and_changes_nothing_when_it_has_none() {
+        let shelf = Shelf {
+            catalogue: catalogue(&[("a", "A", 10), ("b", "B", 10)]),
+            active: vec![catalogue(&[("b", "B", 10)])[0].skill.clone()],
+            ..Shelf::default()
+        };
+        let remembered = ["gone".to_owned(), "a".to_owned()];
+        assert_eq!(
+            shelf.kept(&remembered),
+            Some(vec!["gone".to_owned(), "b".to_owned()])
+        );
+        let unavailable = Shelf {
+            unavailable: Some("the kernel is stopping".into()),
+            ..Shelf::default()
+        };
+        assert_eq!(unavailable.kept(&remembered), None);
     }
 
     #[test]

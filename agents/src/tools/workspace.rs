@@ -77,14 +77,24 @@ pub fn register(registry: &mut ToolRegistry, shell: ShellSettings) {
 
 /// Reads up to `limit` bytes of the file at `path` under `dir`, confined
 /// as the file tools are (no `..`, no absolute path, no symlink leading
-/// out, none swapped in); answers the bytes and the file's size. Blocking.
+/// out, none swapped in), and, with symlinks resolved, inside one of the
+/// folders `under`; answers the bytes and the file's size. Blocking.
 pub(crate) fn read_beneath(
     dir: &Path,
     path: &str,
+    under: &[&str],
     limit: u64,
 ) -> Result<(Vec<u8>, u64), ToolError> {
     let root = beneath::Root::existing(dir)?;
     let target = path::resolve(root.path(), path)?;
+    let first = target.names.first().and_then(|name| name.to_str());
+    if !first.is_some_and(|first| under.contains(&first)) {
+        let folders: Vec<String> = under.iter().map(|f| format!("{f}/")).collect();
+        return Err(path::refused(
+            path,
+            &format!("it is not inside {}", folders.join(", ")),
+        ));
+    }
     let chunk = root.read(&target, 0, limit)?;
     Ok((chunk.bytes, chunk.total))
 }

@@ -39,7 +39,8 @@ pub(super) fn dirs(
         ));
         return Vec::new();
     }
-    let mut resolved: Vec<PathBuf> = Vec::new();
+    // With each one's index in `entries`, for the duplicate message.
+    let mut resolved: Vec<(usize, PathBuf)> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let here = format!("{location}[{i}]");
         let path = match entry.strip_prefix("~/") {
@@ -58,16 +59,16 @@ pub(super) fn dirs(
         let Some(path) = path else {
             continue;
         };
-        if let Some(first) = resolved.iter().position(|seen| *seen == path) {
+        if let Some((first, _)) = resolved.iter().find(|(_, seen)| *seen == path) {
             issues.push(ConfigIssue::new(
                 here,
                 format!("duplicate directory {entry:?} (also {location}[{first}])"),
             ));
             continue;
         }
-        resolved.push(path);
+        resolved.push((i, path));
     }
-    resolved
+    resolved.into_iter().map(|(_, path)| path).collect()
 }
 
 /// `tool_agent.skills` as written.

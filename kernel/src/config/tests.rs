@@ -1861,18 +1861,18 @@ fn skill_directories_resolve_beside_the_config_and_tool_lists_select_skills() {
 #[test]
 fn skill_mistakes_are_all_reported_where_they_are() {
     let issues = issues(
-        r#"{"kernel": {"skills": ["a", "", "a"]},
+        r#"{"kernel": {"skills": ["", "a", "a"]},
             "tool_agent": {"skills": {"catalogue_tokens": 5, "active": 1}},
             "agents": [
               {"name": "x", "tools": ["skill:", "skill:a b", "skills", "skills"],
                "skills": "not-a-list"}
             ]}"#,
     );
-    assert_issue(&issues, "kernel.skills[1]", &["must not be empty"]);
+    assert_issue(&issues, "kernel.skills[0]", &["must not be empty"]);
     assert_issue(
         &issues,
         "kernel.skills[2]",
-        &["duplicate directory", "kernel.skills[0]"],
+        &["duplicate directory", "kernel.skills[1]"],
     );
     assert_issue(&issues, "tool_agent.skills.catalogue_tokens", &["100"]);
     assert_issue(&issues, "tool_agent.skills.active", &["unknown field"]);
@@ -1880,4 +1880,18 @@ fn skill_mistakes_are_all_reported_where_they_are() {
     assert_issue(&issues, "agents[0] (x).tools[1]", &["no spaces"]);
     assert_issue(&issues, "agents[0] (x).tools[3]", &["duplicate tool"]);
     assert_issue(&issues, "agents[0] (x).skills", &["sequence"]);
+}
+
+#[test]
+fn approval_rules_name_the_skill_tools_not_skill_entries() {
+    let issues = issues(
+        r#"{"agents": [{"name": "x", "tools": ["skills"],
+              "approval": [{"tool": "skill_read"}, {"tool": "skills"}]}]}"#,
+    );
+    assert_issue(
+        &issues,
+        "agents[0] (x).approval[1].tool",
+        &["selects skills", "skill_view"],
+    );
+    assert_eq!(issues.len(), 1, "{issues:#?}");
 }

@@ -491,6 +491,18 @@ impl<'a> Context<'a> {
     ) {
         for (i, rule) in rules.iter().enumerate() {
             let mut found = Vec::new();
+            if SkillSelector::parse(&rule.tool).is_some() {
+                let message = format!(
+                    "{:?} selects skills, it is no tool call: name the skill tools \
+                     (\"skill_view\", \"skill_read\") to approve their calls",
+                    rule.tool
+                );
+                issues.push(ConfigIssue::new(format!("{location}[{i}].tool"), message));
+                continue;
+            }
+            if hivekernel_agents::tool_agent::SKILL_TOOLS.contains(&rule.tool.as_str()) {
+                continue;
+            }
             self.check_tools(std::slice::from_ref(&rule.tool), "", &mut found);
             for issue in found {
                 issues.push(ConfigIssue::new(

@@ -89,18 +89,25 @@ impl Reloader {
         // Before the agents: one restarted for its role's sake gets the new one.
         report.roles = self.kernel.reload_roles(settings.roles.clone());
         let old_roles = std::mem::replace(&mut running.settings.roles, settings.roles);
-        let declared = config.agents.iter().chain(&config.templates);
+        // Templates are read once at start (a change needs a restart), so
+        // cron children keep the directories of the templates running now.
+        let declared = config.agents.iter().chain(&running.started.templates);
         let sources = crate::skills::Sources::new(
             &settings.skills,
             declared.map(|agent| (agent.name.as_str(), agent.skills.as_slice())),
         );
         let had_skills = !running.settings.skills.is_empty()
             || running
+                .started
+                .templates
+                .iter()
+                .any(|t| !t.skills.is_empty())
+            || running
                 .agents
                 .iter()
                 .any(|(agent, _)| !agent.skills.is_empty());
         if had_skills || !sources.is_empty() {
-            report.skills = vec![self.kernel.reload_skills(sources)];
+            report.skills = vec![self.kernel.reload_skills(sources).await];
         }
         running.settings.skills = settings.skills.clone();
         report.agents = self.apply_agents(&mut running, &config, &old_roles).await;

@@ -43,9 +43,6 @@ pub(super) fn list(kernel: &Kernel, caller: Caller) -> Result<pb::ListSkillsResp
 }
 
 pub(super) fn get(kernel: &Kernel, caller: Caller, name: &str) -> Result<pb::Skill, Status> {
-    if name.is_empty() {
-        return Err(Status::invalid_argument("name must not be empty"));
-    }
     let entry = kernel.skill(caller, name)?;
     Ok(pb::Skill {
         info: Some(info(&entry, Vec::new(), false)),

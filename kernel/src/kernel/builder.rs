@@ -192,7 +192,14 @@ impl KernelBuilder {
         // A server's stderr is kept where exec agents' output is, when
         // the kernel keeps anything on disk.
         let mcp_logs = durable.then(|| settings.data_dir.join("logs"));
-        let skills = crate::skills::Library::load(skill_sources(&settings, &agents, &templates));
+        let sources = skill_sources(&settings, &agents, &templates);
+        // Blocking reads, off the async threads; a failure loads none.
+        let skills = tokio::task::spawn_blocking(move || crate::skills::Library::load(sources))
+            .await
+            .unwrap_or_else(|err| {
+                tracing::error!(error = %err, "the skills directories were not read");
+                crate::skills::Library::default()
+            });
         let kernel = Kernel::assemble(Parts {
             settings,
             runtimes,

@@ -50,9 +50,10 @@ impl Kernel {
         Ok(self.inner.skills().listing())
     }
 
-    /// Skill `name` as `caller` would use it: for an operator, the one a
-    /// process with every agent's directories would see last (the winner),
-    /// with where else it is defined; for a process, the one it sees.
+    /// Skill `name` as `caller` would use it: for a process, the one it
+    /// sees; for an operator, the one no other shadows (the kernel
+    /// directories' winner, or when only agents' directories hold it, the
+    /// first of them in config order).
     pub fn skill(&self, caller: Caller, name: &str) -> Result<SkillEntry> {
         if let Some(why) = hivekernel_agents::skill::name_problem(name) {
             return Err(KernelError::InvalidArgument(format!(
@@ -77,10 +78,19 @@ impl Kernel {
             .ok_or_else(|| unknown_skill(name, Pid::KERNEL))
     }
 
-    /// Loads the skills directories again (a config reload); reports the
-    /// count and each problem.
-    pub(crate) fn reload_skills(&self, sources: Sources) -> Change {
-        let (count, problems) = self.inner.skills().replace(sources);
+    /// Loads the skills directories again (a config reload), off the async
+    /// threads; reports the count and each problem.
+    pub(crate) async fn reload_skills(&self, sources: Sources) -> Change {
+        let loaded =
+            tokio::task::spawn_blocking(move || crate::skills::Loaded::read(sources)).await;
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(err) => {
+                return Change::new("skills", None, Outcome::Failed)
+                    .detail(format!("the skills directories were not read: {err}"));
+            }
+        };
+        let (count, problems) = self.inner.skills().replace(loaded);
         let skipped = problems.iter().filter(|p| p.skipped).count();
         let mut change = Change::new("skills", None, Outcome::Updated);
         change = change.detail(format!(
