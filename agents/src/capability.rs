@@ -40,6 +40,8 @@ named_enum!(
         /// Resolve its descendants' inbox requests: approve or deny their
         /// tool calls, answer their questions.
         ApproveRequests = "approve_requests",
+        /// Create, edit and delete skills in the kernel's store (`skill_manage`).
+        ManageSkills = "manage_skills",
     }
 );
 
@@ -178,6 +180,7 @@ mod tests {
                 Capability::BudgetAllocate,
                 Capability::McpTools,
                 Capability::ApproveRequests,
+                Capability::ManageSkills,
             ] {
                 assert!(!set.contains(risky), "{role} gets {risky} by default");
             }

@@ -7,8 +7,13 @@
 //! answers which of them a process may see ([`Syscalls::skills`](crate::Syscalls::skills));
 //! a tool list selects them with [`SkillSelector`] entries.
 //!
-//! Layout: `format` (reading and checking a `SKILL.md`), this file (the
-//! skill as loaded, where it came from, tool-list entries, finding skill
+//! Processes holding the `manage_skills` capability save skills of their
+//! own with `skill_manage`; the kernel keeps those in its store, versioned,
+//! and shows them by their [`SkillVisibility`].
+//!
+//! Layout: `format` (reading and checking a `SKILL.md`), `saved` (skills
+//! processes save: visibility, changes, versions), this file (the skill as
+//! loaded, where it came from, tool-list entries, finding skill
 //! directories).
 
 use std::fmt;
@@ -17,9 +22,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod format;
+mod saved;
 pub use format::{
     FIELDS, Finding, LONG_BODY, MAX_COMPATIBILITY, MAX_DESCRIPTION, MAX_FILE_BYTES, MAX_NAME, Read,
     SKILL_FILE, Severity, Strictness, parse, read,
+};
+pub use saved::{
+    Rewrite, Saved, SkillAction, SkillChange, SkillVersion, SkillVisibility, SkillWrite,
 };
 
 /// A skill as read from its directory.
@@ -37,7 +46,8 @@ pub struct Skill {
     pub extra: Vec<(String, serde_json::Value)>,
     /// The Markdown after the frontmatter, trimmed.
     pub body: String,
-    /// The skill's directory.
+    /// The skill's directory; for a saved skill, just its name (it has no
+    /// files besides its `SKILL.md`, which the store holds).
     pub dir: PathBuf,
 }
 
@@ -47,12 +57,29 @@ pub enum Source {
     /// A directory of skills named in the config (`kernel.skills`, or an
     /// agent's `skills`), as resolved.
     Dir(Arc<Path>),
+    /// Saved by a process with `skill_manage`, kept in the kernel's store.
+    Saved(Arc<Saved>),
+}
+
+impl Source {
+    /// The saved skill's record, when it is one.
+    pub fn saved(&self) -> Option<&Saved> {
+        match self {
+            Source::Saved(saved) => Some(saved),
+            Source::Dir(_) => None,
+        }
+    }
 }
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Source::Dir(dir) => write!(f, "{}", dir.display()),
+            Source::Saved(saved) => write!(
+                f,
+                "saved by process {} ({}), version {}",
+                saved.owner, saved.owner_name, saved.version
+            ),
         }
     }
 }

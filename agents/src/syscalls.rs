@@ -342,6 +342,17 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         Ok(std::sync::Arc::from([]))
     }
 
+    /// Creates, edits or deletes a skill in the kernel's store (the
+    /// `manage_skills` capability); returns the version written once
+    /// committed. The default refuses.
+    async fn manage_skill(
+        &self,
+        write: crate::skill::SkillWrite,
+    ) -> Result<crate::skill::SkillVersion, SyscallError> {
+        let _ = write;
+        Err(no_store("skills"))
+    }
+
     /// Stores an artifact owned by this process, replacing its artifact of
     /// the same name; returns once committed. The default refuses.
     async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {

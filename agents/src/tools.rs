@@ -25,6 +25,7 @@ pub mod human;
 pub mod memory;
 pub mod orchestrate;
 pub mod process;
+pub mod skill_manage;
 pub mod web;
 pub mod workspace;
 
@@ -152,6 +153,7 @@ impl ToolRegistry {
         memory::register(&mut registry);
         human::register(&mut registry);
         registry.register(Arc::new(budget::Budget));
+        registry.register(Arc::new(skill_manage::SkillManage));
         registry
     }
 

@@ -216,6 +216,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("ListMcpTools", Scope::Read),
     ("ListSkills", Scope::Read),
     ("GetSkill", Scope::Read),
+    ("SkillHistory", Scope::Read),
     ("ListRequests", Scope::Read),
     ("WatchRequests", Scope::Read),
     // Acting on processes and what they own.
@@ -231,6 +232,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("RunCron", Scope::Operate),
     ("StoreArtifact", Scope::Operate),
     ("DeleteArtifact", Scope::Operate),
+    ("ManageSkill", Scope::Operate),
     ("CallMcpTool", Scope::Operate),
     ("Resolve", Scope::Operate),
     // An external agent's own runtime calls.

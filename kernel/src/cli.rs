@@ -496,9 +496,39 @@ pub enum SkillsCommand {
     Show {
         /// The skill's name.
         name: String,
+        /// This process's saved skill of that name (when several saved one).
+        #[arg(long, value_name = "PID")]
+        owner: Option<u64>,
         /// One JSON object, the body included.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Every kept version of a skill processes saved: who changed what, when, why.
+    History {
+        /// The skill's name.
+        name: String,
+        /// Only this process's skill of that name.
+        #[arg(long, value_name = "PID")]
+        owner: Option<u64>,
+        /// One JSON array, each version's SKILL.md included.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a skill a process saved (its history stays); config skills
+    /// are files to edit instead.
+    Rm {
+        /// The skill's name.
+        name: String,
+        /// The process whose skill it is, when several saved one of that name.
+        #[arg(long, value_name = "PID")]
+        owner: Option<u64>,
+        /// Why, kept in its history.
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -935,9 +965,24 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
         Command::Skills(SkillsCommand::Check { dir, json }) => skills::check(&dir, json),
         Command::Skills(SkillsCommand::Ls { json, client }) => skills::ls(json, &client).await,
-        Command::Skills(SkillsCommand::Show { name, json, client }) => {
-            skills::show(&name, json, &client).await
-        }
+        Command::Skills(SkillsCommand::Show {
+            name,
+            owner,
+            json,
+            client,
+        }) => skills::show(&name, owner, json, &client).await,
+        Command::Skills(SkillsCommand::History {
+            name,
+            owner,
+            json,
+            client,
+        }) => skills::history(&name, owner, json, &client).await,
+        Command::Skills(SkillsCommand::Rm {
+            name,
+            owner,
+            reason,
+            client,
+        }) => skills::rm(&name, owner, reason, &client).await,
         Command::Config(ConfigCommand::Reload { json, client }) => {
             reload::reload(json, &client).await
         }

@@ -218,6 +218,25 @@ pub enum EventKind {
         /// Attempts made (0: dropped before any, the queue being full).
         attempts: u32,
     },
+    /// A saved skill was created, edited or deleted (on the process that
+    /// changed it; PID 1 for an operator).
+    SkillChanged {
+        /// The skill's name.
+        name: String,
+        /// `create`, `edit` or `delete`.
+        action: String,
+        /// The version the change wrote.
+        version: u64,
+        /// The process the skill belongs to.
+        owner: Pid,
+        /// Its visibility from this version on.
+        visibility: String,
+        /// Who changed it: `process 7`, `admin`, `token 3`.
+        by: String,
+        /// Why, when given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// An operator token was created or revoked (on PID 1), and by whom.
     Token {
         /// `created` or `revoked`.
@@ -296,7 +315,7 @@ impl EventKind {
 
     /// The names of the events a subscriber may ask for by type (the
     /// stream markers aside).
-    pub const TYPES: [&'static str; 19] = [
+    pub const TYPES: [&'static str; 20] = [
         "spawned",
         "exited",
         "reaped",
@@ -316,6 +335,7 @@ impl EventKind {
         "approval_requested",
         "approval_resolved",
         "notify_failed",
+        "skill_changed",
     ];
 
     /// The snake_case name, as in the `type` field of the JSON form.
@@ -340,6 +360,7 @@ impl EventKind {
             EventKind::ApprovalRequested { .. } => "approval_requested",
             EventKind::ApprovalResolved { .. } => "approval_resolved",
             EventKind::NotifyFailed { .. } => "notify_failed",
+            EventKind::SkillChanged { .. } => "skill_changed",
             EventKind::Lagged { .. } => "lagged",
             EventKind::Pruned { .. } => "pruned",
             EventKind::ReplayDone { .. } => "replay_done",

@@ -16,17 +16,23 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hivekernel_agents::Pid;
 use hivekernel_agents::skill::{self, Catalogue, SkillEntry, Source, Strictness};
 use parking_lot::{Mutex, RwLock};
+
+mod saved;
+pub(crate) use saved::{SavedSkill, SavedSkills};
 
 /// One skill as `skills ls` lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listed {
     pub entry: SkillEntry,
-    /// `kernel`, or the config agents whose `skills` name its directory.
+    /// `kernel`, or the config agents whose `skills` name its directory;
+    /// for a saved skill, its visibility.
     pub scope: Vec<String>,
     /// Another directory's skill of the same name wins over it where both
-    /// are seen (a later kernel directory, or an agent's).
+    /// are seen (a later kernel directory, or an agent's; for a saved
+    /// skill, any config skill of its name).
     pub shadowed: bool,
 }
 
@@ -91,6 +97,8 @@ impl Sources {
 #[derive(Debug, Default)]
 pub(crate) struct Library {
     loaded: RwLock<Arc<Loaded>>,
+    /// Skills processes saved; a reload leaves them be.
+    saved: RwLock<SavedSkills>,
 }
 
 /// The skills of one load: [`Loaded::read`], then [`Library::replace`].
@@ -129,7 +137,68 @@ impl Library {
         (count, problems)
     }
 
-    /// What a process with `dirs` of its own sees.
+    /// Puts the saved skills the store kept in place, skipping with a
+    /// warning any that no longer reads as a skill.
+    pub(crate) fn restore_saved(&self, stored: &[crate::store::StoredSkill]) {
+        let mut saved = self.saved.write();
+        for one in stored {
+            match SavedSkill::from_stored(one) {
+                Ok(skill) => saved.put(skill),
+                Err(why) => tracing::warn!(
+                    name = %one.name, owner = %one.owner,
+                    "saved skill not loaded: {why}"
+                ),
+            }
+        }
+    }
+
+    /// The saved skills, to read or change under the lock.
+    pub(crate) fn saved(&self) -> &RwLock<SavedSkills> {
+        &self.saved
+    }
+
+    /// What a process with `dirs` of its own, `pid` on `line` from PID 1,
+    /// sees: the config's skills, and the saved skills visible to it whose
+    /// names no config skill it sees has.
+    pub(crate) fn seen_by(
+        &self,
+        dirs: Option<&Arc<[PathBuf]>>,
+        pid: Pid,
+        line: &[Pid],
+    ) -> Catalogue {
+        let config = self.catalogue(dirs);
+        let saved = {
+            let saved = self.saved.read();
+            if saved.is_empty() {
+                return config;
+            }
+            saved.seen_by(pid, line)
+        };
+        let mut merged: Vec<SkillEntry> = config.to_vec();
+        for entry in saved {
+            if config
+                .binary_search_by(|e| e.skill.name.as_str().cmp(&entry.skill.name))
+                .is_err()
+            {
+                merged.push(entry);
+            }
+        }
+        merged.sort_by(|a, b| a.skill.name.cmp(&b.skill.name));
+        merged.into()
+    }
+
+    /// A config skill called `name`, from any directory: the one `skills
+    /// show` would give.
+    pub(crate) fn config_skill(&self, name: &str) -> Option<SkillEntry> {
+        let (listed, _) = self.config_listing();
+        listed
+            .into_iter()
+            .filter(|listed| listed.entry.skill.name == name)
+            .find(|listed| !listed.shadowed)
+            .map(|listed| listed.entry)
+    }
+
+    /// What a process with `dirs` of its own sees of the config's skills.
     pub(crate) fn catalogue(&self, dirs: Option<&Arc<[PathBuf]>>) -> Catalogue {
         let loaded = self.loaded.read().clone();
         let Some(dirs) = dirs.filter(|dirs| !dirs.is_empty()) else {
@@ -148,9 +217,30 @@ impl Library {
         merged
     }
 
-    /// Every loaded skill, by name then by precedence, with the problems
-    /// of the last load.
+    /// Every skill, the config's and the saved ones, by name then by
+    /// precedence (saved skills first, the config's winning over them),
+    /// with the problems of the last load.
     pub(crate) fn listing(&self) -> (Vec<Listed>, Vec<Problem>) {
+        let (config, problems) = self.config_listing();
+        let mut listed: Vec<Listed> = Vec::new();
+        for saved in self.saved.read().all() {
+            listed.push(Listed {
+                entry: saved.entry.clone(),
+                scope: vec![saved.saved().visibility.to_string()],
+                shadowed: config
+                    .iter()
+                    .any(|c| c.entry.skill.name == saved.entry.skill.name),
+            });
+        }
+        listed.extend(config);
+        // Stable: within a name, saved skills stay ahead of the config's.
+        listed.sort_by(|a, b| a.entry.skill.name.cmp(&b.entry.skill.name));
+        (listed, problems)
+    }
+
+    /// Every skill the config's directories hold, by name then by
+    /// precedence, with the problems of the last load.
+    fn config_listing(&self) -> (Vec<Listed>, Vec<Problem>) {
         let loaded = self.loaded.read().clone();
         let mut listed = Vec::new();
         for dir in loaded.sources.dirs() {
@@ -177,12 +267,12 @@ impl Library {
         // Shadowed: a kernel directory's skill that a later kernel
         // directory or any agent directory also names.
         let kernel = &loaded.sources.kernel;
-        let rank = |listed: &Listed| {
-            let Source::Dir(dir) = &listed.entry.source;
-            kernel
+        let rank = |listed: &Listed| match &listed.entry.source {
+            Source::Dir(dir) => kernel
                 .iter()
                 .position(|d| d.as_path() == &**dir)
-                .unwrap_or(kernel.len())
+                .unwrap_or(kernel.len()),
+            Source::Saved(_) => kernel.len(),
         };
         for i in 0..listed.len() {
             let mine = rank(&listed[i]);

@@ -25,6 +25,7 @@ pub mod backup;
 mod memory;
 mod recover;
 mod schema;
+mod skills;
 mod transcript;
 pub mod usage;
 mod writer;
@@ -47,6 +48,8 @@ pub use recover::{
     Recovered, StoredCron, StoredHistory, StoredInbox, StoredMessage, StoredProcess, StoredRequest,
     StoredUsage,
 };
+pub(crate) use skills::SkillPut;
+pub use skills::StoredSkill;
 pub use transcript::Retention;
 
 /// Longest a [`Store::submit_lazy`] write waits for a batch.
@@ -248,6 +251,10 @@ pub(crate) enum Write {
     Artifact(Box<ArtifactWrite>),
     /// An artifact is deleted.
     ArtifactDeleted(ArtifactId),
+    /// A saved skill is created, changed or deleted, unless it changed
+    /// since the version the change builds on or its owner has too many
+    /// ([`Applied::Refused`]); [`Applied::Stored`] gives the new version.
+    Skill(Box<SkillPut>),
     /// A memory entry, replacing the namespace's entry with the same key,
     /// unless the namespace would pass its limit ([`Applied::Refused`]).
     Memory(Box<MemoryWrite>),

@@ -295,9 +295,11 @@ async fn each_process_sees_what_its_tool_list_and_its_tree_give_it() {
         "a process lists only its own skills"
     );
 
-    let winner = kernel.skill(Caller::Admin, "deploy").unwrap();
+    let winner = kernel.skill(Caller::Admin, "deploy", None).unwrap();
     assert!(winner.skill.dir.starts_with(&skills.team));
-    let hidden = kernel.skill(Caller::Process(worker), "deploy").unwrap_err();
+    let hidden = kernel
+        .skill(Caller::Process(worker), "deploy", None)
+        .unwrap_err();
     assert_eq!(hidden.kind(), ErrorKind::NotFound);
     assert!(hidden.to_string().contains("\"deploy\""), "{hidden}");
     kernel.shutdown().await;
@@ -370,4 +372,245 @@ fn skills_ls_show_and_a_reload_on_the_real_binary() {
     );
     let listed = kernel.json(&["skills", "ls", "--json"]);
     assert_eq!(listed["skills"].as_array().unwrap().len(), 5);
+}
+
+const RELEASE: &str = "---\nname: release\ndescription: Cut a release of the service.\n---\n\
+                       1. Tag the commit.\n2. Run the release pipeline.\n";
+
+/// A kernel over the store in `data` with `shared` and `team` as skill
+/// directories and two swarms: `queen-a` (may save skills) and `queen-b`.
+async fn saving_kernel(skills: &Skills, llm: &LlmServer, data: &Path) -> (Kernel, Pid, Pid) {
+    let mut settings = granting_all(test_settings(), &[Role::Agent]);
+    settings.skills = vec![skills.shared.clone(), skills.team.clone()];
+    let (registry, _) = agent_registry(AgentSettings::default(), &ToolSettings::default());
+    let (store, recovered) = hivekernel_tests::open_store(data).await;
+    let started = Kernel::builder(settings)
+        .runtimes(registry)
+        .llm(Arc::new(llm.provider()))
+        .store(store, recovered)
+        .agents(vec![
+            Declared::new(agent("queen-a", &["skills", "skill_manage", "spawn_child"])),
+            Declared::new(agent("queen-b", &["skills", "skill_manage"])),
+        ])
+        .start()
+        .await
+        .unwrap();
+    (started.kernel, started.agents[0], started.agents[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
+    let skills = skill_dirs();
+    let data = tempfile::tempdir().unwrap();
+    let manage = |args: Value| args.to_string();
+    let invalid = format!(
+        "---\nname: Not_This\ndescription: {}\ncolour: red\n---\nSteps.\n",
+        "x".repeat(1100)
+    );
+    let llm = LlmServer::start(vec![
+        // queen-a saves the procedure, and is refused a config skill's name
+        // and an invalid skill with every problem named.
+        Scripted::tool_calls(&[
+            (
+                "c1",
+                "skill_manage",
+                &manage(
+                    json!({"action": "create", "name": "release", "content": RELEASE,
+                               "reason": "worked for v1.2"}),
+                ),
+            ),
+            (
+                "c2",
+                "skill_manage",
+                &manage(json!({"action": "create", "name": "triage",
+                               "content": RELEASE.replace("release", "triage")})),
+            ),
+            (
+                "c3",
+                "skill_manage",
+                &manage(json!({"action": "create", "name": "bad", "content": invalid})),
+            ),
+        ]),
+        Scripted::content("saved"),
+        // Its worker sees the skill and activates it.
+        Scripted::tool_calls(&[("w1", "skill_view", &json!({"name": "release"}).to_string())]),
+        Scripted::content("released"),
+        // queen-b, another swarm, does not see it and cannot change it.
+        Scripted::tool_calls(&[
+            ("b1", "skill_view", &json!({"name": "release"}).to_string()),
+            (
+                "b2",
+                "skill_manage",
+                &manage(json!({"action": "delete", "name": "release"})),
+            ),
+            (
+                "b3",
+                "skill_manage",
+                &manage(json!({"action": "edit", "name": "triage", "old": "a", "new": "b"})),
+            ),
+        ]),
+        Scripted::content("not mine"),
+    ])
+    .await;
+    let (kernel, queen_a, queen_b) = saving_kernel(&skills, &llm, data.path()).await;
+    let mut worker = agent("a-worker", &["skills"]);
+    worker.parent = queen_a;
+    let worker = kernel
+        .spawn(Caller::Process(queen_a), worker)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        run_task(&kernel, queen_a, "save the release steps")
+            .await
+            .unwrap(),
+        "saved"
+    );
+    let requests = llm.requests();
+    let results = tool_results(&requests[1]);
+    assert!(
+        results[0].contains("created skill release: version 1"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("comes from the config") && results[1].contains("triage"),
+        "{}",
+        results[1]
+    );
+    for says in ["is not saved", "name:", "description:", "colour"] {
+        assert!(results[2].contains(says), "{says}: {}", results[2]);
+    }
+    // The next model call already lists it.
+    let second = system_message(&requests[1]);
+    assert!(
+        second.contains("- release: Cut a release of the service."),
+        "{second}"
+    );
+
+    // Visible to the saver's subtree, not to the other swarm.
+    assert!(names(&kernel, worker).contains(&"release".to_owned()));
+    assert!(names(&kernel, queen_a).contains(&"release".to_owned()));
+    assert!(!names(&kernel, queen_b).contains(&"release".to_owned()));
+    assert_eq!(
+        run_task(&kernel, worker, "release it").await.unwrap(),
+        "released"
+    );
+    let requests = llm.requests();
+    assert!(tool_results(&requests[3])[0].contains("Skill release is active"));
+    assert!(system_message(&requests[3]).contains("2. Run the release pipeline."));
+
+    assert_eq!(
+        run_task(&kernel, queen_b, "release it").await.unwrap(),
+        "not mine"
+    );
+    let requests = llm.requests();
+    let results = tool_results(&requests[5]);
+    assert!(
+        results[0].contains("no skill \"release\" is available"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("sees no saved skill called"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("comes from the config") && results[2].contains("only skills saved"),
+        "{}",
+        results[2]
+    );
+
+    // The saver edits it; an invalid edit changes nothing.
+    let edit = |rewrite| hivekernel_agents::skill::SkillWrite {
+        name: "release".into(),
+        change: hivekernel_agents::skill::SkillChange::Edit {
+            rewrite,
+            visibility: Some(hivekernel_agents::skill::SkillVisibility::Global),
+        },
+        reason: Some("share it".into()),
+    };
+    let edited = kernel
+        .manage_skill(
+            Caller::Process(queen_a),
+            None,
+            edit(hivekernel_agents::skill::Rewrite::Replace {
+                old: "2. Run the release pipeline.".into(),
+                new: "2. Run the release pipeline.\n3. Announce it.".into(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(edited.version, 2);
+    let refused = kernel
+        .manage_skill(
+            Caller::Process(queen_a),
+            None,
+            edit(hivekernel_agents::skill::Rewrite::Whole(
+                "no frontmatter".into(),
+            )),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
+    // Global now: the other swarm sees it.
+    assert!(names(&kernel, queen_b).contains(&"release".to_owned()));
+
+    let history = kernel
+        .skill_history(Caller::Admin, "release", None, true)
+        .await
+        .unwrap();
+    let rows: Vec<(u64, String, Pid, String)> = history
+        .iter()
+        .map(|v| {
+            (
+                v.version,
+                v.action.to_string(),
+                v.by,
+                v.visibility.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (1, "create".into(), queen_a, "subtree".into()),
+            (2, "edit".into(), queen_a, "global".into()),
+        ]
+    );
+    assert_eq!(history[0].reason.as_deref(), Some("worked for v1.2"));
+    assert!(
+        history[1]
+            .content
+            .as_deref()
+            .unwrap()
+            .contains("3. Announce it.")
+    );
+    let events: Vec<(String, u64)> = kernel
+        .subscribe(Some(0))
+        .replay
+        .iter()
+        .filter_map(|event| match &event.kind {
+            hivekernel_kernel::events::EventKind::SkillChanged {
+                action, version, ..
+            } => Some((action.clone(), *version)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(events, [("create".into(), 1), ("edit".into(), 2)]);
+
+    // Kept across a restart.
+    kernel.shutdown().await;
+    let (kernel, queen_a, _) = saving_kernel(&skills, &llm, data.path()).await;
+    let seen = kernel
+        .skill(Caller::Process(queen_a), "release", None)
+        .unwrap();
+    assert!(
+        seen.skill.body.contains("3. Announce it."),
+        "{}",
+        seen.skill.body
+    );
+    assert_eq!(seen.source.saved().map(|s| s.version), Some(2));
+    kernel.shutdown().await;
 }

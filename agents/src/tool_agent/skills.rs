@@ -25,7 +25,7 @@ use serde_json::json;
 
 use crate::llm::{ChatMessage, ChatRole, ToolSchema};
 use crate::runtime::ProcessContext;
-use crate::skill::{Catalogue, Skill, SkillEntry};
+use crate::skill::{Catalogue, Skill, SkillEntry, Source};
 
 /// The tool that activates a skill.
 pub(super) const VIEW: &str = "skill_view";
@@ -218,11 +218,18 @@ impl Shelf {
 
     async fn view(&self, args: serde_json::Value) -> Result<String, String> {
         let args: ViewArgs = decode(VIEW, args)?;
-        let skill = self.entry(&args.name)?.skill.clone();
-        let dir = skill.dir.clone();
-        let files = tokio::task::spawn_blocking(move || files(&dir))
-            .await
-            .unwrap_or_default();
+        let entry = self.entry(&args.name)?;
+        let skill = entry.skill.clone();
+        // A saved skill is its SKILL.md alone; it has no directory to list.
+        let files = match &entry.source {
+            Source::Saved(_) => Vec::new(),
+            Source::Dir(_) => {
+                let dir = skill.dir.clone();
+                tokio::task::spawn_blocking(move || files(&dir))
+                    .await
+                    .unwrap_or_default()
+            }
+        };
         let mut text = format!(
             "Skill {} is active: its instructions are now in your system prompt under \
              \"Active skills\". Follow them.",
@@ -242,7 +249,14 @@ impl Shelf {
 
     async fn read(&self, args: serde_json::Value) -> Result<String, String> {
         let args: ReadArgs = decode(READ, args)?;
-        let skill = self.entry(&args.name)?.skill.clone();
+        let entry = self.entry(&args.name)?;
+        if let Source::Saved(saved) = &entry.source {
+            return Err(format!(
+                "skill {} was saved by process {} and is its SKILL.md alone: it has no files to read",
+                args.name, saved.owner
+            ));
+        }
+        let skill = entry.skill.clone();
         let path = args.path.clone();
         let dir = skill.dir.clone();
         let (bytes, total) = crate::tools::workspace::blocking(move || {

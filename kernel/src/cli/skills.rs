@@ -1,11 +1,15 @@
 //! `hivekernel skills`: `ls` and `show` ask a running kernel what it
-//! loaded; `check DIR` checks skills in the Agent Skills format as
+//! loaded and what processes saved; `history` and `rm` read and delete
+//! saved skills; `check DIR` checks skills in the Agent Skills format as
 //! strictly as the format asks, without a kernel.
 
 use std::path::{Path, PathBuf};
 
 use hivekernel_agents::skill::{self, Read, SKILL_FILE, Severity, Strictness};
-use hivekernel_proto::v1::{GetSkillRequest, ListSkillsRequest, SkillInfo};
+use hivekernel_proto::v1::{
+    GetSkillRequest, ListSkillsRequest, ManageSkillRequest, SkillHistoryRequest, SkillInfo,
+    SkillVersion,
+};
 use serde_json::{Value, json};
 
 use super::client::Session;
@@ -76,12 +80,18 @@ pub(super) async fn ls(as_json: bool, client: &ClientArgs) -> Result<(), CliErro
 }
 
 /// Shows one skill: its fields, then its body.
-pub(super) async fn show(name: &str, as_json: bool, client: &ClientArgs) -> Result<(), CliError> {
+pub(super) async fn show(
+    name: &str,
+    owner: Option<u64>,
+    as_json: bool,
+    client: &ClientArgs,
+) -> Result<(), CliError> {
     let mut session = Session::connect(client).await?;
     let skill = session
         .client
         .get_skill(GetSkillRequest {
             name: name.to_owned(),
+            owner: owner.unwrap_or(0),
         })
         .await
         .map_err(|status| session.error(status))?
@@ -95,9 +105,12 @@ pub(super) async fn show(name: &str, as_json: bool, client: &ClientArgs) -> Resu
     let mut rows = vec![
         ["name".to_owned(), info.name.clone()],
         ["description".to_owned(), info.description.clone()],
-        ["dir".to_owned(), info.dir.clone()],
         ["source".to_owned(), info.source.clone()],
     ];
+    match &info.saved {
+        Some(saved) => rows.push(["visibility".to_owned(), saved.visibility.clone()]),
+        None => rows.insert(2, ["dir".to_owned(), info.dir.clone()]),
+    }
     let optional = [
         ("license", info.license.clone()),
         ("compatibility", info.compatibility.clone()),
@@ -134,6 +147,108 @@ fn info_json(info: &SkillInfo) -> Value {
         "compatibility": (!info.compatibility.is_empty()).then_some(&info.compatibility),
         "allowed_tools": info.allowed_tools,
         "metadata": info.metadata,
+        "saved": info.saved.as_ref().map(|s| json!({
+            "owner": s.owner,
+            "owner_name": s.owner_name,
+            "visibility": s.visibility,
+            "version": s.version,
+            "updated_at_unix_ms": s.updated_at_unix_ms,
+        })),
+    })
+}
+
+/// Prints the kept versions of a saved skill.
+pub(super) async fn history(
+    name: &str,
+    owner: Option<u64>,
+    as_json: bool,
+    client: &ClientArgs,
+) -> Result<(), CliError> {
+    let mut session = Session::connect(client).await?;
+    let versions = session
+        .client
+        .skill_history(SkillHistoryRequest {
+            name: name.to_owned(),
+            owner: owner.unwrap_or(0),
+            content: as_json,
+        })
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner()
+        .versions;
+    if as_json {
+        let all: Vec<Value> = versions.iter().map(version_json).collect();
+        return output::print(&output::line(&Value::from(all).to_string()));
+    }
+    let mut rows = vec![
+        [
+            "OWNER",
+            "VERSION",
+            "ACTION",
+            "BY",
+            "AT",
+            "VISIBILITY",
+            "REASON",
+        ]
+        .map(str::to_owned),
+    ];
+    for v in &versions {
+        rows.push([
+            format!("{} ({})", v.owner, v.owner_name),
+            v.version.to_string(),
+            v.action.clone(),
+            format!("{} ({})", v.by, v.by_name),
+            output::rfc3339_utc(v.at_unix_ms),
+            v.visibility.clone(),
+            if v.reason.is_empty() {
+                "-".to_owned()
+            } else {
+                hivekernel_agents::text::cut_str(&v.reason, 60)
+            },
+        ]);
+    }
+    output::print(&output::aligned(&rows))
+}
+
+/// Deletes a saved skill as the operator.
+pub(super) async fn rm(
+    name: &str,
+    owner: Option<u64>,
+    reason: Option<String>,
+    client: &ClientArgs,
+) -> Result<(), CliError> {
+    let mut session = Session::connect(client).await?;
+    let version = session
+        .client
+        .manage_skill(ManageSkillRequest {
+            action: "delete".to_owned(),
+            name: name.to_owned(),
+            owner: owner.unwrap_or(0),
+            reason: reason.unwrap_or_default(),
+            ..ManageSkillRequest::default()
+        })
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner();
+    output::print(&output::line(&format!(
+        "deleted skill {} of process {} (version {} in its history)",
+        version.name, version.owner, version.version
+    )))
+}
+
+fn version_json(v: &SkillVersion) -> Value {
+    json!({
+        "name": v.name,
+        "owner": v.owner,
+        "owner_name": v.owner_name,
+        "version": v.version,
+        "action": v.action,
+        "by": v.by,
+        "by_name": v.by_name,
+        "visibility": v.visibility,
+        "at_unix_ms": v.at_unix_ms,
+        "reason": (!v.reason.is_empty()).then_some(&v.reason),
+        "content": (v.action != "delete").then_some(&v.content),
     })
 }
 

@@ -456,8 +456,29 @@ impl KernelRpc for KernelService {
 
     async fn get_skill(&self, request: Request<pb::GetSkillRequest>) -> Rpc<pb::Skill> {
         let caller = caller(&request)?;
-        let name = &request.get_ref().name;
-        Ok(Response::new(skills::get(&self.kernel, caller, name)?))
+        Ok(Response::new(skills::get(
+            &self.kernel,
+            caller,
+            request.get_ref(),
+        )?))
+    }
+
+    async fn manage_skill(
+        &self,
+        request: Request<pb::ManageSkillRequest>,
+    ) -> Rpc<pb::SkillVersion> {
+        let caller = caller(&request)?;
+        let version = skills::manage(&self.kernel, caller, request.into_inner()).await?;
+        Ok(Response::new(version))
+    }
+
+    async fn skill_history(
+        &self,
+        request: Request<pb::SkillHistoryRequest>,
+    ) -> Rpc<pb::SkillHistoryResponse> {
+        let caller = caller(&request)?;
+        let history = skills::history(&self.kernel, caller, request.get_ref()).await?;
+        Ok(Response::new(history))
     }
 
     async fn list_mcp_tools(

@@ -1,7 +1,10 @@
-//! The skill methods: the loaded skills and one skill's instructions out.
+//! The skill methods: the loaded and saved skills and one skill's
+//! instructions out; saved skills changed, and their history.
 
-use hivekernel_agents::SkillEntry;
-use hivekernel_agents::skill::Source;
+use hivekernel_agents::skill::{
+    Rewrite, SkillAction, SkillChange, SkillVersion, SkillVisibility, SkillWrite, Source,
+};
+use hivekernel_agents::{Pid, SkillEntry};
 use hivekernel_proto::v1 as pb;
 use tonic::Status;
 
@@ -42,8 +45,12 @@ pub(super) fn list(kernel: &Kernel, caller: Caller) -> Result<pb::ListSkillsResp
     })
 }
 
-pub(super) fn get(kernel: &Kernel, caller: Caller, name: &str) -> Result<pb::Skill, Status> {
-    let entry = kernel.skill(caller, name)?;
+pub(super) fn get(
+    kernel: &Kernel,
+    caller: Caller,
+    request: &pb::GetSkillRequest,
+) -> Result<pb::Skill, Status> {
+    let entry = kernel.skill(caller, &request.name, owner(request.owner))?;
     Ok(pb::Skill {
         info: Some(info(&entry, Vec::new(), false)),
         body: entry.skill.body.clone(),
@@ -52,11 +59,21 @@ pub(super) fn get(kernel: &Kernel, caller: Caller, name: &str) -> Result<pb::Ski
 
 fn info(entry: &SkillEntry, scope: Vec<String>, shadowed: bool) -> pb::SkillInfo {
     let skill = &entry.skill;
-    let Source::Dir(source) = &entry.source;
+    let saved = match &entry.source {
+        Source::Dir(_) => None,
+        Source::Saved(saved) => Some(pb::SavedSkill {
+            owner: saved.owner.0,
+            owner_name: saved.owner_name.clone(),
+            visibility: saved.visibility.to_string(),
+            version: saved.version,
+            updated_at_unix_ms: saved.updated_at_unix_ms,
+        }),
+    };
     pb::SkillInfo {
+        saved,
         name: skill.name.clone(),
         description: skill.description.clone(),
-        source: source.display().to_string(),
+        source: entry.source.to_string(),
         scope,
         shadowed,
         dir: skill.dir.display().to_string(),
@@ -64,5 +81,91 @@ fn info(entry: &SkillEntry, scope: Vec<String>, shadowed: bool) -> pb::SkillInfo
         compatibility: skill.compatibility.clone().unwrap_or_default(),
         allowed_tools: skill.allowed_tools.clone(),
         metadata: skill.metadata.iter().cloned().collect(),
+    }
+}
+
+pub(super) async fn manage(
+    kernel: &Kernel,
+    caller: Caller,
+    request: pb::ManageSkillRequest,
+) -> Result<pb::SkillVersion, Status> {
+    let owner = owner(request.owner);
+    let write = write(request).map_err(Status::invalid_argument)?;
+    let version = kernel.manage_skill(caller, owner, write).await?;
+    Ok(version_pb(version))
+}
+
+pub(super) async fn history(
+    kernel: &Kernel,
+    caller: Caller,
+    request: &pb::SkillHistoryRequest,
+) -> Result<pb::SkillHistoryResponse, Status> {
+    let versions = kernel
+        .skill_history(caller, &request.name, owner(request.owner), request.content)
+        .await?;
+    Ok(pb::SkillHistoryResponse {
+        versions: versions.into_iter().map(version_pb).collect(),
+    })
+}
+
+fn owner(pid: u64) -> Option<Pid> {
+    (pid != 0).then_some(Pid(pid))
+}
+
+/// The change a request spells, or what is wrong with it (the same rules
+/// as the `skill_manage` tool's arguments).
+fn write(request: pb::ManageSkillRequest) -> Result<SkillWrite, String> {
+    let action: SkillAction = request.action.parse().map_err(|e| format!("action: {e}"))?;
+    let visibility = match request.visibility.as_str() {
+        "" => None,
+        given => Some(
+            given
+                .parse::<SkillVisibility>()
+                .map_err(|e| format!("visibility: {e}"))?,
+        ),
+    };
+    let given = |text: String| (!text.is_empty()).then_some(text);
+    let (content, old, new) = (given(request.content), given(request.old), request.new);
+    let change = match action {
+        SkillAction::Create => SkillChange::Create {
+            content: content.ok_or("create needs content: the whole SKILL.md")?,
+            visibility: visibility.unwrap_or_default(),
+        },
+        SkillAction::Edit => SkillChange::Edit {
+            rewrite: match (content, old) {
+                (Some(content), None) => Rewrite::Whole(content),
+                (None, Some(old)) => Rewrite::Replace { old, new },
+                (None, None) if visibility.is_some() => Rewrite::Keep,
+                (None, None) => {
+                    return Err(
+                        "edit needs content, or old and new, or a new visibility".to_owned()
+                    );
+                }
+                (Some(_), Some(_)) => return Err("edit takes content or old, not both".into()),
+            },
+            visibility,
+        },
+        SkillAction::Delete => SkillChange::Delete,
+    };
+    Ok(SkillWrite {
+        name: request.name,
+        change,
+        reason: given(request.reason),
+    })
+}
+
+fn version_pb(version: SkillVersion) -> pb::SkillVersion {
+    pb::SkillVersion {
+        name: version.name,
+        owner: version.owner.0,
+        owner_name: version.owner_name,
+        version: version.version,
+        action: version.action.to_string(),
+        by: version.by.0,
+        by_name: version.by_name,
+        visibility: version.visibility.to_string(),
+        at_unix_ms: version.at_unix_ms,
+        reason: version.reason.unwrap_or_default(),
+        content: version.content.unwrap_or_default(),
     }
 }

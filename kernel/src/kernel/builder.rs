@@ -193,13 +193,21 @@ impl KernelBuilder {
         // the kernel keeps anything on disk.
         let mcp_logs = durable.then(|| settings.data_dir.join("logs"));
         let sources = skill_sources(&settings, &agents, &templates);
-        // Blocking reads, off the async threads; a failure loads none.
-        let skills = tokio::task::spawn_blocking(move || crate::skills::Library::load(sources))
-            .await
-            .unwrap_or_else(|err| {
-                tracing::error!(error = %err, "the skills directories were not read");
-                crate::skills::Library::default()
-            });
+        let saved_skills = recovered
+            .as_mut()
+            .map(|recovered| std::mem::take(&mut recovered.skills))
+            .unwrap_or_default();
+        // Blocking reads and parsing, off the async threads; a failure loads none.
+        let skills = tokio::task::spawn_blocking(move || {
+            let library = crate::skills::Library::load(sources);
+            library.restore_saved(&saved_skills);
+            library
+        })
+        .await
+        .unwrap_or_else(|err| {
+            tracing::error!(error = %err, "the skills directories were not read");
+            crate::skills::Library::default()
+        });
         let kernel = Kernel::assemble(Parts {
             settings,
             runtimes,

@@ -12,6 +12,8 @@ use crate::kernel::{Caller, Kernel};
 use crate::reload::{Change, Outcome};
 use crate::skills::{Listed, Problem, Sources};
 
+mod manage;
+
 impl Kernel {
     /// The skills `caller` may use, sorted by name: for a process, what it
     /// sees and its tool list selects; for an operator, what a process
@@ -20,10 +22,15 @@ impl Kernel {
         let Caller::Process(pid) = caller else {
             return Ok(self.inner.skills().catalogue(None));
         };
-        let (dirs, tools) = {
+        let (dirs, tools, line) = {
             let table = self.inner.table().read();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
-            (entry.proc.skill_dirs.clone(), entry.proc.ctx.tools.clone())
+            let line = table.lineage(pid).unwrap_or_else(|| vec![pid]);
+            (
+                entry.proc.skill_dirs.clone(),
+                entry.proc.ctx.tools.clone(),
+                line,
+            )
         };
         let selectors: Vec<SkillSelector> = tools
             .iter()
@@ -32,7 +39,7 @@ impl Kernel {
         if selectors.is_empty() {
             return Ok(std::sync::Arc::from([]));
         }
-        let seen = self.inner.skills().catalogue(dirs.as_ref());
+        let seen = self.inner.skills().seen_by(dirs.as_ref(), pid, &line);
         if selectors.contains(&SkillSelector::All) {
             return Ok(seen);
         }
@@ -51,10 +58,11 @@ impl Kernel {
     }
 
     /// Skill `name` as `caller` would use it: for a process, the one it
-    /// sees; for an operator, the one no other shadows (the kernel
-    /// directories' winner, or when only agents' directories hold it, the
-    /// first of them in config order).
-    pub fn skill(&self, caller: Caller, name: &str) -> Result<SkillEntry> {
+    /// sees; for an operator, `owner`'s saved skill when `owner` is given,
+    /// else the config skill no other shadows (the kernel directories'
+    /// winner, or when only agents' directories hold it, the first of them
+    /// in config order), else the newest saved one.
+    pub fn skill(&self, caller: Caller, name: &str, owner: Option<Pid>) -> Result<SkillEntry> {
         if let Some(why) = hivekernel_agents::skill::name_problem(name) {
             return Err(KernelError::InvalidArgument(format!(
                 "skill name {}: {why}",
@@ -69,12 +77,17 @@ impl Kernel {
                 .cloned()
                 .ok_or_else(|| unknown_skill(name, caller.pid()));
         }
-        let (listed, _) = self.inner.skills().listing();
-        listed
-            .into_iter()
-            .filter(|listed| listed.entry.skill.name == name)
-            .find(|listed| !listed.shadowed)
-            .map(|listed| listed.entry)
+        let skills = self.inner.skills();
+        let config = owner.is_none().then(|| skills.config_skill(name)).flatten();
+        if let Some(entry) = config {
+            return Ok(entry);
+        }
+        let saved = skills.saved().read();
+        saved
+            .all()
+            .filter(|s| s.name() == name && owner.is_none_or(|o| s.saved().owner == o))
+            .max_by_key(|s| s.saved().updated_at_unix_ms)
+            .map(|s| s.entry.clone())
             .ok_or_else(|| unknown_skill(name, Pid::KERNEL))
     }
 

@@ -294,6 +294,16 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.skills_for(self.caller())?)
     }
 
+    async fn manage_skill(
+        &self,
+        write: hivekernel_agents::skill::SkillWrite,
+    ) -> Result<hivekernel_agents::skill::SkillVersion, SyscallError> {
+        Ok(self
+            .kernel()?
+            .manage_skill(self.caller(), None, write)
+            .await?)
+    }
+
     async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {
         Ok(self.kernel()?.mcp_tools(self.caller(), server).await?)
     }

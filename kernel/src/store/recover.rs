@@ -139,6 +139,8 @@ pub struct Recovered {
     pub tokens: Vec<crate::tokens::OperatorToken>,
     /// Inbox requests still pending, oldest first.
     pub inbox: Vec<StoredInbox>,
+    /// Skills processes saved, by owner and name.
+    pub skills: Vec<super::StoredSkill>,
 }
 
 /// Model usage of one process as the store kept it.
@@ -415,5 +417,6 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         history,
         tokens,
         inbox,
+        skills: super::skills::all(conn)?,
     })
 }

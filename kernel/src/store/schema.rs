@@ -228,6 +228,36 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // enable|disable`): 1 or 0, kept until the config changes the entry;
     // NULL: as declared.
     "ALTER TABLE cron ADD COLUMN switched INTEGER;",
+    // 12: skills processes saved (`skill_manage`), one row per owner and
+    // name, and their versions (`skills history`): every create, edit and
+    // delete, with who made it and the text as of it (NULL for a delete).
+    // `lineage` is the owner's PID path, as for artifacts.
+    "CREATE TABLE skill (
+         owner_pid  INTEGER NOT NULL,
+         name       TEXT NOT NULL,
+         owner_name TEXT NOT NULL,
+         lineage    TEXT NOT NULL,
+         visibility TEXT NOT NULL,
+         version    INTEGER NOT NULL,
+         content    TEXT NOT NULL,
+         created_ms INTEGER NOT NULL,
+         updated_ms INTEGER NOT NULL,
+         PRIMARY KEY (owner_pid, name)
+     ) STRICT;
+     CREATE TABLE skill_version (
+         owner_pid  INTEGER NOT NULL,
+         name       TEXT NOT NULL,
+         version    INTEGER NOT NULL,
+         owner_name TEXT NOT NULL,
+         action     TEXT NOT NULL,
+         by_pid     INTEGER NOT NULL,
+         by_name    TEXT NOT NULL,
+         visibility TEXT NOT NULL,
+         reason     TEXT,
+         content    TEXT,
+         at_ms      INTEGER NOT NULL,
+         PRIMARY KEY (owner_pid, name, version)
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

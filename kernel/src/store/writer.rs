@@ -9,8 +9,8 @@ use crate::event::{Event, EventKind};
 
 use super::transcript::Tally;
 use super::{
-    Applied, BucketKind, Counter, LAZY_DELAY, Op, Shared, Write, artifacts, memory, sqlite_error,
-    to_sql_u64, transcript,
+    Applied, BucketKind, Counter, LAZY_DELAY, Op, Shared, Write, artifacts, memory, skills,
+    sqlite_error, to_sql_u64, transcript,
 };
 
 /// Events written between two prunings of the event log.
@@ -205,6 +205,7 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<Applied> {
     match write {
         Write::Artifact(artifact) => artifacts::put(tx, artifact),
         Write::ArtifactDeleted(id) => artifacts::delete(tx, *id),
+        Write::Skill(put) => skills::put(tx, put),
         Write::Memory(entry) => memory::put(tx, entry),
         Write::MemoryForget { pid, key } => memory::forget(tx, *pid, key),
         other => apply_plain(tx, other).map(|()| Applied::Done),
@@ -484,6 +485,7 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
         // Dispatched by `apply`.
         Write::Artifact(_)
         | Write::ArtifactDeleted(_)
+        | Write::Skill(_)
         | Write::Memory(_)
         | Write::MemoryForget { .. } => {}
         // Dispatched by `commit_batch`.

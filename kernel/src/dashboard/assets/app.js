@@ -784,7 +784,7 @@
 
   const EVENT_TYPES = ['spawned', 'exited', 'reaped', 'restarted', 'task_finished', 'llm_call', 'tool_call',
     'cron_run', 'denied', 'route_denied', 'escalated', 'message_expired', 'message_dropped', 'kernel_message',
-    'mcp_server', 'approval_requested', 'approval_resolved', 'notify_failed', 'token', 'lagged', 'pruned'];
+    'mcp_server', 'approval_requested', 'approval_resolved', 'notify_failed', 'token', 'skill_changed', 'lagged', 'pruned'];
 
   function summarize(ev) {
     const d = ev.d || {};
@@ -798,6 +798,7 @@
       case 'llm_call': return `${d.model}: ${fmtInt(d.prompt_tokens)} + ${fmtInt(d.completion_tokens)} tokens, ${fmtUsd(num(d.cost_nano_usd) / 1e9)}, ${fmtDur(d.duration_ms)}${err}`;
       case 'tool_call': return `${d.tool}: ${d.ok ? 'ok' : 'failed'} in ${fmtDur(d.duration_ms)}${err}`;
       case 'cron_run': return `${d.name}: ${d.status} in ${fmtDur(d.duration_ms)}`;
+      case 'skill_changed': return `skill ${d.name} ${d.action} (version ${d.version}, ${d.visibility}, owner ${d.owner}) by ${d.by}${d.reason ? ': ' + d.reason : ''}`;
       case 'denied': return `${d.action}: ${d.reason}`;
       case 'route_denied': return `to ${d.to}: ${d.reason}`;
       case 'escalated': return `child ${d.child} ${d.name || ''}: ${d.restarts} restarts within ${d.within_seconds} s`;

@@ -1,0 +1,427 @@
+//! `skill_manage` through the kernel's checks: a process holding
+//! `manage_skills` creates skills of its own and edits or deletes those it
+//! or a descendant of it saved; an operator edits or deletes any saved
+//! skill. Every write is checked by every rule of the Agent Skills format
+//! and refused with every problem found; it lands in the store with a new
+//! version (`skills history`) and a `skill_changed` event. Skills from the
+//! config's directories are never changed here.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use hivekernel_agents::skill::{
+    self, MAX_FILE_BYTES, Rewrite, Saved, Severity, SkillAction, SkillChange, SkillVersion,
+    SkillWrite, Strictness,
+};
+use hivekernel_agents::{Capability, Pid};
+
+use crate::error::{KernelError, Result, shown};
+use crate::events::{EventKind, unix_ms};
+use crate::kernel::{Caller, Kernel};
+use crate::skills::SavedSkill;
+use crate::store::{Applied, SkillPut, Write, lineage};
+
+/// Most skills one process may have saved at once.
+pub(crate) const MAX_SAVED_PER_OWNER: u64 = 100;
+/// Longest `reason` kept with a version, in characters.
+const MAX_REASON: usize = 500;
+
+impl Kernel {
+    /// Creates, edits or deletes a saved skill for `caller` (see the module
+    /// docs); `owner` picks whose skill an operator changes when several
+    /// processes saved one of that name. Returns the version written, once
+    /// committed. A refused write changes nothing.
+    pub async fn manage_skill(
+        &self,
+        caller: Caller,
+        owner: Option<Pid>,
+        write: SkillWrite,
+    ) -> Result<SkillVersion> {
+        let result = async {
+            self.require(caller, Capability::ManageSkills, "manage skills")?;
+            self.manage_skill_checked(caller, owner, write).await
+        };
+        self.report_denial(caller, "skill_manage", result.await)
+    }
+
+    async fn manage_skill_checked(
+        &self,
+        caller: Caller,
+        owner: Option<Pid>,
+        write: SkillWrite,
+    ) -> Result<SkillVersion> {
+        let store = self.durable_store("saved skills")?;
+        let SkillWrite {
+            name,
+            change,
+            reason,
+        } = write;
+        if let Some(why) = skill::name_problem(&name) {
+            return Err(KernelError::InvalidArgument(format!(
+                "skill name {}: {why}",
+                shown(&name)
+            )));
+        }
+        let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON));
+        let (me, my_name, line) = self.who_changes(caller)?;
+        let at_ms = unix_ms(SystemTime::now());
+        let (put, skill): (SkillPut, Option<hivekernel_agents::Skill>) = match change {
+            SkillChange::Create {
+                content,
+                visibility,
+            } => {
+                if !matches!(caller, Caller::Process(_)) {
+                    return Err(KernelError::InvalidArgument(
+                        "an operator's skills live in the config's skills directories; \
+                         skill_manage creates skills for processes"
+                            .to_owned(),
+                    ));
+                }
+                self.refuse_config_name(&name)?;
+                if let Some(seen) = self.inner.skills().saved().read().find(&name, me, &line) {
+                    let saved = seen.saved();
+                    return Err(KernelError::InvalidArgument(format!(
+                        "a skill {name:?} already exists (saved by process {} ({}), version {}); \
+                         edit it, or pick another name",
+                        saved.owner, saved.owner_name, saved.version
+                    )));
+                }
+                let skill = checked(&name, &content)?;
+                let put = SkillPut {
+                    owner: me,
+                    owner_name: my_name.clone(),
+                    lineage: lineage(&line),
+                    name: name.clone(),
+                    visibility,
+                    action: SkillAction::Create,
+                    content: Some(content),
+                    by: me,
+                    by_name: my_name,
+                    reason,
+                    at_ms,
+                    base: None,
+                    max_per_owner: MAX_SAVED_PER_OWNER,
+                };
+                (put, Some(skill))
+            }
+            SkillChange::Edit {
+                rewrite,
+                visibility,
+            } => {
+                let held = self.changeable(caller, owner, &name, me, &line)?;
+                let saved = held.saved();
+                let content = match rewrite {
+                    Rewrite::Keep => held.content.to_string(),
+                    Rewrite::Whole(content) => content,
+                    Rewrite::Replace { old, new } => replaced(&name, &held.content, &old, &new)?,
+                };
+                let skill = checked(&name, &content)?;
+                let put = SkillPut {
+                    owner: saved.owner,
+                    owner_name: saved.owner_name.clone(),
+                    lineage: held.lineage.clone(),
+                    name: name.clone(),
+                    visibility: visibility.unwrap_or(saved.visibility),
+                    action: SkillAction::Edit,
+                    content: Some(content),
+                    by: me,
+                    by_name: my_name,
+                    reason,
+                    at_ms,
+                    base: Some(saved.version),
+                    max_per_owner: MAX_SAVED_PER_OWNER,
+                };
+                (put, Some(skill))
+            }
+            SkillChange::Delete => {
+                let held = self.changeable(caller, owner, &name, me, &line)?;
+                let saved = held.saved();
+                let put = SkillPut {
+                    owner: saved.owner,
+                    owner_name: saved.owner_name.clone(),
+                    lineage: held.lineage.clone(),
+                    name: name.clone(),
+                    visibility: saved.visibility,
+                    action: SkillAction::Delete,
+                    content: None,
+                    by: me,
+                    by_name: my_name,
+                    reason,
+                    at_ms,
+                    base: Some(saved.version),
+                    max_per_owner: MAX_SAVED_PER_OWNER,
+                };
+                (put, None)
+            }
+        };
+        let version = match store
+            .commit_applied(Write::Skill(Box::new(put.clone())))
+            .await?
+        {
+            Applied::Stored { id, .. } => id,
+            Applied::Refused(why) => return Err(KernelError::FailedPrecondition(why)),
+            Applied::Done | Applied::Absent => {
+                // An in-memory store writes nothing; `durable_store` keeps
+                // that from reaching here.
+                return Err(KernelError::NoStore("saved skills"));
+            }
+        };
+        {
+            let mut saved = self.inner.skills().saved().write();
+            match skill {
+                Some(skill) => saved.put(SavedSkill::new(
+                    skill,
+                    put.content.as_deref().unwrap_or_default().into(),
+                    Saved {
+                        owner: put.owner,
+                        owner_name: put.owner_name.clone(),
+                        visibility: put.visibility,
+                        version,
+                        updated_at_unix_ms: at_ms,
+                    },
+                    put.lineage.clone(),
+                )),
+                None => saved.remove(&name, put.owner, version),
+            }
+        }
+        self.inner.events().emit(
+            me,
+            EventKind::SkillChanged {
+                name: name.clone(),
+                action: put.action.to_string(),
+                version,
+                owner: put.owner,
+                visibility: put.visibility.to_string(),
+                by: caller.who(),
+                reason: put.reason.clone(),
+            },
+        );
+        tracing::info!(skill = %name, owner = %put.owner, version, by = %caller.who(), "skill {}", put.action);
+        Ok(SkillVersion {
+            name,
+            owner: put.owner,
+            owner_name: put.owner_name,
+            version,
+            action: put.action,
+            by: put.by,
+            by_name: put.by_name,
+            visibility: put.visibility,
+            at_unix_ms: at_ms,
+            reason: put.reason,
+            content: None,
+        })
+    }
+
+    /// The kept versions of saved skill `name` (only `owner`'s when given),
+    /// oldest first, with their text when `content`. Operators only.
+    pub async fn skill_history(
+        &self,
+        caller: Caller,
+        name: &str,
+        owner: Option<Pid>,
+        content: bool,
+    ) -> Result<Vec<SkillVersion>> {
+        if !caller.sees_all() {
+            return Err(KernelError::PermissionDenied(
+                "only an operator may read a skill's history".to_owned(),
+            ));
+        }
+        if let Some(why) = skill::name_problem(name) {
+            return Err(KernelError::InvalidArgument(format!(
+                "skill name {}: {why}",
+                shown(name)
+            )));
+        }
+        let store = self.durable_store("saved skills")?;
+        let versions = store.skill_history(name.to_owned(), owner, content).await?;
+        if versions.is_empty() {
+            return Err(KernelError::NoSuchSkill(format!(
+                "no process saved a skill called {}{}",
+                shown(name),
+                owner
+                    .map(|o| format!(" as process {o}"))
+                    .unwrap_or_default()
+            )));
+        }
+        Ok(versions)
+    }
+
+    /// Who is making a change: the process, or PID 1 for an operator; its
+    /// name and its line from PID 1.
+    fn who_changes(&self, caller: Caller) -> Result<(Pid, String, Vec<Pid>)> {
+        let me = caller.pid();
+        if me == Pid::KERNEL {
+            return Ok((me, caller.who(), vec![me]));
+        }
+        let table = self.inner.table().read();
+        let entry = table.get(me).ok_or(KernelError::NotFound(me))?;
+        let line = table.lineage(me).ok_or(KernelError::NotFound(me))?;
+        Ok((me, entry.proc.ctx.name.to_string(), line))
+    }
+
+    /// Refuses a new saved skill named like a config skill: the config's
+    /// would hide it wherever both are seen.
+    fn refuse_config_name(&self, name: &str) -> Result<()> {
+        match self.inner.skills().config_skill(name) {
+            Some(entry) => Err(KernelError::InvalidArgument(format!(
+                "skill {name:?} comes from the config ({}); a saved skill of that name would be \
+                 hidden by it, so pick another name",
+                entry.source
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The saved skill `name` that `caller` changes: for a process, the one
+    /// it sees, which it or a descendant of it must own; for an operator,
+    /// `owner`'s, or the only one of that name.
+    fn changeable(
+        &self,
+        caller: Caller,
+        owner: Option<Pid>,
+        name: &str,
+        me: Pid,
+        line: &[Pid],
+    ) -> Result<SavedSkill> {
+        let saved = self.inner.skills().saved().read();
+        let held = if let Caller::Process(_) = caller {
+            saved.find(name, me, line).cloned()
+        } else {
+            let named: Vec<&SavedSkill> = saved
+                .all()
+                .filter(|s| s.name() == name && owner.is_none_or(|o| s.saved().owner == o))
+                .collect();
+            if named.len() > 1 {
+                let owners: Vec<String> =
+                    named.iter().map(|s| s.saved().owner.to_string()).collect();
+                return Err(KernelError::InvalidArgument(format!(
+                    "several processes saved a skill {name:?} (owners {}); name the owner",
+                    owners.join(", ")
+                )));
+            }
+            named.first().map(|s| (*s).clone())
+        };
+        drop(saved);
+        let Some(held) = held else {
+            if let Some(entry) = self.inner.skills().config_skill(name) {
+                return Err(KernelError::PermissionDenied(format!(
+                    "skill {name:?} comes from the config ({}); only skills saved with \
+                     skill_manage may be changed",
+                    entry.source
+                )));
+            }
+            return Err(KernelError::NoSuchSkill(match caller {
+                Caller::Process(pid) => {
+                    format!("process {pid} sees no saved skill called {}", shown(name))
+                }
+                _ => format!("no saved skill is called {}", shown(name)),
+            }));
+        };
+        if !held.changeable_by(me) {
+            let saved = held.saved();
+            return Err(KernelError::PermissionDenied(format!(
+                "skill {name:?} belongs to process {} ({}); only it, its ancestors and the \
+                 operator may change it",
+                saved.owner, saved.owner_name
+            )));
+        }
+        Ok(held)
+    }
+}
+
+/// `content` with its one `old` replaced by `new`.
+fn replaced(name: &str, content: &str, old: &str, new: &str) -> Result<String> {
+    if old.is_empty() {
+        return Err(KernelError::InvalidArgument(format!(
+            "edit of skill {name:?}: `old` is empty; give text of its SKILL.md to replace"
+        )));
+    }
+    match content.matches(old).count() {
+        1 => Ok(content.replacen(old, new, 1)),
+        0 => Err(KernelError::InvalidArgument(format!(
+            "edit of skill {name:?}: `old` does not occur in its SKILL.md; view it and copy \
+             the text exactly"
+        ))),
+        n => Err(KernelError::InvalidArgument(format!(
+            "edit of skill {name:?}: `old` occurs {n} times in its SKILL.md; give a longer \
+             piece that occurs once"
+        ))),
+    }
+}
+
+/// `content` as the `SKILL.md` of a skill called `name`, checked by every
+/// rule of the format; refused with every error found.
+fn checked(name: &str, content: &str) -> Result<hivekernel_agents::Skill> {
+    if content.len() as u64 > MAX_FILE_BYTES {
+        return Err(KernelError::InvalidArgument(format!(
+            "skill {name:?}: content is {} bytes, more than the {MAX_FILE_BYTES} a SKILL.md may have",
+            content.len()
+        )));
+    }
+    let read = skill::parse(Path::new(name), content, Strictness::Strict);
+    let errors: Vec<String> = read
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| match &f.field {
+            Some(field) => format!("- {field}: {}", f.message),
+            None => format!("- {}", f.message),
+        })
+        .collect();
+    match read.skill {
+        Some(skill) if errors.is_empty() => Ok(skill),
+        _ => Err(KernelError::InvalidArgument(format!(
+            "skill {name:?} is not saved; its SKILL.md breaks the Agent Skills format:\n{}",
+            if errors.is_empty() {
+                "- it cannot be read as a skill".to_owned()
+            } else {
+                errors.join("\n")
+            }
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_checked_strictly_with_every_problem_named() {
+        let good = "---\nname: deploy\ndescription: Deploy the service.\n---\nSteps.\n";
+        assert!(checked("deploy", good).is_ok());
+        let bad = format!(
+            "---\nname: Deploy_It\ndescription: {}\ncolour: red\n---\nSteps.\n",
+            "x".repeat(1025)
+        );
+        let err = checked("deploy", &bad).unwrap_err().to_string();
+        for says in ["name", "description", "colour"] {
+            assert!(err.contains(says), "{says} missing from {err}");
+        }
+        assert!(err.lines().count() >= 4, "{err}");
+        let huge = format!("{good}{}", "y".repeat(MAX_FILE_BYTES as usize));
+        assert!(
+            checked("deploy", &huge)
+                .unwrap_err()
+                .to_string()
+                .contains("bytes")
+        );
+    }
+
+    #[test]
+    fn a_patch_replaces_exactly_one_occurrence() {
+        assert_eq!(replaced("s", "a b c", "b", "B").unwrap(), "a B c");
+        assert!(
+            replaced("s", "a b b", "b", "B")
+                .unwrap_err()
+                .to_string()
+                .contains("2 times")
+        );
+        assert!(
+            replaced("s", "a", "z", "B")
+                .unwrap_err()
+                .to_string()
+                .contains("does not occur")
+        );
+        assert!(replaced("s", "a", "", "B").is_err());
+    }
+}

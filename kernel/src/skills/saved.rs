@@ -1,0 +1,193 @@
+//! Skills processes saved with `skill_manage`, as the kernel holds them in
+//! memory: read back from the store at start, changed after each committed
+//! write, and judged per process by their visibility.
+//!
+//! A saved skill belongs to the process that created it; its name is unique
+//! per owner, so two swarms may each keep a `deploy` of their own. When a
+//! process sees several of one name, the nearest wins: its own, then an
+//! ancestor's (the nearest first), then a descendant's, then a global one
+//! from elsewhere; among equals the newest.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use hivekernel_agents::Pid;
+use hivekernel_agents::skill::{
+    self, Saved, Skill, SkillEntry, SkillVisibility, Source, Strictness,
+};
+
+use crate::store::{StoredSkill, in_lineage};
+
+/// One saved skill, with the owner's line its visibility is judged by.
+#[derive(Debug, Clone)]
+pub(crate) struct SavedSkill {
+    pub(crate) entry: SkillEntry,
+    /// The same as the entry's source.
+    saved: Arc<Saved>,
+    /// Its `SKILL.md` as written (an edit patches it).
+    pub(crate) content: Arc<str>,
+    /// `/1/.../owner/`, as recorded when the skill was created.
+    pub(crate) lineage: String,
+}
+
+impl SavedSkill {
+    /// The skill `stored` holds, read as loading reads a `SKILL.md`
+    /// (leniently: a rule tightened since it was written does not lose it).
+    pub(crate) fn from_stored(stored: &StoredSkill) -> Result<SavedSkill, String> {
+        let skill = parsed(&stored.name, &stored.content)?;
+        Ok(SavedSkill::new(
+            skill,
+            stored.content.as_str().into(),
+            Saved {
+                owner: stored.owner,
+                owner_name: stored.owner_name.clone(),
+                visibility: stored.visibility,
+                version: stored.version,
+                updated_at_unix_ms: stored.updated_ms,
+            },
+            stored.lineage.clone(),
+        ))
+    }
+
+    pub(crate) fn new(
+        skill: Skill,
+        content: Arc<str>,
+        saved: Saved,
+        lineage: String,
+    ) -> SavedSkill {
+        let saved = Arc::new(saved);
+        SavedSkill {
+            entry: SkillEntry {
+                skill: Arc::new(skill),
+                source: Source::Saved(saved.clone()),
+            },
+            saved,
+            content,
+            lineage,
+        }
+    }
+
+    pub(crate) fn saved(&self) -> &Saved {
+        &self.saved
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.entry.skill.name
+    }
+
+    /// How near the owner is to process `pid` whose line from PID 1 is
+    /// `line`, when `pid` sees the skill: 0 its own, then its ancestors
+    /// (the nearest first), then its descendants, then global ones.
+    fn nearness(&self, pid: Pid, line: &[Pid]) -> Option<usize> {
+        let saved = self.saved();
+        let owner = saved.owner;
+        if owner == pid {
+            return Some(0);
+        }
+        let ancestor = line.iter().rev().position(|&p| p == owner);
+        let descendant = in_lineage(&self.lineage, pid);
+        match saved.visibility {
+            SkillVisibility::Private => None,
+            SkillVisibility::Subtree | SkillVisibility::Global if ancestor.is_some() => ancestor,
+            SkillVisibility::Subtree | SkillVisibility::Global if descendant => {
+                Some(line.len() + 1)
+            }
+            SkillVisibility::Global => Some(line.len() + 2),
+            SkillVisibility::Subtree => None,
+        }
+    }
+
+    /// Whether process `pid` may change the skill: its owner, the owner's
+    /// ancestors and PID 1 (the operator) may.
+    pub(crate) fn changeable_by(&self, pid: Pid) -> bool {
+        pid == Pid::KERNEL || in_lineage(&self.lineage, pid)
+    }
+}
+
+/// A `SKILL.md` of a saved skill called `name`, read leniently.
+pub(crate) fn parsed(name: &str, content: &str) -> Result<Skill, String> {
+    let read = skill::parse(Path::new(name), content, Strictness::Lenient);
+    read.skill.ok_or_else(|| {
+        read.findings
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// The saved skills, by name then owner.
+#[derive(Debug, Default)]
+pub(crate) struct SavedSkills {
+    skills: BTreeMap<(String, Pid), SavedSkill>,
+}
+
+impl SavedSkills {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.skills.is_empty()
+    }
+
+    /// Puts `skill` in, unless a newer version of it is there already.
+    pub(crate) fn put(&mut self, skill: SavedSkill) {
+        let key = (skill.name().to_owned(), skill.saved().owner);
+        let newer = self
+            .skills
+            .get(&key)
+            .is_some_and(|held| held.saved().version > skill.saved().version);
+        if !newer {
+            self.skills.insert(key, skill);
+        }
+    }
+
+    /// Takes `owner`'s skill `name` out, unless it is newer than `version`
+    /// (the delete's).
+    pub(crate) fn remove(&mut self, name: &str, owner: Pid, version: u64) {
+        let key = (name.to_owned(), owner);
+        if self
+            .skills
+            .get(&key)
+            .is_some_and(|held| held.saved().version < version)
+        {
+            self.skills.remove(&key);
+        }
+    }
+
+    /// The skill called `name` that process `pid` (line `line`) sees.
+    pub(crate) fn find(&self, name: &str, pid: Pid, line: &[Pid]) -> Option<&SavedSkill> {
+        let named = self
+            .skills
+            .range((name.to_owned(), Pid(0))..=(name.to_owned(), Pid(u64::MAX)));
+        named
+            .filter_map(|(_, skill)| Some((skill.nearness(pid, line)?, skill)))
+            .min_by(|(a, x), (b, y)| {
+                a.cmp(b).then(
+                    y.saved()
+                        .updated_at_unix_ms
+                        .cmp(&x.saved().updated_at_unix_ms),
+                )
+            })
+            .map(|(_, skill)| skill)
+    }
+
+    /// Every skill process `pid` (line `line`) sees, one per name.
+    pub(crate) fn seen_by(&self, pid: Pid, line: &[Pid]) -> Vec<SkillEntry> {
+        let mut seen: Vec<SkillEntry> = Vec::new();
+        let mut last: Option<&str> = None;
+        for ((name, _), _) in &self.skills {
+            if last == Some(name.as_str()) {
+                continue;
+            }
+            last = Some(name);
+            if let Some(skill) = self.find(name, pid, line) {
+                seen.push(skill.entry.clone());
+            }
+        }
+        seen
+    }
+
+    /// Every saved skill, by name then owner.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &SavedSkill> {
+        self.skills.values()
+    }
+}
