@@ -614,3 +614,107 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     assert_eq!(seen.source.saved().map(|s| s.version), Some(2));
     kernel.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_skill_on_the_real_binary_ls_show_history_rm() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let skills = skill_dirs();
+    let save = json!({"action": "create", "name": "release", "content": RELEASE,
+                      "reason": "worked for v1.2"});
+    let llm = LlmServer::start(vec![
+        Scripted::tool_calls(&[("c1", "skill_manage", &save.to_string())]),
+        Scripted::content("saved"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = json!({
+        "kernel": { "listen": "127.0.0.1:0", "skills": [skills.shared, skills.team] },
+        "llm": { "provider": "openai", "base_url": llm.base_url(),
+                 "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0 },
+        "roles": { "daemon": { "capabilities": ["send_message", "manage_skills"] } },
+        "agents": [
+            { "name": "keeper", "role": "daemon", "runtime": "tool_agent", "model": "m",
+              "system_prompt": "You keep procedures.", "tools": ["skills", "skill_manage"] }
+        ]
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let kernel = Binary::start(&bin, dir.path());
+    assert_eq!(
+        kernel
+            .cli(&["exec", "keeper", "save the release steps"])
+            .trim(),
+        "saved"
+    );
+
+    let table = kernel.cli(&["skills", "ls"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("release"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("subtree") && row.contains("saved by process") && row.contains("(keeper)"),
+        "{row}"
+    );
+    let shown = kernel.json(&["skills", "show", "release", "--json"]);
+    assert_eq!(shown["saved"]["visibility"], "subtree");
+    assert_eq!(shown["saved"]["version"], 1);
+    assert_eq!(shown["saved"]["owner_name"], "keeper");
+    assert!(
+        shown["body"]
+            .as_str()
+            .unwrap()
+            .contains("1. Tag the commit.")
+    );
+
+    let history = kernel.cli(&["skills", "history", "release"]);
+    assert!(
+        history.contains("create") && history.contains("worked for v1.2"),
+        "{history}"
+    );
+    // A config skill is not the agents' to change, nor has a history.
+    let config_rm = kernel
+        .command(&["skills", "rm", "triage"])
+        .output()
+        .unwrap();
+    assert!(!config_rm.status.success());
+    let said = String::from_utf8_lossy(&config_rm.stderr);
+    assert!(said.contains("comes from the config"), "{said}");
+
+    let removed = kernel.cli(&["skills", "rm", "release", "--reason", "stale"]);
+    assert!(removed.contains("deleted skill release"), "{removed}");
+    let history = kernel.json(&["skills", "history", "release", "--json"]);
+    let rows: Vec<(String, String)> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["action"].as_str().unwrap().to_owned(),
+                v["by_name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("create".to_owned(), "keeper".to_owned()),
+            ("delete".to_owned(), "admin".to_owned())
+        ]
+    );
+    assert!(
+        history[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Tag the commit")
+    );
+    let gone = kernel
+        .command(&["skills", "show", "release"])
+        .output()
+        .unwrap();
+    assert!(!gone.status.success());
+    let events = kernel.cli(&["events", "--type", "skill_changed"]);
+    assert_eq!(events.lines().count(), 2, "{events}");
+}

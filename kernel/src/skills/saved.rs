@@ -191,3 +191,99 @@ impl SavedSkills {
         self.skills.values()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::lineage;
+
+    fn saved(name: &str, owner_line: &[u64], visibility: SkillVisibility, at: u64) -> SavedSkill {
+        let line: Vec<Pid> = owner_line.iter().copied().map(Pid).collect();
+        let owner = *line.last().unwrap();
+        let text = format!("---\nname: {name}\ndescription: By {owner}.\n---\nSteps.\n");
+        SavedSkill::new(
+            parsed(name, &text).unwrap(),
+            text.as_str().into(),
+            Saved {
+                owner,
+                owner_name: format!("p{owner}"),
+                visibility,
+                version: 1,
+                updated_at_unix_ms: at,
+            },
+            lineage(&line),
+        )
+    }
+
+    fn seen(skills: &SavedSkills, line: &[u64]) -> Vec<String> {
+        let line: Vec<Pid> = line.iter().copied().map(Pid).collect();
+        skills
+            .seen_by(*line.last().unwrap(), &line)
+            .iter()
+            .map(|e| format!("{}@{}", e.skill.name, e.source.saved().unwrap().owner))
+            .collect()
+    }
+
+    #[test]
+    fn visibility_follows_the_tree_and_the_nearest_owner_wins() {
+        // 1 ─ 2 (queen-a) ─ 3 (worker) ─ 5 (its child)
+        //   └ 4 (queen-b)
+        let mut skills = SavedSkills::default();
+        skills.put(saved("mine", &[1, 3], SkillVisibility::Private, 1));
+        skills.put(saved("swarm", &[1, 2, 3], SkillVisibility::Subtree, 1));
+        skills.put(saved("everyone", &[1, 4], SkillVisibility::Global, 1));
+        assert_eq!(
+            seen(&skills, &[1, 2, 3]),
+            ["everyone@4", "mine@3", "swarm@3"]
+        );
+        assert_eq!(
+            seen(&skills, &[1, 2]),
+            ["everyone@4", "swarm@3"],
+            "an ancestor"
+        );
+        assert_eq!(
+            seen(&skills, &[1, 2, 3, 5]),
+            ["everyone@4", "swarm@3"],
+            "a descendant"
+        );
+        assert_eq!(seen(&skills, &[1, 4]), ["everyone@4"], "another swarm");
+        assert_eq!(seen(&skills, &[1, 2, 6]), ["everyone@4"], "a sibling");
+
+        // One name, several owners: own, then the nearest ancestor, then a
+        // descendant, then a global one from elsewhere.
+        skills.put(saved("deploy", &[1, 4], SkillVisibility::Global, 9));
+        assert_eq!(seen(&skills, &[1, 2, 3])[0], "deploy@4");
+        skills.put(saved("deploy", &[1, 2, 3, 5], SkillVisibility::Subtree, 1));
+        assert_eq!(seen(&skills, &[1, 2, 3])[0], "deploy@5");
+        skills.put(saved("deploy", &[1, 2], SkillVisibility::Subtree, 1));
+        assert_eq!(seen(&skills, &[1, 2, 3])[0], "deploy@2");
+        skills.put(saved("deploy", &[1, 2, 3], SkillVisibility::Private, 1));
+        assert_eq!(seen(&skills, &[1, 2, 3])[0], "deploy@3");
+        assert_eq!(seen(&skills, &[1, 4])[0], "deploy@4");
+
+        // Who may change one: its owner and the owner's ancestors.
+        let swarm = skills
+            .find("swarm", Pid(3), &[Pid(1), Pid(2), Pid(3)])
+            .unwrap();
+        assert!(swarm.changeable_by(Pid(3)) && swarm.changeable_by(Pid(2)));
+        assert!(!swarm.changeable_by(Pid(4)) && !swarm.changeable_by(Pid(5)));
+    }
+
+    #[test]
+    fn an_older_version_never_replaces_or_removes_a_newer_one() {
+        let mut skills = SavedSkills::default();
+        let mut v2 = saved("s", &[1, 2], SkillVisibility::Global, 2);
+        v2.saved = Arc::new(Saved {
+            version: 2,
+            ..v2.saved().clone()
+        });
+        skills.put(v2);
+        skills.put(saved("s", &[1, 2], SkillVisibility::Global, 1));
+        let held = skills.find("s", Pid(2), &[Pid(1), Pid(2)]).unwrap();
+        assert_eq!(held.saved().version, 2);
+        skills.remove("s", Pid(2), 2);
+        assert!(skills.find("s", Pid(2), &[Pid(1), Pid(2)]).is_some());
+        skills.remove("s", Pid(2), 3);
+        assert!(skills.is_empty());
+    }
+}

@@ -582,6 +582,69 @@ async fn malformed_requests_are_refused_and_change_nothing() {
         "no child named \"nobody\" under PID 1",
     );
 
+    // Skills: every malformed change is refused before anything is looked up.
+    let manage = |action: &str, name: &str| pb::ManageSkillRequest {
+        action: action.into(),
+        name: name.into(),
+        ..pb::ManageSkillRequest::default()
+    };
+    let changes: Vec<(&str, pb::ManageSkillRequest, Code, &str)> = vec![
+        (
+            "unknown skill action",
+            manage("rename", "x"),
+            Code::InvalidArgument,
+            "unknown skill action \"rename\"",
+        ),
+        (
+            "unknown visibility",
+            pb::ManageSkillRequest {
+                content: "c".into(),
+                visibility: "user".into(),
+                ..manage("create", "x")
+            },
+            Code::InvalidArgument,
+            "unknown skill visibility",
+        ),
+        (
+            "create without content",
+            manage("create", "x"),
+            Code::InvalidArgument,
+            "needs content",
+        ),
+        (
+            "a name with a slash",
+            manage("delete", "a/b"),
+            Code::InvalidArgument,
+            "no spaces, control characters or `/`",
+        ),
+        (
+            "a megabyte name",
+            manage("delete", &"n".repeat(1 << 20)),
+            Code::InvalidArgument,
+            "at most 64",
+        ),
+        (
+            "an operator creating a skill",
+            pb::ManageSkillRequest {
+                content: "c".into(),
+                ..manage("create", "x")
+            },
+            Code::FailedPrecondition,
+            "no store",
+        ),
+    ];
+    for (what, request, code, says) in changes {
+        refused(what, client.manage_skill(request).await, code, says);
+    }
+    refused(
+        "the history of an empty name",
+        client
+            .skill_history(pb::SkillHistoryRequest::default())
+            .await,
+        Code::InvalidArgument,
+        "the skill name is empty",
+    );
+
     // A request over the server's size limit is refused by the transport; the server carries on.
     let too_big = pb::SpawnRequest {
         system_prompt: "p".repeat(5 << 20),

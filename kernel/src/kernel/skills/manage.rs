@@ -50,7 +50,6 @@ impl Kernel {
         owner: Option<Pid>,
         write: SkillWrite,
     ) -> Result<SkillVersion> {
-        let store = self.durable_store("saved skills")?;
         let SkillWrite {
             name,
             change,
@@ -62,6 +61,7 @@ impl Kernel {
                 shown(&name)
             )));
         }
+        let store = self.durable_store("saved skills")?;
         let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON));
         let (me, my_name, line) = self.who_changes(caller)?;
         let at_ms = unix_ms(SystemTime::now());
@@ -235,6 +235,13 @@ impl Kernel {
         let store = self.durable_store("saved skills")?;
         let versions = store.skill_history(name.to_owned(), owner, content).await?;
         if versions.is_empty() {
+            if let Some(entry) = self.inner.skills().config_skill(name) {
+                return Err(KernelError::NoSuchSkill(format!(
+                    "skill {name:?} comes from the config ({}) and has no history here; \
+                     only skills saved with skill_manage are versioned",
+                    entry.source
+                )));
+            }
             return Err(KernelError::NoSuchSkill(format!(
                 "no process saved a skill called {}{}",
                 shown(name),
