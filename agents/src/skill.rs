@@ -28,7 +28,8 @@ pub use format::{
     SKILL_FILE, Severity, Strictness, parse, read,
 };
 pub use saved::{
-    Rewrite, Saved, SkillAction, SkillChange, SkillVersion, SkillVisibility, SkillWrite,
+    Rewrite, Saved, SkillAction, SkillChange, SkillRequest, SkillVersion, SkillVisibility,
+    SkillWrite,
 };
 
 /// A skill as read from its directory.

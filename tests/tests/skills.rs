@@ -512,7 +512,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         results[0]
     );
     assert!(
-        results[1].contains("sees no saved skill called"),
+        results[1].contains("may change no saved skill called"),
         "{}",
         results[1]
     );
@@ -525,6 +525,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     // The saver edits it; an invalid edit changes nothing.
     let edit = |rewrite| hivekernel_agents::skill::SkillWrite {
         name: "release".into(),
+        owner: None,
         change: hivekernel_agents::skill::SkillChange::Edit {
             rewrite,
             visibility: Some(hivekernel_agents::skill::SkillVisibility::Global),
@@ -534,7 +535,6 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     let edited = kernel
         .manage_skill(
             Caller::Process(queen_a),
-            None,
             edit(hivekernel_agents::skill::Rewrite::Replace {
                 old: "2. Run the release pipeline.".into(),
                 new: "2. Run the release pipeline.\n3. Announce it.".into(),
@@ -546,7 +546,6 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     let refused = kernel
         .manage_skill(
             Caller::Process(queen_a),
-            None,
             edit(hivekernel_agents::skill::Rewrite::Whole(
                 "no frontmatter".into(),
             )),
@@ -554,11 +553,61 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         .await
         .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
-    // Global now: the other swarm sees it.
-    assert!(names(&kernel, queen_b).contains(&"release".to_owned()));
+    // Global now: the other swarm sees it, and may keep a release of its
+    // own, which it then sees instead (the nearest owner wins).
+    let owner_of = |pid: Pid| {
+        let seen = kernel.skill(Caller::Process(pid), "release", None).unwrap();
+        seen.source.saved().unwrap().owner
+    };
+    assert_eq!(owner_of(queen_b), queen_a);
+    let create = |name: &str, visibility| hivekernel_agents::skill::SkillWrite {
+        name: name.into(),
+        owner: None,
+        change: hivekernel_agents::skill::SkillChange::Create {
+            content: RELEASE.replace("name: release", &format!("name: {name}")),
+            visibility,
+        },
+        reason: None,
+    };
+    use hivekernel_agents::skill::SkillVisibility;
+    kernel
+        .manage_skill(
+            Caller::Process(queen_b),
+            create("release", SkillVisibility::Private),
+        )
+        .await
+        .unwrap();
+    assert_eq!(owner_of(queen_b), queen_b);
+    assert_eq!(owner_of(queen_a), queen_a);
+    // A worker's private skill: hidden from its leader, who may still
+    // delete it; the other swarm can do neither.
+    kernel
+        .manage_skill(
+            Caller::Process(worker),
+            create("scratch", SkillVisibility::Private),
+        )
+        .await
+        .unwrap();
+    assert!(!names(&kernel, queen_a).contains(&"scratch".to_owned()));
+    let delete = |name: &str| hivekernel_agents::skill::SkillWrite {
+        name: name.into(),
+        owner: None,
+        change: hivekernel_agents::skill::SkillChange::Delete,
+        reason: None,
+    };
+    let outsider = kernel
+        .manage_skill(Caller::Process(queen_b), delete("scratch"))
+        .await
+        .unwrap_err();
+    assert_eq!(outsider.kind(), ErrorKind::NotFound, "{outsider}");
+    let cleaned = kernel
+        .manage_skill(Caller::Process(queen_a), delete("scratch"))
+        .await
+        .unwrap();
+    assert_eq!((cleaned.owner, cleaned.by), (worker, queen_a));
 
     let history = kernel
-        .skill_history(Caller::Admin, "release", None, true)
+        .skill_history(Caller::Admin, "release", Some(queen_a), true)
         .await
         .unwrap();
     let rows: Vec<(u64, String, Pid, String)> = history
@@ -598,7 +647,16 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
             _ => None,
         })
         .collect();
-    assert_eq!(events, [("create".into(), 1), ("edit".into(), 2)]);
+    assert_eq!(
+        events,
+        [
+            ("create".into(), 1),
+            ("edit".into(), 2),
+            ("create".into(), 1),
+            ("create".into(), 1),
+            ("delete".into(), 2)
+        ]
+    );
 
     // Kept across a restart.
     kernel.shutdown().await;

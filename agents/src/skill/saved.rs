@@ -50,6 +50,9 @@ pub struct Saved {
 pub struct SkillWrite {
     /// The skill's name (its `SKILL.md` must carry the same).
     pub name: String,
+    /// Whose skill an edit or delete is for, when several of that name
+    /// could be meant (the caller's own, or one of its descendants').
+    pub owner: Option<Pid>,
     pub change: SkillChange,
     /// Why, kept with the version (`skills history`).
     pub reason: Option<String>,
@@ -104,4 +107,175 @@ pub struct SkillVersion {
     /// The `SKILL.md` as of this version (`None` for a delete, or when not asked for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+}
+
+/// A change as its fields arrive, from a tool call or a gRPC request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillRequest {
+    pub action: Option<SkillAction>,
+    pub name: String,
+    pub content: Option<String>,
+    pub old: Option<String>,
+    pub new: Option<String>,
+    pub visibility: Option<SkillVisibility>,
+    pub reason: Option<String>,
+    pub owner: Option<Pid>,
+}
+
+impl SkillRequest {
+    /// The change these fields spell, or what is wrong with them: each
+    /// action takes its own fields and refuses the others.
+    pub fn into_write(self) -> Result<SkillWrite, String> {
+        let SkillRequest {
+            action,
+            name,
+            content,
+            old,
+            new,
+            visibility,
+            reason,
+            owner,
+        } = self;
+        let action = action.ok_or("`action` is missing: create, edit or delete")?;
+        let unused = |field: &str, given: bool| {
+            if given {
+                Err(format!("field `{field}` is not used by {action}"))
+            } else {
+                Ok(())
+            }
+        };
+        let change = match action {
+            SkillAction::Create => {
+                unused("old", old.is_some())?;
+                unused("new", new.is_some())?;
+                unused("owner", owner.is_some())?;
+                let content = content.ok_or("create needs `content`: the whole SKILL.md")?;
+                SkillChange::Create {
+                    content,
+                    visibility: visibility.unwrap_or_default(),
+                }
+            }
+            SkillAction::Edit => {
+                let rewrite = match (content, old, new) {
+                    (Some(content), None, None) => Rewrite::Whole(content),
+                    (None, Some(old), Some(new)) => Rewrite::Replace { old, new },
+                    (None, None, None) if visibility.is_some() => Rewrite::Keep,
+                    (None, None, None) => {
+                        return Err("edit needs `content` (the whole new SKILL.md), or `old` \
+                                    and `new`, or a new `visibility`"
+                            .to_owned());
+                    }
+                    (Some(_), _, _) => {
+                        return Err(
+                            "edit takes either `content` or `old` and `new`, not both".into()
+                        );
+                    }
+                    (None, _, _) => {
+                        return Err("edit with `old` needs `new` too, and the reverse".into());
+                    }
+                };
+                SkillChange::Edit {
+                    rewrite,
+                    visibility,
+                }
+            }
+            SkillAction::Delete => {
+                unused("content", content.is_some())?;
+                unused("old", old.is_some())?;
+                unused("new", new.is_some())?;
+                unused("visibility", visibility.is_some())?;
+                SkillChange::Delete
+            }
+        };
+        Ok(SkillWrite {
+            name,
+            owner,
+            change,
+            reason: reason.filter(|r| !r.trim().is_empty()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn write(value: Value) -> Result<SkillWrite, String> {
+        serde_json::from_value::<SkillRequest>(value)
+            .map_err(|e| e.to_string())?
+            .into_write()
+    }
+
+    #[test]
+    fn each_action_takes_its_own_fields_and_refuses_the_others() {
+        let created = write(json!({"action": "create", "name": "x", "content": "---"})).unwrap();
+        assert_eq!(
+            created.change,
+            SkillChange::Create {
+                content: "---".into(),
+                visibility: SkillVisibility::Subtree
+            }
+        );
+        let patched =
+            write(json!({"action": "edit", "name": "x", "old": "a", "new": "", "owner": 7}))
+                .unwrap();
+        assert_eq!(patched.owner, Some(Pid(7)));
+        assert_eq!(
+            patched.change,
+            SkillChange::Edit {
+                rewrite: Rewrite::Replace {
+                    old: "a".into(),
+                    new: String::new()
+                },
+                visibility: None
+            }
+        );
+        let moved = write(json!({"action": "edit", "name": "x", "visibility": "global"})).unwrap();
+        assert!(matches!(
+            moved.change,
+            SkillChange::Edit {
+                rewrite: Rewrite::Keep,
+                ..
+            }
+        ));
+        for (bad, says) in [
+            (json!({"name": "x"}), "`action` is missing"),
+            (json!({"action": "create", "name": "x"}), "needs `content`"),
+            (
+                json!({"action": "create", "name": "x", "content": "c", "owner": 3}),
+                "`owner` is not used",
+            ),
+            (json!({"action": "edit", "name": "x"}), "edit needs"),
+            (
+                json!({"action": "edit", "name": "x", "old": "a"}),
+                "needs `new`",
+            ),
+            (
+                json!({"action": "edit", "name": "x", "content": "c", "old": "a", "new": "b"}),
+                "not both",
+            ),
+            (
+                json!({"action": "delete", "name": "x", "content": "c"}),
+                "not used by delete",
+            ),
+            (
+                json!({"action": "delete", "name": "x", "visibility": "global"}),
+                "not used by delete",
+            ),
+            (
+                json!({"action": "rename", "name": "x"}),
+                "unknown skill action",
+            ),
+            (
+                json!({"action": "create", "name": "x", "content": "c", "visibility": "user"}),
+                "unknown skill visibility",
+            ),
+        ] {
+            let err = write(bad.clone()).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

@@ -4,29 +4,16 @@
 //! found; only skills processes saved may be changed, never the config's.
 
 use async_trait::async_trait;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::args::invalid;
 use super::{Tool, ToolContext, ToolError, decode, refused};
 use crate::capability::Capability;
-use crate::skill::{Rewrite, SkillAction, SkillChange, SkillVisibility, SkillWrite};
+use crate::skill::{SkillAction, SkillRequest, SkillVisibility};
 
 /// The `skill_manage` tool.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SkillManage;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Args {
-    action: SkillAction,
-    name: String,
-    content: Option<String>,
-    old: Option<String>,
-    new: Option<String>,
-    visibility: Option<SkillVisibility>,
-    reason: Option<String>,
-}
 
 #[async_trait]
 impl Tool for SkillManage {
@@ -55,6 +42,11 @@ impl Tool for SkillManage {
                     "type": "string",
                     "description": "The skill's name: 1-64 of a-z, 0-9 and single hyphens, as in its frontmatter."
                 },
+                "owner": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "edit or delete: the PID whose skill it is, when you and a descendant of yours both saved one of this name."
+                },
                 "content": {
                     "type": "string",
                     "description": "create, or edit replacing it whole: the SKILL.md, starting with ---\\nname: ...\\ndescription: ...\\n---"
@@ -74,8 +66,8 @@ impl Tool for SkillManage {
     }
 
     async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<String, ToolError> {
-        let args: Args = decode(self, args)?;
-        let write = write(args).map_err(|why| invalid(self, why))?;
+        let request: SkillRequest = decode(self, args)?;
+        let write = request.into_write().map_err(|why| invalid(self, why))?;
         let version = ctx
             .process
             .syscalls
@@ -102,139 +94,5 @@ impl Tool for SkillManage {
                 }
             ),
         })
-    }
-}
-
-/// The change `args` spell, or what is wrong with them.
-fn write(args: Args) -> Result<SkillWrite, String> {
-    let Args {
-        action,
-        name,
-        content,
-        old,
-        new,
-        visibility,
-        reason,
-    } = args;
-    let unused = |field: &str, given: bool| {
-        if given {
-            Err(format!("field `{field}` is not used by {action}"))
-        } else {
-            Ok(())
-        }
-    };
-    let change = match action {
-        SkillAction::Create => {
-            unused("old", old.is_some())?;
-            unused("new", new.is_some())?;
-            let content = content.ok_or("create needs `content`: the whole SKILL.md")?;
-            SkillChange::Create {
-                content,
-                visibility: visibility.unwrap_or_default(),
-            }
-        }
-        SkillAction::Edit => {
-            let rewrite = match (content, old, new) {
-                (Some(content), None, None) => Rewrite::Whole(content),
-                (None, Some(old), Some(new)) => Rewrite::Replace { old, new },
-                (None, None, None) if visibility.is_some() => Rewrite::Keep,
-                (None, None, None) => {
-                    return Err(
-                        "edit needs `content` (the whole new SKILL.md), or `old` and `new`, \
-                         or a new `visibility`"
-                            .to_owned(),
-                    );
-                }
-                (Some(_), _, _) => {
-                    return Err("edit takes either `content` or `old` and `new`, not both".into());
-                }
-                (None, _, _) => {
-                    return Err("edit with `old` needs `new` too, and the reverse".into());
-                }
-            };
-            SkillChange::Edit {
-                rewrite,
-                visibility,
-            }
-        }
-        SkillAction::Delete => {
-            unused("content", content.is_some())?;
-            unused("old", old.is_some())?;
-            unused("new", new.is_some())?;
-            unused("visibility", visibility.is_some())?;
-            SkillChange::Delete
-        }
-    };
-    Ok(SkillWrite {
-        name,
-        change,
-        reason: reason.filter(|r| !r.trim().is_empty()),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(value: Value) -> Result<SkillWrite, String> {
-        write(serde_json::from_value(value).map_err(|e| e.to_string())?)
-    }
-
-    #[test]
-    fn arguments_spell_one_change_or_are_refused() {
-        let created = args(json!({"action": "create", "name": "x", "content": "---"})).unwrap();
-        assert_eq!(
-            created.change,
-            SkillChange::Create {
-                content: "---".into(),
-                visibility: SkillVisibility::Subtree
-            }
-        );
-        let patched = args(json!({"action": "edit", "name": "x", "old": "a", "new": "b"})).unwrap();
-        assert_eq!(
-            patched.change,
-            SkillChange::Edit {
-                rewrite: Rewrite::Replace {
-                    old: "a".into(),
-                    new: "b".into()
-                },
-                visibility: None
-            }
-        );
-        let moved = args(json!({"action": "edit", "name": "x", "visibility": "global"})).unwrap();
-        assert!(matches!(
-            moved.change,
-            SkillChange::Edit {
-                rewrite: Rewrite::Keep,
-                ..
-            }
-        ));
-        for (bad, says) in [
-            (json!({"action": "create", "name": "x"}), "needs `content`"),
-            (json!({"action": "edit", "name": "x"}), "edit needs"),
-            (
-                json!({"action": "edit", "name": "x", "old": "a"}),
-                "needs `new`",
-            ),
-            (
-                json!({"action": "edit", "name": "x", "content": "c", "old": "a", "new": "b"}),
-                "not both",
-            ),
-            (
-                json!({"action": "delete", "name": "x", "content": "c"}),
-                "not used by delete",
-            ),
-            (
-                json!({"action": "rename", "name": "x"}),
-                "unknown skill action",
-            ),
-            (
-                json!({"action": "create", "name": "x", "content": "c", "visibility": "user"}),
-                "unknown skill visibility",
-            ),
-        ] {
-            let err = args(bad.clone()).unwrap_err();
-            assert!(err.contains(says), "{bad}: {err}");
-        }
     }
 }

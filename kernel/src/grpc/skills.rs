@@ -2,7 +2,7 @@
 //! instructions out; saved skills changed, and their history.
 
 use hivekernel_agents::skill::{
-    Rewrite, SkillAction, SkillChange, SkillVersion, SkillVisibility, SkillWrite, Source,
+    SkillAction, SkillRequest, SkillVersion, SkillVisibility, SkillWrite, Source,
 };
 use hivekernel_agents::{Pid, SkillEntry};
 use hivekernel_proto::v1 as pb;
@@ -89,9 +89,8 @@ pub(super) async fn manage(
     caller: Caller,
     request: pb::ManageSkillRequest,
 ) -> Result<pb::SkillVersion, Status> {
-    let owner = owner(request.owner);
     let write = write(request).map_err(Status::invalid_argument)?;
-    let version = kernel.manage_skill(caller, owner, write).await?;
+    let version = kernel.manage_skill(caller, write).await?;
     Ok(version_pb(version))
 }
 
@@ -112,46 +111,35 @@ fn owner(pid: u64) -> Option<Pid> {
     (pid != 0).then_some(Pid(pid))
 }
 
-/// The change a request spells, or what is wrong with it (the same rules
-/// as the `skill_manage` tool's arguments).
+/// The change a request spells, or what is wrong with it: the same rules
+/// as the `skill_manage` tool's arguments (an empty string is a field not
+/// given, except `new` beside an `old`, which removes `old`).
 fn write(request: pb::ManageSkillRequest) -> Result<SkillWrite, String> {
-    let action: SkillAction = request.action.parse().map_err(|e| format!("action: {e}"))?;
+    let given = |text: String| (!text.is_empty()).then_some(text);
+    let action = match request.action.as_str() {
+        "" => None,
+        given => Some(given.parse::<SkillAction>()?),
+    };
     let visibility = match request.visibility.as_str() {
         "" => None,
-        given => Some(
-            given
-                .parse::<SkillVisibility>()
-                .map_err(|e| format!("visibility: {e}"))?,
-        ),
+        given => Some(given.parse::<SkillVisibility>()?),
     };
-    let given = |text: String| (!text.is_empty()).then_some(text);
-    let (content, old, new) = (given(request.content), given(request.old), request.new);
-    let change = match action {
-        SkillAction::Create => SkillChange::Create {
-            content: content.ok_or("create needs content: the whole SKILL.md")?,
-            visibility: visibility.unwrap_or_default(),
-        },
-        SkillAction::Edit => SkillChange::Edit {
-            rewrite: match (content, old) {
-                (Some(content), None) => Rewrite::Whole(content),
-                (None, Some(old)) => Rewrite::Replace { old, new },
-                (None, None) if visibility.is_some() => Rewrite::Keep,
-                (None, None) => {
-                    return Err(
-                        "edit needs content, or old and new, or a new visibility".to_owned()
-                    );
-                }
-                (Some(_), Some(_)) => return Err("edit takes content or old, not both".into()),
-            },
-            visibility,
-        },
-        SkillAction::Delete => SkillChange::Delete,
+    let new = if request.old.is_empty() {
+        given(request.new)
+    } else {
+        Some(request.new)
     };
-    Ok(SkillWrite {
+    SkillRequest {
+        action,
         name: request.name,
-        change,
+        content: given(request.content),
+        old: given(request.old),
+        new,
+        visibility,
         reason: given(request.reason),
-    })
+        owner: owner(request.owner),
+    }
+    .into_write()
 }
 
 fn version_pb(version: SkillVersion) -> pb::SkillVersion {

@@ -298,10 +298,7 @@ impl Syscalls for KernelSyscalls {
         &self,
         write: hivekernel_agents::skill::SkillWrite,
     ) -> Result<hivekernel_agents::skill::SkillVersion, SyscallError> {
-        Ok(self
-            .kernel()?
-            .manage_skill(self.caller(), None, write)
-            .await?)
+        Ok(self.kernel()?.manage_skill(self.caller(), write).await?)
     }
 
     async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {

@@ -170,11 +170,43 @@ impl SavedSkills {
             .map(|(_, skill)| skill)
     }
 
+    /// The skill called `name` that `pid` (line `line`; PID 1 for an
+    /// operator) changes: `owner`'s when given; else its own, else the one
+    /// it sees when it may change that, else the only one of its
+    /// descendants'. `Err` with the owners when several could be meant.
+    pub(crate) fn changeable(
+        &self,
+        name: &str,
+        owner: Option<Pid>,
+        pid: Pid,
+        line: &[Pid],
+    ) -> Result<Option<&SavedSkill>, Vec<Pid>> {
+        let mut candidates: Vec<&SavedSkill> = self
+            .skills
+            .range((name.to_owned(), Pid(0))..=(name.to_owned(), Pid(u64::MAX)))
+            .map(|(_, skill)| skill)
+            .filter(|skill| skill.changeable_by(pid))
+            .filter(|skill| owner.is_none_or(|o| skill.saved.owner == o))
+            .collect();
+        if owner.is_some() || candidates.len() <= 1 {
+            return Ok(candidates.pop());
+        }
+        if let Some(own) = candidates.iter().find(|s| s.saved.owner == pid) {
+            return Ok(Some(own));
+        }
+        if let Some(seen) = self.find(name, pid, line)
+            && seen.changeable_by(pid)
+        {
+            return Ok(Some(seen));
+        }
+        Err(candidates.iter().map(|s| s.saved.owner).collect())
+    }
+
     /// Every skill process `pid` (line `line`) sees, one per name.
     pub(crate) fn seen_by(&self, pid: Pid, line: &[Pid]) -> Vec<SkillEntry> {
         let mut seen: Vec<SkillEntry> = Vec::new();
         let mut last: Option<&str> = None;
-        for ((name, _), _) in &self.skills {
+        for (name, _) in self.skills.keys() {
             if last == Some(name.as_str()) {
                 continue;
             }
@@ -194,6 +226,7 @@ impl SavedSkills {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::store::lineage;
 
@@ -267,6 +300,56 @@ mod tests {
             .unwrap();
         assert!(swarm.changeable_by(Pid(3)) && swarm.changeable_by(Pid(2)));
         assert!(!swarm.changeable_by(Pid(4)) && !swarm.changeable_by(Pid(5)));
+    }
+
+    #[test]
+    fn an_edit_takes_the_callers_own_then_the_one_it_sees_then_a_descendants() {
+        let line = |pids: &[u64]| pids.iter().copied().map(Pid).collect::<Vec<_>>();
+        let owner = |found: Result<Option<&SavedSkill>, Vec<Pid>>| {
+            found.map(|s| s.map(|s| s.saved().owner.0))
+        };
+        let mut skills = SavedSkills::default();
+        // Two of 2's descendants saved `s`, privately.
+        skills.put(saved("s", &[1, 2, 3], SkillVisibility::Private, 1));
+        skills.put(saved("s", &[1, 2, 4], SkillVisibility::Private, 1));
+        let queen = line(&[1, 2]);
+        assert_eq!(
+            owner(skills.changeable("s", None, Pid(2), &queen)),
+            Err(vec![Pid(3), Pid(4)])
+        );
+        assert_eq!(
+            owner(skills.changeable("s", Some(Pid(4)), Pid(2), &queen)),
+            Ok(Some(4))
+        );
+        assert_eq!(
+            owner(skills.changeable("s", None, Pid(3), &line(&[1, 2, 3]))),
+            Ok(Some(3))
+        );
+        // A sibling, another swarm, or an owner filter that matches nothing: none.
+        assert_eq!(
+            owner(skills.changeable("s", None, Pid(9), &line(&[1, 9]))),
+            Ok(None)
+        );
+        assert_eq!(
+            owner(skills.changeable("s", Some(Pid(3)), Pid(4), &line(&[1, 2, 4]))),
+            Ok(None)
+        );
+        // Its own wins over its descendants'.
+        skills.put(saved("s", &[1, 2], SkillVisibility::Private, 1));
+        assert_eq!(
+            owner(skills.changeable("s", None, Pid(2), &queen)),
+            Ok(Some(2))
+        );
+        // The operator changes any, and is asked which when several.
+        assert_eq!(
+            owner(skills.changeable("s", Some(Pid(3)), Pid::KERNEL, &[Pid::KERNEL])),
+            Ok(Some(3))
+        );
+        assert!(
+            skills
+                .changeable("s", None, Pid::KERNEL, &[Pid::KERNEL])
+                .is_err()
+        );
     }
 
     #[test]

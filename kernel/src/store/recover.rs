@@ -191,6 +191,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
     let next_pid = counter(Counter::Pid.key())?
         .max(max("SELECT max(pid) FROM processes")? + 1)
         .max(max("SELECT max(pid) FROM declared")? + 1)
+        // A saved skill's owner may be long gone; its PID is never given again.
+        .max(max("SELECT max(owner_pid) FROM skill_version")? + 1)
         .max(2);
     let next_id = counter(Counter::Id.key())?
         .max(max("SELECT max(id) FROM messages")? + 1)

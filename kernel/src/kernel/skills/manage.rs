@@ -23,23 +23,18 @@ use crate::store::{Applied, SkillPut, Write, lineage};
 
 /// Most skills one process may have saved at once.
 pub(crate) const MAX_SAVED_PER_OWNER: u64 = 100;
-/// Longest `reason` kept with a version, in characters.
-const MAX_REASON: usize = 500;
+/// Longest `reason` kept with a version, in bytes (cut at a character).
+const MAX_REASON_BYTES: usize = 500;
 
 impl Kernel {
     /// Creates, edits or deletes a saved skill for `caller` (see the module
-    /// docs); `owner` picks whose skill an operator changes when several
-    /// processes saved one of that name. Returns the version written, once
-    /// committed. A refused write changes nothing.
-    pub async fn manage_skill(
-        &self,
-        caller: Caller,
-        owner: Option<Pid>,
-        write: SkillWrite,
-    ) -> Result<SkillVersion> {
+    /// docs). Returns the version written, once committed; the commit, the
+    /// kernel's view of the skill and the event land together even when
+    /// the caller stops waiting. A refused write changes nothing.
+    pub async fn manage_skill(&self, caller: Caller, write: SkillWrite) -> Result<SkillVersion> {
         let result = async {
             self.require(caller, Capability::ManageSkills, "manage skills")?;
-            self.manage_skill_checked(caller, owner, write).await
+            self.manage_skill_checked(caller, write).await
         };
         self.report_denial(caller, "skill_manage", result.await)
     }
@@ -47,11 +42,11 @@ impl Kernel {
     async fn manage_skill_checked(
         &self,
         caller: Caller,
-        owner: Option<Pid>,
         write: SkillWrite,
     ) -> Result<SkillVersion> {
         let SkillWrite {
             name,
+            owner,
             change,
             reason,
         } = write;
@@ -61,8 +56,8 @@ impl Kernel {
                 shown(&name)
             )));
         }
-        let store = self.durable_store("saved skills")?;
-        let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON));
+        self.durable_store("saved skills")?;
+        let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON_BYTES));
         let (me, my_name, line) = self.who_changes(caller)?;
         let at_ms = unix_ms(SystemTime::now());
         let (put, skill): (SkillPut, Option<hivekernel_agents::Skill>) = match change {
@@ -71,14 +66,20 @@ impl Kernel {
                 visibility,
             } => {
                 if !matches!(caller, Caller::Process(_)) {
-                    return Err(KernelError::InvalidArgument(
+                    return Err(KernelError::PermissionDenied(
                         "an operator's skills live in the config's skills directories; \
                          skill_manage creates skills for processes"
                             .to_owned(),
                     ));
                 }
                 self.refuse_config_name(&name)?;
-                if let Some(seen) = self.inner.skills().saved().read().find(&name, me, &line) {
+                // One the caller could change already holds the name (its
+                // own, or a descendant's it sees): edit that instead. A
+                // skill it only sees (an ancestor's, a global one) it may
+                // override with its own, which is nearer.
+                if let Some(seen) = self.inner.skills().saved().read().find(&name, me, &line)
+                    && seen.changeable_by(me)
+                {
                     let saved = seen.saved();
                     return Err(KernelError::InvalidArgument(format!(
                         "a skill {name:?} already exists (saved by process {} ({}), version {}); \
@@ -154,6 +155,33 @@ impl Kernel {
                 (put, None)
             }
         };
+        // Owned by the kernel's tracker, so a caller that stops waiting (a
+        // client gone, a process killed mid-call) cannot leave a committed
+        // change out of the kernel's view or without its event.
+        let kernel = self.clone();
+        let landed = self
+            .inner
+            .tracker()
+            .spawn(async move { kernel.land_skill(caller, me, put, skill).await });
+        landed.await.map_err(|err| {
+            if err.is_cancelled() {
+                KernelError::ShuttingDown
+            } else {
+                KernelError::FailedPrecondition(format!("the skill change did not finish: {err}"))
+            }
+        })?
+    }
+
+    /// Commits `put`, then puts what it wrote in the kernel's view (`skill`,
+    /// the parsed new text; `None` for a delete) and emits the event.
+    async fn land_skill(
+        &self,
+        caller: Caller,
+        me: Pid,
+        put: SkillPut,
+        skill: Option<hivekernel_agents::Skill>,
+    ) -> Result<SkillVersion> {
+        let store = self.durable_store("saved skills")?;
         let version = match store
             .commit_applied(Write::Skill(Box::new(put.clone())))
             .await?
@@ -177,17 +205,17 @@ impl Kernel {
                         owner_name: put.owner_name.clone(),
                         visibility: put.visibility,
                         version,
-                        updated_at_unix_ms: at_ms,
+                        updated_at_unix_ms: put.at_ms,
                     },
                     put.lineage.clone(),
                 )),
-                None => saved.remove(&name, put.owner, version),
+                None => saved.remove(&put.name, put.owner, version),
             }
         }
         self.inner.events().emit(
             me,
             EventKind::SkillChanged {
-                name: name.clone(),
+                name: put.name.clone(),
                 action: put.action.to_string(),
                 version,
                 owner: put.owner,
@@ -196,9 +224,9 @@ impl Kernel {
                 reason: put.reason.clone(),
             },
         );
-        tracing::info!(skill = %name, owner = %put.owner, version, by = %caller.who(), "skill {}", put.action);
+        tracing::info!(skill = %put.name, owner = %put.owner, version, by = %caller.who(), "skill {}", put.action);
         Ok(SkillVersion {
-            name,
+            name: put.name,
             owner: put.owner,
             owner_name: put.owner_name,
             version,
@@ -206,7 +234,7 @@ impl Kernel {
             by: put.by,
             by_name: put.by_name,
             visibility: put.visibility,
-            at_unix_ms: at_ms,
+            at_unix_ms: put.at_ms,
             reason: put.reason,
             content: None,
         })
@@ -279,9 +307,11 @@ impl Kernel {
         }
     }
 
-    /// The saved skill `name` that `caller` changes: for a process, the one
-    /// it sees, which it or a descendant of it must own; for an operator,
-    /// `owner`'s, or the only one of that name.
+    /// The saved skill `name` that `caller` changes (see
+    /// [`SavedSkills::changeable`](crate::skills::SavedSkills::changeable)),
+    /// or why there is none: a config skill is never changed; a skill the
+    /// caller sees but may not change names its owner; one it neither sees
+    /// nor may change does not exist for it.
     fn changeable(
         &self,
         caller: Caller,
@@ -290,49 +320,51 @@ impl Kernel {
         me: Pid,
         line: &[Pid],
     ) -> Result<SavedSkill> {
-        let saved = self.inner.skills().saved().read();
-        let held = if let Caller::Process(_) = caller {
-            saved.find(name, me, line).cloned()
-        } else {
-            let named: Vec<&SavedSkill> = saved
-                .all()
-                .filter(|s| s.name() == name && owner.is_none_or(|o| s.saved().owner == o))
-                .collect();
-            if named.len() > 1 {
-                let owners: Vec<String> =
-                    named.iter().map(|s| s.saved().owner.to_string()).collect();
-                return Err(KernelError::InvalidArgument(format!(
-                    "several processes saved a skill {name:?} (owners {}); name the owner",
-                    owners.join(", ")
-                )));
-            }
-            named.first().map(|s| (*s).clone())
-        };
-        drop(saved);
-        let Some(held) = held else {
-            if let Some(entry) = self.inner.skills().config_skill(name) {
-                return Err(KernelError::PermissionDenied(format!(
-                    "skill {name:?} comes from the config ({}); only skills saved with \
-                     skill_manage may be changed",
-                    entry.source
-                )));
-            }
-            return Err(KernelError::NoSuchSkill(match caller {
-                Caller::Process(pid) => {
-                    format!("process {pid} sees no saved skill called {}", shown(name))
+        let found = {
+            let saved = self.inner.skills().saved().read();
+            match saved.changeable(name, owner, me, line) {
+                Ok(Some(held)) => Ok(held.clone()),
+                Ok(None) => Err(saved.find(name, me, line).map(|s| s.saved().clone())),
+                Err(owners) => {
+                    let owners: Vec<String> = owners.iter().map(ToString::to_string).collect();
+                    return Err(KernelError::InvalidArgument(format!(
+                        "processes {} each saved a skill {name:?} you may change; name the one \
+                         you mean with `owner`",
+                        owners.join(", ")
+                    )));
                 }
-                _ => format!("no saved skill is called {}", shown(name)),
-            }));
+            }
         };
-        if !held.changeable_by(me) {
-            let saved = held.saved();
+        let seen = match found {
+            Ok(held) => return Ok(held),
+            Err(seen) => seen,
+        };
+        if let Some(saved) = seen {
             return Err(KernelError::PermissionDenied(format!(
                 "skill {name:?} belongs to process {} ({}); only it, its ancestors and the \
                  operator may change it",
                 saved.owner, saved.owner_name
             )));
         }
-        Ok(held)
+        if owner.is_none()
+            && let Some(entry) = self.inner.skills().config_skill(name)
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "skill {name:?} comes from the config ({}); only skills saved with \
+                 skill_manage may be changed",
+                entry.source
+            )));
+        }
+        let whose = owner
+            .map(|o| format!(" of process {o}"))
+            .unwrap_or_default();
+        Err(KernelError::NoSuchSkill(match caller {
+            Caller::Process(pid) => format!(
+                "process {pid} may change no saved skill called {}{whose}",
+                shown(name)
+            ),
+            _ => format!("no saved skill is called {}{whose}", shown(name)),
+        }))
     }
 }
 
@@ -366,14 +398,23 @@ fn checked(name: &str, content: &str) -> Result<hivekernel_agents::Skill> {
         )));
     }
     let read = skill::parse(Path::new(name), content, Strictness::Strict);
-    let errors: Vec<String> = read
-        .findings
-        .iter()
-        .filter(|f| f.severity == Severity::Error)
-        .map(|f| match &f.field {
-            Some(field) => format!("- {field}: {}", f.message),
-            None => format!("- {}", f.message),
-        })
+    // The format allows any lowercase letter; a saved skill's name is
+    // ASCII, so no look-alike of another skill's name joins a catalogue.
+    let ascii = (!name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+    .then(|| "- name: a saved skill's name is ASCII: a-z, 0-9 and hyphens".to_owned());
+    let errors: Vec<String> = ascii
+        .into_iter()
+        .chain(
+            read.findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .map(|f| match &f.field {
+                    Some(field) => format!("- {field}: {}", f.message),
+                    None => format!("- {}", f.message),
+                }),
+        )
         .collect();
     match read.skill {
         Some(skill) if errors.is_empty() => Ok(skill),
@@ -390,6 +431,7 @@ fn checked(name: &str, content: &str) -> Result<hivekernel_agents::Skill> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
