@@ -332,6 +332,7 @@ pub enum TokenCommand {
     /// Revoke a token by name or id: refused from its next call on.
     Revoke {
         /// Its name, or its id (7 or #7).
+        #[arg(id = "revoked", value_name = "TOKEN")]
         token: String,
         /// Print the revoked token's record as JSON.
         #[arg(long)]

@@ -110,10 +110,10 @@ pub struct SkillVersion {
 }
 
 /// A change as its fields arrive, from a tool call or a gRPC request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SkillRequest {
-    pub action: Option<SkillAction>,
+    pub action: SkillAction,
     pub name: String,
     pub content: Option<String>,
     pub old: Option<String>,
@@ -137,7 +137,6 @@ impl SkillRequest {
             reason,
             owner,
         } = self;
-        let action = action.ok_or("`action` is missing: create, edit or delete")?;
         let unused = |field: &str, given: bool| {
             if given {
                 Err(format!("field `{field}` is not used by {action}"))
@@ -242,7 +241,7 @@ mod tests {
             }
         ));
         for (bad, says) in [
-            (json!({"name": "x"}), "`action` is missing"),
+            (json!({"name": "x"}), "missing field `action`"),
             (json!({"action": "create", "name": "x"}), "needs `content`"),
             (
                 json!({"action": "create", "name": "x", "content": "c", "owner": 3}),

@@ -116,10 +116,7 @@ fn owner(pid: u64) -> Option<Pid> {
 /// given, except `new` beside an `old`, which removes `old`).
 fn write(request: pb::ManageSkillRequest) -> Result<SkillWrite, String> {
     let given = |text: String| (!text.is_empty()).then_some(text);
-    let action = match request.action.as_str() {
-        "" => None,
-        given => Some(given.parse::<SkillAction>()?),
-    };
+    let action = request.action.parse::<SkillAction>()?;
     let visibility = match request.visibility.as_str() {
         "" => None,
         given => Some(given.parse::<SkillVisibility>()?),

@@ -609,7 +609,7 @@ async fn malformed_requests_are_refused_and_change_nothing() {
             "create without content",
             manage("create", "x"),
             Code::InvalidArgument,
-            "needs content",
+            "needs `content`",
         ),
         (
             "a name with a slash",
