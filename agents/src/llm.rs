@@ -30,7 +30,9 @@ pub use admission::Admission;
 pub use error::LlmError;
 pub use openai::{OpenAiProvider, OpenAiSettings};
 pub use scripted::{SUBTASKS_MARKER, SYNTHESIZE_MARKER, ScriptedProvider};
-pub use types::{ChatMessage, ChatRequest, ChatResponse, ChatRole, ToolCall, ToolSchema, Usage};
+pub use types::{
+    ChatMessage, ChatRequest, ChatResponse, ChatRole, Finish, ToolCall, ToolSchema, Usage,
+};
 
 /// A model endpoint.
 #[async_trait]

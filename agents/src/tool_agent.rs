@@ -63,7 +63,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use crate::llm::{
-    ChatMessage, ChatRequest, ChatResponse, LlmError, ToolCall, ToolSchema,
+    ChatMessage, ChatRequest, ChatResponse, Finish, LlmError, ToolCall, ToolSchema,
     estimate_request_tokens, estimate_tokens,
 };
 use crate::mcp::McpSelector;
@@ -79,6 +79,25 @@ use skills::Shelf;
 
 /// The tools a tool list's skill entries give (`skill_view`, `skill_read`).
 pub const SKILL_TOOLS: [&str; 2] = [skills::VIEW, skills::READ];
+
+/// What the model is told when its answer was cut off and it may go on.
+const CONTINUE: &str = "Your answer was cut off at the length limit. Continue exactly where it \
+                        stopped, without repeating anything.";
+
+/// The failure of an input whose answer was cut off at `max_tokens`.
+fn truncated(message: &ChatMessage, max_tokens: u32) -> String {
+    let what = if message.tool_calls.is_empty() {
+        "its answer"
+    } else {
+        "its tool calls"
+    };
+    format!(
+        "truncated: the model's output stopped at the length limit (finish_reason length; \
+         max_completion_tokens {max_tokens}, or the end of the context window), so {what} is \
+         incomplete; raise llm.max_completion_tokens, or let the agent go on with \
+         tool_agent.continue_on_length"
+    )
+}
 
 /// Retries of one model call after the provider says the context is too long.
 pub const CONTEXT_RETRIES: u32 = 3;
@@ -107,6 +126,10 @@ pub struct AgentSettings {
     /// Tokens the active skills' instructions may take in the system prompt
     /// (never more than a quarter of the context budget).
     pub skill_active_tokens: u64,
+    /// Times an answer cut off at `max_completion_tokens` (`finish_reason:
+    /// length`) is asked to go on; 0: such an answer fails the input as
+    /// `truncated`.
+    pub continue_on_length: u32,
 }
 
 impl Default for AgentSettings {
@@ -121,6 +144,7 @@ impl Default for AgentSettings {
             budget_in_prompt: true,
             skill_catalogue_tokens: 4_000,
             skill_active_tokens: 16_000,
+            continue_on_length: 0,
         }
     }
 }
@@ -454,6 +478,8 @@ impl ToolAgent {
             None => Default::default(),
         };
         let max = self.settings.max_tool_iterations;
+        // An answer cut at `length` and asked to go on: its parts so far.
+        let (mut partial, mut continued) = (String::new(), 0u32);
         // Once per input, so the system prompt stays the same within a turn.
         let budget = if self.settings.budget_in_prompt {
             match ctx.syscalls.get_process(ctx.pid).await {
@@ -488,15 +514,48 @@ impl ToolAgent {
                     budget: budget.as_deref(),
                 };
                 let response = self.call_model(ctx, &history, &turn, &sections).await?;
-                let message = response.message;
+                let finish = response.finish();
+                let mut message = response.message;
+                if finish == Finish::Filtered {
+                    return Err("content_filter: the provider withheld the model's answer \
+                                (finish_reason content_filter)"
+                        .into());
+                }
+                if finish == Finish::Truncated {
+                    // Tool calls cut off have broken arguments: never run them.
+                    if !message.tool_calls.is_empty()
+                        || continued >= self.settings.continue_on_length
+                    {
+                        return Err(truncated(&message, self.settings.max_completion_tokens));
+                    }
+                    continued += 1;
+                    partial.push_str(&message.content);
+                    message.reasoning = None;
+                    turn.push(message);
+                    turn.push(ChatMessage::user(CONTINUE));
+                    continue;
+                }
                 if message.tool_calls.is_empty() {
-                    let answer = message.content.trim().to_owned();
+                    let said = message.content.as_str();
+                    // A reasoning model whose answer stayed in its reasoning
+                    // (its server's template did not split it out): that
+                    // reasoning is the answer.
+                    let said = match &message.reasoning {
+                        Some(reasoning) if said.trim().is_empty() => reasoning.as_str(),
+                        _ => said,
+                    };
+                    let answer = format!("{partial}{said}").trim().to_owned();
                     if answer.is_empty() {
                         return Err("the model answered with neither text nor a tool call".into());
                     }
                     turn.push(message);
                     self.remember(ctx, turn, &shelf).await;
                     return Ok(answer);
+                }
+                if !partial.is_empty() {
+                    // A continued answer that ends in tool calls: what came
+                    // before stays in the conversation, not in the answer.
+                    partial.clear();
                 }
                 if rounds >= max {
                     return Err(format!(

@@ -120,6 +120,12 @@ pub struct LlmConfig {
     pub max_retries: u32,
     /// Kernel-wide cap on model requests in flight; more wait their turn.
     pub max_in_flight: usize,
+    /// Send roles strictly alternating from the first request (else only
+    /// once the server refuses anything else).
+    pub strict_roles: bool,
+    /// `max_tokens` of a model call that names none (orchestrate's
+    /// planning and combining calls); the `tool_agent` sends its own.
+    pub max_completion_tokens: u32,
 }
 
 impl Default for LlmConfig {
@@ -132,6 +138,9 @@ impl Default for LlmConfig {
             request_timeout: Duration::from_secs(120),
             max_retries: 3,
             max_in_flight: 16,
+            strict_roles: false,
+            max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
+                .max_completion_tokens,
         }
     }
 }

@@ -65,6 +65,8 @@ pub fn choose_provider(
         request_timeout: config.request_timeout,
         max_retries: config.max_retries,
         max_in_flight: config.max_in_flight,
+        strict_roles: config.strict_roles,
+        max_completion_tokens: config.max_completion_tokens,
     };
     let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
     Ok(ChosenProvider {

@@ -77,6 +77,9 @@ pub enum EntryKind {
         /// Why it stopped, when it said.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         finish_reason: Option<String>,
+        /// What a reasoning model thought first (`reasoning_content`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
         /// Prompt tokens the provider reported.
         prompt_tokens: u64,
         /// Completion tokens the provider reported.
@@ -152,13 +155,18 @@ impl EntryKind {
                 content,
                 tool_calls,
                 ..
+            } => {
+                fit(content);
+                calls(tool_calls);
             }
-            | EntryKind::Response {
+            EntryKind::Response {
                 content,
                 tool_calls,
+                reasoning,
                 ..
             } => {
                 fit(content);
+                reasoning.iter_mut().for_each(fit);
                 calls(tool_calls);
             }
             EntryKind::ToolResult { output, .. } => fit(output),
@@ -207,12 +215,13 @@ impl EntryKind {
                 content,
                 tool_calls,
                 ..
-            }
-            | EntryKind::Response {
+            } => content.len() + calls(tool_calls),
+            EntryKind::Response {
                 content,
                 tool_calls,
+                reasoning,
                 ..
-            } => content.len() + calls(tool_calls),
+            } => content.len() + reasoning.as_ref().map_or(0, String::len) + calls(tool_calls),
             EntryKind::ToolResult {
                 output,
                 tool,

@@ -84,6 +84,12 @@ impl Scripted {
         Scripted::Json(tool_calls_body(calls, 10, 5))
     }
 
+    /// An answer `message` (an assistant message object) that stopped for
+    /// `finish_reason`; usage 10 + 5.
+    pub fn finished(message: Value, finish_reason: &str) -> Self {
+        Scripted::Json(completion(message, finish_reason, 10, 5))
+    }
+
     /// A status with a body and no `Retry-After`.
     pub fn status(status: u16, body: &str) -> Self {
         Scripted::Status {
@@ -439,6 +445,7 @@ pub fn scripted_answer(body: &Value) -> Scripted {
                 content: text(&m["content"]),
                 tool_calls: calls,
                 tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+                reasoning: None,
             }
         })
         .collect();

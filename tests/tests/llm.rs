@@ -22,6 +22,7 @@ fn settings(server: &LlmServer) -> OpenAiSettings {
         request_timeout: Duration::from_secs(5),
         max_retries: 0,
         max_in_flight: 4,
+        ..OpenAiSettings::default()
     }
 }
 

@@ -28,6 +28,12 @@ pub struct OpenAiSettings {
     pub max_retries: u32,
     /// Cap on requests in flight across every clone of the provider.
     pub max_in_flight: usize,
+    /// Send roles strictly alternating from the start (Mistral-family chat
+    /// templates). Without it, a 400 naming that rule switches this
+    /// provider to it, and the request is sent again once.
+    pub strict_roles: bool,
+    /// `max_tokens` of a request that names none.
+    pub max_completion_tokens: u32,
 }
 
 impl Default for OpenAiSettings {
@@ -39,6 +45,8 @@ impl Default for OpenAiSettings {
             request_timeout: Duration::from_secs(120),
             max_retries: 3,
             max_in_flight: 16,
+            strict_roles: false,
+            max_completion_tokens: 4096,
         }
     }
 }
@@ -52,6 +60,8 @@ impl fmt::Debug for OpenAiSettings {
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("max_in_flight", &self.max_in_flight)
+            .field("strict_roles", &self.strict_roles)
+            .field("max_completion_tokens", &self.max_completion_tokens)
             .finish()
     }
 }
@@ -75,6 +85,10 @@ struct Inner {
     models: BTreeMap<String, String>,
     request_timeout: Duration,
     max_retries: u32,
+    /// Whether the server wants strictly alternating roles (set, never
+    /// cleared, when it refuses anything else).
+    strict: std::sync::atomic::AtomicBool,
+    max_completion_tokens: u32,
     client: reqwest::Client,
     admission: Admission,
 }
@@ -162,6 +176,8 @@ impl OpenAiProvider {
                 models: settings.models,
                 request_timeout: settings.request_timeout,
                 max_retries: settings.max_retries,
+                strict: std::sync::atomic::AtomicBool::new(settings.strict_roles),
+                max_completion_tokens: settings.max_completion_tokens.max(1),
                 client,
                 admission,
             }),
@@ -241,13 +257,15 @@ fn classify(
     if status == StatusCode::TOO_MANY_REQUESTS {
         return Failure::transient(LlmError::RateLimited { retry_after }, retry_after);
     }
-    if status.is_server_error() {
-        return Failure::transient(http(), retry_after);
-    }
-    if matches!(status.as_u16(), 400 | 413 | 422)
+    // llama.cpp answers 500 "Context size has been exceeded." when parallel
+    // slots share one cache: shortening helps, repeating does not.
+    if (matches!(status.as_u16(), 400 | 413 | 422) || status.is_server_error())
         && wire::is_context_length(said.code.as_deref(), &said.message)
     {
         return Failure::fatal(LlmError::ContextLength(said.message));
+    }
+    if status.is_server_error() {
+        return Failure::transient(http(), retry_after);
     }
     if matches!(status.as_u16(), 400 | 404)
         && wire::is_unknown_model(said.code.as_deref(), &said.message)
@@ -268,13 +286,40 @@ impl Provider for OpenAiProvider {
         if model_id.is_empty() {
             return Err(LlmError::UnknownModel(request.model.clone()));
         }
-        let body = wire::encode(request, model_id)?;
+        let inner = &*self.inner;
+        let shape = |strict| wire::Shape {
+            strict,
+            max_tokens: inner.max_completion_tokens,
+        };
+        let mut strict = inner.strict.load(std::sync::atomic::Ordering::Relaxed);
+        let mut body = wire::encode(request, model_id, shape(strict))?;
         let mut retry = 0;
         loop {
             let failure = match self.attempt(&body, model_id).await {
                 Ok(response) => return Ok(response),
                 Err(failure) => failure,
             };
+            if !strict
+                && let LlmError::Http {
+                    status: 400,
+                    body: said,
+                } = &failure.error
+                && wire::is_role_rule(said)
+            {
+                // Once for this provider: every later request is sent so.
+                tracing::info!(
+                    provider = "openai",
+                    endpoint = %inner.endpoint,
+                    model = model_id,
+                    "the server's chat template wants strictly alternating roles; sending them so"
+                );
+                inner
+                    .strict
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                strict = true;
+                body = wire::encode(request, model_id, shape(true))?;
+                continue;
+            }
             if !failure.retryable || retry >= self.inner.max_retries {
                 return Err(failure.error);
             }

@@ -42,6 +42,10 @@ pub struct ChatMessage {
     /// The call this message answers (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// What a reasoning model thought before it answered
+    /// (`reasoning_content`); kept for the transcript, never sent back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -51,6 +55,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning: None,
         }
     }
 
@@ -187,4 +192,28 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// Why the model stopped (`stop`, `tool_calls`, `length`, ...), when it said.
     pub finish_reason: Option<String>,
+}
+
+/// Why a model stopped, as far as what to do next is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It finished its answer or its tool calls (`stop`, `tool_calls`, or
+    /// nothing said).
+    Done,
+    /// It was cut off at `max_tokens` or at the end of the context
+    /// (`length`): the text, or the tool calls' arguments, are incomplete.
+    Truncated,
+    /// The provider withheld (part of) the answer (`content_filter`).
+    Filtered,
+}
+
+impl ChatResponse {
+    /// What `finish_reason` means for the answer.
+    pub fn finish(&self) -> Finish {
+        match self.finish_reason.as_deref() {
+            Some("length") => Finish::Truncated,
+            Some("content_filter") => Finish::Filtered,
+            _ => Finish::Done,
+        }
+    }
 }

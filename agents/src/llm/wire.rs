@@ -22,7 +22,7 @@ struct Request<'a> {
 struct Message<'a> {
     role: &'static str,
     /// `null` only for an assistant turn that calls tools and says nothing.
-    content: Option<&'a str>,
+    content: Option<std::borrow::Cow<'a, str>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<Call<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -55,9 +55,27 @@ struct ToolFunction<'a> {
     parameters: &'a Value,
 }
 
-/// The JSON body of a chat-completions request for `request`, sent as `model_id`.
-pub(super) fn encode(request: &ChatRequest, model_id: &str) -> Result<Vec<u8>, LlmError> {
-    let messages = request.messages.iter().map(encode_message).collect();
+/// How a conversation is shaped for the server's chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Roles strictly alternate after the system message (Mistral-family
+    /// templates): consecutive user messages are merged, and the first
+    /// message after the system one is a user message.
+    pub(super) strict: bool,
+    /// `max_tokens` for a request that names none.
+    pub(super) max_tokens: u32,
+}
+
+/// The JSON body of a chat-completions request for `request`, sent as
+/// `model_id`, in `shape`. Whatever the shape, there is one system message,
+/// first: every system message is merged into it (many chat templates
+/// refuse a second one, or one after the conversation has started).
+pub(super) fn encode(
+    request: &ChatRequest,
+    model_id: &str,
+    shape: Shape,
+) -> Result<Vec<u8>, LlmError> {
+    let messages = shaped(&request.messages, shape.strict);
     let tools = request
         .tools
         .iter()
@@ -74,10 +92,63 @@ pub(super) fn encode(request: &ChatRequest, model_id: &str) -> Result<Vec<u8>, L
         model: model_id,
         messages,
         tools,
-        max_tokens: request.max_tokens,
+        max_tokens: Some(request.max_tokens.unwrap_or(shape.max_tokens)),
     };
     serde_json::to_vec(&body)
         .map_err(|e| LlmError::InvalidResponse(format!("cannot encode the request: {e}")))
+}
+
+/// `messages` as sent: the system messages merged into one, first; when
+/// `strict`, consecutive user messages merged and a user message first
+/// after the system one.
+fn shaped(messages: &[ChatMessage], strict: bool) -> Vec<Message<'_>> {
+    let system: Vec<&str> = messages
+        .iter()
+        .filter(|m| m.role == ChatRole::System && !m.content.is_empty())
+        .map(|m| m.content.as_str())
+        .collect();
+    let mut out: Vec<Message<'_>> = Vec::with_capacity(messages.len());
+    if !system.is_empty() {
+        out.push(Message {
+            role: ChatRole::System.as_str(),
+            content: Some(if system.len() == 1 {
+                std::borrow::Cow::Borrowed(system[0])
+            } else {
+                std::borrow::Cow::Owned(system.join("\n\n"))
+            }),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        });
+    }
+    for message in messages.iter().filter(|m| m.role != ChatRole::System) {
+        let encoded = encode_message(message);
+        if strict && message.role == ChatRole::User {
+            if let Some(last) = out.last_mut()
+                && last.role == ChatRole::User.as_str()
+            {
+                let joined = format!(
+                    "{}\n\n{}",
+                    last.content.as_deref().unwrap_or_default(),
+                    message.content
+                );
+                last.content = Some(std::borrow::Cow::Owned(joined));
+                continue;
+            }
+        }
+        let first = out.iter().all(|m| m.role == ChatRole::System.as_str());
+        if strict && first && message.role != ChatRole::User {
+            out.push(Message {
+                role: ChatRole::User.as_str(),
+                content: Some(std::borrow::Cow::Borrowed(
+                    "(The conversation so far follows.)",
+                )),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+            });
+        }
+        out.push(encoded);
+    }
+    out
 }
 
 fn encode_message(message: &ChatMessage) -> Message<'_> {
@@ -86,7 +157,7 @@ fn encode_message(message: &ChatMessage) -> Message<'_> {
         && !message.tool_calls.is_empty();
     Message {
         role: message.role.as_str(),
-        content: (!silent_call).then_some(message.content.as_str()),
+        content: (!silent_call).then_some(std::borrow::Cow::Borrowed(message.content.as_str())),
         tool_calls: message
             .tool_calls
             .iter()
@@ -125,6 +196,12 @@ struct Choice {
 struct Answer {
     #[serde(default)]
     content: Option<Value>,
+    /// DeepSeek, vLLM, llama.cpp (`--reasoning-format`): the thinking.
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+    /// Ollama and newer vLLM call it this.
+    #[serde(default)]
+    reasoning: Option<Value>,
     #[serde(default)]
     tool_calls: Option<Vec<AnswerCall>>,
 }
@@ -181,9 +258,8 @@ pub(super) fn decode(body: &[u8]) -> Result<ChatResponse, LlmError> {
         .tool_calls
         .unwrap_or_default()
         .into_iter()
-        .enumerate()
-        .map(|(index, call)| ToolCall {
-            id: call.id.unwrap_or_else(|| format!("call_{index}")),
+        .map(|call| ToolCall {
+            id: call.id.filter(|id| !id.is_empty()).unwrap_or_else(call_id),
             name: call.function.name,
             arguments: arguments_text(call.function.arguments),
         })
@@ -192,11 +268,21 @@ pub(super) fn decode(body: &[u8]) -> Result<ChatResponse, LlmError> {
         prompt_tokens: usage.prompt_tokens.unwrap_or(0),
         completion_tokens: usage.completion_tokens.unwrap_or(0),
     });
+    let reasoning = content_text(answer.reasoning_content.or(answer.reasoning));
+    let mut message =
+        ChatMessage::assistant(content_text(answer.content)).with_tool_calls(tool_calls);
+    message.reasoning = (!reasoning.trim().is_empty()).then_some(reasoning);
     Ok(ChatResponse {
-        message: ChatMessage::assistant(content_text(answer.content)).with_tool_calls(tool_calls),
+        message,
         usage,
         finish_reason: choice.finish_reason,
     })
+}
+
+/// An id for a tool call the model gave none: 9 letters and digits, the
+/// shape the strictest templates (Mistral's) accept.
+fn call_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..9].to_owned()
 }
 
 /// Content is a string, `null`, or (some servers) an array of `{type, text}` parts.
@@ -282,6 +368,20 @@ pub(super) fn is_context_length(code: Option<&str>, message: &str) -> bool {
     .any(|phrase| message.contains(phrase))
 }
 
+/// Whether a 400 says the chat template refused the conversation's roles:
+/// a second system message, or roles that do not alternate.
+pub(super) fn is_role_rule(body: &str) -> bool {
+    let body = body.to_lowercase();
+    [
+        "roles must alternate",
+        "after the optional system message",
+        "system role not supported",
+        "system message must be at the beginning",
+    ]
+    .iter()
+    .any(|phrase| body.contains(phrase))
+}
+
 /// Whether an error says the model does not exist.
 pub(super) fn is_unknown_model(code: Option<&str>, message: &str) -> bool {
     if code == Some("model_not_found") {
@@ -309,12 +409,88 @@ mod tests {
             {"function":{"name":"f","arguments":{"a":1}}}]}}]}"#;
         let response = decode(body).unwrap();
         assert_eq!(response.message.content, "");
-        assert_eq!(response.message.tool_calls[0].id, "call_0");
+        let id = &response.message.tool_calls[0].id;
+        assert!(
+            id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+            "a made-up id any template accepts: {id}"
+        );
         assert_eq!(response.message.tool_calls[0].arguments, r#"{"a":1}"#);
         assert_eq!(response.usage, Usage::default());
 
         let body = br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}}]}"#;
         assert_eq!(decode(body).unwrap().message.content, "ab");
+    }
+
+    #[test]
+    fn reasoning_is_kept_apart_from_the_answer() {
+        let body = br#"{"choices":[{"message":{"content":"","reasoning_content":"2+2 is 4"},
+            "finish_reason":"stop"}]}"#;
+        let response = decode(body).unwrap();
+        assert_eq!(response.message.content, "");
+        assert_eq!(response.message.reasoning.as_deref(), Some("2+2 is 4"));
+        let body = br#"{"choices":[{"message":{"content":"4","reasoning":"think"},"finish_reason":"length"}]}"#;
+        let response = decode(body).unwrap();
+        assert_eq!(response.message.reasoning.as_deref(), Some("think"));
+        assert_eq!(response.finish(), crate::llm::Finish::Truncated);
+    }
+
+    fn sent(messages: &[ChatMessage], strict: bool) -> Vec<(String, String)> {
+        let request = ChatRequest::new("m", messages.to_vec());
+        let body = encode(
+            &request,
+            "m",
+            Shape {
+                strict,
+                max_tokens: 77,
+            },
+        )
+        .unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["max_tokens"], 77, "a request always caps its answer");
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().to_owned(),
+                    m["content"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_system_message_first_and_strict_alternation_when_asked() {
+        let pair = |r: &str, c: &str| (r.to_owned(), c.to_owned());
+        let messages = [
+            ChatMessage::system("rules"),
+            ChatMessage::system("[note]"),
+            ChatMessage::user("a"),
+            ChatMessage::user("b"),
+            ChatMessage::assistant("c"),
+        ];
+        assert_eq!(
+            sent(&messages, false),
+            [
+                pair("system", "rules\n\n[note]"),
+                pair("user", "a"),
+                pair("user", "b"),
+                pair("assistant", "c")
+            ]
+        );
+        assert_eq!(
+            sent(&messages, true),
+            [
+                pair("system", "rules\n\n[note]"),
+                pair("user", "a\n\nb"),
+                pair("assistant", "c")
+            ]
+        );
+        // History cut to start at an answer: a user message goes first.
+        let cut = [ChatMessage::system("rules"), ChatMessage::assistant("c")];
+        assert_eq!(sent(&cut, true)[1].0, "user");
+        assert_eq!(sent(&cut, false)[1].0, "assistant");
     }
 
     #[test]

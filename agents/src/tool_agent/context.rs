@@ -11,7 +11,9 @@
 //! 3. the text of the longest remaining messages, cut to what fits, with a
 //!    note saying so.
 //!
-//! A note in place of what was dropped tells the model something is missing.
+//! A note at the end of the system prompt tells the model something is
+//! missing (in the system message itself: many chat templates refuse a
+//! second one).
 
 use crate::llm::{ChatMessage, ChatRole, estimate_tokens};
 
@@ -74,14 +76,15 @@ fn assemble(
     history: &[ChatMessage],
     turn: &[ChatMessage],
 ) -> Vec<ChatMessage> {
-    let mut messages = Vec::with_capacity(2 + history.len() + turn.len());
-    messages.push(system.clone());
+    let mut messages = Vec::with_capacity(1 + history.len() + turn.len());
+    let mut system = system.clone();
     if let Some(dropped) = dropped {
-        messages.push(ChatMessage::system(format!(
-            "[Context note: {dropped} earlier messages were left out or shortened to fit the \
-             context window.]"
-        )));
+        system.content.push_str(&format!(
+            "\n\n[Context note: {dropped} earlier messages were left out or shortened to fit \
+             the context window.]"
+        ));
     }
+    messages.push(system);
     messages.extend_from_slice(history);
     messages.extend_from_slice(turn);
     messages
@@ -154,10 +157,15 @@ mod tests {
         let turn = vec![ChatMessage::user("now")];
         let fitted = fit(&system, &history, &turn, 300);
         assert!(
-            fitted[1].content.contains("2 earlier messages"),
+            fitted[0].content.contains("2 earlier messages"),
             "{fitted:?}"
         );
-        assert_eq!(fitted[2].content, "recent");
+        assert_eq!(
+            fitted.iter().filter(|m| m.role == ChatRole::System).count(),
+            1,
+            "one system message: {fitted:?}"
+        );
+        assert_eq!(fitted[1].content, "recent");
         assert_eq!(fitted.last().unwrap().content, "now");
         assert!(estimate_tokens(&fitted) <= 300);
     }
@@ -177,10 +185,10 @@ mod tests {
         ];
         let fitted = fit(&system, &[], &turn, 400);
         let texts: Vec<&str> = fitted.iter().map(|m| m.content.as_str()).collect();
-        assert_eq!(texts[2], "input");
-        assert_eq!(fitted[3].tool_calls[0].id, "2");
-        assert_eq!(texts[4], "latest");
-        assert_eq!(fitted.len(), 5);
+        assert_eq!(texts[1], "input");
+        assert_eq!(fitted[2].tool_calls[0].id, "2");
+        assert_eq!(texts[3], "latest");
+        assert_eq!(fitted.len(), 4);
     }
 
     #[test]

@@ -31,7 +31,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, decode};
-use crate::llm::{ChatMessage, ChatRequest, SUBTASKS_MARKER, SYNTHESIZE_MARKER};
+use crate::llm::{
+    ChatMessage, ChatRequest, ChatResponse, Finish, SUBTASKS_MARKER, SYNTHESIZE_MARKER,
+};
 use crate::process::{LimitOverrides, MAX_NAME_BYTES, Pid, Role, SpawnRequest};
 use crate::runtime::ProcessContext;
 use crate::syscalls::{Syscalls, TaskSpec};
@@ -295,6 +297,21 @@ impl Drop for Workers {
     }
 }
 
+/// Refuses an answer the model did not finish: cut off at the length
+/// limit, or withheld by the provider's filter.
+fn finished(answer: &ChatResponse, what: &str) -> Result<(), ToolError> {
+    match answer.finish() {
+        Finish::Done => Ok(()),
+        Finish::Truncated => Err(ToolError::new(format!(
+            "{what} failed: truncated: the model's answer stopped at the length limit \
+             (llm.max_completion_tokens)"
+        ))),
+        Finish::Filtered => Err(ToolError::new(format!(
+            "{what} failed: content_filter: the provider withheld the answer"
+        ))),
+    }
+}
+
 /// Asks the model for the subtasks of `task`.
 async fn plan(
     process: &ProcessContext,
@@ -318,6 +335,7 @@ async fn plan(
         .chat(&request)
         .await
         .map_err(|err| ToolError::new(format!("planning the subtasks failed: {err}")))?;
+    finished(&answer, "planning the subtasks")?;
     let subtasks = parse_subtasks(&answer.message.content)?;
     if subtasks.len() > max_workers as usize {
         return Err(ToolError::new(format!(
@@ -367,6 +385,7 @@ async fn combine(
         .chat(&request)
         .await
         .map_err(|err| ToolError::new(format!("combining the results failed: {err}")))?;
+    finished(&answer, "combining the results")?;
     let text = answer.message.content.trim();
     if text.is_empty() {
         return Err(ToolError::new(

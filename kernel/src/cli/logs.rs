@@ -254,6 +254,7 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
             content,
             tool_calls,
             finish_reason,
+            reasoning,
             prompt_tokens,
             completion_tokens,
             duration_ms,
@@ -264,7 +265,11 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
             if let Some(reason) = finish_reason {
                 let _ = write!(head, ", finish {reason}");
             }
-            let mut body = content.clone();
+            let mut body = String::new();
+            if let Some(reasoning) = reasoning {
+                let _ = writeln!(body, "(reasoning) {}", reasoning.trim_end());
+            }
+            body.push_str(content);
             for call in tool_calls {
                 if !body.is_empty() && !body.ends_with('\n') {
                     body.push('\n');
@@ -354,6 +359,7 @@ mod tests {
                 content: String::new(),
                 tool_calls: vec![ToolCall::new("c1", "calc", r#"{"a":2}"#)],
                 finish_reason: Some("tool_calls".into()),
+                reasoning: None,
                 prompt_tokens: 30,
                 completion_tokens: 5,
                 duration_ms: 4,

@@ -11,6 +11,7 @@
 //!   "default_context_tokens": 128000,
 //!   "max_completion_tokens": 4096,
 //!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16,
+//!   "strict_roles": false,
 //!   "prices": { "gpt-4o": { "input_per_million": 2.5, "output_per_million": 10 } }
 //! },
 //! "tool_agent": {
@@ -55,6 +56,7 @@ pub(super) struct RawLlm {
     request_timeout_seconds: u64,
     max_retries: u32,
     max_in_flight: usize,
+    strict_roles: bool,
     prices: BTreeMap<String, Value>,
 }
 
@@ -73,6 +75,7 @@ impl Default for RawLlm {
             request_timeout_seconds: llm.request_timeout.as_secs(),
             max_retries: llm.max_retries,
             max_in_flight: llm.max_in_flight,
+            strict_roles: llm.strict_roles,
             prices: BTreeMap::new(),
         }
     }
@@ -89,6 +92,7 @@ pub(super) struct RawToolAgent {
     shell: Option<Value>,
     skills: Option<Value>,
     budget_in_prompt: bool,
+    continue_on_length: u32,
 }
 
 impl Default for RawToolAgent {
@@ -102,6 +106,7 @@ impl Default for RawToolAgent {
             shell: None,
             skills: None,
             budget_in_prompt: agent.budget_in_prompt,
+            continue_on_length: agent.continue_on_length,
         }
     }
 }
@@ -241,6 +246,8 @@ pub(super) fn llm(
         request_timeout: Duration::from_secs(raw.request_timeout_seconds),
         max_retries: raw.max_retries,
         max_in_flight: raw.max_in_flight,
+        strict_roles: raw.strict_roles,
+        max_completion_tokens: raw.max_completion_tokens,
     };
     let sizes = ContextSizes {
         context_tokens: raw.context_tokens,
@@ -303,6 +310,12 @@ pub(super) fn tool_agent(
         "tool_agent.max_tool_result_bytes",
         issues,
     );
+    in_range(
+        raw.continue_on_length,
+        0..=16,
+        "tool_agent.continue_on_length",
+        issues,
+    );
     let mut agent = AgentSettings {
         max_tool_iterations: raw.max_tool_iterations,
         context_tokens: sizes.context_tokens,
@@ -311,6 +324,7 @@ pub(super) fn tool_agent(
         max_tool_result_bytes: raw.max_tool_result_bytes,
         provider: String::new(),
         budget_in_prompt: raw.budget_in_prompt,
+        continue_on_length: raw.continue_on_length,
         ..AgentSettings::default()
     };
     super::skills::prompt(raw.skills.as_ref(), &mut agent, issues);

@@ -130,6 +130,7 @@ impl Kernel {
                     content: response.message.content.clone(),
                     tool_calls: response.message.tool_calls.clone(),
                     finish_reason: response.finish_reason.clone(),
+                    reasoning: response.message.reasoning.clone(),
                     prompt_tokens: response.usage.prompt_tokens,
                     completion_tokens: response.usage.completion_tokens,
                     duration_ms,
