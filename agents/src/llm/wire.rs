@@ -122,18 +122,18 @@ fn shaped(messages: &[ChatMessage], strict: bool) -> Vec<Message<'_>> {
     }
     for message in messages.iter().filter(|m| m.role != ChatRole::System) {
         let encoded = encode_message(message);
-        if strict && message.role == ChatRole::User {
-            if let Some(last) = out.last_mut()
-                && last.role == ChatRole::User.as_str()
-            {
-                let joined = format!(
-                    "{}\n\n{}",
-                    last.content.as_deref().unwrap_or_default(),
-                    message.content
-                );
-                last.content = Some(std::borrow::Cow::Owned(joined));
-                continue;
-            }
+        if strict
+            && message.role == ChatRole::User
+            && let Some(last) = out.last_mut()
+            && last.role == ChatRole::User.as_str()
+        {
+            let joined = format!(
+                "{}\n\n{}",
+                last.content.as_deref().unwrap_or_default(),
+                message.content
+            );
+            last.content = Some(std::borrow::Cow::Owned(joined));
+            continue;
         }
         let first = out.iter().all(|m| m.role == ChatRole::System.as_str());
         if strict && first && message.role != ChatRole::User {
