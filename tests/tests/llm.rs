@@ -106,7 +106,7 @@ async fn content_reply_parses_and_request_is_in_openai_shape() {
 }
 
 #[tokio::test]
-async fn unmapped_model_goes_as_is_without_key_tools_or_max_tokens() {
+async fn unmapped_model_goes_as_is_without_key_or_tools_and_with_the_default_max_tokens() {
     let server = LlmServer::start(vec![Scripted::content("ok")]).await;
     let provider = OpenAiProvider::new(OpenAiSettings {
         api_key: None,
@@ -128,7 +128,9 @@ async fn unmapped_model_goes_as_is_without_key_tools_or_max_tokens() {
         sent.get("tools").is_none(),
         "no tools key when none are offered: {sent}"
     );
-    assert!(sent.get("max_tokens").is_none());
+    // Every request caps its answer: the provider's default when the
+    // caller names none.
+    assert_eq!(sent["max_tokens"], 4096);
     assert_eq!(server.authorizations(), vec![None]);
     assert_eq!(provider.model_id("sonnet"), "provider/sonnet-4");
     assert_eq!(provider.name(), "openai");
