@@ -552,11 +552,9 @@ impl ToolAgent {
                     self.remember(ctx, turn, &shelf).await;
                     return Ok(answer);
                 }
-                if !partial.is_empty() {
-                    // A continued answer that ends in tool calls: what came
-                    // before stays in the conversation, not in the answer.
-                    partial.clear();
-                }
+                // A continued answer that ends in tool calls: what came
+                // before stays in the conversation, not in the answer.
+                partial.clear();
                 if rounds >= max {
                     return Err(format!(
                         "no final answer after {max} rounds of tool calls (max_tool_iterations)"

@@ -1,5 +1,7 @@
 //! The OpenAI chat-completions wire format: request encoding, response and error decoding.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -22,7 +24,7 @@ struct Request<'a> {
 struct Message<'a> {
     role: &'static str,
     /// `null` only for an assistant turn that calls tools and says nothing.
-    content: Option<std::borrow::Cow<'a, str>>,
+    content: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<Call<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -107,48 +109,48 @@ fn shaped(messages: &[ChatMessage], strict: bool) -> Vec<Message<'_>> {
         .filter(|m| m.role == ChatRole::System && !m.content.is_empty())
         .map(|m| m.content.as_str())
         .collect();
-    let mut out: Vec<Message<'_>> = Vec::with_capacity(messages.len());
-    if !system.is_empty() {
-        out.push(Message {
-            role: ChatRole::System.as_str(),
-            content: Some(if system.len() == 1 {
-                std::borrow::Cow::Borrowed(system[0])
-            } else {
-                std::borrow::Cow::Owned(system.join("\n\n"))
-            }),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        });
+    let mut out: Vec<Message<'_>> = Vec::with_capacity(messages.len() + 1);
+    match system.as_slice() {
+        [] => {}
+        [one] => out.push(Message::text(ChatRole::System, Cow::Borrowed(one))),
+        many => out.push(Message::text(
+            ChatRole::System,
+            Cow::Owned(many.join("\n\n")),
+        )),
     }
     for message in messages.iter().filter(|m| m.role != ChatRole::System) {
-        let encoded = encode_message(message);
         if strict
             && message.role == ChatRole::User
             && let Some(last) = out.last_mut()
             && last.role == ChatRole::User.as_str()
         {
-            let joined = format!(
-                "{}\n\n{}",
-                last.content.as_deref().unwrap_or_default(),
-                message.content
-            );
-            last.content = Some(std::borrow::Cow::Owned(joined));
+            let said = last.content.as_deref().unwrap_or_default();
+            last.content = Some(Cow::Owned(format!("{said}\n\n{}", message.content)));
             continue;
         }
-        let first = out.iter().all(|m| m.role == ChatRole::System.as_str());
+        // The system message, if any, is the only one so far.
+        let first = out
+            .last()
+            .is_none_or(|m| m.role == ChatRole::System.as_str());
         if strict && first && message.role != ChatRole::User {
-            out.push(Message {
-                role: ChatRole::User.as_str(),
-                content: Some(std::borrow::Cow::Borrowed(
-                    "(The conversation so far follows.)",
-                )),
-                tool_calls: Vec::new(),
-                tool_call_id: None,
-            });
+            let opening = Cow::Borrowed("(The conversation so far follows.)");
+            out.push(Message::text(ChatRole::User, opening));
         }
-        out.push(encoded);
+        out.push(encode_message(message));
     }
     out
+}
+
+impl<'a> Message<'a> {
+    /// A message of text alone.
+    fn text(role: ChatRole, content: Cow<'a, str>) -> Self {
+        Message {
+            role: role.as_str(),
+            content: Some(content),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 fn encode_message(message: &ChatMessage) -> Message<'_> {
@@ -157,7 +159,7 @@ fn encode_message(message: &ChatMessage) -> Message<'_> {
         && !message.tool_calls.is_empty();
     Message {
         role: message.role.as_str(),
-        content: (!silent_call).then_some(std::borrow::Cow::Borrowed(message.content.as_str())),
+        content: (!silent_call).then_some(Cow::Borrowed(message.content.as_str())),
         tool_calls: message
             .tool_calls
             .iter()

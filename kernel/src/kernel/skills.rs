@@ -63,12 +63,7 @@ impl Kernel {
     /// winner, or when only agents' directories hold it, the first of them
     /// in config order), else the newest saved one.
     pub fn skill(&self, caller: Caller, name: &str, owner: Option<Pid>) -> Result<SkillEntry> {
-        if let Some(why) = hivekernel_agents::skill::name_problem(name) {
-            return Err(KernelError::InvalidArgument(format!(
-                "skill name {}: {why}",
-                crate::error::shown(name)
-            )));
-        }
+        check_name(name)?;
         if let Caller::Process(_) = caller {
             let seen = self.skills_for(caller)?;
             return seen
@@ -84,8 +79,8 @@ impl Kernel {
         }
         let saved = skills.saved().read();
         saved
-            .all()
-            .filter(|s| s.name() == name && owner.is_none_or(|o| s.saved().owner == o))
+            .named(name)
+            .filter(|s| owner.is_none_or(|o| s.saved().owner == o))
             .max_by_key(|s| s.saved().updated_at_unix_ms)
             .map(|s| s.entry.clone())
             .ok_or_else(|| unknown_skill(name, Pid::KERNEL))
@@ -120,6 +115,17 @@ impl Kernel {
         Err(KernelError::PermissionDenied(format!(
             "only an operator may {action}; a process sees the skills its tool list selects"
         )))
+    }
+}
+
+/// Refuses a name that cannot address a skill, naming what is wrong.
+fn check_name(name: &str) -> Result<()> {
+    match hivekernel_agents::skill::name_problem(name) {
+        Some(why) => Err(KernelError::InvalidArgument(format!(
+            "skill name {}: {why}",
+            crate::error::shown(name)
+        ))),
+        None => Ok(()),
     }
 }
 

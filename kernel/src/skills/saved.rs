@@ -155,11 +155,8 @@ impl SavedSkills {
 
     /// The skill called `name` that process `pid` (line `line`) sees.
     pub(crate) fn find(&self, name: &str, pid: Pid, line: &[Pid]) -> Option<&SavedSkill> {
-        let named = self
-            .skills
-            .range((name.to_owned(), Pid(0))..=(name.to_owned(), Pid(u64::MAX)));
-        named
-            .filter_map(|(_, skill)| Some((skill.nearness(pid, line)?, skill)))
+        self.named(name)
+            .filter_map(|skill| Some((skill.nearness(pid, line)?, skill)))
             .min_by(|(a, x), (b, y)| {
                 a.cmp(b).then(
                     y.saved()
@@ -182,9 +179,7 @@ impl SavedSkills {
         line: &[Pid],
     ) -> Result<Option<&SavedSkill>, Vec<Pid>> {
         let mut candidates: Vec<&SavedSkill> = self
-            .skills
-            .range((name.to_owned(), Pid(0))..=(name.to_owned(), Pid(u64::MAX)))
-            .map(|(_, skill)| skill)
+            .named(name)
             .filter(|skill| skill.changeable_by(pid))
             .filter(|skill| owner.is_none_or(|o| skill.saved.owner == o))
             .collect();
@@ -216,6 +211,13 @@ impl SavedSkills {
             }
         }
         seen
+    }
+
+    /// The skills called `name`, by owner.
+    pub(crate) fn named(&self, name: &str) -> impl Iterator<Item = &SavedSkill> {
+        self.skills
+            .range((name.to_owned(), Pid(0))..=(name.to_owned(), Pid(u64::MAX)))
+            .map(|(_, skill)| skill)
     }
 
     /// Every saved skill, by name then owner.

@@ -21,6 +21,8 @@ use crate::kernel::{Caller, Kernel};
 use crate::skills::SavedSkill;
 use crate::store::{Applied, SkillPut, Write, lineage};
 
+use super::check_name;
+
 /// Most skills one process may have saved at once.
 pub(crate) const MAX_SAVED_PER_OWNER: u64 = 100;
 /// Longest `reason` kept with a version, in bytes (cut at a character).
@@ -50,17 +52,13 @@ impl Kernel {
             change,
             reason,
         } = write;
-        if let Some(why) = skill::name_problem(&name) {
-            return Err(KernelError::InvalidArgument(format!(
-                "skill name {}: {why}",
-                shown(&name)
-            )));
-        }
+        check_name(&name)?;
         self.durable_store("saved skills")?;
         let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON_BYTES));
         let (me, my_name, line) = self.who_changes(caller)?;
-        let at_ms = unix_ms(SystemTime::now());
-        let (put, skill): (SkillPut, Option<hivekernel_agents::Skill>) = match change {
+        // The skill changed (none for a create), the action, the new text
+        // (none for a delete) and the visibility from this version on.
+        let (held, action, content, visibility) = match change {
             SkillChange::Create {
                 content,
                 visibility,
@@ -87,73 +85,50 @@ impl Kernel {
                         saved.owner, saved.owner_name, saved.version
                     )));
                 }
-                let skill = checked(&name, &content)?;
-                let put = SkillPut {
-                    owner: me,
-                    owner_name: my_name.clone(),
-                    lineage: lineage(&line),
-                    name: name.clone(),
-                    visibility,
-                    action: SkillAction::Create,
-                    content: Some(content),
-                    by: me,
-                    by_name: my_name,
-                    reason,
-                    at_ms,
-                    base: None,
-                    max_per_owner: MAX_SAVED_PER_OWNER,
-                };
-                (put, Some(skill))
+                (None, SkillAction::Create, Some(content), visibility)
             }
             SkillChange::Edit {
                 rewrite,
                 visibility,
             } => {
                 let held = self.changeable(caller, owner, &name, me, &line)?;
-                let saved = held.saved();
                 let content = match rewrite {
                     Rewrite::Keep => held.content.to_string(),
                     Rewrite::Whole(content) => content,
                     Rewrite::Replace { old, new } => replaced(&name, &held.content, &old, &new)?,
                 };
-                let skill = checked(&name, &content)?;
-                let put = SkillPut {
-                    owner: saved.owner,
-                    owner_name: saved.owner_name.clone(),
-                    lineage: held.lineage.clone(),
-                    name: name.clone(),
-                    visibility: visibility.unwrap_or(saved.visibility),
-                    action: SkillAction::Edit,
-                    content: Some(content),
-                    by: me,
-                    by_name: my_name,
-                    reason,
-                    at_ms,
-                    base: Some(saved.version),
-                    max_per_owner: MAX_SAVED_PER_OWNER,
-                };
-                (put, Some(skill))
+                let visibility = visibility.unwrap_or(held.saved().visibility);
+                (Some(held), SkillAction::Edit, Some(content), visibility)
             }
             SkillChange::Delete => {
                 let held = self.changeable(caller, owner, &name, me, &line)?;
-                let saved = held.saved();
-                let put = SkillPut {
-                    owner: saved.owner,
-                    owner_name: saved.owner_name.clone(),
-                    lineage: held.lineage.clone(),
-                    name: name.clone(),
-                    visibility: saved.visibility,
-                    action: SkillAction::Delete,
-                    content: None,
-                    by: me,
-                    by_name: my_name,
-                    reason,
-                    at_ms,
-                    base: Some(saved.version),
-                    max_per_owner: MAX_SAVED_PER_OWNER,
-                };
-                (put, None)
+                let visibility = held.saved().visibility;
+                (Some(held), SkillAction::Delete, None, visibility)
             }
+        };
+        let skill = content.as_deref().map(|c| checked(&name, c)).transpose()?;
+        let (owner, owner_name, lineage, base) = match &held {
+            Some(held) => {
+                let saved = held.saved();
+                let (owner, owner_name) = (saved.owner, saved.owner_name.clone());
+                (owner, owner_name, held.lineage.clone(), Some(saved.version))
+            }
+            None => (me, my_name.clone(), lineage(&line), None),
+        };
+        let put = SkillPut {
+            owner,
+            owner_name,
+            lineage,
+            name,
+            visibility,
+            action,
+            content,
+            by: me,
+            by_name: my_name,
+            reason,
+            at_ms: unix_ms(SystemTime::now()),
+            base,
+            max_per_owner: MAX_SAVED_PER_OWNER,
         };
         // Owned by the kernel's tracker, so a caller that stops waiting (a
         // client gone, a process killed mid-call) cannot leave a committed
@@ -254,12 +229,7 @@ impl Kernel {
                 "only an operator may read a skill's history".to_owned(),
             ));
         }
-        if let Some(why) = skill::name_problem(name) {
-            return Err(KernelError::InvalidArgument(format!(
-                "skill name {}: {why}",
-                shown(name)
-            )));
-        }
+        check_name(name)?;
         let store = self.durable_store("saved skills")?;
         let versions = store.skill_history(name.to_owned(), owner, content).await?;
         if versions.is_empty() {
@@ -320,11 +290,12 @@ impl Kernel {
         me: Pid,
         line: &[Pid],
     ) -> Result<SavedSkill> {
-        let found = {
+        // What the caller sees of the name, when it may change none of them.
+        let seen = {
             let saved = self.inner.skills().saved().read();
             match saved.changeable(name, owner, me, line) {
-                Ok(Some(held)) => Ok(held.clone()),
-                Ok(None) => Err(saved.find(name, me, line).map(|s| s.saved().clone())),
+                Ok(Some(held)) => return Ok(held.clone()),
+                Ok(None) => saved.find(name, me, line).map(|s| s.saved().clone()),
                 Err(owners) => {
                     let owners: Vec<String> = owners.iter().map(ToString::to_string).collect();
                     return Err(KernelError::InvalidArgument(format!(
@@ -334,10 +305,6 @@ impl Kernel {
                     )));
                 }
             }
-        };
-        let seen = match found {
-            Ok(held) => return Ok(held),
-            Err(seen) => seen,
         };
         if let Some(saved) = seen {
             return Err(KernelError::PermissionDenied(format!(
