@@ -15,9 +15,11 @@
 //! once, not once per request.
 //!
 //! Entries go to live watchers at once, and into the store through its
-//! batched writer, riding in the next batch (at most 100 ms later) rather
-//! than starting one of their own, so recording adds no transaction to a
-//! turn. The writer prunes them by age and size and deletes a process's
+//! batched writer, written together at most 100 ms later in a transaction
+//! after the batch being committed, so recording adds no transaction to a
+//! turn and no wait to any commit; a process that lives less than that
+//! and whose transcript leaves with it never has its entries written.
+//! The writer prunes them by age and size and deletes a process's
 //! transcript when it is reaped, unless told to keep it. A kernel without a
 //! store keeps a bounded in-memory tail instead.
 
@@ -125,10 +127,10 @@ impl Transcripts {
                 .collect()
         };
         let mut ids = Vec::with_capacity(messages.len());
-        for (message, known) in messages.iter().zip(known) {
+        for ((message, known), print) in messages.iter().zip(known).zip(prints) {
             let id = match known {
                 Some(id) => id,
-                None => self.push(
+                None => self.keep(
                     pid,
                     EntryKind::Message {
                         role: message.role,
@@ -136,24 +138,29 @@ impl Transcripts {
                         tool_calls: message.tool_calls.clone(),
                         tool_call_id: message.tool_call_id.clone(),
                     },
+                    Some(print),
                 ),
             };
             ids.push(id);
         }
-        self.push(
-            pid,
-            EntryKind::Request {
-                model,
-                messages: ids,
-                max_tokens,
-            },
-        );
+        let request = EntryKind::Request {
+            model,
+            messages: ids,
+            max_tokens,
+        };
+        self.keep(pid, request, None);
     }
 
     /// Numbers, stamps and keeps one entry; answers its id.
-    fn push(&self, pid: Pid, mut kind: EntryKind) -> u64 {
+    fn push(&self, pid: Pid, kind: EntryKind) -> u64 {
         // Taken before the cut: a later request sends the message whole.
         let print = kind.fingerprint();
+        self.keep(pid, kind, print)
+    }
+
+    /// [`Transcripts::push`] with the fingerprint of the message `kind`
+    /// stands for already taken.
+    fn keep(&self, pid: Pid, mut kind: EntryKind, print: Option<u64>) -> u64 {
         kind.bound(self.settings.max_text_bytes);
         let at_unix_ms = unix_ms(SystemTime::now());
         let turn = crate::trace::turn(|| self.ids.take(&self.store, &self.tracker));

@@ -324,25 +324,28 @@ impl Tally {
         let due = self.age_checked.elapsed() >= AGE_CHECK;
         let over_total = self.total > settings.max_bytes_total;
         let over = std::mem::take(&mut self.over);
-        let forget = !settings.keep_after_exit && !reaped.is_empty();
-        if !due && !over_total && over.is_empty() && !forget {
+        // Only the reaped with something stored: most short-lived workers'
+        // entries were dropped before they were written.
+        let forget: Vec<u64> = reaped
+            .iter()
+            .map(|pid| pid.0)
+            .filter(|pid| !settings.keep_after_exit && self.per_pid.contains_key(pid))
+            .collect();
+        if !due && !over_total && over.is_empty() && forget.is_empty() {
             return Ok(());
         }
         let tx = conn.unchecked_transaction()?;
-        if forget {
-            for pid in reaped {
-                let pid = to_sql_u64(pid.0);
-                let deleted = tx
-                    .prepare_cached(
-                        "DELETE FROM transcript_chunk WHERE pid = ?1
-                         AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
-                    )?
-                    .execute([pid])?;
-                if deleted > 0
-                    && let Some(bytes) = self.per_pid.remove(&from_sql_u64(pid))
-                {
-                    self.total = self.total.saturating_sub(bytes);
-                }
+        for pid in forget {
+            let deleted = tx
+                .prepare_cached(
+                    "DELETE FROM transcript_chunk WHERE pid = ?1
+                     AND NOT EXISTS (SELECT 1 FROM declared WHERE declared.pid = ?1)",
+                )?
+                .execute([to_sql_u64(pid)])?;
+            if deleted > 0
+                && let Some(bytes) = self.per_pid.remove(&pid)
+            {
+                self.total = self.total.saturating_sub(bytes);
             }
         }
         for pid in over {

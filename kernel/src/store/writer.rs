@@ -1,5 +1,6 @@
 //! The writer thread: drains the queue into one transaction per batch.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -21,6 +22,9 @@ const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Runs until the store is closed and its queue is empty.
 pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     let mut since_prune = 0u64;
+    // Processes reaped since lazy writes were last taken whose transcripts
+    // leave with them: their entries still queued are dropped when taken.
+    let mut gone = HashSet::new();
     let mut transcripts = match Tally::load(&conn) {
         Ok(tally) => Some(tally),
         Err(err) => {
@@ -29,7 +33,7 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
         }
     };
     loop {
-        let (ops, closed) = {
+        let (ops, lazy, closed, waited) = {
             let mut queue = shared.queue.lock();
             let lazy_due = loop {
                 let lazy_due = queue
@@ -52,45 +56,42 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
                 }
             };
             let ops = std::mem::take(&mut queue.ops);
-            // Lazy writes go first, in the order queued, when they are due
-            // or a read waits on this batch.
-            let with_lazy =
-                queue.closed || lazy_due || ops.iter().any(|op| matches!(op.write, Write::Flush));
-            let ops = if with_lazy && !queue.lazy.is_empty() {
+            // Lazy writes are taken when they are due, or when a read
+            // waits on this batch (a flush) or the store closes.
+            let waited = queue.closed || ops.iter().any(|op| matches!(op.write, Write::Flush));
+            let lazy = (waited || lazy_due).then(|| {
                 queue.lazy_since = None;
-                let mut all: Vec<Op> = std::mem::take(&mut queue.lazy)
-                    .into_iter()
-                    .map(|write| Op { write, ack: None })
-                    .collect();
-                all.extend(ops);
-                all
-            } else {
-                ops
-            };
-            (ops, queue.closed)
+                std::mem::take(&mut queue.lazy)
+            });
+            (ops, lazy, queue.closed, waited)
         };
         let settings = *shared.transcripts.lock();
-        let gone = transcript::gone(&conn, &ops, &settings);
-        let ops = if gone.is_empty() {
-            ops
-        } else {
-            let mut queue = shared.queue.lock();
-            queue
-                .lazy
-                .retain(|write| !transcript::of_gone(write, &gone));
-            if queue.lazy.is_empty() {
-                queue.lazy_since = None;
+        gone.extend(transcript::gone(&conn, &ops, &settings));
+        let lazy: Vec<Op> = match lazy {
+            Some(lazy) => {
+                let kept = lazy
+                    .into_iter()
+                    .filter(|write| !transcript::of_gone(write, &gone))
+                    .map(|write| Op { write, ack: None })
+                    .collect();
+                // Reaped processes record nothing more.
+                gone.clear();
+                kept
             }
-            drop(queue);
-            ops.into_iter()
-                .filter(|op| !transcript::of_gone(&op.write, &gone))
-                .collect()
-        };
-        let reaped = match &mut transcripts {
-            Some(tally) => tally.count(ops.iter().map(|op| &op.write), &settings),
             None => Vec::new(),
         };
-        if !ops.is_empty() {
+        // Waited on, lazy writes go first, in the order queued, in the
+        // batch; otherwise after it, in a transaction of their own, so no
+        // waiter waits for them.
+        let batches = match waited {
+            true => [lazy.into_iter().chain(ops).collect(), Vec::new()],
+            false => [ops, lazy],
+        };
+        let mut reaped = Vec::new();
+        for ops in batches.into_iter().filter(|ops| !ops.is_empty()) {
+            if let Some(tally) = &mut transcripts {
+                reaped.extend(tally.count(ops.iter().map(|op| &op.write), &settings));
+            }
             since_prune += ops
                 .iter()
                 .filter(|op| matches!(op.write, Write::Event(_)))
