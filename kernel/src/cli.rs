@@ -471,6 +471,11 @@ pub struct StartArgs {
     /// address, instead of the config's `kernel.metrics.listen`.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Send every model as this one served model (e.g. `qwen2.5:7b` on a
+    /// local server), whatever `llm.models` says; prices then apply only if
+    /// `llm.prices` names it.
+    #[arg(long, value_name = "MODEL", env = "HIVEKERNEL_LLM_MODEL")]
+    pub model: Option<String>,
     /// Serve the web dashboard, on ADDR if given, instead of the config's
     /// `kernel.dashboard` [default: on when the control plane listens on
     /// loopback, at its address with the next port]
@@ -554,6 +559,9 @@ pub enum ConfigCommand {
     Check {
         /// The startup config (JSON).
         config: PathBuf,
+        /// As `start --model`: every model sent as this one.
+        #[arg(long, value_name = "MODEL", env = "HIVEKERNEL_LLM_MODEL")]
+        model: Option<String>,
     },
     /// Make the running kernel read its config file again (admin only). It is
     /// checked first, as start checks it: an invalid one changes nothing (exit
@@ -963,7 +971,9 @@ pub struct ArtifactsRmArgs {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
-        Command::Config(ConfigCommand::Check { config }) => config_check(&config).await,
+        Command::Config(ConfigCommand::Check { config, model }) => {
+            config_check(&config, model.as_deref()).await
+        }
         Command::Skills(SkillsCommand::Check { dir, json }) => skills::check(&dir, json),
         Command::Skills(SkillsCommand::Ls { json, client }) => skills::ls(json, &client).await,
         Command::Skills(SkillsCommand::Show {
@@ -1038,6 +1048,7 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             ca: args.tls_ca,
         },
         metrics_listen: args.metrics_listen,
+        model: args.model,
         dashboard: match (args.dashboard, args.no_dashboard) {
             (_, true) => Some(crate::config::DashboardSettings {
                 enabled: Some(false),
@@ -1053,9 +1064,10 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
     daemon::run(options).await.map_err(CliError::Start)
 }
 
-async fn config_check(path: &std::path::Path) -> Result<(), CliError> {
+async fn config_check(path: &std::path::Path, model: Option<&str>) -> Result<(), CliError> {
     let registry = RuntimeRegistry::builtin();
-    let config = Config::load(path, &registry.known()).map_err(CliError::Config)?;
+    let mut config = Config::load(path, &registry.known()).map_err(CliError::Config)?;
+    config.serve_all(model);
     let issues = daemon::environment_issues(&config).await;
     if !issues.is_empty() {
         return Err(CliError::Config(crate::config::ConfigError {
@@ -1068,7 +1080,9 @@ async fn config_check(path: &std::path::Path) -> Result<(), CliError> {
     let mut text = format!("ok: {}: {count} {noun}\n", path.display());
     let grants = crate::config::Grants::of(&config);
     text.push_str(&grants.agent_lines());
-    for warning in grants.warnings() {
+    let (models, unset) = config.model_lines();
+    text.push_str(&models);
+    for warning in grants.warnings().into_iter().chain(unset) {
         eprintln!("warning: {warning}");
     }
     output::print(&text)

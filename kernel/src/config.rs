@@ -112,8 +112,6 @@ pub struct LlmConfig {
     pub base_url: Option<String>,
     /// Environment variable holding the API key (never the key itself).
     pub api_key_env: String,
-    /// Logical model name -> provider model id.
-    pub models: BTreeMap<String, String>,
     /// Limit on one HTTP attempt.
     pub request_timeout: Duration,
     /// Retries on 429, 5xx, transport errors and timeouts.
@@ -134,7 +132,6 @@ impl Default for LlmConfig {
             provider: ProviderChoice::Auto,
             base_url: None,
             api_key_env: "OPENAI_API_KEY".into(),
-            models: BTreeMap::new(),
             request_timeout: Duration::from_secs(120),
             max_retries: 3,
             max_in_flight: 16,
@@ -142,6 +139,48 @@ impl Default for LlmConfig {
             max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
                 .max_completion_tokens,
         }
+    }
+}
+
+/// Which model a process uses and what the server is sent for it
+/// (`llm.models`, `llm.default_model`, and `--model` or
+/// `HIVEKERNEL_LLM_MODEL`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelNames {
+    /// Logical model name -> the id the server is sent; names not in the
+    /// map are sent as they are.
+    pub models: BTreeMap<String, String>,
+    /// The logical model of an agent or spawn that names none.
+    pub default_model: Option<String>,
+    /// One served model every logical name is sent as, whatever `models`
+    /// says (`--model`, `HIVEKERNEL_LLM_MODEL`).
+    pub serve_all: Option<String>,
+}
+
+impl ModelNames {
+    /// The logical model a process asking for `model` uses: it, or the
+    /// default when it names none (empty when there is no default).
+    pub fn model_of<'a>(&'a self, model: &'a str) -> &'a str {
+        match (model.is_empty(), &self.default_model) {
+            (true, Some(default)) => default,
+            _ => model,
+        }
+    }
+
+    /// The model id the server is sent for logical `model`.
+    pub fn served<'a>(&'a self, model: &'a str) -> &'a str {
+        match &self.serve_all {
+            Some(all) => all,
+            None => self.models.get(model).map_or(model, String::as_str),
+        }
+    }
+
+    /// The name a price is kept under for calls to logical `model`: the
+    /// one served model when every name is sent as it (a local model has
+    /// no price unless one is set for it), else the logical name (whose
+    /// price is its own or its served id's).
+    pub fn priced_as<'a>(&'a self, model: &'a str) -> &'a str {
+        self.serve_all.as_deref().unwrap_or(model)
     }
 }
 
@@ -197,6 +236,8 @@ pub struct KernelSettings {
     pub connections: ConnectionSettings,
     /// What model calls cost, by model name (filled from `llm.prices`).
     pub prices: crate::Prices,
+    /// Model names: the default, and what the server is sent (from `llm`).
+    pub models: ModelNames,
     /// TLS on the control plane (`kernel.tls`); `None`: plain text.
     pub tls: Option<crate::tls::TlsFiles>,
     /// Whether `exec` agents run in the sandbox (`kernel.exec`).
@@ -298,6 +339,7 @@ impl Default for KernelSettings {
             limits: Default::default(),
             connections: Default::default(),
             prices: Default::default(),
+            models: ModelNames::default(),
             tls: None,
             exec: Default::default(),
             notify: None,
@@ -428,8 +470,12 @@ fn load_sections(
     let (mut kernel, ceilings) = checks.kernel(&raw_kernel, issues);
     kernel.notify = notify::notify(raw_kernel.value.notify.as_ref(), env, issues);
     kernel.otel = observe::otel(raw_kernel.value.otel.as_ref(), env, issues);
-    let (llm, context, prices) = model::llm(document.llm.as_ref(), issues);
+    let (llm, models, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
+    kernel.models = models;
+    if let Some(model) = env(crate::llm::MODEL_ENV).filter(|model| !model.trim().is_empty()) {
+        kernel.models.serve_all = Some(model.trim().to_owned());
+    }
     let (agent, tools) = model::tool_agent(
         document.tool_agent.as_ref(),
         &checks,

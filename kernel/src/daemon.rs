@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
 use crate::config::KernelSettings;
-use crate::config::{AgentSpec, Config, ConfigError, ConfigIssue};
+use crate::config::{AgentSpec, Config, ConfigError, ConfigIssue, ModelNames};
 use crate::exec::{ExecRuntime, ExecSandbox};
 use crate::grpc;
 use crate::kernel::Restored;
@@ -46,6 +46,8 @@ pub struct StartOptions {
     pub tls: TlsFlags,
     /// Overrides `kernel.metrics.listen` (and turns metrics on).
     pub metrics_listen: Option<SocketAddr>,
+    /// `--model`: every model sent as this one.
+    pub model: Option<String>,
     /// `--dashboard[=ADDR]` or `--no-dashboard`: on or off; an address
     /// given replaces `kernel.dashboard.listen`.
     pub dashboard: Option<crate::config::DashboardSettings>,
@@ -124,8 +126,11 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let mut signals = Signals::install();
     crate::grpc::raise_open_file_limit();
     let mut config = Config::load(&options.config, &RuntimeRegistry::builtin().known())?;
-    let chosen = choose_provider(&config.llm, |name| std::env::var(name).ok())
-        .map_err(StartError::Provider)?;
+    config.serve_all(options.model.as_deref());
+    let chosen = choose_provider(&config.llm, &config.kernel.models, |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(StartError::Provider)?;
     let settings = settings(&config, &options)?;
     // `--data-dir` may have moved what commands must not reach.
     config.tools.shell.keep_out = settings.keep_out();
@@ -192,7 +197,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
 /// for (probes this host). Each problem with the setting it concerns.
 pub async fn environment_issues(config: &Config) -> Vec<ConfigIssue> {
     let mut issues = Vec::new();
-    if let Err(why) = choose_provider(&config.llm, |name| std::env::var(name).ok()) {
+    if let Err(why) = choose_provider(&config.llm, &config.kernel.models, |name| {
+        std::env::var(name).ok()
+    }) {
         issues.push(ConfigIssue {
             location: "llm".into(),
             message: format!("{why} (read from this environment, as start would)"),
@@ -408,7 +415,13 @@ async fn start_kernel(
         .start()
         .await?;
     let kernel = started.kernel;
-    log_agents(&kernel, &config.agents, &started.agents).await;
+    log_agents(
+        &kernel,
+        &config.kernel.models,
+        &config.agents,
+        &started.agents,
+    )
+    .await;
     if started.restored != Restored::default() {
         let restored = &started.restored;
         tracing::info!(
@@ -640,12 +653,12 @@ async fn open_store(
 }
 
 /// Says which agents started, and for `tool_agent`s which provider they talk to.
-async fn log_agents(kernel: &Kernel, agents: &[AgentSpec], pids: &[Pid]) {
+async fn log_agents(kernel: &Kernel, names: &ModelNames, agents: &[AgentSpec], pids: &[Pid]) {
     for (agent, pid) in agents.iter().zip(pids) {
-        let runtime = kernel
+        let (runtime, model) = kernel
             .get_process(Caller::Admin, *pid)
             .await
-            .map(|info| info.runtime)
+            .map(|info| (info.runtime, info.model))
             .unwrap_or_default();
         if runtime == crate::exec::EXEC_RUNTIME {
             tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, "agent started");
@@ -656,7 +669,8 @@ async fn log_agents(kernel: &Kernel, agents: &[AgentSpec], pids: &[Pid]) {
             ("tool_agent", Some(provider)) => provider,
             _ => "none",
         };
-        tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, %provider, model = %agent.model, "agent started");
+        let served = names.served(&model);
+        tracing::info!(%pid, name = %agent.name, role = %agent.role, %runtime, %provider, %model, %served, "agent started");
     }
 }
 

@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider};
 
-use crate::config::{LlmConfig, ProviderChoice};
+use crate::config::{LlmConfig, ModelNames, ProviderChoice};
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
+/// One served model every logical model name is sent as (`start --model`).
+pub const MODEL_ENV: &str = "HIVEKERNEL_LLM_MODEL";
 /// Where `openai` goes when neither the config nor the environment names an endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
@@ -29,6 +31,7 @@ pub struct ChosenProvider {
 /// Errors name the setting or variable that is wrong.
 pub fn choose_provider(
     config: &LlmConfig,
+    names: &ModelNames,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<ChosenProvider, String> {
     let from_env = env(BASE_URL_ENV).filter(|url| !url.trim().is_empty());
@@ -61,7 +64,8 @@ pub fn choose_provider(
     let settings = OpenAiSettings {
         base_url: base_url.clone(),
         api_key,
-        models: config.models.clone(),
+        models: names.models.clone(),
+        serve_all: names.serve_all.clone(),
         request_timeout: config.request_timeout,
         max_retries: config.max_retries,
         max_in_flight: config.max_in_flight,
@@ -91,14 +95,16 @@ mod tests {
 
     #[test]
     fn auto_is_scripted_without_an_endpoint_or_key() {
-        let chosen = choose_provider(&LlmConfig::default(), env(&[])).unwrap();
+        let chosen =
+            choose_provider(&LlmConfig::default(), &ModelNames::default(), env(&[])).unwrap();
         assert_eq!(chosen.provider.name(), "scripted");
     }
 
     #[test]
     fn auto_uses_the_endpoint_from_the_environment() {
         let vars = [(BASE_URL_ENV, "http://127.0.0.1:9/v1")];
-        let chosen = choose_provider(&LlmConfig::default(), env(&vars)).unwrap();
+        let chosen =
+            choose_provider(&LlmConfig::default(), &ModelNames::default(), env(&vars)).unwrap();
         assert_eq!(chosen.provider.name(), "openai");
         assert_eq!(chosen.description, "openai at http://127.0.0.1:9/v1");
     }
@@ -106,7 +112,8 @@ mod tests {
     #[test]
     fn auto_uses_openai_when_the_key_variable_is_set() {
         let vars = [("OPENAI_API_KEY", "sk-test")];
-        let chosen = choose_provider(&LlmConfig::default(), env(&vars)).unwrap();
+        let chosen =
+            choose_provider(&LlmConfig::default(), &ModelNames::default(), env(&vars)).unwrap();
         assert_eq!(chosen.description, format!("openai at {DEFAULT_BASE_URL}"));
     }
 
@@ -117,14 +124,15 @@ mod tests {
             api_key_env: "MY_KEY".into(),
             ..LlmConfig::default()
         };
-        let err = choose_provider(&config, env(&[])).unwrap_err();
+        let err = choose_provider(&config, &ModelNames::default(), env(&[])).unwrap_err();
         assert!(err.contains("MY_KEY"), "{err}");
     }
 
     #[test]
     fn a_bad_base_url_in_the_environment_is_refused() {
         let vars = [(BASE_URL_ENV, "localhost:8080")];
-        let err = choose_provider(&LlmConfig::default(), env(&vars)).unwrap_err();
+        let err =
+            choose_provider(&LlmConfig::default(), &ModelNames::default(), env(&vars)).unwrap_err();
         assert!(
             err.contains(BASE_URL_ENV) && err.contains("http://"),
             "{err}"
@@ -138,7 +146,7 @@ mod tests {
             ..LlmConfig::default()
         };
         let vars = [(BASE_URL_ENV, "http://127.0.0.1:9/v1")];
-        let chosen = choose_provider(&config, env(&vars)).unwrap();
+        let chosen = choose_provider(&config, &ModelNames::default(), env(&vars)).unwrap();
         assert_eq!(chosen.provider.name(), "scripted");
     }
 }

@@ -42,6 +42,7 @@ impl Binary {
             .arg(dir.join("data"))
             .args(extra)
             .env_remove("HIVEKERNEL_LLM_BASE_URL")
+            .env_remove("HIVEKERNEL_LLM_MODEL")
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -155,3 +155,92 @@ async fn a_usage_report_refuses_bad_arguments_and_a_kernel_without_a_store() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     kernel.shutdown().await;
 }
+
+/// `--model` sends every logical name as one served model: the server sees
+/// only it, a price set for the logical names' usual ids no longer applies,
+/// an agent that names no model gets `llm.default_model`, and the start
+/// log and `config check` say what is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_served_model_for_every_name_costs_only_what_it_is_priced() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let sent = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let seen = sent.clone();
+    let server = LlmServer::answering(move |body| {
+        seen.lock()
+            .push(body["model"].as_str().unwrap_or("<none>").to_owned());
+        Scripted::content_with_usage("an answer", 1000, 100)
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "kernel": { "listen": "127.0.0.1:0" },
+        "llm": { "provider": "openai", "base_url": server.base_url(),
+                 "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0,
+                 "models": { "big": "gpt-4o" },
+                 "default_model": "big",
+                 "prices": { "gpt-4o": { "input_per_million": 10.0, "output_per_million": 30.0 } } },
+        "agents": [
+            { "name": "named", "role": "daemon", "runtime": "tool_agent", "model": "big",
+              "system_prompt": "You answer." },
+            { "name": "unnamed", "role": "daemon", "runtime": "tool_agent",
+              "system_prompt": "You answer." }
+        ]
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let config_path = dir.path().join("config.json");
+    let check = std::process::Command::new(&bin)
+        .args(["config", "check"])
+        .arg(&config_path)
+        .args(["--model", "local-tiny"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{listed}");
+    assert!(
+        listed.contains("models (every one sent as local-tiny)"),
+        "{listed}"
+    );
+    assert!(listed.contains("unnamed  big (the default)"), "{listed}");
+
+    // As configured first: the default model, priced by its id.
+    let mut kernel = Binary::start(&bin, dir.path());
+    kernel.cli(&["exec", "unnamed", "one"]);
+    assert_eq!(*sent.lock(), ["gpt-4o"]);
+    let report = kernel.json(&["usage", "--by", "model", "--json"]);
+    // 1000 * $10/M + 100 * $30/M = $0.013.
+    let cost = row(&report, "model", "big")["usage"]["cost_usd"]
+        .as_f64()
+        .unwrap();
+    assert!((cost - 0.013).abs() < 1e-9, "{report:#}");
+    let pid = kernel.child.id();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    kernel.child.wait().unwrap();
+
+    // Every name sent as one local model: no price for it, so no cost.
+    let kernel = Binary::start_with(&bin, dir.path(), &["--model", "local-tiny"]);
+    kernel.cli(&["exec", "named", "two"]);
+    kernel.cli(&["exec", "unnamed", "three"]);
+    assert_eq!(*sent.lock(), ["gpt-4o", "local-tiny", "local-tiny"]);
+    let report = kernel.json(&["usage", "--by", "model", "--json"]);
+    let big = row(&report, "model", "big");
+    assert_eq!(big["usage"]["calls"], 3, "{report:#}");
+    assert_eq!(big["usage"]["prompt_tokens"], 3000);
+    let cost = big["usage"]["cost_usd"].as_f64().unwrap();
+    assert!(
+        (cost - 0.013).abs() < 1e-9,
+        "only the first call cost: {report:#}"
+    );
+    let log = kernel.log();
+    assert!(
+        log.lines().any(|l| l.contains("agent started")
+            && l.contains("unnamed")
+            && l.contains("served=local-tiny")),
+        "{log}"
+    );
+}

@@ -21,6 +21,8 @@ pub struct OpenAiSettings {
     pub api_key: Option<String>,
     /// Logical model name -> provider model id; names not in the map are sent as they are.
     pub models: BTreeMap<String, String>,
+    /// One model id every logical name is sent as, whatever `models` says.
+    pub serve_all: Option<String>,
     /// Limit on one HTTP attempt, from connecting to the end of the body
     /// (time spent queued for admission does not count).
     pub request_timeout: Duration,
@@ -42,6 +44,7 @@ impl Default for OpenAiSettings {
             base_url: "https://api.openai.com/v1".into(),
             api_key: None,
             models: BTreeMap::new(),
+            serve_all: None,
             request_timeout: Duration::from_secs(120),
             max_retries: 3,
             max_in_flight: 16,
@@ -57,6 +60,7 @@ impl fmt::Debug for OpenAiSettings {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("models", &self.models)
+            .field("serve_all", &self.serve_all)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("max_in_flight", &self.max_in_flight)
@@ -83,6 +87,7 @@ struct Inner {
     endpoint: String,
     api_key: Option<String>,
     models: BTreeMap<String, String>,
+    serve_all: Option<String>,
     request_timeout: Duration,
     max_retries: u32,
     /// Whether the server wants strictly alternating roles (set, never
@@ -174,6 +179,7 @@ impl OpenAiProvider {
                 base_url,
                 api_key: settings.api_key,
                 models: settings.models,
+                serve_all: settings.serve_all,
                 request_timeout: settings.request_timeout,
                 max_retries: settings.max_retries,
                 strict: std::sync::atomic::AtomicBool::new(settings.strict_roles),
@@ -191,10 +197,11 @@ impl OpenAiProvider {
 
     /// The provider model id that `logical` is sent as.
     pub fn model_id<'a>(&'a self, logical: &'a str) -> &'a str {
-        self.inner
-            .models
-            .get(logical)
-            .map_or(logical, String::as_str)
+        let inner = &*self.inner;
+        match &inner.serve_all {
+            Some(all) => all,
+            None => inner.models.get(logical).map_or(logical, String::as_str),
+        }
     }
 
     /// The admission cap this provider's requests queue on.

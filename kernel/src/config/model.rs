@@ -7,6 +7,7 @@
 //!   "base_url": "https://api.openai.com/v1",
 //!   "api_key_env": "OPENAI_API_KEY",
 //!   "models": { "sonnet": "gpt-4o" },
+//!   "default_model": "sonnet",          // for agents and spawns that name none
 //!   "context_tokens": { "sonnet": 128000 },
 //!   "default_context_tokens": 128000,
 //!   "max_completion_tokens": 4096,
@@ -39,7 +40,7 @@ use serde_json::Value;
 
 use super::parse::section;
 use super::validate::{Context, in_range, read_prompt};
-use super::{ConfigIssue, LlmConfig, ProviderChoice};
+use super::{ConfigIssue, LlmConfig, ModelNames, ProviderChoice};
 use crate::budget::{Price, Prices};
 
 /// The `llm` section as written.
@@ -50,6 +51,7 @@ pub(super) struct RawLlm {
     base_url: Option<String>,
     api_key_env: String,
     models: BTreeMap<String, String>,
+    default_model: Option<String>,
     context_tokens: BTreeMap<String, u64>,
     default_context_tokens: u64,
     max_completion_tokens: u32,
@@ -69,6 +71,7 @@ impl Default for RawLlm {
             base_url: None,
             api_key_env: llm.api_key_env,
             models: BTreeMap::new(),
+            default_model: None,
             context_tokens: BTreeMap::new(),
             default_context_tokens: agent.default_context_tokens,
             max_completion_tokens: agent.max_completion_tokens,
@@ -171,7 +174,7 @@ pub(super) struct ContextSizes {
 pub(super) fn llm(
     value: Option<&Value>,
     issues: &mut Vec<ConfigIssue>,
-) -> (LlmConfig, ContextSizes, Prices) {
+) -> (LlmConfig, ModelNames, ContextSizes, Prices) {
     let raw = section::<RawLlm>(value, "llm", issues).value;
     let provider = match raw.provider.as_str() {
         "auto" => ProviderChoice::Auto,
@@ -208,6 +211,14 @@ pub(super) fn llm(
             ));
         }
     }
+    if let Some(name) = &raw.default_model
+        && name.trim().is_empty()
+    {
+        issues.push(ConfigIssue::new(
+            "llm.default_model",
+            "must name a model (or be left out: then agents without a model have none)",
+        ));
+    }
     const MAX_CONTEXT: u64 = 100_000_000;
     for (name, tokens) in &raw.context_tokens {
         in_range(
@@ -238,11 +249,15 @@ pub(super) fn llm(
     in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
     in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
     let prices = prices(&raw.prices, &raw.models, issues);
+    let names = ModelNames {
+        models: raw.models,
+        default_model: raw.default_model,
+        serve_all: None,
+    };
     let config = LlmConfig {
         provider,
         base_url: raw.base_url,
         api_key_env: raw.api_key_env,
-        models: raw.models,
         request_timeout: Duration::from_secs(raw.request_timeout_seconds),
         max_retries: raw.max_retries,
         max_in_flight: raw.max_in_flight,
@@ -254,7 +269,7 @@ pub(super) fn llm(
         default_context_tokens: raw.default_context_tokens,
         max_completion_tokens: raw.max_completion_tokens,
     };
-    (config, sizes, prices)
+    (config, names, sizes, prices)
 }
 
 /// Parses `llm.prices`: model name -> dollars per million tokens. A price
@@ -443,4 +458,55 @@ pub(super) fn is_env_name(name: &str) -> bool {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl super::Config {
+    /// Sends every model as `model` (`start --model`), over `llm.models`
+    /// and `HIVEKERNEL_LLM_MODEL`; nothing when `None` or blank.
+    pub fn serve_all(&mut self, model: Option<&str>) {
+        if let Some(model) = model.map(str::trim).filter(|model| !model.is_empty()) {
+            self.kernel.models.serve_all = Some(model.to_owned());
+        }
+    }
+
+    /// One line per config agent: the model it will use and the name the
+    /// server is sent; and a warning per model-calling agent with none.
+    pub fn model_lines(&self) -> (String, Vec<String>) {
+        let names = &self.kernel.models;
+        let width = self.agents.iter().map(|a| a.name.len()).max().unwrap_or(0);
+        let mut text = match &names.serve_all {
+            Some(all) => format!("models (every one sent as {all}):\n"),
+            None => "models:\n".to_owned(),
+        };
+        let mut warnings = Vec::new();
+        for agent in &self.agents {
+            let runtime = agent.runtime.as_deref();
+            let calls_none = agent.exec.is_some() || runtime == Some(crate::exec::EXEC_RUNTIME);
+            let model = names.model_of(&agent.model);
+            let what = match (calls_none, model.is_empty()) {
+                (true, _) => "none (an exec command)".to_owned(),
+                (false, true) => {
+                    warnings.push(format!(
+                        "agent {} names no model and there is no llm.default_model: \
+                         its first model call will fail",
+                        agent.name
+                    ));
+                    "none (set its model or llm.default_model)".to_owned()
+                }
+                (false, false) => {
+                    let default = if agent.model.is_empty() {
+                        " (the default)"
+                    } else {
+                        ""
+                    };
+                    match names.served(model) {
+                        served if served == model => format!("{model}{default}"),
+                        served => format!("{model}{default}, sent as {served}"),
+                    }
+                }
+            };
+            text.push_str(&format!("  {:<width$}  {what}\n", agent.name));
+        }
+        (text, warnings)
+    }
 }

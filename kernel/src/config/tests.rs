@@ -739,10 +739,7 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         )
         .unwrap();
     assert_eq!(config.llm.provider, ProviderChoice::OpenAi);
-    assert_eq!(
-        config.llm.models.get("sonnet").map(String::as_str),
-        Some("qwen")
-    );
+    assert_eq!(config.kernel.models.served("sonnet"), "qwen");
     assert_eq!(config.agent.budget("sonnet"), 32768 - 4096);
     assert_eq!(config.agent.max_tool_iterations, 4);
     assert_eq!(
@@ -1894,4 +1891,82 @@ fn approval_rules_name_the_skill_tools_not_skill_entries() {
         &["selects skills", "skill_view"],
     );
     assert_eq!(issues.len(), 1, "{issues:#?}");
+}
+
+#[test]
+fn one_served_model_a_default_and_prices_only_where_set() {
+    let fixture = Fixture::new();
+    let json = r#"{
+        "llm": {"models": {"sonnet": "gpt-4o", "mini": "gpt-4o-mini"},
+                "default_model": "sonnet",
+                "prices": {"gpt-4o": {"input_per_million": 2.5, "output_per_million": 10}}},
+        "agents": [
+            {"name": "named", "role": "daemon", "model": "mini", "system_prompt": "x"},
+            {"name": "unnamed", "role": "daemon", "system_prompt": "x"},
+            {"name": "cmd", "role": "daemon", "runtime": "exec", "command": ["true"]}
+        ]}"#;
+    let config = fixture.load_env(json, &[]).unwrap();
+    let names = &config.kernel.models;
+    assert_eq!(names.model_of(""), "sonnet");
+    assert_eq!(names.model_of("mini"), "mini");
+    assert_eq!(names.served("sonnet"), "gpt-4o");
+    assert_eq!(names.served("other"), "other");
+    // Priced by the logical name, which carries its served id's price.
+    assert!(config.kernel.prices.contains_key(names.priced_as("sonnet")));
+    let (lines, warnings) = config.model_lines();
+    assert!(lines.contains("named    mini, sent as gpt-4o"), "{lines}");
+    assert!(
+        lines.contains("unnamed  sonnet (the default), sent as gpt-4o"),
+        "{lines}"
+    );
+    assert!(lines.contains("cmd      none (an exec command)"), "{lines}");
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    // One served model for every name: prices only for it (none here).
+    let config = fixture
+        .load_env(json, &[(crate::llm::MODEL_ENV, " qwen2.5:0.5b ")])
+        .unwrap();
+    let names = &config.kernel.models;
+    assert_eq!(names.served("sonnet"), "qwen2.5:0.5b");
+    assert_eq!(names.served("anything"), "qwen2.5:0.5b");
+    assert!(!config.kernel.prices.contains_key(names.priced_as("sonnet")));
+    let (lines, _) = config.model_lines();
+    assert!(
+        lines.starts_with("models (every one sent as qwen2.5:0.5b)"),
+        "{lines}"
+    );
+    // The flag wins over the environment.
+    let mut config = config;
+    config.serve_all(Some("gpt-4o"));
+    assert_eq!(config.kernel.models.served("mini"), "gpt-4o");
+    assert!(
+        config
+            .kernel
+            .prices
+            .contains_key(config.kernel.models.priced_as("mini"))
+    );
+
+    // Without a default, a model-calling agent that names none is warned of.
+    let bare = json.replace(r#""default_model": "sonnet","#, "");
+    let config = fixture.load_env(&bare, &[]).unwrap();
+    let (lines, warnings) = config.model_lines();
+    assert!(
+        lines.contains("unnamed  none (set its model or llm.default_model)"),
+        "{lines}"
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("unnamed"), "{warnings:?}");
+
+    let issues = fixture
+        .load_env(
+            &json.replace(r#""default_model": "sonnet""#, r#""default_model": " ""#),
+            &[],
+        )
+        .unwrap_err();
+    assert!(
+        issues
+            .iter()
+            .any(|issue| issue.location == "llm.default_model"),
+        "{issues:?}"
+    );
 }

@@ -196,6 +196,8 @@ impl<'a> Context<'a> {
             connections: super::connections::connections(k.connections.as_ref(), issues),
             // Filled from `llm.prices`.
             prices: Default::default(),
+            // Filled from `llm`.
+            models: Default::default(),
             tls: super::tls::tls(k.tls.as_ref(), self, issues),
             exec: super::sandbox::exec(k.exec.as_ref(), self, issues),
             // Read with the environment, by `load_sections`.

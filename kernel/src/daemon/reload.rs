@@ -250,12 +250,15 @@ impl ConfigReload for Reloader {
 fn checked(options: &StartOptions) -> Result<(Config, KernelSettings), Vec<ConfigIssue>> {
     let known = RuntimeRegistry::builtin().known();
     let mut config = Config::load(&options.config, &known).map_err(|err| err.issues)?;
+    config.serve_all(options.model.as_deref());
     let mut issues = Vec::new();
     let issue = |location: &str, message: String| ConfigIssue {
         location: location.to_owned(),
         message,
     };
-    if let Err(why) = choose_provider(&config.llm, |name| std::env::var(name).ok()) {
+    if let Err(why) = choose_provider(&config.llm, &config.kernel.models, |name| {
+        std::env::var(name).ok()
+    }) {
         issues.push(issue("llm", why));
     }
     let settings = match settings(&config, options) {
@@ -314,6 +317,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
         limits,
         connections,
         prices,
+        models,
         tls,
         exec,
         notify,
@@ -386,6 +390,7 @@ fn needs_restart(running: &Running, config: &Config, settings: &KernelSettings) 
             *restore_temporary != new.restore_temporary,
         ),
         ("llm.prices", *prices != new.prices),
+        ("llm (models)", *models != new.models),
         ("llm", running.started.llm != config.llm),
         ("tool_agent", running.started.agent != config.agent),
         ("tool_agent (tools)", running.started.tools != config.tools),

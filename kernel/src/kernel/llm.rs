@@ -218,11 +218,10 @@ impl Kernel {
         u64,
         Option<impl Future<Output = Result<(), crate::store::StoreError>> + use<>>,
     ) {
-        let cost = self
-            .inner
-            .settings()
+        let settings = self.inner.settings();
+        let cost = settings
             .prices
-            .get(proc.ctx.model.as_ref())
+            .get(settings.models.priced_as(&proc.ctx.model))
             .map_or(0, |price| price.cost_nano_usd(usage));
         proc.usage.record_own(usage, cost);
         if let Some(pool) = &proc.budget {

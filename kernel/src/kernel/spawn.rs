@@ -107,6 +107,14 @@ impl Kernel {
             (None, Some(_)) => EXEC_RUNTIME,
             (None, None) => self.inner.settings().default_runtime.as_str(),
         };
+        // A process that names no model gets the default (an exec command
+        // calls none through the kernel).
+        if request.model.is_empty()
+            && requested != EXEC_RUNTIME
+            && let Some(default) = &self.inner.settings().models.default_model
+        {
+            request.model = default.clone();
+        }
         // Kept before the request is taken apart; only by a kernel that keeps it.
         let spec = match birth {
             Birth::New { .. } if self.inner.store().is_durable() => Some(spec_json(&request)),
