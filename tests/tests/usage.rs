@@ -166,14 +166,15 @@ async fn one_served_model_for_every_name_costs_only_what_it_is_priced() {
         Ok(bin) => bin,
         Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
     };
-    let sent = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
-    let seen = sent.clone();
-    let server = LlmServer::answering(move |body| {
-        seen.lock()
-            .push(body["model"].as_str().unwrap_or("<none>").to_owned());
-        Scripted::content_with_usage("an answer", 1000, 100)
-    })
-    .await;
+    let server =
+        LlmServer::answering(|_| Scripted::content_with_usage("an answer", 1000, 100)).await;
+    let sent = || -> Vec<String> {
+        let requests = server.requests();
+        requests
+            .iter()
+            .map(|body| body["model"].as_str().unwrap_or("<none>").to_owned())
+            .collect()
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = serde_json::json!({
         "kernel": { "listen": "127.0.0.1:0" },
@@ -208,7 +209,7 @@ async fn one_served_model_for_every_name_costs_only_what_it_is_priced() {
     // As configured first: the default model, priced by its id.
     let mut kernel = Binary::start(&bin, dir.path());
     kernel.cli(&["exec", "unnamed", "one"]);
-    assert_eq!(*sent.lock(), ["gpt-4o"]);
+    assert_eq!(sent(), ["gpt-4o"]);
     let report = kernel.json(&["usage", "--by", "model", "--json"]);
     // 1000 * $10/M + 100 * $30/M = $0.013.
     let cost = row(&report, "model", "big")["usage"]["cost_usd"]
@@ -226,7 +227,7 @@ async fn one_served_model_for_every_name_costs_only_what_it_is_priced() {
     let kernel = Binary::start_with(&bin, dir.path(), &["--model", "local-tiny"]);
     kernel.cli(&["exec", "named", "two"]);
     kernel.cli(&["exec", "unnamed", "three"]);
-    assert_eq!(*sent.lock(), ["gpt-4o", "local-tiny", "local-tiny"]);
+    assert_eq!(sent(), ["gpt-4o", "local-tiny", "local-tiny"]);
     let report = kernel.json(&["usage", "--by", "model", "--json"]);
     let big = row(&report, "model", "big");
     assert_eq!(big["usage"]["calls"], 3, "{report:#}");
