@@ -221,6 +221,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         insecure_remote: false,
         tls: Default::default(),
         metrics_listen: None,
+        model: None,
         dashboard: None,
     }
 }
