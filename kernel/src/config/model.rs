@@ -460,7 +460,20 @@ pub(super) fn is_env_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// The runtime whose processes call a model through the kernel.
+pub(crate) const TOOL_AGENT: &str = "tool_agent";
+
 impl super::Config {
+    /// The runtime `agent` runs: its own, `exec` for a command, else the
+    /// kernel's default.
+    pub fn runtime_of<'a>(&'a self, agent: &'a super::AgentSpec) -> &'a str {
+        match (&agent.runtime, &agent.exec) {
+            (Some(runtime), _) => runtime,
+            (None, Some(_)) => crate::exec::EXEC_RUNTIME,
+            (None, None) => &self.kernel.default_runtime,
+        }
+    }
+
     /// Sends every model as `model` (`start --model`), over `llm.models`
     /// and `HIVEKERNEL_LLM_MODEL`; nothing when `None` or blank.
     pub fn serve_all(&mut self, model: Option<&str>) {
@@ -480,11 +493,10 @@ impl super::Config {
         };
         let mut warnings = Vec::new();
         for agent in &self.agents {
-            let runtime = agent.runtime.as_deref();
-            let calls_none = agent.exec.is_some() || runtime == Some(crate::exec::EXEC_RUNTIME);
+            let runtime = self.runtime_of(agent);
             let model = names.model_of(&agent.model);
-            let what = match (calls_none, model.is_empty()) {
-                (true, _) => "none (an exec command)".to_owned(),
+            let what = match (runtime != TOOL_AGENT, model.is_empty()) {
+                (true, _) => format!("none (the {runtime} runtime calls no model)"),
                 (false, true) => {
                     warnings.push(format!(
                         "agent {} names no model and there is no llm.default_model: \

@@ -1919,7 +1919,10 @@ fn one_served_model_a_default_and_prices_only_where_set() {
         lines.contains("unnamed  sonnet (the default), sent as gpt-4o"),
         "{lines}"
     );
-    assert!(lines.contains("cmd      none (an exec command)"), "{lines}");
+    assert!(
+        lines.contains("cmd      none (the exec runtime calls no model)"),
+        "{lines}"
+    );
     assert!(warnings.is_empty(), "{warnings:?}");
 
     // One served model for every name: prices only for it (none here).
