@@ -17,6 +17,7 @@
 //! - `wire` (private): the chat-completions JSON format.
 
 pub mod admission;
+pub mod catalogue;
 pub mod error;
 pub mod openai;
 mod retry;

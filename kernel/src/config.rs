@@ -121,6 +121,9 @@ pub struct LlmConfig {
     /// Send roles strictly alternating from the first request (else only
     /// once the server refuses anything else).
     pub strict_roles: bool,
+    /// Refuse to start when the server's model list lacks a model the
+    /// config sends (else a warning).
+    pub strict_models: bool,
     /// `max_tokens` of a model call that names none (orchestrate's
     /// planning and combining calls); the `tool_agent` sends its own.
     pub max_completion_tokens: u32,
@@ -136,6 +139,7 @@ impl Default for LlmConfig {
             max_retries: 3,
             max_in_flight: 16,
             strict_roles: false,
+            strict_models: false,
             max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
                 .max_completion_tokens,
         }

@@ -376,6 +376,11 @@ async fn start_kernel(
 ) -> Result<(Kernel, Vec<Pid>), StartError> {
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
+    if let Some(openai) = &chosen.openai {
+        crate::llm::check_served(openai, &config, &mut agent_settings)
+            .await
+            .map_err(StartError::Provider)?;
+    }
     let registry = RuntimeRegistry::with_tool_agent(ToolAgentFactory::new(
         ToolRegistry::configured(&config.tools),
         agent_settings,

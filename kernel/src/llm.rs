@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider};
 
-use crate::config::{LlmConfig, ModelNames, ProviderChoice};
+use hivekernel_agents::tool_agent::AgentSettings;
+
+use crate::config::{Config, LlmConfig, ModelNames, ProviderChoice};
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
@@ -20,6 +22,9 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub struct ChosenProvider {
     /// The provider.
     pub provider: Arc<dyn Provider>,
+    /// The same provider when it talks to an OpenAI-compatible server,
+    /// which can be asked what it serves.
+    pub openai: Option<OpenAiProvider>,
     /// E.g. `openai at http://127.0.0.1:8080/v1` or `scripted (offline, deterministic)`.
     pub description: String,
 }
@@ -50,6 +55,7 @@ pub fn choose_provider(
     if !openai {
         return Ok(ChosenProvider {
             provider: Arc::new(ScriptedProvider::new()),
+            openai: None,
             description: "scripted (offline, deterministic)".into(),
         });
     }
@@ -74,9 +80,100 @@ pub fn choose_provider(
     };
     let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
     Ok(ChosenProvider {
-        provider: Arc::new(provider),
+        provider: Arc::new(provider.clone()),
+        openai: Some(provider),
         description: format!("openai at {base_url}"),
     })
+}
+
+/// Asks the server what it serves, and holds the config to it: every
+/// model the config sends must be listed (a warning each, or with
+/// `llm.strict_models` an error naming them all), and a context window the
+/// server reports replaces the configured one for the names sent as that
+/// model. A server that lists nothing is not checked (a debug log says why).
+pub async fn check_served(
+    openai: &OpenAiProvider,
+    config: &Config,
+    agent: &mut AgentSettings,
+) -> Result<(), String> {
+    let catalogue = match openai.catalogue().await {
+        Ok(catalogue) => catalogue,
+        Err(why) => {
+            tracing::info!(error = %why, "the model server lists no models; model names are not checked");
+            return Ok(());
+        }
+    };
+    let names = &config.kernel.models;
+    let mut unknown = Vec::new();
+    let mut missing: Vec<&str> = Vec::new();
+    for (logical, served) in models_sent(config) {
+        match catalogue.get(served) {
+            None if missing.contains(&served) => {}
+            None => {
+                missing.push(served);
+                unknown.push(match logical == served {
+                    true => format!("{served:?}"),
+                    false => format!("{served:?} (for {logical})"),
+                });
+            }
+            Some(model) => {
+                let Some(window) = model.context_tokens else {
+                    continue;
+                };
+                if window <= u64::from(agent.max_completion_tokens) {
+                    tracing::warn!(
+                        model = %served,
+                        context_tokens = window,
+                        max_completion_tokens = agent.max_completion_tokens,
+                        "the server's context window is no larger than llm.max_completion_tokens: \
+                         lower that, or answers crowd out the conversation"
+                    );
+                }
+                agent.context_tokens.insert(logical.to_owned(), window);
+                if names.serve_all.is_some() {
+                    agent.default_context_tokens = window;
+                }
+                tracing::info!(model = %logical, %served, context_tokens = window, "context window from the server");
+            }
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let problem = format!(
+        "the model server does not list {} (it lists: {})",
+        unknown.join(", "),
+        catalogue.ids(20)
+    );
+    if config.llm.strict_models {
+        return Err(format!("llm.strict_models: {problem}"));
+    }
+    tracing::warn!("{problem}; requests naming them will fail");
+    Ok(())
+}
+
+/// Every (logical, served) model pair the config can send: its agents'
+/// (or the default), the default, orchestrate's workers', and the names
+/// `llm.models` maps; each logical name once.
+fn models_sent(config: &Config) -> Vec<(&str, &str)> {
+    let names = &config.kernel.models;
+    let agents = config
+        .agents
+        .iter()
+        .filter(|agent| agent.exec.is_none() && agent.runtime.as_deref() != Some(crate::exec::EXEC_RUNTIME))
+        .map(|agent| names.model_of(&agent.model));
+    let logical = agents
+        .chain(names.default_model.as_deref())
+        .chain(config.tools.orchestrate.worker_model.as_deref())
+        .chain(names.models.keys().map(String::as_str))
+        .filter(|model| !model.is_empty());
+    let mut sent: Vec<(&str, &str)> = Vec::new();
+    for model in logical {
+        if !sent.iter().any(|(name, _)| *name == model) {
+            sent.push((model, names.served(model)));
+        }
+    }
+    sent
 }
 
 #[cfg(test)]

@@ -203,6 +203,8 @@ struct State {
     authorizations: Mutex<Vec<Option<String>>>,
     /// (answering now, most at once)
     concurrency: Mutex<(usize, usize)>,
+    /// `GET` paths answered with a JSON body (`/v1/models`, `/props`).
+    pages: Mutex<Vec<(String, Value)>>,
 }
 
 /// A running loopback chat-completions server; stops when dropped.
@@ -247,9 +249,18 @@ impl LlmServer {
             requests: Mutex::default(),
             authorizations: Mutex::default(),
             concurrency: Mutex::default(),
+            pages: Mutex::default(),
         });
         let task = tokio::spawn(accept(listener, state.clone()));
         LlmServer { addr, state, task }
+    }
+
+    /// Answers `GET path` with `body` from now on, as a server describing
+    /// itself does (`/v1/models`, llama.cpp's `/props`).
+    pub fn serve_page(&self, path: &str, body: Value) {
+        let mut pages = self.state.pages.lock();
+        pages.retain(|(known, _)| known != path);
+        pages.push((path.to_owned(), body));
     }
 
     /// `http://127.0.0.1:PORT/v1`, the base URL a provider should use.
@@ -326,6 +337,12 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
 }
 
 async fn handle(state: &State, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() == hyper::Method::GET {
+        let pages = state.pages.lock();
+        if let Some((_, body)) = pages.iter().find(|(path, _)| path == request.uri().path()) {
+            return respond(200, body.to_string(), None);
+        }
+    }
     if request.method() != hyper::Method::POST || request.uri().path() != "/v1/chat/completions" {
         let body = format!("no route for {} {}", request.method(), request.uri().path());
         return respond(404, body, None);

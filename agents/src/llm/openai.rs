@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 
+use super::catalogue::{self, Catalogue};
 use super::{Admission, ChatRequest, ChatResponse, LlmError, Provider, retry, wire};
 
 /// Where and how to reach an OpenAI-compatible endpoint.
@@ -202,6 +203,39 @@ impl OpenAiProvider {
             Some(all) => all,
             None => inner.models.get(logical).map_or(logical, String::as_str),
         }
+    }
+
+    /// What the server says it serves: its model list and, where it
+    /// tells, context windows (see [`catalogue`](super::catalogue)). An
+    /// error when it lists none (the endpoint is missing, refused or not a
+    /// list).
+    pub async fn catalogue(&self) -> Result<Catalogue, LlmError> {
+        let inner = &*self.inner;
+        let get = |url: String| {
+            let mut request = inner.client.get(url).timeout(catalogue::ASK_TIMEOUT);
+            if let Some(key) = &inner.api_key {
+                request = request.bearer_auth(key);
+            }
+            async move {
+                let response = request.send().await?.error_for_status()?;
+                response.bytes().await
+            }
+        };
+        let url = format!("{}/models", inner.base_url);
+        let body = get(url.clone())
+            .await
+            .map_err(|e| LlmError::Transport(describe_transport(&url, &e)))?;
+        let mut listed = catalogue::parse_list(&body).ok_or_else(|| {
+            LlmError::Transport(format!("{url} did not answer with a model list"))
+        })?;
+        // llama.cpp serves one model; its slot's context is the window.
+        if listed.models.len() == 1 && listed.models[0].context_tokens.is_none() {
+            let props = format!("{}/props", catalogue::root(&inner.base_url));
+            if let Ok(body) = get(props).await {
+                listed.models[0].context_tokens = catalogue::parse_props(&body);
+            }
+        }
+        Ok(listed)
     }
 
     /// The admission cap this provider's requests queue on.

@@ -12,7 +12,7 @@
 //!   "default_context_tokens": 128000,
 //!   "max_completion_tokens": 4096,
 //!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16,
-//!   "strict_roles": false,
+//!   "strict_roles": false, "strict_models": false,
 //!   "prices": { "gpt-4o": { "input_per_million": 2.5, "output_per_million": 10 } }
 //! },
 //! "tool_agent": {
@@ -59,6 +59,7 @@ pub(super) struct RawLlm {
     max_retries: u32,
     max_in_flight: usize,
     strict_roles: bool,
+    strict_models: bool,
     prices: BTreeMap<String, Value>,
 }
 
@@ -79,6 +80,7 @@ impl Default for RawLlm {
             max_retries: llm.max_retries,
             max_in_flight: llm.max_in_flight,
             strict_roles: llm.strict_roles,
+            strict_models: llm.strict_models,
             prices: BTreeMap::new(),
         }
     }
@@ -262,6 +264,7 @@ pub(super) fn llm(
         max_retries: raw.max_retries,
         max_in_flight: raw.max_in_flight,
         strict_roles: raw.strict_roles,
+        strict_models: raw.strict_models,
         max_completion_tokens: raw.max_completion_tokens,
     };
     let sizes = ContextSizes {

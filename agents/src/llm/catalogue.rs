@@ -1,0 +1,135 @@
+//! What an OpenAI-compatible server says it serves: its model list
+//! (`GET {base_url}/models`) and, where the server tells, each model's
+//! context window: vLLM puts `max_model_len` in the list; llama.cpp's
+//! `GET /props` (at the server's root) gives the context of one slot,
+//! `default_generation_settings.n_ctx`, which is what a request may fill.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Longest the kernel waits for a server to say what it serves.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The models a server lists.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Catalogue {
+    /// In the order the server listed them.
+    pub models: Vec<ServedModel>,
+}
+
+/// One model a server lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    /// The id requests name it by.
+    pub id: String,
+    /// Its context window in tokens, when the server says.
+    pub context_tokens: Option<u64>,
+}
+
+impl Catalogue {
+    /// The listed model with `id`.
+    pub fn get(&self, id: &str) -> Option<&ServedModel> {
+        self.models.iter().find(|model| model.id == id)
+    }
+
+    /// The ids, comma-separated, at most `max` of them.
+    pub fn ids(&self, max: usize) -> String {
+        let mut ids: Vec<&str> = self.models.iter().take(max).map(|m| m.id.as_str()).collect();
+        if self.models.len() > max {
+            ids.push("...");
+        }
+        ids.join(", ")
+    }
+}
+
+#[derive(Deserialize)]
+struct List {
+    data: Vec<Listed>,
+}
+
+#[derive(Deserialize)]
+struct Listed {
+    id: String,
+    /// vLLM.
+    #[serde(default)]
+    max_model_len: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Props {
+    default_generation_settings: Option<Generation>,
+}
+
+#[derive(Deserialize)]
+struct Generation {
+    n_ctx: Option<u64>,
+}
+
+/// Parses a `/models` answer; `None` when it is not a model list.
+pub(super) fn parse_list(body: &[u8]) -> Option<Catalogue> {
+    let list: List = serde_json::from_slice(body).ok()?;
+    let models = list
+        .data
+        .into_iter()
+        .filter(|model| !model.id.is_empty())
+        .map(|model| ServedModel {
+            id: model.id,
+            context_tokens: model.max_model_len.filter(|n| *n > 0),
+        })
+        .collect();
+    Some(Catalogue { models })
+}
+
+/// The context of one slot from a llama.cpp `/props` answer.
+pub(super) fn parse_props(body: &[u8]) -> Option<u64> {
+    let props: Props = serde_json::from_slice(body).ok()?;
+    props
+        .default_generation_settings?
+        .n_ctx
+        .filter(|n| *n > 0)
+}
+
+/// The server's root for `base_url`: without a trailing `/v1`.
+pub(super) fn root(base_url: &str) -> &str {
+    base_url.strip_suffix("/v1").unwrap_or(base_url)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn reads_openai_vllm_and_llama_cpp_lists() {
+        let openai = br#"{"object":"list","data":[{"id":"gpt-4o","object":"model"},{"id":""}]}"#;
+        let list = parse_list(openai).unwrap();
+        assert_eq!(list.models.len(), 1);
+        assert_eq!(list.get("gpt-4o").unwrap().context_tokens, None);
+        let vllm = br#"{"data":[{"id":"Qwen/Qwen2.5-7B","max_model_len":32768}]}"#;
+        assert_eq!(
+            parse_list(vllm).unwrap().get("Qwen/Qwen2.5-7B").unwrap().context_tokens,
+            Some(32768)
+        );
+        assert!(parse_list(b"<html>not found</html>").is_none());
+        assert!(parse_list(br#"{"data":"nope"}"#).is_none());
+        let props = br#"{"default_generation_settings":{"n_ctx":4096},"total_slots":2}"#;
+        assert_eq!(parse_props(props), Some(4096));
+        assert_eq!(parse_props(br#"{"default_generation_settings":{}}"#), None);
+        assert_eq!(parse_props(b"[]"), None);
+        assert_eq!(root("http://127.0.0.1:8080/v1"), "http://127.0.0.1:8080");
+        assert_eq!(root("http://h/api"), "http://h/api");
+    }
+
+    #[test]
+    fn lists_at_most_max_ids() {
+        let catalogue = Catalogue {
+            models: ["a", "b", "c"]
+                .map(|id| ServedModel { id: id.into(), context_tokens: None })
+                .to_vec(),
+        };
+        assert_eq!(catalogue.ids(2), "a, b, ...");
+        assert_eq!(catalogue.ids(5), "a, b, c");
+    }
+}

@@ -1,0 +1,112 @@
+//! What the model server serves, asked at start: the names the config
+//! sends checked against its `/v1/models` list (a warning, or with
+//! `llm.strict_models` a refusal), and the context window taken from the
+//! server (llama.cpp's `/props`) over the config's. The real binary
+//! against a loopback server that describes itself as llama.cpp does.
+
+#![allow(clippy::unwrap_used)]
+
+use hivekernel_tests::binary::Binary;
+use hivekernel_tests::llm_server::{LlmServer, Scripted};
+use serde_json::json;
+
+fn config(server: &LlmServer, strict: bool) -> serde_json::Value {
+    json!({
+        "kernel": { "listen": "127.0.0.1:0" },
+        "llm": { "provider": "openai", "base_url": server.base_url(),
+                 "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0,
+                 "models": { "small": "tiny-1", "big": "huge-9" },
+                 "context_tokens": { "small": 128000 },
+                 "max_completion_tokens": 512,
+                 "strict_models": strict },
+        "agents": [
+            { "name": "writer", "role": "daemon", "runtime": "tool_agent", "model": "small",
+              "system_prompt": "You write." }
+        ]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let server = LlmServer::answering(|_| Scripted::content("an answer")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |strict| {
+        std::fs::write(
+            dir.path().join("config.json"),
+            config(&server, strict).to_string(),
+        )
+        .unwrap()
+    };
+
+    // A server that lists no models: nothing is checked, the kernel starts.
+    write(true);
+    let kernel = Binary::start(&bin, dir.path());
+    assert!(
+        kernel.log().contains("the model server lists no models"),
+        "{}",
+        kernel.log()
+    );
+    drop(kernel);
+
+    // llama.cpp: one model listed, its slot's context in /props.
+    server.serve_page(
+        "/v1/models",
+        json!({ "object": "list", "data": [{ "id": "tiny-1", "object": "model" }] }),
+    );
+    server.serve_page(
+        "/props",
+        json!({ "default_generation_settings": { "n_ctx": 2048 }, "total_slots": 1 }),
+    );
+    write(false);
+    let kernel = Binary::start(&bin, dir.path());
+    let log = kernel.log();
+    assert!(
+        log.lines().any(|l| l.contains("context window from the server")
+            && l.contains("model=small")
+            && l.contains("context_tokens=2048")),
+        "{log}"
+    );
+    // `big` is sent as a model the server does not list.
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains(r#"does not list "huge-9" (for big)"#)
+            && l.contains("it lists: tiny-1")),
+        "{log}"
+    );
+    assert!(kernel.cli(&["exec", "writer", "hello"]).contains("an answer"));
+    drop(kernel);
+
+    // strict_models: the same config is refused, naming the model.
+    write(true);
+    let out = std::process::Command::new(&bin)
+        .arg("start")
+        .arg(dir.path().join("config.json"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env_remove("HIVEKERNEL_LLM_BASE_URL")
+        .env_remove("HIVEKERNEL_LLM_MODEL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("llm.strict_models") && stderr.contains("huge-9"),
+        "{stderr}"
+    );
+
+    // Every name sent as the one listed model: nothing unknown, and the
+    // window applies to every name.
+    let kernel = Binary::start_with(&bin, dir.path(), &["--model", "tiny-1"]);
+    let log = kernel.log();
+    assert!(
+        log.lines().any(|l| l.contains("context window from the server")
+            && l.contains("model=big")
+            && l.contains("served=tiny-1")),
+        "{log}"
+    );
+    drop(kernel);
+}
