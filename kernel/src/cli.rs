@@ -31,6 +31,7 @@ mod error;
 mod events;
 mod human;
 mod inbox;
+mod llm;
 mod logs;
 mod mcp;
 mod names;
@@ -133,6 +134,9 @@ pub enum Command {
     /// `mcp serve`, the kernel's control plane as an MCP server.
     #[command(subcommand)]
     Mcp(McpCommand),
+    /// The model server a config points at: what it can do for its models.
+    #[command(subcommand)]
+    Llm(LlmCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
     /// What agents ask people: tool calls waiting for approval, questions
@@ -545,6 +549,27 @@ pub enum SkillsCommand {
         /// A skill directory (holding SKILL.md) or a directory of them.
         dir: PathBuf,
         /// One JSON array: dir, name, ok and findings per skill.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `hivekernel llm ...`.
+#[derive(Debug, Subcommand)]
+pub enum LlmCommand {
+    /// Ask the config's model server (read from this environment, as `start`
+    /// would) which models it lists and their context windows, then, per model
+    /// the config sends, for a one-line answer and one required tool call; print
+    /// what works and what does not. Exit 1 when a model cannot work as agents
+    /// need (not listed, no answer, or tools dropped or refused).
+    Check {
+        /// The startup config (JSON).
+        #[arg(default_value = "configs/startup.json")]
+        config: PathBuf,
+        /// As `start --model`: every model sent as this one.
+        #[arg(long, value_name = "MODEL", env = "HIVEKERNEL_LLM_MODEL")]
+        model: Option<String>,
+        /// One JSON object: the server's list and each model's findings.
         #[arg(long)]
         json: bool,
     },
@@ -971,6 +996,11 @@ pub struct ArtifactsRmArgs {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Start(args) => start(args).await,
+        Command::Llm(LlmCommand::Check {
+            config,
+            model,
+            json,
+        }) => llm::check(&config, model.as_deref(), json).await,
         Command::Config(ConfigCommand::Check { config, model }) => {
             config_check(&config, model.as_deref()).await
         }

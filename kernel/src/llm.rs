@@ -155,7 +155,7 @@ pub async fn check_served(
 /// Every (logical, served) model pair the config can send: its agents'
 /// (or the default), the default, orchestrate's workers', and the names
 /// `llm.models` maps; each logical name once.
-fn models_sent(config: &Config) -> Vec<(&str, &str)> {
+pub(crate) fn models_sent(config: &Config) -> Vec<(&str, &str)> {
     let names = &config.kernel.models;
     let agents = config
         .agents

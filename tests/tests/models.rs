@@ -110,3 +110,85 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     );
     drop(kernel);
 }
+
+/// `hivekernel llm check` against a server that lists its model, answers,
+/// and either calls the required tool or (a template without tools)
+/// answers in text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_check_says_what_works_and_fails_when_tools_are_dropped() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let tools_work = Arc::new(AtomicBool::new(true));
+    let works = tools_work.clone();
+    let server = LlmServer::answering(move |body| {
+        let required = body["tool_choice"] == "required" && body["tools"].is_array();
+        match required && works.load(Ordering::SeqCst) {
+            true => Scripted::tool_calls(&[("call_1", "echo", r#"{"text":"ping"}"#)]),
+            false => Scripted::content("I am ready."),
+        }
+    })
+    .await;
+    server.serve_page(
+        "/v1/models",
+        json!({ "data": [{ "id": "tiny-1" }, { "id": "other" }] }),
+    );
+    server.serve_page("/props", json!({ "default_generation_settings": { "n_ctx": 4096 } }));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config(&server, false).to_string()).unwrap();
+    let check = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(["llm", "check"])
+            .arg(&path)
+            .args(args)
+            .env_remove("HIVEKERNEL_LLM_BASE_URL")
+            .env_remove("HIVEKERNEL_LLM_MODEL")
+            .output()
+            .unwrap()
+    };
+
+    // Every name sent as the listed model: it answers and calls the tool.
+    let out = check(&["--model", "tiny-1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("models the server lists: tiny-1, other"), "{text}");
+    assert!(text.contains("tiny-1 (for small, big)"), "{text}");
+    assert!(text.contains("answer  ok in"), "{text}");
+    assert!(text.contains(r#"tools   ok: called echo({"text":"ping"})"#), "{text}");
+    // Two servers listed: /props is not asked, the window is not known.
+    assert!(text.contains("listed  yes (the server does not say"), "{text}");
+    let requests = server.requests();
+    let asked = requests.last().unwrap();
+    assert_eq!(asked["tool_choice"], "required", "{asked:#}");
+    assert_eq!(asked["model"], "tiny-1");
+
+    // As configured: `huge-9` (for big) is not listed.
+    let out = check(&["--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false, "{report:#}");
+    let huge = report["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["served"] == "huge-9")
+        .unwrap();
+    assert_eq!(huge["listed"]["ok"], false, "{report:#}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of 2 models"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A template that drops tools: the model answers in text.
+    tools_work.store(false, Ordering::SeqCst);
+    let out = check(&["--model", "tiny-1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("tools   dropped: asked to call a tool"), "{text}");
+}

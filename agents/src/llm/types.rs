@@ -139,6 +139,10 @@ pub struct ChatRequest {
     /// Upper bound on the completion's tokens.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The model must call one of `tools` (`tool_choice: "required"`):
+    /// what `hivekernel llm check` asks to see whether tools work.
+    #[serde(default)]
+    pub require_tool: bool,
 }
 
 impl ChatRequest {
@@ -149,6 +153,7 @@ impl ChatRequest {
             messages,
             tools: Vec::new(),
             max_tokens: None,
+            require_tool: false,
         }
     }
 

@@ -18,6 +18,8 @@ struct Request<'a> {
     tools: Vec<Tool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -95,6 +97,7 @@ pub(super) fn encode(
         messages,
         tools,
         max_tokens: Some(request.max_tokens.unwrap_or(shape.max_tokens)),
+        tool_choice: (request.require_tool && !request.tools.is_empty()).then_some("required"),
     };
     serde_json::to_vec(&body)
         .map_err(|e| LlmError::InvalidResponse(format!("cannot encode the request: {e}")))
