@@ -25,6 +25,7 @@ mod limits;
 mod mcp;
 pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
+pub(crate) use model::TOOL_AGENT;
 mod notify;
 mod observe;
 pub(crate) use model::{base_url_problem, url_problem};

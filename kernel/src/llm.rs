@@ -160,7 +160,7 @@ pub(crate) fn models_sent(config: &Config) -> Vec<(&str, &str)> {
     let agents = config
         .agents
         .iter()
-        .filter(|agent| agent.exec.is_none() && agent.runtime.as_deref() != Some(crate::exec::EXEC_RUNTIME))
+        .filter(|agent| config.runtime_of(agent) == crate::config::TOOL_AGENT)
         .map(|agent| names.model_of(&agent.model));
     let logical = agents
         .chain(names.default_model.as_deref())
