@@ -65,9 +65,10 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     let kernel = Binary::start(&bin, dir.path());
     let log = kernel.log();
     assert!(
-        log.lines().any(|l| l.contains("context window from the server")
-            && l.contains("model=small")
-            && l.contains("context_tokens=2048")),
+        log.lines()
+            .any(|l| l.contains("context window from the server")
+                && l.contains("model=small")
+                && l.contains("context_tokens=2048")),
         "{log}"
     );
     // `big` is sent as a model the server does not list.
@@ -77,7 +78,11 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
             && l.contains("it lists: tiny-1")),
         "{log}"
     );
-    assert!(kernel.cli(&["exec", "writer", "hello"]).contains("an answer"));
+    assert!(
+        kernel
+            .cli(&["exec", "writer", "hello"])
+            .contains("an answer")
+    );
     drop(kernel);
 
     // strict_models: the same config is refused, naming the model.
@@ -103,9 +108,10 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     let kernel = Binary::start_with(&bin, dir.path(), &["--model", "tiny-1"]);
     let log = kernel.log();
     assert!(
-        log.lines().any(|l| l.contains("context window from the server")
-            && l.contains("model=big")
-            && l.contains("served=tiny-1")),
+        log.lines()
+            .any(|l| l.contains("context window from the server")
+                && l.contains("model=big")
+                && l.contains("served=tiny-1")),
         "{log}"
     );
     drop(kernel);
@@ -137,7 +143,10 @@ async fn llm_check_says_what_works_and_fails_when_tools_are_dropped() {
         "/v1/models",
         json!({ "data": [{ "id": "tiny-1" }, { "id": "other" }] }),
     );
-    server.serve_page("/props", json!({ "default_generation_settings": { "n_ctx": 4096 } }));
+    server.serve_page(
+        "/props",
+        json!({ "default_generation_settings": { "n_ctx": 4096 } }),
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
     std::fs::write(&path, config(&server, false).to_string()).unwrap();
@@ -155,13 +164,26 @@ async fn llm_check_says_what_works_and_fails_when_tools_are_dropped() {
     // Every name sent as the listed model: it answers and calls the tool.
     let out = check(&["--model", "tiny-1"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("models the server lists: tiny-1, other"), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("models the server lists: tiny-1, other"),
+        "{text}"
+    );
     assert!(text.contains("tiny-1 (for small, big)"), "{text}");
     assert!(text.contains("answer  ok in"), "{text}");
-    assert!(text.contains(r#"tools   ok: called echo({"text":"ping"})"#), "{text}");
+    assert!(
+        text.contains(r#"tools   ok: called echo({"text":"ping"})"#),
+        "{text}"
+    );
     // Two servers listed: /props is not asked, the window is not known.
-    assert!(text.contains("listed  yes (the server does not say"), "{text}");
+    assert!(
+        text.contains("listed  yes (the server does not say"),
+        "{text}"
+    );
     let requests = server.requests();
     let asked = requests.last().unwrap();
     assert_eq!(asked["tool_choice"], "required", "{asked:#}");
@@ -190,5 +212,8 @@ async fn llm_check_says_what_works_and_fails_when_tools_are_dropped() {
     let out = check(&["--model", "tiny-1"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("tools   dropped: asked to call a tool"), "{text}");
+    assert!(
+        text.contains("tools   dropped: asked to call a tool"),
+        "{text}"
+    );
 }

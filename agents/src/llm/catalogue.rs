@@ -35,7 +35,12 @@ impl Catalogue {
 
     /// The ids, comma-separated, at most `max` of them.
     pub fn ids(&self, max: usize) -> String {
-        let mut ids: Vec<&str> = self.models.iter().take(max).map(|m| m.id.as_str()).collect();
+        let mut ids: Vec<&str> = self
+            .models
+            .iter()
+            .take(max)
+            .map(|m| m.id.as_str())
+            .collect();
         if self.models.len() > max {
             ids.push("...");
         }
@@ -84,10 +89,7 @@ pub(super) fn parse_list(body: &[u8]) -> Option<Catalogue> {
 /// The context of one slot from a llama.cpp `/props` answer.
 pub(super) fn parse_props(body: &[u8]) -> Option<u64> {
     let props: Props = serde_json::from_slice(body).ok()?;
-    props
-        .default_generation_settings?
-        .n_ctx
-        .filter(|n| *n > 0)
+    props.default_generation_settings?.n_ctx.filter(|n| *n > 0)
 }
 
 /// The server's root for `base_url`: without a trailing `/v1`.
@@ -109,7 +111,11 @@ mod tests {
         assert_eq!(list.get("gpt-4o").unwrap().context_tokens, None);
         let vllm = br#"{"data":[{"id":"Qwen/Qwen2.5-7B","max_model_len":32768}]}"#;
         assert_eq!(
-            parse_list(vllm).unwrap().get("Qwen/Qwen2.5-7B").unwrap().context_tokens,
+            parse_list(vllm)
+                .unwrap()
+                .get("Qwen/Qwen2.5-7B")
+                .unwrap()
+                .context_tokens,
             Some(32768)
         );
         assert!(parse_list(b"<html>not found</html>").is_none());
@@ -126,7 +132,10 @@ mod tests {
     fn lists_at_most_max_ids() {
         let catalogue = Catalogue {
             models: ["a", "b", "c"]
-                .map(|id| ServedModel { id: id.into(), context_tokens: None })
+                .map(|id| ServedModel {
+                    id: id.into(),
+                    context_tokens: None,
+                })
                 .to_vec(),
         };
         assert_eq!(catalogue.ids(2), "a, b, ...");

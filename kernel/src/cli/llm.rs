@@ -6,11 +6,11 @@
 use std::path::Path;
 use std::time::Instant;
 
+use crate::runtime::RuntimeRegistry;
 use hivekernel_agents::llm::{
     ChatMessage, ChatRequest, Finish, LlmError, OpenAiProvider, Provider, ToolSchema,
 };
 use hivekernel_agents::text::cut;
-use crate::runtime::RuntimeRegistry;
 use serde_json::{Value, json};
 
 use super::{CliError, output};
@@ -46,9 +46,15 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
     })
     .map_err(CliError::Usage)?;
     let Some(openai) = &chosen.openai else {
-        let text = format!("provider: {}: no model server to check\n", chosen.description);
+        let text = format!(
+            "provider: {}: no model server to check\n",
+            chosen.description
+        );
         return match json {
-            true => output::print(&format!("{:#}\n", json!({ "provider": chosen.description, "ok": true, "models": [] }))),
+            true => output::print(&format!(
+                "{:#}\n",
+                json!({ "provider": chosen.description, "ok": true, "models": [] })
+            )),
             false => output::print(&text),
         };
     };
@@ -57,7 +63,11 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
     match &listed {
         Ok(list) => text.push_str(&format!(
             "models the server lists: {}\n",
-            if list.models.is_empty() { "none".to_owned() } else { list.ids(20) }
+            if list.models.is_empty() {
+                "none".to_owned()
+            } else {
+                list.ids(20)
+            }
         )),
         Err(why) => text.push_str(&format!("models the server lists: unknown ({why})\n")),
     }
@@ -74,8 +84,14 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
     for (id, names) in &served {
         let window = listed.as_ref().ok().map(|list| list.get(id));
         let listing = match window {
-            None => Found { ok: true, detail: "not known (the server lists no models)".into() },
-            Some(None) => Found { ok: false, detail: "no: the server does not list it".into() },
+            None => Found {
+                ok: true,
+                detail: "not known (the server lists no models)".into(),
+            },
+            Some(None) => Found {
+                ok: false,
+                detail: "no: the server does not list it".into(),
+            },
             Some(Some(model)) => Found {
                 ok: true,
                 detail: match model.context_tokens {
@@ -87,7 +103,10 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
         let answer = ask(openai, names[0]).await;
         let tools = match answer.ok {
             true => call_tool(openai, names[0]).await,
-            false => Found { ok: false, detail: "not tried (no answer)".into() },
+            false => Found {
+                ok: false,
+                detail: "not tried (no answer)".into(),
+            },
         };
         if !(listing.ok && answer.ok && tools.ok) {
             failing += 1;
@@ -125,7 +144,9 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
 async fn ask(openai: &OpenAiProvider, model: &str) -> Found {
     let mut request = ChatRequest::new(
         model,
-        vec![ChatMessage::user("Reply with one short sentence: are you ready?")],
+        vec![ChatMessage::user(
+            "Reply with one short sentence: are you ready?",
+        )],
     );
     request.max_tokens = Some(ANSWER_TOKENS);
     let started = Instant::now();
@@ -148,7 +169,10 @@ async fn ask(openai: &OpenAiProvider, model: &str) -> Found {
                 ),
             }
         }
-        Err(err) => Found { ok: false, detail: format!("failed: {err}") },
+        Err(err) => Found {
+            ok: false,
+            detail: format!("failed: {err}"),
+        },
     }
 }
 
@@ -156,7 +180,9 @@ async fn ask(openai: &OpenAiProvider, model: &str) -> Found {
 async fn call_tool(openai: &OpenAiProvider, model: &str) -> Found {
     let mut request = ChatRequest::new(
         model,
-        vec![ChatMessage::user("Call the echo tool with the text \"ping\".")],
+        vec![ChatMessage::user(
+            "Call the echo tool with the text \"ping\".",
+        )],
     );
     request.tools = vec![ToolSchema {
         name: "echo".into(),
@@ -173,7 +199,11 @@ async fn call_tool(openai: &OpenAiProvider, model: &str) -> Found {
         Ok(response) => match response.message.tool_calls.first() {
             Some(call) => Found {
                 ok: true,
-                detail: format!("ok: called {}({})", call.name, cut(call.arguments.clone(), 80)),
+                detail: format!(
+                    "ok: called {}({})",
+                    call.name,
+                    cut(call.arguments.clone(), 80)
+                ),
             },
             None => Found {
                 ok: false,
@@ -185,8 +215,13 @@ async fn call_tool(openai: &OpenAiProvider, model: &str) -> Found {
         },
         Err(LlmError::Http { status, body }) => Found {
             ok: false,
-            detail: format!("refused: the server answered {status} to a request with tools: {body}"),
+            detail: format!(
+                "refused: the server answered {status} to a request with tools: {body}"
+            ),
         },
-        Err(err) => Found { ok: false, detail: format!("failed: {err}") },
+        Err(err) => Found {
+            ok: false,
+            detail: format!("failed: {err}"),
+        },
     }
 }
