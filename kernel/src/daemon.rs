@@ -377,7 +377,7 @@ async fn start_kernel(
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
     if let Some(openai) = &chosen.openai {
-        crate::llm::check_served(openai, &config, &mut agent_settings)
+        crate::llm::check_served(openai, config, &mut agent_settings)
             .await
             .map_err(StartError::Provider)?;
     }
