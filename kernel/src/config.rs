@@ -147,6 +147,9 @@ impl Default for LlmConfig {
     }
 }
 
+/// One served model every logical model name is sent as (`start --model`).
+pub const MODEL_ENV: &str = "HIVEKERNEL_LLM_MODEL";
+
 /// Which model a process uses and what the server is sent for it
 /// (`llm.models`, `llm.default_model`, and `--model` or
 /// `HIVEKERNEL_LLM_MODEL`).
@@ -478,7 +481,7 @@ fn load_sections(
     let (llm, models, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
     kernel.models = models;
-    if let Some(model) = env(crate::llm::MODEL_ENV).filter(|model| !model.trim().is_empty()) {
+    if let Some(model) = env(MODEL_ENV).filter(|model| !model.trim().is_empty()) {
         kernel.models.serve_all = Some(model.trim().to_owned());
     }
     let (agent, tools) = model::tool_agent(

@@ -12,8 +12,7 @@ use crate::config::{Config, LlmConfig, ModelNames, ProviderChoice};
 
 /// Overrides `llm.base_url` (and makes `auto` pick `openai`).
 pub const BASE_URL_ENV: &str = "HIVEKERNEL_LLM_BASE_URL";
-/// One served model every logical model name is sent as (`start --model`).
-pub const MODEL_ENV: &str = "HIVEKERNEL_LLM_MODEL";
+pub use crate::config::MODEL_ENV;
 /// Where `openai` goes when neither the config nor the environment names an endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 

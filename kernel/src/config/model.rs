@@ -472,7 +472,7 @@ impl super::Config {
     pub fn runtime_of<'a>(&'a self, agent: &'a super::AgentSpec) -> &'a str {
         match (&agent.runtime, &agent.exec) {
             (Some(runtime), _) => runtime,
-            (None, Some(_)) => crate::exec::EXEC_RUNTIME,
+            (None, Some(_)) => crate::command::EXEC_RUNTIME,
             (None, None) => &self.kernel.default_runtime,
         }
     }

@@ -1927,7 +1927,7 @@ fn one_served_model_a_default_and_prices_only_where_set() {
 
     // One served model for every name: prices only for it (none here).
     let config = fixture
-        .load_env(json, &[(crate::llm::MODEL_ENV, " qwen2.5:0.5b ")])
+        .load_env(json, &[(super::MODEL_ENV, " qwen2.5:0.5b ")])
         .unwrap();
     let names = &config.kernel.models;
     assert_eq!(names.served("sonnet"), "qwen2.5:0.5b");
