@@ -671,7 +671,7 @@ async fn log_agents(kernel: &Kernel, names: &ModelNames, agents: &[AgentSpec], p
         }
         // Only the tool_agent talks to a model; say which, per agent.
         let provider = match (runtime.as_str(), kernel.provider_name()) {
-            ("tool_agent", Some(provider)) => provider,
+            (crate::config::TOOL_AGENT, Some(provider)) => provider,
             _ => "none",
         };
         let served = names.served(&model);

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider};
-
 use hivekernel_agents::tool_agent::AgentSettings;
 
 use crate::config::{Config, LlmConfig, ModelNames, ProviderChoice};

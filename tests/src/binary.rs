@@ -74,6 +74,15 @@ impl Binary {
         kernel
     }
 
+    /// Stops the daemon as an operator does (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap()
+    }
+
     /// What the daemon has written to its stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("kernel.log")).unwrap_or_default()

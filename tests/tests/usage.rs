@@ -121,12 +121,7 @@ async fn usage_is_summed_by_model_day_and_role_and_survives_a_restart() {
     );
 
     // Kept in the store: a restart reads the same.
-    let pid = kernel.child.id();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    kernel.child.wait().unwrap();
+    kernel.terminate();
     kernel = Binary::start(&bin, dir.path());
     let again = kernel.json(&["usage", "--by", "model", "--json"]);
     assert_eq!(again["total"], by_model["total"]);
@@ -216,12 +211,7 @@ async fn one_served_model_for_every_name_costs_only_what_it_is_priced() {
         .as_f64()
         .unwrap();
     assert!((cost - 0.013).abs() < 1e-9, "{report:#}");
-    let pid = kernel.child.id();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    kernel.child.wait().unwrap();
+    kernel.terminate();
 
     // Every name sent as one local model: no price for it, so no cost.
     let kernel = Binary::start_with(&bin, dir.path(), &["--model", "local-tiny"]);
