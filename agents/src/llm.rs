@@ -15,6 +15,7 @@
 //! - [`scripted`]: [`ScriptedProvider`], deterministic and offline; its rules are in its docs.
 //! - `retry` (private): backoff with jitter and `Retry-After`.
 //! - `wire` (private): the chat-completions JSON format.
+//! - `stream` (private): a streamed answer's server-sent events.
 
 pub mod admission;
 pub mod catalogue;
@@ -22,8 +23,11 @@ pub mod error;
 pub mod openai;
 mod retry;
 pub mod scripted;
+mod stream;
 pub mod types;
 mod wire;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -41,9 +45,49 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// Short name for logs and `ps` (`openai`, `scripted`).
     fn name(&self) -> &str;
 
-    /// One completion of `request`; retries, timeouts and admission are the provider's business.
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError>;
+    /// One completion of `request`, telling `watch` what happens while it
+    /// runs; retries, timeouts and admission are the provider's business.
+    /// Dropping the future abandons the call (an HTTP provider closes its
+    /// connection, so the server stops generating).
+    async fn call(&self, request: &ChatRequest, watch: &dyn Watch)
+    -> Result<ChatResponse, LlmError>;
+
+    /// [`Provider::call`] with nobody watching.
+    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        self.call(request, &Unwatched).await
+    }
 }
+
+/// What a provider tells while a call runs. Both methods are called on
+/// the caller's task, in order, and must not block.
+pub trait Watch: Send + Sync {
+    /// Answer text as it streams in (`reasoning`: the model's thinking,
+    /// not its answer). A retry starts the answer over.
+    fn streamed(&self, _text: &str, _reasoning: bool) {}
+
+    /// An attempt failed and the call goes on: another attempt follows
+    /// after [`Retry::wait`].
+    fn retrying(&self, _retry: &Retry<'_>) {}
+}
+
+/// A failed attempt that is tried again.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry<'a> {
+    /// The attempt that failed (1 for the first).
+    pub attempt: u32,
+    /// Why.
+    pub error: &'a LlmError,
+    /// How long it took.
+    pub took: Duration,
+    /// The wait before the next attempt.
+    pub wait: Duration,
+}
+
+/// A [`Watch`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unwatched;
+
+impl Watch for Unwatched {}
 
 /// Tokens added per message for its role and framing.
 const MESSAGE_OVERHEAD_TOKENS: u64 = 4;

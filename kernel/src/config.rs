@@ -113,10 +113,19 @@ pub struct LlmConfig {
     pub base_url: Option<String>,
     /// Environment variable holding the API key (never the key itself).
     pub api_key_env: String,
-    /// Limit on one HTTP attempt.
+    /// Ask for answers streamed (server-sent events).
+    pub stream: bool,
+    /// Longest wait for a streamed answer's first event.
+    pub first_token_timeout: Duration,
+    /// Longest silence between two events of a streamed answer.
+    pub idle_timeout: Duration,
+    /// Cap on one HTTP attempt, streamed or not.
     pub request_timeout: Duration,
-    /// Retries on 429, 5xx, transport errors and timeouts.
+    /// Retries on 429, other 5xx, transport errors and timeouts.
     pub max_retries: u32,
+    /// How long a server that refuses connections or answers 502/503 is
+    /// waited for (starting, loading its model), besides the retries.
+    pub unavailable_wait: Duration,
     /// Kernel-wide cap on model requests in flight; more wait their turn.
     pub max_in_flight: usize,
     /// Send roles strictly alternating from the first request (else only
@@ -136,8 +145,12 @@ impl Default for LlmConfig {
             provider: ProviderChoice::Auto,
             base_url: None,
             api_key_env: "OPENAI_API_KEY".into(),
-            request_timeout: Duration::from_secs(120),
+            stream: true,
+            first_token_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(600),
             max_retries: 3,
+            unavailable_wait: Duration::from_secs(60),
             max_in_flight: 16,
             strict_roles: false,
             strict_models: false,

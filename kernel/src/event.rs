@@ -152,6 +152,11 @@ pub enum EventKind {
         /// Why it failed; absent when it answered.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// Which attempt: on an attempt that failed and is tried again
+        /// (or was cancelled), and on the outcome of a call that took more
+        /// than one; absent for a call answered at the first attempt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
     },
     /// This process's runtime ran one of its tools.
     ToolCall {

@@ -381,7 +381,7 @@ fn llm_error_type(err: &LlmError) -> &'static str {
         LlmError::RateLimited { .. } => "rate_limited",
         LlmError::Http { .. } => "http_error",
         LlmError::Transport(_) => "transport_error",
-        LlmError::Timeout => "timeout",
+        LlmError::Timeout(_) => "timeout",
         LlmError::InvalidResponse(_) => "invalid_response",
         LlmError::UnknownModel(_) => "unknown_model",
         LlmError::Config(_) => "config",

@@ -87,12 +87,25 @@ pub enum EntryKind {
         /// From the request to the answer.
         duration_ms: u64,
     },
-    /// The request before it failed.
+    /// The request before it failed, or one attempt at it that is tried
+    /// again (its error says so).
     ModelError {
         /// Why.
         error: String,
-        /// From the request to the failure.
+        /// From the request (or the attempt) to the failure.
         duration_ms: u64,
+        /// The answer text that had streamed in when it failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partial: Option<String>,
+    },
+    /// Answer text as it streams in, for live watchers only: never kept,
+    /// since the `response` after it holds the whole answer.
+    Partial {
+        /// The text since the last partial entry.
+        text: String,
+        /// The model's thinking rather than its answer.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reasoning: bool,
     },
     /// A tool call's result, as handed back to the model.
     ToolResult {
@@ -128,6 +141,7 @@ impl EntryKind {
             EntryKind::Request { .. } => "request",
             EntryKind::Response { .. } => "response",
             EntryKind::ModelError { .. } => "model_error",
+            EntryKind::Partial { .. } => "partial",
             EntryKind::ToolResult { .. } => "tool_result",
             EntryKind::Answer { .. } => "answer",
             EntryKind::Failed { .. } => "failed",
@@ -150,7 +164,11 @@ impl EntryKind {
             EntryKind::Input { text, .. }
             | EntryKind::Answer { text }
             | EntryKind::Failed { error: text }
-            | EntryKind::ModelError { error: text, .. } => fit(text),
+            | EntryKind::Partial { text, .. } => fit(text),
+            EntryKind::ModelError { error, partial, .. } => {
+                fit(error);
+                partial.iter_mut().for_each(fit);
+            }
             EntryKind::Message {
                 content,
                 tool_calls,
@@ -210,7 +228,10 @@ impl EntryKind {
             EntryKind::Input { text, .. }
             | EntryKind::Answer { text }
             | EntryKind::Failed { error: text }
-            | EntryKind::ModelError { error: text, .. } => text.len(),
+            | EntryKind::Partial { text, .. } => text.len(),
+            EntryKind::ModelError { error, partial, .. } => {
+                error.len() + partial.as_ref().map_or(0, String::len)
+            }
             EntryKind::Message {
                 content,
                 tool_calls,

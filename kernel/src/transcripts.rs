@@ -105,6 +105,19 @@ impl Transcripts {
         }
     }
 
+    /// Sends `kind` (a partial answer) to live watchers, when there are
+    /// any, without keeping it.
+    pub(crate) fn stream(&self, pid: Pid, kind: EntryKind) {
+        if self.enabled() && self.live.receiver_count() > 0 {
+            self.number(pid, kind, None, false);
+        }
+    }
+
+    /// Whether anyone watches entries live.
+    pub(crate) fn watched(&self) -> bool {
+        self.enabled() && self.live.receiver_count() > 0
+    }
+
     /// Records a model request of `pid`: each message as the entry that
     /// already holds it, or as a new `message` entry.
     pub(crate) fn record_request(
@@ -160,7 +173,13 @@ impl Transcripts {
 
     /// [`Transcripts::push`] with the fingerprint of the message `kind`
     /// stands for already taken.
-    fn keep(&self, pid: Pid, mut kind: EntryKind, print: Option<u64>) -> u64 {
+    fn keep(&self, pid: Pid, kind: EntryKind, print: Option<u64>) -> u64 {
+        self.number(pid, kind, print, true)
+    }
+
+    /// Numbers and stamps one entry, sends it to live watchers and, when
+    /// `kept`, keeps it; answers its id.
+    fn number(&self, pid: Pid, mut kind: EntryKind, print: Option<u64>, kept: bool) -> u64 {
         kind.bound(self.settings.max_text_bytes);
         let at_unix_ms = unix_ms(SystemTime::now());
         let turn = crate::trace::turn(|| self.ids.take(&self.store, &self.tracker));
@@ -183,13 +202,15 @@ impl Transcripts {
             }
             seen.insert(print, id);
         }
-        if self.store.is_durable() {
-            self.store.submit_lazy(Write::Transcript(entry.clone()));
-        } else {
-            if state.tail.len() >= self.settings.memory_entries {
-                state.tail.pop_front();
+        match (kept, self.store.is_durable()) {
+            (false, _) => {}
+            (true, true) => self.store.submit_lazy(Write::Transcript(entry.clone())),
+            (true, false) => {
+                if state.tail.len() >= self.settings.memory_entries {
+                    state.tail.pop_front();
+                }
+                state.tail.push_back(entry.clone());
             }
-            state.tail.push_back(entry.clone());
         }
         if self.live.receiver_count() > 0 {
             let _ = self.live.send(entry);

@@ -6,6 +6,12 @@
 //! makes more calls than it planned fails loudly). Every request body and
 //! `authorization` header is recorded, and the server tracks how many
 //! requests it was answering at once. The server stops when dropped.
+//!
+//! A request that asks for `"stream": true` gets a JSON answer as a real
+//! server streams it: server-sent events, one chunk per word of the text
+//! and per piece of each tool call's arguments, the finish reason, the
+//! usage, then `[DONE]`. [`Scripted::Events`] sends events of its own at
+//! its own pace, and the server counts streams the client hung up on.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -14,8 +20,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
@@ -44,7 +51,14 @@ pub enum Scripted {
     Delay(Duration, Box<Scripted>),
     /// Computes the answer from the request body.
     Dynamic(Responder),
+    /// `200 OK` as server-sent events: each `(wait, data)` sent as
+    /// `data: {data}` after its wait; the stream then ends.
+    Events(Vec<(Duration, String)>),
 }
+
+/// Forever, for a test's purposes: a wait in [`Scripted::Events`] that
+/// only the client's timeout ends.
+pub const FOREVER: Duration = Duration::from_secs(3600);
 
 impl fmt::Debug for Scripted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -64,6 +78,7 @@ impl fmt::Debug for Scripted {
                 f.debug_tuple("Delay").field(wait).field(inner).finish()
             }
             Scripted::Dynamic(_) => f.write_str("Dynamic(..)"),
+            Scripted::Events(events) => f.debug_tuple("Events").field(events).finish(),
         }
     }
 }
@@ -140,6 +155,26 @@ impl Scripted {
         Scripted::Delay(wait, Box::new(self))
     }
 
+    /// A text answer streamed a word at a time, one word every `every`
+    /// (the first after `every` too), then `stop`, usage 10 + 5 and `[DONE]`.
+    pub fn streamed(text: &str, every: Duration) -> Self {
+        let mut events: Vec<(Duration, String)> = words(text)
+            .map(|word| (every, delta(json!({ "content": word }), None).to_string()))
+            .collect();
+        events.extend(closing(&json!({ "prompt_tokens": 10, "completion_tokens": 5 }), "stop"));
+        Scripted::Events(events)
+    }
+
+    /// A text answer that streams `text` a word at a time and then says
+    /// nothing more for an hour (a server stuck mid-answer).
+    pub fn stalled(text: &str) -> Self {
+        let mut events: Vec<(Duration, String)> = words(text)
+            .map(|word| (Duration::ZERO, delta(json!({ "content": word }), None).to_string()))
+            .collect();
+        events.push((FOREVER, "[DONE]".to_owned()));
+        Scripted::Events(events)
+    }
+
     /// An answer computed from the request body.
     pub fn dynamic(respond: impl Fn(&Value) -> Scripted + Send + Sync + 'static) -> Self {
         Scripted::Dynamic(Arc::new(respond))
@@ -195,6 +230,89 @@ fn completion(message: Value, finish_reason: &str, prompt: u64, completion: u64)
     })
 }
 
+/// `text` in words, each with the spaces after it (so they add up to `text`).
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive(' ')
+}
+
+/// One chunk of a streamed answer: `delta`, and `finish_reason` on the last.
+fn delta(delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "test-model",
+        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish_reason }],
+    })
+}
+
+/// The end of a streamed answer: its finish reason, its usage, `[DONE]`.
+fn closing(usage: &Value, finish_reason: &str) -> [(Duration, String); 3] {
+    let usage = json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": usage,
+    });
+    [
+        (Duration::ZERO, delta(json!({}), Some(finish_reason)).to_string()),
+        (Duration::ZERO, usage.to_string()),
+        (Duration::ZERO, "[DONE]".to_owned()),
+    ]
+}
+
+/// A whole chat-completions body as a server streams it.
+fn as_events(body: &Value) -> Vec<(Duration, String)> {
+    let choice = &body["choices"][0];
+    let message = &choice["message"];
+    let mut events = vec![(
+        Duration::ZERO,
+        delta(json!({ "role": "assistant", "content": "" }), None).to_string(),
+    )];
+    let now = |chunk: Value| (Duration::ZERO, chunk.to_string());
+    for field in ["reasoning_content", "reasoning"] {
+        if let Some(text) = message[field].as_str() {
+            events.extend(words(text).map(|w| now(delta(json!({ field: w }), None))));
+        }
+    }
+    if let Some(text) = message["content"].as_str() {
+        events.extend(words(text).map(|w| now(delta(json!({ "content": w }), None))));
+    }
+    for (index, call) in message["tool_calls"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let head = json!({ "tool_calls": [{
+            "index": index, "id": call["id"], "type": "function",
+            "function": { "name": call["function"]["name"], "arguments": "" },
+        }]});
+        events.push(now(delta(head, None)));
+        let arguments = match &call["function"]["arguments"] {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let middle = arguments.len() / 2;
+        let middle = (middle..=arguments.len())
+            .find(|at| arguments.is_char_boundary(*at))
+            .unwrap_or(arguments.len());
+        for piece in [&arguments[..middle], &arguments[middle..]] {
+            let piece = json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] });
+            events.push(now(delta(piece, None)));
+        }
+    }
+    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+    let usage = if body["usage"].is_object() {
+        body["usage"].clone()
+    } else {
+        json!({ "prompt_tokens": 0, "completion_tokens": 0 })
+    };
+    events.extend(closing(&usage, finish));
+    events
+}
+
 /// What the server saw and what it still has to say.
 struct State {
     script: Mutex<VecDeque<Scripted>>,
@@ -205,6 +323,8 @@ struct State {
     concurrency: Mutex<(usize, usize)>,
     /// `GET` paths answered with a JSON body (`/v1/models`, `/props`).
     pages: Mutex<Vec<(String, Value)>>,
+    /// Streamed answers the client hung up on before their end.
+    hung_up: Mutex<usize>,
 }
 
 /// A running loopback chat-completions server; stops when dropped.
@@ -250,6 +370,7 @@ impl LlmServer {
             authorizations: Mutex::default(),
             concurrency: Mutex::default(),
             pages: Mutex::default(),
+            hung_up: Mutex::default(),
         });
         let task = tokio::spawn(accept(listener, state.clone()));
         LlmServer { addr, state, task }
@@ -304,6 +425,16 @@ impl LlmServer {
     pub fn max_concurrent(&self) -> usize {
         self.state.concurrency.lock().1
     }
+
+    /// Requests being answered right now.
+    pub fn answering_now(&self) -> usize {
+        self.state.concurrency.lock().0
+    }
+
+    /// Streamed answers the client closed the connection of before they ended.
+    pub fn hung_up(&self) -> usize {
+        *self.state.hung_up.lock()
+    }
 }
 
 impl Drop for LlmServer {
@@ -325,7 +456,7 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, request).await) }
+                async move { Ok::<_, Infallible>(handle(state, request).await) }
             });
             // A client that hangs up mid-answer (a timeout test) is not an error here.
             let _ = hyper::server::conn::http1::Builder::new()
@@ -336,7 +467,9 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
     }
 }
 
-async fn handle(state: &State, request: Request<Incoming>) -> Response<Full<Bytes>> {
+type Body = BoxBody<Bytes, Infallible>;
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
     if request.method() == hyper::Method::GET {
         let pages = state.pages.lock();
         if let Some((_, body)) = pages.iter().find(|(path, _)| path == request.uri().path()) {
@@ -375,32 +508,38 @@ async fn handle(state: &State, request: Request<Incoming>) -> Response<Full<Byte
                 )
             })
     };
-    let _answering = Answering::new(state);
-    render(answer, &body).await
+    let answering = Answering::new(state);
+    render(answer, &body, answering).await
 }
 
-/// Counts a request as being answered while it lives (even if the client hangs up).
-struct Answering<'a>(&'a State);
+/// Counts a request as being answered while it lives (even if the client
+/// hangs up); a streamed answer holds it until its stream ends.
+struct Answering(Arc<State>);
 
-impl<'a> Answering<'a> {
-    fn new(state: &'a State) -> Self {
-        let mut concurrency = state.concurrency.lock();
-        concurrency.0 += 1;
-        concurrency.1 = concurrency.1.max(concurrency.0);
+impl Answering {
+    fn new(state: Arc<State>) -> Self {
+        {
+            let mut concurrency = state.concurrency.lock();
+            concurrency.0 += 1;
+            concurrency.1 = concurrency.1.max(concurrency.0);
+        }
         Answering(state)
     }
 }
 
-impl Drop for Answering<'_> {
+impl Drop for Answering {
     fn drop(&mut self) {
         self.0.concurrency.lock().0 -= 1;
     }
 }
 
-async fn render(mut answer: Scripted, request: &Value) -> Response<Full<Bytes>> {
+async fn render(mut answer: Scripted, request: &Value, answering: Answering) -> Response<Body> {
+    let streaming = request["stream"] == true;
     loop {
         answer = match answer {
+            Scripted::Json(body) if streaming => Scripted::Events(as_events(&body)),
             Scripted::Json(body) => return respond(200, body.to_string(), None),
+            Scripted::Events(events) => return stream(events, answering),
             Scripted::Status {
                 status,
                 body,
@@ -415,7 +554,34 @@ async fn render(mut answer: Scripted, request: &Value) -> Response<Full<Bytes>> 
     }
 }
 
-fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<Full<Bytes>> {
+/// Sends `events` as server-sent events, each after its wait, holding
+/// `answering` until the stream ends or the client hangs up (counted).
+fn stream(events: Vec<(Duration, String)>, answering: Answering) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    tokio::spawn(async move {
+        for (wait, data) in events {
+            let sent = tokio::select! {
+                () = tokio::time::sleep(wait) => {
+                    tx.send(Ok(Frame::data(Bytes::from(format!("data: {data}\n\n"))))).await.is_ok()
+                }
+                () = tx.closed() => false,
+            };
+            if !sent {
+                *answering.0.hung_up.lock() += 1;
+                return;
+            }
+        }
+        drop(answering);
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "text/event-stream")
+        .body(BodyExt::boxed(body))
+        .expect("a valid response")
+}
+
+fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<Body> {
     let mut builder = Response::builder()
         .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
         .header(hyper::header::CONTENT_TYPE, "application/json");
@@ -423,7 +589,7 @@ fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<F
         builder = builder.header(hyper::header::RETRY_AFTER, value);
     }
     builder
-        .body(Full::new(Bytes::from(body)))
+        .body(BodyExt::boxed(Full::new(Bytes::from(body))))
         .expect("a valid response")
 }
 

@@ -302,7 +302,13 @@ async fn unreadable_answers_are_invalid_responses() {
         Scripted::Json(json!({ "choices": [{ "finish_reason": "stop" }] })),
     ])
     .await;
-    let provider = provider(&server, 3);
+    // Answers asked for whole (a streamed request gets these as events).
+    let provider = OpenAiProvider::new(OpenAiSettings {
+        stream: false,
+        max_retries: 3,
+        ..settings(&server)
+    })
+    .unwrap();
 
     for expected in ["not a chat completion", "no choices", "no message"] {
         let error = provider.chat(&task("hi")).await.unwrap_err();
@@ -343,7 +349,10 @@ async fn slow_answers_time_out_after_the_retries() {
 
     let error = provider.chat(&task("hi")).await.unwrap_err();
 
-    assert_eq!(error, LlmError::Timeout);
+    assert_eq!(
+        error,
+        LlmError::Timeout("the answer took longer than 0.2 s".into())
+    );
     assert_eq!(server.request_count(), 2);
 }
 
@@ -356,6 +365,7 @@ async fn unreachable_endpoints_are_transport_errors_after_the_retries() {
     let provider = OpenAiProvider::new(OpenAiSettings {
         base_url: format!("http://{addr}/v1"),
         max_retries: 1,
+        unavailable_wait: Duration::ZERO,
         ..OpenAiSettings::default()
     })
     .unwrap();

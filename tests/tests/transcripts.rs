@@ -318,7 +318,8 @@ async fn a_process_reads_its_childs_transcript_but_not_its_siblings() {
 async fn a_watch_streams_a_turn_as_it_happens_and_ends_with_the_process() {
     let server = LlmServer::start(vec![
         Scripted::tool_calls(&[("c1", "list_dir", "{}")]),
-        Scripted::content("listed").after(Duration::from_millis(300)),
+        // The answer streams in a word every 150 ms.
+        Scripted::streamed("listed three files", Duration::from_millis(150)),
     ])
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -340,18 +341,48 @@ async fn a_watch_streams_a_turn_as_it_happens_and_ends_with_the_process() {
             .execute_task(Caller::Admin, TaskSpec::new(pid, "list"))
             .await
     });
-    let mut seen = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    let mut streamed = String::new();
+    let mut answered = String::new();
     while let Some(entry) = stream.next().await {
         let entry = entry.unwrap();
-        seen.push(entry.r#type.clone());
+        let detail: serde_json::Value = serde_json::from_str(&entry.detail).unwrap();
+        if entry.r#type == "partial" {
+            // The answer so far, while the turn still runs.
+            assert!(!task.is_finished(), "partial answers arrive while the turn runs");
+            streamed.push_str(detail["text"].as_str().unwrap());
+        }
+        if entry.r#type == "response" {
+            answered = detail["content"].as_str().unwrap().to_owned();
+        }
+        // Consecutive partials count once: how the words bunch is timing.
+        if seen.last().is_none_or(|last| *last != entry.r#type || last != "partial") {
+            seen.push(entry.r#type.clone());
+        }
         if entry.r#type == "request" && seen.len() > 4 {
-            // The second request is out; its answer is still 300 ms away.
+            // The second request is out; its answer is still streaming.
             assert!(!task.is_finished(), "entries arrive while the turn runs");
         }
         if entry.r#type == "answer" {
             break;
         }
     }
+    assert_eq!(answered, "listed three files");
+    assert!(
+        streamed.starts_with("listed ") && answered.starts_with(&streamed),
+        "the partials are the answer as it came: {streamed:?}"
+    );
+    // Only the whole answer is kept.
+    let kept = served
+        .admin()
+        .get_transcript(pb::GetTranscriptRequest {
+            pid: pid.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(kept.entries.iter().all(|e| e.r#type != "partial"));
     assert_eq!(
         seen,
         [
@@ -361,6 +392,7 @@ async fn a_watch_streams_a_turn_as_it_happens_and_ends_with_the_process() {
             "response",
             "tool_result",
             "request",
+            "partial",
             "response",
             "answer"
         ]

@@ -25,9 +25,10 @@ pub enum LlmError {
     /// The request did not reach the provider or the answer did not come back.
     #[error("transport error: {0}")]
     Transport(String),
-    /// No complete answer within the request timeout (after every retry).
-    #[error("the provider did not answer within the request timeout")]
-    Timeout,
+    /// The answer did not come in time (after every retry): which limit it
+    /// passed (no first token, a silence between chunks, the overall cap).
+    #[error("the provider did not answer in time: {0}")]
+    Timeout(String),
     /// The answer was not a chat completion we can read.
     #[error("invalid response from the provider: {0}")]
     InvalidResponse(String),

@@ -4,14 +4,19 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::StatusCode;
-use reqwest::header::CONTENT_TYPE;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use tokio::time::Instant;
 
 use super::catalogue::{self, Catalogue};
-use super::{Admission, ChatRequest, ChatResponse, LlmError, Provider, retry, wire};
+use super::stream::{Assembly, Events, Said};
+use super::{
+    Admission, ChatRequest, ChatResponse, LlmError, Provider, Retry, Watch, retry, wire,
+};
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 #[derive(Clone, PartialEq, Eq)]
@@ -24,11 +29,23 @@ pub struct OpenAiSettings {
     pub models: BTreeMap<String, String>,
     /// One model id every logical name is sent as, whatever `models` says.
     pub serve_all: Option<String>,
-    /// Limit on one HTTP attempt, from connecting to the end of the body
-    /// (time spent queued for admission does not count).
+    /// Ask for answers as server-sent events (`stream: true`), read as
+    /// they arrive; without it, each answer comes whole.
+    pub stream: bool,
+    /// Longest wait from sending a streamed request to its first event.
+    pub first_token_timeout: Duration,
+    /// Longest silence between two events of a streamed answer.
+    pub idle_timeout: Duration,
+    /// Cap on one HTTP attempt, from connecting to the end of the answer,
+    /// streamed or not (time spent queued for admission does not count).
     pub request_timeout: Duration,
-    /// Retries after the first attempt, on 429, 5xx, transport errors and timeouts.
+    /// Retries after the first attempt, on 429, other 5xx, transport
+    /// errors and timeouts.
     pub max_retries: u32,
+    /// How long a server that refuses connections or answers 502/503
+    /// (starting, loading its model) is waited for, retrying with backoff,
+    /// besides `max_retries`.
+    pub unavailable_wait: Duration,
     /// Cap on requests in flight across every clone of the provider.
     pub max_in_flight: usize,
     /// Send roles strictly alternating from the start (Mistral-family chat
@@ -46,8 +63,12 @@ impl Default for OpenAiSettings {
             api_key: None,
             models: BTreeMap::new(),
             serve_all: None,
-            request_timeout: Duration::from_secs(120),
+            stream: true,
+            first_token_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(600),
             max_retries: 3,
+            unavailable_wait: Duration::from_secs(60),
             max_in_flight: 16,
             strict_roles: false,
             max_completion_tokens: 4096,
@@ -62,8 +83,12 @@ impl fmt::Debug for OpenAiSettings {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("models", &self.models)
             .field("serve_all", &self.serve_all)
+            .field("stream", &self.stream)
+            .field("first_token_timeout", &self.first_token_timeout)
+            .field("idle_timeout", &self.idle_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
+            .field("unavailable_wait", &self.unavailable_wait)
             .field("max_in_flight", &self.max_in_flight)
             .field("strict_roles", &self.strict_roles)
             .field("max_completion_tokens", &self.max_completion_tokens)
@@ -89,11 +114,15 @@ struct Inner {
     api_key: Option<String>,
     models: BTreeMap<String, String>,
     serve_all: Option<String>,
+    stream: bool,
+    first_token_timeout: Duration,
+    idle_timeout: Duration,
     request_timeout: Duration,
     max_retries: u32,
+    unavailable_wait: Duration,
     /// Whether the server wants strictly alternating roles (set, never
     /// cleared, when it refuses anything else).
-    strict: std::sync::atomic::AtomicBool,
+    strict: AtomicBool,
     max_completion_tokens: u32,
     client: reqwest::Client,
     admission: Admission,
@@ -105,6 +134,7 @@ impl fmt::Debug for Inner {
             .field("endpoint", &self.endpoint)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("models", &self.models)
+            .field("stream", &self.stream)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("admission", &self.admission)
@@ -115,17 +145,30 @@ impl fmt::Debug for Inner {
 /// How one HTTP attempt failed.
 struct Failure {
     error: LlmError,
-    /// Worth another attempt (429, 5xx, transport, timeout).
-    retryable: bool,
+    /// What another attempt may do.
+    cause: Cause,
     /// The wait the provider asked for.
     retry_after: Option<Duration>,
+}
+
+/// Why an attempt failed, as far as trying again goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// Another attempt would fail the same way (4xx, an unreadable answer).
+    Fatal,
+    /// Worth a bounded number of retries (429, 5xx, a broken connection,
+    /// a timeout).
+    Transient,
+    /// The server is not there yet (connection refused, 502, 503): worth
+    /// waiting for, up to `unavailable_wait`.
+    Unavailable,
 }
 
 impl Failure {
     fn fatal(error: LlmError) -> Self {
         Failure {
             error,
-            retryable: false,
+            cause: Cause::Fatal,
             retry_after: None,
         }
     }
@@ -133,8 +176,26 @@ impl Failure {
     fn transient(error: LlmError, retry_after: Option<Duration>) -> Self {
         Failure {
             error,
-            retryable: true,
+            cause: Cause::Transient,
             retry_after,
+        }
+    }
+
+    fn unavailable(error: LlmError, retry_after: Option<Duration>) -> Self {
+        Failure {
+            error,
+            cause: Cause::Unavailable,
+            retry_after,
+        }
+    }
+
+    /// A transport error: refused connections are a server not there yet.
+    fn transport(url: &str, error: &reqwest::Error) -> Self {
+        let described = LlmError::Transport(describe_transport(url, error));
+        if error.is_connect() {
+            Failure::unavailable(described, None)
+        } else {
+            Failure::transient(described, None)
         }
     }
 }
@@ -160,8 +221,14 @@ impl OpenAiProvider {
                 "base_url {base_url:?} must be an http:// or https:// URL with a host"
             )));
         }
-        if settings.request_timeout.is_zero() {
-            return Err(LlmError::Config("request_timeout must be positive".into()));
+        for (name, limit) in [
+            ("first_token_timeout", settings.first_token_timeout),
+            ("idle_timeout", settings.idle_timeout),
+            ("request_timeout", settings.request_timeout),
+        ] {
+            if limit.is_zero() {
+                return Err(LlmError::Config(format!("{name} must be positive")));
+            }
         }
         if let Some(key) = &settings.api_key
             && (key.is_empty() || key.chars().any(|c| c.is_control()))
@@ -181,9 +248,13 @@ impl OpenAiProvider {
                 api_key: settings.api_key,
                 models: settings.models,
                 serve_all: settings.serve_all,
+                stream: settings.stream,
+                first_token_timeout: settings.first_token_timeout,
+                idle_timeout: settings.idle_timeout,
                 request_timeout: settings.request_timeout,
                 max_retries: settings.max_retries,
-                strict: std::sync::atomic::AtomicBool::new(settings.strict_roles),
+                unavailable_wait: settings.unavailable_wait,
+                strict: AtomicBool::new(settings.strict_roles),
                 max_completion_tokens: settings.max_completion_tokens.max(1),
                 client,
                 admission,
@@ -243,44 +314,138 @@ impl OpenAiProvider {
         &self.inner.admission
     }
 
-    /// One HTTP attempt, holding an admission slot from before sending until the body is read.
-    async fn attempt(&self, body: &[u8], model_id: &str) -> Result<ChatResponse, Failure> {
+    /// One HTTP attempt, holding an admission slot from before sending
+    /// until the answer is read, telling `watch` of streamed text.
+    async fn attempt(
+        &self,
+        body: &[u8],
+        model_id: &str,
+        watch: &dyn Watch,
+    ) -> Result<ChatResponse, Failure> {
         let inner = &*self.inner;
         let _slot = inner.admission.admit().await.map_err(Failure::fatal)?;
+        let started = Instant::now();
+        let cap = started + inner.request_timeout;
         let mut request = inner
             .client
             .post(&inner.endpoint)
             .header(CONTENT_TYPE, "application/json")
             .body(body.to_vec());
+        if inner.stream {
+            request = request.header(ACCEPT, "text/event-stream");
+        }
         if let Some(key) = &inner.api_key {
             request = request.bearer_auth(key);
         }
-        let exchange = async {
-            let response = request.send().await?;
-            let status = response.status();
-            let retry_after = retry::retry_after(response.headers());
-            let bytes = response.bytes().await?;
-            Ok::<_, reqwest::Error>((status, retry_after, bytes))
+        let limit = |error: &str| Failure::transient(LlmError::Timeout(error.to_owned()), None);
+        let capped = || {
+            limit(&format!(
+                "the answer took longer than {} s",
+                inner.request_timeout.as_secs_f64()
+            ))
         };
-        let (status, retry_after, bytes) =
-            match tokio::time::timeout(inner.request_timeout, exchange).await {
-                Err(_elapsed) => return Err(Failure::transient(LlmError::Timeout, None)),
-                Ok(Err(e)) if e.is_timeout() => {
-                    return Err(Failure::transient(LlmError::Timeout, None));
-                }
-                Ok(Err(e)) => {
-                    // Name the endpoint and the root cause ("connection
-                    // refused"), not just reqwest's outermost message.
-                    let error = LlmError::Transport(describe_transport(&inner.endpoint, &e));
-                    return Err(Failure::transient(error, None));
-                }
-                Ok(Ok(exchange)) => exchange,
+        // Headers come before the first token: both within its limit.
+        let first_by = match inner.stream {
+            true => (started + inner.first_token_timeout).min(cap),
+            false => cap,
+        };
+        let no_first_token = || match first_by < cap {
+            true => limit(&format!(
+                "no first token within {} s",
+                inner.first_token_timeout.as_secs_f64()
+            )),
+            false => capped(),
+        };
+        let mut response = match tokio::time::timeout_at(first_by, request.send()).await {
+            Err(_elapsed) => return Err(no_first_token()),
+            Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let retry_after = retry::retry_after(response.headers());
+        let streamed = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("text/event-stream"));
+        if !status.is_success() || !streamed {
+            // An error, or a server that answers whole whatever was asked.
+            let bytes = match tokio::time::timeout_at(first_by.max(cap), response.bytes()).await {
+                Err(_elapsed) => return Err(capped()),
+                Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
+                Ok(Ok(bytes)) => bytes,
             };
-        if status.is_success() {
-            return wire::decode(&bytes).map_err(Failure::fatal);
+            if status.is_success() {
+                return wire::decode(&bytes).map_err(Failure::fatal);
+            }
+            return Err(classify(status, retry_after, &bytes, model_id));
         }
-        Err(classify(status, retry_after, &bytes, model_id))
+        let mut events = Events::default();
+        let mut answer = Assembly::default();
+        let mut deadline = first_by;
+        let mut waiting_first = true;
+        loop {
+            let chunk = match tokio::time::timeout_at(deadline, response.chunk()).await {
+                Err(_elapsed) if waiting_first => return Err(no_first_token()),
+                Err(_elapsed) if deadline >= cap => return Err(capped()),
+                Err(_elapsed) => {
+                    return Err(limit(&format!(
+                        "the answer stopped for {} s after {} bytes",
+                        inner.idle_timeout.as_secs_f64(),
+                        answer.text().len()
+                    )));
+                }
+                Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
+                Ok(Ok(chunk)) => chunk,
+            };
+            let (datas, ended) = match chunk {
+                Some(bytes) => (events.push(&bytes).map_err(Failure::fatal)?, false),
+                None => (std::mem::take(&mut events).finish().into_iter().collect(), true),
+            };
+            for data in datas {
+                waiting_first = false;
+                let added = answer.apply(&data).map_err(|said| match said {
+                    Said::Invalid(error) => Failure::fatal(error),
+                    Said::Error(said) => said_in_stream(said),
+                })?;
+                if !added.reasoning.is_empty() {
+                    watch.streamed(&added.reasoning, true);
+                }
+                if !added.text.is_empty() {
+                    watch.streamed(&added.text, false);
+                }
+                if answer.is_done() {
+                    return answer.finish().map_err(Failure::fatal);
+                }
+            }
+            if ended {
+                if answer.is_finished() {
+                    return answer.finish().map_err(Failure::fatal);
+                }
+                let error = LlmError::Transport(format!(
+                    "the stream from {} ended before the answer did (after {} bytes)",
+                    inner.endpoint,
+                    answer.text().len()
+                ));
+                return Err(Failure::transient(error, None));
+            }
+            if !waiting_first {
+                deadline = (Instant::now() + inner.idle_timeout).min(cap);
+            }
+        }
     }
+}
+
+/// An error a server sent inside a stream (the status was 200 already).
+fn said_in_stream(said: wire::ProviderError) -> Failure {
+    if wire::is_context_length(said.code.as_deref(), &said.message) {
+        return Failure::fatal(LlmError::ContextLength(said.message));
+    }
+    let error = LlmError::InvalidResponse(format!(
+        "the provider reported an error mid-answer: {}",
+        said.message
+    ));
+    Failure::transient(error, None)
 }
 
 /// Turns an error status into a failure, deciding whether it is worth retrying.
@@ -305,6 +470,10 @@ fn classify(
     {
         return Failure::fatal(LlmError::ContextLength(said.message));
     }
+    // 503 "Loading model" (llama.cpp), or a proxy whose server is restarting.
+    if matches!(status.as_u16(), 502 | 503) {
+        return Failure::unavailable(http(), retry_after);
+    }
     if status.is_server_error() {
         return Failure::transient(http(), retry_after);
     }
@@ -322,7 +491,11 @@ impl Provider for OpenAiProvider {
         "openai"
     }
 
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        watch: &dyn Watch,
+    ) -> Result<ChatResponse, LlmError> {
         let model_id = self.model_id(&request.model);
         if model_id.is_empty() {
             return Err(LlmError::UnknownModel(request.model.clone()));
@@ -331,15 +504,21 @@ impl Provider for OpenAiProvider {
         let shape = |strict| wire::Shape {
             strict,
             max_tokens: inner.max_completion_tokens,
+            stream: inner.stream,
         };
-        let mut strict = inner.strict.load(std::sync::atomic::Ordering::Relaxed);
+        let mut strict = inner.strict.load(Ordering::Relaxed);
         let mut body = wire::encode(request, model_id, shape(strict))?;
-        let mut retry = 0;
+        let started = Instant::now();
+        let mut attempt = 0;
+        let mut retries = 0;
         loop {
-            let failure = match self.attempt(&body, model_id).await {
+            attempt += 1;
+            let began = Instant::now();
+            let failure = match self.attempt(&body, model_id, watch).await {
                 Ok(response) => return Ok(response),
                 Err(failure) => failure,
             };
+            let took = began.elapsed();
             if !strict
                 && let LlmError::Http {
                     status: 400,
@@ -354,29 +533,49 @@ impl Provider for OpenAiProvider {
                     model = model_id,
                     "the server's chat template wants strictly alternating roles; sending them so"
                 );
-                inner
-                    .strict
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                inner.strict.store(true, Ordering::Relaxed);
                 strict = true;
                 body = wire::encode(request, model_id, shape(true))?;
+                watch.retrying(&Retry {
+                    attempt,
+                    error: &failure.error,
+                    took,
+                    wait: Duration::ZERO,
+                });
                 continue;
             }
-            if !failure.retryable || retry >= self.inner.max_retries {
+            let wait = retry::delay(attempt - 1, failure.retry_after);
+            // Waiting for a server that is not there yet does not use up
+            // the retries, until `unavailable_wait` has passed.
+            let waits_out = failure.cause == Cause::Unavailable
+                && started.elapsed() + wait <= inner.unavailable_wait;
+            let retries_left = failure.cause != Cause::Fatal && retries < inner.max_retries;
+            if !waits_out && !retries_left {
                 return Err(failure.error);
             }
-            let wait = retry::delay(retry, failure.retry_after);
             tracing::warn!(
                 provider = "openai",
-                endpoint = %self.inner.endpoint,
+                endpoint = %inner.endpoint,
                 model = model_id,
-                retry = retry + 1,
-                max_retries = self.inner.max_retries,
+                attempt,
+                max_retries = inner.max_retries,
+                waited_s = started.elapsed().as_secs(),
                 wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 error = %failure.error,
-                "LLM request failed; retrying"
+                "{}",
+                match waits_out {
+                    true => "LLM server unavailable; waiting for it",
+                    false => "LLM request failed; retrying",
+                }
             );
+            watch.retrying(&Retry {
+                attempt,
+                error: &failure.error,
+                took,
+                wait,
+            });
             tokio::time::sleep(wait).await;
-            retry += 1;
+            retries += u32::from(!waits_out);
         }
     }
 }

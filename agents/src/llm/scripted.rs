@@ -50,7 +50,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::{
-    ChatMessage, ChatRequest, ChatResponse, ChatRole, LlmError, Provider, ToolCall, Usage,
+    ChatMessage, ChatRequest, ChatResponse, ChatRole, LlmError, Provider, ToolCall, Usage, Watch,
     estimate_tokens,
 };
 
@@ -114,7 +114,11 @@ impl Provider for ScriptedProvider {
         "scripted"
     }
 
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        _watch: &dyn Watch,
+    ) -> Result<ChatResponse, LlmError> {
         Ok(self.answer(request))
     }
 }

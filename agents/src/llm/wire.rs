@@ -20,6 +20,16 @@ struct Request<'a> {
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    /// A last chunk carries the usage (OpenAI, vLLM, llama.cpp, Ollama).
+    include_usage: bool,
 }
 
 #[derive(Serialize)]
@@ -68,6 +78,8 @@ pub(super) struct Shape {
     pub(super) strict: bool,
     /// `max_tokens` for a request that names none.
     pub(super) max_tokens: u32,
+    /// Ask for the answer as server-sent events.
+    pub(super) stream: bool,
 }
 
 /// The JSON body of a chat-completions request for `request`, sent as
@@ -98,6 +110,10 @@ pub(super) fn encode(
         tools,
         max_tokens: Some(request.max_tokens.unwrap_or(shape.max_tokens)),
         tool_choice: (request.require_tool && !request.tools.is_empty()).then_some("required"),
+        stream: shape.stream,
+        stream_options: shape.stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
     };
     serde_json::to_vec(&body)
         .map_err(|e| LlmError::InvalidResponse(format!("cannot encode the request: {e}")))
@@ -226,7 +242,7 @@ struct AnswerFunction {
 }
 
 #[derive(Deserialize)]
-struct WireUsage {
+pub(super) struct WireUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
     #[serde(default)]
@@ -269,10 +285,7 @@ pub(super) fn decode(body: &[u8]) -> Result<ChatResponse, LlmError> {
             arguments: arguments_text(call.function.arguments),
         })
         .collect();
-    let usage = response.usage.map_or(Usage::default(), |usage| Usage {
-        prompt_tokens: usage.prompt_tokens.unwrap_or(0),
-        completion_tokens: usage.completion_tokens.unwrap_or(0),
-    });
+    let usage = response.usage.map_or(Usage::default(), Usage::from);
     let reasoning = content_text(answer.reasoning_content.or(answer.reasoning));
     let mut message =
         ChatMessage::assistant(content_text(answer.content)).with_tool_calls(tool_calls);
@@ -284,14 +297,23 @@ pub(super) fn decode(body: &[u8]) -> Result<ChatResponse, LlmError> {
     })
 }
 
+impl From<WireUsage> for Usage {
+    fn from(usage: WireUsage) -> Self {
+        Usage {
+            prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+            completion_tokens: usage.completion_tokens.unwrap_or(0),
+        }
+    }
+}
+
 /// An id for a tool call the model gave none: 9 letters and digits, the
 /// shape the strictest templates (Mistral's) accept.
-fn call_id() -> String {
+pub(super) fn call_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..9].to_owned()
 }
 
 /// Content is a string, `null`, or (some servers) an array of `{type, text}` parts.
-fn content_text(content: Option<Value>) -> String {
+pub(super) fn content_text(content: Option<Value>) -> String {
     match content {
         Some(Value::String(text)) => text,
         Some(Value::Array(parts)) => parts
@@ -313,6 +335,7 @@ fn arguments_text(arguments: Option<Value>) -> String {
 }
 
 /// What an error body says, from `{"error": {"code", "type", "message"}}` or plain text.
+#[derive(Debug)]
 pub(super) struct ProviderError {
     pub(super) code: Option<String>,
     pub(super) message: String,
@@ -341,7 +364,7 @@ impl ProviderError {
         }
     }
 
-    fn from_value(error: &Value) -> Self {
+    pub(super) fn from_value(error: &Value) -> Self {
         let field = |name| error.get(name).and_then(Value::as_str).map(str::to_owned);
         let message = match error {
             Value::String(text) => text.clone(),
@@ -447,6 +470,7 @@ mod tests {
             Shape {
                 strict,
                 max_tokens: 77,
+                stream: false,
             },
         )
         .unwrap();

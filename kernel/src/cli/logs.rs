@@ -147,6 +147,9 @@ struct Printer {
     turn: u64,
     /// What each printed entry was, for the requests that name them.
     seen: HashMap<u64, String>,
+    /// The answer as it streamed in so far (printed as it came), until the
+    /// entry after it; and whether the last text printed was reasoning.
+    streaming: Option<(String, bool)>,
 }
 
 impl Printer {
@@ -155,6 +158,7 @@ impl Printer {
             json,
             turn: 0,
             seen: HashMap::new(),
+            streaming: None,
         }
     }
 
@@ -164,7 +168,26 @@ impl Printer {
             return output::line(&entry_json(entry).to_string());
         }
         let mut text = String::new();
-        let kind = serde_json::from_str::<EntryKind>(&entry.detail);
+        let mut kind = serde_json::from_str::<EntryKind>(&entry.detail);
+        if let Ok(EntryKind::Partial {
+            text: more,
+            reasoning,
+        }) = &kind
+            && entry.turn == self.turn
+        {
+            return self.stream(entry, more, *reasoning);
+        }
+        let mut streamed_head = "";
+        if let Some((streamed, _)) = self.streaming.take() {
+            // The streamed line ends; the answer it was is not printed twice.
+            text.push('\n');
+            if let Ok(EntryKind::Response { content, .. }) = &mut kind
+                && *content == streamed
+            {
+                content.clear();
+                streamed_head = " (its text streamed above)";
+            }
+        }
         if entry.turn != self.turn {
             self.turn = entry.turn;
             let _ = write!(
@@ -186,12 +209,53 @@ impl Printer {
             let _ = writeln!(text, "{time} {} {}", entry.r#type, entry.detail);
             return text;
         };
+        if let EntryKind::Partial {
+            text: more,
+            reasoning,
+        } = &kind
+        {
+            // The first of a new turn: its header is out.
+            text.push_str(&self.stream(entry, more, *reasoning));
+            return text;
+        }
         let (head, body) = describe(&kind, &self.seen);
-        let _ = writeln!(text, "{time} {head}");
+        let _ = writeln!(text, "{time} {head}{streamed_head}");
         for line in body.lines() {
             let _ = writeln!(text, "    {line}");
         }
         self.seen.insert(entry.id, short_name(&kind));
+        text
+    }
+}
+
+impl Printer {
+    /// Streamed answer text, printed as it comes (indented under a
+    /// `streaming` line), with no newline after it: more may follow.
+    fn stream(&mut self, entry: &TranscriptEntry, more: &str, reasoning: bool) -> String {
+        let mut text = String::new();
+        let indented = more.replace('\n', "\n    ");
+        match &mut self.streaming {
+            None => {
+                let time = output::rfc3339_utc(entry.at_unix_ms);
+                let time = time.get(11..23).unwrap_or(&time);
+                let _ = write!(text, "{time} streaming the answer\n    ");
+                if reasoning {
+                    text.push_str("(reasoning) ");
+                }
+                self.streaming = Some((String::new(), reasoning));
+            }
+            Some((_, was)) if *was != reasoning => {
+                text.push_str(if reasoning { "\n    (reasoning) " } else { "\n    " });
+            }
+            Some(_) => {}
+        }
+        if let Some((streamed, was)) = &mut self.streaming {
+            if !reasoning {
+                streamed.push_str(more);
+            }
+            *was = reasoning;
+        }
+        text.push_str(&indented);
         text
     }
 }
@@ -278,9 +342,21 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
             }
             (head, body)
         }
-        EntryKind::ModelError { error, duration_ms } => {
-            (format!("model error after {duration_ms} ms"), error.clone())
+        EntryKind::ModelError {
+            error,
+            duration_ms,
+            partial,
+        } => {
+            let mut body = error.clone();
+            if let Some(partial) = partial {
+                let _ = write!(body, "\n(what had come of the answer) {partial}");
+            }
+            (format!("model error after {duration_ms} ms"), body)
         }
+        EntryKind::Partial { text, reasoning } => match reasoning {
+            true => ("streamed reasoning".into(), text.clone()),
+            false => ("streamed".into(), text.clone()),
+        },
         EntryKind::ToolResult {
             call_id,
             tool,

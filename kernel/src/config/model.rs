@@ -11,7 +11,10 @@
 //!   "context_tokens": { "sonnet": 128000 },
 //!   "default_context_tokens": 128000,
 //!   "max_completion_tokens": 4096,
-//!   "request_timeout_seconds": 120, "max_retries": 3, "max_in_flight": 16,
+//!   "stream": true,                     // answers as server-sent events
+//!   "first_token_timeout_seconds": 120, "idle_timeout_seconds": 60,
+//!   "request_timeout_seconds": 600,     // cap on one attempt, streamed or not
+//!   "max_retries": 3, "unavailable_wait_seconds": 60, "max_in_flight": 16,
 //!   "strict_roles": false, "strict_models": false,
 //!   "prices": { "gpt-4o": { "input_per_million": 2.5, "output_per_million": 10 } }
 //! },
@@ -55,8 +58,12 @@ pub(super) struct RawLlm {
     context_tokens: BTreeMap<String, u64>,
     default_context_tokens: u64,
     max_completion_tokens: u32,
+    stream: bool,
+    first_token_timeout_seconds: u64,
+    idle_timeout_seconds: u64,
     request_timeout_seconds: u64,
     max_retries: u32,
+    unavailable_wait_seconds: u64,
     max_in_flight: usize,
     strict_roles: bool,
     strict_models: bool,
@@ -76,8 +83,12 @@ impl Default for RawLlm {
             context_tokens: BTreeMap::new(),
             default_context_tokens: agent.default_context_tokens,
             max_completion_tokens: agent.max_completion_tokens,
+            stream: llm.stream,
+            first_token_timeout_seconds: llm.first_token_timeout.as_secs(),
+            idle_timeout_seconds: llm.idle_timeout.as_secs(),
             request_timeout_seconds: llm.request_timeout.as_secs(),
             max_retries: llm.max_retries,
+            unavailable_wait_seconds: llm.unavailable_wait.as_secs(),
             max_in_flight: llm.max_in_flight,
             strict_roles: llm.strict_roles,
             strict_models: llm.strict_models,
@@ -242,13 +253,20 @@ pub(super) fn llm(
         "llm.max_completion_tokens",
         issues,
     );
+    for (seconds, name) in [
+        (raw.first_token_timeout_seconds, "first_token_timeout_seconds"),
+        (raw.idle_timeout_seconds, "idle_timeout_seconds"),
+        (raw.request_timeout_seconds, "request_timeout_seconds"),
+    ] {
+        in_range(seconds, 1..=86_400, &format!("llm.{name}"), issues);
+    }
+    in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
     in_range(
-        raw.request_timeout_seconds,
-        1..=3600,
-        "llm.request_timeout_seconds",
+        raw.unavailable_wait_seconds,
+        0..=3600,
+        "llm.unavailable_wait_seconds",
         issues,
     );
-    in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
     in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
     let prices = prices(&raw.prices, &raw.models, issues);
     let names = ModelNames {
@@ -260,8 +278,12 @@ pub(super) fn llm(
         provider,
         base_url: raw.base_url,
         api_key_env: raw.api_key_env,
+        stream: raw.stream,
+        first_token_timeout: Duration::from_secs(raw.first_token_timeout_seconds),
+        idle_timeout: Duration::from_secs(raw.idle_timeout_seconds),
         request_timeout: Duration::from_secs(raw.request_timeout_seconds),
         max_retries: raw.max_retries,
+        unavailable_wait: Duration::from_secs(raw.unavailable_wait_seconds),
         max_in_flight: raw.max_in_flight,
         strict_roles: raw.strict_roles,
         strict_models: raw.strict_models,

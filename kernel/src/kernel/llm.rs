@@ -5,8 +5,12 @@
 //! results and what a runtime records itself go into the process's
 //! transcript.
 
-use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError, Usage};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hivekernel_agents::llm::{ChatRequest, ChatResponse, LlmError, Retry, Usage, Watch};
 use hivekernel_agents::{Pid, ToolCallReport, TurnRecord};
+use parking_lot::Mutex;
 
 use crate::budget::Pool;
 use crate::error::KernelError;
@@ -74,13 +78,14 @@ impl Kernel {
         let mut span = traces
             .map(|traces| traces.chat(crate::trace::current(), llm.name(), request, pid))
             .unwrap_or_default();
-        let started = std::time::Instant::now();
-        let answer = llm.chat(request).await;
+        let call = Call::new(self, pid, proc.ctx.model.clone());
+        let answer = llm.call(request, &call).await;
+        let (started, attempts) = call.end();
         if let Some(traces) = traces {
             traces.answered(&mut span, &answer);
         }
         drop(span);
-        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let duration_ms = millis(started.elapsed());
         let (usage, error) = match &answer {
             Ok(response) => (response.usage, None),
             Err(err) => (
@@ -112,6 +117,7 @@ impl Kernel {
                 cost_nano_usd,
                 duration_ms,
                 error,
+                attempt: (attempts > 1).then_some(attempts),
             },
         );
         // Tokens a crash would forget could be spent twice: the answer waits
@@ -138,6 +144,7 @@ impl Kernel {
                 Err(err) => TranscriptKind::ModelError {
                     error: err.to_string(),
                     duration_ms,
+                    partial: None,
                 },
             },
         );
@@ -267,6 +274,169 @@ impl Kernel {
         }
         (cost, durable.then(|| store.commit_all(writes)))
     }
+}
+
+/// A model call in progress, as the kernel follows it: answer text that
+/// streams in goes to live transcript watchers (a `partial` entry at most
+/// every [`PARTIAL_EVERY`]), each failed attempt that is tried again
+/// becomes an `llm_call` event and a `model_error` entry, and a call
+/// dropped before it ends (its task cancelled) is recorded as cancelled.
+struct Call<'a> {
+    kernel: &'a Kernel,
+    pid: Pid,
+    model: Arc<str>,
+    started: Instant,
+    state: Mutex<Streamed>,
+}
+
+/// What the current attempt has streamed.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// Its answer text.
+    text: String,
+    /// Bytes of `text` already sent live.
+    sent: usize,
+    /// Reasoning not yet sent live.
+    reasoning: String,
+    /// When a partial entry last went out.
+    last_sent: Option<Instant>,
+    /// Attempts so far, this one included.
+    attempts: u32,
+    /// The call has answered or failed (not cancelled).
+    ended: bool,
+}
+
+/// Streamed text goes out live at most this often (and at once when more
+/// than [`PARTIAL_BYTES`] wait), so a fast model makes no entry per token.
+const PARTIAL_EVERY: Duration = Duration::from_millis(100);
+const PARTIAL_BYTES: usize = 4096;
+
+impl<'a> Call<'a> {
+    fn new(kernel: &'a Kernel, pid: Pid, model: Arc<str>) -> Self {
+        Call {
+            kernel,
+            pid,
+            model,
+            started: Instant::now(),
+            state: Mutex::new(Streamed {
+                attempts: 1,
+                ..Streamed::default()
+            }),
+        }
+    }
+
+    /// The call has ended: when it started, and how many attempts it made.
+    fn end(&self) -> (Instant, u32) {
+        let mut state = self.state.lock();
+        state.ended = true;
+        (self.started, state.attempts)
+    }
+
+    /// The text streamed so far, if any.
+    fn partial(state: &Streamed) -> Option<String> {
+        (!state.text.is_empty()).then(|| state.text.clone())
+    }
+
+    /// An `llm_call` event and a `model_error` entry for a failed attempt.
+    fn failed(&self, error: String, took: Duration, attempt: u32, partial: Option<String>) {
+        let duration_ms = millis(took);
+        self.kernel.inner.events().emit(
+            self.pid,
+            EventKind::LlmCall {
+                model: self.model.clone(),
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                cost_nano_usd: 0,
+                duration_ms,
+                error: Some(cut(error.clone(), EVENT_ERROR_BYTES)),
+                attempt: Some(attempt),
+            },
+        );
+        self.kernel.inner.transcripts().record(
+            self.pid,
+            TranscriptKind::ModelError {
+                error,
+                duration_ms,
+                partial,
+            },
+        );
+    }
+}
+
+impl Watch for Call<'_> {
+    fn streamed(&self, text: &str, reasoning: bool) {
+        let transcripts = self.kernel.inner.transcripts();
+        let due = {
+            let mut state = self.state.lock();
+            match reasoning {
+                true => state.reasoning.push_str(text),
+                false => state.text.push_str(text),
+            }
+            if !transcripts.watched() {
+                state.reasoning.clear();
+                return;
+            }
+            let waiting = state.text.len() - state.sent + state.reasoning.len();
+            let due = state
+                .last_sent
+                .is_none_or(|at| at.elapsed() >= PARTIAL_EVERY || waiting >= PARTIAL_BYTES);
+            if !due {
+                return;
+            }
+            state.last_sent = Some(Instant::now());
+            let thought = std::mem::take(&mut state.reasoning);
+            let said = state.text.get(state.sent..).unwrap_or_default().to_owned();
+            state.sent = state.text.len();
+            [(thought, true), (said, false)]
+        };
+        for (text, reasoning) in due {
+            if !text.is_empty() {
+                transcripts.stream(self.pid, TranscriptKind::Partial { text, reasoning });
+            }
+        }
+    }
+
+    fn retrying(&self, retry: &Retry<'_>) {
+        let partial = {
+            let mut state = self.state.lock();
+            let partial = Self::partial(&state);
+            *state = Streamed {
+                attempts: retry.attempt + 1,
+                ..Streamed::default()
+            };
+            partial
+        };
+        let error = format!(
+            "attempt {}: {}; trying again in {:.1} s",
+            retry.attempt,
+            retry.error,
+            retry.wait.as_secs_f64()
+        );
+        self.failed(error, retry.took, retry.attempt, partial);
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let state = self.state.get_mut();
+        if state.ended {
+            return;
+        }
+        // The task was cancelled mid-call: the connection is closed with
+        // the dropped request, and the call is recorded as what it was.
+        let took = self.started.elapsed();
+        let error = format!(
+            "cancelled after {:.1} s (attempt {}): the task ended before the model answered",
+            took.as_secs_f64(),
+            state.attempts
+        );
+        let (attempt, partial) = (state.attempts, Self::partial(state));
+        self.failed(error, took, attempt, partial);
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Error texts in events are cut to this many bytes.

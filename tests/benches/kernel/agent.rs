@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use futures::{StreamExt, stream};
 use hivekernel_agents::llm::{
     ChatMessage, ChatRequest, ChatResponse, LlmError, OpenAiProvider, OpenAiSettings, Provider,
+    Watch,
 };
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
@@ -47,9 +48,13 @@ impl Provider for Timed {
         "openai"
     }
 
-    async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        watch: &dyn Watch,
+    ) -> Result<ChatResponse, LlmError> {
         let start = Instant::now();
-        let answer = self.inner.chat(request).await;
+        let answer = self.inner.call(request, watch).await;
         self.nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         answer

@@ -1306,10 +1306,13 @@
   const ENTRY_LABEL = {
     input: 'Input', message: 'Message', request: 'Model request', response: 'Model answer',
     model_error: 'Model error', tool_result: 'Tool result', answer: 'Final answer', failed: 'Turn failed',
+    partial: 'Model answer, streaming',
   };
 
   function transcriptPanel(ctx, pid) {
     let lastId = 0, tail = 50, watcher = null;
+    // The answer streaming in, shown until the entry after it (the whole answer) arrives.
+    let streaming = null;
     const log = h('div', { id: 'transcript', class: 'transcript', role: 'log', 'aria-label': 'Transcript', tabindex: '0' });
     const status = h('p', { id: 'transcript-status', class: 'muted', role: 'status' });
     const all = h('button', { type: 'button', id: 'transcript-all', class: 'quiet' }, 'Show every turn');
@@ -1323,6 +1326,19 @@
       for (const e of entries) {
         if (num(e.id) <= lastId) continue;
         lastId = num(e.id);
+        if (e.type === 'partial') {
+          if (!streaming) {
+            streaming = h('article', { class: 'entry entry-partial', 'data-testid': 'transcript-streaming' },
+              h('header', null, h('strong', null, ENTRY_LABEL.partial), ` · turn ${e.turn}`),
+              h('pre', { class: 'text' }));
+            put(frag, streaming);
+          }
+          const d = parseJson(e.detail);
+          const piece = h('span', d.reasoning ? { class: 'muted' } : null, String(d.text || ''));
+          put(streaming.lastChild, piece);
+          continue;
+        }
+        if (streaming) { streaming.remove(); streaming = null; }
         put(frag, transcriptEntry(e));
       }
       put(log, frag);
@@ -1333,6 +1349,7 @@
       if (watcher) { watcher.close(); watcher = null; }
       log.replaceChildren();
       lastId = 0;
+      streaming = null;
       status.textContent = 'Loading the transcript…';
       status.className = 'muted';
       let pageToken = '';
@@ -1397,7 +1414,8 @@
           `${fmtInt(d.prompt_tokens)} prompt + ${fmtInt(d.completion_tokens)} completion tokens`, fmtDur(d.duration_ms)));
         break;
       case 'model_error':
-        put(el, h('p', { class: 'error' }, 'Error: ', String(d.error || '')), meta(fmtDur(d.duration_ms)));
+        put(el, h('p', { class: 'error' }, 'Error: ', String(d.error || '')),
+          d.partial ? [meta('what had come of the answer'), pre(d.partial)] : null, meta(fmtDur(d.duration_ms)));
         break;
       case 'tool_result':
         put(el, h('p', null, h('code', null, String(d.tool || '?')), ' — ',
