@@ -49,8 +49,11 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// runs; retries, timeouts and admission are the provider's business.
     /// Dropping the future abandons the call (an HTTP provider closes its
     /// connection, so the server stops generating).
-    async fn call(&self, request: &ChatRequest, watch: &dyn Watch)
-    -> Result<ChatResponse, LlmError>;
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        watch: &dyn Watch,
+    ) -> Result<ChatResponse, LlmError>;
 
     /// [`Provider::call`] with nobody watching.
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use hivekernel_agents::llm::catalogue::Catalogue;
 use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider};
 use hivekernel_agents::tool_agent::AgentSettings;
 
@@ -98,13 +99,14 @@ pub async fn check_served(
     config: &Config,
     agent: &mut AgentSettings,
 ) -> Result<(), String> {
-    let catalogue = match openai.catalogue().await {
+    let mut catalogue = match openai.catalogue().await {
         Ok(catalogue) => catalogue,
         Err(why) => {
             tracing::info!(error = %why, "the model server lists no models; model names are not checked");
             return Ok(());
         }
     };
+    ask_ollama(openai, config, &mut catalogue).await;
     let names = &config.kernel.models;
     let mut unknown = Vec::new();
     let mut missing: Vec<&str> = Vec::new();
@@ -142,16 +144,56 @@ pub async fn check_served(
     if unknown.is_empty() {
         return Ok(());
     }
-    let problem = format!(
+    let mut problem = format!(
         "the model server does not list {} (it lists: {})",
         unknown.join(", "),
         catalogue.ids(20)
     );
+    if names.serve_all.is_none() {
+        problem.push_str(&format!(
+            "; to send one of those for every model, start with --model NAME or set {}",
+            crate::config::MODEL_ENV
+        ));
+    }
     if config.llm.strict_models {
         return Err(format!("llm.strict_models: {problem}"));
     }
     tracing::warn!("{problem}; requests naming them will fail");
     Ok(())
+}
+
+/// Fills in the windows an Ollama server runs the sent models with (the
+/// `num_ctx` of their Modelfiles). A server that is not Ollama is asked
+/// once; a model without `num_ctx` keeps the configured window, with a
+/// note of what Ollama does instead.
+pub(crate) async fn ask_ollama(
+    openai: &OpenAiProvider,
+    config: &Config,
+    catalogue: &mut Catalogue,
+) {
+    let mut asked: Vec<&str> = Vec::new();
+    for (_, served) in models_sent(config) {
+        let Some(model) = catalogue.models.iter_mut().find(|m| m.id == served) else {
+            continue;
+        };
+        if model.context_tokens.is_some() || asked.contains(&served) {
+            continue;
+        }
+        asked.push(served);
+        let Some(context) = openai.ollama_context(served).await else {
+            // Not Ollama (or it does not know the model): nothing to learn.
+            return;
+        };
+        match context.num_ctx {
+            Some(window) => model.context_tokens = Some(window),
+            None => tracing::info!(
+                model = served,
+                trained_context_tokens = context.trained,
+                "Ollama runs this model with its default context (OLLAMA_CONTEXT_LENGTH), \
+                 as its Modelfile sets no num_ctx; set llm.context_tokens to match"
+            ),
+        }
+    }
 }
 
 /// Every (logical, served) model pair the config can send: its agents'

@@ -108,8 +108,17 @@ fn captured(line: &str) -> Option<(&str, &str)> {
 /// Why an example is not run here, if it is not.
 fn skipped(command: &str) -> Option<&'static str> {
     let first = command.split_whitespace().next().unwrap_or_default();
-    if ["cargo", "python3", "npm", "sudo", "alias"].contains(&first) || first.starts_with("target/")
-    {
+    let set_up = [
+        "cargo",
+        "python3",
+        "npm",
+        "sudo",
+        "alias",
+        "ollama",
+        "llama-server",
+        "vllm",
+    ];
+    if set_up.contains(&first) || first.starts_with("target/") {
         return Some("set-up");
     }
     if first == "grpcurl" || first.starts_with("TOKEN=") {

@@ -161,7 +161,10 @@ impl Scripted {
         let mut events: Vec<(Duration, String)> = words(text)
             .map(|word| (every, delta(json!({ "content": word }), None).to_string()))
             .collect();
-        events.extend(closing(&json!({ "prompt_tokens": 10, "completion_tokens": 5 }), "stop"));
+        events.extend(closing(
+            &json!({ "prompt_tokens": 10, "completion_tokens": 5 }),
+            "stop",
+        ));
         Scripted::Events(events)
     }
 
@@ -169,7 +172,12 @@ impl Scripted {
     /// nothing more for an hour (a server stuck mid-answer).
     pub fn stalled(text: &str) -> Self {
         let mut events: Vec<(Duration, String)> = words(text)
-            .map(|word| (Duration::ZERO, delta(json!({ "content": word }), None).to_string()))
+            .map(|word| {
+                (
+                    Duration::ZERO,
+                    delta(json!({ "content": word }), None).to_string(),
+                )
+            })
             .collect();
         events.push((FOREVER, "[DONE]".to_owned()));
         Scripted::Events(events)
@@ -255,7 +263,10 @@ fn closing(usage: &Value, finish_reason: &str) -> [(Duration, String); 3] {
         "usage": usage,
     });
     [
-        (Duration::ZERO, delta(json!({}), Some(finish_reason)).to_string()),
+        (
+            Duration::ZERO,
+            delta(json!({}), Some(finish_reason)).to_string(),
+        ),
         (Duration::ZERO, usage.to_string()),
         (Duration::ZERO, "[DONE]".to_owned()),
     ]
@@ -299,7 +310,8 @@ fn as_events(body: &Value) -> Vec<(Duration, String)> {
             .find(|at| arguments.is_char_boundary(*at))
             .unwrap_or(arguments.len());
         for piece in [&arguments[..middle], &arguments[middle..]] {
-            let piece = json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] });
+            let piece =
+                json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] });
             events.push(now(delta(piece, None)));
         }
     }
@@ -359,7 +371,16 @@ impl LlmServer {
 
     /// Answers from `responses` first, then every further request with `fallback`.
     pub async fn start_with(responses: Vec<Scripted>, fallback: Option<Responder>) -> LlmServer {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_at("127.0.0.1:0".parse().expect("address"), responses, fallback).await
+    }
+
+    /// [`LlmServer::start_with`] on `addr` (a server coming back where it was).
+    pub async fn start_at(
+        addr: SocketAddr,
+        responses: Vec<Scripted>,
+        fallback: Option<Responder>,
+    ) -> LlmServer {
+        let listener = TcpListener::bind(addr)
             .await
             .expect("bind the loopback LLM server");
         let addr = listener.local_addr().expect("loopback LLM server address");
@@ -376,8 +397,9 @@ impl LlmServer {
         LlmServer { addr, state, task }
     }
 
-    /// Answers `GET path` with `body` from now on, as a server describing
-    /// itself does (`/v1/models`, llama.cpp's `/props`).
+    /// Answers `path` (any method) with `body` from now on, as a server
+    /// describing itself does (`/v1/models`, llama.cpp's `/props`,
+    /// Ollama's `/api/show`).
     pub fn serve_page(&self, path: &str, body: Value) {
         let mut pages = self.state.pages.lock();
         pages.retain(|(known, _)| known != path);
@@ -470,7 +492,7 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
 type Body = BoxBody<Bytes, Infallible>;
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
-    if request.method() == hyper::Method::GET {
+    if request.uri().path() != "/v1/chat/completions" {
         let pages = state.pages.lock();
         if let Some((_, body)) = pages.iter().find(|(path, _)| path == request.uri().path()) {
             return respond(200, body.to_string(), None);

@@ -99,7 +99,9 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("llm.strict_models") && stderr.contains("huge-9"),
+        stderr.contains("llm.strict_models")
+            && stderr.contains("huge-9")
+            && stderr.contains("start with --model NAME or set HIVEKERNEL_LLM_MODEL"),
         "{stderr}"
     );
 
@@ -112,6 +114,48 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
             .any(|l| l.contains("context window from the server")
                 && l.contains("model=big")
                 && l.contains("served=tiny-1")),
+        "{log}"
+    );
+    drop(kernel);
+}
+
+/// Ollama lists its models without windows; `/api/show` tells the
+/// `num_ctx` a model's Modelfile sets, which is what it runs with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_is_asked_the_context_it_runs_a_model_with() {
+    let bin = match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    };
+    let server = LlmServer::answering(|_| Scripted::content("an answer")).await;
+    server.serve_page(
+        "/v1/models",
+        json!({ "object": "list", "data": [
+            { "id": "tiny-1", "object": "model", "owned_by": "library" },
+            { "id": "huge-9", "object": "model", "owned_by": "library" },
+        ]}),
+    );
+    server.serve_page("/api/version", json!({ "version": "0.12.6" }));
+    server.serve_page(
+        "/api/show",
+        json!({ "parameters": "num_ctx                        6144",
+                "model_info": { "general.architecture": "qwen2", "qwen2.context_length": 32768 } }),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        config(&server, true).to_string(),
+    )
+    .unwrap();
+
+    let kernel = Binary::start(&bin, dir.path());
+
+    let log = kernel.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("context window from the server")
+                && l.contains("model=small")
+                && l.contains("context_tokens=6144")),
         "{log}"
     );
     drop(kernel);

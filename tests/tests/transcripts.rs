@@ -24,6 +24,15 @@ async fn kernel_for(
     dir: &std::path::Path,
     transcripts: TranscriptSettings,
 ) -> Kernel {
+    kernel_with(Arc::new(server.provider()), dir, transcripts).await
+}
+
+/// [`kernel_for`] with a provider of the test's own.
+async fn kernel_with(
+    provider: Arc<dyn hivekernel_agents::llm::Provider>,
+    dir: &std::path::Path,
+    transcripts: TranscriptSettings,
+) -> Kernel {
     let settings = KernelSettings {
         workspace: Some(dir.join("work")),
         default_runtime: "tool_agent".into(),
@@ -35,7 +44,7 @@ async fn kernel_for(
     start(
         Kernel::builder(settings)
             .runtimes(registry)
-            .llm(Arc::new(server.provider()))
+            .llm(provider)
             .store(store, recovered),
     )
     .await
@@ -349,14 +358,20 @@ async fn a_watch_streams_a_turn_as_it_happens_and_ends_with_the_process() {
         let detail: serde_json::Value = serde_json::from_str(&entry.detail).unwrap();
         if entry.r#type == "partial" {
             // The answer so far, while the turn still runs.
-            assert!(!task.is_finished(), "partial answers arrive while the turn runs");
+            assert!(
+                !task.is_finished(),
+                "partial answers arrive while the turn runs"
+            );
             streamed.push_str(detail["text"].as_str().unwrap());
         }
         if entry.r#type == "response" {
             answered = detail["content"].as_str().unwrap().to_owned();
         }
         // Consecutive partials count once: how the words bunch is timing.
-        if seen.last().is_none_or(|last| *last != entry.r#type || last != "partial") {
+        if seen
+            .last()
+            .is_none_or(|last| *last != entry.r#type || last != "partial")
+        {
             seen.push(entry.r#type.clone());
         }
         if entry.r#type == "request" && seen.len() > 4 {
@@ -575,6 +590,119 @@ async fn a_kernel_without_a_store_keeps_a_bounded_tail_in_memory() {
     );
     assert!(
         matches!(&last[3].kind, hivekernel_kernel::transcript::EntryKind::Answer { text } if text == "fine")
+    );
+    kernel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attempt_is_an_llm_call_event_a_cancelled_one_too() {
+    use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings};
+    use hivekernel_kernel::events::EventKind;
+
+    let server = LlmServer::start(vec![
+        Scripted::error(500, "server_error", "boom"),
+        Scripted::content("recovered"),
+        // Streams a little, then nothing: the task's time runs out.
+        hivekernel_tests::llm_server::Scripted::stalled("half an answer"),
+    ])
+    .await;
+    let provider = OpenAiProvider::new(OpenAiSettings {
+        base_url: server.base_url(),
+        max_retries: 2,
+        ..OpenAiSettings::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = kernel_with(
+        Arc::new(provider),
+        dir.path(),
+        TranscriptSettings::default(),
+    )
+    .await;
+    let served = Served::start(&kernel).await;
+    let pid = spawn_agent(&kernel, Pid::KERNEL, "retrier", Role::Agent, &[]).await;
+
+    let (_, answer) = kernel
+        .execute_task(Caller::Admin, TaskSpec::new(pid, "first"))
+        .await
+        .unwrap();
+    assert_eq!(answer.unwrap(), "recovered");
+    let mut slow = TaskSpec::new(pid, "second");
+    slow.timeout = Some(Duration::from_secs(1));
+    let outcome = kernel.execute_task(Caller::Admin, slow).await;
+    assert!(
+        matches!(&outcome, Err(KernelError::DeadlineExceeded(_))),
+        "{outcome:?}"
+    );
+
+    let calls = || -> Vec<(Option<u32>, Option<String>, u64)> {
+        kernel
+            .subscribe(Some(0))
+            .replay
+            .iter()
+            .filter(|e| e.pid == pid)
+            .filter_map(|e| match &e.kind {
+                EventKind::LlmCall {
+                    attempt,
+                    error,
+                    prompt_tokens,
+                    completion_tokens,
+                    ..
+                } => Some((*attempt, error.clone(), prompt_tokens + completion_tokens)),
+                _ => None,
+            })
+            .collect()
+    };
+    wait_until("three llm_call events", Duration::from_secs(10), || {
+        let n = calls().len();
+        async move { n == 3 }
+    })
+    .await;
+    let calls = calls();
+    // The failed attempt, then the call that answered at its second.
+    assert_eq!(calls[0].0, Some(1));
+    let failed = calls[0].1.as_deref().unwrap();
+    assert!(
+        failed.starts_with("attempt 1: provider answered HTTP 500")
+            && failed.contains("trying again"),
+        "{failed}"
+    );
+    assert_eq!(
+        (calls[1].0, calls[1].1.as_deref(), calls[1].2),
+        (Some(2), None, 15)
+    );
+    // The call the timeout cancelled is one too.
+    let cancelled = calls[2].1.as_deref().unwrap();
+    assert!(cancelled.starts_with("cancelled after 1."), "{cancelled}");
+    assert_eq!(calls[2].0, Some(1));
+    // Its connection was closed, so the server stopped generating.
+    wait_until("the stream closed", Duration::from_secs(10), || {
+        let n = server.hung_up();
+        async move { n == 1 }
+    })
+    .await;
+
+    let entries = read_all(&mut served.admin(), pid, 100).await;
+    let errors: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["type"] == "model_error")
+        .collect();
+    assert_eq!(errors.len(), 2, "{entries:#?}");
+    assert!(
+        errors[0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("attempt 1:")
+    );
+    assert!(
+        errors[1]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled")
+    );
+    assert_eq!(
+        errors[1]["partial"], "half an answer",
+        "what had streamed in is kept"
     );
     kernel.shutdown().await;
 }

@@ -2,7 +2,9 @@
 //! (`GET {base_url}/models`) and, where the server tells, each model's
 //! context window: vLLM puts `max_model_len` in the list; llama.cpp's
 //! `GET /props` (at the server's root) gives the context of one slot,
-//! `default_generation_settings.n_ctx`, which is what a request may fill.
+//! `default_generation_settings.n_ctx`, which is what a request may fill;
+//! Ollama (which answers `GET /api/version`) says in `POST /api/show` the
+//! `num_ctx` a model's Modelfile sets, which is what it runs the model with.
 
 use std::time::Duration;
 
@@ -86,6 +88,49 @@ pub(super) fn parse_list(body: &[u8]) -> Option<Catalogue> {
     Some(Catalogue { models })
 }
 
+#[derive(Deserialize)]
+struct Show {
+    #[serde(default)]
+    parameters: Option<String>,
+    #[serde(default)]
+    model_info: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What Ollama's `/api/show` says of a model's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OllamaContext {
+    /// `num_ctx` from its Modelfile's parameters: the window it runs with.
+    pub num_ctx: Option<u64>,
+    /// `<architecture>.context_length`: what the model was trained for
+    /// (Ollama runs it with less unless `num_ctx` says otherwise).
+    pub trained: Option<u64>,
+}
+
+/// Parses an Ollama `/api/show` answer; `None` when it is not one.
+pub(super) fn parse_show(body: &[u8]) -> Option<OllamaContext> {
+    let show: Show = serde_json::from_slice(body).ok()?;
+    let num_ctx = show.parameters.as_deref().and_then(|parameters| {
+        parameters.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("num_ctx"))
+                .then(|| words.next()?.parse::<u64>().ok())
+                .flatten()
+        })
+    });
+    let trained = show.model_info.as_ref().and_then(|info| {
+        info.iter()
+            .find(|(key, _)| key.ends_with(".context_length"))
+            .and_then(|(_, value)| value.as_u64())
+    });
+    if show.parameters.is_none() && show.model_info.is_none() {
+        return None;
+    }
+    Some(OllamaContext {
+        num_ctx: num_ctx.filter(|n| *n > 0),
+        trained: trained.filter(|n| *n > 0),
+    })
+}
+
 /// The context of one slot from a llama.cpp `/props` answer.
 pub(super) fn parse_props(body: &[u8]) -> Option<u64> {
     let props: Props = serde_json::from_slice(body).ok()?;
@@ -126,6 +171,23 @@ mod tests {
         assert_eq!(parse_props(b"[]"), None);
         assert_eq!(root("http://127.0.0.1:8080/v1"), "http://127.0.0.1:8080");
         assert_eq!(root("http://h/api"), "http://h/api");
+    }
+
+    #[test]
+    fn reads_what_ollama_shows() {
+        let show = br#"{"parameters":"stop \"<|im_end|>\"\nnum_ctx                        16384",
+            "model_info":{"general.architecture":"qwen2","qwen2.context_length":32768}}"#;
+        assert_eq!(
+            parse_show(show),
+            Some(OllamaContext {
+                num_ctx: Some(16384),
+                trained: Some(32768)
+            })
+        );
+        let unset = br#"{"model_info":{"llama.context_length":131072}}"#;
+        assert_eq!(parse_show(unset).unwrap().num_ctx, None);
+        assert_eq!(parse_show(br#"{"error":"model not found"}"#), None);
+        assert_eq!(parse_show(b"404 page not found"), None);
     }
 
     #[test]

@@ -14,9 +14,7 @@ use tokio::time::Instant;
 
 use super::catalogue::{self, Catalogue};
 use super::stream::{Assembly, Events, Said};
-use super::{
-    Admission, ChatRequest, ChatResponse, LlmError, Provider, Retry, Watch, retry, wire,
-};
+use super::{Admission, ChatRequest, ChatResponse, LlmError, Provider, Retry, Watch, retry, wire};
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 #[derive(Clone, PartialEq, Eq)]
@@ -309,6 +307,30 @@ impl OpenAiProvider {
         Ok(listed)
     }
 
+    /// What Ollama says of `id`'s context, when the server is Ollama
+    /// (it answers `GET /api/version`) and knows the model; else `None`.
+    pub async fn ollama_context(&self, id: &str) -> Option<catalogue::OllamaContext> {
+        let inner = &*self.inner;
+        let root = catalogue::root(&inner.base_url);
+        let ask = |request: reqwest::RequestBuilder| async move {
+            let mut request = request.timeout(catalogue::ASK_TIMEOUT);
+            if let Some(key) = &inner.api_key {
+                request = request.bearer_auth(key);
+            }
+            let response = request.send().await.ok()?.error_for_status().ok()?;
+            response.bytes().await.ok()
+        };
+        let version = ask(inner.client.get(format!("{root}/api/version"))).await?;
+        serde_json::from_slice::<serde_json::Value>(&version)
+            .ok()?
+            .get("version")?;
+        let show = inner
+            .client
+            .post(format!("{root}/api/show"))
+            .json(&serde_json::json!({ "model": id }));
+        catalogue::parse_show(&ask(show).await?)
+    }
+
     /// The admission cap this provider's requests queue on.
     pub fn admission(&self) -> &Admission {
         &self.inner.admission
@@ -400,7 +422,10 @@ impl OpenAiProvider {
             };
             let (datas, ended) = match chunk {
                 Some(bytes) => (events.push(&bytes).map_err(Failure::fatal)?, false),
-                None => (std::mem::take(&mut events).finish().into_iter().collect(), true),
+                None => (
+                    std::mem::take(&mut events).finish().into_iter().collect(),
+                    true,
+                ),
             };
             for data in datas {
                 waiting_first = false;

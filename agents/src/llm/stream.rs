@@ -403,7 +403,8 @@ mod tests {
     #[test]
     fn errors_and_garbage_in_a_stream_are_told_apart() {
         let mut answer = Assembly::default();
-        match answer.apply(r#"{"error":{"message":"Context size has been exceeded.","code":500}}"#) {
+        match answer.apply(r#"{"error":{"message":"Context size has been exceeded.","code":500}}"#)
+        {
             Err(Said::Error(said)) => {
                 assert!(wire::is_context_length(None, &said.message));
             }

@@ -58,7 +58,10 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
             false => output::print(&text),
         };
     };
-    let listed = openai.catalogue().await;
+    let mut listed = openai.catalogue().await;
+    if let Ok(list) = &mut listed {
+        crate::llm::ask_ollama(openai, &config, list).await;
+    }
     let mut text = format!("provider: {}\n", chosen.description);
     match &listed {
         Ok(list) => text.push_str(&format!(

@@ -245,7 +245,11 @@ impl Printer {
                 self.streaming = Some((String::new(), reasoning));
             }
             Some((_, was)) if *was != reasoning => {
-                text.push_str(if reasoning { "\n    (reasoning) " } else { "\n    " });
+                text.push_str(if reasoning {
+                    "\n    (reasoning) "
+                } else {
+                    "\n    "
+                });
             }
             Some(_) => {}
         }
@@ -481,5 +485,64 @@ mod tests {
         assert_eq!(value["type"], "answer");
         assert_eq!(value["text"], "4");
         assert_eq!(value["turn"], 10);
+    }
+
+    #[test]
+    fn a_streamed_answer_prints_as_it_comes_and_once() {
+        let partial = |text: &str, reasoning| EntryKind::Partial {
+            text: text.into(),
+            reasoning,
+        };
+        let response = |content: &str| EntryKind::Response {
+            content: content.into(),
+            tool_calls: vec![],
+            finish_reason: Some("stop".into()),
+            reasoning: None,
+            prompt_tokens: 9,
+            completion_tokens: 4,
+            duration_ms: 700,
+        };
+        let mut printer = Printer::new(false);
+        printer.turn = 3;
+        let mut out = Vec::new();
+        for (id, kind) in [
+            partial("hmm", true),
+            partial("Two ", false),
+            partial("lines\nhere", false),
+            response("Two lines\nhere"),
+            EntryKind::Answer {
+                text: "Two lines\nhere".into(),
+            },
+        ]
+        .iter()
+        .enumerate()
+        {
+            out.push(printer.entry(&entry(20 + id as u64, 3, kind)));
+        }
+        // Each piece goes out as it comes, with no newline: more may follow.
+        assert_eq!(
+            out[0],
+            "22:13:20.020 streaming the answer\n    (reasoning) hmm"
+        );
+        assert_eq!(out[1], "\n    Two ");
+        assert_eq!(out[2], "lines\n    here");
+        let text = out.concat();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[4],
+            "22:13:20.023 response in 700 ms: 9 prompt + 4 completion tokens, finish stop (its text streamed above)"
+        );
+        assert_eq!(
+            &lines[5..],
+            ["22:13:20.024 answer", "    Two lines", "    here"]
+        );
+
+        // An answer that differs from what streamed (a retry) is printed whole.
+        let mut printer = Printer::new(false);
+        printer.turn = 3;
+        printer.entry(&entry(30, 3, &partial("lost", false)));
+        let text = printer.entry(&entry(31, 3, &response("fresh")));
+        assert!(text.starts_with("\n22:13:20.031 response in"), "{text}");
+        assert!(text.ends_with("stop\n    fresh\n"), "{text}");
     }
 }

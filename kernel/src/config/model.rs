@@ -254,7 +254,10 @@ pub(super) fn llm(
         issues,
     );
     for (seconds, name) in [
-        (raw.first_token_timeout_seconds, "first_token_timeout_seconds"),
+        (
+            raw.first_token_timeout_seconds,
+            "first_token_timeout_seconds",
+        ),
         (raw.idle_timeout_seconds, "idle_timeout_seconds"),
         (raw.request_timeout_seconds, "request_timeout_seconds"),
     ] {

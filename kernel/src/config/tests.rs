@@ -632,7 +632,7 @@ fn error_display_is_one_line_per_issue() {
 #[test]
 fn shipped_configs_are_valid() {
     let known = crate::runtime::RuntimeRegistry::builtin().known();
-    for file in ["startup.json", "startup-openai.json"] {
+    for file in ["startup.json", "startup-openai.json", "startup-local.json"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../configs")
             .join(file);
@@ -668,7 +668,8 @@ fn the_llm_section_is_checked_field_by_field() {
     let found = issues(
         r#"{"llm": {"provider": "anthropic", "base_url": "api.example.com",
                     "api_key_env": "sk-123 secret", "request_timeout_seconds": 0,
-                    "max_in_flight": 0, "default_context_tokens": 10,
+                    "idle_timeout_seconds": 100000, "unavailable_wait_seconds": 3601,
+                    "stream": "yes", "max_in_flight": 0, "default_context_tokens": 10,
                     "models": {"sonnet": ""}, "temperature": 1}}"#,
     );
     assert_issue(
@@ -689,13 +690,16 @@ fn the_llm_section_is_checked_field_by_field() {
     assert_issue(
         &found,
         "llm.request_timeout_seconds",
-        &["between 1 and 3600, got 0"],
+        &["between 1 and 86400, got 0"],
     );
+    assert_issue(&found, "llm.idle_timeout_seconds", &["got 100000"]);
+    assert_issue(&found, "llm.stream", &["expected a boolean"]);
+    assert_issue(&found, "llm.unavailable_wait_seconds", &["got 3601"]);
     assert_issue(&found, "llm.max_in_flight", &["got 0"]);
     assert_issue(&found, "llm.default_context_tokens", &["got 10"]);
     assert_issue(&found, "llm.models.sonnet", &["must not be empty"]);
     assert_issue(&found, "llm.temperature", &["unknown field `temperature`"]);
-    assert_eq!(found.len(), 8, "{found:#?}");
+    assert_eq!(found.len(), 11, "{found:#?}");
 }
 
 #[test]
