@@ -12,12 +12,14 @@
 //! - [`error`]: every way a model call can fail, as [`LlmError`].
 //! - [`openai`]: [`OpenAiProvider`] for any OpenAI-compatible chat-completions endpoint.
 //! - [`admission`]: [`Admission`], the kernel-wide cap on requests in flight.
+//! - [`calibration`]: token estimates scaled by what servers count.
 //! - [`scripted`]: [`ScriptedProvider`], deterministic and offline; its rules are in its docs.
 //! - `retry` (private): backoff with jitter and `Retry-After`.
 //! - `wire` (private): the chat-completions JSON format.
 //! - `stream` (private): a streamed answer's server-sent events.
 
 pub mod admission;
+pub mod calibration;
 pub mod catalogue;
 pub mod error;
 pub mod openai;

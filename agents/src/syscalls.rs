@@ -303,6 +303,14 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
         let _ = record;
     }
 
+    /// Server tokens per estimated token for this process's model, as the
+    /// kernel has learned from the usage its provider reports: a runtime
+    /// fitting a conversation to the context window divides its budget by
+    /// it. The default is 1 (the estimate as it is).
+    fn token_ratio(&self) -> f64 {
+        1.0
+    }
+
     /// One model call through the kernel's provider. The kernel records the
     /// usage the provider reports against this process, so a runtime cannot
     /// under-report it. The default refuses: a kernel without a model provider.

@@ -150,7 +150,8 @@ impl Default for AgentSettings {
 }
 
 impl AgentSettings {
-    /// Tokens a request for `model` may use: its window minus room for the answer.
+    /// Tokens a request for `model` may use: its window minus room for the
+    /// answer, as the server counts them (see [`ToolAgent::budget`]).
     pub fn budget(&self, model: &str) -> u64 {
         let window = self
             .context_tokens
@@ -427,6 +428,19 @@ fn checkpoint_json(
 }
 
 impl ToolAgent {
+    /// The process's context budget in estimated tokens: the window's
+    /// budget divided by how many tokens the server counts per estimated
+    /// one (learned by the kernel from reported usage), so a conversation
+    /// fitted to it fits the server's count.
+    fn budget(&self, ctx: &ProcessContext) -> u64 {
+        let ratio = ctx.syscalls.token_ratio();
+        let budget = self.settings.budget(&ctx.model);
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return budget;
+        }
+        ((budget as f64 / ratio) as u64).max(context::MIN_BUDGET_TOKENS)
+    }
+
     /// Runs one input to a final answer, recording both in the transcript.
     async fn turn(
         &self,
@@ -499,10 +513,7 @@ impl ToolAgent {
                 self.toolset.mcp.offered(ctx).await
             };
             let shelf = if self.toolset.skills {
-                let room = self
-                    .settings
-                    .skill_active_tokens
-                    .min(self.settings.budget(&ctx.model) / 4);
+                let room = self.settings.skill_active_tokens.min(self.budget(ctx) / 4);
                 Shelf::now(ctx, &remembered, &[&history, &turn], room).await
             } else {
                 Shelf::default()
@@ -596,8 +607,7 @@ impl ToolAgent {
         let skill_schemas = shelf.map(Shelf::schemas).unwrap_or_default();
         let skill_tokens = shelf.map_or(0, Shelf::tokens);
         let mut budget = self
-            .settings
-            .budget(&ctx.model)
+            .budget(ctx)
             .saturating_sub(toolset.tokens + offered.tokens() + skill_tokens);
         let mut attempt = 0;
         loop {
@@ -780,7 +790,7 @@ impl ToolAgent {
                 }
             }
         }
-        let budget = self.settings.budget(&ctx.model);
+        let budget = self.budget(ctx);
         let json = {
             let mut history = conversation.messages.lock();
             history.extend(turn);

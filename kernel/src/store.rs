@@ -197,6 +197,11 @@ pub(crate) enum Write {
         usage: hivekernel_agents::llm::Usage,
         cost_nano_usd: u64,
     },
+    /// Server tokens per estimated token for served `model`, as learned so far.
+    TokenRatio {
+        model: String,
+        ratio: hivekernel_agents::llm::calibration::Ratio,
+    },
     /// How to spawn `pid` again after a restart: its spawn request as JSON.
     Spec {
         pid: Pid,

@@ -66,6 +66,10 @@ pub enum EntryKind {
         /// Cap on the answer's tokens.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_tokens: Option<u32>,
+        /// Its prompt tokens as estimated before sending, calibrated by
+        /// what the server counted of earlier requests on the model.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        estimated_tokens: Option<u64>,
     },
     /// The model's answer to the request before it.
     Response {

@@ -125,6 +125,7 @@ impl Transcripts {
         pid: Pid,
         model: Arc<str>,
         max_tokens: Option<u32>,
+        estimated_tokens: u64,
         messages: &[ChatMessage],
     ) {
         if !self.enabled() {
@@ -160,6 +161,7 @@ impl Transcripts {
             model,
             messages: ids,
             max_tokens,
+            estimated_tokens: Some(estimated_tokens),
         };
         self.keep(pid, request, None);
     }

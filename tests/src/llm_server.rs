@@ -618,6 +618,32 @@ fn respond(status: u16, body: String, retry_after: Option<String>) -> Response<B
 /// Answers a chat-completions request body as the offline `scripted` provider
 /// would (see its rules), so the real HTTP path drives the real agent loop.
 pub fn scripted_answer(body: &Value) -> Scripted {
+    let request = request_of(body);
+    let answer = hivekernel_agents::llm::ScriptedProvider::new().answer(&request);
+    let usage = answer.usage;
+    let calls: Vec<(&str, &str, &str)> = answer
+        .message
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+        .collect();
+    if calls.is_empty() {
+        Scripted::Json(content_body(
+            &answer.message.content,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        ))
+    } else {
+        Scripted::Json(tool_calls_body(
+            &calls,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        ))
+    }
+}
+
+/// The chat request a request body stands for (model, messages, tools).
+pub fn request_of(body: &Value) -> hivekernel_agents::llm::ChatRequest {
     use hivekernel_agents::llm::{ChatMessage, ChatRequest, ChatRole, ToolCall, ToolSchema};
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let messages = body["messages"]
@@ -665,30 +691,9 @@ pub fn scripted_answer(body: &Value) -> Scripted {
             parameters: t["function"]["parameters"].clone(),
         })
         .collect();
-    let request = ChatRequest {
+    ChatRequest {
         tools,
         ..ChatRequest::new(text(&body["model"]), messages)
-    };
-    let answer = hivekernel_agents::llm::ScriptedProvider::new().answer(&request);
-    let usage = answer.usage;
-    let calls: Vec<(&str, &str, &str)> = answer
-        .message
-        .tool_calls
-        .iter()
-        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
-        .collect();
-    if calls.is_empty() {
-        Scripted::Json(content_body(
-            &answer.message.content,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-        ))
-    } else {
-        Scripted::Json(tool_calls_body(
-            &calls,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-        ))
     }
 }
 

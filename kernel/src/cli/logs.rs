@@ -300,6 +300,7 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
             model,
             messages,
             max_tokens,
+            estimated_tokens,
         } => {
             let named: Vec<String> = messages
                 .iter()
@@ -313,6 +314,9 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
                 messages.len(),
                 named.join(", ")
             );
+            if let Some(estimated) = estimated_tokens {
+                let _ = write!(head, ", about {estimated} tokens");
+            }
             if let Some(max) = max_tokens {
                 let _ = write!(head, ", max {max} tokens");
             }
@@ -434,6 +438,7 @@ mod tests {
                 model: "m".into(),
                 messages: vec![12, 11],
                 max_tokens: Some(64),
+                estimated_tokens: Some(25),
             },
             EntryKind::Response {
                 content: String::new(),
@@ -468,7 +473,7 @@ mod tests {
         assert_eq!(lines[2], "    add 2 and 2");
         assert_eq!(
             lines[5],
-            "22:13:20.013 request to m: 2 messages [system #12, input #11], max 64 tokens"
+            "22:13:20.013 request to m: 2 messages [system #12, input #11], about 25 tokens, max 64 tokens"
         );
         assert_eq!(
             lines[6],

@@ -67,6 +67,9 @@ pub(super) struct Inner {
     /// Where spans go, when traces are exported (`kernel.otel`).
     traces: Option<Arc<crate::otel::Traces>>,
     transcripts: Transcripts,
+    /// Server tokens per estimated token, per served model, learned from
+    /// the usage answers report; kept in the store.
+    calibration: hivekernel_agents::llm::calibration::Calibration,
     /// The SQLite store, or its in-memory form.
     store: Store,
     runtimes: RuntimeRegistry,
@@ -175,6 +178,13 @@ impl Inner {
             start(store::Counter::Transcript, 1),
             tracker.clone(),
         );
+        let calibration = hivekernel_agents::llm::calibration::Calibration::default();
+        for (model, ratio) in recovered
+            .map(|r| r.token_ratios.clone())
+            .unwrap_or_default()
+        {
+            calibration.restore(model, ratio);
+        }
         let metrics = settings.metrics.as_ref().map(|_| {
             let metrics = Arc::new(crate::metrics::Metrics::new(SystemTime::now()));
             store.observe_commits(metrics.store_commits());
@@ -216,6 +226,7 @@ impl Inner {
             metrics,
             traces,
             transcripts,
+            calibration,
             store,
             runtimes,
             llm,
@@ -297,6 +308,10 @@ impl Inner {
 
     pub(super) fn transcripts(&self) -> &Transcripts {
         &self.transcripts
+    }
+
+    pub(super) fn calibration(&self) -> &hivekernel_agents::llm::calibration::Calibration {
+        &self.calibration
     }
 
     pub(super) fn store(&self) -> &Store {

@@ -68,10 +68,13 @@ impl Kernel {
             });
         let request = capped.as_ref().unwrap_or(request);
         let transcripts = self.inner.transcripts();
+        let estimated = hivekernel_agents::llm::estimate_request_tokens(request);
+        let calibrated = estimated as f64 * self.token_ratio_of(&proc.ctx.model);
         transcripts.record_request(
             pid,
             proc.ctx.model.clone(),
             request.max_tokens,
+            calibrated.round() as u64,
             &request.messages,
         );
         let traces = self.inner.traces();
@@ -93,6 +96,9 @@ impl Kernel {
                 Some(cut(err.to_string(), EVENT_ERROR_BYTES)),
             ),
         };
+        if let Ok(response) = &answer {
+            self.calibrate(&proc.ctx.model, estimated, response.usage.prompt_tokens);
+        }
         let (cost_nano_usd, stored) = if answer.is_ok() {
             self.charge(&proc, usage)
         } else {
@@ -149,6 +155,46 @@ impl Kernel {
             },
         );
         answer
+    }
+
+    /// Learns how the server counts `model`'s tokens from a request it
+    /// counted as `counted` prompt tokens, keeping the ratio when it moved.
+    fn calibrate(&self, model: &str, estimated: u64, counted: u64) {
+        let settings = self.inner.settings();
+        let served = settings.models.served(model);
+        if let Some(ratio) = self.inner.calibration().observe(served, estimated, counted) {
+            tracing::debug!(
+                model = served,
+                ratio = ratio.ratio,
+                samples = ratio.samples,
+                "token estimate calibrated"
+            );
+            self.inner.store().submit(Write::TokenRatio {
+                model: served.to_owned(),
+                ratio,
+            });
+        }
+    }
+
+    /// Server tokens per estimated token for `pid`'s model (1 when not
+    /// learned yet, or `pid` is gone).
+    pub(crate) fn token_ratio(&self, pid: Pid) -> f64 {
+        let model = {
+            let table = self.inner.table().read();
+            match table.get(pid) {
+                Some(entry) => entry.proc.ctx.model.clone(),
+                None => return 1.0,
+            }
+        };
+        self.token_ratio_of(&model)
+    }
+
+    /// Server tokens per estimated token for logical `model`.
+    fn token_ratio_of(&self, model: &str) -> f64 {
+        let settings = self.inner.settings();
+        self.inner
+            .calibration()
+            .ratio(settings.models.served(model))
     }
 
     /// Model usage over time, summed `by`, from UTC day `since`

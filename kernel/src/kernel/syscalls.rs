@@ -109,6 +109,11 @@ impl Syscalls for KernelSyscalls {
         }
     }
 
+    fn token_ratio(&self) -> f64 {
+        self.kernel()
+            .map_or(1.0, |kernel| kernel.token_ratio(self.pid))
+    }
+
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let kernel = self
             .kernel()

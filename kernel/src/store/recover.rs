@@ -141,6 +141,8 @@ pub struct Recovered {
     pub inbox: Vec<StoredInbox>,
     /// Skills processes saved, by owner and name.
     pub skills: Vec<super::StoredSkill>,
+    /// Server tokens per estimated token, by served model.
+    pub token_ratios: Vec<(String, hivekernel_agents::llm::calibration::Ratio)>,
 }
 
 /// Model usage of one process as the store kept it.
@@ -420,5 +422,21 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         tokens,
         inbox,
         skills: super::skills::all(conn)?,
+        token_ratios: token_ratios(conn)?,
     })
+}
+
+/// The token ratios learned so far.
+fn token_ratios(
+    conn: &rusqlite::Connection,
+) -> rusqlite::Result<Vec<(String, hivekernel_agents::llm::calibration::Ratio)>> {
+    let mut stmt = conn.prepare("SELECT model, ratio, samples FROM token_ratio ORDER BY model")?;
+    stmt.query_map([], |row| {
+        let ratio = hivekernel_agents::llm::calibration::Ratio {
+            ratio: row.get(1)?,
+            samples: from_sql_u64(row.get(2)?),
+        };
+        Ok((row.get::<_, String>(0)?, ratio))
+    })?
+    .collect()
 }

@@ -258,6 +258,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
          at_ms      INTEGER NOT NULL,
          PRIMARY KEY (owner_pid, name, version)
      ) STRICT;",
+    // 13: server tokens per estimated token, per served model, learned from
+    // the usage model answers report (token estimates calibrated).
+    "CREATE TABLE token_ratio (
+         model      TEXT PRIMARY KEY,
+         ratio      REAL NOT NULL,
+         samples    INTEGER NOT NULL,
+         updated_ms INTEGER NOT NULL
+     ) STRICT;",
 ];
 
 /// The schema version this build writes.

@@ -345,6 +345,19 @@ fn apply_plain(tx: &Transaction<'_>, write: &Write) -> rusqlite::Result<()> {
             usage,
             cost_nano_usd,
         } => super::usage::add(tx, day, model, role, *usage, *cost_nano_usd)?,
+        Write::TokenRatio { model, ratio } => {
+            tx.prepare_cached(
+                "INSERT INTO token_ratio (model, ratio, samples, updated_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (model) DO UPDATE SET ratio = excluded.ratio,
+                 samples = excluded.samples, updated_ms = excluded.updated_ms",
+            )?
+            .execute((
+                model,
+                ratio.ratio,
+                to_sql_u64(ratio.samples),
+                to_sql_u64(crate::event::unix_ms(std::time::SystemTime::now())),
+            ))?;
+        }
         Write::Declared { name, pid } => {
             tx.prepare_cached(
                 "INSERT INTO declared (name, pid) VALUES (?1, ?2)

@@ -1407,7 +1407,8 @@
         put(el, meta('role ' + (d.role || '?'), d.tool_call_id ? 'answers call ' + d.tool_call_id : ''), pre(d.content), toolCalls(d.tool_calls));
         break;
       case 'request':
-        put(el, meta('model ' + (d.model || '?'), `${(d.messages || []).length} messages sent`, d.max_tokens ? `at most ${fmtInt(d.max_tokens)} tokens` : ''));
+        put(el, meta('model ' + (d.model || '?'), `${(d.messages || []).length} messages sent`,
+          d.estimated_tokens ? `about ${fmtInt(d.estimated_tokens)} tokens` : '', d.max_tokens ? `at most ${fmtInt(d.max_tokens)} tokens` : ''));
         break;
       case 'response':
         put(el, pre(d.content), toolCalls(d.tool_calls), meta(d.finish_reason ? 'finished: ' + d.finish_reason : '',
