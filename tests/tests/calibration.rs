@@ -65,6 +65,7 @@ async fn estimates(kernel: &Kernel, pid: Pid) -> Vec<(u64, u64)> {
             pid,
             Query {
                 limit: 10_000,
+                max_bytes: 16 << 20,
                 ..Query::default()
             },
         )
