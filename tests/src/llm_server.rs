@@ -474,6 +474,10 @@ async fn accept(listener: TcpListener, state: Arc<State>) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        // Events go out as they are written, as a streaming server sends
+        // them (with Nagle's algorithm, each small write after the first
+        // would wait for the client's delayed ACK).
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
@@ -582,8 +586,14 @@ fn stream(events: Vec<(Duration, String)>, answering: Answering) -> Response<Bod
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
     tokio::spawn(async move {
         for (wait, data) in events {
+            // A zero wait is no wait: a timer would round it up to its tick.
+            let pause = async {
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            };
             let sent = tokio::select! {
-                () = tokio::time::sleep(wait) => {
+                () = pause => {
                     tx.send(Ok(Frame::data(Bytes::from(format!("data: {data}\n\n"))))).await.is_ok()
                 }
                 () = tx.closed() => false,
