@@ -264,6 +264,28 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
         .find(|r| last_message(r).contains("Result of delegated request"))
         .unwrap();
     assert!(last_message(&result_request).contains(&format!("succeeded, from process {helper}")));
+    // That turn ends (its answer joins the conversation) after the request
+    // reached the server: wait for its answer in the transcript.
+    wait_until(
+        "the turn on the delegated result to end",
+        Duration::from_secs(5),
+        || async {
+            let query = hivekernel_kernel::transcript::Query {
+                limit: 1000,
+                max_bytes: 1 << 20,
+                ..Default::default()
+            };
+            let page = kernel.transcript(Caller::Admin, boss, query).await.unwrap();
+            let answers = page.entries.iter().filter(|e| {
+                matches!(
+                    e.kind,
+                    hivekernel_kernel::transcript::EntryKind::Answer { .. }
+                )
+            });
+            answers.count() == 2
+        },
+    )
+    .await;
 
     // A daemon keeps its conversation: the next task sees the delegated result.
     run_task(&kernel, boss, "what came back?").await.unwrap();
