@@ -178,15 +178,21 @@ impl Printer {
             return self.stream(entry, more, *reasoning);
         }
         let mut streamed_head = "";
-        if let Some((streamed, _)) = self.streaming.take() {
-            // The streamed line ends; the answer it was is not printed twice.
-            text.push('\n');
+        if let Some((streamed, was_reasoning)) = self.streaming.take() {
+            // The streamed line ends with what had not streamed yet (the
+            // last piece may not have gone out live); the answer is not
+            // printed twice.
             if let Ok(EntryKind::Response { content, .. }) = &mut kind
-                && *content == streamed
+                && let Some(rest) = content.strip_prefix(streamed.as_str())
             {
+                if was_reasoning && !rest.is_empty() {
+                    text.push_str("\n    ");
+                }
+                text.push_str(&rest.replace('\n', "\n    "));
                 content.clear();
                 streamed_head = " (its text streamed above)";
             }
+            text.push('\n');
         }
         if entry.turn != self.turn {
             self.turn = entry.turn;
@@ -541,6 +547,17 @@ mod tests {
             &lines[5..],
             ["22:13:20.024 answer", "    Two lines", "    here"]
         );
+
+        // The last piece had not gone out live: it ends the streamed line.
+        let mut printer = Printer::new(false);
+        printer.turn = 3;
+        printer.entry(&entry(40, 3, &partial("Two ", false)));
+        let text = printer.entry(&entry(41, 3, &response("Two lines\nhere")));
+        assert!(
+            text.starts_with("lines\n    here\n22:13:20.041 response in 700 ms"),
+            "{text}"
+        );
+        assert!(text.ends_with("(its text streamed above)\n"), "{text}");
 
         // An answer that differs from what streamed (a retry) is printed whole.
         let mut printer = Printer::new(false);
