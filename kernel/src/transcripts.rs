@@ -108,7 +108,7 @@ impl Transcripts {
     /// Sends `kind` (a partial answer) to live watchers, when there are
     /// any, without keeping it.
     pub(crate) fn stream(&self, pid: Pid, kind: EntryKind) {
-        if self.enabled() && self.live.receiver_count() > 0 {
+        if self.watched() {
             self.number(pid, kind, None, false);
         }
     }

@@ -158,9 +158,7 @@ impl Scripted {
     /// A text answer streamed a word at a time, one word every `every`
     /// (the first after `every` too), then `stop`, usage 10 + 5 and `[DONE]`.
     pub fn streamed(text: &str, every: Duration) -> Self {
-        let mut events: Vec<(Duration, String)> = words(text)
-            .map(|word| (every, delta(json!({ "content": word }), None).to_string()))
-            .collect();
+        let mut events: Vec<_> = word_deltas(text, "content", every).collect();
         events.extend(closing(
             &json!({ "prompt_tokens": 10, "completion_tokens": 5 }),
             "stop",
@@ -171,14 +169,7 @@ impl Scripted {
     /// A text answer that streams `text` a word at a time and then says
     /// nothing more for an hour (a server stuck mid-answer).
     pub fn stalled(text: &str) -> Self {
-        let mut events: Vec<(Duration, String)> = words(text)
-            .map(|word| {
-                (
-                    Duration::ZERO,
-                    delta(json!({ "content": word }), None).to_string(),
-                )
-            })
-            .collect();
+        let mut events: Vec<_> = word_deltas(text, "content", Duration::ZERO).collect();
         events.push((FOREVER, "[DONE]".to_owned()));
         Scripted::Events(events)
     }
@@ -238,9 +229,15 @@ fn completion(message: Value, finish_reason: &str, prompt: u64, completion: u64)
     })
 }
 
-/// `text` in words, each with the spaces after it (so they add up to `text`).
-fn words(text: &str) -> impl Iterator<Item = &str> {
+/// `text` a word at a time (each with the spaces after it, so they add up
+/// to `text`), each as a chunk whose delta sets `field`, sent after `wait`.
+fn word_deltas<'a>(
+    text: &'a str,
+    field: &'a str,
+    wait: Duration,
+) -> impl Iterator<Item = (Duration, String)> + 'a {
     text.split_inclusive(' ')
+        .map(move |word| (wait, delta(json!({ field: word }), None).to_string()))
 }
 
 /// One chunk of a streamed answer: `delta`, and `finish_reason` on the last.
@@ -281,13 +278,10 @@ fn as_events(body: &Value) -> Vec<(Duration, String)> {
         delta(json!({ "role": "assistant", "content": "" }), None).to_string(),
     )];
     let now = |chunk: Value| (Duration::ZERO, chunk.to_string());
-    for field in ["reasoning_content", "reasoning"] {
+    for field in ["reasoning_content", "reasoning", "content"] {
         if let Some(text) = message[field].as_str() {
-            events.extend(words(text).map(|w| now(delta(json!({ field: w }), None))));
+            events.extend(word_deltas(text, field, Duration::ZERO));
         }
-    }
-    if let Some(text) = message["content"].as_str() {
-        events.extend(words(text).map(|w| now(delta(json!({ "content": w }), None))));
     }
     for (index, call) in message["tool_calls"]
         .as_array()

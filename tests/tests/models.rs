@@ -26,6 +26,14 @@ fn config(server: &LlmServer, strict: bool) -> serde_json::Value {
     })
 }
 
+/// Whether the start log has a line taking a context window from the
+/// server that says each of `parts`.
+fn window_from_server(log: &str, parts: &[&str]) -> bool {
+    log.lines().any(|line| {
+        line.contains("context window from the server") && parts.iter().all(|p| line.contains(p))
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     let bin = match hivekernel_tests::build_hivekernel() {
@@ -65,10 +73,7 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     let kernel = Binary::start(&bin, dir.path());
     let log = kernel.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("context window from the server")
-                && l.contains("model=small")
-                && l.contains("context_tokens=2048")),
+        window_from_server(&log, &["model=small", "context_tokens=2048"]),
         "{log}"
     );
     // `big` is sent as a model the server does not list.
@@ -110,10 +115,7 @@ async fn the_server_is_asked_what_it_serves_and_its_context_window_is_used() {
     let kernel = Binary::start_with(&bin, dir.path(), &["--model", "tiny-1"]);
     let log = kernel.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("context window from the server")
-                && l.contains("model=big")
-                && l.contains("served=tiny-1")),
+        window_from_server(&log, &["model=big", "served=tiny-1"]),
         "{log}"
     );
     drop(kernel);
@@ -152,10 +154,7 @@ async fn ollama_is_asked_the_context_it_runs_a_model_with() {
 
     let log = kernel.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("context window from the server")
-                && l.contains("model=small")
-                && l.contains("context_tokens=6144")),
+        window_from_server(&log, &["model=small", "context_tokens=6144"]),
         "{log}"
     );
     drop(kernel);

@@ -388,16 +388,8 @@ async fn a_watch_streams_a_turn_as_it_happens_and_ends_with_the_process() {
         "the partials are the answer as it came: {streamed:?}"
     );
     // Only the whole answer is kept.
-    let kept = served
-        .admin()
-        .get_transcript(pb::GetTranscriptRequest {
-            pid: pid.0,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(kept.entries.iter().all(|e| e.r#type != "partial"));
+    let kept = read_all(&mut served.admin(), pid, 100).await;
+    assert!(types(&kept).iter().all(|t| *t != "partial"));
     assert_eq!(
         seen,
         [

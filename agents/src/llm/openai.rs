@@ -280,16 +280,7 @@ impl OpenAiProvider {
     /// list).
     pub async fn catalogue(&self) -> Result<Catalogue, LlmError> {
         let inner = &*self.inner;
-        let get = |url: String| {
-            let mut request = inner.client.get(url).timeout(catalogue::ASK_TIMEOUT);
-            if let Some(key) = &inner.api_key {
-                request = request.bearer_auth(key);
-            }
-            async move {
-                let response = request.send().await?.error_for_status()?;
-                response.bytes().await
-            }
-        };
+        let get = |url: String| self.ask(inner.client.get(url));
         let url = format!("{}/models", inner.base_url);
         let body = get(url.clone())
             .await
@@ -312,15 +303,10 @@ impl OpenAiProvider {
     pub async fn ollama_context(&self, id: &str) -> Option<catalogue::OllamaContext> {
         let inner = &*self.inner;
         let root = catalogue::root(&inner.base_url);
-        let ask = |request: reqwest::RequestBuilder| async move {
-            let mut request = request.timeout(catalogue::ASK_TIMEOUT);
-            if let Some(key) = &inner.api_key {
-                request = request.bearer_auth(key);
-            }
-            let response = request.send().await.ok()?.error_for_status().ok()?;
-            response.bytes().await.ok()
-        };
-        let version = ask(inner.client.get(format!("{root}/api/version"))).await?;
+        let version = self
+            .ask(inner.client.get(format!("{root}/api/version")))
+            .await
+            .ok()?;
         serde_json::from_slice::<serde_json::Value>(&version)
             .ok()?
             .get("version")?;
@@ -328,7 +314,18 @@ impl OpenAiProvider {
             .client
             .post(format!("{root}/api/show"))
             .json(&serde_json::json!({ "model": id }));
-        catalogue::parse_show(&ask(show).await?)
+        catalogue::parse_show(&self.ask(show).await.ok()?)
+    }
+
+    /// The body of a question about what the server serves: within
+    /// [`catalogue::ASK_TIMEOUT`], with the API key, an error status an error.
+    async fn ask(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>, reqwest::Error> {
+        let mut request = request.timeout(catalogue::ASK_TIMEOUT);
+        if let Some(key) = &self.inner.api_key {
+            request = request.bearer_auth(key);
+        }
+        let body = request.send().await?.error_for_status()?.bytes().await?;
+        Ok(body.to_vec())
     }
 
     /// The admission cap this provider's requests queue on.
@@ -392,7 +389,7 @@ impl OpenAiProvider {
             .is_some_and(|value| value.starts_with("text/event-stream"));
         if !status.is_success() || !streamed {
             // An error, or a server that answers whole whatever was asked.
-            let bytes = match tokio::time::timeout_at(first_by.max(cap), response.bytes()).await {
+            let bytes = match tokio::time::timeout_at(cap, response.bytes()).await {
                 Err(_elapsed) => return Err(capped()),
                 Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
                 Ok(Ok(bytes)) => bytes,

@@ -232,9 +232,7 @@ impl Printer {
         self.seen.insert(entry.id, short_name(&kind));
         text
     }
-}
 
-impl Printer {
     /// Streamed answer text, printed as it comes (indented under a
     /// `streaming` line), with no newline after it: more may follow.
     fn stream(&mut self, entry: &TranscriptEntry, more: &str, reasoning: bool) -> String {
@@ -367,10 +365,8 @@ fn describe(kind: &EntryKind, seen: &HashMap<u64, String>) -> (String, String) {
             }
             (format!("model error after {duration_ms} ms"), body)
         }
-        EntryKind::Partial { text, reasoning } => match reasoning {
-            true => ("streamed reasoning".into(), text.clone()),
-            false => ("streamed".into(), text.clone()),
-        },
+        // Printed as it streams (`Printer::stream`), never described.
+        EntryKind::Partial { text, .. } => ("streamed".into(), text.clone()),
         EntryKind::ToolResult {
             call_id,
             tool,
