@@ -121,6 +121,16 @@ pub async fn check_served(
                 });
             }
             Some(model) => {
+                if model.template_tools == Some(false)
+                    && config.agents.iter().any(|agent| !agent.tools.is_empty())
+                {
+                    tracing::warn!(
+                        model = %served,
+                        "the server's chat template does not render tools (llama.cpp's /props): \
+                         agents' tools never reach the model; start llama-server with --jinja \
+                         and a chat template that takes tools"
+                    );
+                }
                 let Some(window) = model.context_tokens else {
                     continue;
                 };

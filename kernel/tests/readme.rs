@@ -118,7 +118,7 @@ fn skipped(command: &str) -> Option<&'static str> {
         "llama-server",
         "vllm",
     ];
-    if set_up.contains(&first) || first.starts_with("target/") {
+    if set_up.contains(&first) || first.starts_with("target/") || first.starts_with("tests/") {
         return Some("set-up");
     }
     if first == "grpcurl" || first.starts_with("TOKEN=") {

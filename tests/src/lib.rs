@@ -19,6 +19,7 @@ pub mod capture;
 pub mod dashboard;
 pub mod durable;
 pub mod exec;
+pub mod llama;
 pub mod llm_server;
 pub mod mcp;
 pub mod otlp;

@@ -256,7 +256,24 @@ async fn llm_check_says_what_works_and_fails_when_tools_are_dropped() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
-        text.contains("tools   dropped: asked to call a tool"),
+        text.contains("tools   dropped or ignored: asked to call a tool"),
+        "{text}"
+    );
+
+    // A llama.cpp server that says its template renders no tools: the
+    // tools were dropped, and the check says so and how to start it.
+    server.serve_page("/v1/models", json!({ "data": [{ "id": "tiny-1" }] }));
+    server.serve_page(
+        "/props",
+        json!({ "default_generation_settings": { "n_ctx": 4096 },
+                "chat_template_caps": { "supports_tools": false } }),
+    );
+    let out = check(&["--model", "tiny-1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("tools   dropped: the server's chat template does not render tools")
+            && text.contains("--jinja"),
         "{text}"
     );
 }

@@ -2,7 +2,8 @@
 //! (`GET {base_url}/models`) and, where the server tells, each model's
 //! context window: vLLM puts `max_model_len` in the list; llama.cpp's
 //! `GET /props` (at the server's root) gives the context of one slot,
-//! `default_generation_settings.n_ctx`, which is what a request may fill;
+//! `default_generation_settings.n_ctx`, which is what a request may fill,
+//! and whether its chat template renders tools (`chat_template_caps`);
 //! Ollama (which answers `GET /api/version`) says in `POST /api/show` the
 //! `num_ctx` a model's Modelfile sets, which is what it runs the model with.
 
@@ -27,6 +28,11 @@ pub struct ServedModel {
     pub id: String,
     /// Its context window in tokens, when the server says.
     pub context_tokens: Option<u64>,
+    /// Whether the chat template the server applies renders the tools a
+    /// request offers, when the server says (llama.cpp's
+    /// `chat_template_caps.supports_tools`): a template without them drops
+    /// the tools, and the model never hears of them.
+    pub template_tools: Option<bool>,
 }
 
 impl Catalogue {
@@ -66,6 +72,21 @@ struct Listed {
 #[derive(Deserialize)]
 struct Props {
     default_generation_settings: Option<Generation>,
+    chat_template_caps: Option<TemplateCaps>,
+}
+
+#[derive(Deserialize)]
+struct TemplateCaps {
+    supports_tools: Option<bool>,
+}
+
+/// What llama.cpp's `/props` says of the one model it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct SlotProps {
+    /// The context of one slot.
+    pub n_ctx: Option<u64>,
+    /// Whether its chat template renders tools.
+    pub template_tools: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +104,7 @@ pub(super) fn parse_list(body: &[u8]) -> Option<Catalogue> {
         .map(|model| ServedModel {
             id: model.id,
             context_tokens: model.max_model_len.filter(|n| *n > 0),
+            template_tools: None,
         })
         .collect();
     Some(Catalogue { models })
@@ -131,10 +153,18 @@ pub(super) fn parse_show(body: &[u8]) -> Option<OllamaContext> {
     })
 }
 
-/// The context of one slot from a llama.cpp `/props` answer.
-pub(super) fn parse_props(body: &[u8]) -> Option<u64> {
+/// A llama.cpp `/props` answer; `None` when it is not one.
+pub(super) fn parse_props(body: &[u8]) -> Option<SlotProps> {
     let props: Props = serde_json::from_slice(body).ok()?;
-    props.default_generation_settings?.n_ctx.filter(|n| *n > 0)
+    Some(SlotProps {
+        n_ctx: props
+            .default_generation_settings
+            .and_then(|settings| settings.n_ctx)
+            .filter(|n| *n > 0),
+        template_tools: props
+            .chat_template_caps
+            .and_then(|caps| caps.supports_tools),
+    })
 }
 
 /// The server's root for `base_url`: without a trailing `/v1`.
@@ -165,9 +195,17 @@ mod tests {
         );
         assert!(parse_list(b"<html>not found</html>").is_none());
         assert!(parse_list(br#"{"data":"nope"}"#).is_none());
-        let props = br#"{"default_generation_settings":{"n_ctx":4096},"total_slots":2}"#;
-        assert_eq!(parse_props(props), Some(4096));
-        assert_eq!(parse_props(br#"{"default_generation_settings":{}}"#), None);
+        let props = br#"{"default_generation_settings":{"n_ctx":4096},"total_slots":2,
+            "chat_template_caps":{"supports_system_role":true,"supports_tools":true}}"#;
+        assert_eq!(
+            parse_props(props),
+            Some(SlotProps {
+                n_ctx: Some(4096),
+                template_tools: Some(true)
+            })
+        );
+        let older = br#"{"default_generation_settings":{"n_ctx":0}}"#;
+        assert_eq!(parse_props(older), Some(SlotProps::default()));
         assert_eq!(parse_props(b"[]"), None);
         assert_eq!(root("http://127.0.0.1:8080/v1"), "http://127.0.0.1:8080");
         assert_eq!(root("http://h/api"), "http://h/api");
@@ -197,6 +235,7 @@ mod tests {
                 .map(|id| ServedModel {
                     id: id.into(),
                     context_tokens: None,
+                    template_tools: None,
                 })
                 .to_vec(),
         };

@@ -289,10 +289,15 @@ impl OpenAiProvider {
             LlmError::Transport(format!("{url} did not answer with a model list"))
         })?;
         // llama.cpp serves one model; its slot's context is the window.
-        if listed.models.len() == 1 && listed.models[0].context_tokens.is_none() {
+        if let [model] = listed.models.as_mut_slice()
+            && model.context_tokens.is_none()
+        {
             let props = format!("{}/props", catalogue::root(&inner.base_url));
-            if let Ok(body) = get(props).await {
-                listed.models[0].context_tokens = catalogue::parse_props(&body);
+            if let Ok(body) = get(props).await
+                && let Some(props) = catalogue::parse_props(&body)
+            {
+                model.context_tokens = props.n_ctx;
+                model.template_tools = props.template_tools;
             }
         }
         Ok(listed)

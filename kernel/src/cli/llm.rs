@@ -104,8 +104,9 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
             },
         };
         let answer = ask(openai, names[0]).await;
+        let template_tools = window.flatten().and_then(|model| model.template_tools);
         let tools = match answer.ok {
-            true => call_tool(openai, names[0]).await,
+            true => call_tool(openai, names[0], template_tools).await,
             false => Found {
                 ok: false,
                 detail: "not tried (no answer)".into(),
@@ -140,6 +141,28 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
             "{n} of {} models the config sends cannot work as agents need",
             served.len()
         ))),
+    }
+}
+
+/// Why a model asked to call a tool answered in text instead, as far as
+/// the server's word on its chat template tells.
+fn answered_in_text(template_tools: Option<bool>) -> &'static str {
+    match template_tools {
+        Some(true) => {
+            "not called: asked to call a tool, the model answered in text, although the \
+             server's chat template renders tools (llama.cpp's /props): this model does not \
+             call tools reliably; use a larger or tool-trained one"
+        }
+        Some(false) => {
+            "dropped: the server's chat template does not render tools (llama.cpp's /props), \
+             so the model never saw them: start llama-server with --jinja and a chat template \
+             that takes tools"
+        }
+        None => {
+            "dropped or ignored: asked to call a tool, the model answered in text: either \
+             the server's chat template does not pass tools on (llama.cpp: start it with \
+             --jinja and a template that has tools) or the model does not call them"
+        }
     }
 }
 
@@ -179,8 +202,9 @@ async fn ask(openai: &OpenAiProvider, model: &str) -> Found {
     }
 }
 
-/// One call of a tool `model` is required to make.
-async fn call_tool(openai: &OpenAiProvider, model: &str) -> Found {
+/// One call of a tool `model` is required to make; `template_tools` is
+/// what the server said of its chat template, if anything.
+async fn call_tool(openai: &OpenAiProvider, model: &str, template_tools: Option<bool>) -> Found {
     let mut request = ChatRequest::new(
         model,
         vec![ChatMessage::user(
@@ -210,10 +234,7 @@ async fn call_tool(openai: &OpenAiProvider, model: &str) -> Found {
             },
             None => Found {
                 ok: false,
-                detail: "dropped: asked to call a tool, the model answered in text, so the \
-                         server's chat template does not pass tools on (llama.cpp: start it \
-                         with --jinja and a template that has tools)"
-                    .into(),
+                detail: answered_in_text(template_tools).into(),
             },
         },
         Err(LlmError::Http { status, body }) => Found {
