@@ -137,6 +137,9 @@ pub struct LlmConfig {
     /// `max_tokens` of a model call that names none (orchestrate's
     /// planning and combining calls); the `tool_agent` sends its own.
     pub max_completion_tokens: u32,
+    /// `parallel_tool_calls` sent with requests that offer tools; `None`
+    /// sends nothing.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl Default for LlmConfig {
@@ -156,6 +159,7 @@ impl Default for LlmConfig {
             strict_models: false,
             max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
                 .max_completion_tokens,
+            parallel_tool_calls: None,
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn choose_provider(
         max_in_flight: config.max_in_flight,
         strict_roles: config.strict_roles,
         max_completion_tokens: config.max_completion_tokens,
+        parallel_tool_calls: config.parallel_tool_calls,
     };
     let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
     Ok(ChosenProvider {

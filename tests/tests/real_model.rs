@@ -35,6 +35,11 @@ fn bin() -> std::path::PathBuf {
 /// A kernel config with one daemon `writer` on the server; `llm` fields
 /// merged over the defaults here.
 fn write_config(dir: &Path, server: &LlamaServer, llm: Value) {
+    write_config_with_tools(dir, server, llm, &[]);
+}
+
+/// [`write_config`], the writer given `tools`.
+fn write_config_with_tools(dir: &Path, server: &LlamaServer, llm: Value, tools: &[&str]) {
     let mut settings = json!({
         "provider": "openai",
         "base_url": server.base_url(),
@@ -53,7 +58,7 @@ fn write_config(dir: &Path, server: &LlamaServer, llm: Value) {
         "llm": settings,
         "agents": [
             { "name": "writer", "role": "daemon", "runtime": "tool_agent", "model": "small",
-              "system_prompt": "You are a helpful assistant." }
+              "system_prompt": "You are a helpful assistant.", "tools": tools }
         ]
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
@@ -310,12 +315,7 @@ fn a_long_history_is_shortened_and_accepted_by_a_strict_template() {
 fn llm_check_and_start_tell_a_template_without_tools_from_a_model_that_ignores_them() {
     let dir = tempfile::tempdir().unwrap();
     let check = |server: &LlamaServer| {
-        write_config(dir.path(), server, json!({}));
-        let mut config: Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap())
-                .unwrap();
-        config["agents"][0]["tools"] = json!(["read_file"]);
-        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        write_config_with_tools(dir.path(), server, json!({}), &["read_file"]);
         let out = std::process::Command::new(bin())
             .args(["llm", "check"])
             .arg(dir.path().join("config.json"))
@@ -361,4 +361,59 @@ fn llm_check_and_start_tell_a_template_without_tools_from_a_model_that_ignores_t
             || line.contains("not called:") && line.contains("renders tools"),
         "{text}"
     );
+}
+
+#[test]
+fn a_tool_call_streamed_by_the_server_is_run_and_its_result_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    // The answer ends where the first call does (`-r </tool_call>`): this
+    // model otherwise repeats the call until the length limit.
+    let server = LlamaServer::start(
+        dir.path(),
+        Some(QWEN),
+        4096,
+        &["--temp", "0", "-r", "</tool_call>"],
+    );
+    write_config_with_tools(dir.path(), &server, json!({}), &["read_file"]);
+    let kernel = Binary::start(&bin(), dir.path());
+    // The tiny model seldom calls a tool of its own accord, but it copies
+    // the marker that opens a call in this template; from there llama.cpp's
+    // grammar makes it a well-formed call to a tool on offer, which the
+    // server parses and streams as a tool call.
+    let (reply, _) = exec(&kernel, "Reply with exactly this text: <tool_call>", &[]);
+    let entries = transcript(&kernel);
+    let called = entries
+        .iter()
+        .find(|e| e["type"] == "response" && e["tool_calls"].is_array())
+        .unwrap_or_else(|| panic!("no tool call: {reply}\n{entries:#?}"));
+    assert_eq!(called["finish_reason"], "tool_calls", "{called}");
+    let call = &called["tool_calls"][0];
+    assert_eq!(call["name"], "read_file", "{call}");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["path"].is_string(), "{call}");
+    // The kernel ran it (the file is not there: an error is a result too)
+    // and handed the result back under the server's call id ...
+    let result = entries
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap_or_else(|| panic!("{entries:#?}"));
+    assert_eq!(result["call_id"], call["id"], "{result}");
+    assert_eq!(result["tool"], "read_file");
+    // ... in the next request, which the server's template accepted and
+    // answered.
+    let position = |id: &Value| entries.iter().position(|e| &e["id"] == id).unwrap();
+    let after = &entries[position(&result["id"])..];
+    let request = after
+        .iter()
+        .find(|e| e["type"] == "request")
+        .unwrap_or_else(|| panic!("{entries:#?}"));
+    assert!(
+        request["messages"]
+            .as_array()
+            .unwrap()
+            .contains(&result["id"]),
+        "{request}"
+    );
+    let next = &after[after.iter().position(|e| e == request).unwrap() + 1];
+    assert_eq!(next["type"], "response", "{next}");
 }

@@ -52,6 +52,10 @@ pub struct OpenAiSettings {
     pub strict_roles: bool,
     /// `max_tokens` of a request that names none.
     pub max_completion_tokens: u32,
+    /// Sent as `parallel_tool_calls` with every request that offers tools;
+    /// `None` sends nothing (the server's default); `false` asks for at
+    /// most one call per answer.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl Default for OpenAiSettings {
@@ -70,6 +74,7 @@ impl Default for OpenAiSettings {
             max_in_flight: 16,
             strict_roles: false,
             max_completion_tokens: 4096,
+            parallel_tool_calls: None,
         }
     }
 }
@@ -90,6 +95,7 @@ impl fmt::Debug for OpenAiSettings {
             .field("max_in_flight", &self.max_in_flight)
             .field("strict_roles", &self.strict_roles)
             .field("max_completion_tokens", &self.max_completion_tokens)
+            .field("parallel_tool_calls", &self.parallel_tool_calls)
             .finish()
     }
 }
@@ -122,6 +128,7 @@ struct Inner {
     /// cleared, when it refuses anything else).
     strict: AtomicBool,
     max_completion_tokens: u32,
+    parallel_tool_calls: Option<bool>,
     client: reqwest::Client,
     admission: Admission,
 }
@@ -254,6 +261,7 @@ impl OpenAiProvider {
                 unavailable_wait: settings.unavailable_wait,
                 strict: AtomicBool::new(settings.strict_roles),
                 max_completion_tokens: settings.max_completion_tokens.max(1),
+                parallel_tool_calls: settings.parallel_tool_calls,
                 client,
                 admission,
             }),
@@ -532,6 +540,7 @@ impl Provider for OpenAiProvider {
             strict,
             max_tokens: inner.max_completion_tokens,
             stream: inner.stream,
+            parallel_tool_calls: inner.parallel_tool_calls,
         };
         let mut strict = inner.strict.load(Ordering::Relaxed);
         let mut body = wire::encode(request, model_id, shape(strict))?;

@@ -20,6 +20,8 @@ struct Request<'a> {
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -80,6 +82,9 @@ pub(super) struct Shape {
     pub(super) max_tokens: u32,
     /// Ask for the answer as server-sent events.
     pub(super) stream: bool,
+    /// `parallel_tool_calls` of a request that offers tools; `None`: the
+    /// server's default.
+    pub(super) parallel_tool_calls: Option<bool>,
 }
 
 /// The JSON body of a chat-completions request for `request`, sent as
@@ -110,6 +115,9 @@ pub(super) fn encode(
         tools,
         max_tokens: Some(request.max_tokens.unwrap_or(shape.max_tokens)),
         tool_choice: (request.require_tool && !request.tools.is_empty()).then_some("required"),
+        parallel_tool_calls: shape
+            .parallel_tool_calls
+            .filter(|_| !request.tools.is_empty()),
         stream: shape.stream,
         stream_options: shape.stream.then_some(StreamOptions {
             include_usage: true,
@@ -462,6 +470,33 @@ mod tests {
         assert_eq!(response.finish(), crate::llm::Finish::Truncated);
     }
 
+    #[test]
+    fn parallel_tool_calls_is_sent_only_when_set_and_tools_are_offered() {
+        let shape = |parallel_tool_calls| Shape {
+            strict: false,
+            max_tokens: 10,
+            stream: false,
+            parallel_tool_calls,
+        };
+        let body = |request: &ChatRequest, parallel| -> Value {
+            serde_json::from_slice(&encode(request, "m", shape(parallel)).unwrap()).unwrap()
+        };
+        let plain = ChatRequest::new("m", vec![ChatMessage::user("hi")]);
+        assert!(
+            body(&plain, Some(false))
+                .get("parallel_tool_calls")
+                .is_none()
+        );
+        let mut with_tools = plain.clone();
+        with_tools.tools = vec![crate::llm::ToolSchema {
+            name: "echo".into(),
+            description: "Says it back.".into(),
+            parameters: serde_json::json!({ "type": "object" }),
+        }];
+        assert_eq!(body(&with_tools, Some(false))["parallel_tool_calls"], false);
+        assert!(body(&with_tools, None).get("parallel_tool_calls").is_none());
+    }
+
     fn sent(messages: &[ChatMessage], strict: bool) -> Vec<(String, String)> {
         let request = ChatRequest::new("m", messages.to_vec());
         let body = encode(
@@ -471,6 +506,7 @@ mod tests {
                 strict,
                 max_tokens: 77,
                 stream: false,
+                parallel_tool_calls: None,
             },
         )
         .unwrap();

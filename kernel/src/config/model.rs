@@ -67,6 +67,7 @@ pub(super) struct RawLlm {
     max_in_flight: usize,
     strict_roles: bool,
     strict_models: bool,
+    parallel_tool_calls: Option<bool>,
     prices: BTreeMap<String, Value>,
 }
 
@@ -92,6 +93,7 @@ impl Default for RawLlm {
             max_in_flight: llm.max_in_flight,
             strict_roles: llm.strict_roles,
             strict_models: llm.strict_models,
+            parallel_tool_calls: llm.parallel_tool_calls,
             prices: BTreeMap::new(),
         }
     }
@@ -291,6 +293,7 @@ pub(super) fn llm(
         strict_roles: raw.strict_roles,
         strict_models: raw.strict_models,
         max_completion_tokens: raw.max_completion_tokens,
+        parallel_tool_calls: raw.parallel_tool_calls,
     };
     let sizes = ContextSizes {
         context_tokens: raw.context_tokens,

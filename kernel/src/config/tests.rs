@@ -670,6 +670,7 @@ fn the_llm_section_is_checked_field_by_field() {
                     "api_key_env": "sk-123 secret", "request_timeout_seconds": 0,
                     "idle_timeout_seconds": 100000, "unavailable_wait_seconds": 3601,
                     "stream": "yes", "max_in_flight": 0, "default_context_tokens": 10,
+                    "parallel_tool_calls": "no",
                     "models": {"sonnet": ""}, "temperature": 1}}"#,
     );
     assert_issue(
@@ -694,12 +695,13 @@ fn the_llm_section_is_checked_field_by_field() {
     );
     assert_issue(&found, "llm.idle_timeout_seconds", &["got 100000"]);
     assert_issue(&found, "llm.stream", &["expected a boolean"]);
+    assert_issue(&found, "llm.parallel_tool_calls", &["expected a boolean"]);
     assert_issue(&found, "llm.unavailable_wait_seconds", &["got 3601"]);
     assert_issue(&found, "llm.max_in_flight", &["got 0"]);
     assert_issue(&found, "llm.default_context_tokens", &["got 10"]);
     assert_issue(&found, "llm.models.sonnet", &["must not be empty"]);
     assert_issue(&found, "llm.temperature", &["unknown field `temperature`"]);
-    assert_eq!(found.len(), 11, "{found:#?}");
+    assert_eq!(found.len(), 12, "{found:#?}");
 }
 
 #[test]
