@@ -90,6 +90,10 @@ pub fn choose_provider(
     })
 }
 
+/// What a llama.cpp server whose chat template renders no tools needs.
+pub(crate) const TEMPLATE_WITH_TOOLS: &str =
+    "start llama-server with --jinja and a chat template that takes tools";
+
 /// Asks the server what it serves, and holds the config to it: every
 /// model the config sends must be listed (a warning each, or with
 /// `llm.strict_models` an error naming them all), and a context window the
@@ -111,6 +115,9 @@ pub async fn check_served(
     let names = &config.kernel.models;
     let mut unknown = Vec::new();
     let mut missing: Vec<&str> = Vec::new();
+    // Served models whose template drops tools, warned of once each.
+    let mut toolless: Vec<&str> = Vec::new();
+    let agents_have_tools = config.agents.iter().any(|agent| !agent.tools.is_empty());
     for (logical, served) in models_sent(config) {
         match catalogue.get(served) {
             None if missing.contains(&served) => {}
@@ -123,13 +130,14 @@ pub async fn check_served(
             }
             Some(model) => {
                 if model.template_tools == Some(false)
-                    && config.agents.iter().any(|agent| !agent.tools.is_empty())
+                    && agents_have_tools
+                    && !toolless.contains(&served)
                 {
+                    toolless.push(served);
                     tracing::warn!(
                         model = %served,
                         "the server's chat template does not render tools (llama.cpp's /props): \
-                         agents' tools never reach the model; start llama-server with --jinja \
-                         and a chat template that takes tools"
+                         agents' tools never reach the model; {TEMPLATE_WITH_TOOLS}"
                     );
                 }
                 let Some(window) = model.context_tokens else {

@@ -66,9 +66,12 @@ fn write_config_with_tools(dir: &Path, server: &LlamaServer, llm: Value, tools: 
 
 /// The writer's transcript entries, oldest first.
 fn transcript(kernel: &Binary) -> Vec<Value> {
-    kernel
-        .cli(&["logs", "writer", "--json"])
-        .lines()
+    json_lines(&kernel.cli(&["logs", "writer", "--json"]))
+}
+
+/// One JSON object per line, as `--json` prints lists.
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()
 }
@@ -262,10 +265,7 @@ fn a_server_restarting_is_waited_out() {
     // The refused attempts were waiting, not failures: the task's one
     // model call succeeded, after more than one attempt.
     let events = kernel.cli(&["events", "--pid", "writer", "--type", "llm_call", "--json"]);
-    let calls: Vec<Value> = events
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let calls = json_lines(&events);
     let last = calls
         .last()
         .unwrap_or_else(|| panic!("no llm_call:\n{events}"));

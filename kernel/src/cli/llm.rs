@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{CliError, output};
 use crate::config::Config;
-use crate::llm::{choose_provider, models_sent};
+use crate::llm::{TEMPLATE_WITH_TOOLS, choose_provider, models_sent};
 
 /// Longest answer asked for.
 const ANSWER_TOKENS: u32 = 32;
@@ -146,23 +146,20 @@ pub(super) async fn check(path: &Path, model: Option<&str>, json: bool) -> Resul
 
 /// Why a model asked to call a tool answered in text instead, as far as
 /// the server's word on its chat template tells.
-fn answered_in_text(template_tools: Option<bool>) -> &'static str {
+fn answered_in_text(template_tools: Option<bool>) -> String {
     match template_tools {
-        Some(true) => {
-            "not called: asked to call a tool, the model answered in text, although the \
+        Some(true) => "not called: asked to call a tool, the model answered in text, although the \
              server's chat template renders tools (llama.cpp's /props): this model does not \
              call tools reliably; use a larger or tool-trained one"
-        }
-        Some(false) => {
+            .into(),
+        Some(false) => format!(
             "dropped: the server's chat template does not render tools (llama.cpp's /props), \
-             so the model never saw them: start llama-server with --jinja and a chat template \
-             that takes tools"
-        }
-        None => {
-            "dropped or ignored: asked to call a tool, the model answered in text: either \
+             so the model never saw them: {TEMPLATE_WITH_TOOLS}"
+        ),
+        None => "dropped or ignored: asked to call a tool, the model answered in text: either \
              the server's chat template does not pass tools on (llama.cpp: start it with \
              --jinja and a template that has tools) or the model does not call them"
-        }
+            .into(),
     }
 }
 
@@ -234,7 +231,7 @@ async fn call_tool(openai: &OpenAiProvider, model: &str, template_tools: Option<
             },
             None => Found {
                 ok: false,
-                detail: answered_in_text(template_tools).into(),
+                detail: answered_in_text(template_tools),
             },
         },
         Err(LlmError::Http { status, body }) => Found {
