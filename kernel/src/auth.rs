@@ -213,6 +213,7 @@ const METHOD_SCOPES: &[(&str, Scope)] = &[
     ("WatchTranscript", Scope::Read),
     ("ReadLog", Scope::Read),
     ("ListMcpServers", Scope::Read),
+    ("ListNodes", Scope::Read),
     ("ListMcpTools", Scope::Read),
     ("ListSkills", Scope::Read),
     ("GetSkill", Scope::Read),

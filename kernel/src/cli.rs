@@ -35,6 +35,7 @@ mod llm;
 mod logs;
 mod mcp;
 mod names;
+mod nodes;
 mod output;
 mod process;
 mod ps;
@@ -139,6 +140,15 @@ pub enum Command {
     Llm(LlmCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
+    /// The nodes of the cluster this kernel is a node of: name, epoch,
+    /// address, load, labels (docs/CLUSTER.md).
+    Nodes {
+        /// One JSON array, exact numbers.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// What agents ask people: tool calls waiting for approval, questions
     /// waiting for an answer (-f: follow as they come and go).
     Inbox(InboxArgs),
@@ -488,6 +498,15 @@ pub struct StartArgs {
     /// Do not serve the web dashboard.
     #[arg(long, conflicts_with = "dashboard")]
     pub no_dashboard: bool,
+    /// Run as a node of a cluster on these NATS servers (comma-separated
+    /// nats://HOST:PORT), instead of the config's `kernel.cluster.servers`
+    /// (docs/CLUSTER.md).
+    #[arg(long, value_name = "URLS", env = "HIVEKERNEL_CLUSTER")]
+    pub cluster: Option<String>,
+    /// This node's name in the cluster, instead of `kernel.cluster.node`
+    /// [default: the host name]
+    #[arg(long, value_name = "NAME", env = "HIVEKERNEL_NODE")]
+    pub node: Option<String>,
 }
 
 /// `hivekernel skills ...`.
@@ -580,7 +599,8 @@ pub enum LlmCommand {
 pub enum ConfigCommand {
     /// Validate a startup config without starting anything; lists every issue,
     /// and what `start` would refuse here: the model provider's key (read from
-    /// this environment), the TLS files, the exec sandbox (probed on this host).
+    /// this environment), the TLS files, the exec sandbox (probed on this host),
+    /// the NATS servers of `kernel.cluster` (reached from this machine).
     Check {
         /// The startup config (JSON).
         config: PathBuf,
@@ -1055,6 +1075,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Nodes { json, client } => nodes::run(json, &client).await,
         Command::Backup { dest, local } => backup::backup(dest, local).await,
         Command::Restore { src, local } => backup::restore(src, local).await,
         Command::Completion { shell } => {
@@ -1090,6 +1111,8 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             }),
             (None, false) => None,
         },
+        cluster: args.cluster,
+        node: args.node,
     };
     daemon::run(options).await.map_err(CliError::Start)
 }

@@ -18,6 +18,8 @@
 //! an agent's `skills` and `tool_agent.skills`).
 
 mod approval;
+mod cluster;
+pub use cluster::{ClusterSettings, host_name, node_name_problem, parse_servers};
 mod connections;
 pub use connections::ConnectionSettings;
 mod cron;
@@ -273,6 +275,9 @@ pub struct KernelSettings {
     pub metrics: Option<MetricsSettings>,
     /// The web dashboard (`kernel.dashboard`).
     pub dashboard: DashboardSettings,
+    /// This kernel as a node of a cluster (`kernel.cluster`, `--cluster`);
+    /// `None`: it runs alone.
+    pub cluster: Option<ClusterSettings>,
     /// What is logged, and how (`kernel.log`).
     pub log: LogSettings,
     /// Where traces are exported (`kernel.otel` with the `OTEL_*`
@@ -370,6 +375,7 @@ impl Default for KernelSettings {
             notify: None,
             metrics: None,
             dashboard: DashboardSettings::default(),
+            cluster: None,
             log: LogSettings::default(),
             otel: None,
             skills: Vec::new(),

@@ -18,6 +18,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 
 use crate::auth::{Authenticator, load_or_create_admin_token};
+use crate::cluster::Cluster;
 use crate::config::KernelSettings;
 use crate::config::{AgentSpec, Config, ConfigError, ConfigIssue, ModelNames};
 use crate::exec::{ExecRuntime, ExecSandbox};
@@ -51,6 +52,11 @@ pub struct StartOptions {
     /// `--dashboard[=ADDR]` or `--no-dashboard`: on or off; an address
     /// given replaces `kernel.dashboard.listen`.
     pub dashboard: Option<crate::config::DashboardSettings>,
+    /// `--cluster`: the NATS servers (comma-separated), replacing
+    /// `kernel.cluster.servers` (and making the kernel a node).
+    pub cluster: Option<String>,
+    /// `--node`: this node's name, replacing `kernel.cluster.node`.
+    pub node: Option<String>,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -105,6 +111,13 @@ pub enum StartError {
     /// The gRPC server stopped without being asked to.
     #[error("gRPC server stopped unexpectedly")]
     ServerStopped,
+    /// Joining the cluster failed (`--cluster`, `kernel.cluster`).
+    #[error("cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
+    /// Another node declared this one lost: its processes are not its own
+    /// any more. It stopped; started again, it is a new node.
+    #[error("fenced: {0}")]
+    Fenced(String),
 }
 
 impl StartError {
@@ -116,6 +129,7 @@ impl StartError {
             | StartError::Tls(_)
             | StartError::Provider(_)
             | StartError::Traces(_) => 2,
+            StartError::Fenced(_) => 3,
             _ => 1,
         }
     }
@@ -148,12 +162,39 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
+    let cluster = match &settings.cluster {
+        Some(cluster) => Some(
+            Cluster::join(
+                cluster.clone(),
+                client_url(addr, tls.is_some()),
+                recovered.next(crate::store::Counter::Pid),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
         .with_sandbox(exec_sandbox(&settings).await?)
         .with_log_rotation(settings.exec.log);
-    let (kernel, pids) =
-        start_kernel(&config, settings.clone(), chosen, (store, recovered), exec).await?;
+    let started = start_kernel(
+        &config,
+        settings.clone(),
+        chosen,
+        (store, recovered),
+        exec,
+        cluster.clone(),
+    )
+    .await;
+    let (kernel, pids) = match started {
+        Ok(started) => started,
+        Err(err) => {
+            if let Some(cluster) = &cluster {
+                cluster.leave().await;
+            }
+            return Err(err);
+        }
+    };
     let reloader = Arc::new(Reloader::new(
         kernel.clone(),
         options,
@@ -220,6 +261,14 @@ pub async fn environment_issues(config: &Config) -> Vec<ConfigIssue> {
         issues.push(ConfigIssue {
             location: "kernel.exec.sandbox".into(),
             message: err.to_string(),
+        });
+    }
+    if let Some(cluster) = &config.kernel.cluster
+        && let Err(err) = Cluster::probe(cluster).await
+    {
+        issues.push(ConfigIssue {
+            location: "kernel.cluster.servers".into(),
+            message: format!("{err} (tried from this machine, as start would)"),
         });
     }
     issues
@@ -304,7 +353,45 @@ fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, S
         .clone()
         .over(settings.tls)
         .map_err(StartError::Usage)?;
+    settings.cluster = cluster_settings(settings.cluster.take(), options)?;
     Ok(settings)
+}
+
+/// `kernel.cluster` with `--cluster` and `--node` over it.
+fn cluster_settings(
+    config: Option<crate::config::ClusterSettings>,
+    options: &StartOptions,
+) -> Result<Option<crate::config::ClusterSettings>, StartError> {
+    use crate::config::{ClusterSettings, host_name, node_name_problem, parse_servers};
+    let mut cluster = match (&options.cluster, config) {
+        (Some(list), config) => {
+            let servers =
+                parse_servers(list).map_err(|why| StartError::Usage(format!("--cluster {why}")))?;
+            let mut settings = config.unwrap_or_else(|| {
+                ClusterSettings::new(Vec::new(), host_name().unwrap_or_default())
+            });
+            settings.servers = servers;
+            settings
+        }
+        (None, Some(config)) => config,
+        (None, None) if options.node.is_some() => {
+            return Err(StartError::Usage(
+                "--node names this kernel's node in a cluster: give --cluster nats://HOST:PORT \
+                 (or kernel.cluster) too"
+                    .into(),
+            ));
+        }
+        (None, None) => return Ok(None),
+    };
+    if let Some(node) = &options.node {
+        cluster.node = node.clone();
+    }
+    if let Some(problem) = node_name_problem(&cluster.node) {
+        return Err(StartError::Usage(format!(
+            "node name {problem} (give one with --node NAME)"
+        )));
+    }
+    Ok(Some(cluster))
 }
 
 /// The TLS files, loaded and checked; plain text on a non-loopback address
@@ -373,6 +460,7 @@ async fn start_kernel(
     chosen: ChosenProvider,
     (store, recovered): (Store, Recovered),
     exec: ExecRuntime,
+    cluster: Option<Arc<Cluster>>,
 ) -> Result<(Kernel, Vec<Pid>), StartError> {
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
@@ -402,6 +490,9 @@ async fn start_kernel(
     let mut builder = Kernel::builder(settings);
     if let Some(traces) = traces {
         builder = builder.traces(traces);
+    }
+    if let Some(cluster) = cluster {
+        builder = builder.cluster(cluster);
     }
     let started = builder
         .runtimes(registry)
@@ -582,6 +673,8 @@ async fn stop_on_signal(
     reloader: &Arc<Reloader>,
     published: &[PathBuf],
 ) -> Result<(), StartError> {
+    let mut fenced = kernel.cluster().map(|cluster| cluster.fenced());
+    let mut fence = None;
     let early = loop {
         tokio::select! {
             signal = signals.recv() => match signal {
@@ -589,12 +682,19 @@ async fn stop_on_signal(
                 Received::Reload => reload_on_signal(&kernel, reloader),
             },
             served = &mut server => break Some(served),
+            why = fenced_now(fenced.as_mut()) => {
+                fence = Some(why);
+                break None;
+            }
         }
     };
     let unexpected = early.is_some();
     systemd::notify("STOPPING=1\nSTATUS=stopping processes, leaves first");
     tracing::info!("shutting down: stopping processes, leaves first");
     kernel.shutdown().await;
+    if let Some(cluster) = kernel.cluster() {
+        cluster.leave().await;
+    }
     for file in published {
         let _ = std::fs::remove_file(file);
     }
@@ -611,8 +711,23 @@ async fn stop_on_signal(
             return Err(StartError::ServerStopped);
         }
     }
+    if let Some(why) = fence {
+        return Err(StartError::Fenced(why));
+    }
     tracing::info!("kernel stopped");
     Ok(())
+}
+
+/// Once the cluster fences this node: why. Never, without a cluster.
+async fn fenced_now(fenced: Option<&mut tokio::sync::watch::Receiver<Option<String>>>) -> String {
+    let Some(fenced) = fenced else {
+        return std::future::pending().await;
+    };
+    match fenced.wait_for(Option::is_some).await {
+        Ok(why) => why.clone().unwrap_or_default(),
+        // The cluster is gone (the kernel is stopping anyway).
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Takes `<data_dir>/kernel.lock` for as long as the returned file lives:

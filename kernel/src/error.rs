@@ -129,6 +129,9 @@ pub enum KernelError {
     /// the message says which and why.
     #[error("{0}")]
     McpUnavailable(String),
+    /// The cluster cannot answer now (NATS unreachable, no PID block).
+    #[error("cluster: {0}")]
+    ClusterUnavailable(String),
     /// No skill the caller may see has this name (the message says whose).
     #[error("{0}")]
     NoSuchSkill(String),
@@ -175,7 +178,7 @@ impl KernelError {
                 ErrorKind::PermissionDenied
             }
             DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
-            ShuttingDown | McpUnavailable(_) => ErrorKind::Unavailable,
+            ShuttingDown | McpUnavailable(_) | ClusterUnavailable(_) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::InMemory) => ErrorKind::FailedPrecondition,
             Store(_) => ErrorKind::Internal,

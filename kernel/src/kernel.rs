@@ -24,6 +24,7 @@ mod acl;
 pub(crate) mod artifacts;
 mod builder;
 mod census;
+mod cluster;
 pub(crate) mod cron;
 mod exec;
 mod inbox;

@@ -56,6 +56,7 @@ pub mod auth;
 mod budget;
 pub mod caller;
 pub mod cli;
+pub mod cluster;
 pub mod command;
 pub mod config;
 mod counter;

@@ -117,6 +117,7 @@ fn skipped(command: &str) -> Option<&'static str> {
         "ollama",
         "llama-server",
         "vllm",
+        "nats-server",
     ];
     if set_up.contains(&first) || first.starts_with("target/") || first.starts_with("tests/") {
         return Some("set-up");

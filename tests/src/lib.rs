@@ -22,6 +22,7 @@ pub mod exec;
 pub mod llama;
 pub mod llm_server;
 pub mod mcp;
+pub mod nats;
 pub mod otlp;
 pub mod probe;
 pub mod served;

@@ -59,6 +59,7 @@ pub(super) struct RawKernel {
     pub(super) log: Option<Value>,
     pub(super) otel: Option<Value>,
     pub(super) dashboard: Option<Value>,
+    pub(super) cluster: Option<Value>,
     pub(super) skills: Vec<String>,
 }
 
@@ -94,6 +95,7 @@ impl Default for RawKernel {
             log: None,
             otel: None,
             dashboard: None,
+            cluster: None,
             skills: Vec::new(),
         }
     }

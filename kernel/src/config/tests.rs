@@ -1979,3 +1979,65 @@ fn one_served_model_a_default_and_prices_only_where_set() {
         "{issues:?}"
     );
 }
+
+#[test]
+fn a_cluster_section_is_read_with_its_defaults() {
+    let config = Fixture::new()
+        .load(
+            r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222", "tls://nats.example:4443"],
+                "node": "gpu-1", "labels": {"gpu": "true"}}}, "agents": []}"#,
+        )
+        .unwrap();
+    let cluster = config.kernel.cluster.unwrap();
+    assert_eq!(
+        cluster.servers,
+        ["nats://10.0.0.1:4222", "tls://nats.example:4443"]
+    );
+    assert_eq!(cluster.node, "gpu-1");
+    assert_eq!(cluster.labels.get("gpu").map(String::as_str), Some("true"));
+    assert_eq!(cluster.heartbeat_ms, 1_000);
+    assert_eq!(cluster.node_ttl_ms, 5_000);
+    // One bucket replica per listed server, at most 3.
+    assert_eq!(cluster.replicas(), 2);
+    let alone = Fixture::new().load(r#"{"agents": []}"#).unwrap();
+    assert_eq!(alone.kernel.cluster, None);
+}
+
+#[test]
+fn a_bad_cluster_section_is_refused_field_by_field() {
+    let issues = issues(
+        r#"{"kernel": {"cluster": {"servers": ["http://x:1", "nats://host"], "node": "a.b",
+            "labels": {"bad key": "v"}, "heartbeat_ms": 50, "node_ttl_ms": 100, "replicas": 9}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.servers[0]",
+        &["scheme \"http\"", "nats://"],
+    );
+    assert_issue(&issues, "kernel.cluster.servers[1]", &["names no port"]);
+    assert_issue(
+        &issues,
+        "kernel.cluster.node",
+        &["only ASCII letters, digits"],
+    );
+    assert_issue(&issues, "kernel.cluster.labels", &["\"bad key\""]);
+    assert_issue(
+        &issues,
+        "kernel.cluster.heartbeat_ms",
+        &["50", "100 to 60000"],
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.node_ttl_ms",
+        &["at least 3 heartbeats"],
+    );
+    assert_issue(&issues, "kernel.cluster.replicas", &["1 to 5"]);
+    let missing = self::issues(r#"{"kernel": {"cluster": {"node": "a"}}}"#);
+    assert_issue(&missing, "kernel.cluster.servers", &["is required"]);
+    let wrong_type = self::issues(r#"{"kernel": {"cluster": {"servers": "nats://a:1"}}}"#);
+    assert_issue(
+        &wrong_type,
+        "kernel.cluster.servers",
+        &["expected a sequence"],
+    );
+}

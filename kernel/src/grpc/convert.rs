@@ -348,6 +348,22 @@ fn limits(limits: Limits) -> pb::Limits {
     }
 }
 
+pub(crate) fn node(info: crate::cluster::NodeInfo) -> pb::Node {
+    let record = info.record;
+    pb::Node {
+        name: record.node,
+        epoch: record.epoch,
+        address: record.address,
+        labels: record.labels.into_iter().collect(),
+        started_unix_ms: record.started_unix_ms,
+        seen_ms_ago: u64::try_from(info.seen_ago.as_millis()).unwrap_or(u64::MAX),
+        processes: record.load.processes,
+        running: record.load.running,
+        cpu_percent: record.load.cpu_percent,
+        this_node: info.this,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

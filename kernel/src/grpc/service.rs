@@ -446,6 +446,17 @@ impl KernelRpc for KernelService {
         Ok(Response::new(mcp::servers(&self.kernel)))
     }
 
+    async fn list_nodes(
+        &self,
+        request: Request<pb::ListNodesRequest>,
+    ) -> Rpc<pb::ListNodesResponse> {
+        caller(&request)?;
+        let nodes = self.kernel.nodes()?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: nodes.into_iter().map(convert::node).collect(),
+        }))
+    }
+
     async fn list_skills(
         &self,
         request: Request<pb::ListSkillsRequest>,

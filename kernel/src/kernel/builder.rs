@@ -57,6 +57,7 @@ pub struct KernelBuilder {
     cron_anchor: Option<(u64, tokio::time::Instant)>,
     mcp: Vec<McpServerSpec>,
     traces: Option<Arc<crate::otel::Traces>>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// A started kernel, and what starting it did.
@@ -97,6 +98,7 @@ impl Kernel {
             cron_anchor: None,
             mcp: Vec::new(),
             traces: None,
+            cluster: None,
         }
     }
 }
@@ -118,6 +120,13 @@ impl KernelBuilder {
     /// tool call, spawn and cron firing to `traces` (see [`crate::otel`]).
     pub fn traces(mut self, traces: Arc<crate::otel::Traces>) -> Self {
         self.traces = Some(traces);
+        self
+    }
+
+    /// Runs this kernel as a node of `cluster`: new PIDs come from the
+    /// cluster-wide PID space (docs/CLUSTER.md).
+    pub fn cluster(mut self, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        self.cluster = Some(cluster);
         self
     }
 
@@ -179,6 +188,7 @@ impl KernelBuilder {
             cron_anchor,
             mcp,
             traces,
+            cluster,
         } = self;
         if let Some(exec) = exec {
             runtimes.enable_exec(exec);
@@ -218,9 +228,11 @@ impl KernelBuilder {
             cron_anchor,
             mcp: McpServers::new(mcp, mcp_logs),
             traces,
+            cluster,
             skills,
         });
         kernel.start_mcp();
+        kernel.report_load();
         if recovered.is_some() {
             kernel.reclaim_exec_orphans();
         }

@@ -46,6 +46,7 @@ pub(super) struct Parts<'a> {
     pub(super) cron_anchor: Option<(u64, tokio::time::Instant)>,
     pub(super) mcp: McpServers,
     pub(super) traces: Option<Arc<crate::otel::Traces>>,
+    pub(super) cluster: Option<Arc<crate::cluster::Cluster>>,
     pub(super) skills: crate::skills::Library,
 }
 
@@ -66,6 +67,8 @@ pub(super) struct Inner {
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Where spans go, when traces are exported (`kernel.otel`).
     traces: Option<Arc<crate::otel::Traces>>,
+    /// The cluster this kernel is a node of, if any (`kernel.cluster`).
+    cluster: Option<Arc<crate::cluster::Cluster>>,
     transcripts: Transcripts,
     /// Server tokens per estimated token, per served model, learned from
     /// the usage answers report; kept in the store.
@@ -112,6 +115,7 @@ impl Inner {
             cron_anchor,
             mcp,
             traces,
+            cluster,
             skills,
         } = parts;
         let start = |counter: store::Counter, fresh: u64| {
@@ -225,6 +229,7 @@ impl Inner {
                 .with_metrics(metrics.clone()),
             metrics,
             traces,
+            cluster,
             transcripts,
             calibration,
             store,
@@ -304,6 +309,10 @@ impl Inner {
 
     pub(super) fn traces(&self) -> Option<&Arc<crate::otel::Traces>> {
         self.traces.as_ref()
+    }
+
+    pub(super) fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
+        self.cluster.as_ref()
     }
 
     pub(super) fn transcripts(&self) -> &Transcripts {

@@ -125,17 +125,29 @@ impl Kernel {
             .runtimes()
             .maker(requested, request.exec.take())?;
         let supervision = self.supervision_for(&request)?;
+        // A node of a cluster takes a new PID from its cluster-wide blocks
+        // (waiting only when a burst used them up).
+        let assigned = match (self.inner.cluster(), &birth) {
+            (Some(cluster), Birth::New { .. } | Birth::Declared(None)) => {
+                Some(Pid(cluster.pids().next().await.map_err(|err| {
+                    KernelError::ClusterUnavailable(err.to_string())
+                })?))
+            }
+            _ => None,
+        };
         let admitted = Admitted {
             runtime_name,
             maker,
             supervision,
             birth,
+            assigned,
         };
         let parent = request.parent;
         let admitted = self.admit(caller, request, admitted);
         let (pid, launch) = self.report_denial(Caller::Process(parent), "spawn", admitted)?;
         // In memory there is nothing to wait for, and spawn is a hot path.
         if self.inner.store().is_durable()
+            && assigned.is_none()
             && let Err(err) = self.inner.pids().committed(self.inner.store(), pid.0).await
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
@@ -167,6 +179,7 @@ impl Kernel {
             maker,
             supervision: (restart, strategy),
             birth,
+            assigned,
         } = admitted;
         let parent = request.parent;
         let mut table = self.inner.table().write();
@@ -281,10 +294,12 @@ impl Kernel {
 
         let pid = match birth {
             Birth::Declared(Some(pid)) | Birth::Restored(pid) | Birth::Replaced(pid) => pid,
-            Birth::New { .. } | Birth::Declared(None) => Pid(self
-                .inner
-                .pids()
-                .take(self.inner.store(), self.inner.tracker())),
+            Birth::New { .. } | Birth::Declared(None) => assigned.unwrap_or_else(|| {
+                Pid(self
+                    .inner
+                    .pids()
+                    .take(self.inner.store(), self.inner.tracker()))
+            }),
         };
         let budget = match limits.max_tokens_total {
             Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
@@ -395,6 +410,8 @@ struct Admitted<'f> {
     maker: Maker<'f>,
     supervision: (RestartSpec, Strategy),
     birth: Birth,
+    /// The PID a cluster node took for a new process beforehand.
+    assigned: Option<Pid>,
 }
 
 /// `value` shared instead of copied where it can be: the parent's when the

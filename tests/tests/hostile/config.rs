@@ -223,6 +223,8 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         metrics_listen: None,
         model: None,
         dashboard: None,
+        cluster: None,
+        node: None,
     }
 }
 

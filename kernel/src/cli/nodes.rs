@@ -1,0 +1,87 @@
+//! `hivekernel nodes`: the cluster's live nodes as the node asked sees them.
+
+use hivekernel_proto::v1::{ListNodesRequest, Node};
+use serde_json::{Value, json};
+
+use super::client::Session;
+use super::{CliError, ClientArgs, human, output};
+
+/// Lists the nodes, as a table or as JSON.
+pub(super) async fn run(json: bool, client: &ClientArgs) -> Result<(), CliError> {
+    let mut session = Session::connect(client).await?;
+    let nodes = session
+        .client
+        .list_nodes(ListNodesRequest {})
+        .await
+        .map_err(|status| session.error(status))?
+        .into_inner()
+        .nodes;
+    if json {
+        let all: Vec<Value> = nodes.iter().map(node_json).collect();
+        output::print(&output::line(&Value::Array(all).to_string()))
+    } else {
+        output::print(&table(&nodes, human::now_ms()))
+    }
+}
+
+/// NODE EPOCH ADDRESS PROCS RUNNING CPU AGE HEARTBEAT LABELS; the node
+/// that answered marked with `*`.
+fn table(nodes: &[Node], now: u64) -> String {
+    let mut rows = vec![
+        [
+            "NODE",
+            "EPOCH",
+            "ADDRESS",
+            "PROCS",
+            "RUNNING",
+            "CPU",
+            "AGE",
+            "HEARTBEAT",
+            "LABELS",
+        ]
+        .map(str::to_owned),
+    ];
+    for node in nodes {
+        let mut labels: Vec<String> = node
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        labels.sort();
+        rows.push([
+            if node.this_node {
+                format!("{} *", node.name)
+            } else {
+                node.name.clone()
+            },
+            node.epoch.to_string(),
+            node.address.clone(),
+            human::count(node.processes),
+            human::count(node.running),
+            format!("{:.0}%", node.cpu_percent),
+            human::age(node.started_unix_ms, now),
+            format!("{} ago", human::duration(node.seen_ms_ago)),
+            if labels.is_empty() {
+                "-".to_owned()
+            } else {
+                labels.join(",")
+            },
+        ]);
+    }
+    output::aligned(&rows)
+}
+
+fn node_json(node: &Node) -> Value {
+    json!({
+        "name": node.name,
+        "epoch": node.epoch,
+        "address": node.address,
+        "labels": node.labels,
+        "started_unix_ms": node.started_unix_ms,
+        "seen_ms_ago": node.seen_ms_ago,
+        "processes": node.processes,
+        "running": node.running,
+        "cpu_percent": node.cpu_percent,
+        "this_node": node.this_node,
+    })
+}

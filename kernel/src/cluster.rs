@@ -1,0 +1,800 @@
+//! This kernel as one node of several, on NATS JetStream (docs/CLUSTER.md).
+//!
+//! What is built here: joining (a connection, the buckets, an epoch, the
+//! node's record, refused while a live node holds the name), the heartbeat
+//! that refreshes the record with the node's load, the watch that keeps the
+//! view of the other nodes and declares a node lost when its record goes
+//! unrefreshed for the TTL, fencing (a node whose record another node
+//! changed learns it was declared lost), and the cluster-wide PID space
+//! (blocks taken by compare-and-set). Every race between nodes is a
+//! compare-and-set in a key-value bucket; nothing here is consensus of its own.
+//!
+//! A kernel without `kernel.cluster` never builds a [`Cluster`].
+
+mod pids;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::ClusterSettings;
+use crate::event::unix_ms;
+pub(crate) use pids::PidBlocks;
+
+/// The bucket of node records, by node name.
+const NODES: &str = "hk_nodes";
+/// The bucket of cluster-wide counters (`pid`, `epoch`).
+const COUNTERS: &str = "hk_counters";
+/// The bucket of claims: first to create one wins (`lost.<node>.<epoch>`).
+const CLAIMS: &str = "hk_claims";
+/// How long a claim is kept.
+const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How long one request to NATS may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why joining or a cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No NATS server could be reached.
+    #[error("cannot reach NATS at {servers}: {reason}")]
+    Connect {
+        /// The servers tried.
+        servers: String,
+        /// Why.
+        reason: String,
+    },
+    /// JetStream refused or failed a request.
+    #[error("NATS JetStream: {0}")]
+    JetStream(String),
+    /// A live node already has this node's name.
+    #[error(
+        "node name {node:?} is taken by a live node (epoch {epoch}, serving at {address}); \
+         pick another --node, or stop that one"
+    )]
+    NameTaken {
+        /// The name.
+        node: String,
+        /// The live node's epoch.
+        epoch: u64,
+        /// Where the live node serves.
+        address: String,
+    },
+    /// A value in a bucket is not what this build writes there.
+    #[error("cluster bucket {bucket} key {key}: {reason}")]
+    Corrupt {
+        /// The bucket.
+        bucket: &'static str,
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl ClusterError {
+    fn jetstream(what: &str, err: impl std::fmt::Display) -> Self {
+        ClusterError::JetStream(format!("{what}: {err}"))
+    }
+}
+
+/// What a node is doing, sent with every heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    /// Processes alive on the node.
+    pub processes: u64,
+    /// Of those, how many are working on a task or message.
+    pub running: u64,
+    /// The kernel's CPU use since the last heartbeat, in percent of one core.
+    pub cpu_percent: f64,
+}
+
+/// One node as its record in `hk_nodes` says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// Its name.
+    pub node: String,
+    /// Which start of that name this is; grows with every start.
+    pub epoch: u64,
+    /// Where its control plane serves (`http://HOST:PORT`).
+    pub address: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// When it started (Unix ms).
+    pub started_unix_ms: u64,
+    /// When it last refreshed the record (Unix ms, by its own clock).
+    pub heartbeat_unix_ms: u64,
+    /// Its load at that heartbeat.
+    pub load: Load,
+}
+
+/// One node as this node sees it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    /// Its record.
+    pub record: NodeRecord,
+    /// How long ago this node saw the record change.
+    pub seen_ago: Duration,
+    /// Whether it is the node answering.
+    pub this: bool,
+}
+
+/// Reads the kernel's load; set once the kernel runs.
+pub type LoadFn = Arc<dyn Fn() -> Load + Send + Sync>;
+
+/// Another node's record as this node last saw it.
+#[derive(Debug)]
+struct Seen {
+    record: NodeRecord,
+    revision: u64,
+    /// When this node saw the record change (its revision move).
+    changed: Instant,
+}
+
+#[derive(Debug)]
+struct View {
+    others: HashMap<String, Seen>,
+    /// This node's own record, as last written.
+    own: NodeRecord,
+    /// Since when every heartbeat of this node has gone through in time:
+    /// loss is judged only on time this node could see the others.
+    healthy_since: Option<Instant>,
+    /// When this node's last heartbeat went through.
+    last_beat: Instant,
+}
+
+impl View {
+    /// Notes a heartbeat that went through at `now`. One after a gap (a
+    /// failure, or this node paused: stopped, swapped out, partitioned)
+    /// starts the healthy time again, since what this node saw of the
+    /// others during the gap says nothing.
+    fn beat(&mut self, now: Instant, every: Duration) {
+        if now.duration_since(self.last_beat) > 2 * every {
+            self.healthy_since = None;
+        }
+        self.healthy_since.get_or_insert(now);
+        self.last_beat = now;
+    }
+
+    /// Since when this node has seen the cluster without a gap, if its last
+    /// heartbeat is recent.
+    fn healthy(&self, now: Instant, every: Duration) -> Option<Instant> {
+        let recent = now.duration_since(self.last_beat) <= 2 * every;
+        self.healthy_since.filter(|_| recent)
+    }
+}
+
+/// This kernel's membership of a cluster.
+pub struct Cluster {
+    settings: ClusterSettings,
+    epoch: u64,
+    client: async_nats::Client,
+    nodes: kv::Store,
+    claims: kv::Store,
+    pids: Arc<PidBlocks>,
+    view: Mutex<View>,
+    load: OnceLock<LoadFn>,
+    fenced: watch::Sender<Option<String>>,
+    /// The revision of this node's record, for the next compare-and-set.
+    revision: Mutex<u64>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.settings.node)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Joins the cluster `settings` name as a node serving at `address`:
+    /// connects, opens (or creates) the buckets, takes an epoch and a first
+    /// PID block (none below `pid_floor`), and registers the node. A node
+    /// of the same name whose record still changes refuses the join; one
+    /// whose record stopped changing for the TTL (it crashed) is replaced.
+    pub async fn join(
+        settings: ClusterSettings,
+        address: String,
+        pid_floor: u64,
+    ) -> Result<Arc<Cluster>, ClusterError> {
+        let client = connect(&settings).await?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(REQUEST_TIMEOUT);
+        let replicas = settings.replicas();
+        let nodes = bucket(&js, NODES, replicas, Duration::ZERO).await?;
+        let counters = bucket(&js, COUNTERS, replicas, Duration::ZERO).await?;
+        let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
+        let epoch = increment(&counters, "epoch", 1, 1).await?.1;
+        let pids = Arc::new(PidBlocks::new(counters, pid_floor));
+        pids.fill().await?;
+        let now = unix_ms(SystemTime::now());
+        let own = NodeRecord {
+            node: settings.node.clone(),
+            epoch,
+            address,
+            labels: settings.labels.clone(),
+            started_unix_ms: now,
+            heartbeat_unix_ms: now,
+            load: Load::default(),
+        };
+        let revision = register(&nodes, &claims, &own, settings.node_ttl_ms).await?;
+        let (fenced, _) = watch::channel(None);
+        let cluster = Arc::new(Cluster {
+            epoch,
+            client,
+            nodes,
+            claims,
+            pids,
+            view: Mutex::new(View {
+                others: HashMap::new(),
+                own,
+                healthy_since: Some(Instant::now()),
+                last_beat: Instant::now(),
+            }),
+            load: OnceLock::new(),
+            fenced,
+            revision: Mutex::new(revision),
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            settings,
+        });
+        cluster.pids.start(&cluster.tracker, cluster.cancel.clone());
+        let watching = cluster.clone();
+        cluster.tracker.spawn(async move { watching.watch().await });
+        let beating = cluster.clone();
+        cluster
+            .tracker
+            .spawn(async move { beating.heartbeat().await });
+        tracing::info!(
+            node = %cluster.settings.node,
+            epoch,
+            servers = %cluster.settings.servers.join(","),
+            "joined the cluster"
+        );
+        Ok(cluster)
+    }
+
+    /// Checks what joining needs of NATS without joining: a server of
+    /// `settings` answers, with JetStream on (`config check`).
+    pub async fn probe(settings: &ClusterSettings) -> Result<(), ClusterError> {
+        let client = connect(settings).await?;
+        let _ = client.drain().await;
+        Ok(())
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.settings.node
+    }
+
+    /// This node's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The cluster-wide PID space, as this node takes from it.
+    pub(crate) fn pids(&self) -> &PidBlocks {
+        &self.pids
+    }
+
+    /// Tells the heartbeat how to read the kernel's load (once).
+    pub fn set_load(&self, load: LoadFn) {
+        let _ = self.load.set(load);
+    }
+
+    /// Changes to `Some(why)` once this node learns it was declared lost.
+    pub fn fenced(&self) -> watch::Receiver<Option<String>> {
+        self.fenced.subscribe()
+    }
+
+    /// The live nodes as this node sees them, this node first, then by name.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let view = self.view.lock();
+        let now = Instant::now();
+        let mut others: Vec<NodeInfo> = view
+            .others
+            .values()
+            .map(|seen| NodeInfo {
+                record: seen.record.clone(),
+                seen_ago: now.saturating_duration_since(seen.changed),
+                this: false,
+            })
+            .collect();
+        others.sort_by(|a, b| a.record.node.cmp(&b.record.node));
+        let own = NodeInfo {
+            record: view.own.clone(),
+            seen_ago: Duration::from_millis(
+                unix_ms(SystemTime::now()).saturating_sub(view.own.heartbeat_unix_ms),
+            ),
+            this: true,
+        };
+        std::iter::once(own).chain(others).collect()
+    }
+
+    /// Leaves the cluster: stops the heartbeat and the watch, and removes
+    /// this node's record (unless it was fenced: the record is not its own
+    /// any more).
+    pub async fn leave(&self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        if self.fenced.borrow().is_none() {
+            let revision = *self.revision.lock();
+            if let Err(err) = self
+                .nodes
+                .delete_expect_revision(&self.settings.node, Some(revision))
+                .await
+            {
+                tracing::warn!(error = %err, "cluster: could not remove this node's record");
+            }
+        }
+        if let Err(err) = self.client.flush().await {
+            tracing::debug!(error = %err, "cluster: flush at leave");
+        }
+        tracing::info!(node = %self.settings.node, "left the cluster");
+    }
+
+    /// Refreshes this node's record every heartbeat, with its load; a
+    /// refresh refused for its revision means another node declared this
+    /// one lost: it is fenced.
+    async fn heartbeat(&self) {
+        let every = Duration::from_millis(self.settings.heartbeat_ms);
+        let mut cpu = CpuMeter::new();
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let mut load = self.load.get().map(|read| read()).unwrap_or_default();
+            load.cpu_percent = cpu.percent();
+            let record = {
+                let mut view = self.view.lock();
+                view.own.load = load;
+                view.own.heartbeat_unix_ms = unix_ms(SystemTime::now());
+                view.own.clone()
+            };
+            let revision = *self.revision.lock();
+            match self
+                .nodes
+                .update(&self.settings.node, encode(&record), revision)
+                .await
+            {
+                Ok(next) => {
+                    *self.revision.lock() = next;
+                    self.view.lock().beat(Instant::now(), every);
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("cluster: heartbeat through again");
+                    }
+                }
+                Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
+                    self.fence("another node changed this node's record: it was declared lost");
+                    return;
+                }
+                Err(err) => {
+                    self.view.lock().healthy_since = None;
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(error = %err, "cluster: heartbeat failed; retrying");
+                    }
+                }
+            }
+        }
+    }
+
+    fn fence(&self, why: &str) {
+        tracing::error!(node = %self.settings.node, epoch = self.epoch, "fenced: {why}");
+        self.fenced.send_replace(Some(why.to_owned()));
+        self.cancel.cancel();
+    }
+
+    /// Keeps the view of the other nodes from the bucket's changes, and
+    /// checks every heartbeat for nodes gone quiet.
+    async fn watch(&self) {
+        let every = Duration::from_millis(self.settings.heartbeat_ms);
+        'watching: while !self.cancel.is_cancelled() {
+            let mut changes = match self.nodes.watch_with_history(">").await {
+                Ok(changes) => changes,
+                Err(err) => {
+                    tracing::debug!(error = %err, "cluster: watch of nodes failed; retrying");
+                    tokio::select! {
+                        () = self.cancel.cancelled() => return,
+                        () = tokio::time::sleep(every) => continue 'watching,
+                    }
+                }
+            };
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    () = self.cancel.cancelled() => return,
+                    _ = tick.tick() => self.find_lost().await,
+                    change = changes.next() => match change {
+                        Some(Ok(entry)) => self.seen(entry),
+                        Some(Err(err)) => {
+                            tracing::debug!(error = %err, "cluster: watch of nodes broke; again");
+                            continue 'watching;
+                        }
+                        None => continue 'watching,
+                    },
+                }
+            }
+        }
+    }
+
+    fn seen(&self, entry: kv::Entry) {
+        if entry.key == self.settings.node {
+            return;
+        }
+        let mut view = self.view.lock();
+        match entry.operation {
+            Operation::Put => match serde_json::from_slice::<NodeRecord>(&entry.value) {
+                Ok(record) => {
+                    let changed = Instant::now();
+                    view.others.insert(
+                        entry.key,
+                        Seen {
+                            record,
+                            revision: entry.revision,
+                            changed,
+                        },
+                    );
+                }
+                Err(err) => {
+                    tracing::warn!(key = %entry.key, error = %err, "cluster: unreadable node record");
+                }
+            },
+            Operation::Delete | Operation::Purge => {
+                view.others.remove(&entry.key);
+            }
+        }
+    }
+
+    /// Declares lost every node whose record this node has not seen change
+    /// for the TTL, counting only time during which this node's own
+    /// heartbeat went through. The first node to claim a loss removes the
+    /// record; the others see it go.
+    async fn find_lost(&self) {
+        let ttl = Duration::from_millis(self.settings.node_ttl_ms);
+        let every = Duration::from_millis(self.settings.heartbeat_ms);
+        let quiet: Vec<(String, u64, u64, Duration)> = {
+            let view = self.view.lock();
+            let Some(healthy_since) = view.healthy(Instant::now(), every) else {
+                return;
+            };
+            view.others
+                .iter()
+                .filter_map(|(name, seen)| {
+                    let quiet = seen.changed.max(healthy_since).elapsed();
+                    (quiet > ttl).then(|| {
+                        (
+                            name.clone(),
+                            seen.record.epoch,
+                            seen.revision,
+                            seen.changed.elapsed(),
+                        )
+                    })
+                })
+                .collect()
+        };
+        for (node, epoch, revision, silent) in quiet {
+            let claim = format!("lost.{node}.{epoch}");
+            match self
+                .claims
+                .create(&claim, Bytes::from(self.settings.node.clone()))
+                .await
+            {
+                Ok(_) => {
+                    tracing::warn!(
+                        lost = %node,
+                        epoch,
+                        silent_ms = silent.as_millis() as u64,
+                        "cluster: node declared lost (no heartbeat within the TTL)"
+                    );
+                    if let Err(err) = self
+                        .nodes
+                        .delete_expect_revision(&node, Some(revision))
+                        .await
+                    {
+                        tracing::warn!(lost = %node, error = %err, "cluster: lost node's record not removed");
+                    }
+                }
+                Err(err) if err.kind() == CreateErrorKind::AlreadyExists => {}
+                Err(err) => {
+                    tracing::debug!(lost = %node, error = %err, "cluster: loss claim failed");
+                }
+            }
+        }
+    }
+}
+
+/// A connection to one of the servers `settings` lists, with JetStream on.
+async fn connect(settings: &ClusterSettings) -> Result<async_nats::Client, ClusterError> {
+    let servers = settings.servers.join(",");
+    let unreachable = |reason: String| ClusterError::Connect {
+        servers: servers.clone(),
+        reason,
+    };
+    let node = settings.node.clone();
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("hivekernel node {node}"))
+        .connection_timeout(REQUEST_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .event_callback(move |event| {
+            let node = node.clone();
+            async move { log_event(&node, event) }
+        })
+        .connect(settings.servers.as_slice())
+        .await
+        .map_err(|err| unreachable(err.to_string()))?;
+    match client.request("$JS.API.INFO", Bytes::new()).await {
+        Ok(_) => Ok(client),
+        Err(err) if err.kind() == async_nats::RequestErrorKind::NoResponders => Err(unreachable(
+            "JetStream is not enabled there (start nats-server with -js)".into(),
+        )),
+        Err(err) => Err(unreachable(format!("JetStream does not answer: {err}"))),
+    }
+}
+
+/// Opens bucket `name`, creating it when missing. The bucket's stream is
+/// made here as JetStream's key-value convention lays it out (`KV_<name>`
+/// on `$KV.<name>.>`, one value per key, roll-ups, direct gets): the
+/// client's own bucket creation first reads account fields that Debian's
+/// nats-server 2.9 does not send.
+async fn bucket(
+    js: &Context,
+    name: &'static str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<kv::Store, ClusterError> {
+    if let Ok(store) = js.get_key_value(name).await {
+        return Ok(store);
+    }
+    let config = jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    // Another node creating it meanwhile is no error: the config is the same.
+    let created = js.create_stream(config).await;
+    js.get_key_value(name).await.map_err(|err| match created {
+        Err(create) => ClusterError::jetstream(&format!("creating bucket {name}"), create),
+        Ok(_) => ClusterError::jetstream(&format!("opening bucket {name}"), err),
+    })
+}
+
+/// Adds `by` to counter `key` (created at `start` when missing) by
+/// compare-and-set; answers the value before and after.
+pub(crate) async fn increment(
+    counters: &kv::Store,
+    key: &str,
+    by: u64,
+    start: u64,
+) -> Result<(u64, u64), ClusterError> {
+    loop {
+        let entry = counters
+            .entry(key)
+            .await
+            .map_err(|err| ClusterError::jetstream(&format!("reading counter {key}"), err))?;
+        match entry.filter(|entry| entry.operation == Operation::Put) {
+            None => {
+                let after = start + by;
+                match counters.create(key, Bytes::from(after.to_string())).await {
+                    Ok(_) => return Ok((start, after)),
+                    Err(err) if err.kind() == CreateErrorKind::AlreadyExists => continue,
+                    Err(err) => {
+                        return Err(ClusterError::jetstream(
+                            &format!("creating counter {key}"),
+                            err,
+                        ));
+                    }
+                }
+            }
+            Some(entry) => {
+                let before: u64 = std::str::from_utf8(&entry.value)
+                    .ok()
+                    .and_then(|text| text.parse().ok())
+                    .ok_or_else(|| ClusterError::Corrupt {
+                        bucket: COUNTERS,
+                        key: key.to_owned(),
+                        reason: format!(
+                            "holds {}, not a number",
+                            hivekernel_agents::text::shown(&String::from_utf8_lossy(&entry.value))
+                        ),
+                    })?;
+                let before = before.max(start);
+                let after = before + by;
+                match counters
+                    .update(key, Bytes::from(after.to_string()), entry.revision)
+                    .await
+                {
+                    Ok(_) => return Ok((before, after)),
+                    Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => continue,
+                    Err(err) => {
+                        return Err(ClusterError::jetstream(
+                            &format!("updating counter {key}"),
+                            err,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes `own` as its node's record; answers its revision. A record of
+/// the same name that still changes refuses; one that stays unchanged for
+/// `ttl_ms` is a crashed node's, claimed lost and replaced.
+async fn register(
+    nodes: &kv::Store,
+    claims: &kv::Store,
+    own: &NodeRecord,
+    ttl_ms: u64,
+) -> Result<u64, ClusterError> {
+    let key = own.node.as_str();
+    let read = |err| ClusterError::jetstream("reading the node records", err);
+    loop {
+        let current = nodes.entry(key).await.map_err(read)?;
+        let Some(current) = current.filter(|entry| entry.operation == Operation::Put) else {
+            match nodes.create(key, encode(own)).await {
+                Ok(revision) => return Ok(revision),
+                Err(err) if err.kind() == CreateErrorKind::AlreadyExists => continue,
+                Err(err) => return Err(ClusterError::jetstream("registering the node", err)),
+            }
+        };
+        let earlier: Option<NodeRecord> = serde_json::from_slice(&current.value).ok();
+        let (epoch, address) = earlier
+            .as_ref()
+            .map_or((0, String::from("?")), |r| (r.epoch, r.address.clone()));
+        tracing::info!(
+            node = key,
+            earlier_epoch = epoch,
+            "a record of this node's name exists; waiting up to the TTL to see whether it is alive"
+        );
+        let deadline = Instant::now() + Duration::from_millis(ttl_ms);
+        let mut alive = false;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis((ttl_ms / 10).max(50))).await;
+            let now = nodes.entry(key).await.map_err(read)?;
+            if now.as_ref().is_none_or(|e| e.revision != current.revision) {
+                alive = now.is_some_and(|e| e.operation == Operation::Put);
+                break;
+            }
+        }
+        if alive {
+            return Err(ClusterError::NameTaken {
+                node: key.to_owned(),
+                epoch,
+                address,
+            });
+        }
+        // Unchanged for the TTL: its node is gone. Claimed like any loss.
+        let _ = claims
+            .create(format!("lost.{key}.{epoch}"), Bytes::from(key.to_owned()))
+            .await;
+        match nodes.update(key, encode(own), current.revision).await {
+            Ok(revision) => return Ok(revision),
+            Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => continue,
+            Err(err) => return Err(ClusterError::jetstream("registering the node", err)),
+        }
+    }
+}
+
+fn encode(record: &NodeRecord) -> Bytes {
+    // A record is plain data: serializing it cannot fail.
+    Bytes::from(serde_json::to_vec(record).unwrap_or_default())
+}
+
+fn log_event(node: &str, event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => tracing::info!(node, "cluster: connected to NATS"),
+        async_nats::Event::Disconnected => {
+            tracing::warn!(node, "cluster: disconnected from NATS; reconnecting");
+        }
+        other => tracing::debug!(node, event = %other, "cluster: NATS client event"),
+    }
+}
+
+/// This process's CPU use between two readings.
+struct CpuMeter {
+    last: Option<(Instant, u64)>,
+}
+
+impl CpuMeter {
+    fn new() -> Self {
+        CpuMeter {
+            last: cpu_ticks().map(|ticks| (Instant::now(), ticks)),
+        }
+    }
+
+    /// Percent of one core since the last reading (0 when unknown).
+    fn percent(&mut self) -> f64 {
+        let now = cpu_ticks().map(|ticks| (Instant::now(), ticks));
+        let percent = match (self.last, now) {
+            (Some((then, before)), Some((at, after))) => {
+                let wall = at.duration_since(then).as_secs_f64();
+                // /proc counts in USER_HZ, 100 per second on Linux.
+                let busy = after.saturating_sub(before) as f64 / 100.0;
+                if wall > 0.0 { busy / wall * 100.0 } else { 0.0 }
+            }
+            _ => 0.0,
+        };
+        self.last = now;
+        percent
+    }
+}
+
+/// User plus system CPU ticks of this process, from /proc/self/stat.
+fn cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces), from field 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut fields = rest.split_whitespace();
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(now: Instant) -> View {
+        View {
+            others: HashMap::new(),
+            own: NodeRecord {
+                node: "a".into(),
+                epoch: 1,
+                address: String::new(),
+                labels: BTreeMap::new(),
+                started_unix_ms: 0,
+                heartbeat_unix_ms: 0,
+                load: Load::default(),
+            },
+            healthy_since: Some(now),
+            last_beat: now,
+        }
+    }
+
+    #[test]
+    fn steady_heartbeats_keep_the_healthy_time() {
+        let every = Duration::from_millis(100);
+        let start = Instant::now();
+        let mut view = view(start);
+        for i in 1..=10 {
+            view.beat(start + every * i, every);
+        }
+        assert_eq!(view.healthy(start + every * 10, every), Some(start));
+    }
+
+    #[test]
+    fn a_pause_of_this_node_starts_the_healthy_time_again() {
+        let every = Duration::from_millis(100);
+        let start = Instant::now();
+        let mut view = view(start);
+        let resumed = start + Duration::from_secs(4);
+        // Before its first heartbeat after the pause, it judges nobody.
+        assert_eq!(view.healthy(resumed, every), None);
+        view.beat(resumed, every);
+        assert_eq!(view.healthy(resumed, every), Some(resumed));
+    }
+}

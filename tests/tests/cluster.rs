@@ -1,0 +1,445 @@
+//! Kernel nodes in a cluster (docs/CLUSTER.md): real `hivekernel start`
+//! daemons joined through a real 3-server NATS cluster with JetStream on
+//! loopback. They see each other with their load, hand out PIDs from one
+//! space, declare a killed node lost, fence a paused one, refuse a second
+//! node under a live name, and carry on when a NATS server dies.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hivekernel_tests::binary::Binary;
+use hivekernel_tests::nats::NatsCluster;
+use serde_json::{Value, json};
+
+/// Heartbeat and TTL short enough for tests, long enough for 2 busy cores.
+const HEARTBEAT_MS: u64 = 200;
+const TTL_MS: u64 = 1_500;
+
+fn binary() -> PathBuf {
+    match hivekernel_tests::build_hivekernel() {
+        Ok(bin) => bin,
+        Err((bin, why)) => panic!("cannot build {}: {why}", bin.display()),
+    }
+}
+
+/// A config with one echo agent, and `cluster` as `kernel.cluster` when given.
+fn config(cluster: Option<Value>) -> String {
+    let mut kernel = json!({
+        "listen": "127.0.0.1:0",
+        "shutdown_grace_ms": 0,
+        "dashboard": { "enabled": false }
+    });
+    if let Some(cluster) = cluster {
+        kernel["cluster"] = cluster;
+    }
+    json!({
+        "kernel": kernel,
+        "agents": [{ "name": "greeter", "role": "agent", "runtime": "echo" }]
+    })
+    .to_string()
+}
+
+/// A node started from `config` in a fresh directory under `root`, with `extra` arguments.
+fn node(bin: &Path, root: &Path, name: &str, config: &str, extra: &[&str]) -> Binary {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    Binary::start_with(bin, &dir, extra)
+}
+
+/// A node of `nats` named `name`, timed for tests, from the flags.
+fn flagged(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Binary {
+    let timing = json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": HEARTBEAT_MS,
+        "node_ttl_ms": TTL_MS
+    });
+    let urls = nats.urls();
+    node(
+        bin,
+        root,
+        name,
+        &config(Some(timing)),
+        &["--cluster", &urls, "--node", name],
+    )
+}
+
+/// `nodes --json` as this node sees them, by name.
+fn nodes(kernel: &Binary) -> Vec<Value> {
+    kernel
+        .json(&["nodes", "--json"])
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn names(nodes: &[Value]) -> BTreeSet<String> {
+    nodes
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until `kernel` sees exactly the nodes `expected`.
+fn wait_for_nodes(kernel: &Binary, expected: &[&str], limit: Duration) -> Vec<Value> {
+    let expected: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = nodes(kernel);
+        if names(&seen) == expected {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} sees {:?}, not {expected:?}\n{}",
+            kernel.dir.display(),
+            names(&seen),
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn pids(kernel: &Binary) -> Vec<u64> {
+    kernel
+        .json(&["ps", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .filter(|&pid| pid != 1)
+        .collect()
+}
+
+/// Waits for the daemon to exit by itself; its exit code.
+fn exit_code(kernel: &mut Binary, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = kernel.child.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(Instant::now() < deadline, "still running\n{}", kernel.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `hivekernel start` expected to fail: its exit code and stderr.
+fn start_fails(bin: &Path, dir: &Path, config: &str, extra: &[&str]) -> (Option<i32>, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let out = Command::new(bin)
+        .arg("start")
+        .arg(dir.join("config.json"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn three_nodes_see_each_other_and_share_one_pid_space() {
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    // The third from the config alone, with labels, listing only one server.
+    let c = node(
+        &bin,
+        root.path(),
+        "c",
+        &config(Some(json!({
+            "servers": [nats.url(2)],
+            "node": "c",
+            "labels": { "gpu": "true", "zone": "z1" },
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": TTL_MS
+        }))),
+        &[],
+    );
+    let limit = Duration::from_secs(10);
+    for kernel in [&a, &b, &c] {
+        let seen = wait_for_nodes(kernel, &["a", "b", "c"], limit);
+        // The node asked comes first and says so.
+        assert_eq!(seen[0]["this_node"], true, "{seen:?}");
+        assert_eq!(seen.iter().filter(|n| n["this_node"] == true).count(), 1);
+        assert_eq!(
+            seen[0]["address"].as_str().unwrap(),
+            kernel.addr.trim_end_matches('/'),
+            "{seen:?}"
+        );
+    }
+    let seen = nodes(&a);
+    let c_seen = seen.iter().find(|n| n["name"] == "c").unwrap();
+    assert_eq!(c_seen["labels"], json!({ "gpu": "true", "zone": "z1" }));
+    let epochs: BTreeSet<u64> = seen.iter().map(|n| n["epoch"].as_u64().unwrap()).collect();
+    assert_eq!(epochs.len(), 3, "every start is its own epoch: {seen:?}");
+
+    // Spawns on all three at once: no PID is handed out twice.
+    let spawners: Vec<_> = [&a, &b, &c]
+        .iter()
+        .flat_map(|kernel| {
+            (0..15).map(move |i| {
+                kernel
+                    .command(&[
+                        "spawn",
+                        "--parent",
+                        "1",
+                        "--name",
+                        &format!("w{i}"),
+                        "--role",
+                        "worker",
+                        "--runtime",
+                        "echo",
+                    ])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for child in spawners {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut all = Vec::new();
+    for kernel in [&a, &b, &c] {
+        let mine = pids(kernel);
+        assert_eq!(mine.len(), 16, "{mine:?}");
+        all.extend(mine);
+    }
+    let distinct: BTreeSet<u64> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "a PID handed out twice: {all:?}");
+    assert!(all.iter().all(|&pid| pid >= 2));
+
+    // The load each node reports reaches the others with its heartbeat.
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = nodes(&c);
+        if seen.iter().all(|n| n["processes"] == 16) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "loads never reported: {seen:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = a.cli(&["nodes"]);
+    assert!(text.starts_with("NODE"), "{text}");
+    assert!(text.contains("a *"), "{text}");
+    assert!(text.contains("gpu=true,zone=z1"), "{text}");
+}
+
+#[test]
+fn a_killed_node_is_declared_lost_and_a_paused_one_is_fenced() {
+    let bin = binary();
+    let mut nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let mut b = flagged(&bin, root.path(), &nats, "b");
+    let mut c = flagged(&bin, root.path(), &nats, "c");
+    let limit = Duration::from_secs(10);
+    wait_for_nodes(&a, &["a", "b", "c"], limit);
+
+    // kill -9: no goodbye. Its record stops changing and it is declared lost.
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    let killed = Instant::now();
+    wait_for_nodes(&a, &["a", "b"], limit);
+    wait_for_nodes(&b, &["a", "b"], limit);
+    assert!(
+        killed.elapsed() >= Duration::from_millis(TTL_MS - 2 * HEARTBEAT_MS),
+        "declared lost before its TTL: {:?}",
+        killed.elapsed()
+    );
+    let log = format!("{}{}", a.log(), b.log());
+    assert!(
+        log.contains("node declared lost") && log.contains("lost=c"),
+        "{log}"
+    );
+
+    // Paused past its TTL (a partition, a stopped VM): declared lost; once
+    // it runs again, it learns so at its next heartbeat, stops, exits 3.
+    let b_epoch = nodes(&a).iter().find(|n| n["name"] == "b").unwrap()["epoch"]
+        .as_u64()
+        .unwrap();
+    signal(&b, "STOP");
+    wait_for_nodes(&a, &["a"], limit);
+    signal(&b, "CONT");
+    assert_eq!(exit_code(&mut b, limit), Some(3), "{}", b.log());
+    let log = b.log();
+    assert!(log.contains("fenced"), "{log}");
+    // A paused node does not take its own pause for the others' silence.
+    assert!(!log.contains("lost=a"), "{log}");
+    wait_for_nodes(&a, &["a"], limit);
+
+    // Started again under its name, it is a new epoch.
+    let b = flagged(&bin, root.path(), &nats, "b");
+    let seen = wait_for_nodes(&a, &["a", "b"], limit);
+    let epoch = seen.iter().find(|n| n["name"] == "b").unwrap()["epoch"]
+        .as_u64()
+        .unwrap();
+    assert!(epoch > b_epoch, "{epoch} after {b_epoch}");
+
+    // One NATS server of three dies: the nodes carry on, PIDs still come.
+    nats.kill(0);
+    let before = pids(&a);
+    for i in 0..3 {
+        a.cli(&[
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            &format!("after{i}"),
+            "--role",
+            "worker",
+            "--runtime",
+            "echo",
+        ]);
+    }
+    assert_eq!(pids(&a).len(), before.len() + 3);
+    std::thread::sleep(Duration::from_millis(3 * TTL_MS));
+    wait_for_nodes(&a, &["a", "b"], limit);
+    wait_for_nodes(&b, &["a", "b"], limit);
+}
+
+#[test]
+fn a_second_node_under_a_live_name_is_refused() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let urls = nats.urls();
+    let (code, stderr) = start_fails(
+        &bin,
+        &root.path().join("a2"),
+        &config(Some(json!({
+            "servers": [urls],
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": TTL_MS
+        }))),
+        &["--node", "a"],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node name \"a\" is taken by a live node")
+            && stderr.contains(a.addr.trim_end_matches('/')),
+        "{stderr}"
+    );
+    // The live node never noticed.
+    assert_eq!(names(&nodes(&a)), BTreeSet::from(["a".to_owned()]));
+    assert!(!a.log().contains("fenced"), "{}", a.log());
+}
+
+#[test]
+fn a_restarted_node_takes_over_its_crashed_record() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = flagged(&bin, root.path(), &nats, "a");
+    let first = nodes(&a)[0]["epoch"].as_u64().unwrap();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // Alone, nobody declares it lost: its restart waits out the TTL itself.
+    let started = Instant::now();
+    let a = Binary::start_with(
+        &bin,
+        &root.path().join("a"),
+        &["--cluster", &nats.urls(), "--node", "a"],
+    );
+    assert!(started.elapsed() >= Duration::from_millis(TTL_MS / 2));
+    let seen = nodes(&a);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0]["epoch"].as_u64().unwrap() > first);
+    // Its processes came back from its own store, under their PIDs.
+    assert!(a.log().contains("waiting up to the TTL"), "{}", a.log());
+}
+
+#[test]
+fn bad_cluster_settings_are_refused_with_what_is_wrong() {
+    let bin = binary();
+    let root = tempfile::tempdir().unwrap();
+    // Name, kernel.cluster, flags, exit code, what stderr says.
+    type Case<'a> = (&'a str, Option<Value>, &'a [&'a str], i32, &'a str);
+    let cases: [Case<'_>; 6] = [
+        (
+            "scheme",
+            None,
+            &["--cluster", "http://127.0.0.1:4222"],
+            2,
+            "--cluster \"http://127.0.0.1:4222\" has scheme \"http\" (expected nats:// or tls://)",
+        ),
+        (
+            "no-port",
+            None,
+            &["--cluster", "nats://127.0.0.1"],
+            2,
+            "names no port",
+        ),
+        (
+            "node-alone",
+            None,
+            &["--node", "a"],
+            2,
+            "--node names this kernel's node in a cluster: give --cluster",
+        ),
+        (
+            "node-name",
+            None,
+            &["--cluster", "nats://127.0.0.1:4222", "--node", "a.b"],
+            2,
+            "may hold only ASCII letters, digits, '-' and '_'",
+        ),
+        (
+            "heartbeat",
+            Some(json!({ "servers": ["nats://127.0.0.1:4222"], "node": "a", "heartbeat_ms": 5 })),
+            &[],
+            2,
+            "kernel.cluster.heartbeat_ms",
+        ),
+        (
+            "unreachable",
+            None,
+            &["--cluster", "nats://127.0.0.1:1", "--node", "a"],
+            1,
+            "cannot reach NATS at nats://127.0.0.1:1",
+        ),
+    ];
+    for (name, cluster, extra, code, expected) in cases {
+        let (got, stderr) = start_fails(&bin, &root.path().join(name), &config(cluster), extra);
+        assert_eq!(got, Some(code), "{name}: {stderr}");
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+        // Nothing was started: no address published.
+        assert!(!root.path().join(name).join("data/kernel.addr").exists());
+    }
+    // A kernel alone says so when asked for nodes.
+    let alone = node(&bin, root.path(), "alone", &config(None), &[]);
+    let out = alone.command(&["nodes"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a node of a cluster"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn signal(kernel: &Binary, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &kernel.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
