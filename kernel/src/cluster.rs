@@ -89,6 +89,7 @@ impl ClusterError {
 
 /// What a node is doing, sent with every heartbeat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Load {
     /// Processes alive on the node.
     pub processes: u64,
@@ -98,8 +99,10 @@ pub struct Load {
     pub cpu_percent: f64,
 }
 
-/// One node as its record in `hk_nodes` says.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One node as its record in `hk_nodes` says. Every field defaults, so a
+/// record written by another version still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeRecord {
     /// Its name.
     pub node: String,
@@ -115,6 +118,11 @@ pub struct NodeRecord {
     pub heartbeat_unix_ms: u64,
     /// Its load at that heartbeat.
     pub load: Load,
+    /// How often it refreshes the record.
+    pub heartbeat_ms: u64,
+    /// How long it may go silent before it is lost, by its own settings:
+    /// others judge it by the longer of theirs and this.
+    pub node_ttl_ms: u64,
 }
 
 /// One node as this node sees it now.
@@ -145,11 +153,16 @@ struct View {
     others: HashMap<String, Seen>,
     /// This node's own record, as last written.
     own: NodeRecord,
-    /// Since when every heartbeat of this node has gone through in time:
-    /// loss is judged only on time this node could see the others.
+    /// Since when this node has seen the cluster without a gap (its
+    /// heartbeats going through, its watch delivering): loss is judged
+    /// only on time this node could see the others.
     healthy_since: Option<Instant>,
     /// When this node's last heartbeat went through.
     last_beat: Instant,
+    /// When the watch last delivered this node's own record.
+    last_watched: Instant,
+    /// A longer silence of either is a gap.
+    gap: Duration,
 }
 
 impl View {
@@ -157,18 +170,29 @@ impl View {
     /// failure, or this node paused: stopped, swapped out, partitioned)
     /// starts the healthy time again, since what this node saw of the
     /// others during the gap says nothing.
-    fn beat(&mut self, now: Instant, every: Duration) {
-        if now.duration_since(self.last_beat) > 2 * every {
+    fn beat(&mut self, now: Instant) {
+        if now.duration_since(self.last_beat) > self.gap {
             self.healthy_since = None;
         }
         self.healthy_since.get_or_insert(now);
         self.last_beat = now;
     }
 
-    /// Since when this node has seen the cluster without a gap, if its last
-    /// heartbeat is recent.
-    fn healthy(&self, now: Instant, every: Duration) -> Option<Instant> {
-        let recent = now.duration_since(self.last_beat) <= 2 * every;
+    /// Notes the watch delivering this node's own record at `now`: the
+    /// watch works. One after a gap (the watch's server died, it was being
+    /// made again) starts the healthy time again, as for a heartbeat.
+    fn watched(&mut self, now: Instant) {
+        if now.duration_since(self.last_watched) > self.gap {
+            self.healthy_since = None;
+        }
+        self.last_watched = now;
+    }
+
+    /// Since when this node has seen the cluster without a gap, if both its
+    /// heartbeat and its watch are going now.
+    fn healthy(&self, now: Instant) -> Option<Instant> {
+        let recent = now.duration_since(self.last_beat) <= self.gap
+            && now.duration_since(self.last_watched) <= self.gap;
         self.healthy_since.filter(|_| recent)
     }
 }
@@ -213,7 +237,7 @@ impl Cluster {
         let client = connect(&settings).await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
-        let replicas = settings.replicas();
+        let replicas = settings.replicas;
         let nodes = bucket(&js, NODES, replicas, Duration::ZERO).await?;
         let counters = bucket(&js, COUNTERS, replicas, Duration::ZERO).await?;
         let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
@@ -229,6 +253,8 @@ impl Cluster {
             started_unix_ms: now,
             heartbeat_unix_ms: now,
             load: Load::default(),
+            heartbeat_ms: settings.heartbeat_ms,
+            node_ttl_ms: settings.node_ttl_ms,
         };
         let revision = register(&nodes, &claims, &own, settings.node_ttl_ms).await?;
         let (fenced, _) = watch::channel(None);
@@ -241,8 +267,10 @@ impl Cluster {
             view: Mutex::new(View {
                 others: HashMap::new(),
                 own,
-                healthy_since: Some(Instant::now()),
+                healthy_since: None,
                 last_beat: Instant::now(),
+                last_watched: Instant::now(),
+                gap: settings.gap(),
             }),
             load: OnceLock::new(),
             fenced,
@@ -341,7 +369,8 @@ impl Cluster {
                 tracing::warn!(error = %err, "cluster: could not remove this node's record");
             }
         }
-        if let Err(err) = self.client.flush().await {
+        // Bounded: with NATS gone, a flush would wait for it forever.
+        if let Ok(Err(err)) = tokio::time::timeout(REQUEST_TIMEOUT, self.client.flush()).await {
             tracing::debug!(error = %err, "cluster: flush at leave");
         }
         tracing::info!(node = %self.settings.node, "left the cluster");
@@ -375,14 +404,26 @@ impl Cluster {
             {
                 Ok(next) => {
                     *self.revision.lock() = next;
-                    self.view.lock().beat(Instant::now(), every);
+                    self.view.lock().beat(Instant::now());
                     if std::mem::take(&mut failing) {
                         tracing::info!("cluster: heartbeat through again");
                     }
+                    if let Some(by) = self.claimed_lost().await {
+                        self.fence(&format!("declared lost by node {by}"));
+                        return;
+                    }
                 }
                 Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
-                    self.fence("another node changed this node's record: it was declared lost");
-                    return;
+                    match self.own_revision().await {
+                        // Its own write, whose answer was lost on the way.
+                        Some(revision) => *self.revision.lock() = revision,
+                        None => {
+                            self.fence(
+                                "another node removed this node's record: it was declared lost",
+                            );
+                            return;
+                        }
+                    }
                 }
                 Err(err) => {
                     self.view.lock().healthy_since = None;
@@ -392,6 +433,27 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// The node that claimed this one lost, if one did.
+    async fn claimed_lost(&self) -> Option<String> {
+        let claim = format!("lost.{}.{}", self.settings.node, self.epoch);
+        let entry = self.claims.entry(claim).await.ok()??;
+        (entry.operation == Operation::Put)
+            .then(|| String::from_utf8_lossy(&entry.value).into_owned())
+    }
+
+    /// The revision of this node's record when it is still this node's
+    /// (this epoch's); `None` when another node removed or replaced it.
+    /// An unanswered read counts as still this node's: the next heartbeat asks again.
+    async fn own_revision(&self) -> Option<u64> {
+        let current = *self.revision.lock();
+        let Ok(entry) = self.nodes.entry(&self.settings.node).await else {
+            return Some(current);
+        };
+        let entry = entry.filter(|entry| entry.operation == Operation::Put)?;
+        let record: NodeRecord = serde_json::from_slice(&entry.value).ok()?;
+        (record.epoch == self.epoch).then_some(entry.revision)
     }
 
     fn fence(&self, why: &str) {
@@ -415,11 +477,14 @@ impl Cluster {
                     }
                 }
             };
-            let mut tick = tokio::time::interval(every);
+            // The first check a whole interval after the watch starts, so
+            // the records it replays are read before anyone is judged.
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
+                    biased;
                     () = self.cancel.cancelled() => return,
-                    _ = tick.tick() => self.find_lost().await,
                     change = changes.next() => match change {
                         Some(Ok(entry)) => self.seen(entry),
                         Some(Err(err)) => {
@@ -428,33 +493,54 @@ impl Cluster {
                         }
                         None => continue 'watching,
                     },
+                    _ = tick.tick() => self.find_lost().await,
                 }
             }
         }
     }
 
     fn seen(&self, entry: kv::Entry) {
+        let now = Instant::now();
+        let mut view = self.view.lock();
         if entry.key == self.settings.node {
+            if entry.operation == Operation::Put {
+                view.watched(now);
+            }
             return;
         }
-        let mut view = self.view.lock();
         match entry.operation {
-            Operation::Put => match serde_json::from_slice::<NodeRecord>(&entry.value) {
-                Ok(record) => {
-                    let changed = Instant::now();
-                    view.others.insert(
-                        entry.key,
-                        Seen {
-                            record,
-                            revision: entry.revision,
-                            changed,
-                        },
-                    );
-                }
-                Err(err) => {
+            Operation::Put => {
+                let record = serde_json::from_slice::<NodeRecord>(&entry.value);
+                if let Err(err) = &record {
                     tracing::warn!(key = %entry.key, error = %err, "cluster: unreadable node record");
                 }
-            },
+                match view.others.get_mut(&entry.key) {
+                    // Replayed by a watch made again: nothing changed.
+                    Some(seen) if seen.revision == entry.revision => {}
+                    // Changed: the node is alive, whatever its record says.
+                    Some(seen) => {
+                        seen.revision = entry.revision;
+                        seen.changed = now;
+                        if let Ok(record) = record {
+                            seen.record = record;
+                        }
+                    }
+                    None => {
+                        let record = record.unwrap_or_else(|_| NodeRecord {
+                            node: entry.key.clone(),
+                            ..NodeRecord::default()
+                        });
+                        view.others.insert(
+                            entry.key,
+                            Seen {
+                                record,
+                                revision: entry.revision,
+                                changed: now,
+                            },
+                        );
+                    }
+                }
+            }
             Operation::Delete | Operation::Purge => {
                 view.others.remove(&entry.key);
             }
@@ -462,61 +548,80 @@ impl Cluster {
     }
 
     /// Declares lost every node whose record this node has not seen change
-    /// for the TTL, counting only time during which this node's own
-    /// heartbeat went through. The first node to claim a loss removes the
-    /// record; the others see it go.
+    /// for the TTL (the longer of its own and the node's), counting only
+    /// time during which this node saw the cluster without a gap. A loss
+    /// is claimed in `hk_claims`; the claim is binding: whichever node
+    /// finds it and the record still that epoch's removes the record, until
+    /// it is gone (the lost node, should it still run, finds the claim or
+    /// its record gone at its next heartbeat and fences itself).
     async fn find_lost(&self) {
-        let ttl = Duration::from_millis(self.settings.node_ttl_ms);
-        let every = Duration::from_millis(self.settings.heartbeat_ms);
-        let quiet: Vec<(String, u64, u64, Duration)> = {
+        let now = Instant::now();
+        let quiet: Vec<(String, u64, Duration)> = {
             let view = self.view.lock();
-            let Some(healthy_since) = view.healthy(Instant::now(), every) else {
+            let Some(healthy_since) = view.healthy(now) else {
                 return;
             };
             view.others
                 .iter()
                 .filter_map(|(name, seen)| {
-                    let quiet = seen.changed.max(healthy_since).elapsed();
+                    let ttl = Duration::from_millis(
+                        self.settings.node_ttl_ms.max(seen.record.node_ttl_ms),
+                    );
+                    let quiet = now.saturating_duration_since(seen.changed.max(healthy_since));
                     (quiet > ttl).then(|| {
                         (
                             name.clone(),
                             seen.record.epoch,
-                            seen.revision,
-                            seen.changed.elapsed(),
+                            now.saturating_duration_since(seen.changed),
                         )
                     })
                 })
                 .collect()
         };
-        for (node, epoch, revision, silent) in quiet {
+        for (node, epoch, silent) in quiet {
             let claim = format!("lost.{node}.{epoch}");
             match self
                 .claims
                 .create(&claim, Bytes::from(self.settings.node.clone()))
                 .await
             {
-                Ok(_) => {
-                    tracing::warn!(
-                        lost = %node,
-                        epoch,
-                        silent_ms = silent.as_millis() as u64,
-                        "cluster: node declared lost (no heartbeat within the TTL)"
-                    );
-                    if let Err(err) = self
-                        .nodes
-                        .delete_expect_revision(&node, Some(revision))
-                        .await
-                    {
-                        tracing::warn!(lost = %node, error = %err, "cluster: lost node's record not removed");
-                    }
-                }
+                Ok(_) => tracing::warn!(
+                    lost = %node,
+                    epoch,
+                    silent_ms = silent.as_millis() as u64,
+                    "cluster: node declared lost (no heartbeat within the TTL)"
+                ),
                 Err(err) if err.kind() == CreateErrorKind::AlreadyExists => {}
                 Err(err) => {
                     tracing::debug!(lost = %node, error = %err, "cluster: loss claim failed");
+                    continue;
                 }
+            }
+            if let Err(err) = retire(&self.nodes, &node, epoch).await {
+                tracing::debug!(lost = %node, error = %err, "cluster: lost node's record not removed yet");
             }
         }
     }
+}
+
+/// Removes `node`'s record if it is still epoch `epoch`'s.
+async fn retire(nodes: &kv::Store, node: &str, epoch: u64) -> Result<(), ClusterError> {
+    let entry = nodes
+        .entry(node)
+        .await
+        .map_err(|err| ClusterError::jetstream("reading a node record", err))?;
+    let Some(entry) = entry.filter(|entry| entry.operation == Operation::Put) else {
+        return Ok(());
+    };
+    let record_epoch =
+        serde_json::from_slice::<NodeRecord>(&entry.value).map_or(epoch, |r| r.epoch);
+    if record_epoch != epoch {
+        return Ok(());
+    }
+    nodes
+        .delete_expect_revision(node, Some(entry.revision))
+        .await
+        .map_err(|err| ClusterError::jetstream("removing a lost node's record", err))
 }
 
 /// A connection to one of the servers `settings` lists, with JetStream on.
@@ -555,12 +660,38 @@ async fn connect(settings: &ClusterSettings) -> Result<async_nats::Client, Clust
 async fn bucket(
     js: &Context,
     name: &'static str,
-    replicas: usize,
+    replicas: Option<usize>,
     max_age: Duration,
 ) -> Result<kv::Store, ClusterError> {
     if let Ok(store) = js.get_key_value(name).await {
         return Ok(store);
     }
+    // As asked, else 3 replicas, fewer only where the cluster has fewer servers.
+    let tries: &[usize] = match &replicas {
+        Some(replicas) => std::slice::from_ref(replicas),
+        None => &[3, 2, 1],
+    };
+    let mut created = Ok(());
+    for &replicas in tries {
+        created = make_bucket(js, name, replicas, max_age).await;
+        if created.is_ok() {
+            break;
+        }
+    }
+    // Another node creating it meanwhile is no error: the config is the same.
+    js.get_key_value(name).await.map_err(|err| match created {
+        Err(create) => ClusterError::jetstream(&format!("creating bucket {name}"), create),
+        Ok(()) => ClusterError::jetstream(&format!("opening bucket {name}"), err),
+    })
+}
+
+/// Creates the stream of bucket `name`.
+async fn make_bucket(
+    js: &Context,
+    name: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<(), jetstream::context::CreateStreamError> {
     let config = jetstream::stream::Config {
         name: format!("KV_{name}"),
         subjects: vec![format!("$KV.{name}.>")],
@@ -574,12 +705,7 @@ async fn bucket(
         discard: jetstream::stream::DiscardPolicy::New,
         ..Default::default()
     };
-    // Another node creating it meanwhile is no error: the config is the same.
-    let created = js.create_stream(config).await;
-    js.get_key_value(name).await.map_err(|err| match created {
-        Err(create) => ClusterError::jetstream(&format!("creating bucket {name}"), create),
-        Ok(_) => ClusterError::jetstream(&format!("opening bucket {name}"), err),
-    })
+    js.create_stream(config).await.map(|_| ())
 }
 
 /// Adds `by` to counter `key` (created at `start` when missing) by
@@ -670,6 +796,8 @@ async fn register(
             earlier_epoch = epoch,
             "a record of this node's name exists; waiting up to the TTL to see whether it is alive"
         );
+        // Judged by the longer of the two TTLs, as any loss is.
+        let ttl_ms = ttl_ms.max(earlier.as_ref().map_or(0, |r| r.node_ttl_ms));
         let deadline = Instant::now() + Duration::from_millis(ttl_ms);
         let mut alive = false;
         while Instant::now() < deadline {
@@ -761,17 +889,11 @@ mod tests {
     fn view(now: Instant) -> View {
         View {
             others: HashMap::new(),
-            own: NodeRecord {
-                node: "a".into(),
-                epoch: 1,
-                address: String::new(),
-                labels: BTreeMap::new(),
-                started_unix_ms: 0,
-                heartbeat_unix_ms: 0,
-                load: Load::default(),
-            },
+            own: NodeRecord::default(),
             healthy_since: Some(now),
             last_beat: now,
+            last_watched: now,
+            gap: Duration::from_millis(200),
         }
     }
 
@@ -781,9 +903,10 @@ mod tests {
         let start = Instant::now();
         let mut view = view(start);
         for i in 1..=10 {
-            view.beat(start + every * i, every);
+            view.beat(start + every * i);
+            view.watched(start + every * i);
         }
-        assert_eq!(view.healthy(start + every * 10, every), Some(start));
+        assert_eq!(view.healthy(start + every * 10), Some(start));
     }
 
     #[test]
@@ -793,8 +916,30 @@ mod tests {
         let mut view = view(start);
         let resumed = start + Duration::from_secs(4);
         // Before its first heartbeat after the pause, it judges nobody.
-        assert_eq!(view.healthy(resumed, every), None);
-        view.beat(resumed, every);
-        assert_eq!(view.healthy(resumed, every), Some(resumed));
+        assert_eq!(view.healthy(resumed), None);
+        view.beat(resumed);
+        // Nor before its watch has shown it its own record again.
+        assert_eq!(view.healthy(resumed + every / 2), None);
+        view.watched(resumed + every / 2);
+        // The healthy time starts again at the first heartbeat after both.
+        assert_eq!(view.healthy(resumed + every / 2), None);
+        view.beat(resumed + every);
+        assert_eq!(view.healthy(resumed + every), Some(resumed + every));
+    }
+
+    #[test]
+    fn a_watch_that_stops_delivering_stops_all_judging() {
+        let every = Duration::from_millis(100);
+        let start = Instant::now();
+        let mut view = view(start);
+        // Heartbeats go through, but the watch's server died: its view is stale.
+        for i in 1..=10 {
+            view.beat(start + every * i);
+        }
+        assert_eq!(view.healthy(start + every * 10), None);
+        // Delivering again: the healthy time starts at the next heartbeat.
+        view.watched(start + every * 11);
+        view.beat(start + every * 11);
+        assert_eq!(view.healthy(start + every * 11), Some(start + every * 11));
     }
 }

@@ -162,6 +162,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     let _lock = lock_data_dir(&data_dir)?;
     let trust_file = write_trust_file(&data_dir, tls.as_ref())?;
     let (store, recovered) = open_store(&data_dir, settings.synchronous).await?;
+    // Probed before joining: what can refuse the start now does so before
+    // the cluster sees this node.
+    let sandbox = exec_sandbox(&settings).await?;
     let cluster = match &settings.cluster {
         Some(cluster) => Some(
             Cluster::join(
@@ -175,7 +178,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
     };
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
-        .with_sandbox(exec_sandbox(&settings).await?)
+        .with_sandbox(sandbox)
         .with_log_rotation(settings.exec.log);
     let started = start_kernel(
         &config,
@@ -206,6 +209,9 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         Ok(file) => vec![file],
         Err(err) => {
             kernel.shutdown().await;
+            if let Some(cluster) = kernel.cluster() {
+                cluster.leave().await;
+            }
             return Err(err);
         }
     };
@@ -261,6 +267,15 @@ pub async fn environment_issues(config: &Config) -> Vec<ConfigIssue> {
         issues.push(ConfigIssue {
             location: "kernel.exec.sandbox".into(),
             message: err.to_string(),
+        });
+    }
+    if let Some(cluster) = &config.kernel.cluster
+        && cluster.node.is_empty()
+        && let Err(why) = crate::config::host_name()
+    {
+        issues.push(ConfigIssue {
+            location: "kernel.cluster.node".into(),
+            message: format!("is not given, and {why} (give it here, or --node at start)"),
         });
     }
     if let Some(cluster) = &config.kernel.cluster
@@ -367,9 +382,8 @@ fn cluster_settings(
         (Some(list), config) => {
             let servers =
                 parse_servers(list).map_err(|why| StartError::Usage(format!("--cluster {why}")))?;
-            let mut settings = config.unwrap_or_else(|| {
-                ClusterSettings::new(Vec::new(), host_name().unwrap_or_default())
-            });
+            let mut settings =
+                config.unwrap_or_else(|| ClusterSettings::new(Vec::new(), String::new()));
             settings.servers = servers;
             settings
         }
@@ -385,6 +399,13 @@ fn cluster_settings(
     };
     if let Some(node) = &options.node {
         cluster.node = node.clone();
+    }
+    if cluster.node.is_empty() {
+        cluster.node = host_name().map_err(|why| {
+            StartError::Usage(format!(
+                "no node name given, and {why}: give one with --node NAME"
+            ))
+        })?;
     }
     if let Some(problem) = node_name_problem(&cluster.node) {
         return Err(StartError::Usage(format!(

@@ -11,8 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_client::KernelClient;
 use hivekernel_tests::binary::Binary;
 use hivekernel_tests::nats::NatsCluster;
+use hivekernel_tests::served::Bearer;
 use serde_json::{Value, json};
 
 /// Heartbeat and TTL short enough for tests, long enough for 2 busy cores.
@@ -351,6 +355,7 @@ fn a_restarted_node_takes_over_its_crashed_record() {
     let root = tempfile::tempdir().unwrap();
     let mut a = flagged(&bin, root.path(), &nats, "a");
     let first = nodes(&a)[0]["epoch"].as_u64().unwrap();
+    let greeter = pids(&a);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     // Alone, nobody declares it lost: its restart waits out the TTL itself.
@@ -364,8 +369,9 @@ fn a_restarted_node_takes_over_its_crashed_record() {
     let seen = nodes(&a);
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert!(seen[0]["epoch"].as_u64().unwrap() > first);
-    // Its processes came back from its own store, under their PIDs.
     assert!(a.log().contains("waiting up to the TTL"), "{}", a.log());
+    // Its processes came back from its own store, under their PIDs.
+    assert_eq!(pids(&a), greeter);
 }
 
 #[test]
@@ -442,4 +448,79 @@ fn signal(kernel: &Binary, name: &str) {
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// Spawns beyond a PID block on two nodes at once: every node fetches
+/// blocks while the other does, by compare-and-set on one counter, and no
+/// PID is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawns_racing_on_two_nodes_past_their_blocks_never_share_a_pid() {
+    const SPAWNS: usize = 1_300;
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let config = {
+        let mut config: Value = serde_json::from_str(&config(Some(json!({
+            "servers": [nats.urls()],
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": 5_000
+        }))))
+        .unwrap();
+        config["kernel"]["max_children"] = json!(5_000);
+        config.to_string()
+    };
+    let nodes: Vec<Binary> = ["a", "b"]
+        .iter()
+        .map(|name| node(&bin, root.path(), name, &config, &["--node", name]))
+        .collect();
+    let mut clients = Vec::new();
+    for kernel in &nodes {
+        let token = std::fs::read_to_string(kernel.dir.join("data/admin.token")).unwrap();
+        let channel = tonic::transport::Channel::from_shared(kernel.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        clients.push(KernelClient::with_interceptor(
+            channel,
+            Bearer::new(token.trim()),
+        ));
+    }
+    let spawn_all = |client: KernelClient<_>| async move {
+        futures::stream::iter(0..SPAWNS)
+            .map(|i| {
+                let mut client = client.clone();
+                async move {
+                    client
+                        .spawn(pb::SpawnRequest {
+                            parent: 1,
+                            name: format!("w{i}"),
+                            runtime: "echo".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .pid
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<u64>>()
+            .await
+    };
+    let mut clients = clients.into_iter();
+    let (a, b) = (clients.next().unwrap(), clients.next().unwrap());
+    let (on_a, on_b) = tokio::join!(spawn_all(a), spawn_all(b));
+    for (name, pids) in [("a", &on_a), ("b", &on_b)] {
+        let distinct: BTreeSet<u64> = pids.iter().copied().collect();
+        assert_eq!(distinct.len(), SPAWNS, "{name} handed out a PID twice");
+        // More than one block of 1,024 was used.
+        let span = distinct.last().unwrap() - distinct.first().unwrap();
+        assert!(span >= 1_024, "{name}: {span}");
+    }
+    let both: BTreeSet<u64> = on_a.iter().chain(&on_b).copied().collect();
+    assert_eq!(both.len(), 2 * SPAWNS, "a PID handed out on both nodes");
+    for kernel in &nodes {
+        assert_eq!(pids(kernel).len(), SPAWNS + 1);
+    }
 }

@@ -37,8 +37,8 @@ pub struct ClusterSettings {
     pub heartbeat_ms: u64,
     /// How long a record may go unrefreshed before its node is declared lost.
     pub node_ttl_ms: u64,
-    /// Replicas of the buckets the cluster keeps; `None`: as many servers
-    /// as are listed, at most 3.
+    /// Replicas of the buckets the cluster keeps; `None`: 3, or fewer where
+    /// the cluster has fewer servers.
     pub replicas: Option<usize>,
 }
 
@@ -60,10 +60,11 @@ impl ClusterSettings {
         }
     }
 
-    /// Bucket replicas: as asked, else one per listed server up to 3.
-    pub fn replicas(&self) -> usize {
-        self.replicas
-            .unwrap_or_else(|| self.servers.len().clamp(1, 3))
+    /// A silence of this node's own heartbeat or watch longer than this is
+    /// a gap, after which it judges nobody until it has seen the cluster
+    /// again.
+    pub fn gap(&self) -> std::time::Duration {
+        std::time::Duration::from_millis((self.node_ttl_ms / 3).max(2 * self.heartbeat_ms))
     }
 }
 
@@ -148,11 +149,16 @@ pub fn parse_servers(list: &str) -> Result<Vec<String>, String> {
     }
 }
 
-/// This machine's host name, as a default node name when it is a valid one.
-pub fn host_name() -> Option<String> {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
-    let name = name.trim().split('.').next()?.to_owned();
-    node_name_problem(&name).is_none().then_some(name)
+/// This machine's host name (its first label), the default node name, or
+/// why it cannot be one.
+pub fn host_name() -> Result<String, String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_err(|err| format!("this machine's host name cannot be read ({err})"))?;
+    let name = name.trim().split('.').next().unwrap_or_default().to_owned();
+    match node_name_problem(&name) {
+        None => Ok(name),
+        Some(problem) => Err(format!("this machine's host name cannot be one: {problem}")),
+    }
 }
 
 /// Parses and checks `kernel.cluster`; `None` when absent.
@@ -188,16 +194,17 @@ pub(super) fn cluster(
             Vec::new()
         }
     };
+    // Without a name, the host's; when that cannot be one, `--node` may
+    // still give it, so the problem is said at start.
     let node = match raw.node {
-        Some(node) => node,
+        Some(node) => {
+            if let Some(problem) = node_name_problem(&node) {
+                issues.push(ConfigIssue::new("kernel.cluster.node", problem));
+            }
+            node
+        }
         None => host_name().unwrap_or_default(),
     };
-    if let Some(problem) = node_name_problem(&node) {
-        issues.push(ConfigIssue::new(
-            "kernel.cluster.node",
-            format!("{problem} (the default is this machine's host name)"),
-        ));
-    }
     for (key, value) in &raw.labels {
         if let Some(problem) = node_name_problem(key) {
             issues.push(ConfigIssue::new(

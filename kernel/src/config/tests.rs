@@ -1997,8 +1997,7 @@ fn a_cluster_section_is_read_with_its_defaults() {
     assert_eq!(cluster.labels.get("gpu").map(String::as_str), Some("true"));
     assert_eq!(cluster.heartbeat_ms, 1_000);
     assert_eq!(cluster.node_ttl_ms, 5_000);
-    // One bucket replica per listed server, at most 3.
-    assert_eq!(cluster.replicas(), 2);
+    assert_eq!(cluster.replicas, None);
     let alone = Fixture::new().load(r#"{"agents": []}"#).unwrap();
     assert_eq!(alone.kernel.cluster, None);
 }
