@@ -324,6 +324,9 @@ pub struct ProcessInfo {
     /// It came back after a kernel restart as the PID it had.
     #[serde(default)]
     pub restored: bool,
+    /// The cluster node holding it; `None` on a kernel that runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A token budget as seen from one process that draws on it.

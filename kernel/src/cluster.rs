@@ -5,13 +5,17 @@
 //! that refreshes the record with the node's load, the watch that keeps the
 //! view of the other nodes and declares a node lost when its record goes
 //! unrefreshed for the TTL, fencing (a node whose record another node
-//! changed learns it was declared lost), and the cluster-wide PID space
-//! (blocks taken by compare-and-set). Every race between nodes is a
+//! changed learns it was declared lost), the cluster-wide PID space
+//! (blocks taken by compare-and-set), the directory of which node holds
+//! which process (`directory`), and requests between nodes (`rpc`).
+//! Every race between nodes is a
 //! compare-and-set in a key-value bucket; nothing here is consensus of its own.
 //!
 //! A kernel without `kernel.cluster` never builds a [`Cluster`].
 
+mod directory;
 mod pids;
+pub mod rpc;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -29,7 +33,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
+use directory::Directory;
+pub use directory::{Listing, Listings, ReadFn};
 pub(crate) use pids::PidBlocks;
+use rpc::Refusal;
 
 /// The bucket of node records, by node name.
 const NODES: &str = "hk_nodes";
@@ -37,6 +44,8 @@ const NODES: &str = "hk_nodes";
 const COUNTERS: &str = "hk_counters";
 /// The bucket of claims: first to create one wins (`lost.<node>.<epoch>`).
 const CLAIMS: &str = "hk_claims";
+/// The directory: each process's node and place in the tree, by PID.
+const DIRECTORY: &str = "hk_directory";
 /// How long a claim is kept.
 const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
 /// How long one request to NATS may take before it counts as failed.
@@ -205,6 +214,8 @@ pub struct Cluster {
     nodes: kv::Store,
     claims: kv::Store,
     pids: Arc<PidBlocks>,
+    directory: Arc<Directory>,
+    requests: Mutex<Option<async_nats::Subscriber>>,
     view: Mutex<View>,
     load: OnceLock<LoadFn>,
     fenced: watch::Sender<Option<String>>,
@@ -241,6 +252,7 @@ impl Cluster {
         let nodes = bucket(&js, NODES, replicas, Duration::ZERO).await?;
         let counters = bucket(&js, COUNTERS, replicas, Duration::ZERO).await?;
         let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
+        let listings = bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -256,6 +268,12 @@ impl Cluster {
             heartbeat_ms: settings.heartbeat_ms,
             node_ttl_ms: settings.node_ttl_ms,
         };
+        // Subscribed before the node is registered, so no node that sees
+        // it finds nobody answering.
+        let requests = client
+            .subscribe(rpc::subject(&settings.node))
+            .await
+            .map_err(|err| ClusterError::jetstream("serving requests from other nodes", err))?;
         let revision = register(&nodes, &claims, &own, settings.node_ttl_ms).await?;
         let (fenced, _) = watch::channel(None);
         let cluster = Arc::new(Cluster {
@@ -264,6 +282,8 @@ impl Cluster {
             nodes,
             claims,
             pids,
+            directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
+            requests: Mutex::new(Some(requests)),
             view: Mutex::new(View {
                 others: HashMap::new(),
                 own,
@@ -328,6 +348,106 @@ impl Cluster {
         self.fenced.subscribe()
     }
 
+    /// Notes that `pid`'s listing changed; the receiver hears once it is
+    /// stored, so every node can find the process.
+    pub(crate) fn publish(
+        &self,
+        pid: hivekernel_agents::Pid,
+    ) -> tokio::sync::oneshot::Receiver<()> {
+        self.directory.publish(pid)
+    }
+
+    /// Starts keeping the directory: this node's listings, read with
+    /// `read` (the PIDs in `now` first), and the mirror of the others'.
+    pub fn start_directory(
+        &self,
+        read: ReadFn,
+        now: impl IntoIterator<Item = hivekernel_agents::Pid>,
+    ) {
+        self.directory
+            .start(read, now, &self.tracker, self.cancel.clone());
+    }
+
+    /// The other live nodes' processes, as the mirror has them now.
+    pub fn listings(&self) -> Listings<'_> {
+        let live = {
+            let view = self.view.lock();
+            view.others
+                .iter()
+                .map(|(name, seen)| (name.clone(), seen.record.epoch))
+                .collect()
+        };
+        Listings::new(self.directory.mirror(), live)
+    }
+
+    /// Where `pid` lives when another live node holds it: the mirror
+    /// first, then the bucket itself (a process spawned elsewhere a moment
+    /// ago, which the watch has not delivered yet).
+    pub async fn locate(
+        &self,
+        pid: hivekernel_agents::Pid,
+    ) -> Result<Option<Listing>, ClusterError> {
+        if let Some(listing) = self.listings().get(pid) {
+            return Ok(Some(listing.clone()));
+        }
+        let Some(listing) = self.directory.fetch(pid).await? else {
+            return Ok(None);
+        };
+        let live = listing.node != self.settings.node
+            && self
+                .view
+                .lock()
+                .others
+                .get(&listing.node)
+                .is_some_and(|seen| seen.record.epoch == listing.epoch);
+        Ok(live.then_some(listing))
+    }
+
+    /// Asks `node` to do `op` and reads its answer. A node that does not
+    /// answer is refused as unavailable, naming it.
+    pub async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &str,
+        op: rpc::Op,
+    ) -> Result<T, Refusal> {
+        let request = rpc::Request {
+            from_node: self.settings.node.clone(),
+            epoch: self.epoch,
+            op,
+        };
+        let unavailable = |why: String| Refusal {
+            kind: hivekernel_agents::ErrorKind::Unavailable,
+            message: format!("cluster: node {node} does not answer: {why}"),
+        };
+        let answer = self
+            .client
+            .request(rpc::subject(node), rpc::encode(&request))
+            .await
+            .map_err(|err| match err.kind() {
+                async_nats::RequestErrorKind::NoResponders => {
+                    unavailable("it is not serving (stopped, or not joined yet)".into())
+                }
+                async_nats::RequestErrorKind::TimedOut => {
+                    unavailable(format!("no answer within {REQUEST_TIMEOUT:?}"))
+                }
+                _ => unavailable(err.to_string()),
+            })?;
+        rpc::decode_answer(node, &answer.payload)
+    }
+
+    /// The requests other nodes send this one (subscribed at join; taken
+    /// once, by the kernel that answers them).
+    pub fn requests(&self) -> Option<async_nats::Subscriber> {
+        self.requests.lock().take()
+    }
+
+    /// Sends `answer` to the node waiting on `reply`.
+    pub async fn answer(&self, reply: async_nats::Subject, answer: Bytes) {
+        if let Err(err) = self.client.publish(reply, answer).await {
+            tracing::debug!(error = %err, "cluster: an answer to another node was not sent");
+        }
+    }
+
     /// The live nodes as this node sees them, this node first, then by name.
     pub fn nodes(&self) -> Vec<NodeInfo> {
         let view = self.view.lock();
@@ -352,14 +472,19 @@ impl Cluster {
         std::iter::once(own).chain(others).collect()
     }
 
-    /// Leaves the cluster: stops the heartbeat and the watch, and removes
-    /// this node's record (unless it was fenced: the record is not its own
-    /// any more).
+    /// Leaves the cluster: stops the heartbeat, the watches and the
+    /// directory's writer, and removes this node's listings and record
+    /// (unless it was fenced: they are not its own any more).
     pub async fn leave(&self) {
         self.cancel.cancel();
         self.tracker.close();
         self.tracker.wait().await;
         if self.fenced.borrow().is_none() {
+            // Bounded like every step here: NATS may be gone.
+            let unlisted = tokio::time::timeout(REQUEST_TIMEOUT, self.directory.unlist_all()).await;
+            if unlisted.is_err() {
+                tracing::warn!("cluster: not every listing of this node was removed at leave");
+            }
             let revision = *self.revision.lock();
             if let Err(err) = self
                 .nodes
@@ -600,7 +725,15 @@ impl Cluster {
             if let Err(err) = retire(&self.nodes, &node, epoch).await {
                 tracing::debug!(lost = %node, error = %err, "cluster: lost node's record not removed yet");
             }
+            // Its processes are gone with it; a restart of it lists anew.
+            self.directory.purge(&node, epoch).await;
         }
+    }
+}
+
+impl crate::events::ProcessTap for Cluster {
+    fn changed(&self, pid: hivekernel_agents::Pid) {
+        self.directory.touch(pid);
     }
 }
 

@@ -147,6 +147,10 @@ pub enum KernelError {
     /// A token change was refused (the message says why).
     #[error("{0}")]
     Token(#[from] crate::tokens::TokenError),
+    /// Another node of the cluster refused or failed the operation: its
+    /// class and message as that node gave them.
+    #[error("{0}")]
+    Remote(SyscallError),
 }
 
 impl KernelError {
@@ -182,6 +186,7 @@ impl KernelError {
             Store(crate::store::StoreError::Closed) => ErrorKind::Unavailable,
             Store(crate::store::StoreError::InMemory) => ErrorKind::FailedPrecondition,
             Store(_) => ErrorKind::Internal,
+            Remote(refusal) => refusal.kind,
             Token(err) => {
                 use crate::tokens::TokenError;
                 match err {

@@ -193,6 +193,29 @@ pub struct EventBus {
     store: Store,
     /// Counts every event, when the kernel keeps metrics.
     metrics: Option<Arc<Metrics>>,
+    /// Told of every process birth, exit and removal (a cluster node's
+    /// directory).
+    tap: Option<Arc<dyn ProcessTap>>,
+}
+
+/// What is told of every process's birth, exit and removal as its event is
+/// emitted: a cluster node's directory.
+pub trait ProcessTap: Send + Sync + std::fmt::Debug {
+    /// `pid` was born, exited, was restarted or left the table.
+    fn changed(&self, pid: Pid);
+}
+
+impl EventKind {
+    /// Whether this event is a process's birth, exit, restart or removal.
+    fn changes_process(&self) -> bool {
+        matches!(
+            self,
+            EventKind::Spawned { .. }
+                | EventKind::Exited { .. }
+                | EventKind::Reaped { .. }
+                | EventKind::Restarted { .. }
+        )
+    }
 }
 
 impl EventBus {
@@ -218,7 +241,14 @@ impl EventBus {
             retain: retain.max(1),
             store,
             metrics: None,
+            tap: None,
         }
+    }
+
+    /// This bus, telling `tap` of every process birth, exit and removal.
+    pub fn with_tap(mut self, tap: Option<Arc<dyn ProcessTap>>) -> Self {
+        self.tap = tap;
+        self
     }
 
     /// This bus, counting every event it emits in `metrics`.
@@ -244,6 +274,11 @@ impl EventBus {
         if let Some(metrics) = &self.metrics {
             metrics.event(&kind);
         }
+        if let Some(tap) = &self.tap
+            && kind.changes_process()
+        {
+            tap.changed(pid);
+        }
         let trace = crate::trace::current_id();
         let mut ring = self.shared.ring.lock();
         let event = self.retained(&mut ring, pid, kind, at_unix_ms, trace);
@@ -260,10 +295,15 @@ impl EventBus {
     /// timestamp, taking the lock once: an exit of 10,000 processes emits
     /// 20,000 events.
     pub fn emit_all(&self, mut events: Vec<(Pid, EventKind)>) {
-        for (_, kind) in &mut events {
+        for (pid, kind) in &mut events {
             kind.bound();
             if let Some(metrics) = &self.metrics {
                 metrics.event(kind);
+            }
+            if let Some(tap) = &self.tap
+                && kind.changes_process()
+            {
+                tap.changed(*pid);
             }
         }
         let at_unix_ms = unix_ms(SystemTime::now());

@@ -42,6 +42,7 @@ mod spawn;
 pub(crate) mod state;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
+mod tree;
 pub use inbox::{MAX_INBOX_TEXT, MAX_SHOWN_ARGUMENTS};
 mod tokens;
 pub use tokens::{MAX_TOKEN_LIFETIME, NewToken};
@@ -159,43 +160,51 @@ impl Kernel {
         self.inner.events().last_seq()
     }
 
-    /// A snapshot of one live or zombie process.
+    /// A snapshot of one live or zombie process, wherever in the cluster
+    /// it lives.
     pub async fn get_process(&self, _caller: Caller, pid: Pid) -> Result<ProcessInfo> {
-        let table = self.inner.table().read();
-        let info = table
-            .get(pid)
-            .map(|entry| entry.info(pid))
-            .ok_or(KernelError::NotFound(pid))?;
-        drop(table);
-        Ok(self.with_log_path(info))
+        let info = {
+            let table = self.inner.table().read();
+            table.get(pid).map(|entry| entry.info(pid))
+        };
+        match info {
+            Some(info) => Ok(self.shown(info)),
+            None if self.inner.cluster().is_some() => self.remote_info(pid).await,
+            None => Err(KernelError::NotFound(pid)),
+        }
     }
 
-    /// PIDs of `root`'s subtree in depth-first pre-order, at most `max_depth` levels below it.
+    /// PIDs of `root`'s subtree in depth-first pre-order, at most
+    /// `max_depth` levels below it; on a node of a cluster, the subtree
+    /// across every live node.
     pub async fn list_pids(
         &self,
         _caller: Caller,
         root: Pid,
         max_depth: Option<u32>,
     ) -> Result<Vec<Pid>> {
-        let table = self.inner.table().read();
-        if table.get(root).is_none() {
-            return Err(KernelError::NotFound(root));
+        {
+            let table = self.inner.table().read();
+            let tree = tree::Tree::new(&table, self.inner.cluster().map(|c| c.listings()));
+            if tree.contains(root) {
+                return Ok(tree.subtree_preorder(root, max_depth));
+            }
         }
-        Ok(table.subtree_preorder(root, max_depth))
+        match self.holder(root).await? {
+            // Listed a moment ago, not mirrored yet: nothing below it yet.
+            Some(_) => Ok(vec![root]),
+            None => Err(KernelError::NotFound(root)),
+        }
     }
 
-    /// Snapshots of the given processes, skipping any that are gone.
-    pub fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
-        let infos: Vec<ProcessInfo> = {
-            let table = self.inner.table().read();
-            pids.iter()
-                .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
-                .collect()
-        };
-        infos
-            .into_iter()
-            .map(|info| self.with_log_path(info))
-            .collect()
+    /// Snapshots of the given processes in their order, skipping any that
+    /// are gone; on a node of a cluster, those other nodes hold are asked
+    /// of them.
+    pub async fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
+        match self.inner.cluster() {
+            Some(cluster) => self.cluster_infos(cluster, pids).await,
+            None => self.local_infos(pids).into_iter().flatten().collect(),
+        }
     }
 
     /// Snapshots of `root`'s whole subtree, parents before children.
@@ -206,7 +215,7 @@ impl Kernel {
         max_depth: Option<u32>,
     ) -> Result<Vec<ProcessInfo>> {
         let pids = self.list_pids(caller, root, max_depth).await?;
-        Ok(self.infos(&pids))
+        Ok(self.infos(&pids).await)
     }
 
     /// Live processes (not counting zombies), PID 1 included.

@@ -270,6 +270,7 @@ impl Entry {
             last_exit: self.last_exit().cloned(),
             restored: p.restored,
             log_path: None,
+            node: None,
         }
     }
 }

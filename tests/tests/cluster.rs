@@ -108,15 +108,92 @@ fn wait_for_nodes(kernel: &Binary, expected: &[&str], limit: Duration) -> Vec<Va
     }
 }
 
+/// The PIDs of the processes `kernel` itself holds (`ps` shows the whole
+/// cluster; each process says its node).
 fn pids(kernel: &Binary) -> Vec<u64> {
+    let me = nodes(kernel)[0]["name"].as_str().unwrap().to_owned();
     kernel
         .json(&["ps", "--json"])
         .as_array()
         .unwrap()
         .iter()
+        .filter(|p| p["node"] == me.as_str())
         .map(|p| p["pid"].as_u64().unwrap())
         .filter(|&pid| pid != 1)
         .collect()
+}
+
+/// `ps --json` of the whole cluster as `kernel` sees it: PID to (name, node).
+fn everyone(kernel: &Binary) -> std::collections::BTreeMap<u64, (String, String)> {
+    kernel
+        .json(&["ps", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] != 1)
+        .map(|p| {
+            (
+                p["pid"].as_u64().unwrap(),
+                (
+                    p["name"].as_str().unwrap().to_owned(),
+                    p["node"].as_str().unwrap_or("").to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Spawns `name` of `role` under `parent` through `kernel`; its PID.
+fn spawn(kernel: &Binary, parent: u64, name: &str, role: &str) -> u64 {
+    kernel.json(&[
+        "spawn",
+        "--parent",
+        &parent.to_string(),
+        "--name",
+        name,
+        "--role",
+        role,
+        "--runtime",
+        "echo",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Waits until `check` holds of what `kernel`'s `ps` shows.
+fn wait_for_ps(
+    kernel: &Binary,
+    what: &str,
+    check: impl Fn(&std::collections::BTreeMap<u64, (String, String)>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = everyone(kernel);
+        if check(&seen) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {seen:?}\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The keys of the directory bucket now, read straight from NATS.
+async fn listed(nats: &async_nats::Client) -> BTreeSet<u64> {
+    let js = async_nats::jetstream::new(nats.clone());
+    let bucket = js.get_key_value("hk_directory").await.unwrap();
+    let keys: Vec<String> = bucket
+        .keys()
+        .await
+        .unwrap()
+        .map(|k| k.unwrap())
+        .collect()
+        .await;
+    keys.iter().map(|k| k.parse().unwrap()).collect()
 }
 
 /// Waits for the daemon to exit by itself; its exit code.
@@ -523,4 +600,164 @@ async fn spawns_racing_on_two_nodes_past_their_blocks_never_share_a_pid() {
     for kernel in &nodes {
         assert_eq!(pids(kernel).len(), SPAWNS + 1);
     }
+}
+
+/// One tree over three nodes: `ps`, `ps --tree`, `describe`, names and
+/// paths from any node show every node's processes, each read from the
+/// node holding it; a process whose spawn was answered is found from every
+/// node at once; exits, a lost node and a node that stops leave nothing
+/// behind in the directory; a peer's unreadable request is refused with
+/// what is wrong.
+#[test]
+fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let mut b = flagged(&bin, root.path(), &nats, "b");
+    let mut c = flagged(&bin, root.path(), &nats, "c");
+    wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
+
+    let lead = spawn(&b, 1, "lead-b", "lead");
+    let worker = spawn(&b, lead, "worker-b", "worker");
+    let solo = spawn(&c, 1, "solo-c", "worker");
+    // Answered on b, found on a at once: the spawn waited for its listing.
+    let described = a.cli(&["describe", &worker.to_string()]);
+    assert!(
+        described.contains(&format!("{worker} (parent {lead})"))
+            && described.contains("Node:         b")
+            && described.contains("worker-b"),
+        "{described}"
+    );
+
+    // Every node's processes, from any node, each with its node.
+    for kernel in [&a, &b, &c] {
+        wait_for_ps(kernel, "the whole cluster", |seen| {
+            seen.get(&lead) == Some(&("lead-b".into(), "b".into()))
+                && seen.get(&worker) == Some(&("worker-b".into(), "b".into()))
+                && seen.get(&solo) == Some(&("solo-c".into(), "c".into()))
+                && seen
+                    .values()
+                    .filter(|(name, _)| name == "greeter")
+                    .map(|(_, node)| node.as_str())
+                    .collect::<BTreeSet<_>>()
+                    == BTreeSet::from(["a", "b", "c"])
+        });
+    }
+    let tree = a.cli(&["ps", "--tree"]);
+    let lines: Vec<&str> = tree.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains(&format!("lead-b ({lead}) lead/")))
+        .unwrap_or_else(|| panic!("{tree}"));
+    assert!(lines[at].ends_with("@b"), "{tree}");
+    assert!(
+        lines[at + 1].contains(&format!("└─ worker-b ({worker})")) && lines[at + 1].ends_with("@b"),
+        "{tree}"
+    );
+    let table = a.cli(&["ps"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header[2..4], ["NAME", "NODE"], "{table}");
+    // A subtree rooted on another node.
+    let under: Vec<u64> = a
+        .json(&["ps", "--root", &lead.to_string(), "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(under, [lead, worker]);
+    // Names and paths are looked up across the nodes.
+    assert!(a.cli(&["describe", "solo-c"]).contains("Node:         c"));
+    assert!(
+        a.cli(&["describe", "lead-b/worker-b"])
+            .contains(&format!("PID:          {worker}"))
+    );
+    let out = a.command(&["describe", "greeter"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("\"greeter\" names 3 processes"),
+        "{stderr}"
+    );
+    let out = a.command(&["describe", "999999"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("process 999999 not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let peer = rt.block_on(async_nats::connect(nats.url(0))).unwrap();
+    // A peer's request a node cannot read is refused, naming what is wrong.
+    for (payload, expected) in [
+        (&b"{not json"[..], "unreadable cluster request"),
+        (
+            &br#"{"from_node":"x","epoch":1,"op":"fly","args":{}}"#[..],
+            "unknown variant `fly`",
+        ),
+    ] {
+        let answer = rt
+            .block_on(peer.request("hk.node.a.rpc", bytes::Bytes::from_static(payload)))
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+        assert_eq!(answer["error"]["kind"], "invalid_argument", "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(expected),
+            "{answer}"
+        );
+    }
+    let too_many: Vec<u64> = (1..=201).collect();
+    let request = json!({"from_node": "x", "epoch": 1, "op": "get", "args": {"pids": too_many}});
+    let answer = rt
+        .block_on(peer.request("hk.node.a.rpc", request.to_string().into()))
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 200"),
+        "{answer}"
+    );
+
+    // Every process is listed in the directory, PID 1 never.
+    let all = rt.block_on(listed(&peer));
+    assert!(
+        all.is_superset(&BTreeSet::from([lead, worker, solo])) && !all.contains(&1),
+        "{all:?}"
+    );
+    assert_eq!(all.len(), 6, "{all:?}");
+
+    // An exit on b leaves a's view and the directory.
+    b.cli(&["kill", &lead.to_string()]);
+    wait_for_ps(&a, "the killed subtree gone", |seen| {
+        !seen.contains_key(&lead) && !seen.contains_key(&worker)
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(listed(&peer)).contains(&worker) {
+        assert!(Instant::now() < deadline, "worker-b still listed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // kill -9 of c: once declared lost, its processes leave every view,
+    // and its listings the directory.
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    assert!(everyone(&a).values().all(|(_, node)| node != "c"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(listed(&peer)).contains(&solo) {
+        assert!(Instant::now() < deadline, "solo-c still listed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A node that stops removes its listings as it leaves.
+    assert!(b.terminate().success());
+    wait_for_nodes(&a, &["a"], Duration::from_secs(10));
+    let left = rt.block_on(listed(&peer));
+    let mine: BTreeSet<u64> = pids(&a).into_iter().collect();
+    assert_eq!(left, mine, "only a's listings are left");
 }

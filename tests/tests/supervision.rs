@@ -745,7 +745,7 @@ async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running
             "every child to run again",
             Duration::from_secs(10),
             || async {
-                let infos = kernel.infos(&children);
+                let infos = kernel.infos(&children).await;
                 infos.len() == children.len()
                     && infos.iter().all(|i| {
                         i.state == ProcessState::Idle && i.mailbox_len == 0 && i.restarts >= round
@@ -754,7 +754,7 @@ async fn simultaneous_failures_under_one_for_all_settle_with_every_child_running
         )
         .await;
     }
-    for info in kernel.infos(&children) {
+    for info in kernel.infos(&children).await {
         assert!(info.restarts >= 10, "{info:?}");
         assert_eq!(info.ppid, parent);
     }

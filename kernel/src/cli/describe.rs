@@ -93,6 +93,9 @@ fn text(p: &ProcessInfo, children: &[ProcessInfo], cron: &[CronEntry], now: u64)
     };
     field("Name", &p.name);
     field("PID", &format!("{} (parent {})", p.pid, p.ppid));
+    if !p.node.is_empty() {
+        field("Node", &p.node);
+    }
     field(
         "Role",
         &format!("{} (tier {})", names::role(p.role), names::tier(p.tier)),

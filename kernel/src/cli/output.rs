@@ -59,7 +59,34 @@ pub(super) fn table(procs: &[ProcessInfo], now: u64) -> String {
             p.runtime.clone(),
         ]
     }));
+    // Nodes of a cluster say where each process lives, after its name.
+    if procs.iter().any(|p| !p.node.is_empty()) {
+        let nodes = std::iter::once("NODE").chain(procs.iter().map(|p| p.node.as_str()));
+        let rows: Vec<[String; 14]> = rows
+            .into_iter()
+            .zip(nodes)
+            .map(|(row, node)| with_cell(row, 3, node.to_owned()))
+            .collect();
+        return aligned(&rows);
+    }
     aligned(&rows)
+}
+
+/// `row` with `cell` put in at column `at`.
+fn with_cell<const N: usize, const M: usize>(
+    row: [String; N],
+    at: usize,
+    cell: String,
+) -> [String; M] {
+    let mut cells = row.into_iter();
+    let mut cell = Some(cell);
+    std::array::from_fn(|i| {
+        if i == at {
+            cell.take().unwrap_or_default()
+        } else {
+            cells.next().unwrap_or_default()
+        }
+    })
 }
 
 /// Rows as left-aligned columns two spaces apart, each line trimmed.
@@ -143,14 +170,19 @@ fn subtree(
 }
 
 fn tree_label(p: &ProcessInfo) -> String {
-    format!(
+    let mut label = format!(
         "{} ({}) {}/{} {}",
         p.name,
         p.pid,
         names::role(p.role),
         names::tier(p.tier),
         names::state(p.state)
-    )
+    );
+    // On a node of a cluster: where it lives (PID 1 is every node's kernel).
+    if !p.node.is_empty() && p.pid != 1 {
+        let _ = write!(label, " @{}", p.node);
+    }
+    label
 }
 
 /// One process as JSON, with lowercase role, tier and state names.
@@ -187,6 +219,7 @@ pub(super) fn process_json(p: &ProcessInfo) -> Value {
         "last_exit": p.last_exit.as_ref().map(exit_json),
         "restored": p.restored,
         "log_path": (!p.log_path.is_empty()).then_some(&p.log_path),
+        "node": (!p.node.is_empty()).then_some(&p.node),
     })
 }
 

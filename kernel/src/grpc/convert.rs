@@ -242,6 +242,7 @@ pub(crate) fn process_info(info: ProcessInfo) -> pb::ProcessInfo {
         strategy: enums::strategy_to_proto(info.strategy) as i32,
         last_exit: info.last_exit.map(exit_record),
         restored: info.restored,
+        node: info.node.unwrap_or_default(),
     }
 }
 

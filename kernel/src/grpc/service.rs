@@ -421,7 +421,7 @@ impl KernelRpc for KernelService {
 
     async fn find_process(&self, request: Request<pb::FindProcessRequest>) -> Rpc<pb::ProcessInfo> {
         let caller = caller(&request)?;
-        let pid = self.kernel.find_process(&request.get_ref().target)?;
+        let pid = self.kernel.find_process(&request.get_ref().target).await?;
         let info = self.kernel.get_process(caller, pid).await?;
         Ok(Response::new(convert::process_info(info)))
     }

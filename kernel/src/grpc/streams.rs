@@ -46,6 +46,7 @@ pub(crate) fn process_batches(
         for chunk in pids.chunks(batch_size) {
             let processes: Vec<_> = kernel
                 .infos(chunk)
+                .await
                 .into_iter()
                 .map(convert::process_info)
                 .collect();

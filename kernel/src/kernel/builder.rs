@@ -232,7 +232,7 @@ impl KernelBuilder {
             skills,
         });
         kernel.start_mcp();
-        kernel.report_load();
+        kernel.serve_cluster();
         if recovered.is_some() {
             kernel.reclaim_exec_orphans();
         }

@@ -226,7 +226,12 @@ impl Inner {
             pids,
             ids,
             events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq)
-                .with_metrics(metrics.clone()),
+                .with_metrics(metrics.clone())
+                .with_tap(
+                    cluster
+                        .clone()
+                        .map(|cluster| cluster as Arc<dyn crate::events::ProcessTap>),
+                ),
             metrics,
             traces,
             cluster,

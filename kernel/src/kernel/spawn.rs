@@ -22,6 +22,9 @@ use crate::process::{Entry, NewProc, ProcShared};
 use crate::runtime::Maker;
 use crate::store::{BucketKind, Write};
 
+/// How long a spawn on a node of a cluster waits for its directory listing.
+const LISTING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Kernel {
     /// Creates a child of `request.parent`, acting as `caller`.
     ///
@@ -159,6 +162,15 @@ impl Kernel {
             {
                 tracing::error!(%pid, error = %err, "store: spawn request not committed");
             }
+        }
+        // A node of a cluster answers once every node can find the child.
+        if let Some(cluster) = self.inner.cluster()
+            && matches!(birth, Birth::New { acknowledged: true })
+            && tokio::time::timeout(LISTING_WAIT, cluster.publish(pid))
+                .await
+                .is_err()
+        {
+            tracing::warn!(%pid, "cluster: the directory did not list the new process in time");
         }
         if let Some(launch) = launch {
             self.launch_exec(launch).await;

@@ -138,6 +138,7 @@ async fn durable_send(per: usize) -> (f64, Latencies) {
     loop {
         let busy = kernel
             .infos(&sinks)
+            .await
             .iter()
             .any(|p| p.mailbox_len > 0 || p.state != hivekernel_agents::ProcessState::Idle);
         if !busy {

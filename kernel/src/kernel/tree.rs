@@ -1,0 +1,98 @@
+//! The process tree as this kernel sees it: its own table and, on a node
+//! of a cluster, the other live nodes' processes as the directory lists
+//! them. PID 1 is every node's kernel, so its children are the union of
+//! every node's.
+
+use hivekernel_agents::Pid;
+
+use crate::cluster::Listings;
+use crate::process::ProcessTable;
+
+/// One read of the tree: hold it briefly (it holds the table's read lock
+/// and the directory mirror's).
+pub(super) struct Tree<'a> {
+    table: &'a ProcessTable,
+    others: Option<Listings<'a>>,
+}
+
+impl<'a> Tree<'a> {
+    pub(super) fn new(table: &'a ProcessTable, others: Option<Listings<'a>>) -> Self {
+        Tree { table, others }
+    }
+
+    /// Whether `pid` is in the tree, live or a zombie.
+    pub(super) fn contains(&self, pid: Pid) -> bool {
+        self.table.get(pid).is_some() || self.listed(pid)
+    }
+
+    fn listed(&self, pid: Pid) -> bool {
+        self.others
+            .as_ref()
+            .is_some_and(|others| others.get(pid).is_some())
+    }
+
+    /// `pid`'s name, parent and whether it is alive.
+    pub(super) fn get(&self, pid: Pid) -> Option<(&str, Pid, bool)> {
+        if let Some(entry) = self.table.get(pid) {
+            return Some((&entry.proc.ctx.name, entry.ppid, entry.is_alive()));
+        }
+        let listing = self.others.as_ref()?.get(pid)?;
+        Some((&listing.name, listing.ppid, !listing.exited))
+    }
+
+    /// `pid`'s children wherever they live, in PID order.
+    pub(super) fn children(&self, pid: Pid) -> Vec<Pid> {
+        let mut children: Vec<Pid> = self
+            .table
+            .get(pid)
+            .map(|entry| entry.children.iter().collect())
+            .unwrap_or_default();
+        if let Some(others) = &self.others {
+            let before = children.len();
+            children.extend(others.children(pid));
+            if before > 0 && children.len() > before {
+                children.sort_unstable();
+            }
+        }
+        children
+    }
+
+    /// Every process with its name and whether it is alive.
+    pub(super) fn named(&self) -> impl Iterator<Item = (Pid, &str, bool)> + '_ {
+        let local = self
+            .table
+            .iter()
+            .map(|(pid, entry)| (pid, &*entry.proc.ctx.name, entry.is_alive()));
+        let others = self.others.iter().flat_map(|others| {
+            others
+                .iter()
+                .map(|(pid, listing)| (pid, listing.name.as_str(), !listing.exited))
+        });
+        local.chain(others)
+    }
+
+    /// `root` and everything below it, parents first (pre-order), at most
+    /// `max_depth` levels below root.
+    pub(super) fn subtree_preorder(&self, root: Pid, max_depth: Option<u32>) -> Vec<Pid> {
+        let Some(others) = &self.others else {
+            return self.table.subtree_preorder(root, max_depth);
+        };
+        let mut out = Vec::new();
+        // Listings come from other nodes: a loop in them must not loop us.
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![(root, 0u32)];
+        while let Some((pid, level)) = stack.pop() {
+            if !seen.insert(pid) || (self.table.get(pid).is_none() && others.get(pid).is_none()) {
+                continue;
+            }
+            out.push(pid);
+            if max_depth.is_some_and(|max| level >= max) {
+                continue;
+            }
+            for child in self.children(pid).into_iter().rev() {
+                stack.push((child, level + 1));
+            }
+        }
+        out
+    }
+}
