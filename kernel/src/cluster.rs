@@ -410,6 +410,17 @@ impl Cluster {
         node: &str,
         op: rpc::Op,
     ) -> Result<T, Refusal> {
+        self.call_within(node, op, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Cluster::call`] waiting up to `wait` for the answer (a task runs
+    /// as long as its timeout).
+    pub async fn call_within<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &str,
+        op: rpc::Op,
+        wait: Duration,
+    ) -> Result<T, Refusal> {
         let request = rpc::Request {
             from_node: self.settings.node.clone(),
             epoch: self.epoch,
@@ -419,16 +430,19 @@ impl Cluster {
             kind: hivekernel_agents::ErrorKind::Unavailable,
             message: format!("cluster: node {node} does not answer: {why}"),
         };
+        let asked = async_nats::Request::new()
+            .payload(rpc::encode(&request))
+            .timeout(Some(wait));
         let answer = self
             .client
-            .request(rpc::subject(node), rpc::encode(&request))
+            .send_request(rpc::subject(node), asked)
             .await
             .map_err(|err| match err.kind() {
                 async_nats::RequestErrorKind::NoResponders => {
                     unavailable("it is not serving (stopped, or not joined yet)".into())
                 }
                 async_nats::RequestErrorKind::TimedOut => {
-                    unavailable(format!("no answer within {REQUEST_TIMEOUT:?}"))
+                    unavailable(format!("no answer within {wait:?}"))
                 }
                 _ => unavailable(err.to_string()),
             })?;
@@ -726,7 +740,14 @@ impl Cluster {
                 tracing::debug!(lost = %node, error = %err, "cluster: lost node's record not removed yet");
             }
             // Its processes are gone with it; a restart of it lists anew.
-            self.directory.purge(&node, epoch).await;
+            // Off the watch, which must keep judging the others meanwhile.
+            let (directory, cancel) = (self.directory.clone(), self.cancel.clone());
+            self.tracker.spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = directory.purge(&node, epoch) => {}
+                }
+            });
         }
     }
 }

@@ -190,6 +190,9 @@ impl Kernel {
                 return Ok(tree.subtree_preorder(root, max_depth));
             }
         }
+        if self.inner.cluster().is_none() {
+            return Err(KernelError::NotFound(root));
+        }
         match self.holder(root).await? {
             // Listed a moment ago, not mirrored yet: nothing below it yet.
             Some(_) => Ok(vec![root]),

@@ -655,6 +655,15 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
         lines[at + 1].contains(&format!("└─ worker-b ({worker})")) && lines[at + 1].ends_with("@b"),
         "{tree}"
     );
+    // PID 1 is every node's kernel: its children are every node's.
+    let shown = a.json(&["ps", "--json"]);
+    let kernel = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 1)
+        .unwrap();
+    assert_eq!(kernel["children"], 5, "{shown}");
     let table = a.cli(&["ps"]);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header[2..4], ["NAME", "NODE"], "{table}");
@@ -731,8 +740,46 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     );
     assert_eq!(all.len(), 6, "{all:?}");
 
-    // An exit on b leaves a's view and the directory.
-    b.cli(&["kill", &lead.to_string()]);
+    // An operator of any node acts on any node's processes: a task, a
+    // message, a kill asked of a run on b.
+    let answer = a.cli(&["exec", "lead-b/worker-b", "ping from a"]);
+    assert!(answer.contains("ping from a"), "{answer}");
+    let answer = a.cli(&["exec", &solo.to_string(), "timed", "--timeout", "5"]);
+    assert!(answer.contains("timed"), "{answer}");
+    // A ping sent from a reaches worker-b, whose pong comes back to b's kernel.
+    a.cli(&["send", &worker.to_string(), "ping from a", "--type", "ping"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = b.cli(&[
+            "events",
+            "--since",
+            "0",
+            "--json",
+            "--type",
+            "kernel_message",
+        ]);
+        if events.contains("ping from a") && events.contains("pong") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no pong on b: {events}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A send to a PID nobody holds says so, as on one node.
+    let out = a.command(&["send", "999999", "x"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not found"),
+        "{out:?}"
+    );
+    // An exit on b, asked of a, leaves a's view and the directory.
+    let killed = a.cli(&["kill", &lead.to_string()]);
+    assert!(
+        !b.json(&["ps", "--json"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == lead),
+        "{killed}"
+    );
     wait_for_ps(&a, "the killed subtree gone", |seen| {
         !seen.contains_key(&lead) && !seen.contains_key(&worker)
     });

@@ -280,12 +280,15 @@ impl Directory {
                         .filter(|(_, listing)| listing.is_some())
                         .map(|(pid, _)| *pid),
                 );
-                let written: Vec<(Pid, bool, bool)> =
-                    futures::stream::iter(pids.into_iter().zip(listings))
-                        .map(|(pid, listing)| self.write_one(pid, listing))
-                        .buffer_unordered(IN_FLIGHT)
-                        .collect()
-                        .await;
+                let writes = futures::stream::iter(pids.into_iter().zip(listings))
+                    .map(|(pid, listing)| self.write_one(pid, listing))
+                    .buffer_unordered(IN_FLIGHT)
+                    .collect::<Vec<(Pid, bool, bool)>>();
+                // Stopped midway at leave, which removes what was listed.
+                let written = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    written = writes => written,
+                };
                 let mut failed = false;
                 {
                     let mut listed = self.listed.lock();
@@ -362,11 +365,21 @@ impl Directory {
                     }
                 }
             };
+            let mut stale = Vec::new();
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     change = changes.next() => match change {
-                        Some(Ok(entry)) => self.seen(entry).await,
+                        Some(Ok(entry)) => {
+                            // Swept in batches: a crash may have left many.
+                            let caught_up = entry.delta == 0;
+                            if let Some(left) = self.seen(entry) {
+                                stale.push(left);
+                            }
+                            if !stale.is_empty() && (caught_up || stale.len() >= IN_FLIGHT) {
+                                self.sweep(std::mem::take(&mut stale)).await;
+                            }
+                        }
                         Some(Err(err)) => {
                             tracing::debug!(error = %err, "cluster: watch of the directory broke; again");
                             continue 'watching;
@@ -378,17 +391,25 @@ impl Directory {
         }
     }
 
-    async fn seen(&self, entry: kv::Entry) {
-        let Ok(pid) = entry.key.parse::<u64>().map(Pid) else {
-            tracing::warn!(key = %entry.key, "cluster: directory key that is not a PID; ignored");
-            return;
+    /// Takes one change into the mirror; answers a listing an earlier
+    /// start of this node left, with its revision, for [`Directory::sweep`].
+    fn seen(&self, entry: kv::Entry) -> Option<(Pid, u64)> {
+        let Some(pid) = entry
+            .key
+            .parse::<u64>()
+            .ok()
+            .map(Pid)
+            .filter(|pid| *pid != Pid::KERNEL)
+        else {
+            tracing::warn!(key = %entry.key, "cluster: directory key that is not a process's PID; ignored");
+            return None;
         };
         let listing = match entry.operation {
             Operation::Put => match serde_json::from_slice::<Listing>(&entry.value) {
                 Ok(listing) => Some(listing),
                 Err(err) => {
                     tracing::warn!(%pid, error = %err, "cluster: unreadable directory listing; ignored");
-                    return;
+                    return None;
                 }
             },
             Operation::Delete | Operation::Purge => None,
@@ -396,31 +417,38 @@ impl Directory {
         match listing {
             // This node's own processes are in its table.
             Some(listing) if listing.node == self.node => {
-                if listing.epoch < self.epoch {
-                    self.sweep(pid, entry.revision).await;
-                }
+                return (listing.epoch < self.epoch).then_some((pid, entry.revision));
             }
             Some(listing) => self.mirror.write().insert(pid, listing, entry.revision),
             None => self.mirror.write().remove(pid),
         }
+        None
     }
 
-    /// Removes a listing an earlier start of this node left (it crashed)
-    /// for a process it does not hold now, unless it changed meanwhile.
-    async fn sweep(&self, pid: Pid, revision: u64) {
+    /// Removes listings an earlier start of this node left (it crashed)
+    /// for processes it does not hold now, each unless it changed meanwhile.
+    async fn sweep(&self, stale: Vec<(Pid, u64)>) {
         let Some(read) = self.read.get() else {
             return;
         };
-        if read(&[pid]).first().is_some_and(Option::is_some) {
-            return;
-        }
-        if let Err(err) = self
-            .store
-            .delete_expect_revision(pid.0.to_string(), Some(revision))
-            .await
-        {
-            tracing::debug!(%pid, error = %err, "cluster: stale listing not removed");
-        }
+        let pids: Vec<Pid> = stale.iter().map(|(pid, _)| *pid).collect();
+        let held = read(&pids);
+        let gone = stale
+            .into_iter()
+            .zip(held)
+            .filter(|(_, held)| held.is_none())
+            .map(|(left, _)| left);
+        futures::stream::iter(gone)
+            .for_each_concurrent(IN_FLIGHT, |(pid, revision)| async move {
+                if let Err(err) = self
+                    .store
+                    .delete_expect_revision(pid.0.to_string(), Some(revision))
+                    .await
+                {
+                    tracing::debug!(%pid, error = %err, "cluster: stale listing not removed");
+                }
+            })
+            .await;
     }
 
     /// Removes the listings of `node`'s epoch `epoch` (a node declared
@@ -436,14 +464,8 @@ impl Directory {
             .collect();
         let count = gone.len();
         futures::stream::iter(gone)
-            .for_each_concurrent(IN_FLIGHT, |(pid, revision)| async move {
-                if let Err(err) = self
-                    .store
-                    .delete_expect_revision(pid.0.to_string(), Some(revision))
-                    .await
-                {
-                    tracing::debug!(%pid, error = %err, "cluster: lost node's listing not removed");
-                }
+            .for_each_concurrent(IN_FLIGHT, |(pid, revision)| {
+                self.remove_if_of(pid, revision, node, epoch)
             })
             .await;
         if count > 0 {
@@ -453,6 +475,35 @@ impl Directory {
                 listings = count,
                 "cluster: lost node's listings removed"
             );
+        }
+    }
+
+    /// Removes `pid`'s listing while it is still `node`'s of `epoch`: at
+    /// `revision`, or, when it changed since the mirror saw it (the mirror
+    /// lags), at the revision the bucket has now, a few times.
+    async fn remove_if_of(&self, pid: Pid, mut revision: u64, node: &str, epoch: u64) {
+        let key = pid.0.to_string();
+        for _ in 0..3 {
+            match self
+                .store
+                .delete_expect_revision(&key, Some(revision))
+                .await
+            {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::debug!(%pid, error = %err, "cluster: lost node's listing not removed yet");
+                }
+            }
+            let Ok(Some(entry)) = self.store.entry(&key).await else {
+                return;
+            };
+            let still = entry.operation == Operation::Put
+                && serde_json::from_slice::<Listing>(&entry.value)
+                    .is_ok_and(|l| l.node == node && l.epoch == epoch);
+            if !still {
+                return;
+            }
+            revision = entry.revision;
         }
     }
 

@@ -6,7 +6,7 @@
 //! same error whichever node it reached.
 
 use bytes::Bytes;
-use hivekernel_agents::{ErrorKind, Pid, ProcessInfo};
+use hivekernel_agents::{ErrorKind, MessageId, Outgoing, Pid, ProcessInfo, TaskSpec};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -23,10 +23,58 @@ pub enum Op {
         /// At most [`MAX_GET`].
         pids: Vec<Pid>,
     },
+    /// An operator's kill of a process the node holds, with its subtree;
+    /// answers the PIDs that exited ([`Killed`]).
+    Kill { pid: Pid, reason: String },
+    /// An operator's message to a process the node holds; answers its id
+    /// once the node has it as a local send would ([`MessageId`]).
+    Deliver { message: Outgoing },
+    /// An operator's task on a process the node holds, with its timeout
+    /// set; answers when it ends ([`Executed`]).
+    Task { task: TaskSpec },
 }
 
+/// What [`Op::Kill`] answers.
+pub type Killed = Vec<Pid>;
+/// What [`Op::Deliver`] answers.
+pub type Sent = MessageId;
+/// What [`Op::Task`] answers: the request id and the task's reply.
+pub type Executed = (hivekernel_agents::RequestId, hivekernel_agents::TaskReply);
+
+/// Most bytes of snapshots one `get` answers: under NATS's default 1 MiB
+/// message limit, whatever the processes' metadata.
+pub const GET_BYTES: usize = 768 * 1024;
+
 /// What [`Op::Get`] answers.
-pub type Got = Vec<ProcessInfo>;
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Got {
+    /// Snapshots of the PIDs asked that the node holds, in the order asked.
+    pub processes: Vec<ProcessInfo>,
+    /// PIDs asked that did not fit in this answer ([`GET_BYTES`]): ask again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rest: Vec<Pid>,
+}
+
+impl Got {
+    /// The answer to a `get` of `asked`, of the snapshots `found` (`None`
+    /// where the node does not hold the PID), cut at [`GET_BYTES`] (but
+    /// never before the first snapshot).
+    pub fn cut(asked: &[Pid], found: Vec<Option<ProcessInfo>>) -> Got {
+        let mut got = Got::default();
+        let mut bytes = 0;
+        for (at, info) in found.into_iter().enumerate() {
+            let Some(info) = info else { continue };
+            let size = serde_json::to_vec(&info).map_or(0, |encoded| encoded.len());
+            if !got.processes.is_empty() && bytes + size > GET_BYTES {
+                got.rest = asked.get(at..).unwrap_or_default().to_vec();
+                break;
+            }
+            bytes += size;
+            got.processes.push(info);
+        }
+        got
+    }
+}
 
 /// A request as it travels.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,6 +153,40 @@ mod tests {
     }
 
     #[test]
+    fn a_get_answer_is_cut_to_its_byte_budget_and_names_the_rest() {
+        let info = |pid: u64, bytes: usize| {
+            let mut info: ProcessInfo = serde_json::from_value(serde_json::json!({
+                "pid": pid, "ppid": 1, "name": "w", "role": "worker", "tier": "operational",
+                "state": "idle", "model": "", "runtime": "echo", "tools": [],
+                "limits": {"max_children": 1, "max_depth": 1, "timeout_seconds": 1, "max_concurrent_tasks": 1},
+                "depth": 1, "children": 0, "mailbox_len": 0, "started_at_unix_ms": 0,
+                "metadata": {}, "usage": serde_json::to_value(hivekernel_agents::LlmUsage::default()).unwrap_or_default(),
+                "exit": null,
+                "restart": serde_json::to_value(hivekernel_agents::RestartSpec::default()).unwrap_or_default()
+            }))
+            .unwrap_or_else(|err| panic!("{err}"));
+            info.metadata.insert("k".into(), "x".repeat(bytes));
+            Some(info)
+        };
+        let asked: Vec<Pid> = (10..15).map(Pid).collect();
+        // 5 of 300 KiB each, one not held: two fit, the rest is named.
+        let found = vec![
+            info(10, 300 << 10),
+            None,
+            info(12, 300 << 10),
+            info(13, 300 << 10),
+            info(14, 10),
+        ];
+        let got = Got::cut(&asked, found);
+        let pids: Vec<u64> = got.processes.iter().map(|p| p.pid.0).collect();
+        assert_eq!(pids, [10, 12]);
+        assert_eq!(got.rest, [Pid(13), Pid(14)]);
+        // One alone larger than the budget still goes, alone.
+        let got = Got::cut(&asked[..1], vec![info(10, 900 << 10)]);
+        assert_eq!((got.processes.len(), got.rest.len()), (1, 0));
+    }
+
+    #[test]
     fn bad_requests_and_answers_say_what_is_wrong() {
         let refused = decode_request(br#"{"from_node":"a","epoch":1,"op":"fly"}"#);
         assert!(
@@ -123,7 +205,7 @@ mod tests {
                 message: "process 9 not found".into()
             })
         );
-        let garbled: Result<Got, _> = decode_answer("b", b"[1,");
+        let garbled: Result<Got, _> = decode_answer("b", b"{\"ok\":[1,");
         assert!(
             matches!(&garbled, Err(r) if r.kind == ErrorKind::Internal && r.message.contains("node b")),
             "{garbled:?}"

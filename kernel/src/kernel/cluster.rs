@@ -3,24 +3,30 @@
 //! answers other nodes, and the reads that reach the processes other nodes
 //! hold (docs/CLUSTER.md).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hivekernel_agents::{ErrorKind, Pid, ProcessInfo, ProcessState};
+use hivekernel_agents::{ErrorKind, Outgoing, Pid, ProcessInfo, ProcessState, TaskSpec};
 use tokio::sync::Semaphore;
 
 use crate::cluster::rpc::{self, Answer, Op, Refusal};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
 use crate::error::{KernelError, Result};
-use crate::kernel::Kernel;
+use crate::kernel::{Caller, Kernel};
 use crate::process::ProcessTable;
 
 /// Requests from other nodes answered at once; more wait their turn.
 const SERVED_AT_ONCE: usize = 256;
-/// `get` requests to one node in flight at once, for one read.
+/// `get` requests in flight at once, for one read.
 const GETS_AT_ONCE: usize = 8;
+/// How long a forwarded kill may take (a large subtree ends leaves first).
+pub(super) const FORWARDED_KILL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a forwarded message may take to be taken in.
+pub(super) const FORWARDED_SEND: std::time::Duration = std::time::Duration::from_secs(10);
+/// How much longer than a forwarded task's timeout its requester waits.
+const FORWARD_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where a process lives, as this node finds it.
 #[derive(Debug)]
@@ -89,10 +95,7 @@ impl Kernel {
         else {
             return Err(KernelError::NotFound(pid));
         };
-        let got: rpc::Got = cluster
-            .call(&listing.node, Op::Get { pids: vec![pid] })
-            .await
-            .map_err(KernelError::Remote)?;
+        let got = read_from(cluster, &listing.node, vec![pid]).await?;
         got.into_iter()
             .find(|info| info.pid == pid)
             .ok_or(KernelError::NotFound(pid))
@@ -117,7 +120,6 @@ impl Kernel {
         if wanted.is_empty() {
             return infos.into_iter().flatten().collect();
         }
-        let nodes = wanted.len();
         let asks: Vec<(String, Vec<Pid>)> = wanted
             .into_iter()
             .flat_map(|(node, pids)| {
@@ -126,17 +128,14 @@ impl Kernel {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let answers: Vec<rpc::Got> = futures::stream::iter(asks)
+        let answers: Vec<Vec<ProcessInfo>> = futures::stream::iter(asks)
             .map(|(node, pids)| async move {
-                match cluster.call::<rpc::Got>(&node, Op::Get { pids }).await {
-                    Ok(got) => got,
-                    Err(refusal) => {
-                        tracing::warn!(%node, error = %refusal, "cluster: processes of a node not read");
-                        Vec::new()
-                    }
-                }
+                read_from(cluster, &node, pids).await.unwrap_or_else(|err| {
+                    tracing::warn!(%node, error = %err, "cluster: processes of a node not read");
+                    Vec::new()
+                })
             })
-            .buffer_unordered(GETS_AT_ONCE * nodes)
+            .buffer_unordered(GETS_AT_ONCE)
             .collect()
             .await;
         let mut got: HashMap<Pid, ProcessInfo> = answers
@@ -166,12 +165,21 @@ impl Kernel {
             .collect()
     }
 
-    /// A snapshot as callers get it: with its log path, and its node when
-    /// this kernel is one.
+    /// A snapshot as callers get it: with its log path and, when this
+    /// kernel is a node of a cluster, its node and its live children on
+    /// the other nodes counted (PID 1's are every node's config agents).
     pub(super) fn shown(&self, info: ProcessInfo) -> ProcessInfo {
         let mut info = self.with_log_path(info);
         if let Some(cluster) = self.inner.cluster() {
             info.node = Some(cluster.node().to_owned());
+            let listings = cluster.listings();
+            let elsewhere = listings
+                .children(info.pid)
+                .filter(|child| listings.get(*child).is_some_and(|l| !l.exited))
+                .count();
+            info.children = info
+                .children
+                .saturating_add(u32::try_from(elsewhere).unwrap_or(u32::MAX));
         }
         info
     }
@@ -245,7 +253,9 @@ impl Kernel {
         });
     }
 
-    /// What this node answers another's request.
+    /// What this node answers another's request. An operation a node
+    /// forwards was asked of it by an operator whose rights it checked;
+    /// whoever can publish on the nodes' subjects is trusted as a node.
     async fn answer(&self, payload: &[u8]) -> Bytes {
         let request = match rpc::decode_request(payload) {
             Ok(request) => request,
@@ -259,11 +269,129 @@ impl Kernel {
                 }))
             }
             Op::Get { pids } => {
-                let got: rpc::Got = self.local_infos(&pids).into_iter().flatten().collect();
+                let got = rpc::Got::cut(&pids, self.local_infos(&pids));
                 rpc::encode(&Answer::Ok(got))
             }
+            // Done here or not at all: a forwarded operation is never
+            // forwarded again.
+            Op::Kill { pid, .. }
+            | Op::Deliver {
+                message: Outgoing { to: pid, .. },
+            }
+            | Op::Task {
+                task: TaskSpec { to: pid, .. },
+            } if self.inner.table().read().get(pid).is_none() => {
+                held::<()>(Err(KernelError::NotFound(pid)))
+            }
+            Op::Kill { pid, reason } => held(self.kill(Caller::Admin, pid, &reason).await),
+            Op::Deliver { message } => held(self.send_message(Caller::Admin, message).await),
+            Op::Task { task } => held(self.execute_task(Caller::Admin, task).await),
         }
     }
+
+    /// The node holding `pid`, when another one does and `caller`, an
+    /// operator, may reach it there; `None` when this node holds it, or
+    /// nobody does (the local operation then says NOT_FOUND). A process
+    /// reaches only its own node's processes until routing spans the nodes.
+    pub(super) async fn elsewhere(&self, caller: Caller, pid: Pid) -> Result<Option<String>> {
+        let Some(cluster) = self.inner.cluster() else {
+            return Ok(None);
+        };
+        if self.inner.table().read().get(pid).is_some() {
+            return Ok(None);
+        }
+        match (self.holder(pid).await?, caller) {
+            (Some(Holder::There(listing)), Caller::Process(me)) => {
+                Err(KernelError::FailedPrecondition(format!(
+                    "process {pid} is on node {}, and process {me} on node {}: processes \
+                     reach processes on other nodes once routing spans the nodes \
+                     (docs/CLUSTER.md)",
+                    listing.node,
+                    cluster.node()
+                )))
+            }
+            (Some(Holder::There(listing)), _) => Ok(Some(listing.node)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Asks `node` to do `op` for an operator of this node, waiting up to
+    /// `wait` for its answer.
+    pub(super) async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &str,
+        op: Op,
+        wait: std::time::Duration,
+    ) -> Result<T> {
+        let Some(cluster) = self.inner.cluster() else {
+            return Err(KernelError::FailedPrecondition(
+                "this kernel is not a node of a cluster".into(),
+            ));
+        };
+        cluster
+            .call_within(node, op, wait)
+            .await
+            .map_err(KernelError::Remote)
+    }
+
+    /// A task forwarded to `node`: its timeout set from the target's own
+    /// when the task names none (the requesting node waits that long,
+    /// and a little more for the answer to travel).
+    pub(super) async fn forward_task(
+        &self,
+        node: &str,
+        mut task: TaskSpec,
+    ) -> Result<rpc::Executed> {
+        let timeout = match task.timeout {
+            Some(timeout) => timeout,
+            None => {
+                let info = self.remote_info(task.to).await?;
+                std::time::Duration::from_secs(info.limits.timeout_seconds)
+            }
+        };
+        task.timeout = Some(timeout);
+        let wait = timeout.saturating_add(FORWARD_MARGIN);
+        self.forward(node, Op::Task { task }, wait).await
+    }
+}
+
+/// An answer of what a local operation returned.
+fn held<T: serde::Serialize>(result: Result<T>) -> Bytes {
+    match result {
+        Ok(value) => rpc::encode(&Answer::Ok(value)),
+        Err(err) => rpc::encode(&Answer::<()>::Error(err.into())),
+    }
+}
+
+/// Snapshots of those of `pids` that `node` holds, asked again for the
+/// rest while its answers are cut short by their size; only the PIDs
+/// asked are taken from its answers.
+async fn read_from(cluster: &Cluster, node: &str, pids: Vec<Pid>) -> Result<Vec<ProcessInfo>> {
+    let asked: HashSet<Pid> = pids.iter().copied().collect();
+    let mut infos = Vec::new();
+    let mut pids = pids;
+    while !pids.is_empty() {
+        let before = pids.len();
+        let got: rpc::Got = cluster
+            .call(node, Op::Get { pids })
+            .await
+            .map_err(KernelError::Remote)?;
+        let answered = got.processes.len();
+        infos.extend(
+            got.processes
+                .into_iter()
+                .filter(|info| asked.contains(&info.pid)),
+        );
+        // An answer cut short holds at least one snapshot and leaves fewer
+        // to ask; one that does not ends the reading (a peer must not
+        // keep this node asking).
+        pids = got.rest;
+        pids.retain(|pid| asked.contains(pid));
+        if answered == 0 || pids.len() >= before {
+            break;
+        }
+    }
+    Ok(infos)
 }
 
 /// `pid`'s listing for the directory, from this node's table.

@@ -12,7 +12,9 @@ use hivekernel_agents::{
 
 use tokio::sync::oneshot;
 
+use super::cluster::FORWARDED_SEND;
 use super::{Caller, Kernel};
+use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
@@ -38,6 +40,10 @@ impl Kernel {
     pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
         let result = async {
             self.require(caller, Capability::SendMessage, "send messages")?;
+            if let Some(node) = self.elsewhere(caller, message.to).await? {
+                let op = Op::Deliver { message };
+                return self.forward(&node, op, FORWARDED_SEND).await;
+            }
             self.send_message_checked(caller, message).await
         };
         self.report_denial(caller, "send_message", result.await)
@@ -130,6 +136,9 @@ impl Kernel {
             return Err(KernelError::InvalidArgument(format!(
                 "process {me} cannot run a task on itself and wait for the answer"
             )));
+        }
+        if let Some(node) = self.elsewhere(caller, to).await? {
+            return self.forward_task(&node, task).await;
         }
         let (tx, rx) = oneshot::channel();
         let (request_id, timeout, _) = self.submit(caller, task, ReplyTo::Waiter(tx))?;

@@ -25,9 +25,11 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::exec::{ExecRuntime, Gone};
+use crate::kernel::cluster::FORWARDED_KILL;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo};
 use crate::process::{Entry, ProcShared, ProcessTable};
@@ -202,6 +204,13 @@ impl Kernel {
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "kill processes")?;
+            if let Some(node) = self.elsewhere(caller, pid).await? {
+                let op = Op::Kill {
+                    pid,
+                    reason: reason.to_owned(),
+                };
+                return self.forward(&node, op, FORWARDED_KILL).await;
+            }
             self.kill_checked(caller, pid, reason).await
         };
         self.report_denial(caller, "kill", result.await)

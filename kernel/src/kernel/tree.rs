@@ -49,7 +49,12 @@ impl<'a> Tree<'a> {
             .unwrap_or_default();
         if let Some(others) = &self.others {
             let before = children.len();
-            children.extend(others.children(pid));
+            // A listing naming a PID this node holds is not believed.
+            children.extend(
+                others
+                    .children(pid)
+                    .filter(|child| self.table.get(*child).is_none()),
+            );
             if before > 0 && children.len() > before {
                 children.sort_unstable();
             }
@@ -66,6 +71,7 @@ impl<'a> Tree<'a> {
         let others = self.others.iter().flat_map(|others| {
             others
                 .iter()
+                .filter(|(pid, _)| self.table.get(*pid).is_none())
                 .map(|(pid, listing)| (pid, listing.name.as_str(), !listing.exited))
         });
         local.chain(others)
