@@ -216,6 +216,8 @@ pub struct Cluster {
     pids: Arc<PidBlocks>,
     directory: Arc<Directory>,
     requests: Mutex<Option<async_nats::Subscriber>>,
+    /// Losses whose listings are being or were removed (a few per lost node).
+    purged: Mutex<std::collections::HashSet<(String, u64)>>,
     view: Mutex<View>,
     load: OnceLock<LoadFn>,
     fenced: watch::Sender<Option<String>>,
@@ -284,6 +286,7 @@ impl Cluster {
             pids,
             directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
             requests: Mutex::new(Some(requests)),
+            purged: Mutex::new(std::collections::HashSet::new()),
             view: Mutex::new(View {
                 others: HashMap::new(),
                 own,
@@ -444,6 +447,13 @@ impl Cluster {
                 async_nats::RequestErrorKind::TimedOut => {
                     unavailable(format!("no answer within {wait:?}"))
                 }
+                async_nats::RequestErrorKind::MaxPayloadExceeded => Refusal::new(
+                    hivekernel_agents::ErrorKind::ResourceExhausted,
+                    format!(
+                        "cluster: the request to node {node} is larger than a NATS message \
+                         may be (max_payload)"
+                    ),
+                ),
                 _ => unavailable(err.to_string()),
             })?;
         rpc::decode_answer(node, &answer.payload)
@@ -455,8 +465,32 @@ impl Cluster {
         self.requests.lock().take()
     }
 
-    /// Sends `answer` to the node waiting on `reply`.
+    /// Whether `node` of `epoch` is a live node as this one sees it.
+    pub fn is_live(&self, node: &str, epoch: u64) -> bool {
+        let view = self.view.lock();
+        view.others
+            .get(node)
+            .is_some_and(|seen| seen.record.epoch == epoch)
+    }
+
+    /// Sends `answer` to the node waiting on `reply`; one larger than the
+    /// servers take goes as a refusal saying so, so the asker is not left
+    /// waiting out its deadline.
     pub async fn answer(&self, reply: async_nats::Subject, answer: Bytes) {
+        let most = self.client.server_info().max_payload;
+        let answer = if most > 0 && answer.len() > most {
+            rpc::encode(&rpc::Answer::<()>::Error(Refusal::new(
+                hivekernel_agents::ErrorKind::ResourceExhausted,
+                format!(
+                    "cluster: node {}'s answer is {} bytes, more than the {most} a NATS \
+                     message may hold (max_payload)",
+                    self.settings.node,
+                    answer.len()
+                ),
+            )))
+        } else {
+            answer
+        };
         if let Err(err) = self.client.publish(reply, answer).await {
             tracing::debug!(error = %err, "cluster: an answer to another node was not sent");
         }
@@ -740,7 +774,11 @@ impl Cluster {
                 tracing::debug!(lost = %node, error = %err, "cluster: lost node's record not removed yet");
             }
             // Its processes are gone with it; a restart of it lists anew.
-            // Off the watch, which must keep judging the others meanwhile.
+            // Off the watch, which must keep judging the others meanwhile;
+            // once per loss, however often the loss is seen.
+            if !self.purged.lock().insert((node.clone(), epoch)) {
+                continue;
+            }
             let (directory, cancel) = (self.directory.clone(), self.cancel.clone());
             self.tracker.spawn(async move {
                 tokio::select! {

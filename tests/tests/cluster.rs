@@ -732,6 +732,24 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
         "{answer}"
     );
 
+    // A node this one does not see live (declared lost, or no node at
+    // all) may read, but acts on nothing.
+    let request =
+        json!({"from_node": "x", "epoch": 1, "op": "kill", "args": {"pid": lead, "reason": ""}});
+    let answer = rt
+        .block_on(peer.request("hk.node.b.rpc", request.to_string().into()))
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert_eq!(answer["error"]["kind"], "failed_precondition", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("node x (epoch 1) is not a live node"),
+        "{answer}"
+    );
+    assert!(everyone(&b).contains_key(&lead));
+
     // Every process is listed in the directory, PID 1 never.
     let all = rt.block_on(listed(&peer));
     assert!(

@@ -226,7 +226,10 @@ impl Kernel {
         let shutdown = self.inner.shutdown().clone();
         let tracker = self.inner.tracker().clone();
         self.inner.tracker().spawn(async move {
-            let permits = Arc::new(Semaphore::new(SERVED_AT_ONCE));
+            // Tasks run as long as their timeout: they have slots of their
+            // own, so they never hold up reads and kills.
+            let quick = Arc::new(Semaphore::new(SERVED_AT_ONCE));
+            let tasks = Arc::new(Semaphore::new(SERVED_AT_ONCE));
             let mut requests = requests;
             loop {
                 let message = tokio::select! {
@@ -238,14 +241,35 @@ impl Kernel {
                 };
                 // A message without a reply subject asks nothing.
                 let Some(reply) = message.reply else { continue };
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
+                let request = match rpc::decode_request(&message.payload) {
+                    Ok(request) => request,
+                    Err(refusal) => {
+                        cluster.answer(reply, refused(refusal)).await;
+                        continue;
+                    }
+                };
+                let slots = match request.op {
+                    Op::Task { .. } => &tasks,
+                    _ => &quick,
+                };
+                // Never waited for: a full node says so at once.
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    let busy = Refusal::new(
+                        ErrorKind::ResourceExhausted,
+                        format!(
+                            "cluster: node {} is answering {SERVED_AT_ONCE} requests of this \
+                             kind from other nodes; try again",
+                            cluster.node()
+                        ),
+                    );
+                    cluster.answer(reply, refused(busy)).await;
+                    continue;
                 };
                 let Some(inner) = weak.upgrade() else { return };
                 let kernel = Kernel { inner };
                 let cluster = cluster.clone();
                 tracker.spawn(async move {
-                    let answer = kernel.answer(&message.payload).await;
+                    let answer = kernel.answer(&cluster, request).await;
                     cluster.answer(reply, answer).await;
                     drop(permit);
                 });
@@ -255,19 +279,28 @@ impl Kernel {
 
     /// What this node answers another's request. An operation a node
     /// forwards was asked of it by an operator whose rights it checked;
-    /// whoever can publish on the nodes' subjects is trusted as a node.
-    async fn answer(&self, payload: &[u8]) -> Bytes {
-        let request = match rpc::decode_request(payload) {
-            Ok(request) => request,
-            Err(refusal) => return rpc::encode(&Answer::<()>::Error(refusal)),
-        };
+    /// whoever can publish on the nodes' subjects is trusted as a node,
+    /// but one this node does not see live (declared lost, fenced) may
+    /// only read.
+    async fn answer(&self, cluster: &Cluster, request: rpc::Request) -> Bytes {
+        let acts = !matches!(request.op, Op::Get { .. });
+        if acts && !cluster.is_live(&request.from_node, request.epoch) {
+            return refused(Refusal::new(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "cluster: node {} (epoch {}) is not a live node as node {} sees it; \
+                     a node declared lost acts on nothing",
+                    request.from_node,
+                    request.epoch,
+                    cluster.node()
+                ),
+            ));
+        }
         match request.op {
-            Op::Get { pids } if pids.len() > rpc::MAX_GET => {
-                rpc::encode(&Answer::<()>::Error(Refusal {
-                    kind: ErrorKind::InvalidArgument,
-                    message: format!("a get names {} PIDs, at most {}", pids.len(), rpc::MAX_GET),
-                }))
-            }
+            Op::Get { pids } if pids.len() > rpc::MAX_GET => refused(Refusal::new(
+                ErrorKind::InvalidArgument,
+                format!("a get names {} PIDs, at most {}", pids.len(), rpc::MAX_GET),
+            )),
             Op::Get { pids } => {
                 let got = rpc::Got::cut(&pids, self.local_infos(&pids));
                 rpc::encode(&Answer::Ok(got))
@@ -283,9 +316,11 @@ impl Kernel {
             } if self.inner.table().read().get(pid).is_none() => {
                 held::<()>(Err(KernelError::NotFound(pid)))
             }
-            Op::Kill { pid, reason } => held(self.kill(Caller::Admin, pid, &reason).await),
-            Op::Deliver { message } => held(self.send_message(Caller::Admin, message).await),
-            Op::Task { task } => held(self.execute_task(Caller::Admin, task).await),
+            Op::Kill { pid, reason } => held(self.kill_checked(Caller::Admin, pid, &reason).await),
+            Op::Deliver { message } => {
+                held(self.send_message_checked(Caller::Admin, message).await)
+            }
+            Op::Task { task } => held(self.execute_here(Caller::Admin, task).await),
         }
     }
 
@@ -300,7 +335,12 @@ impl Kernel {
         if self.inner.table().read().get(pid).is_some() {
             return Ok(None);
         }
-        match (self.holder(pid).await?, caller) {
+        // A process's mistake costs no read of the bucket: the mirror says.
+        let holder = match caller {
+            Caller::Process(_) => cluster.listings().get(pid).cloned().map(Holder::There),
+            _ => self.holder(pid).await?,
+        };
+        match (holder, caller) {
             (Some(Holder::There(listing)), Caller::Process(me)) => {
                 Err(KernelError::FailedPrecondition(format!(
                     "process {pid} is on node {}, and process {me} on node {}: processes \
@@ -346,7 +386,8 @@ impl Kernel {
             Some(timeout) => timeout,
             None => {
                 let info = self.remote_info(task.to).await?;
-                std::time::Duration::from_secs(info.limits.timeout_seconds)
+                // As the holding node reads it (router.rs).
+                std::time::Duration::from_secs(info.limits.timeout_seconds.max(1))
             }
         };
         task.timeout = Some(timeout);
@@ -355,11 +396,16 @@ impl Kernel {
     }
 }
 
+/// An answer refusing a request.
+fn refused(refusal: Refusal) -> Bytes {
+    rpc::encode(&Answer::<()>::Error(refusal))
+}
+
 /// An answer of what a local operation returned.
 fn held<T: serde::Serialize>(result: Result<T>) -> Bytes {
     match result {
         Ok(value) => rpc::encode(&Answer::Ok(value)),
-        Err(err) => rpc::encode(&Answer::<()>::Error(err.into())),
+        Err(err) => refused(err.into()),
     }
 }
 

@@ -49,8 +49,13 @@ impl Kernel {
         self.report_denial(caller, "send_message", result.await)
     }
 
-    /// [`Kernel::send_message`], once the caller holds the capability.
-    async fn send_message_checked(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+    /// [`Kernel::send_message`], once the caller holds the capability,
+    /// to a process of this node (never forwarded).
+    pub(super) async fn send_message_checked(
+        &self,
+        caller: Caller,
+        message: Outgoing,
+    ) -> Result<MessageId> {
         self.check_running()?;
         self.inner.settings().limits.check_message(&message)?;
         if let Some(ttl) = message.ttl {
@@ -140,6 +145,16 @@ impl Kernel {
         if let Some(node) = self.elsewhere(caller, to).await? {
             return self.forward_task(&node, task).await;
         }
+        self.execute_here(caller, task).await
+    }
+
+    /// [`Kernel::execute_task`] on a process of this node (never forwarded).
+    pub(super) async fn execute_here(
+        &self,
+        caller: Caller,
+        task: TaskSpec,
+    ) -> Result<(RequestId, TaskReply)> {
+        let to = task.to;
         let (tx, rx) = oneshot::channel();
         let (request_id, timeout, _) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
         let _blocked = self.blocked_guard(caller);

@@ -227,8 +227,14 @@ impl Kernel {
         }
     }
 
-    /// [`Kernel::kill`], once the caller holds the capability.
-    async fn kill_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
+    /// [`Kernel::kill`], once the caller holds the capability, of a
+    /// process of this node (never forwarded).
+    pub(super) async fn kill_checked(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        reason: &str,
+    ) -> Result<Vec<Pid>> {
         self.inner.settings().limits.check_reason(reason)?;
         if pid == Pid::KERNEL {
             return Err(KernelError::PermissionDenied(
