@@ -479,7 +479,7 @@ impl Cluster {
     pub async fn answer(&self, reply: async_nats::Subject, answer: Bytes) {
         let most = self.client.server_info().max_payload;
         let answer = if most > 0 && answer.len() > most {
-            rpc::encode(&rpc::Answer::<()>::Error(Refusal::new(
+            rpc::refused(Refusal::new(
                 hivekernel_agents::ErrorKind::ResourceExhausted,
                 format!(
                     "cluster: node {}'s answer is {} bytes, more than the {most} a NATS \
@@ -487,7 +487,7 @@ impl Cluster {
                     self.settings.node,
                     answer.len()
                 ),
-            )))
+            ))
         } else {
             answer
         };

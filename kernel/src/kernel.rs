@@ -163,12 +163,8 @@ impl Kernel {
     /// A snapshot of one live or zombie process, wherever in the cluster
     /// it lives.
     pub async fn get_process(&self, _caller: Caller, pid: Pid) -> Result<ProcessInfo> {
-        let info = {
-            let table = self.inner.table().read();
-            table.get(pid).map(|entry| entry.info(pid))
-        };
-        match info {
-            Some(info) => Ok(self.shown(info)),
+        match self.local_infos(&[pid]).pop().flatten() {
+            Some(info) => Ok(info),
             None if self.inner.cluster().is_some() => self.remote_info(pid).await,
             None => Err(KernelError::NotFound(pid)),
         }

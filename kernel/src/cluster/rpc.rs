@@ -110,6 +110,11 @@ pub fn encode<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
 }
 
+/// An answer refusing a request.
+pub fn refused(refusal: Refusal) -> Bytes {
+    encode(&Answer::<()>::Error(refusal))
+}
+
 /// Reads a request a peer sent; refused as an invalid argument naming
 /// what is wrong.
 pub fn decode_request(payload: &[u8]) -> Result<Request, Refusal> {

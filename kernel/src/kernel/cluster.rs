@@ -11,7 +11,7 @@ use futures::StreamExt;
 use hivekernel_agents::{ErrorKind, Outgoing, Pid, ProcessInfo, ProcessState, TaskSpec};
 use tokio::sync::Semaphore;
 
-use crate::cluster::rpc::{self, Answer, Op, Refusal};
+use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
 use crate::error::{KernelError, Result};
 use crate::kernel::{Caller, Kernel};
@@ -151,37 +151,39 @@ impl Kernel {
         infos.into_iter().flatten().collect()
     }
 
-    /// Snapshots of those of `pids` this node holds, `None` for the others.
+    /// Snapshots of those of `pids` this node holds, `None` for the
+    /// others, as callers get them: with their log paths and, on a node
+    /// of a cluster, their node and their live children on the other
+    /// nodes counted (PID 1's are every node's config agents).
     pub(super) fn local_infos(&self, pids: &[Pid]) -> Vec<Option<ProcessInfo>> {
-        let infos: Vec<Option<ProcessInfo>> = {
+        let mut infos: Vec<Option<ProcessInfo>> = {
             let table = self.inner.table().read();
             pids.iter()
                 .map(|pid| table.get(*pid).map(|e| e.info(*pid)))
                 .collect()
         };
+        // One read of the mirror for the whole batch.
+        let others = self
+            .inner
+            .cluster()
+            .map(|cluster| (cluster.node(), cluster.listings()));
+        for info in infos.iter_mut().flatten() {
+            if let Some((node, listings)) = &others {
+                info.node = Some((*node).to_owned());
+                let elsewhere = listings
+                    .children(info.pid)
+                    .filter(|child| listings.get(*child).is_some_and(|l| !l.exited))
+                    .count();
+                info.children = info
+                    .children
+                    .saturating_add(u32::try_from(elsewhere).unwrap_or(u32::MAX));
+            }
+        }
+        drop(others);
         infos
             .into_iter()
-            .map(|info| info.map(|info| self.shown(info)))
+            .map(|info| info.map(|info| self.with_log_path(info)))
             .collect()
-    }
-
-    /// A snapshot as callers get it: with its log path and, when this
-    /// kernel is a node of a cluster, its node and its live children on
-    /// the other nodes counted (PID 1's are every node's config agents).
-    pub(super) fn shown(&self, info: ProcessInfo) -> ProcessInfo {
-        let mut info = self.with_log_path(info);
-        if let Some(cluster) = self.inner.cluster() {
-            info.node = Some(cluster.node().to_owned());
-            let listings = cluster.listings();
-            let elsewhere = listings
-                .children(info.pid)
-                .filter(|child| listings.get(*child).is_some_and(|l| !l.exited))
-                .count();
-            info.children = info
-                .children
-                .saturating_add(u32::try_from(elsewhere).unwrap_or(u32::MAX));
-        }
-        info
     }
 }
 
@@ -394,11 +396,6 @@ impl Kernel {
         let wait = timeout.saturating_add(FORWARD_MARGIN);
         self.forward(node, Op::Task { task }, wait).await
     }
-}
-
-/// An answer refusing a request.
-fn refused(refusal: Refusal) -> Bytes {
-    rpc::encode(&Answer::<()>::Error(refusal))
 }
 
 /// An answer of what a local operation returned.
