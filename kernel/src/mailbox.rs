@@ -23,6 +23,18 @@ pub(crate) enum ReplyTo {
     Waiter(oneshot::Sender<TaskReply>),
     /// A `task_response` message into this process's mailbox (`delegate_async`).
     Mailbox(Pid),
+    /// A `task_response` for a `delegate_async` requester on another node
+    /// of the cluster.
+    Node(Box<Requester>),
+}
+
+/// A `delegate_async` requester on another node, and the request id it
+/// was given there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Requester {
+    pub(crate) node: String,
+    pub(crate) pid: Pid,
+    pub(crate) request_id: hivekernel_agents::RequestId,
 }
 
 /// What a mailbox carries.

@@ -345,17 +345,6 @@ impl ProcessTable {
         (entry.depth == depth).then_some(cur)
     }
 
-    /// The deepest process that is an ancestor of (or equal to) both.
-    pub(crate) fn nearest_common_ancestor(&self, a: Pid, b: Pid) -> Option<Pid> {
-        let depth = self.get(a)?.depth.min(self.get(b)?.depth);
-        let (mut a, mut b) = (self.ancestor_at(a, depth)?, self.ancestor_at(b, depth)?);
-        while a != b {
-            a = self.get(a)?.ppid;
-            b = self.get(b)?.ppid;
-        }
-        Some(a)
-    }
-
     /// `root` and everything below it, children before their parent (post-order).
     pub(crate) fn subtree_leaves_first(&self, root: Pid) -> Vec<Pid> {
         let mut out = Vec::new();

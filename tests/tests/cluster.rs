@@ -826,3 +826,138 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     let mine: BTreeSet<u64> = pids(&a).into_iter().collect();
     assert_eq!(left, mine, "only a's listings are left");
 }
+
+/// A node whose config points its models at `llm`, of the cluster `nats`.
+fn with_model(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, llm: &str) -> Binary {
+    let mut config: Value = serde_json::from_str(&config(Some(json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": HEARTBEAT_MS,
+        "node_ttl_ms": TTL_MS
+    }))))
+    .unwrap();
+    config["llm"] = json!({
+        "provider": "openai", "base_url": llm,
+        "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0
+    });
+    let urls = nats.urls();
+    node(
+        bin,
+        root,
+        name,
+        &config.to_string(),
+        &["--cluster", &urls, "--node", name],
+    )
+}
+
+/// A process on one node reaches a process on another as it would on one
+/// node: its task runs there and answers, its message arrives from it (the
+/// pong comes back to it), its delegated task's answer comes back to its
+/// mailbox; and the rules hold across the nodes (a kill of a process that
+/// is not its descendant is refused, naming the node).
+#[test]
+fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message, tool_results};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let target = Arc::new(AtomicU64::new(0));
+    let aimed = target.clone();
+    let llm = rt.block_on(LlmServer::answering(move |body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        if last["role"] == "tool" {
+            return Scripted::content("done");
+        }
+        if last_message(body) != "go" {
+            return Scripted::content("noted");
+        }
+        let pid = aimed.load(Ordering::SeqCst);
+        let calls = [
+            json!({"pid": pid, "task": "hello from a"}),
+            json!({"pid": pid, "message": "p1", "type": "ping"}),
+            json!({"pid": pid, "task": "later"}),
+            json!({"pid": pid}),
+        ]
+        .map(|args| args.to_string());
+        Scripted::tool_calls(&[
+            ("c1", "execute_task", &calls[0]),
+            ("c2", "send_message", &calls[1]),
+            ("c3", "delegate_async", &calls[2]),
+            ("c4", "kill_child", &calls[3]),
+        ])
+    }));
+    let a = with_model(&bin, root.path(), &nats, "a", &llm.base_url());
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+
+    let echo = spawn(&b, 1, "echo-b", "agent");
+    target.store(echo, Ordering::SeqCst);
+    let caller = a.json(&[
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        "caller",
+        "--role",
+        "agent",
+        "--runtime",
+        "tool_agent",
+        "--model",
+        "test-model",
+        "--prompt",
+        "You call other processes.",
+        "--tools",
+        "execute_task,send_message,delegate_async,kill_child",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap();
+
+    let answer = a.cli(&["exec", "caller", "go"]);
+    assert!(answer.contains("done"), "{answer}\n{}", a.log());
+    let requests = llm.requests();
+    let shown = requests
+        .iter()
+        .find(|r| !tool_results(r).is_empty())
+        .map(tool_results)
+        .unwrap_or_else(|| panic!("no tool results in {requests:?}"));
+    assert_eq!(shown.len(), 4, "{shown:?}");
+    assert!(shown[0].contains("hello from a"), "{shown:?}");
+    assert!(shown[1].starts_with("sent as message "), "{shown:?}");
+    let request: u64 = shown[2]
+        .strip_prefix("delegated as request ")
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("{shown:?}"));
+    assert!(
+        shown[3].contains(&format!(
+            "process {caller} may only kill its descendants, and {echo} (on node b) is not one"
+        )),
+        "{shown:?}"
+    );
+    assert!(everyone(&b).contains_key(&echo));
+
+    // The pong and the delegated answer come back across the nodes, each
+    // a turn of the caller's.
+    let pong = format!("Message from process {echo} (pong):\np1");
+    let delegated =
+        format!("Result of delegated request {request} (succeeded, from process {echo}):\nlater");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        if inputs.contains(&pong) && inputs.contains(&delegated) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{inputs:?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

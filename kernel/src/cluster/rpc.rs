@@ -6,7 +6,9 @@
 //! same error whichever node it reached.
 
 use bytes::Bytes;
-use hivekernel_agents::{ErrorKind, MessageId, Outgoing, Pid, ProcessInfo, TaskSpec};
+use hivekernel_agents::{
+    ErrorKind, Message, MessageId, Outgoing, Pid, ProcessInfo, RequestId, TaskSpec,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -23,15 +25,46 @@ pub enum Op {
         /// At most [`MAX_GET`].
         pids: Vec<Pid>,
     },
-    /// An operator's kill of a process the node holds, with its subtree;
-    /// answers the PIDs that exited ([`Killed`]).
+    /// A kill of a process the node holds, with its subtree, by an
+    /// operator or an ancestor the asking node checked; answers the PIDs
+    /// that exited ([`Killed`]).
     Kill { pid: Pid, reason: String },
-    /// An operator's message to a process the node holds; answers its id
-    /// once the node has it as a local send would ([`MessageId`]).
-    Deliver { message: Outgoing },
-    /// An operator's task on a process the node holds, with its timeout
-    /// set; answers when it ends ([`Executed`]).
-    Task { task: TaskSpec },
+    /// A message to a process the node holds, from `from` (an operator
+    /// when absent: PID 1), routed by the asking node (`via`, its nearest
+    /// common ancestor across branches); answers its id once the node has
+    /// it as a local send would ([`Sent`]).
+    Deliver {
+        message: Outgoing,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<Pid>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        via: Option<Pid>,
+    },
+    /// A task on a process the node holds, from `from` (an operator when
+    /// absent), with its timeout set; answers when it ends ([`Executed`]).
+    Task {
+        task: TaskSpec,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<Pid>,
+    },
+    /// A `delegate_async` task from process `from` of the asking node,
+    /// which knows it as `request_id`; answered once queued. Its answer
+    /// comes back as a [`Op::Post`] of a `task_response` naming
+    /// `request_id`.
+    Delegate {
+        task: TaskSpec,
+        from: Pid,
+        request_id: RequestId,
+    },
+    /// A message the kernel made (a task's answer, a copy to a parent, a
+    /// notice) for a process the node holds; the node gives it an id of
+    /// its own. `done`: the `delegate_async` request it answers, which the
+    /// node recorded and now removes with the same write.
+    Post {
+        message: Message,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        done: Option<RequestId>,
+    },
 }
 
 /// What [`Op::Kill`] answers.
@@ -155,6 +188,50 @@ mod tests {
             r#"{"from_node":"a","epoch":7,"op":"get","args":{"pids":[12]}}"#
         );
         assert_eq!(decode_request(text.as_bytes()), Ok(request));
+    }
+
+    #[test]
+    fn routed_operations_read_with_and_without_their_sender() {
+        // An operator's send names no sender: PID 1 sends it.
+        let text = r#"{"from_node":"a","epoch":2,"op":"deliver","args":{"message":{"to":9,"kind":"message","payload":"hi","priority":"normal","ttl":null}}}"#;
+        let request = decode_request(text.as_bytes());
+        assert!(
+            matches!(&request, Ok(Request { op: Op::Deliver { from: None, via: None, message }, .. })
+                if message.to == Pid(9) && message.payload == "hi"),
+            "{request:?}"
+        );
+        let message: Message = serde_json::from_value(serde_json::json!({
+            "id": 0, "from": 12, "to": 9, "kind": "task_response", "payload": "{}",
+            "priority": "high", "request_id": 77, "via": null
+        }))
+        .unwrap_or_else(|err| panic!("{err}"));
+        for op in [
+            Op::Post {
+                message,
+                done: Some(RequestId(77)),
+            },
+            Op::Delegate {
+                task: TaskSpec::new(Pid(9), "later"),
+                from: Pid(12),
+                request_id: RequestId(77),
+            },
+        ] {
+            let request = Request {
+                from_node: "a".into(),
+                epoch: 2,
+                op,
+            };
+            assert_eq!(decode_request(&encode(&request)), Ok(request));
+        }
+        // A delegation must say who asked, and as which request.
+        let refused = decode_request(
+            br#"{"from_node":"a","epoch":2,"op":"delegate","args":{"task":{"to":9,"description":"x","params":{}}}}"#,
+        );
+        assert!(
+            matches!(&refused, Err(r) if r.kind == ErrorKind::InvalidArgument
+                && r.message.contains("missing field `from`")),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -8,14 +8,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hivekernel_agents::{ErrorKind, Outgoing, Pid, ProcessInfo, ProcessState, TaskSpec};
+use hivekernel_agents::{
+    ErrorKind, Message, MessageId, Outgoing, Pid, ProcessInfo, ProcessState, RequestId, TaskSpec,
+};
 use tokio::sync::Semaphore;
 
+use super::tree::Tree;
 use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
 use crate::error::{KernelError, Result};
+use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
+use crate::mailbox::{ReplyTo, Requester};
 use crate::process::ProcessTable;
+use crate::router::{Route, check_duration, descends, route};
+use crate::store::Write;
 
 /// Requests from other nodes answered at once; more wait their turn.
 const SERVED_AT_ONCE: usize = 256;
@@ -27,6 +34,14 @@ pub(super) const FORWARDED_KILL: std::time::Duration = std::time::Duration::from
 pub(super) const FORWARDED_SEND: std::time::Duration = std::time::Duration::from_secs(10);
 /// How much longer than a forwarded task's timeout its requester waits.
 const FORWARD_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A receiver on another node, and the route to it as judged on the tree
+/// across the nodes.
+#[derive(Debug)]
+pub(super) struct Remote {
+    node: String,
+    route: Route,
+}
 
 /// Where a process lives, as this node finds it.
 #[derive(Debug)]
@@ -81,10 +96,7 @@ impl Kernel {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
-        let listing = cluster
-            .locate(pid)
-            .await
-            .map_err(|err| KernelError::ClusterUnavailable(err.to_string()))?;
+        let listing = cluster.locate(pid).await.map_err(unavailable)?;
         Ok(listing.map(Holder::There))
     }
 
@@ -312,52 +324,229 @@ impl Kernel {
             Op::Kill { pid, .. }
             | Op::Deliver {
                 message: Outgoing { to: pid, .. },
+                ..
             }
             | Op::Task {
                 task: TaskSpec { to: pid, .. },
+                ..
+            }
+            | Op::Delegate {
+                task: TaskSpec { to: pid, .. },
+                ..
+            }
+            | Op::Post {
+                message: Message { to: pid, .. },
+                ..
             } if self.inner.table().read().get(pid).is_none() => {
                 held::<()>(Err(KernelError::NotFound(pid)))
             }
             Op::Kill { pid, reason } => held(self.kill_checked(Caller::Admin, pid, &reason).await),
-            Op::Deliver { message } => {
-                held(self.send_message_checked(Caller::Admin, message).await)
+            // The asking node judged the route; copies to a parent are its
+            // to send.
+            Op::Deliver { message, from, via } => {
+                let judged = Route { copy_to: None, via };
+                let from = from.unwrap_or(Pid::KERNEL);
+                held(self.send_here(from, message, Some(judged)).await)
             }
-            Op::Task { task } => held(self.execute_here(Caller::Admin, task).await),
+            Op::Task { task, from } => {
+                let from = from.unwrap_or(Pid::KERNEL);
+                held(self.execute_here(from, task, Some(Route::DIRECT)).await)
+            }
+            Op::Delegate {
+                task,
+                from,
+                request_id,
+            } => {
+                let reply = ReplyTo::Node(Box::new(Requester {
+                    node: request.from_node,
+                    pid: from,
+                    request_id,
+                }));
+                let queued = self.submit(from, task, reply, Some(Route::DIRECT));
+                held(queued.map(|_| ()))
+            }
+            Op::Post { message, done } => {
+                match done {
+                    Some(request_id) => self.answer_requester(message, request_id),
+                    None => self.deliver_system_here(message),
+                }
+                held(Ok(()))
+            }
         }
     }
 
-    /// The node holding `pid`, when another one does and `caller`, an
-    /// operator, may reach it there; `None` when this node holds it, or
-    /// nobody does (the local operation then says NOT_FOUND). A process
-    /// reaches only its own node's processes until routing spans the nodes.
-    pub(super) async fn elsewhere(&self, caller: Caller, pid: Pid) -> Result<Option<String>> {
+    /// The node holding `to` and the route to it, when another node holds
+    /// it; `None` when this node holds it, or nobody does (the local
+    /// operation then says NOT_FOUND). The route is judged on the tree
+    /// across the nodes, as a local one is on the table.
+    pub(super) async fn elsewhere(&self, caller: Caller, to: Pid) -> Result<Option<Remote>> {
+        let Some(cluster) = self.inner.cluster() else {
+            return Ok(None);
+        };
+        if self.inner.table().read().get(to).is_some() {
+            return Ok(None);
+        }
+        let Some(listing) = cluster.locate(to).await.map_err(unavailable)? else {
+            return Ok(None);
+        };
+        let from = caller.pid();
+        let node = listing.node.clone();
+        let judged = {
+            let table = self.inner.table().read();
+            let tree = Tree::new(&table, Some(cluster.listings())).with_fresh(to, listing);
+            route(&tree, from, to)
+        };
+        match judged {
+            Ok(route) => Ok(Some(Remote { node, route })),
+            Err(err) => Err(self.deny(from, to, err)),
+        }
+    }
+
+    /// The node holding `pid`, when another one does and `caller` may act
+    /// on it there: an operator, or one of its ancestors (judged on the
+    /// tree across the nodes); `None` when this node holds it, or nobody
+    /// does.
+    pub(super) async fn holding(&self, caller: Caller, pid: Pid) -> Result<Option<String>> {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
         if self.inner.table().read().get(pid).is_some() {
             return Ok(None);
         }
-        // A process's mistake costs no read of the bucket: the mirror says.
-        let holder = match caller {
-            Caller::Process(_) => cluster.listings().get(pid).cloned().map(Holder::There),
-            _ => self.holder(pid).await?,
+        let Some(listing) = cluster.locate(pid).await.map_err(unavailable)? else {
+            return Ok(None);
         };
-        match (holder, caller) {
-            (Some(Holder::There(listing)), Caller::Process(me)) => {
-                Err(KernelError::FailedPrecondition(format!(
-                    "process {pid} is on node {}, and process {me} on node {}: processes \
-                     reach processes on other nodes once routing spans the nodes \
-                     (docs/CLUSTER.md)",
-                    listing.node,
-                    cluster.node()
-                )))
+        if let Caller::Process(me) = caller {
+            let node = listing.node.clone();
+            let table = self.inner.table().read();
+            let tree = Tree::new(&table, Some(cluster.listings())).with_fresh(pid, listing);
+            if !descends(&tree, me, pid) {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} may only kill its descendants, and {pid} (on node {node}) \
+                     is not one"
+                )));
             }
-            (Some(Holder::There(listing)), _) => Ok(Some(listing.node)),
-            _ => Ok(None),
+            return Ok(Some(node));
         }
+        Ok(Some(listing.node))
     }
 
-    /// Asks `node` to do `op` for an operator of this node, waiting up to
+    /// The node holding `pid` when another node does, as the mirror shows
+    /// it (for messages the kernel makes, which never wait on NATS).
+    pub(super) fn held_elsewhere(&self, pid: Pid) -> Option<String> {
+        let cluster = self.inner.cluster()?;
+        if pid == Pid::KERNEL || self.inner.table().read().get(pid).is_some() {
+            return None;
+        }
+        cluster
+            .listings()
+            .get(pid)
+            .map(|listing| listing.node.clone())
+    }
+
+    /// A message from `from` to a process on another node: the node
+    /// holding it takes it in as a local send (committed to its store)
+    /// and answers its id; a copy for siblings' parent goes from here.
+    pub(super) async fn send_elsewhere(
+        &self,
+        from: Pid,
+        remote: Remote,
+        message: Outgoing,
+    ) -> Result<MessageId> {
+        self.check_running()?;
+        let copy = remote
+            .route
+            .copy_to
+            .map(|parent| (parent, message.payload.clone()));
+        let op = Op::Deliver {
+            message,
+            from: Some(from),
+            via: remote.route.via,
+        };
+        let id = self.forward(&remote.node, op, FORWARDED_SEND).await?;
+        if let Some((parent, payload)) = copy {
+            self.copy_to_parent(parent, from, payload, None, crate::trace::current());
+        }
+        Ok(id)
+    }
+
+    /// A `delegate_async` from `requester` to a process on another node.
+    /// The request is recorded here before it is sent (a restart tells the
+    /// requester it failed); the answer comes back as a `post` naming it.
+    pub(super) async fn delegate_elsewhere(
+        &self,
+        requester: Pid,
+        remote: Remote,
+        task: TaskSpec,
+    ) -> Result<RequestId> {
+        self.check_running()?;
+        self.inner.settings().limits.check_task(&task)?;
+        if let Some(timeout) = task.timeout {
+            check_duration("timeout", timeout)?;
+        }
+        let request_id = RequestId(self.next_id());
+        let store = self.inner.store();
+        let durable = store.is_durable();
+        if durable {
+            store
+                .commit(Write::Request {
+                    id: request_id,
+                    from: requester,
+                    to: task.to,
+                    created_ms: unix_ms(std::time::SystemTime::now()),
+                })
+                .await?;
+        }
+        let copy = remote
+            .route
+            .copy_to
+            .map(|parent| (parent, task.description.clone()));
+        let op = Op::Delegate {
+            task,
+            from: requester,
+            request_id,
+        };
+        if let Err(err) = self.forward::<()>(&remote.node, op, FORWARDED_SEND).await {
+            if durable {
+                store.submit(Write::RequestDone(request_id));
+            }
+            return Err(err);
+        }
+        if let Some((parent, description)) = copy {
+            let trace = crate::trace::current();
+            self.copy_to_parent(parent, requester, description, Some(request_id), trace);
+        }
+        Ok(request_id)
+    }
+
+    /// Hands a message the kernel made (a task's answer, a copy, a notice)
+    /// to `node`, which holds its receiver, in the background: kernel
+    /// messages are sent from paths that do not wait. One not taken is
+    /// reported as a `message_dropped` event, as a local one is.
+    pub(super) fn post(&self, node: String, message: Message, done: Option<RequestId>) {
+        let kernel = self.clone();
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
+            let (id, from, to, kind) = (message.id, message.from, message.to, message.kind.clone());
+            let op = Op::Post { message, done };
+            let posted = tokio::select! {
+                () = shutdown.cancelled() => Err(KernelError::ShuttingDown),
+                posted = kernel.forward::<()>(&node, op, FORWARDED_SEND) => posted,
+            };
+            if let Err(err) = posted {
+                kernel.report_dropped(to, id, from, kind, &err);
+            }
+        });
+    }
+
+    /// A message another node made for a process of this one: given an
+    /// id of this node's, and delivered without routing checks.
+    fn deliver_system_here(&self, mut message: Message) {
+        message.id = MessageId(self.next_id());
+        self.deliver(message.to, message, false);
+    }
+
+    /// Asks `node` to do `op` for a caller of this node, waiting up to
     /// `wait` for its answer.
     pub(super) async fn forward<T: serde::de::DeserializeOwned>(
         &self,
@@ -376,12 +565,14 @@ impl Kernel {
             .map_err(KernelError::Remote)
     }
 
-    /// A task forwarded to `node`: its timeout set from the target's own
-    /// when the task names none (the requesting node waits that long,
-    /// and a little more for the answer to travel).
+    /// A task from `from` forwarded to the node holding its target: its
+    /// timeout set from the target's own when the task names none (the
+    /// requesting node waits that long, and a little more for the answer
+    /// to travel).
     pub(super) async fn forward_task(
         &self,
-        node: &str,
+        from: Pid,
+        remote: Remote,
         mut task: TaskSpec,
     ) -> Result<rpc::Executed> {
         let timeout = match task.timeout {
@@ -394,8 +585,26 @@ impl Kernel {
         };
         task.timeout = Some(timeout);
         let wait = timeout.saturating_add(FORWARD_MARGIN);
-        self.forward(node, Op::Task { task }, wait).await
+        let copy = remote
+            .route
+            .copy_to
+            .map(|parent| (parent, task.description.clone()));
+        let op = Op::Task {
+            task,
+            from: Some(from),
+        };
+        let executed: rpc::Executed = self.forward(&remote.node, op, wait).await?;
+        if let Some((parent, description)) = copy {
+            let trace = crate::trace::current();
+            self.copy_to_parent(parent, from, description, Some(executed.0), trace);
+        }
+        Ok(executed)
     }
+}
+
+/// A directory read that failed: the cluster is unreachable.
+fn unavailable(err: crate::cluster::ClusterError) -> KernelError {
+    KernelError::ClusterUnavailable(err.to_string())
 }
 
 /// An answer of what a local operation returned.

@@ -12,9 +12,7 @@ use hivekernel_agents::{
 
 use tokio::sync::oneshot;
 
-use super::cluster::FORWARDED_SEND;
 use super::{Caller, Kernel};
-use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
@@ -40,21 +38,22 @@ impl Kernel {
     pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
         let result = async {
             self.require(caller, Capability::SendMessage, "send messages")?;
-            if let Some(node) = self.elsewhere(caller, message.to).await? {
-                let op = Op::Deliver { message };
-                return self.forward(&node, op, FORWARDED_SEND).await;
+            if let Some(remote) = self.elsewhere(caller, message.to).await? {
+                return self.send_elsewhere(caller.pid(), remote, message).await;
             }
-            self.send_message_checked(caller, message).await
+            self.send_here(caller.pid(), message, None).await
         };
         self.report_denial(caller, "send_message", result.await)
     }
 
-    /// [`Kernel::send_message`], once the caller holds the capability,
-    /// to a process of this node (never forwarded).
-    pub(super) async fn send_message_checked(
+    /// [`Kernel::send_message`] from `from`, once it holds the capability,
+    /// to a process of this node (never forwarded); `judged` is the route
+    /// when the sender's node judged it.
+    pub(super) async fn send_here(
         &self,
-        caller: Caller,
+        from: Pid,
         message: Outgoing,
+        judged: Option<Route>,
     ) -> Result<MessageId> {
         self.check_running()?;
         self.inner.settings().limits.check_message(&message)?;
@@ -66,9 +65,8 @@ impl Kernel {
                 "message type must not be empty".into(),
             ));
         }
-        let from = caller.pid();
         let to = message.to;
-        let target = self.resolve(from, to)?;
+        let target = self.resolve(from, to, judged)?;
         let id = MessageId(self.next_id());
         let body = Message {
             id,
@@ -85,7 +83,10 @@ impl Kernel {
             self.to_kernel(body);
             return Ok(id);
         };
-        let copy = target.route.copy_to.map(|parent| (parent, body.clone()));
+        let copy = target
+            .route
+            .copy_to
+            .map(|parent| (parent, body.payload.clone(), body.trace));
         // Committed before it enters the mailbox: the runner cannot take it,
         // nor remove it from the store, before it is there; and a send
         // answered with an error was never delivered.
@@ -110,11 +111,8 @@ impl Kernel {
             self.message_done(id, durable);
             return Err(err);
         }
-        if let Some((parent, mut copy)) = copy {
-            copy.id = MessageId(self.next_id());
-            copy.kind = kinds::SIBLING_COPY.to_owned();
-            copy.priority = Priority::Low;
-            self.deliver_system(parent, copy);
+        if let Some((parent, payload, trace)) = copy {
+            self.copy_to_parent(parent, from, payload, None, trace);
         }
         Ok(id)
     }
@@ -142,22 +140,26 @@ impl Kernel {
                 "process {me} cannot run a task on itself and wait for the answer"
             )));
         }
-        if let Some(node) = self.elsewhere(caller, to).await? {
-            return self.forward_task(&node, task).await;
+        let remote = self.elsewhere(caller, to).await?;
+        let _blocked = self.blocked_guard(caller);
+        match remote {
+            Some(remote) => self.forward_task(caller.pid(), remote, task).await,
+            None => self.execute_here(caller.pid(), task, None).await,
         }
-        self.execute_here(caller, task).await
     }
 
-    /// [`Kernel::execute_task`] on a process of this node (never forwarded).
+    /// [`Kernel::execute_task`] from `from` on a process of this node
+    /// (never forwarded); `judged` is the route when the requester's node
+    /// judged it.
     pub(super) async fn execute_here(
         &self,
-        caller: Caller,
+        from: Pid,
         task: TaskSpec,
+        judged: Option<Route>,
     ) -> Result<(RequestId, TaskReply)> {
         let to = task.to;
         let (tx, rx) = oneshot::channel();
-        let (request_id, timeout, _) = self.submit(caller, task, ReplyTo::Waiter(tx))?;
-        let _blocked = self.blocked_guard(caller);
+        let (request_id, timeout, _) = self.submit(from, task, ReplyTo::Waiter(tx), judged)?;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => Ok((request_id, reply)),
             Ok(Err(_)) => Err(KernelError::FailedPrecondition(format!(
@@ -173,8 +175,12 @@ impl Kernel {
     /// Sends a task and returns at once; the reply lands in the caller's
     /// mailbox as a `task_response` naming the returned request id.
     pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
+        let requester = caller.pid();
+        if let Some(remote) = self.elsewhere(caller, task.to).await? {
+            return self.delegate_elsewhere(requester, remote, task).await;
+        }
         let (request_id, _, recorded) =
-            self.submit(caller, task, ReplyTo::Mailbox(caller.pid()))?;
+            self.submit(requester, task, ReplyTo::Mailbox(requester), None)?;
         // Acknowledged once recorded: after a crash the requester is told the
         // request failed instead of waiting forever.
         if let Some(recorded) = recorded {
@@ -187,16 +193,16 @@ impl Kernel {
     /// For a `delegate_async` with a store, the request is queued for the
     /// store before the task enters the mailbox (so its answer's removal can
     /// never reach the store first); the returned future resolves on commit.
-    fn submit(
+    pub(super) fn submit(
         &self,
-        caller: Caller,
+        from: Pid,
         spec: TaskSpec,
         reply: ReplyTo,
+        judged: Option<Route>,
     ) -> Result<(RequestId, Duration, Option<Recorded>)> {
         self.check_running()?;
         self.inner.settings().limits.check_task(&spec)?;
-        let from = caller.pid();
-        let target = self.resolve(from, spec.to)?;
+        let target = self.resolve(from, spec.to, judged)?;
         let Some(proc) = target.proc else {
             return Err(KernelError::InvalidArgument(
                 "PID 1 is the kernel and does not run tasks".into(),
@@ -245,26 +251,43 @@ impl Kernel {
             return Err(err);
         }
         if let Some((parent, description)) = copy {
-            let copy = Message {
-                id: MessageId(self.next_id()),
-                from,
-                to: parent,
-                kind: kinds::SIBLING_COPY.to_owned(),
-                payload: description,
-                priority: Priority::Low,
-                request_id: Some(request_id),
-                via: None,
-                trace: Some(trace),
-            };
-            self.deliver_system(parent, copy);
+            self.copy_to_parent(parent, from, description, Some(request_id), Some(trace));
         }
         Ok((request_id, timeout, recorded))
     }
 
-    /// Checks the route and finds the receiver (`proc` is `None` for PID 1).
-    fn resolve(&self, from: Pid, to: Pid) -> Result<Target> {
+    /// A low-priority copy of sibling traffic for the siblings' parent.
+    pub(super) fn copy_to_parent(
+        &self,
+        parent: Pid,
+        from: Pid,
+        payload: String,
+        request_id: Option<RequestId>,
+        trace: Option<hivekernel_agents::TraceContext>,
+    ) {
+        let copy = Message {
+            id: MessageId(self.next_id()),
+            from,
+            to: parent,
+            kind: kinds::SIBLING_COPY.to_owned(),
+            payload,
+            priority: Priority::Low,
+            request_id,
+            via: None,
+            trace,
+        };
+        self.deliver_system(parent, copy);
+    }
+
+    /// Checks the route (unless the sender's node `judged` it) and finds
+    /// the receiver (`proc` is `None` for PID 1).
+    fn resolve(&self, from: Pid, to: Pid, judged: Option<Route>) -> Result<Target> {
         let table = self.inner.table().read();
-        let route = match route(&table, from, to) {
+        let judged = match judged {
+            Some(route) => Ok(route),
+            None => route(&*table, from, to),
+        };
+        let route = match judged {
             Ok(route) => route,
             Err(err) => {
                 drop(table);
@@ -286,7 +309,7 @@ impl Kernel {
         })
     }
 
-    fn deny(&self, from: Pid, to: Pid, err: RouteError) -> KernelError {
+    pub(super) fn deny(&self, from: Pid, to: Pid, err: RouteError) -> KernelError {
         match err {
             RouteError::NoReceiver(pid) => KernelError::NotFound(pid),
             RouteError::SenderNotAlive(pid) => {
@@ -342,12 +365,18 @@ impl Kernel {
 
     /// Delivers a message the kernel produced (copies, exit notices, replies)
     /// without routing checks; a failure is reported as an event, never lost silently.
+    /// A receiver on another node of the cluster gets it from that node.
     pub(crate) fn deliver_system(&self, to: Pid, message: Message) {
+        if let Some(node) = self.held_elsewhere(to) {
+            self.post(node, message, None);
+            return;
+        }
         self.deliver(to, message, false);
     }
 
-    /// [`Kernel::deliver_system`], for a message that may already be in the store.
-    fn deliver(&self, to: Pid, message: Message, durable: bool) {
+    /// [`Kernel::deliver_system`] to a process of this node, for a message
+    /// that may already be in the store.
+    pub(super) fn deliver(&self, to: Pid, message: Message, durable: bool) {
         if to == Pid::KERNEL {
             self.to_kernel(message);
             return;
@@ -363,17 +392,29 @@ impl Kernel {
         };
         if let Err(err) = result {
             self.message_done(id, durable && !self.is_stopping());
-            tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
-            self.inner.events().emit(
-                to,
-                EventKind::MessageDropped {
-                    message_id: id,
-                    from,
-                    kind,
-                    reason: err.to_string(),
-                },
-            );
+            self.report_dropped(to, id, from, kind, &err);
         }
+    }
+
+    /// Reports a message the kernel made that its receiver did not get.
+    pub(super) fn report_dropped(
+        &self,
+        to: Pid,
+        id: MessageId,
+        from: Pid,
+        kind: String,
+        err: &KernelError,
+    ) {
+        tracing::warn!(%to, %kind, error = %err, "kernel message not delivered");
+        self.inner.events().emit(
+            to,
+            EventKind::MessageDropped {
+                message_id: id,
+                from,
+                kind,
+                reason: err.to_string(),
+            },
+        );
     }
 
     /// Sends a task's reply where it was asked to go.
@@ -390,53 +431,45 @@ impl Kernel {
                 let _ = tx.send(reply);
             }
             ReplyTo::Mailbox(requester) => {
-                let payload = match &reply {
-                    Ok(output) => {
-                        serde_json::json!({"request_id": request_id, "success": true, "output": output})
-                    }
-                    Err(error) => {
-                        serde_json::json!({"request_id": request_id, "success": false, "error": error})
-                    }
-                };
-                let message = Message {
-                    id: MessageId(self.next_id()),
-                    from: worker,
-                    to: requester,
-                    kind: kinds::TASK_RESPONSE.to_owned(),
-                    payload: payload.to_string(),
-                    priority: Priority::High,
-                    request_id: Some(request_id),
-                    via: None,
-                    // The answer continues the task's trace.
-                    trace: crate::trace::current(),
-                };
-                // With a store, the answer replaces the request in one
-                // ordered step: a crash leaves one or the other, never neither.
-                // A stop keeps the request, so the restart reports it failed.
-                let store = &self.inner.store();
-                let durable = match store.is_durable() && !self.is_stopping() {
-                    true if requester != Pid::KERNEL => {
-                        store.submit_all([
-                            Write::Message {
-                                id: message.id,
-                                to: requester,
-                                body: serde_json::to_string(&message).unwrap_or_default(),
-                                created_ms: unix_ms(SystemTime::now()),
-                                expires_ms: None,
-                            },
-                            Write::RequestDone(request_id),
-                        ]);
-                        true
-                    }
-                    true => {
-                        store.submit(Write::RequestDone(request_id));
-                        false
-                    }
-                    false => false,
-                };
-                self.deliver(requester, message, durable);
+                let message = task_response(worker, requester, request_id, &reply);
+                self.answer_requester(message, request_id);
+            }
+            ReplyTo::Node(requester) => {
+                let message = task_response(worker, requester.pid, requester.request_id, &reply);
+                self.post(requester.node, message, Some(requester.request_id));
             }
         }
+    }
+
+    /// Puts a `task_response` into its requester's mailbox. With a store,
+    /// the answer replaces the request in one ordered step: a crash leaves
+    /// one or the other, never neither. A stop keeps the request, so the
+    /// restart reports it failed.
+    pub(super) fn answer_requester(&self, mut message: Message, request_id: RequestId) {
+        message.id = MessageId(self.next_id());
+        let requester = message.to;
+        let store = &self.inner.store();
+        let durable = match store.is_durable() && !self.is_stopping() {
+            true if requester != Pid::KERNEL => {
+                store.submit_all([
+                    Write::Message {
+                        id: message.id,
+                        to: requester,
+                        body: serde_json::to_string(&message).unwrap_or_default(),
+                        created_ms: unix_ms(SystemTime::now()),
+                        expires_ms: None,
+                    },
+                    Write::RequestDone(request_id),
+                ]);
+                true
+            }
+            true => {
+                store.submit(Write::RequestDone(request_id));
+                false
+            }
+            false => false,
+        };
+        self.deliver(requester, message, durable);
     }
 
     /// A message for PID 1, which keeps no mailbox: it becomes an event,
@@ -473,5 +506,30 @@ impl Kernel {
                 Err("task expired before delivery".into()),
             );
         }
+    }
+}
+
+/// The `task_response` message answering `request_id` (its id is set
+/// where it is delivered).
+fn task_response(worker: Pid, requester: Pid, request_id: RequestId, reply: &TaskReply) -> Message {
+    let payload = match reply {
+        Ok(output) => {
+            serde_json::json!({"request_id": request_id, "success": true, "output": output})
+        }
+        Err(error) => {
+            serde_json::json!({"request_id": request_id, "success": false, "error": error})
+        }
+    };
+    Message {
+        id: MessageId(0),
+        from: worker,
+        to: requester,
+        kind: kinds::TASK_RESPONSE.to_owned(),
+        payload: payload.to_string(),
+        priority: Priority::High,
+        request_id: Some(request_id),
+        via: None,
+        // The answer continues the task's trace.
+        trace: crate::trace::current(),
     }
 }

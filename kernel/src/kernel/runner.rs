@@ -147,7 +147,9 @@ fn handle(
                     request_id: task.request_id,
                     from,
                 }),
-                ReplyTo::Waiter(_) => None,
+                // A requester on another node is told of the answer as it
+                // comes; a kernel restart does not carry the request over.
+                ReplyTo::Waiter(_) | ReplyTo::Node(_) => None,
             };
             Box::pin(scope_turn(
                 opened,

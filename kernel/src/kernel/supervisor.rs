@@ -204,7 +204,7 @@ impl Kernel {
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "kill processes")?;
-            if let Some(node) = self.elsewhere(caller, pid).await? {
+            if let Some(node) = self.holding(caller, pid).await? {
                 let op = Op::Kill {
                     pid,
                     reason: reason.to_owned(),

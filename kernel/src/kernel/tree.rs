@@ -5,19 +5,33 @@
 
 use hivekernel_agents::Pid;
 
-use crate::cluster::Listings;
+use crate::cluster::{Listing, Listings};
 use crate::process::ProcessTable;
+use crate::router::{Lineage, Link};
 
 /// One read of the tree: hold it briefly (it holds the table's read lock
 /// and the directory mirror's).
 pub(super) struct Tree<'a> {
     table: &'a ProcessTable,
     others: Option<Listings<'a>>,
+    /// A listing read from the directory itself, newer than the mirror.
+    fresh: Option<(Pid, Listing)>,
 }
 
 impl<'a> Tree<'a> {
     pub(super) fn new(table: &'a ProcessTable, others: Option<Listings<'a>>) -> Self {
-        Tree { table, others }
+        Tree {
+            table,
+            others,
+            fresh: None,
+        }
+    }
+
+    /// The tree with `pid`'s listing, read from the directory because the
+    /// mirror did not have it yet.
+    pub(super) fn with_fresh(mut self, pid: Pid, listing: Listing) -> Self {
+        self.fresh = Some((pid, listing));
+        self
     }
 
     /// Whether `pid` is in the tree, live or a zombie.
@@ -100,5 +114,23 @@ impl<'a> Tree<'a> {
             }
         }
         out
+    }
+}
+
+impl Lineage for Tree<'_> {
+    fn link(&self, pid: Pid) -> Option<Link> {
+        if let Some(link) = self.table.link(pid) {
+            return Some(link);
+        }
+        let listing = match &self.fresh {
+            Some((fresh, listing)) if *fresh == pid => listing,
+            _ => self.others.as_ref()?.get(pid)?,
+        };
+        Some(Link {
+            ppid: listing.ppid,
+            depth: listing.depth,
+            alive: !listing.exited,
+            role: listing.role,
+        })
     }
 }
