@@ -96,7 +96,10 @@ impl Kernel {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
-        let listing = cluster.locate(pid).await.map_err(unavailable)?;
+        let listing = cluster
+            .locate(pid)
+            .await
+            .map_err(|err| KernelError::ClusterUnavailable(err.to_string()))?;
         Ok(listing.map(Holder::There))
     }
 
@@ -383,10 +386,7 @@ impl Kernel {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
-        if self.inner.table().read().get(to).is_some() {
-            return Ok(None);
-        }
-        let Some(listing) = cluster.locate(to).await.map_err(unavailable)? else {
+        let Some(Holder::There(listing)) = self.holder(to).await? else {
             return Ok(None);
         };
         let from = caller.pid();
@@ -410,10 +410,7 @@ impl Kernel {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
-        if self.inner.table().read().get(pid).is_some() {
-            return Ok(None);
-        }
-        let Some(listing) = cluster.locate(pid).await.map_err(unavailable)? else {
+        let Some(Holder::There(listing)) = self.holder(pid).await? else {
             return Ok(None);
         };
         if let Caller::Process(me) = caller {
@@ -600,11 +597,6 @@ impl Kernel {
         }
         Ok(executed)
     }
-}
-
-/// A directory read that failed: the cluster is unreachable.
-fn unavailable(err: crate::cluster::ClusterError) -> KernelError {
-    KernelError::ClusterUnavailable(err.to_string())
 }
 
 /// An answer of what a local operation returned.
