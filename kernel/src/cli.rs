@@ -1012,6 +1012,39 @@ pub struct ArtifactsRmArgs {
     pub client: ClientArgs,
 }
 
+/// The `hivekernel` binary's whole run: the async runtime, the command
+/// line, logging, the command, and the exit code it ends with.
+///
+/// It lives here rather than in `main.rs` so that the runtime polls the
+/// command's future in this crate: a future first polled in the binary is
+/// compiled there, with every async call under it, a second time.
+pub fn main() -> i32 {
+    // Started as the sandbox helper: that, before any thread exists.
+    if let Some(code) = hivekernel_agents::sandbox::helper::dispatch() {
+        return code;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(async {
+            let args = Cli::parse();
+            crate::logging::init(&args);
+            match run(args).await {
+                Ok(()) => 0,
+                Err(err) => {
+                    err.report();
+                    err.exit_code()
+                }
+            }
+        }),
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            1
+        }
+    }
+}
+
 /// Runs one command; the caller turns an error into its exit code.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
