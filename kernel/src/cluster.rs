@@ -13,6 +13,7 @@
 //!
 //! A kernel without `kernel.cluster` never builds a [`Cluster`].
 
+mod declared;
 mod directory;
 mod pids;
 pub mod rpc;
@@ -22,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -33,6 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
+pub use declared::{Claimed, Holding, Standing};
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub(crate) use pids::PidBlocks;
@@ -213,6 +216,14 @@ pub struct Cluster {
     client: async_nats::Client,
     nodes: kv::Store,
     claims: kv::Store,
+    /// Which node runs each config agent (`declared`).
+    declared: kv::Store,
+    /// This node's claims on config agents: key to what it wrote last, at
+    /// which revision.
+    claimed: Mutex<HashMap<String, (Holding, u64)>>,
+    /// Woken when a node leaves the view (removed, or back as a new
+    /// epoch): its config agents may be free to take over.
+    departed: tokio::sync::Notify,
     pids: Arc<PidBlocks>,
     directory: Arc<Directory>,
     requests: Mutex<Option<async_nats::Subscriber>>,
@@ -255,6 +266,7 @@ impl Cluster {
         let counters = bucket(&js, COUNTERS, replicas, Duration::ZERO).await?;
         let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
         let listings = bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?;
+        let declared = bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -283,6 +295,9 @@ impl Cluster {
             client,
             nodes,
             claims,
+            declared,
+            claimed: Mutex::new(HashMap::new()),
+            departed: tokio::sync::Notify::new(),
             pids,
             directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
             requests: Mutex::new(Some(requests)),
@@ -324,6 +339,18 @@ impl Cluster {
         let client = connect(settings).await?;
         let _ = client.drain().await;
         Ok(())
+    }
+
+    /// Waits until a node leaves the view (removed, or started again as a
+    /// new epoch), or `every`, whichever comes first: when config agents
+    /// may have lost their node.
+    pub async fn departure(&self, every: Duration) {
+        let _ = tokio::time::timeout(every, self.departed.notified()).await;
+    }
+
+    /// How long a node may stay silent before it is declared lost.
+    pub fn node_ttl(&self) -> Duration {
+        Duration::from_millis(self.settings.node_ttl_ms)
     }
 
     /// This node's name.
@@ -533,6 +560,16 @@ impl Cluster {
             if unlisted.is_err() {
                 tracing::warn!("cluster: not every listing of this node was removed at leave");
             }
+            // After the listings: a node taking a config agent over lists
+            // it as the same PID, which a later removal would unlist.
+            if tokio::time::timeout(REQUEST_TIMEOUT, self.release_declared())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "cluster: not every config agent of this node was released at leave"
+                );
+            }
             let revision = *self.revision.lock();
             if let Err(err) = self
                 .nodes
@@ -695,6 +732,10 @@ impl Cluster {
                         seen.revision = entry.revision;
                         seen.changed = now;
                         if let Ok(record) = record {
+                            // Started again: its earlier epoch is gone.
+                            if record.epoch != seen.record.epoch {
+                                self.departed.notify_one();
+                            }
                             seen.record = record;
                         }
                     }
@@ -716,6 +757,7 @@ impl Cluster {
             }
             Operation::Delete | Operation::Purge => {
                 view.others.remove(&entry.key);
+                self.departed.notify_one();
             }
         }
     }
@@ -900,6 +942,35 @@ async fn make_bucket(
     js.create_stream(config).await.map(|_| ())
 }
 
+/// How long a compare-and-set's winner waits before it reads the key back.
+/// On a replicated bucket, nats-server before 2.9.21 (Debian 12 ships
+/// 2.9.10) checks a write's expected revision only before proposing it, so
+/// two writes in flight at once at the same revision may both be accepted
+/// (nats-io/nats-server#4320); the later stays. A write in flight when
+/// the first was applied commits within a few consensus rounds: after
+/// this wait, whoever wrote what the stream leader holds won.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Whether `revision`, a compare-and-set this node just won on `key`, is
+/// still what the stream leader holds once [`SETTLE`] has passed: false
+/// when a concurrent write at the same revision was accepted after it.
+pub(crate) async fn settled(
+    store: &kv::Store,
+    key: &str,
+    revision: u64,
+) -> Result<bool, ClusterError> {
+    tokio::time::sleep(SETTLE).await;
+    let subject = format!("{}{key}", store.prefix);
+    match store.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => Ok(message.sequence == revision),
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+        Err(err) => Err(ClusterError::jetstream(
+            &format!("reading {subject} back"),
+            err,
+        )),
+    }
+}
+
 /// Adds `by` to counter `key` (created at `start` when missing) by
 /// compare-and-set; answers the value before and after.
 pub(crate) async fn increment(
@@ -917,7 +988,10 @@ pub(crate) async fn increment(
             None => {
                 let after = start + by;
                 match counters.create(key, Bytes::from(after.to_string())).await {
-                    Ok(_) => return Ok((start, after)),
+                    Ok(revision) if settled(counters, key, revision).await? => {
+                        return Ok((start, after));
+                    }
+                    Ok(_) => continue,
                     Err(err) if err.kind() == CreateErrorKind::AlreadyExists => continue,
                     Err(err) => {
                         return Err(ClusterError::jetstream(
@@ -945,7 +1019,10 @@ pub(crate) async fn increment(
                     .update(key, Bytes::from(after.to_string()), entry.revision)
                     .await
                 {
-                    Ok(_) => return Ok((before, after)),
+                    Ok(revision) if settled(counters, key, revision).await? => {
+                        return Ok((before, after));
+                    }
+                    Ok(_) => continue,
                     Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => continue,
                     Err(err) => {
                         return Err(ClusterError::jetstream(

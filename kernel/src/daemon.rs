@@ -189,7 +189,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         cluster.clone(),
     )
     .await;
-    let (kernel, pids) = match started {
+    let (kernel, agents) = match started {
         Ok(started) => started,
         Err(err) => {
             if let Some(cluster) = &cluster {
@@ -203,7 +203,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         options,
         config,
         settings,
-        &pids,
+        agents,
     ));
     let mut published = match publish_addr(&data_dir, addr, tls.as_ref()) {
         Ok(file) => vec![file],
@@ -474,7 +474,8 @@ async fn bind(
 }
 
 /// The kernel with the config's runtimes, agents and templates, on the
-/// store, and its agents' PIDs in config order; logs what starting it did.
+/// store, and the agents it runs with their PIDs, in config order (on a
+/// node of a cluster, those no other node runs); logs what starting it did.
 async fn start_kernel(
     config: &Config,
     settings: KernelSettings,
@@ -482,7 +483,7 @@ async fn start_kernel(
     (store, recovered): (Store, Recovered),
     exec: ExecRuntime,
     cluster: Option<Arc<Cluster>>,
-) -> Result<(Kernel, Vec<Pid>), StartError> {
+) -> Result<(Kernel, Vec<(AgentSpec, Pid)>), StartError> {
     let mut agent_settings = config.agent.clone();
     agent_settings.provider = chosen.provider.name().to_owned();
     if let Some(openai) = &chosen.openai {
@@ -532,13 +533,17 @@ async fn start_kernel(
         .start()
         .await?;
     let kernel = started.kernel;
-    log_agents(
-        &kernel,
-        &config.kernel.models,
-        &config.agents,
-        &started.agents,
-    )
-    .await;
+    let here: Vec<(AgentSpec, Pid)> = config
+        .agents
+        .iter()
+        .filter(|agent| !started.elsewhere.contains_key(&agent.name))
+        .cloned()
+        .zip(started.agents.iter().copied())
+        .collect();
+    log_agents(&kernel, &config.kernel.models, &here).await;
+    for (agent, node) in &started.elsewhere {
+        tracing::info!(name = %agent, %node, "agent runs on another node");
+    }
     if started.restored != Restored::default() {
         let restored = &started.restored;
         tracing::info!(
@@ -554,7 +559,7 @@ async fn start_kernel(
     for problem in &started.cron_problems {
         tracing::warn!(%problem, "cron entry not loaded");
     }
-    Ok((kernel, started.agents))
+    Ok((kernel, here))
 }
 
 /// Writes `<data_dir>/kernel.addr`, where clients find the kernel, and says
@@ -794,8 +799,8 @@ async fn open_store(
 }
 
 /// Says which agents started, and for `tool_agent`s which provider they talk to.
-async fn log_agents(kernel: &Kernel, names: &ModelNames, agents: &[AgentSpec], pids: &[Pid]) {
-    for (agent, pid) in agents.iter().zip(pids) {
+async fn log_agents(kernel: &Kernel, names: &ModelNames, agents: &[(AgentSpec, Pid)]) {
+    for (agent, pid) in agents {
         let (runtime, model) = kernel
             .get_process(Caller::Admin, *pid)
             .await

@@ -26,6 +26,7 @@ mod builder;
 mod census;
 mod cluster;
 pub(crate) mod cron;
+mod declared;
 mod exec;
 mod inbox;
 mod inner;
@@ -49,6 +50,7 @@ pub use tokens::{MAX_TOKEN_LIFETIME, NewToken};
 mod transcript;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
+pub use declared::Placed;
 use inner::{Inner, Parts};
 pub use mcp::McpToolInfo;
 pub use restore::{KERNEL_RESTART, Restored};

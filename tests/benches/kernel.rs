@@ -21,6 +21,8 @@
 //! - `serve`: the kernel served over loopback, the floor's bare tonic server, clients.
 //! - `tree`: kill of a 10,000-process tree, listing 100,000 processes.
 //! - `cold`: exec of the `hivekernel` binary until its first RPC answers.
+//! - `cluster`: 3 nodes on a 3-server NATS cluster: tasks, sends and spawns
+//!   across nodes, and a node's death to its config agent answering again.
 //! - `agent`: a `tool_agent` turn and `orchestrate` against a loopback model server.
 //! - `durable`: acknowledged sends on a kernel with a store, beside hand-written SQLite.
 //! - `mcp`: an MCP tool call through the kernel beside rmcp directly, and a server's restart.
@@ -34,6 +36,8 @@ static ALLOCATOR: hivekernel_kernel::Allocator = hivekernel_kernel::Allocator;
 // in benches/, where Cargo would take each for a bench of its own.
 #[path = "kernel/agent.rs"]
 mod agent;
+#[path = "kernel/cluster.rs"]
+mod cluster;
 #[path = "kernel/cold.rs"]
 mod cold;
 #[path = "kernel/durable.rs"]
@@ -63,10 +67,10 @@ use report::{Machine, Report, Row};
 
 const USAGE: &str = "usage: cargo bench -p hivekernel-tests --bench kernel -- \
                      [--json] [--smoke] [--only NAME[,NAME]] [--metrics] [--traces] [--dashboard]\n\
-                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp";
+                     names: spawn, memory, route, grpc, kill, list, cold, turn, orchestrate, durable, mcp, cluster";
 
 /// The `--only` names, in the order they run and print.
-const GROUPS: [&str; 11] = [
+const GROUPS: [&str; 12] = [
     "spawn",
     "memory",
     "route",
@@ -78,6 +82,7 @@ const GROUPS: [&str; 11] = [
     "orchestrate",
     "durable",
     "mcp",
+    "cluster",
 ];
 
 /// How much work each measurement does: the full run, or a smoke run for CI.
@@ -424,6 +429,12 @@ async fn run_group(group: &str, sizes: &'static Sizes) -> (Vec<Row>, Option<&'st
         "kill" => (tree::kill(sizes).await, Some(tree::KILL_FLOOR)),
         "list" => (tree::list(sizes).await, Some(tree::LIST_FLOOR)),
         "cold" => (cold::run(sizes).await, Some(cold::FLOOR)),
+        // No rows (no nats-server): no floor to explain either.
+        "cluster" => {
+            let rows = cluster::run(sizes).await;
+            let floor = (!rows.is_empty()).then_some(cluster::FLOOR);
+            (rows, floor)
+        }
         "turn" => (agent::turn(sizes).await, Some(agent::FLOOR)),
         "orchestrate" => (agent::orchestrate(sizes).await, Some(agent::FLOOR)),
         "durable" => (durable::run(sizes).await, Some(durable::FLOOR)),

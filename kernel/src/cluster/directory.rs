@@ -8,7 +8,7 @@
 //! (idle, running) is read off counters on the hot path, so it is never
 //! written here: whoever wants it asks the holding node (`get`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -168,7 +168,8 @@ pub(crate) struct Directory {
     read: OnceLock<ReadFn>,
     /// PIDs this node has listed and not removed since: what it removes
     /// when it leaves.
-    listed: Mutex<HashSet<Pid>>,
+    /// (with the revision of its last write, once that is known).
+    listed: Mutex<HashMap<Pid, Option<u64>>>,
 }
 
 impl std::fmt::Debug for Directory {
@@ -190,7 +191,7 @@ impl Directory {
             pending: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             read: OnceLock::new(),
-            listed: Mutex::new(HashSet::new()),
+            listed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -274,12 +275,12 @@ impl Directory {
                 let listings = read(&pids);
                 // Noted before the write, so a leave that stops it midway
                 // still removes what it may have stored.
-                self.listed.lock().extend(
-                    pids.iter()
-                        .zip(&listings)
-                        .filter(|(_, listing)| listing.is_some())
-                        .map(|(pid, _)| *pid),
-                );
+                {
+                    let mut listed = self.listed.lock();
+                    for (pid, _) in pids.iter().zip(&listings).filter(|(_, l)| l.is_some()) {
+                        listed.entry(*pid).or_insert(None);
+                    }
+                }
                 let writes = futures::stream::iter(pids.into_iter().zip(listings))
                     .map(|(pid, listing)| self.write_one(pid, listing))
                     .buffer_unordered(IN_FLIGHT)
@@ -335,14 +336,29 @@ impl Directory {
     async fn write_one(&self, pid: Pid, listing: Option<Listing>) -> (Pid, bool, bool) {
         let key = pid.0.to_string();
         let present = listing.is_some();
+        // Only this node's own listings are its to remove: a PID it does
+        // not hold and never listed may be listed by another node (a
+        // config agent that moved there, touched here as this node's
+        // restart records it ended).
+        // And of those, only while its last write is what the key holds:
+        // a config agent that moved on is listed by its new node under
+        // the same PID.
+        let last = match self.listed.lock().get(&pid) {
+            Some(last) => *last,
+            None if !present => return (pid, true, false),
+            None => None,
+        };
         let result = match listing {
-            Some(listing) => self
-                .store
-                .put(&key, encode(&listing))
-                .await
-                .map(|_| ())
-                .map_err(|err| err.to_string()),
-            None => self.store.delete(&key).await.map_err(|err| err.to_string()),
+            Some(listing) => match self.store.put(&key, encode(&listing)).await {
+                Ok(revision) => {
+                    if let Some(last) = self.listed.lock().get_mut(&pid) {
+                        *last = Some(revision);
+                    }
+                    Ok(())
+                }
+                Err(err) => Err(err.to_string()),
+            },
+            None => self.unlist(pid, last).await,
         };
         if let Err(err) = &result {
             tracing::debug!(%pid, error = %err, "cluster: directory write failed; retrying");
@@ -507,12 +523,35 @@ impl Directory {
         }
     }
 
+    /// Removes `pid`'s listing this node wrote: at the revision of its last
+    /// write when known (a listing another node wrote since is left), else
+    /// whatever the key holds.
+    async fn unlist(&self, pid: Pid, last: Option<u64>) -> Result<(), String> {
+        let key = pid.0.to_string();
+        let removed = match last {
+            Some(revision) => {
+                self.store
+                    .delete_expect_revision(&key, Some(revision))
+                    .await
+            }
+            None => self.store.delete(&key).await,
+        };
+        match removed {
+            Ok(()) => Ok(()),
+            // Written by another node since: not this node's to remove.
+            Err(err) if last.is_some() && err.kind() == kv::DeleteErrorKind::WrongLastRevision => {
+                Ok(())
+            }
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
     /// Removes every listing this node wrote (it is leaving).
     pub(super) async fn unlist_all(&self) {
-        let listed: Vec<Pid> = self.listed.lock().drain().collect();
+        let listed: Vec<(Pid, Option<u64>)> = self.listed.lock().drain().collect();
         futures::stream::iter(listed)
-            .for_each_concurrent(IN_FLIGHT, |pid| async move {
-                if let Err(err) = self.store.delete(pid.0.to_string()).await {
+            .for_each_concurrent(IN_FLIGHT, |(pid, last)| async move {
+                if let Err(err) = self.unlist(pid, last).await {
                     tracing::debug!(%pid, error = %err, "cluster: listing not removed at leave");
                 }
             })

@@ -17,7 +17,7 @@ use super::{StartError, StartOptions, load_tls, settings, spawn_request};
 use crate::caller::Scope;
 use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings, RoleSettings};
 use crate::error::KernelError;
-use crate::kernel::{Caller, Kernel, cron};
+use crate::kernel::{Caller, Kernel, Placed, cron};
 use crate::llm::choose_provider;
 use crate::reload::{Change, ConfigReload, Outcome, ReloadReport};
 use crate::runtime::RuntimeRegistry;
@@ -43,17 +43,17 @@ struct Running {
 
 impl Reloader {
     /// A reloader for `kernel`, started by `options` from `config` (flags
-    /// applied into `settings`), whose agents got `pids`, in config order.
+    /// applied into `settings`), running `agents` (in config order; on a
+    /// node of a cluster, those no other node runs).
     pub(crate) fn new(
         kernel: Kernel,
         options: StartOptions,
         config: Config,
         settings: KernelSettings,
-        pids: &[Pid],
+        agents: Vec<(AgentSpec, Pid)>,
     ) -> Self {
-        let agents = config.agents.iter().cloned().zip(pids.iter().copied());
         let running = Running {
-            agents: agents.collect(),
+            agents,
             started: config,
             settings,
         };
@@ -201,10 +201,14 @@ impl Reloader {
                     }
                 }
                 None => match self.kernel.spawn_declared(spawn_request(agent), None).await {
-                    Ok(pid) => {
+                    Ok(Placed::Here(pid)) => {
                         running.agents.push((agent.clone(), pid));
                         Change::new(name, Some(pid), Outcome::Added)
                     }
+                    // Another node's to reload, or one this node took over
+                    // from a node that went (changed by a restart of this node).
+                    Ok(Placed::Held { node, pid }) => Change::new(name, pid, Outcome::Unchanged)
+                        .detail(format!("runs on node {node}; that node's config applies")),
                     Err(err) => Change::new(name, None, Outcome::Failed)
                         .detail(format!("could not be started: {err}")),
                 },

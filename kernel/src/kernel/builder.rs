@@ -9,13 +9,13 @@
 //! could not come back recorded dead; queued messages; unanswered
 //! requests); and the cron entries, stored and declared.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
 
-use super::{Kernel, Parts, cron};
+use super::{Kernel, Parts, Placed, cron};
 use crate::config::{KernelSettings, McpServerSpec};
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
@@ -65,8 +65,12 @@ pub struct KernelBuilder {
 pub struct Started {
     /// The kernel.
     pub kernel: Kernel,
-    /// The PID of each declared agent, in the order they were given.
+    /// The PID of each declared agent this kernel runs, in the order they
+    /// were given (on a node of a cluster, those no other node runs).
     pub agents: Vec<Pid>,
+    /// On a node of a cluster: the declared agents another node runs, by
+    /// name, with that node.
+    pub elsewhere: BTreeMap<String, String>,
     /// What the store brought back (all zero without a store).
     pub restored: Restored,
     /// Stored or declared cron entries that could not be loaded.
@@ -237,12 +241,20 @@ impl KernelBuilder {
             kernel.reclaim_exec_orphans();
         }
         let mut pids = Vec::with_capacity(agents.len());
+        let mut here = Vec::with_capacity(agents.len());
+        let mut elsewhere = BTreeMap::new();
         for agent in &agents {
             match kernel
                 .spawn_declared(agent.request.clone(), recovered.as_ref())
                 .await
             {
-                Ok(pid) => pids.push(pid),
+                Ok(Placed::Here(pid)) => {
+                    pids.push(pid);
+                    here.push(agent);
+                }
+                Ok(Placed::Held { node, .. }) => {
+                    elsewhere.insert(agent.request.name.clone(), node);
+                }
                 Err(source) => {
                     kernel.shutdown().await;
                     return Err(AgentRefused {
@@ -260,7 +272,8 @@ impl KernelBuilder {
             Some(recovered) => kernel.restore(recovered).await,
             None => Restored::default(),
         };
-        let declared_cron: Vec<(Pid, CronSpec)> = agents
+        kernel.keep_declared(agents.iter().map(|a| a.request.clone()).collect());
+        let declared_cron: Vec<(Pid, CronSpec)> = here
             .iter()
             .zip(&pids)
             .flat_map(|(agent, pid)| cron::declared(*pid, &agent.cron))
@@ -273,6 +286,7 @@ impl KernelBuilder {
         Ok(Started {
             kernel,
             agents: pids,
+            elsewhere,
             restored,
             cron_problems,
         })

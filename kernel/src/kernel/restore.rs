@@ -6,7 +6,7 @@
 //! requests are failed.
 //!
 //! The order matters: [`Kernel::spawn_declared`] for every config agent
-//! first, then [`Kernel::restore`] once, before the control plane opens.
+//! first (kernel/declared.rs), then [`Kernel::restore`] once, before the control plane opens.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,6 @@ use hivekernel_agents::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::error::Result;
 use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::inbox::InboxRequest;
 use crate::kernel::spawn::Birth;
@@ -70,27 +69,6 @@ impl Kernel {
                 at_ms,
             });
         }
-    }
-
-    /// Spawns a config-declared agent under PID 1, as the PID it last ran as
-    /// when the store knows one, and records its PID for the next restart.
-    pub(crate) async fn spawn_declared(
-        &self,
-        request: SpawnRequest,
-        recovered: Option<&Recovered>,
-    ) -> Result<Pid> {
-        let name = request.name.clone();
-        let previous = recovered
-            .and_then(|r| r.declared.get(&name).copied())
-            .filter(|pid| *pid > Pid::KERNEL && self.inner.table().read().get(*pid).is_none());
-        let pid = self
-            .spawn_as(Caller::Admin, request, Birth::Declared(previous))
-            .await?;
-        self.inner
-            .store()
-            .commit(Write::Declared { name, pid })
-            .await?;
-        Ok(pid)
     }
 
     /// Every process alive before the restart that is not back yet (the

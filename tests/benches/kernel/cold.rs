@@ -144,7 +144,7 @@ fn wait_for_addr(child: &mut Child, file: &Path, log: &Path) -> String {
 
 /// The `hivekernel` binary, rebuilt first (a no-op when fresh) so a stale
 /// kernel is never measured. A failed rebuild falls back to the existing binary.
-fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     match hivekernel_tests::build_hivekernel() {
         Ok(bin) => bin,
         Err((bin, why)) if bin.exists() => {

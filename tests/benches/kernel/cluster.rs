@@ -1,0 +1,397 @@
+//! Three `hivekernel start` nodes on a 3-server NATS cluster with
+//! JetStream, all on this machine: `execute_task` to a process on another
+//! node against one on the node asked, sends to another node's process,
+//! spawns on every node at once, and how long a node's `kill -9` keeps
+//! its permanent config agent from answering. The floor is a NATS
+//! request/reply round trip between two clients of the same cluster.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hivekernel_proto::v1 as pb;
+use hivekernel_proto::v1::kernel_client::KernelClient;
+use hivekernel_tests::binary::Binary;
+use hivekernel_tests::nats::NatsCluster;
+use serde_json::json;
+
+use crate::Sizes;
+use crate::report::{Row, Target, Unit};
+use crate::serve::{Bearer, KernelRpc, connect};
+use crate::stats::Latencies;
+
+pub(crate) const FLOOR: &str = "NATS request/reply round trip (async-nats) between two clients \
+                                of the same 3-server cluster, one asking, one answering";
+
+/// Heartbeat and TTL of the nodes: a node's death is noticed within the TTL.
+const HEARTBEAT_MS: u64 = 200;
+const TTL_MS: u64 = 1_500;
+/// The permanent config agent's first restart delay.
+const BACKOFF_MS: u64 = 100;
+/// The nodes.
+const NAMES: [&str; 3] = ["a", "b", "c"];
+/// Client tasks sending at once.
+const SENDERS: usize = 4;
+/// Client tasks spawning at once on each node.
+const SPAWNERS: usize = 4;
+
+/// A node of the bench's cluster and a client of it.
+struct Node {
+    binary: Binary,
+    client: KernelRpc,
+}
+
+pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
+    if hivekernel_tests::nats::nats_server().is_none() {
+        eprintln!("bench: cluster: no nats-server (Debian's nats-server package): skipped");
+        return Vec::new();
+    }
+    let bin = tokio::task::spawn_blocking(crate::cold::binary)
+        .await
+        .expect("locate the hivekernel binary");
+    let nats = tokio::task::spawn_blocking(|| NatsCluster::start(3))
+        .await
+        .expect("start NATS");
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut nodes = Vec::new();
+    for name in NAMES {
+        nodes.push(start_node(&bin, root.path(), &nats, name).await);
+    }
+    // An echo agent on a and one on b, each spawned through its own node.
+    let near = spawn_echo(&mut nodes[0].client, "near", pb::Role::Worker, 0).await;
+    let far = spawn_echo(&mut nodes[1].client, "far", pb::Role::Worker, 0).await;
+
+    let asks = (sizes.asks / 10).max(20);
+    let floor = nats_round_trips(&nats, asks).await;
+    let client = nodes[0].client.clone();
+    let same = round_trips(client.clone(), near, asks).await;
+    let cross = round_trips(client.clone(), far, asks).await;
+    let window = sizes.rpc_window;
+    let sends_same = sends(client.clone(), near, window).await;
+    let sends_cross = sends(client, far, window).await;
+    let spawns = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window).await;
+    let recovery = recovery(&mut nodes).await;
+
+    let asked = format!("{asks} sequential calls through node a");
+    let mut rows = vec![
+        Row::new(
+            "cluster",
+            "cluster: execute_task p50, echo on the node asked",
+            Unit::Nanos,
+            same.0,
+            Some(floor.0),
+        )
+        .note(asked.clone()),
+        Row::new(
+            "cluster",
+            "cluster: execute_task p50, echo on another node",
+            Unit::Nanos,
+            cross.0,
+            Some(floor.0),
+        )
+        .note(format!(
+            "{asked}; {:.2}x the same-node p50",
+            cross.0 / same.0
+        )),
+        Row::new(
+            "cluster",
+            "cluster: execute_task p99, echo on the node asked",
+            Unit::Nanos,
+            same.1,
+            Some(floor.1),
+        ),
+        Row::new(
+            "cluster",
+            "cluster: execute_task p99, echo on another node",
+            Unit::Nanos,
+            cross.1,
+            Some(floor.1),
+        ),
+        Row::new(
+            "cluster",
+            format!("cluster: SendMessage, {SENDERS} clients, to the node asked"),
+            Unit::PerSec,
+            sends_same,
+            None,
+        ),
+        Row::new(
+            "cluster",
+            format!("cluster: SendMessage, {SENDERS} clients, to another node"),
+            Unit::PerSec,
+            sends_cross,
+            None,
+        )
+        .note(format!(
+            "{:.2}x the same-node rate",
+            sends_cross / sends_same
+        )),
+        Row::new(
+            "cluster",
+            format!("cluster: Spawn, {SPAWNERS} clients on each of 3 nodes"),
+            Unit::PerSec,
+            spawns,
+            None,
+        )
+        .note("each spawn answered once every node can find it"),
+    ];
+    if let Some(recovery) = recovery {
+        rows.push(
+            Row::new(
+                "cluster",
+                "cluster: kill -9 of a node to its permanent agent answering elsewhere",
+                Unit::Nanos,
+                recovery,
+                None,
+            )
+            .target(Target::at_most(
+                (TTL_MS + BACKOFF_MS + 1_000) as f64 * 1e6,
+                Unit::Nanos,
+            ))
+            .note(format!(
+                "one run; TTL {TTL_MS} ms, heartbeat {HEARTBEAT_MS} ms, backoff {BACKOFF_MS} ms"
+            )),
+        );
+    }
+    drop(nodes);
+    drop(nats);
+    rows
+}
+
+/// Starts node `name` of `nats` with a permanent echo config agent, and a client of it.
+async fn start_node(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Node {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).expect("a node's directory");
+    let config = json!({
+        "kernel": {
+            "listen": "127.0.0.1:0",
+            "shutdown_grace_ms": 0,
+            "max_children": 100_000,
+            "dashboard": { "enabled": false },
+            "cluster": {
+                "servers": (0..nats.servers()).map(|i| nats.url(i)).collect::<Vec<_>>(),
+                "heartbeat_ms": HEARTBEAT_MS,
+                "node_ttl_ms": TTL_MS
+            }
+        },
+        "agents": [{
+            "name": "keeper", "role": "agent", "runtime": "echo",
+            "restart": { "policy": "permanent", "backoff_ms": [BACKOFF_MS, 1000] }
+        }]
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("a node's config");
+    let (bin, name) = (bin.to_owned(), name.to_owned());
+    let binary =
+        tokio::task::spawn_blocking(move || Binary::start_with(&bin, &dir, &["--node", &name]))
+            .await
+            .expect("start a node");
+    let client = client_of(&binary).await;
+    Node { binary, client }
+}
+
+async fn client_of(binary: &Binary) -> KernelRpc {
+    let token = std::fs::read_to_string(binary.dir.join("data/admin.token"))
+        .expect("the node's admin token");
+    KernelClient::with_interceptor(connect(&binary.addr).await, Bearer::new(token.trim()))
+}
+
+/// Spawns echo agent `name` of `role` under PID 1 through `client`, with
+/// room for `max_children` children (0: its role's default); its PID.
+async fn spawn_echo(client: &mut KernelRpc, name: &str, role: pb::Role, max_children: u32) -> u64 {
+    client
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: name.to_owned(),
+            role: role as i32,
+            runtime: "echo".to_owned(),
+            limits: Some(pb::Limits {
+                max_children,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("spawn an echo agent")
+        .into_inner()
+        .pid
+}
+
+/// p50 and p99 of `n` sequential `execute_task` calls to `pid`.
+async fn round_trips(client: KernelRpc, pid: u64, n: usize) -> (f64, f64) {
+    let ask = || {
+        let mut client = client.clone();
+        async move {
+            let answer = client
+                .execute_task(pb::ExecuteTaskRequest {
+                    pid,
+                    description: "x".to_owned(),
+                    timeout_ms: 10_000,
+                    ..Default::default()
+                })
+                .await
+                .expect("execute_task")
+                .into_inner();
+            assert!(answer.success, "{}", answer.error);
+        }
+    };
+    for _ in 0..n / 10 {
+        ask().await;
+    }
+    let mut latencies = Latencies::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        ask().await;
+        latencies.record(start.elapsed());
+    }
+    latencies.p50_p99()
+}
+
+/// p50 and p99 of `n` request/reply round trips over `nats`.
+async fn nats_round_trips(nats: &NatsCluster, n: usize) -> (f64, f64) {
+    let asker = async_nats::connect(nats.url(0))
+        .await
+        .expect("connect to NATS");
+    let answerer = async_nats::connect(nats.url(1))
+        .await
+        .expect("connect to NATS");
+    let mut requests = answerer.subscribe("bench.echo").await.expect("subscribe");
+    answerer.flush().await.expect("flush");
+    let echo = tokio::spawn(async move {
+        use futures::StreamExt;
+        while let Some(request) = requests.next().await {
+            if let Some(reply) = request.reply {
+                let _ = answerer.publish(reply, request.payload).await;
+            }
+        }
+    });
+    // The answerer's interest reaches the asker's server over the route
+    // a moment after its own server has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while asker.request("bench.echo", "x".into()).await.is_err() {
+        assert!(Instant::now() < deadline, "no NATS answerer after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut latencies = Latencies::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let start = Instant::now();
+        asker
+            .request("bench.echo", "x".into())
+            .await
+            .expect("a NATS round trip");
+        if i >= n / 10 {
+            latencies.record(start.elapsed());
+        }
+    }
+    echo.abort();
+    latencies.p50_p99()
+}
+
+/// Sends per second to `pid` from [`SENDERS`] client tasks over `window`.
+async fn sends(client: KernelRpc, pid: u64, window: Duration) -> f64 {
+    let sent = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + window;
+    let tasks: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (mut client, sent) = (client.clone(), sent.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    client
+                        .send_message(pb::SendMessageRequest {
+                            to: pid,
+                            payload: "x".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("send_message");
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a sender");
+    }
+    sent.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Spawns per second, cluster-wide, from [`SPAWNERS`] client tasks on each
+/// node, each node's under a parent of its own, for `window` or `most`
+/// spawns per node.
+async fn spawn_everywhere(nodes: &[Node], most: usize, window: Duration) -> f64 {
+    let spawned = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    let deadline = start + window;
+    for (n, node) in nodes.iter().enumerate() {
+        let mut client = node.client.clone();
+        let name = format!("spawner-{n}");
+        let parent = spawn_echo(&mut client, &name, pb::Role::Lead, 100_000).await;
+        let left = Arc::new(AtomicU64::new(most.max(SPAWNERS) as u64));
+        for t in 0..SPAWNERS {
+            let (mut client, spawned, left) = (client.clone(), spawned.clone(), left.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut seq = 0;
+                while Instant::now() < deadline
+                    && left
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                {
+                    client
+                        .spawn(pb::SpawnRequest {
+                            parent,
+                            name: format!("w{t}-{seq}"),
+                            runtime: "echo".to_owned(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("spawn");
+                    seq += 1;
+                    spawned.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("a spawner");
+    }
+    spawned.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `kill -9` of the node running the permanent config agent `keeper`, to
+/// the agent answering an `execute_task` through another node; `None` when
+/// it did not answer within a minute.
+async fn recovery(nodes: &mut [Node]) -> Option<f64> {
+    let mut client = nodes[0].client.clone();
+    let keeper = client
+        .find_process(pb::FindProcessRequest {
+            target: "keeper".to_owned(),
+        })
+        .await
+        .expect("find the config agent")
+        .into_inner();
+    let holder = NAMES.iter().position(|name| *name == keeper.node)?;
+    let mut client = nodes[(holder + 1) % nodes.len()].client.clone();
+    let binary = &mut nodes[holder].binary;
+    binary.child.kill().ok()?;
+    let died = Instant::now();
+    let _ = binary.child.wait();
+    loop {
+        let answered = client
+            .execute_task(pb::ExecuteTaskRequest {
+                pid: keeper.pid,
+                description: "x".to_owned(),
+                timeout_ms: 1_000,
+                ..Default::default()
+            })
+            .await
+            .is_ok_and(|answer| answer.into_inner().success);
+        if answered {
+            return Some(died.elapsed().as_nanos() as f64);
+        }
+        if died.elapsed() > Duration::from_secs(60) {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
