@@ -959,16 +959,48 @@ pub(crate) async fn settled(
     key: &str,
     revision: u64,
 ) -> Result<bool, ClusterError> {
+    Ok(last_after_settling(store, key)
+        .await?
+        .is_some_and(|(last, _)| last == revision))
+}
+
+/// The revision and value the stream leader holds for `key` once
+/// [`SETTLE`] has passed.
+async fn last_after_settling(
+    store: &kv::Store,
+    key: &str,
+) -> Result<Option<(u64, Bytes)>, ClusterError> {
     tokio::time::sleep(SETTLE).await;
     let subject = format!("{}{key}", store.prefix);
     match store.stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(message) => Ok(message.sequence == revision),
-        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+        Ok(message) => Ok(Some((message.sequence, message.payload))),
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(err) => Err(ClusterError::jetstream(
             &format!("reading {subject} back"),
             err,
         )),
     }
+}
+
+/// Whether counter `key`, just set to `after` at `revision`, kept that
+/// write: the leader holds it, or a larger value a later write based on
+/// it made (a node fetching its next block may follow within [`SETTLE`]).
+/// The same value at another revision is a concurrent write from the
+/// same start that was accepted too: the block is the other's.
+async fn counted(
+    counters: &kv::Store,
+    key: &str,
+    revision: u64,
+    after: u64,
+) -> Result<bool, ClusterError> {
+    Ok(match last_after_settling(counters, key).await? {
+        Some((last, _)) if last == revision => true,
+        Some((_, value)) => std::str::from_utf8(&value)
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .is_some_and(|now| now > after),
+        None => false,
+    })
 }
 
 /// Adds `by` to counter `key` (created at `start` when missing) by
@@ -988,7 +1020,7 @@ pub(crate) async fn increment(
             None => {
                 let after = start + by;
                 match counters.create(key, Bytes::from(after.to_string())).await {
-                    Ok(revision) if settled(counters, key, revision).await? => {
+                    Ok(revision) if counted(counters, key, revision, after).await? => {
                         return Ok((start, after));
                     }
                     Ok(_) => continue,
@@ -1019,7 +1051,7 @@ pub(crate) async fn increment(
                     .update(key, Bytes::from(after.to_string()), entry.revision)
                     .await
                 {
-                    Ok(revision) if settled(counters, key, revision).await? => {
+                    Ok(revision) if counted(counters, key, revision, after).await? => {
                         return Ok((before, after));
                     }
                     Ok(_) => continue,
