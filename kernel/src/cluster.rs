@@ -7,12 +7,14 @@
 //! unrefreshed for the TTL, fencing (a node whose record another node
 //! changed learns it was declared lost), the cluster-wide PID space
 //! (blocks taken by compare-and-set), the directory of which node holds
-//! which process (`directory`), and requests between nodes (`rpc`).
+//! which process (`directory`), requests between nodes (`rpc`), which
+//! node runs each config agent (`declared`) and cron slot leases (`cron`).
 //! Every race between nodes is a
 //! compare-and-set in a key-value bucket; nothing here is consensus of its own.
 //!
 //! A kernel without `kernel.cluster` never builds a [`Cluster`].
 
+mod cron;
 mod declared;
 mod directory;
 mod pids;
@@ -35,6 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
+pub use cron::Lease;
 pub use declared::{Claimed, Holding, Standing};
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
@@ -50,7 +53,7 @@ const CLAIMS: &str = "hk_claims";
 /// The directory: each process's node and place in the tree, by PID.
 const DIRECTORY: &str = "hk_directory";
 /// How long a claim is kept.
-const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
 /// How long one request to NATS may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 

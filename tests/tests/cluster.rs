@@ -72,6 +72,36 @@ fn flagged(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Binary {
     )
 }
 
+/// A config of `agents` for nodes timed for tests (the servers come from
+/// `--cluster`).
+fn config_of(agents: Value) -> String {
+    json!({
+        "kernel": {
+            "listen": "127.0.0.1:0",
+            "shutdown_grace_ms": 0,
+            "dashboard": { "enabled": false },
+            "cluster": {
+                "servers": ["nats://127.0.0.1:1"],
+                "heartbeat_ms": HEARTBEAT_MS,
+                "node_ttl_ms": TTL_MS
+            }
+        },
+        "agents": agents
+    })
+    .to_string()
+}
+
+/// Node `name` of `nats`, started from `config`.
+fn member(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, config: &str) -> Binary {
+    node(
+        bin,
+        root,
+        name,
+        config,
+        &["--cluster", &nats.urls(), "--node", name],
+    )
+}
+
 /// `nodes --json` as this node sees them, by name.
 fn nodes(kernel: &Binary) -> Vec<Value> {
     kernel
@@ -787,6 +817,21 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
         String::from_utf8_lossy(&out.stderr).contains("not found"),
         "{out:?}"
     );
+    // A restart and a wait asked of a run on the node holding the process.
+    let restarted = a.cli(&["restart", &worker.to_string()]);
+    assert!(
+        restarted.contains(&format!("restarted {worker} (restart 1)")),
+        "{restarted}"
+    );
+    let out = a
+        .command(&["wait", &solo.to_string(), "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("process {solo} still running after 1000 ms")),
+        "{out:?}"
+    );
     // An exit on b, asked of a, leaves a's view and the directory.
     let killed = a.cli(&["kill", &lead.to_string()]);
     assert!(
@@ -803,6 +848,18 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while rt.block_on(listed(&peer)).contains(&worker) {
         assert!(Instant::now() < deadline, "worker-b still listed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its exit record is collected from a, on b.
+    let exit = a.json(&["wait", &lead.to_string(), "--json", "--timeout", "5"]);
+    assert_eq!(exit["pid"], lead, "{exit}");
+    assert_eq!(exit["exit_code"], 137, "{exit}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(listed(&peer)).contains(&lead) {
+        assert!(
+            Instant::now() < deadline,
+            "lead-b still listed once collected"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -854,34 +911,12 @@ fn config_agents_run_once_in_the_cluster_and_move_when_their_node_goes() {
     let nats = NatsCluster::start(3);
     let root = tempfile::tempdir().unwrap();
     let restart = |policy: &str| json!({ "policy": policy, "backoff_ms": [300, 1000] });
-    let config = json!({
-        "kernel": {
-            "listen": "127.0.0.1:0",
-            "shutdown_grace_ms": 0,
-            "dashboard": { "enabled": false },
-            "cluster": {
-                "servers": ["nats://127.0.0.1:1"],
-                "heartbeat_ms": HEARTBEAT_MS,
-                "node_ttl_ms": TTL_MS
-            }
-        },
-        "agents": [
-            { "name": "greeter", "role": "agent", "runtime": "echo", "restart": restart("permanent") },
-            { "name": "porter", "role": "agent", "runtime": "echo", "restart": restart("transient") },
-            { "name": "once", "role": "agent", "runtime": "echo", "restart": restart("temporary") }
-        ]
-    })
-    .to_string();
-    let urls = nats.urls();
-    let start = |name: &str| {
-        node(
-            &bin,
-            root.path(),
-            name,
-            &config,
-            &["--cluster", &urls, "--node", name],
-        )
-    };
+    let config = config_of(json!([
+        { "name": "greeter", "role": "agent", "runtime": "echo", "restart": restart("permanent") },
+        { "name": "porter", "role": "agent", "runtime": "echo", "restart": restart("transient") },
+        { "name": "once", "role": "agent", "runtime": "echo", "restart": restart("temporary") }
+    ]));
+    let start = |name: &str| member(&bin, root.path(), &nats, name, &config);
     let mut a = start("a");
     let b = start("b");
     let c = start("c");
@@ -1136,4 +1171,139 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Each slot of a cron entry is leased to one node: three nodes, each on
+/// its own NATS server of three, claim the same slots at the same moment,
+/// and for every slot exactly one wins while the others are told which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
+    use hivekernel_kernel::cluster::{Cluster, Lease};
+    use hivekernel_kernel::config::ClusterSettings;
+    const SLOTS: u64 = 40;
+    let nats = NatsCluster::start(3);
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let settings = ClusterSettings::new(vec![nats.url(i)], name.to_owned());
+        let address = format!("127.0.0.1:{}", 9_000 + i);
+        nodes.push(Cluster::join(settings, address, 0).await.unwrap());
+    }
+    let base = 1_700_000_000_000;
+    let race = |slot: u64| {
+        let nodes = nodes.clone();
+        async move {
+            let claims = nodes
+                .iter()
+                .map(|node| node.lease_slot("nightly report", slot));
+            futures::future::join_all(claims).await
+        }
+    };
+    let outcomes = futures::stream::iter((0..SLOTS).map(|i| race(base + i * 1_000)))
+        .buffer_unordered(SLOTS as usize)
+        .collect::<Vec<_>>()
+        .await;
+    for leases in outcomes {
+        let leases: Vec<Lease> = leases.into_iter().map(Result::unwrap).collect();
+        let winners: Vec<usize> = (0..3).filter(|i| leases[*i] == Lease::Won).collect();
+        assert_eq!(winners.len(), 1, "{leases:?}");
+        let winner = ["a", "b", "c"][winners[0]];
+        for (i, lease) in leases.iter().enumerate() {
+            if i != winners[0] {
+                assert_eq!(*lease, Lease::Taken(winner.to_owned()), "{leases:?}");
+            }
+        }
+    }
+    // A slot claimed before is the first claimant's, whoever asks again.
+    let again = nodes[2].lease_slot("nightly report", base).await.unwrap();
+    assert_ne!(again, Lease::Won);
+    for node in &nodes {
+        node.leave().await;
+    }
+}
+
+/// A config agent's cron entries run on the node that runs the agent, and
+/// move with it: after that node's kill -9 they fire on the node that took
+/// the agent over, at the same PID, each slot once.
+#[test]
+fn cron_entries_run_where_their_agent_runs_and_move_with_it() {
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let config = config_of(json!([{
+        "name": "ticker",
+        "role": "agent",
+        "runtime": "echo",
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] },
+        "cron": [{
+            "name": "tick",
+            "expression": "* * * * * *",
+            "action": "execute",
+            "description": "tick"
+        }]
+    }]));
+    let start = |name: &str| member(&bin, root.path(), &nats, name, &config);
+    let mut a = start("a");
+    let b = start("b");
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+    let tick = |kernel: &Binary| -> Option<Value> {
+        let entries = kernel.json(&["cron", "ls", "--json"]);
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["name"] == "tick")
+            .cloned()
+    };
+    // The runs of `entry` that went well, at their slots (Unix ms).
+    let ok_slots = |entry: &Value| -> Vec<u64> {
+        entry["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|run| run["status"] == "ok")
+            .map(|run| run["at_unix_ms"].as_u64().unwrap())
+            .collect()
+    };
+    let wait_for_runs = |kernel: &Binary, after_ms: u64, what: &str| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(entry) = tick(kernel)
+                && ok_slots(&entry).iter().filter(|at| **at > after_ms).count() >= 2
+            {
+                return entry;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {:?}\n{}",
+                tick(kernel),
+                kernel.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // On a, which runs ticker (the first to start claims it); b has no entry.
+    let on_a = wait_for_runs(&a, 0, "no runs on a");
+    let ticker = placed(&b, &["ticker"])["ticker"][0].0;
+    assert_eq!(on_a["target"], ticker);
+    assert!(tick(&b).is_none(), "{:?}", tick(&b));
+
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let died_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let on_b = wait_for_runs(&b, died_ms, "the entry did not move to b");
+    assert_eq!(on_b["target"], ticker);
+    assert_eq!(on_b["owner"], ticker);
+    // Each slot once, in order; none fired twice.
+    let slots = ok_slots(&on_b);
+    assert!(slots.windows(2).all(|w| w[0] < w[1]), "{slots:?}");
+    assert!(
+        b.log()
+            .contains("config agent taken over from a node that is gone"),
+        "{}",
+        b.log()
+    );
 }

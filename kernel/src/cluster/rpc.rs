@@ -29,6 +29,15 @@ pub enum Op {
     /// operator or an ancestor the asking node checked; answers the PIDs
     /// that exited ([`Killed`]).
     Kill { pid: Pid, reason: String },
+    /// A restart of a live process the node holds, by an operator or an
+    /// ancestor the asking node checked; answers how many times it has
+    /// now been restarted ([`Restarted`]).
+    Restart { pid: Pid, reason: String },
+    /// A wait for a process the node holds, by an operator or its parent
+    /// the asking node checked, for up to `timeout_ms` (at most
+    /// [`MAX_WAIT_MS`]); answers its exit record once it has exited, and
+    /// collects it there ([`hivekernel_agents::ExitRecord`]).
+    Wait { pid: Pid, timeout_ms: u64 },
     /// A message to a process the node holds, from `from` (an operator
     /// when absent: PID 1), routed by the asking node (`via`, its nearest
     /// common ancestor across branches); answers its id once the node has
@@ -69,6 +78,11 @@ pub enum Op {
 
 /// What [`Op::Kill`] answers.
 pub type Killed = Vec<Pid>;
+/// What [`Op::Restart`] answers.
+pub type Restarted = u32;
+/// The longest one [`Op::Wait`] waits: a longer wait is asked for in
+/// rounds, so that no request between nodes is open without limit.
+pub const MAX_WAIT_MS: u64 = 30_000;
 /// What [`Op::Deliver`] answers.
 pub type Sent = MessageId;
 /// What [`Op::Task`] answers: the request id and the task's reply.

@@ -205,8 +205,18 @@ impl Reloader {
                         running.agents.push((agent.clone(), pid));
                         Change::new(name, Some(pid), Outcome::Added)
                     }
-                    // Another node's to reload, or one this node took over
-                    // from a node that went (changed by a restart of this node).
+                    // One this node took over from a node that went: its
+                    // spec is the one this node started with, and from
+                    // now on it is reloaded here (its cron entries too).
+                    Ok(Placed::Held {
+                        node,
+                        pid: Some(pid),
+                    }) if self.kernel.cluster().is_some_and(|c| c.node() == node) => {
+                        running.agents.push((agent.clone(), pid));
+                        Change::new(name, Some(pid), Outcome::Unchanged)
+                            .detail("taken over from a node that went; runs here")
+                    }
+                    // Another node's to reload.
                     Ok(Placed::Held { node, pid }) => Change::new(name, pid, Outcome::Unchanged)
                         .detail(format!("runs on node {node}; that node's config applies")),
                     Err(err) => Change::new(name, None, Outcome::Failed)

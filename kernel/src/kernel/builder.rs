@@ -272,7 +272,6 @@ impl KernelBuilder {
             Some(recovered) => kernel.restore(recovered).await,
             None => Restored::default(),
         };
-        kernel.keep_declared(agents.iter().map(|a| a.request.clone()).collect());
         let declared_cron: Vec<(Pid, CronSpec)> = here
             .iter()
             .zip(&pids)
@@ -283,6 +282,9 @@ impl KernelBuilder {
         } else {
             Vec::new()
         };
+        // After the cron's start, which would otherwise replace the entries
+        // of an agent taken over meanwhile.
+        kernel.keep_declared(agents);
         Ok(Started {
             kernel,
             agents: pids,

@@ -266,7 +266,7 @@ impl Kernel {
                     }
                 };
                 let slots = match request.op {
-                    Op::Task { .. } => &tasks,
+                    Op::Task { .. } | Op::Wait { .. } => &tasks,
                     _ => &quick,
                 };
                 // Never waited for: a full node says so at once.
@@ -325,6 +325,8 @@ impl Kernel {
             // Done here or not at all: a forwarded operation is never
             // forwarded again.
             Op::Kill { pid, .. }
+            | Op::Restart { pid, .. }
+            | Op::Wait { pid, .. }
             | Op::Deliver {
                 message: Outgoing { to: pid, .. },
                 ..
@@ -344,6 +346,17 @@ impl Kernel {
                 held::<()>(Err(KernelError::NotFound(pid)))
             }
             Op::Kill { pid, reason } => held(self.kill_checked(Caller::Admin, pid, &reason).await),
+            Op::Restart { pid, reason } => {
+                held(self.restart_checked(Caller::Admin, pid, &reason).await)
+            }
+            Op::Wait { timeout_ms, .. } if timeout_ms > rpc::MAX_WAIT_MS => refused(Refusal::new(
+                ErrorKind::InvalidArgument,
+                format!("a wait of {timeout_ms} ms, at most {} ms", rpc::MAX_WAIT_MS),
+            )),
+            Op::Wait { pid, timeout_ms } => {
+                let timeout = Some(std::time::Duration::from_millis(timeout_ms));
+                held(self.wait_child(Caller::Admin, pid, timeout).await)
+            }
             // The asking node judged the route; copies to a parent are its
             // to send.
             Op::Deliver { message, from, via } => {
@@ -406,7 +419,12 @@ impl Kernel {
     /// on it there: an operator, or one of its ancestors (judged on the
     /// tree across the nodes); `None` when this node holds it, or nobody
     /// does.
-    pub(super) async fn holding(&self, caller: Caller, pid: Pid) -> Result<Option<String>> {
+    pub(super) async fn holding(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        what: &str,
+    ) -> Result<Option<String>> {
         let Some(cluster) = self.inner.cluster() else {
             return Ok(None);
         };
@@ -419,13 +437,80 @@ impl Kernel {
             let tree = Tree::new(&table, Some(cluster.listings())).with_fresh(pid, listing);
             if !descends(&tree, me, pid) {
                 return Err(KernelError::PermissionDenied(format!(
-                    "process {me} may only kill its descendants, and {pid} (on node {node}) \
+                    "process {me} may only {what} its descendants, and {pid} (on node {node}) \
                      is not one"
                 )));
             }
             return Ok(Some(node));
         }
         Ok(Some(listing.node))
+    }
+
+    /// The node holding `pid`, when another one does and `caller` may
+    /// wait for it there: an operator, or its parent; `None` when this
+    /// node holds it, or nobody does.
+    pub(super) async fn parent_elsewhere(
+        &self,
+        caller: Caller,
+        pid: Pid,
+    ) -> Result<Option<String>> {
+        if self.inner.cluster().is_none() {
+            return Ok(None);
+        }
+        let Some(Holder::There(listing)) = self.holder(pid).await? else {
+            return Ok(None);
+        };
+        if let Caller::Process(me) = caller
+            && me != listing.ppid
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} is not the parent of {pid}"
+            )));
+        }
+        Ok(Some(listing.node))
+    }
+
+    /// Waits up to `timeout` (none: without limit) for `pid`, which `node`
+    /// holds, to exit, and collects it there; asked in rounds of at most
+    /// [`rpc::MAX_WAIT_MS`].
+    pub(super) async fn wait_elsewhere(
+        &self,
+        node: &str,
+        pid: Pid,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<hivekernel_agents::ExitRecord> {
+        let round_max = std::time::Duration::from_millis(rpc::MAX_WAIT_MS);
+        let deadline = timeout.map(|limit| tokio::time::Instant::now() + limit);
+        loop {
+            let left = deadline.map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
+            let round = left.map_or(round_max, |left| left.min(round_max));
+            let timed_out = || {
+                KernelError::DeadlineExceeded(format!(
+                    "process {pid} still running after {} ms",
+                    timeout.unwrap_or_default().as_millis()
+                ))
+            };
+            if round.is_zero() {
+                return Err(timed_out());
+            }
+            let op = Op::Wait {
+                pid,
+                timeout_ms: round.as_millis().max(1) as u64,
+            };
+            match self
+                .forward(node, op, round.saturating_add(FORWARD_MARGIN))
+                .await
+            {
+                Err(KernelError::Remote(refusal))
+                    if refusal.kind == ErrorKind::DeadlineExceeded =>
+                {
+                    if left.is_some_and(|left| left <= round) {
+                        return Err(timed_out());
+                    }
+                }
+                done => return done,
+            }
+        }
     }
 
     /// The node holding `pid` when another node does, as the mirror shows

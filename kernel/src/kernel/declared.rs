@@ -4,7 +4,8 @@
 //! its node goes (lost, stopped, or started again as a new epoch) another
 //! node takes the claim over and starts it again as the same PID, after
 //! its restart backoff (an agent whose restart policy is `temporary` is
-//! not started again).
+//! not started again). Its cron entries run where it runs, and move with
+//! it (kernel/cron/schedule/lease.rs).
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use hivekernel_agents::{Pid, RestartPolicy, SpawnRequest};
 use crate::cluster::{Claimed, ClusterError, Standing};
 use crate::error::{KernelError, Result};
 use crate::kernel::spawn::Birth;
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::{Caller, Declared, Kernel};
 use crate::store::{Recovered, Write};
 
 /// Where a config agent runs.
@@ -123,6 +124,7 @@ impl Kernel {
     /// node runs.
     async fn stand_down(&self, name: &str, pid: Pid) {
         tracing::warn!(%pid, agent = name, "config agent runs on another node; this node's copy stops");
+        self.forget_cron(pid);
         if let Err(err) = self
             .stop_declared(pid, "cluster: the config agent runs on another node")
             .await
@@ -143,9 +145,9 @@ impl Kernel {
     }
 
     /// On a node of a cluster: takes over the config agents `agents` whose
-    /// node has gone, whenever a node leaves the view and at least once a
-    /// TTL, until the kernel begins to stop.
-    pub(super) fn keep_declared(&self, agents: Vec<SpawnRequest>) {
+    /// node has gone, with their cron entries, whenever a node leaves the
+    /// view and at least once a TTL, until the kernel begins to stop.
+    pub(super) fn keep_declared(&self, agents: Vec<Declared>) {
         let Some(cluster) = self.inner.cluster().cloned() else {
             return;
         };
@@ -161,24 +163,26 @@ impl Kernel {
                     () = stopping.cancelled() => return,
                     () = cluster.departure(every) => {}
                 }
-                for request in &agents {
+                for agent in &agents {
                     if stopping.is_cancelled() {
                         return;
                     }
-                    kernel.take_over(request).await;
+                    kernel.take_over(agent).await;
                 }
             }
         });
     }
 
-    /// Starts config agent `request` here if no live node runs it and this
-    /// node wins its claim: at once when it was released (its node
-    /// stopped cleanly), after its restart backoff when its node went
-    /// without a word; never again when its restart policy is `temporary`.
-    async fn take_over(&self, request: &SpawnRequest) {
+    /// Starts config agent `agent` here, with its cron entries, if no live
+    /// node runs it and this node wins its claim: at once when it was
+    /// released (its node stopped cleanly), after its restart backoff when
+    /// its node went without a word; never again when its restart policy
+    /// is `temporary`.
+    async fn take_over(&self, agent: &Declared) {
         let Some(cluster) = self.inner.cluster() else {
             return;
         };
+        let request = &agent.request;
         let name = request.name.as_str();
         let (standing, revision) = match cluster.declared(name).await {
             Ok(read) => read,
@@ -232,6 +236,7 @@ impl Kernel {
                 if let Err(err) = self.declared_here(name, pid, Some(claimed)).await {
                     tracing::error!(%pid, agent = name, error = %err, "store: config agent's PID not recorded");
                 }
+                self.adopt_cron(pid, &agent.cron).await;
                 match from {
                     Some(node) => {
                         tracing::warn!(%pid, agent = name, from = %node, "config agent taken over from a node that is gone")

@@ -204,7 +204,7 @@ impl Kernel {
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "kill processes")?;
-            if let Some(node) = self.holding(caller, pid).await? {
+            if let Some(node) = self.holding(caller, pid, "kill").await? {
                 let op = Op::Kill {
                     pid,
                     reason: reason.to_owned(),
@@ -340,6 +340,10 @@ impl Kernel {
         }
         if let Some(limit) = timeout {
             crate::router::check_duration("timeout", limit)?;
+        }
+        if let Some(node) = self.parent_elsewhere(caller, pid).await? {
+            let _blocked = self.blocked_guard(caller);
+            return self.wait_elsewhere(&node, pid, timeout).await;
         }
         let rx = {
             let mut table = self.inner.table().write();

@@ -25,6 +25,8 @@ use crate::kernel::{Caller, Kernel};
 use crate::reload::{Change, Outcome};
 use crate::store::{StoredCron, Write};
 
+mod lease;
+
 /// The longest the timer sleeps before looking at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 /// Longest entry name, in bytes.
@@ -164,6 +166,18 @@ impl State {
         let name = entry.spec.name.clone();
         self.remove(&name);
         self.entries.insert(name, entry);
+    }
+
+    /// Ends one run of entry `name` when it is still the entry of
+    /// `generation` (not one that replaced it); whether it was.
+    fn ended(&mut self, name: &str, generation: u64) -> bool {
+        match self.entries.get_mut(name) {
+            Some(entry) if entry.generation == generation => {
+                entry.running = entry.running.saturating_sub(1);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn remove(&mut self, name: &str) -> Option<Entry> {
@@ -612,6 +626,7 @@ impl Kernel {
                 let missed = switched.unwrap_or(spec.enabled)
                     && crontab::next_after(&schedule, since).is_some_and(|slot| slot <= now);
                 let run_once = missed && spec.missed == Missed::RunOnce;
+                let missed_slot = run_once.then(|| self.missed_slot(&schedule, since, now));
                 state.insert(Entry {
                     spec,
                     schedule,
@@ -628,8 +643,8 @@ impl Kernel {
                 });
                 // Never a slot at or before the last one fired, whatever the clock says.
                 state.reschedule(&name, now.max(last_fire_ms.unwrap_or(0)));
-                if run_once {
-                    missed_now.push(name);
+                if let Some(slot) = missed_slot {
+                    missed_now.push((name, slot));
                 } else if missed {
                     let run = CronRun {
                         at_unix_ms: now,
@@ -641,8 +656,8 @@ impl Kernel {
                 }
             }
         }
-        for name in missed_now {
-            self.fire(&name, now, Firing::Missed).await;
+        for (name, slot) in missed_now {
+            self.fire(&name, slot, Firing::Missed).await;
         }
         self.inner.cron().wake.notify_one();
         problems
@@ -654,6 +669,12 @@ impl Kernel {
     /// each entry, by name. In a kernel-owned task under the cron's admin
     /// lock, like `add_cron`.
     pub(crate) async fn reload_cron(&self, declared: Vec<(Pid, CronSpec)>) -> Vec<Change> {
+        self.declare_cron(declared, true).await
+    }
+
+    /// Makes the config's entries `declared` (owner, spec) as a reload
+    /// does; with `prune`, the config entries not among them are removed.
+    async fn declare_cron(&self, declared: Vec<(Pid, CronSpec)>, prune: bool) -> Vec<Change> {
         let kernel = self.clone();
         let task = self.inner.tracker().spawn(async move {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
@@ -676,7 +697,9 @@ impl Kernel {
                     .entries
                     .values()
                     .filter(|e| {
-                        e.source == CronSource::Config && !names.contains(e.spec.name.as_str())
+                        prune
+                            && e.source == CronSource::Config
+                            && !names.contains(e.spec.name.as_str())
                     })
                     .map(|e| (e.spec.name.clone(), e.owner))
                     .collect();
@@ -854,24 +877,16 @@ impl Kernel {
             entry.last_fire_ms = Some(slot);
             (entry.spec.clone(), entry.generation)
         };
-        // At most once: the slot is on disk before anything runs.
-        if let Err(err) = self
-            .inner
-            .store()
-            .commit(Write::CronFired {
-                name: name.to_owned(),
-                at_ms: slot,
-            })
-            .await
+        // On a node of a cluster a slot is one node's to fire: it is
+        // claimed first, off the timer (the claim waits on NATS).
+        let lease = match why {
+            Firing::Slot | Firing::Missed => self.inner.cluster().cloned(),
+            Firing::Asked => None,
+        };
+        if lease.is_none()
+            && let Err(why) = self.commit_slot(name, slot, generation).await
         {
-            tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
-            let mut state = self.inner.cron().state.lock();
-            if let Some(entry) = state.entries.get_mut(name)
-                && entry.generation == generation
-            {
-                entry.running = entry.running.saturating_sub(1);
-            }
-            return Fired::NotRecorded(err.to_string());
+            return Fired::NotRecorded(why);
         }
         let kernel = self.clone();
         let name = name.to_owned();
@@ -889,6 +904,11 @@ impl Kernel {
         self.inner
             .tracker()
             .spawn(crate::trace::scope_in(opened, async move {
+                if let Some(cluster) = lease
+                    && !kernel.leased(&cluster, &name, slot, generation, why).await
+                {
+                    return;
+                }
                 let started = Instant::now();
                 let outcome = kernel.run_cron(&spec).await;
                 if let Err(why) = &outcome {
@@ -904,15 +924,32 @@ impl Kernel {
                 };
                 let mut state = kernel.inner.cron().state.lock();
                 // Only the entry that fired counts the run, not one that replaced it.
-                match state.entries.get_mut(&name) {
-                    Some(entry) if entry.generation == generation => {
-                        entry.running = entry.running.saturating_sub(1);
-                    }
-                    _ => return,
+                if state.ended(&name, generation) {
+                    kernel.record_run(&mut state, &name, run);
                 }
-                kernel.record_run(&mut state, &name, run);
             }));
         Fired::Started
+    }
+
+    /// Commits slot `slot` of entry `name` before its action starts, so it
+    /// fires at most once; when the store refuses, the run (of entry
+    /// `generation`) ends there and the error says why.
+    async fn commit_slot(
+        &self,
+        name: &str,
+        slot: u64,
+        generation: u64,
+    ) -> std::result::Result<(), String> {
+        let fired = Write::CronFired {
+            name: name.to_owned(),
+            at_ms: slot,
+        };
+        let Err(err) = self.inner.store().commit(fired).await else {
+            return Ok(());
+        };
+        tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
+        self.inner.cron().state.lock().ended(name, generation);
+        Err(err.to_string())
     }
 
     /// Adds a run to `name`'s history, in memory, in the store and as an event.

@@ -24,9 +24,11 @@ use hivekernel_agents::{Capability, Pid, RestartSpec, SpawnRequest, Strategy};
 use tokio::time::Instant;
 
 use super::{EXIT_FAILED, EXIT_KILLED, Exits, Stop, strategy, terminate, terminate_below};
+use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::Launch;
+use crate::kernel::cluster::FORWARDED_KILL;
 use crate::kernel::{Caller, Kernel};
 use crate::process::{Entry, ProcessTable};
 
@@ -176,13 +178,25 @@ impl Kernel {
     pub async fn restart(&self, caller: Caller, pid: Pid, reason: &str) -> Result<u32> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "restart processes")?;
+            if let Some(node) = self.holding(caller, pid, "restart").await? {
+                let op = Op::Restart {
+                    pid,
+                    reason: reason.to_owned(),
+                };
+                return self.forward(&node, op, FORWARDED_KILL).await;
+            }
             self.restart_checked(caller, pid, reason).await
         };
         self.report_denial(caller, "restart", result.await)
     }
 
     /// [`Kernel::restart`], once the caller holds the capability.
-    async fn restart_checked(&self, caller: Caller, pid: Pid, reason: &str) -> Result<u32> {
+    pub(in crate::kernel) async fn restart_checked(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        reason: &str,
+    ) -> Result<u32> {
         self.check_running()?;
         self.inner.settings().limits.check_reason(reason)?;
         if pid == Pid::KERNEL {

@@ -1,0 +1,172 @@
+//! Cron on a node of a cluster (docs/CLUSTER.md, "Events and cron"). A
+//! config agent's entries run where the agent runs, and follow it when it
+//! moves; each slot is claimed in the cluster before it fires, so a slot
+//! fires once even while two nodes hold an entry (an agent briefly running
+//! on two nodes, a paused node not yet fenced, catching up on its slots).
+
+use std::time::Duration;
+
+use cron::Schedule;
+use hivekernel_agents::Pid;
+
+use super::{CronRun, CronSource, CronSpec, Firing, Missed};
+use crate::cluster::{CLAIM_AGE, Cluster, Lease};
+use crate::crontab;
+use crate::kernel::Kernel;
+use crate::reload::Outcome;
+use crate::store::Write;
+
+/// The windows, newest first, a missed slot is looked for in: the first
+/// with a slot bounds the search to its own span, so a schedule every
+/// second is not walked over a whole day.
+const LOOKBACK: [Duration; 3] = [
+    Duration::from_secs(60),
+    Duration::from_secs(3600),
+    CLAIM_AGE,
+];
+
+impl Kernel {
+    /// Whether this node fires slot `slot` of entry `name` (of
+    /// `generation`): it won the slot's claim and recorded the slot.
+    /// Otherwise its run ends here: a slot another node fired is recorded
+    /// as skipped (not when it was a missed slot looked for after a
+    /// move), one whose claim failed as failed; either way the slot has
+    /// passed for the entry.
+    pub(super) async fn leased(
+        &self,
+        cluster: &Cluster,
+        name: &str,
+        slot: u64,
+        generation: u64,
+        why: Firing,
+    ) -> bool {
+        let (status, output) = match cluster.lease_slot(name, slot).await {
+            Ok(Lease::Won) => return self.commit_slot(name, slot, generation).await.is_ok(),
+            Ok(Lease::Taken(_)) if why == Firing::Missed => (None, String::new()),
+            Ok(Lease::Taken(node)) if node.is_empty() => {
+                (Some("skipped"), "another node fired this slot".to_owned())
+            }
+            Ok(Lease::Taken(node)) => (Some("skipped"), format!("node {node} fired this slot")),
+            Err(err) => (
+                Some("failed"),
+                format!("not fired: the slot could not be claimed in the cluster: {err}"),
+            ),
+        };
+        self.inner.store().submit(Write::CronFired {
+            name: name.to_owned(),
+            at_ms: slot,
+        });
+        let mut state = self.inner.cron().state.lock();
+        if state.ended(name, generation)
+            && let Some(status) = status
+        {
+            let run = CronRun {
+                at_unix_ms: slot,
+                status: status.into(),
+                duration_ms: 0,
+                output,
+            };
+            self.record_run(&mut state, name, run);
+        }
+        false
+    }
+
+    /// The slot a `run_once` entry fires for slots missed since `since_ms`:
+    /// `now_ms` on a kernel alone; on a node of a cluster the latest slot
+    /// that passed, so that it is claimed as the same slot whichever node
+    /// looks (the node that ran the entry may have fired it).
+    pub(super) fn missed_slot(&self, schedule: &Schedule, since_ms: u64, now_ms: u64) -> u64 {
+        if self.inner.cluster().is_none() {
+            return now_ms;
+        }
+        latest_slot(schedule, since_ms, now_ms).unwrap_or(now_ms)
+    }
+
+    /// On a node that took config agent `pid` over from another: its config
+    /// entries `entries`, which follow it. A `run_once` entry fires its
+    /// latest slot of the last day now, unless a node fired it already (the
+    /// claim tells): its node may have gone before it could.
+    pub(crate) async fn adopt_cron(&self, pid: Pid, entries: &[CronSpec]) {
+        if entries.is_empty() {
+            return;
+        }
+        let declared = crate::kernel::cron::declared(pid, entries).collect();
+        for change in self.declare_cron(declared, false).await {
+            if change.outcome == Outcome::Failed {
+                tracing::warn!(cron = %change.name, %pid, detail = %change.detail, "cron entry of a config agent taken over not loaded");
+            }
+        }
+        let now = self.cron_now_ms();
+        let since = now.saturating_sub(CLAIM_AGE.as_millis() as u64);
+        let missed: Vec<(String, u64)> = {
+            let state = self.inner.cron().state.lock();
+            entries
+                .iter()
+                .filter(|spec| spec.missed == Missed::RunOnce)
+                .filter_map(|spec| {
+                    let entry = state.entries.get(&spec.name)?;
+                    let after = since.max(entry.last_fire_ms.unwrap_or(0));
+                    let slot = latest_slot(&entry.schedule, after, now)?;
+                    entry.enabled().then(|| (spec.name.clone(), slot))
+                })
+                .collect()
+        };
+        for (name, slot) in missed {
+            self.fire(&name, slot, Firing::Missed).await;
+        }
+    }
+
+    /// On a node whose copy of config agent `pid` stood down (another node
+    /// runs it): the agent's config entries, which go with it.
+    pub(crate) fn forget_cron(&self, pid: Pid) {
+        let mut state = self.inner.cron().state.lock();
+        let names: Vec<String> = state
+            .entries
+            .values()
+            .filter(|entry| entry.source == CronSource::Config && entry.owner == pid)
+            .map(|entry| entry.spec.name.clone())
+            .collect();
+        for name in names {
+            state.remove(&name);
+            self.inner.store().submit(Write::CronRemove(name));
+        }
+    }
+}
+
+/// The latest slot of `schedule` in `(after_ms, now_ms]`.
+fn latest_slot(schedule: &Schedule, after_ms: u64, now_ms: u64) -> Option<u64> {
+    let window = LOOKBACK.iter().find_map(|span| {
+        let from = after_ms.max(now_ms.saturating_sub(span.as_millis() as u64));
+        crontab::next_after(schedule, from)
+            .filter(|slot| *slot <= now_ms)
+            .map(|first| (from, first))
+    });
+    let (_, mut latest) = window?;
+    while let Some(next) = crontab::next_after(schedule, latest).filter(|slot| *slot <= now_ms) {
+        latest = next;
+    }
+    Some(latest)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::latest_slot;
+
+    #[test]
+    fn the_latest_slot_is_the_last_one_at_or_before_now() {
+        let every_second = crate::crontab::parse("* * * * * *").unwrap();
+        let now = 1_700_000_000_500;
+        assert_eq!(latest_slot(&every_second, 0, now), Some(1_700_000_000_000));
+        // Nothing passed since the last slot fired.
+        assert_eq!(latest_slot(&every_second, 1_700_000_000_000, now), None);
+        let hourly = crate::crontab::parse("0 * * * *").unwrap();
+        let hour = 3_600_000;
+        let top = (now / hour) * hour;
+        assert_eq!(latest_slot(&hourly, 0, now), Some(top));
+        assert_eq!(latest_slot(&hourly, top, now), None);
+        // Beyond the last day nothing is looked for.
+        let yearly = crate::crontab::parse("0 0 1 1 *").unwrap();
+        assert_eq!(latest_slot(&yearly, 0, now), None);
+    }
+}
