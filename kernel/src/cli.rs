@@ -777,6 +777,15 @@ pub struct SpawnArgs {
     /// Working directory of an exec process's command [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
+    /// On a node of a cluster: the node to run on (for a child of PID 1;
+    /// a child lives on its parent's node) [default: the parent's node].
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// On a node of a cluster: a label its node must have, LABEL=VALUE
+    /// (repeatable; of the live nodes with them all, the one with the
+    /// fewest processes).
+    #[arg(long = "where", value_name = "LABEL=VALUE", value_parser = parse_label)]
+    pub node_labels: Vec<(String, String)>,
     /// Print `{"pid": N}` instead of the bare PID.
     #[arg(long)]
     pub json: bool,
@@ -1179,6 +1188,13 @@ fn parse_scope(text: &str) -> Result<crate::caller::Scope, String> {
 }
 
 /// Parses `KEY=VALUE`.
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((label, value)) if !label.is_empty() => Ok((label.to_owned(), value.to_owned())),
+        _ => Err(format!("expected LABEL=VALUE, got {text:?}")),
+    }
+}
+
 fn parse_env(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(key, value)| (key.to_owned(), value.to_owned()))

@@ -33,6 +33,7 @@ mod inner;
 mod llm;
 mod mcp;
 pub(crate) mod memory;
+mod placement;
 mod reload;
 mod resolve;
 mod restore;
@@ -53,6 +54,7 @@ pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 pub use declared::Placed;
 use inner::{Inner, Parts};
 pub use mcp::McpToolInfo;
+pub use placement::Placement;
 pub use restore::{KERNEL_RESTART, Restored};
 
 /// Cheap, cloneable handle to a running kernel.

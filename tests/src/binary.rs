@@ -88,13 +88,19 @@ impl Binary {
         std::fs::read_to_string(self.dir.join("kernel.log")).unwrap_or_default()
     }
 
-    /// A client command aimed at this daemon.
+    /// A client command aimed at this daemon (its flags go before a `--`
+    /// and what follows it, an exec agent's command).
     pub fn command(&self, args: &[&str]) -> Command {
+        let at = args
+            .iter()
+            .position(|arg| *arg == "--")
+            .unwrap_or(args.len());
         let mut command = Command::new(&self.bin);
         command
-            .args(args)
+            .args(&args[..at])
             .args(["--addr", &self.addr, "--data-dir"])
-            .arg(self.dir.join("data"));
+            .arg(self.dir.join("data"))
+            .args(&args[at..]);
         command
     }
 

@@ -354,6 +354,73 @@ fn three_nodes_see_each_other_and_share_one_pid_space() {
     assert!(text.starts_with("NODE"), "{text}");
     assert!(text.contains("a *"), "{text}");
     assert!(text.contains("gpu=true,zone=z1"), "{text}");
+
+    // Placement, asked of a: by labels, by name, and under a parent on
+    // another node (its node, wherever the spawn was asked).
+    let placed_on = |kernel: &Binary, pid: u64| -> String {
+        let info = kernel.json(&["describe", &pid.to_string(), "--json"]);
+        info["node"].as_str().unwrap_or_default().to_owned()
+    };
+    let spawn_placed = |name: &str, parent: u64, placement: &[&str]| -> std::process::Output {
+        let parent = parent.to_string();
+        let mut args = vec!["spawn", "--parent", &parent, "--name", name, "--json"];
+        args.extend_from_slice(placement);
+        a.command(&args).output().unwrap()
+    };
+    let pid_of = |out: &std::process::Output| -> u64 {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+        answer["pid"].as_u64().unwrap()
+    };
+    let gpu = pid_of(&spawn_placed("on-gpu", 1, &["--where", "gpu=true"]));
+    assert_eq!(placed_on(&b, gpu), "c");
+    let named = pid_of(&spawn_placed("on-b", 1, &["--node", "b"]));
+    assert_eq!(placed_on(&a, named), "b");
+    // An exec agent's command travels with its spawn.
+    let exec = pid_of(&spawn_placed(
+        "exec-b",
+        1,
+        &["--node", "b", "--", "sleep", "30"],
+    ));
+    let info = c.json(&["describe", &exec.to_string(), "--json"]);
+    assert_eq!(
+        (info["node"].as_str(), info["runtime"].as_str()),
+        (Some("b"), Some("exec")),
+        "{info}"
+    );
+    let child = pid_of(&spawn_placed("under-b", named, &[]));
+    assert_eq!(placed_on(&c, child), "b");
+    assert_eq!(
+        c.json(&["describe", &child.to_string(), "--json"])["ppid"],
+        named
+    );
+    // What cannot be placed is refused, saying why, and nothing starts.
+    let before = everyone(&a).len();
+    for (placement, parent, expected) in [
+        (
+            &["--where", "gpu=false"][..],
+            1,
+            "no live node has labels gpu=false (live: a [], b [], c [gpu=true,zone=z1])",
+        ),
+        (&["--node", "x"][..], 1, "no live node has node \"x\""),
+        (
+            &["--node", "a"][..],
+            named,
+            "lives on node b, and a child lives on its parent's node",
+        ),
+    ] {
+        let out = spawn_placed("refused", parent, placement);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{placement:?}: {stderr}"
+        );
+    }
+    assert_eq!(everyone(&a).len(), before);
 }
 
 #[test]

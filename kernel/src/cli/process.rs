@@ -62,6 +62,8 @@ pub(super) async fn spawn(args: SpawnArgs) -> Result<(), CliError> {
         command: args.command,
         cwd: args.cwd,
         env: args.env,
+        node: args.node,
+        node_labels: args.node_labels,
     };
     let pid = session
         .client
@@ -97,6 +99,10 @@ pub(super) struct NewProcess {
     /// The exec command's working directory [default: the current one].
     pub(super) cwd: Option<std::path::PathBuf>,
     pub(super) env: Vec<(String, String)>,
+    /// On a node of a cluster: the node to run on.
+    pub(super) node: Option<String>,
+    /// On a node of a cluster: labels its node must have.
+    pub(super) node_labels: Vec<(String, String)>,
 }
 
 impl NewProcess {
@@ -135,6 +141,8 @@ impl NewProcess {
             command: program_in(self.command, &cwd),
             cwd,
             env: self.env.into_iter().collect(),
+            node: self.node.unwrap_or_default(),
+            node_labels: self.node_labels.into_iter().collect(),
         })
     }
 }

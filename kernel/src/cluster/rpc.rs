@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use hivekernel_agents::{
-    ErrorKind, Message, MessageId, Outgoing, Pid, ProcessInfo, RequestId, TaskSpec,
+    ErrorKind, Message, MessageId, Outgoing, Pid, ProcessInfo, RequestId, SpawnRequest, TaskSpec,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,16 @@ pub enum Op {
     Get {
         /// At most [`MAX_GET`].
         pids: Vec<Pid>,
+    },
+    /// A spawn by an operator the asking node checked, placed on this node:
+    /// under PID 1 or a process the node holds; answers the new PID once
+    /// every node can find it ([`Spawned`]).
+    Spawn {
+        request: Box<SpawnRequest>,
+        /// An `exec` process's command (which the request does not carry
+        /// when serialized).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        command: Option<Command>,
     },
     /// A kill of a process the node holds, with its subtree, by an
     /// operator or an ancestor the asking node checked; answers the PIDs
@@ -78,6 +88,44 @@ pub enum Op {
 
 /// What [`Op::Kill`] answers.
 pub type Killed = Vec<Pid>;
+/// The OS command of an `exec` process as it travels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<std::path::PathBuf>,
+}
+
+impl Op {
+    /// A spawn as it travels, its `exec` command beside it.
+    pub fn spawn(mut request: SpawnRequest) -> Op {
+        let command = request.exec.take().map(|exec| Command {
+            argv: exec.argv,
+            env: exec.env,
+            cwd: exec.cwd,
+        });
+        Op::Spawn {
+            request: Box::new(request),
+            command,
+        }
+    }
+}
+
+/// A spawn's request as it arrived, its `exec` command back in it.
+pub fn spawned(request: Box<SpawnRequest>, command: Option<Command>) -> SpawnRequest {
+    let mut request = *request;
+    request.exec = command.map(|command| hivekernel_agents::ExecCommand {
+        argv: command.argv,
+        env: command.env,
+        cwd: command.cwd,
+    });
+    request
+}
+
+/// What [`Op::Spawn`] answers.
+pub type Spawned = Pid;
 /// What [`Op::Restart`] answers.
 pub type Restarted = u32;
 /// The longest one [`Op::Wait`] waits: a longer wait is asked for in

@@ -12,7 +12,7 @@ use tonic::Status;
 
 use super::enums;
 use crate::events::{Event, EventKind};
-use crate::kernel::Caller;
+use crate::kernel::{Caller, Placement};
 
 /// A PID that must be non-zero.
 pub(crate) fn required_pid(field: &str, value: u64) -> Result<Pid, Status> {
@@ -37,6 +37,44 @@ fn unknown(field: &str, value: i32) -> Status {
 }
 
 /// Spawn request; unset role means agent, unset tier and runtime inherit.
+/// Most labels a spawn's placement names.
+const MAX_PLACEMENT_LABELS: usize = 32;
+/// Longest node name or label (key or value) a placement names, in bytes.
+const MAX_PLACEMENT_BYTES: usize = 128;
+
+/// Where a spawn asks to run (`node`, `node_labels`).
+pub(crate) fn placement(req: &pb::SpawnRequest) -> Result<Placement, Status> {
+    if req.node_labels.len() > MAX_PLACEMENT_LABELS {
+        return Err(Status::invalid_argument(format!(
+            "node_labels: at most {MAX_PLACEMENT_LABELS} labels, got {}",
+            req.node_labels.len()
+        )));
+    }
+    let long = std::iter::once(&req.node)
+        .chain(req.node_labels.iter().flat_map(|(k, v)| [k, v]))
+        .find(|text| text.len() > MAX_PLACEMENT_BYTES);
+    if let Some(text) = long {
+        return Err(Status::invalid_argument(format!(
+            "node, node_labels: at most {MAX_PLACEMENT_BYTES} bytes each, got {} ({})",
+            text.len(),
+            crate::error::shown(text)
+        )));
+    }
+    if req.node_labels.keys().any(String::is_empty) {
+        return Err(Status::invalid_argument(
+            "node_labels: a label has an empty name",
+        ));
+    }
+    Ok(Placement {
+        node: (!req.node.is_empty()).then(|| req.node.clone()),
+        labels: req
+            .node_labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    })
+}
+
 pub(crate) fn spawn_request(req: pb::SpawnRequest) -> Result<SpawnRequest, Status> {
     let parent = required_pid("parent", req.parent)?;
     let role = pb::Role::try_from(req.role).map_err(|_| unknown("role", req.role))?;

@@ -113,8 +113,10 @@ impl KernelRpc for KernelService {
     async fn spawn(&self, request: Request<pb::SpawnRequest>) -> Rpc<pb::SpawnResponse> {
         let caller = caller(&request)?;
         let opened = self.call_span("Spawn", &request);
-        let spawn = convert::spawn_request(request.into_inner())?;
-        let pid = in_call(opened, self.kernel.spawn(caller, spawn)).await?;
+        let request = request.into_inner();
+        let placement = convert::placement(&request)?;
+        let spawn = convert::spawn_request(request)?;
+        let pid = in_call(opened, self.kernel.spawn_placed(caller, spawn, &placement)).await?;
         Ok(Response::new(pb::SpawnResponse { pid: pid.0 }))
     }
 

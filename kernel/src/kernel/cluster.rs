@@ -324,6 +324,16 @@ impl Kernel {
             }
             // Done here or not at all: a forwarded operation is never
             // forwarded again.
+            Op::Spawn { request, .. }
+                if request.parent != Pid::KERNEL
+                    && self.inner.table().read().get(request.parent).is_none() =>
+            {
+                held::<()>(Err(KernelError::NotFound(request.parent)))
+            }
+            Op::Spawn { request, command } => {
+                let request = rpc::spawned(request, command);
+                held(self.spawn(Caller::Admin, request).await)
+            }
             Op::Kill { pid, .. }
             | Op::Restart { pid, .. }
             | Op::Wait { pid, .. }

@@ -143,6 +143,30 @@ async fn malformed_requests_are_refused_and_change_nothing() {
             "unknown runtime",
         ),
         (
+            "placement on a kernel alone",
+            with(|r| r.node = "b".into()),
+            Code::FailedPrecondition,
+            "this kernel runs alone",
+        ),
+        (
+            "33 node labels",
+            with(|r| r.node_labels = (0..33).map(|i| (format!("l{i}"), "x".into())).collect()),
+            Code::InvalidArgument,
+            "node_labels: at most 32 labels, got 33",
+        ),
+        (
+            "a node name of 3 MiB",
+            with(|r| r.node = "n".repeat(3 << 20)),
+            Code::InvalidArgument,
+            "at most 128 bytes each",
+        ),
+        (
+            "a label without a name",
+            with(|r| r.node_labels = [(String::new(), "x".into())].into()),
+            Code::InvalidArgument,
+            "a label has an empty name",
+        ),
+        (
             "restart without a policy",
             with(|r| r.restart = Some(pb::RestartSpec::default())),
             Code::InvalidArgument,

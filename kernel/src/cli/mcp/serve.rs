@@ -505,6 +505,8 @@ impl Bridge {
                 command: params.command,
                 cwd: params.cwd.map(Into::into),
                 env: params.env.into_iter().collect(),
+                node: None,
+                node_labels: Vec::new(),
             };
             let pid = session
                 .client
