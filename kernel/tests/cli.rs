@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use support::{CONFIG, Kernel, find, hivekernel, write_config};
+use crate::support::{CONFIG, Kernel, find, hivekernel, write_config};
 
 #[test]
 fn config_check_accepts_a_valid_config() {
@@ -683,7 +681,7 @@ fn artifacts_put_ls_get_rm_survive_kill_9() {
 
     // `-` reads stdin.
     let data = kernel.data_dir();
-    let mut child = Command::new(support::binary())
+    let mut child = Command::new(crate::support::binary())
         .args(["artifacts", "put", "notes.txt", "-", "--addr", &kernel.addr])
         .arg("--data-dir")
         .arg(&data)
@@ -804,7 +802,7 @@ fn logs_follow_a_turn_live_then_show_it_as_text_and_json() {
     let queen = kernel.pid_of("queen").to_string();
     let data = kernel.data_dir();
     // Following before the turn exists: what it prints arrives live.
-    let mut follow = Command::new(support::binary())
+    let mut follow = Command::new(crate::support::binary())
         .args(["logs", &queen, "-f", "--addr", &kernel.addr])
         .args(["--data-dir", data.to_str().unwrap()])
         .env("RUST_LOG", "warn")
@@ -1045,7 +1043,7 @@ fn ps_filters_by_state_role_name_and_label_and_watch_redraws_on_events() {
 
     // --watch draws, then draws again when something happens.
     let data = kernel.data_dir();
-    let mut watch = Command::new(support::binary())
+    let mut watch = Command::new(crate::support::binary())
         .args(["ps", "--watch", "--addr", &kernel.addr])
         .args(["--data-dir", data.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
@@ -1164,7 +1162,7 @@ fn spawn_runs_an_exec_command_where_it_was_typed() {
         args.extend(extra);
         args.extend(["--addr", &kernel.addr, "--data-dir", data.to_str().unwrap()]);
         args.extend(["--", "./agent.sh"]);
-        let output = Command::new(support::binary())
+        let output = Command::new(crate::support::binary())
             .args(&args)
             .current_dir(dir)
             .env_remove("HIVEKERNEL_ADDR")

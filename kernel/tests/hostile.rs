@@ -1,10 +1,8 @@
 //! Hostile input against the real `hivekernel` binary, where what is
 //! measured is the kernel process itself: its resident memory, its data
-//! directory. The in-process cases are in `tests/tests/hostile`.
+//! directory. The in-process cases are in `tests/tests/hostile` (the suite's `hostile::`).
 
 #![allow(clippy::unwrap_used)]
-
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,7 +14,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::transport::Channel;
 
-use support::{Kernel, write_config};
+use crate::support::{Kernel, write_config};
 
 /// Resident memory of `pid`, in bytes.
 fn rss(pid: u32) -> u64 {

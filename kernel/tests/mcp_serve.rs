@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use support::{Kernel, write_config};
+use crate::support::{Kernel, write_config};
 
 /// The Inspector CLI, where `.ci/run` installs it.
 fn inspector_bin() -> PathBuf {
@@ -42,7 +40,7 @@ fn inspector(addr: &str, token: &str, method_args: &[&str]) -> Value {
     let empty = tempfile::tempdir().unwrap();
     let output = Command::new(inspector_bin())
         .arg("--cli")
-        .arg(support::binary())
+        .arg(crate::support::binary())
         .args(["mcp", "serve"])
         .args(method_args)
         .env("HIVEKERNEL_ADDR", addr)
@@ -93,7 +91,7 @@ fn process_with_token(kernel: &Kernel, dir: &std::path::Path) -> (u64, String) {
     let cwd = dir.to_str().unwrap();
     let data = kernel.data_dir();
     // Connection flags before `--`: what follows is the agent's command.
-    let run = support::hivekernel(&[
+    let run = crate::support::hivekernel(&[
         "spawn",
         "--parent",
         "1",
@@ -155,7 +153,7 @@ fn mcp_serve_drives_the_kernel_for_an_mcp_client_with_the_caller_s_rights() {
     let pid = spawned["pid"].as_u64().unwrap();
     let queen = kernel.pid_of("queen");
     let listed = kernel.ps();
-    let scout = support::find(&listed, pid).unwrap();
+    let scout = crate::support::find(&listed, pid).unwrap();
     assert_eq!(
         (scout["ppid"].as_u64(), scout["role"].as_str()),
         (Some(queen), Some("worker"))
@@ -255,7 +253,7 @@ fn mcp_serve_drives_the_kernel_for_an_mcp_client_with_the_caller_s_rights() {
         failed && text.contains("lacks capability kill_processes"),
         "{text}"
     );
-    assert!(support::find(&kernel.ps(), queen).is_some());
+    assert!(crate::support::find(&kernel.ps(), queen).is_some());
     let (text, failed, _) = call(&addr, "not-a-token", "ps", &[]);
     assert!(failed && text.contains("unauthenticated"), "{text}");
 
@@ -283,7 +281,7 @@ impl Drop for Bridge {
 /// `mcp serve --http 127.0.0.1:0` against `kernel`, and the URL it printed.
 fn serve_http(kernel: &Kernel) -> (Bridge, String) {
     let empty = tempfile::tempdir().unwrap();
-    let mut child = Command::new(support::binary())
+    let mut child = Command::new(crate::support::binary())
         .args([
             "mcp",
             "serve",

@@ -3,14 +3,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use support::{Kernel, find, write_config};
+use crate::support::{Kernel, find, write_config};
 
 /// `boss`: permanent, at most one supervised restart a minute; `temp`:
 /// temporary (the default); both echo agents.
@@ -597,7 +595,7 @@ fn logged(config: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(dir.path(), config);
     let log = dir.path().join("kernel.log");
-    let mut child = Command::new(support::binary())
+    let mut child = Command::new(crate::support::binary())
         .arg("start")
         .arg(&path)
         .arg("--data-dir")
@@ -712,13 +710,13 @@ fn logs_follow_the_config_then_the_flags_then_rust_log_as_text_or_json_lines() {
     );
 
     // A bad flag is refused before anything starts.
-    let bad = support::hivekernel(&["--log-level", "hivekernel=loud", "ps"]);
+    let bad = crate::support::hivekernel(&["--log-level", "hivekernel=loud", "ps"]);
     assert!(bad.failed(2).contains("invalid log filter"), "{bad:#?}");
-    let bad = support::hivekernel(&["--log-level", "verbose", "ps"]);
+    let bad = crate::support::hivekernel(&["--log-level", "verbose", "ps"]);
     assert!(
         bad.failed(2).contains("unknown log level \"verbose\""),
         "{bad:#?}"
     );
-    let bad = support::hivekernel(&["ps", "--log-format", "xml"]);
+    let bad = crate::support::hivekernel(&["ps", "--log-format", "xml"]);
     assert!(bad.failed(2).contains("xml"), "{bad:#?}");
 }

@@ -9,8 +9,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -171,7 +169,7 @@ fn every_readme_example_runs_as_written_in_order() {
     }
     let data = dir.path().join(".hivekernel");
     let log = std::fs::File::create(dir.path().join("kernel.log")).unwrap();
-    let mut kernel = Command::new(support::binary())
+    let mut kernel = Command::new(crate::support::binary())
         .args(["start", "configs/startup.json", "--listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(&data)
@@ -208,7 +206,7 @@ fn every_readme_example_runs_as_written_in_order() {
                 None => word,
             })
             .collect();
-        let mut child = Command::new(support::binary())
+        let mut child = Command::new(crate::support::binary())
             .args(&args[1..])
             .current_dir(dir.path())
             .env_remove("HIVEKERNEL_ADDR")

@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -15,7 +13,7 @@ use serde_json::{Value, json};
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
-use support::{Kernel, write_config};
+use crate::support::{Kernel, write_config};
 
 /// One echo agent, `sink`, that works on one thing at a time, with room for
 /// the messages the crash test queues.
@@ -221,9 +219,9 @@ fn every_process_comes_back_with_its_pid_and_parent_after_kill_9() {
     assert_eq!(kernel.pid_of("helper"), helper);
     let procs = kernel.ps();
     for (pid, ppid) in [(child, queen), (leaf, child)] {
-        let now = support::find(&procs, pid)
+        let now = crate::support::find(&procs, pid)
             .unwrap_or_else(|| panic!("process {pid} did not come back: {procs:?}"));
-        let then = support::find(&before, pid).unwrap();
+        let then = crate::support::find(&before, pid).unwrap();
         assert_eq!(now["ppid"], ppid, "{now}");
         assert_eq!(
             (then["restored"].clone(), now["restored"].clone()),
@@ -263,7 +261,7 @@ fn every_process_comes_back_with_its_pid_and_parent_after_kill_9() {
     kernel.restart();
     let procs = kernel.ps();
     for (pid, ppid) in [(child, queen), (leaf, child), (fresh, queen)] {
-        let now = support::find(&procs, pid)
+        let now = crate::support::find(&procs, pid)
             .unwrap_or_else(|| panic!("process {pid} did not come back: {procs:?}"));
         assert_eq!(now["ppid"], ppid, "{now}");
     }
@@ -279,11 +277,11 @@ fn every_process_comes_back_with_its_pid_and_parent_after_kill_9() {
 #[test]
 fn temporary_processes_stay_dead_when_the_config_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let config = support::CONFIG.replace(
+    let config = crate::support::CONFIG.replace(
         r#""default_runtime": "echo" },"#,
         r#""default_runtime": "echo", "restore_temporary": false },"#,
     );
-    assert_ne!(config, support::CONFIG);
+    assert_ne!(config, crate::support::CONFIG);
     let path = write_config(dir.path(), &config);
     let mut kernel = Kernel::start_with(dir, &path, &[]);
     let queen = kernel.pid_of("queen").to_string();
@@ -301,8 +299,11 @@ fn temporary_processes_stay_dead_when_the_config_says_so() {
     kernel.restart();
 
     let procs = kernel.ps();
-    assert!(support::find(&procs, temporary).is_none(), "{procs:?}");
-    assert!(support::find(&procs, kept).is_some(), "{procs:?}");
+    assert!(
+        crate::support::find(&procs, temporary).is_none(),
+        "{procs:?}"
+    );
+    assert!(crate::support::find(&procs, kept).is_some(), "{procs:?}");
     let events = events_json(&kernel);
     let exit = events
         .iter()
@@ -351,7 +352,7 @@ fn a_second_kernel_on_the_same_data_directory_is_refused() {
     let kernel = Kernel::start();
     let config = kernel.dir.path().join("config.json");
     let data = kernel.data_dir();
-    let second = support::hivekernel(&[
+    let second = crate::support::hivekernel(&[
         "start",
         config.to_str().unwrap(),
         "--data-dir",

@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,7 +14,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use support::{CONFIG, Kernel, Run, binary, write_config};
+use crate::support::{CONFIG, Kernel, Run, binary, write_config};
 
 /// PEM files made for one test, in `<dir>/pki`.
 struct Pki {
@@ -191,7 +189,7 @@ fn ps_over_tls_trusts_the_ca_given_or_the_one_the_kernel_wrote() {
     assert_eq!(names(&kernel.cli(&["ps", "--json"])), listed);
     // A bare host:port with a CA is https.
     let bare = kernel.addr.trim_start_matches("https://");
-    let run = support::hivekernel(&[
+    let run = crate::support::hivekernel(&[
         "ps",
         "--json",
         "--addr",
@@ -210,7 +208,7 @@ fn ps_over_tls_trusts_the_ca_given_or_the_one_the_kernel_wrote() {
 fn a_plain_text_client_cannot_talk_to_a_tls_kernel() {
     let (kernel, _pki) = start(Pki::server_flags);
     let plain = kernel.addr.replace("https://", "http://");
-    let run = support::hivekernel(&[
+    let run = crate::support::hivekernel(&[
         "ps",
         "--addr",
         &plain,
@@ -389,7 +387,7 @@ fn the_config_tls_section_serves_tls_with_paths_relative_to_the_config() {
         1,
     );
     let path = write_config(dir.path(), &config);
-    let check = support::hivekernel(&["config", "check", path.to_str().unwrap()]);
+    let check = crate::support::hivekernel(&["config", "check", path.to_str().unwrap()]);
     check.ok();
     let kernel = Kernel::start_with(dir, &path, &[]);
     assert!(kernel.addr.starts_with("https://"), "{}", kernel.addr);
@@ -402,7 +400,7 @@ fn the_config_tls_section_serves_tls_with_paths_relative_to_the_config() {
         other.path(),
         r#"{ "kernel": { "tls": { "cert": "server.pem", "client_ca": "" } } }"#,
     );
-    let run = support::hivekernel(&["config", "check", broken.to_str().unwrap()]);
+    let run = crate::support::hivekernel(&["config", "check", broken.to_str().unwrap()]);
     let stderr = run.failed(2);
     assert!(stderr.contains("kernel.tls.key: missing"), "{stderr}");
     assert!(
@@ -421,7 +419,7 @@ fn an_exec_agent_reaches_a_tls_kernel_with_the_ca_it_is_given() {
         binary().display()
     );
     let data = kernel.data_dir();
-    let run = support::hivekernel(&[
+    let run = crate::support::hivekernel(&[
         "spawn",
         "--parent",
         "1",

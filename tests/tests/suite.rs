@@ -1,10 +1,9 @@
 //! The end-to-end suite, one test binary with a module per area: real
 //! kernels, their gRPC servers on loopback, real files and processes, and
 //! the real peers each area names (NATS, MCP servers, Prometheus,
-//! Chromium). One binary links the kernel once. Two areas are binaries of
-//! their own: the hostile-input suite (`hostile/`), whose flood test bounds
-//! the peak memory of the process it runs in, and the real-model tests
-//! (`real_model.rs`), whose model server takes every core while it answers.
+//! Chromium), and the hostile-input suite (`hostile/`). One binary links
+//! the kernel once. The real-model tests (`real_model.rs`) are a binary of
+//! their own: their model server takes every core while it answers.
 //!
 //! Run one area with a filter: `cargo test --release -p hivekernel-tests
 //! --test suite cluster::`.
@@ -20,6 +19,7 @@ mod durable;
 mod exec;
 mod governance;
 mod grpc;
+mod hostile;
 mod inbox;
 mod llm;
 mod mcp;

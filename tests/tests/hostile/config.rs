@@ -234,7 +234,6 @@ fn load(text: &str, path: &Path) -> Result<Config, Vec<ConfigIssue>> {
 
 #[test]
 fn every_malformed_config_is_refused_at_its_location() {
-    let _heavy = crate::HEAVY.blocking_lock();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("startup.json");
     for (text, location, says) in cases() {
@@ -276,7 +275,6 @@ fn bytes_that_are_not_utf8_are_refused_naming_the_file() {
 
 #[tokio::test]
 async fn start_with_a_malformed_config_starts_nothing() {
-    let _heavy = crate::HEAVY.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("startup.json");
     let data_dir = dir.path().join("data");

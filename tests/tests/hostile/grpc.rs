@@ -59,7 +59,6 @@ fn spawn(parent: u64, name: &str) -> pb::SpawnRequest {
 
 #[tokio::test]
 async fn malformed_requests_are_refused_and_change_nothing() {
-    let _heavy = crate::HEAVY.lock().await;
     assert_eq!(InputLimits::default().payload_bytes, MAX_PAYLOAD_BYTES);
     let (kernel, journal) = kernel_with(test_settings()).await;
     let target = spawn_probe(&kernel, Pid::KERNEL, "target", Role::Lead).await;

@@ -43,7 +43,6 @@ fn wrong(schema: &Value) -> Vec<Value> {
 
 #[tokio::test]
 async fn every_tool_refuses_malformed_arguments_by_name_and_changes_nothing() {
-    let _heavy = crate::HEAVY.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("agent");
     let (kernel, process) = captured_process("agent").await;

@@ -11,17 +11,15 @@
 //!
 //! # Layout
 //! - `shell`: `shell_exec` timeouts, floods, escapes from the sandbox and
-//!   processes left behind, checked in `/proc`, in memory and on disk.
+//!   processes left behind, checked in `/proc`, in memory and on disk (the
+//!   flood in a test process of its own, so its peak memory is the
+//!   flood's alone).
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
 #![allow(clippy::unwrap_used)]
-
-/// Held by the tests that allocate megabytes, so that the flood test's
-/// peak-memory bound measures the flood alone.
-static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 mod config;
 mod grpc;
