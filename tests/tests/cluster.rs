@@ -1245,6 +1245,7 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
 /// and for every slot exactly one wins while the others are told which.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
+    use hivekernel_agents::Pid;
     use hivekernel_kernel::cluster::{Cluster, Lease};
     use hivekernel_kernel::config::ClusterSettings;
     const SLOTS: u64 = 40;
@@ -1261,7 +1262,7 @@ async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
         async move {
             let claims = nodes
                 .iter()
-                .map(|node| node.lease_slot("nightly report", slot));
+                .map(|node| node.lease_slot(Pid(7), "nightly report", slot));
             futures::future::join_all(claims).await
         }
     };
@@ -1281,7 +1282,10 @@ async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
         }
     }
     // A slot claimed before is the first claimant's, whoever asks again.
-    let again = nodes[2].lease_slot("nightly report", base).await.unwrap();
+    let again = nodes[2]
+        .lease_slot(Pid(7), "nightly report", base)
+        .await
+        .unwrap();
     assert_ne!(again, Lease::Won);
     for node in &nodes {
         node.leave().await;

@@ -1,8 +1,13 @@
 //! Cron leases: each slot of a cron entry is fired by one node of the
-//! cluster, the one whose marker `cron.<slot ms>.<entry>` in `hk_claims`
-//! stayed (docs/CLUSTER.md, "Events and cron").
+//! cluster, the one whose marker `cron.<slot ms>.<owner>.<entry>` in
+//! `hk_claims` stayed (docs/CLUSTER.md, "Events and cron"). Entry names
+//! are unique on a node, not across nodes: the owner tells apart two
+//! nodes' entries of one name. A process's PID is the cluster's (a config
+//! agent keeps its PID when it moves); PID 1 is every node's, so the
+//! operator's entries, which never move, are told apart by their node.
 
 use bytes::Bytes;
+use hivekernel_agents::Pid;
 
 use super::declared::key;
 use super::{CLAIMS, Cluster, ClusterError, CreateErrorKind, last_after_settling};
@@ -16,9 +21,14 @@ pub enum Lease {
     Taken(String),
 }
 
-/// The marker of slot `slot_ms` of cron entry `name`.
-fn marker(name: &str, slot_ms: u64) -> String {
-    format!("cron.{slot_ms}.{}", key(name))
+/// The marker of slot `slot_ms` of cron entry `name` of `owner` on `node`.
+fn marker(node: &str, owner: Pid, name: &str, slot_ms: u64) -> String {
+    let owner = if owner == Pid::KERNEL {
+        format!("n{}", key(node))
+    } else {
+        owner.0.to_string()
+    };
+    format!("cron.{slot_ms}.{owner}.{}", key(name))
 }
 
 impl Cluster {
@@ -26,8 +36,13 @@ impl Cluster {
     /// marker created wins, once the stream leader still holds it after
     /// the settling wait (two creates in flight at once may both be
     /// accepted by nats-server before 2.9.21, see `settled`).
-    pub async fn lease_slot(&self, name: &str, slot_ms: u64) -> Result<Lease, ClusterError> {
-        let key = marker(name, slot_ms);
+    pub async fn lease_slot(
+        &self,
+        owner: Pid,
+        name: &str,
+        slot_ms: u64,
+    ) -> Result<Lease, ClusterError> {
+        let key = marker(&self.settings.node, owner, name, slot_ms);
         let node = Bytes::from(self.settings.node.clone());
         let written = match self.claims.create(&key, node).await {
             Ok(revision) => Some(revision),
@@ -50,16 +65,21 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
+    use hivekernel_agents::Pid;
+
     use super::marker;
 
     #[test]
-    fn a_marker_names_the_slot_then_the_entry_as_a_valid_key() {
+    fn a_marker_names_the_slot_the_owner_and_the_entry_as_a_valid_key() {
         assert_eq!(
-            marker("nightly", 1_700_000_000_000),
-            "cron.1700000000000.nightly"
+            marker("a", Pid(12), "nightly", 1_700_000_000_000),
+            "cron.1700000000000.12.nightly"
         );
         // A name that is no key of its own is spelled in hex, so the slot
         // never runs into it.
-        assert_eq!(marker("a.b c", 5), "cron.5.x.612e622063");
+        assert_eq!(marker("a", Pid(12), "a.b c", 5), "cron.5.12.x.612e622063");
+        // The operator's entries are each node's own.
+        assert_ne!(marker("a", Pid(1), "n", 5), marker("b", Pid(1), "n", 5));
+        assert_eq!(marker("a", Pid(1), "n", 5), "cron.5.na.n");
     }
 }

@@ -212,9 +212,16 @@ impl Reloader {
                         node,
                         pid: Some(pid),
                     }) if self.kernel.cluster().is_some_and(|c| c.node() == node) => {
-                        running.agents.push((agent.clone(), pid));
-                        Change::new(name, Some(pid), Outcome::Unchanged)
-                            .detail("taken over from a node that went; runs here")
+                        let change = Change::new(name, Some(pid), Outcome::Unchanged);
+                        if self.is_running(pid).await {
+                            running.agents.push((agent.clone(), pid));
+                            change.detail("taken over from a node that went; runs here")
+                        } else {
+                            change.detail(
+                                "being taken over from a node that went; it starts here after \
+                                 its restart delay",
+                            )
+                        }
                     }
                     // Another node's to reload.
                     Ok(Placed::Held { node, pid }) => Change::new(name, pid, Outcome::Unchanged)

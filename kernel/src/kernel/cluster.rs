@@ -243,10 +243,12 @@ impl Kernel {
         let shutdown = self.inner.shutdown().clone();
         let tracker = self.inner.tracker().clone();
         self.inner.tracker().spawn(async move {
-            // Tasks run as long as their timeout: they have slots of their
-            // own, so they never hold up reads and kills.
+            // Tasks run as long as their timeout, waits up to 30 s: each
+            // have slots of their own, so they never hold up reads, kills
+            // or each other.
             let quick = Arc::new(Semaphore::new(SERVED_AT_ONCE));
             let tasks = Arc::new(Semaphore::new(SERVED_AT_ONCE));
+            let waits = Arc::new(Semaphore::new(SERVED_AT_ONCE));
             let mut requests = requests;
             loop {
                 let message = tokio::select! {
@@ -266,7 +268,8 @@ impl Kernel {
                     }
                 };
                 let slots = match request.op {
-                    Op::Task { .. } | Op::Wait { .. } => &tasks,
+                    Op::Task { .. } => &tasks,
+                    Op::Wait { .. } => &waits,
                     _ => &quick,
                 };
                 // Never waited for: a full node says so at once.

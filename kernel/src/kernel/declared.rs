@@ -72,7 +72,9 @@ impl Kernel {
         let pid = self
             .spawn_as(Caller::Admin, request, Birth::Declared(previous))
             .await?;
-        self.declared_here(&name, pid, claimed).await?;
+        if !self.declared_here(&name, pid, claimed).await? {
+            return self.held(&name).await;
+        }
         Ok(Placed::Here(pid))
     }
 
@@ -95,8 +97,9 @@ impl Kernel {
     }
 
     /// Records that config agent `name` runs here as `pid`: in the store,
-    /// for the next start, and in the cluster, for every node.
-    async fn declared_here(&self, name: &str, pid: Pid, claimed: Option<Claimed>) -> Result<()> {
+    /// for the next start, and in the cluster, for every node. False when
+    /// another node took the agent meanwhile: this node's copy stood down.
+    async fn declared_here(&self, name: &str, pid: Pid, claimed: Option<Claimed>) -> Result<bool> {
         self.inner
             .store()
             .commit(Write::Declared {
@@ -105,19 +108,22 @@ impl Kernel {
             })
             .await?;
         let (Some(cluster), Some(claimed)) = (self.inner.cluster(), claimed) else {
-            return Ok(());
+            return Ok(true);
         };
         match cluster.declared_as(name, claimed, pid).await {
             Ok(true) => {}
             // Another node took the key meanwhile: it runs the agent.
-            Ok(false) => self.stand_down(name, pid).await,
+            Ok(false) => {
+                self.stand_down(name, pid).await;
+                return Ok(false);
+            }
             // The claim stands; a node taking it over later starts the
             // agent with a PID of its own.
             Err(err) => {
                 tracing::warn!(%pid, agent = name, error = %err, "cluster: config agent's PID not recorded");
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Stops this node's copy `pid` of config agent `name`, which another
@@ -233,8 +239,13 @@ impl Kernel {
             .await;
         match spawned {
             Ok(pid) => {
-                if let Err(err) = self.declared_here(name, pid, Some(claimed)).await {
-                    tracing::error!(%pid, agent = name, error = %err, "store: config agent's PID not recorded");
+                match self.declared_here(name, pid, Some(claimed)).await {
+                    Ok(true) => {}
+                    // Another node took it meanwhile, and this copy stood down.
+                    Ok(false) => return,
+                    Err(err) => {
+                        tracing::error!(%pid, agent = name, error = %err, "store: config agent's PID not recorded");
+                    }
                 }
                 self.adopt_cron(pid, &agent.cron).await;
                 match from {

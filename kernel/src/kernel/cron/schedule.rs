@@ -843,7 +843,7 @@ impl Kernel {
     /// Fires `name` for `slot`: reschedules it, then (unless the overlap
     /// policy skips it) commits the slot and starts the action.
     async fn fire(&self, name: &str, slot: u64, why: Firing) -> Fired {
-        let (spec, generation) = {
+        let (spec, generation, owner) = {
             let mut state = self.inner.cron().state.lock();
             let current = state.entries.get(name).and_then(|e| e.next_ms);
             // A slot of an entry since removed or replaced: drop it, never fire it.
@@ -875,7 +875,7 @@ impl Kernel {
             }
             entry.running += 1;
             entry.last_fire_ms = Some(slot);
-            (entry.spec.clone(), entry.generation)
+            (entry.spec.clone(), entry.generation, entry.owner)
         };
         // On a node of a cluster a slot is one node's to fire: it is
         // claimed first, off the timer (the claim waits on NATS).
@@ -905,7 +905,9 @@ impl Kernel {
             .tracker()
             .spawn(crate::trace::scope_in(opened, async move {
                 if let Some(cluster) = lease
-                    && !kernel.leased(&cluster, &name, slot, generation, why).await
+                    && !kernel
+                        .leased(&cluster, (owner, &name), slot, generation, why)
+                        .await
                 {
                     return;
                 }

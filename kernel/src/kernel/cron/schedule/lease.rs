@@ -26,7 +26,7 @@ const LOOKBACK: [Duration; 3] = [
 ];
 
 impl Kernel {
-    /// Whether this node fires slot `slot` of entry `name` (of
+    /// Whether this node fires slot `slot` of entry `name` of `owner` (of
     /// `generation`): it won the slot's claim and recorded the slot.
     /// Otherwise its run ends here: a slot another node fired is recorded
     /// as skipped (not when it was a missed slot looked for after a
@@ -35,12 +35,12 @@ impl Kernel {
     pub(super) async fn leased(
         &self,
         cluster: &Cluster,
-        name: &str,
+        (owner, name): (Pid, &str),
         slot: u64,
         generation: u64,
         why: Firing,
     ) -> bool {
-        let (status, output) = match cluster.lease_slot(name, slot).await {
+        let (status, output) = match cluster.lease_slot(owner, name, slot).await {
             Ok(Lease::Won) => return self.commit_slot(name, slot, generation).await.is_ok(),
             Ok(Lease::Taken(_)) if why == Firing::Missed => (None, String::new()),
             Ok(Lease::Taken(node)) if node.is_empty() => {
@@ -105,6 +105,10 @@ impl Kernel {
                 .filter(|spec| spec.missed == Missed::RunOnce)
                 .filter_map(|spec| {
                     let entry = state.entries.get(&spec.name)?;
+                    // Its own, not an API entry of the same name kept instead.
+                    if entry.source != CronSource::Config || entry.owner != pid {
+                        return None;
+                    }
                     let after = since.max(entry.last_fire_ms.unwrap_or(0));
                     let slot = latest_slot(&entry.schedule, after, now)?;
                     entry.enabled().then(|| (spec.name.clone(), slot))
