@@ -30,6 +30,8 @@ const SERVED_AT_ONCE: usize = 256;
 const GETS_AT_ONCE: usize = 8;
 /// How long a forwarded kill may take (a large subtree ends leaves first).
 pub(super) const FORWARDED_KILL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a forwarded spawn may take (it waits for its listing).
+pub(super) const FORWARDED_SPAWN: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a forwarded message may take to be taken in.
 pub(super) const FORWARDED_SEND: std::time::Duration = std::time::Duration::from_secs(10);
 /// How much longer than a forwarded task's timeout its requester waits.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use hivekernel_agents::{Pid, SpawnRequest};
 
-use super::cluster::{FORWARDED_KILL, Holder};
+use super::cluster::{FORWARDED_SPAWN, Holder};
 use crate::cluster::NodeInfo;
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
@@ -44,30 +44,23 @@ impl Placement {
     fn shown(&self) -> String {
         let mut parts: Vec<String> = self.node.iter().map(|n| format!("node {n:?}")).collect();
         if !self.labels.is_empty() {
-            let labels: Vec<String> = self
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            parts.push(format!("labels {}", labels.join(",")));
+            parts.push(format!("labels {}", labels(&self.labels)));
         }
         parts.join(" with ")
     }
+}
+
+/// Labels as `a=1,b=2`.
+fn labels(labels: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(",")
 }
 
 /// The live nodes and their labels, as an error lists them.
 fn listed(nodes: &[NodeInfo]) -> String {
     let shown: Vec<String> = nodes
         .iter()
-        .map(|info| {
-            let labels: Vec<String> = info
-                .record
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            format!("{} [{}]", info.record.node, labels.join(","))
-        })
+        .map(|info| format!("{} [{}]", info.record.node, labels(&info.record.labels)))
         .collect();
     shown.join(", ")
 }
@@ -85,7 +78,7 @@ impl Kernel {
     ) -> Result<Pid> {
         match self.placed_on(caller, &request, placement).await? {
             Some(node) => {
-                self.forward(&node, Op::spawn(request), FORWARDED_KILL)
+                self.forward(&node, Op::spawn(request), FORWARDED_SPAWN)
                     .await
             }
             None => self.spawn(caller, request).await,
@@ -109,6 +102,16 @@ impl Kernel {
             }
             return Ok(None);
         };
+        if let Caller::Process(me) = caller {
+            if placement.is_any() {
+                return Err(KernelError::PermissionDenied(format!(
+                    "process {me} spawns its children on its own node; only an operator places \
+                     a spawn on a node"
+                )));
+            }
+            // Its own children, here (the local spawn checks that).
+            return Ok(None);
+        }
         let parent = request.parent;
         // The parent's node: PID 1 is every node's.
         let parents = if parent == Pid::KERNEL {
@@ -120,16 +123,6 @@ impl Kernel {
                 _ => Some(cluster.node().to_owned()),
             }
         };
-        if let Caller::Process(me) = caller {
-            if placement.is_any() {
-                return Err(KernelError::PermissionDenied(format!(
-                    "process {me} spawns its children on its own node; only an operator places \
-                     a spawn on a node"
-                )));
-            }
-            // Its own children, here (the local spawn checks that).
-            return Ok(None);
-        }
         if !placement.is_any() {
             return Ok(parents.filter(|node| node != cluster.node()));
         }
