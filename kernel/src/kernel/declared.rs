@@ -239,6 +239,16 @@ impl Kernel {
             .await;
         match spawned {
             Ok(pid) => {
+                // Said as soon as it runs (its listing may be read before
+                // its key is confirmed).
+                match from {
+                    Some(node) => {
+                        tracing::warn!(%pid, agent = name, from = %node, "config agent taken over from a node that is gone")
+                    }
+                    None => {
+                        tracing::info!(%pid, agent = name, "config agent started (released by its node)")
+                    }
+                }
                 match self.declared_here(name, pid, Some(claimed)).await {
                     Ok(true) => {}
                     // Another node took it meanwhile, and this copy stood down.
@@ -248,14 +258,6 @@ impl Kernel {
                     }
                 }
                 self.adopt_cron(pid, &agent.cron).await;
-                match from {
-                    Some(node) => {
-                        tracing::warn!(%pid, agent = name, from = %node, "config agent taken over from a node that is gone")
-                    }
-                    None => {
-                        tracing::info!(%pid, agent = name, "config agent started (released by its node)")
-                    }
-                }
             }
             // Claimed but not running: it stays this node's until this node
             // goes, as an agent that exited for good under its supervisor does.
