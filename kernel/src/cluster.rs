@@ -8,7 +8,8 @@
 //! changed learns it was declared lost), the cluster-wide PID space
 //! (blocks taken by compare-and-set), the directory of which node holds
 //! which process (`directory`), requests between nodes (`rpc`), which
-//! node runs each config agent (`declared`) and cron slot leases (`cron`).
+//! node runs each config agent (`declared`), cron slot leases (`cron`)
+//! and the mail of processes that may move (`mail`).
 //! Every race between nodes is a
 //! compare-and-set in a key-value bucket; nothing here is consensus of its own.
 //!
@@ -17,6 +18,7 @@
 mod cron;
 mod declared;
 mod directory;
+mod mail;
 mod pids;
 pub mod rpc;
 
@@ -41,6 +43,8 @@ pub use cron::Lease;
 pub use declared::{Claimed, Holding, Standing};
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
+use mail::Mailroom;
+pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
 use rpc::Refusal;
 
@@ -84,6 +88,9 @@ pub enum ClusterError {
         /// Where the live node serves.
         address: String,
     },
+    /// What was to be published is larger than a NATS message may be.
+    #[error("{0}")]
+    TooLarge(String),
     /// A value in a bucket is not what this build writes there.
     #[error("cluster bucket {bucket} key {key}: {reason}")]
     Corrupt {
@@ -217,6 +224,7 @@ pub struct Cluster {
     settings: ClusterSettings,
     epoch: u64,
     client: async_nats::Client,
+    js: Context,
     nodes: kv::Store,
     claims: kv::Store,
     /// Which node runs each config agent (`declared`).
@@ -229,12 +237,17 @@ pub struct Cluster {
     departed: tokio::sync::Notify,
     pids: Arc<PidBlocks>,
     directory: Arc<Directory>,
+    /// Acknowledged messages to processes that may move (`HK_MAIL`).
+    mail: Mailroom,
     requests: Mutex<Option<async_nats::Subscriber>>,
     /// Losses whose listings are being or were removed (a few per lost node).
     purged: Mutex<std::collections::HashSet<(String, u64)>>,
     view: Mutex<View>,
     load: OnceLock<LoadFn>,
     fenced: watch::Sender<Option<String>>,
+    /// When this node last knew it was a member: the sending of its last
+    /// heartbeat that went through and found no claim of its loss.
+    confirmed: watch::Sender<Instant>,
     /// The revision of this node's record, for the next compare-and-set.
     revision: Mutex<u64>,
     cancel: CancellationToken,
@@ -270,6 +283,7 @@ impl Cluster {
         let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
         let listings = bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?;
         let declared = bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?;
+        let mail = Mailroom::open(&js, replicas).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -296,6 +310,7 @@ impl Cluster {
         let cluster = Arc::new(Cluster {
             epoch,
             client,
+            js,
             nodes,
             claims,
             declared,
@@ -303,6 +318,7 @@ impl Cluster {
             departed: tokio::sync::Notify::new(),
             pids,
             directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
+            mail,
             requests: Mutex::new(Some(requests)),
             purged: Mutex::new(std::collections::HashSet::new()),
             view: Mutex::new(View {
@@ -315,6 +331,7 @@ impl Cluster {
             }),
             load: OnceLock::new(),
             fenced,
+            confirmed: watch::Sender::new(Instant::now()),
             revision: Mutex::new(revision),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -359,6 +376,11 @@ impl Cluster {
     /// This node's name.
     pub fn node(&self) -> &str {
         &self.settings.node
+    }
+
+    /// This node's labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.settings.labels
     }
 
     /// This node's epoch.
@@ -610,6 +632,7 @@ impl Cluster {
                 view.own.clone()
             };
             let revision = *self.revision.lock();
+            let sent = Instant::now();
             match self
                 .nodes
                 .update(&self.settings.node, encode(&record), revision)
@@ -625,6 +648,7 @@ impl Cluster {
                         self.fence(&format!("declared lost by node {by}"));
                         return;
                     }
+                    self.confirmed.send_replace(sent);
                 }
                 Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
                     match self.own_revision().await {
@@ -667,6 +691,29 @@ impl Cluster {
         let entry = entry.filter(|entry| entry.operation == Operation::Put)?;
         let record: NodeRecord = serde_json::from_slice(&entry.value).ok()?;
         (record.epoch == self.epoch).then_some(entry.revision)
+    }
+
+    /// Waits until this node knows afresh that it is a member: a heartbeat
+    /// sent within half its TTL went through and found no claim of its
+    /// loss. False once it is fenced or leaves. A node that was paused
+    /// (stopped, swapped out, partitioned) past that does nothing that
+    /// only a member may do until its next heartbeat says whether it
+    /// still is one.
+    pub(crate) async fn still_member(&self) -> bool {
+        let fresh = Duration::from_millis(self.settings.node_ttl_ms) / 2;
+        let mut confirmed = self.confirmed.subscribe();
+        loop {
+            if self.fenced.borrow().is_some() || self.cancel.is_cancelled() {
+                return false;
+            }
+            if confirmed.borrow_and_update().elapsed() < fresh {
+                return true;
+            }
+            tokio::select! {
+                () = self.cancel.cancelled() => return false,
+                changed = confirmed.changed() => if changed.is_err() { return false },
+            }
+        }
     }
 
     fn fence(&self, why: &str) {

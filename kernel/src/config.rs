@@ -434,6 +434,10 @@ pub struct AgentSpec {
     /// Directories of skills it and its descendants see besides the
     /// kernel's, winning over them.
     pub skills: Vec<PathBuf>,
+    /// On a node of a cluster: the node it runs on (`node`); `None`: any.
+    pub node: Option<String>,
+    /// On a node of a cluster: labels its node must have (`where`).
+    pub node_labels: BTreeMap<String, String>,
 }
 
 /// `kernel.log` of a config file's text, when it parses as JSON and the

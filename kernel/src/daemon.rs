@@ -825,6 +825,10 @@ pub fn declared(agent: &AgentSpec) -> Declared {
     Declared {
         request: spawn_request(agent),
         cron: agent.cron.clone(),
+        placement: crate::kernel::Placement {
+            node: agent.node.clone(),
+            labels: agent.node_labels.clone(),
+        },
     }
 }
 

@@ -31,6 +31,7 @@ mod exec;
 mod inbox;
 mod inner;
 mod llm;
+mod mail;
 mod mcp;
 pub(crate) mod memory;
 mod placement;

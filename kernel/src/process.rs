@@ -52,6 +52,10 @@ pub(crate) struct ProcShared {
     /// It came back after a kernel restart as the PID it had (a config
     /// agent too), in this incarnation or an earlier one.
     pub(crate) restored: bool,
+    /// Its acknowledged messages are kept in the cluster's mail stream
+    /// (`HK_MAIL`) instead of this node's store, as it may move to another
+    /// node: a config agent of a cluster node.
+    pub(crate) mail_in_cluster: bool,
 }
 
 /// What a process is made of when it is created; [`ProcShared::new`] adds
@@ -69,6 +73,7 @@ pub(crate) struct NewProc {
     pub(crate) budget: Option<Arc<Pool>>,
     pub(crate) caps: Capabilities,
     pub(crate) restored: bool,
+    pub(crate) mail_in_cluster: bool,
     pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
     pub(crate) skill_dirs: Option<Arc<[std::path::PathBuf]>>,
 }
@@ -103,6 +108,7 @@ impl ProcShared {
             budget: new.budget,
             caps: new.caps,
             restored: new.restored,
+            mail_in_cluster: new.mail_in_cluster,
         }
     }
 
@@ -126,6 +132,7 @@ impl ProcShared {
             budget: self.budget.clone(),
             caps: self.caps,
             restored: self.restored,
+            mail_in_cluster: self.mail_in_cluster,
             approvals: self.approvals.clone(),
             skill_dirs: self.skill_dirs.clone(),
         })

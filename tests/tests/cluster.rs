@@ -1378,3 +1378,223 @@ fn cron_entries_run_where_their_agent_runs_and_move_with_it() {
         b.log()
     );
 }
+
+/// Messages acknowledged to a config agent wait for it in the cluster's
+/// mail stream: when its node is killed (kill -9) with messages queued
+/// behind a slow turn, the node that takes the agent over delivers every
+/// one it had not handed over, and none twice.
+#[test]
+fn acknowledged_messages_follow_their_agent_when_its_node_dies() {
+    messages_follow_their_agent(Gone::Killed);
+}
+
+/// As above, with the node paused (SIGSTOP) past its TTL and resumed while
+/// the node that took the agent over still holds the messages: both hold
+/// them for a moment, and each is handed over by the one node whose delete
+/// took it from the stream.
+#[test]
+fn acknowledged_messages_are_handed_over_once_when_a_paused_node_resumes() {
+    messages_follow_their_agent(Gone::Paused);
+}
+
+/// How the node running the agent goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Gone {
+    Killed,
+    Paused,
+}
+
+fn messages_follow_their_agent(gone: Gone) {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+
+    const SENT: usize = 24;
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Each turn takes 250 ms, so messages queue behind it.
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content("noted").after(Duration::from_millis(250))
+    }));
+    let mut config: Value = serde_json::from_str(&config_of(json!([{
+        "name": "sink",
+        "role": "agent",
+        "runtime": "tool_agent",
+        "model": "test-model",
+        "system_prompt": "You take notes.",
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
+    }])))
+    .unwrap();
+    config["llm"] = json!({
+        "provider": "openai", "base_url": llm.base_url(),
+        "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0
+    });
+    let config = config.to_string();
+    let start = |name: &str| member(&bin, root.path(), &nats, name, &config);
+    let mut a = start("a");
+    wait_for_ps(&a, "sink on a", |all| {
+        all.values()
+            .any(|(name, node)| name == "sink" && node == "a")
+    });
+    let b = start("b");
+    let c = start("c");
+    wait_for_nodes(&b, &["a", "b", "c"], Duration::from_secs(10));
+
+    // Sent through b, held on a: each acknowledged with its id.
+    let payloads: Vec<String> = (0..SENT).map(|i| format!("note-{i:03}")).collect();
+    for payload in &payloads {
+        let id = b.cli(&["send", "sink", payload]);
+        assert!(
+            id.trim().parse::<u64>().is_ok(),
+            "{payload}: {id}\n{}",
+            b.log()
+        );
+    }
+    let seen_on_a = llm.request_count();
+    assert!(seen_on_a < SENT, "a took every message first: {seen_on_a}");
+    let taken_over = |kernel: &Binary| kernel.log().contains("config agent taken over");
+    match gone {
+        Gone::Killed => {
+            a.child.kill().unwrap();
+            a.child.wait().unwrap();
+        }
+        Gone::Paused => {
+            signal(&a, "STOP");
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while !taken_over(&b) && !taken_over(&c) {
+                assert!(Instant::now() < deadline, "{}\n{}", b.log(), c.log());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Resumed while the taker still works through what it read.
+            signal(&a, "CONT");
+        }
+    }
+
+    // Each payload is the new input of exactly one turn, on a or on the
+    // node that took the agent over.
+    let delivered = |inputs: &[String], payload: &str| {
+        inputs
+            .iter()
+            .filter(|input| input.ends_with(payload))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        let reached = payloads
+            .iter()
+            .filter(|payload| delivered(&inputs, payload) > 0)
+            .count();
+        if reached == SENT {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{reached} of {SENT} delivered: {inputs:?}\n{}\n{}\n{}",
+            a.log(),
+            b.log(),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Late copies would come within a turn or two.
+    std::thread::sleep(Duration::from_millis(600));
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    for payload in &payloads {
+        let times = delivered(&inputs, payload);
+        assert_eq!(times, 1, "{payload} delivered {times} times: {inputs:?}");
+    }
+    let taker = if taken_over(&b) { &b } else { &c };
+    assert!(
+        taker
+            .log()
+            .contains("messages that waited for the agent delivered"),
+        "{}",
+        taker.log()
+    );
+    if gone == Gone::Paused {
+        assert_eq!(
+            exit_code(&mut a, Duration::from_secs(10)),
+            Some(3),
+            "{}",
+            a.log()
+        );
+    }
+}
+
+/// A config agent's `node` and `where` choose the nodes it may run on: a
+/// node they rule out neither starts it nor takes it over, and a node
+/// they admit does, at its start or after the agent's node dies. A kernel
+/// alone refuses to start a placed agent, saying why.
+#[test]
+fn config_agents_run_only_on_the_nodes_their_placement_admits() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let agents = json!([
+        { "name": "pinned", "role": "agent", "runtime": "echo", "node": "b",
+          "restart": { "policy": "permanent", "backoff_ms": [100, 1000] } },
+        { "name": "labelled", "role": "agent", "runtime": "echo", "where": { "gpu": "true" },
+          "restart": { "policy": "permanent", "backoff_ms": [100, 1000] } },
+        { "name": "free", "role": "agent", "runtime": "echo" }
+    ]);
+    let with_labels = |labels: Value| -> String {
+        let mut config: Value = serde_json::from_str(&config_of(agents.clone())).unwrap();
+        config["kernel"]["cluster"]["labels"] = labels;
+        config.to_string()
+    };
+    let start =
+        |name: &str, labels: Value| member(&bin, root.path(), &nats, name, &with_labels(labels));
+    let a = start("a", json!({}));
+    wait_for_ps(&a, "free on a", |all| {
+        all.values()
+            .any(|(name, node)| name == "free" && node == "a")
+    });
+    assert!(
+        a.log().contains("none yet: it wants node \"b\""),
+        "{}",
+        a.log()
+    );
+    let mut b = start("b", json!({ "gpu": "true" }));
+    wait_for_ps(&a, "pinned and labelled on b", |all| {
+        ["pinned", "labelled"].iter().all(|agent| {
+            all.values()
+                .any(|(name, node)| name == agent && node == "b")
+        })
+    });
+
+    // b dies: a, which neither admits, leaves both.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    wait_for_nodes(&a, &["a"], Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(TTL_MS));
+    let now = placed(&a, &["pinned", "labelled", "free"]);
+    assert!(
+        now["pinned"].is_empty() && now["labelled"].is_empty(),
+        "{now:?}"
+    );
+    assert_eq!(now["free"].len(), 1, "{now:?}");
+
+    // c has the label: it takes the labelled one over, not the pinned one.
+    let c = start("c", json!({ "gpu": "true" }));
+    wait_for_ps(&a, "labelled on c", |all| {
+        all.values()
+            .any(|(name, node)| name == "labelled" && node == "c")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let now = placed(&c, &["pinned", "labelled"]);
+    assert!(now["pinned"].is_empty(), "{now:?}\n{}", c.log());
+    assert_eq!(now["labelled"].len(), 1, "{now:?}");
+
+    // Alone, a placed agent is refused at start.
+    let alone = json!({
+        "kernel": { "listen": "127.0.0.1:0", "dashboard": { "enabled": false } },
+        "agents": [{ "name": "pinned", "role": "agent", "runtime": "echo", "node": "b" }]
+    });
+    let (code, stderr) = start_fails(&bin, &root.path().join("alone"), &alone.to_string(), &[]);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("is placed (node \"b\")") && stderr.contains("this kernel runs alone"),
+        "{stderr}"
+    );
+}

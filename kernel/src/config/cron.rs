@@ -44,6 +44,13 @@ pub(super) fn templates(checked: Vec<Checked>, issues: &mut Vec<ConfigIssue>) ->
                 "templates take no cron entries; give them to the agent whose entry spawns from it",
             ));
         }
+        if spec.node.is_some() || !spec.node_labels.is_empty() {
+            let field = if spec.node.is_some() { "node" } else { "where" };
+            issues.push(ConfigIssue::new(
+                at(&label, field),
+                "templates are not placed; a spawn from one is (--node, --where)",
+            ));
+        }
         if let Some(first) = seen.insert(spec.name.clone(), label.clone()) {
             issues.push(ConfigIssue::new(
                 at(&label, "name"),

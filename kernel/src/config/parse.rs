@@ -124,6 +124,11 @@ pub(super) struct RawAgent {
     pub(super) env: Option<BTreeMap<String, String>>,
     pub(super) approval: Option<Value>,
     pub(super) skills: Vec<String>,
+    /// The node of a cluster it runs on.
+    pub(super) node: Option<String>,
+    /// Labels the node it runs on must have (`where`).
+    #[serde(rename = "where")]
+    pub(super) node_labels: Option<BTreeMap<String, String>>,
 }
 
 /// An agent entry after phase 1.

@@ -2003,6 +2003,52 @@ fn a_cluster_section_is_read_with_its_defaults() {
 }
 
 #[test]
+fn config_agents_may_be_placed_on_a_node_or_by_labels() {
+    let config = Fixture::new()
+        .load(
+            r#"{"agents": [
+                {"name": "pinned", "node": "gpu-1"},
+                {"name": "labelled", "where": {"gpu": "true", "zone": "eu-1"}},
+                {"name": "free"}]}"#,
+        )
+        .unwrap();
+    let [pinned, labelled, free] = &config.agents[..] else {
+        panic!("{:?}", config.agents);
+    };
+    assert_eq!(pinned.node.as_deref(), Some("gpu-1"));
+    assert!(pinned.node_labels.is_empty());
+    assert_eq!(labelled.node, None);
+    assert_eq!(
+        labelled.node_labels.get("zone").map(String::as_str),
+        Some("eu-1")
+    );
+    assert_eq!((&free.node, free.node_labels.len()), (&None, 0));
+
+    let long = "v".repeat(65);
+    let issues = issues(&format!(
+        r#"{{"agents": [
+            {{"name": "a", "node": "a.b"}},
+            {{"name": "b", "where": {{"bad key": "1"}}}},
+            {{"name": "c", "where": {{"zone": "{long}"}}}},
+            {{"name": "d", "where": "gpu"}}],
+          "templates": [{{"name": "t", "node": "x"}}]}}"#
+    ));
+    assert_issue(
+        &issues,
+        "agents[0] (a).node",
+        &["only ASCII letters, digits"],
+    );
+    assert_issue(&issues, "agents[1] (b).where", &["key", "\"bad key\""]);
+    assert_issue(
+        &issues,
+        "agents[2] (c).where.zone",
+        &["65 bytes", "at most 64"],
+    );
+    assert_issue(&issues, "agents[3] (d).where", &["expected a map"]);
+    assert_issue(&issues, "templates[0] (t).node", &["not placed", "--node"]);
+}
+
+#[test]
 fn a_bad_cluster_section_is_refused_field_by_field() {
     let issues = issues(
         r#"{"kernel": {"cluster": {"servers": ["http://x:1", "nats://host"], "node": "a.b",

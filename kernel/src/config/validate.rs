@@ -13,6 +13,7 @@ use hivekernel_agents::{
 
 use crate::store::Synchronous;
 
+use super::cluster::{MAX_NODE_NAME_BYTES, node_name_problem};
 use super::parse::{Agent, RawAgent, RawKernel, Section};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, McpServerSpec, at};
 use crate::command::{self, EXEC_RUNTIME};
@@ -307,6 +308,7 @@ impl<'a> Context<'a> {
         self.check_approval_tools(&approval, &loc("approval"), issues);
 
         let skills = super::skills::dirs(&raw.skills, &loc("skills"), self, issues);
+        let (node, node_labels) = placement(raw, &loc, issues);
         let spec = AgentSpec {
             name: raw.name.clone().unwrap_or_default(),
             role,
@@ -326,6 +328,8 @@ impl<'a> Context<'a> {
             cron: Vec::new(),
             approval,
             skills,
+            node,
+            node_labels,
         };
         Checked {
             index,
@@ -735,4 +739,40 @@ fn at_least_one<T: Into<u64>>(value: T, location: &str, issues: &mut Vec<ConfigI
         ));
     }
     ok
+}
+
+/// Most labels an agent's `where` may ask for.
+const MAX_WHERE_LABELS: usize = 32;
+
+/// An agent's `node` and `where`, checked as `kernel.cluster`'s node name
+/// and labels are (they are compared with them).
+fn placement(
+    raw: &RawAgent,
+    loc: &dyn Fn(&str) -> String,
+    issues: &mut Vec<ConfigIssue>,
+) -> (Option<String>, BTreeMap<String, String>) {
+    if let Some(problem) = raw.node.as_deref().and_then(node_name_problem) {
+        issues.push(ConfigIssue::new(loc("node"), problem));
+    }
+    let labels = raw.node_labels.clone().unwrap_or_default();
+    if labels.len() > MAX_WHERE_LABELS {
+        issues.push(ConfigIssue::new(
+            loc("where"),
+            format!("at most {MAX_WHERE_LABELS} labels, got {}", labels.len()),
+        ));
+    }
+    for (key, value) in &labels {
+        if let Some(problem) = node_name_problem(key) {
+            issues.push(ConfigIssue::new(loc("where"), format!("key {problem}")));
+        } else if value.len() > MAX_NODE_NAME_BYTES {
+            issues.push(ConfigIssue::new(
+                at(&loc("where"), key),
+                format!(
+                    "is {} bytes long, at most {MAX_NODE_NAME_BYTES} allowed",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    (raw.node.clone(), labels)
 }

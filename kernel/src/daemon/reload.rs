@@ -13,7 +13,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use hivekernel_agents::{CronSpec, Pid, ProcessState, Role};
 
-use super::{StartError, StartOptions, load_tls, settings, spawn_request};
+use super::{StartError, StartOptions, declared, load_tls, settings, spawn_request};
 use crate::caller::Scope;
 use crate::config::{AgentSpec, Config, ConfigIssue, KernelSettings, RoleSettings};
 use crate::error::KernelError;
@@ -200,7 +200,7 @@ impl Reloader {
                         }
                     }
                 }
-                None => match self.kernel.spawn_declared(spawn_request(agent), None).await {
+                None => match self.kernel.spawn_declared(&declared(agent), None).await {
                     Ok(Placed::Here(pid)) => {
                         running.agents.push((agent.clone(), pid));
                         Change::new(name, Some(pid), Outcome::Added)
@@ -226,6 +226,10 @@ impl Reloader {
                     // Another node's to reload.
                     Ok(Placed::Held { node, pid }) => Change::new(name, pid, Outcome::Unchanged)
                         .detail(format!("runs on node {node}; that node's config applies")),
+                    Ok(Placed::Unplaced { wants }) => Change::new(name, None, Outcome::Unchanged)
+                        .detail(format!(
+                            "not on this node: it wants {wants}, and no such node runs it yet"
+                        )),
                     Err(err) => Change::new(name, None, Outcome::Failed)
                         .detail(format!("could not be started: {err}")),
                 },

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use hivekernel_agents::llm::Provider;
 use hivekernel_agents::{CronSpec, Pid, SpawnRequest};
 
-use super::{Kernel, Parts, Placed, cron};
+use super::{Kernel, Parts, Placed, Placement, cron};
 use crate::config::{KernelSettings, McpServerSpec};
 use crate::error::KernelError;
 use crate::exec::ExecRuntime;
@@ -31,14 +31,17 @@ pub struct Declared {
     pub request: SpawnRequest,
     /// Its cron entries; their target is set to its PID when it starts.
     pub cron: Vec<CronSpec>,
+    /// On a node of a cluster: the nodes it may run on (default: any).
+    pub placement: Placement,
 }
 
 impl Declared {
-    /// An agent with no cron entries.
+    /// An agent with no cron entries, on any node.
     pub fn new(request: SpawnRequest) -> Self {
         Declared {
             request,
             cron: Vec::new(),
+            placement: Placement::default(),
         }
     }
 }
@@ -244,16 +247,17 @@ impl KernelBuilder {
         let mut here = Vec::with_capacity(agents.len());
         let mut elsewhere = BTreeMap::new();
         for agent in &agents {
-            match kernel
-                .spawn_declared(agent.request.clone(), recovered.as_ref())
-                .await
-            {
+            match kernel.spawn_declared(agent, recovered.as_ref()).await {
                 Ok(Placed::Here(pid)) => {
                     pids.push(pid);
                     here.push(agent);
                 }
                 Ok(Placed::Held { node, .. }) => {
                     elsewhere.insert(agent.request.name.clone(), node);
+                }
+                Ok(Placed::Unplaced { wants }) => {
+                    let waiting = format!("none yet: it wants {wants}");
+                    elsewhere.insert(agent.request.name.clone(), waiting);
                 }
                 Err(source) => {
                     kernel.shutdown().await;

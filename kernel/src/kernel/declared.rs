@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hivekernel_agents::{Pid, RestartPolicy, SpawnRequest};
+use hivekernel_agents::{Pid, RestartPolicy};
 
 use crate::cluster::{Claimed, ClusterError, Standing};
 use crate::error::{KernelError, Result};
@@ -26,6 +26,10 @@ pub enum Placed {
     /// agent over from another since it started): the node, and the PID
     /// once that node has recorded it.
     Held { node: String, pid: Option<Pid> },
+    /// Its placement (`node`, `where`) rules this node out, and no node
+    /// runs it: a node it may run on starts it when it starts, or takes
+    /// it over. What it wants, as an error says it.
+    Unplaced { wants: String },
 }
 
 fn unavailable(err: ClusterError) -> KernelError {
@@ -38,10 +42,18 @@ impl Kernel {
     /// On a node of a cluster only when no live node runs it already.
     pub(crate) async fn spawn_declared(
         &self,
-        request: SpawnRequest,
+        agent: &Declared,
         recovered: Option<&Recovered>,
     ) -> Result<Placed> {
+        let request = agent.request.clone();
         let name = request.name.clone();
+        if agent.placement.is_any() && self.inner.cluster().is_none() {
+            return Err(KernelError::FailedPrecondition(format!(
+                "config agent {name:?} is placed ({}): that chooses a node of a cluster, and \
+                 this kernel runs alone (no kernel.cluster, no --cluster)",
+                agent.placement.shown()
+            )));
+        }
         let mut previous = recovered.and_then(|r| r.declared.get(&name).copied());
         let mut claimed = None;
         if let Some(cluster) = self.inner.cluster() {
@@ -57,6 +69,11 @@ impl Kernel {
                 Standing::Unclaimed(pid) => previous = pid.or(previous),
                 Standing::Orphaned(holding) => previous = holding.pid(),
             }
+            if !self.may_run(agent) {
+                return Ok(Placed::Unplaced {
+                    wants: agent.placement.shown(),
+                });
+            }
             match cluster
                 .claim_declared(&name, revision, previous)
                 .await
@@ -69,13 +86,25 @@ impl Kernel {
         }
         let previous = previous
             .filter(|pid| *pid > Pid::KERNEL && self.inner.table().read().get(*pid).is_none());
+        let letters = self.letters_for(previous).await;
         let pid = self
             .spawn_as(Caller::Admin, request, Birth::Declared(previous))
             .await?;
         if !self.declared_here(&name, pid, claimed).await? {
             return self.held(&name).await;
         }
+        self.deliver_letters(letters);
         Ok(Placed::Here(pid))
+    }
+
+    /// Whether config agent `agent` may run on this node: its placement
+    /// admits this node's name and labels.
+    fn may_run(&self, agent: &Declared) -> bool {
+        self.inner.cluster().is_none_or(|cluster| {
+            agent
+                .placement
+                .admits_node(cluster.node(), cluster.labels())
+        })
     }
 
     /// Where config agent `name` runs, as the cluster says now.
@@ -131,6 +160,10 @@ impl Kernel {
     async fn stand_down(&self, name: &str, pid: Pid) {
         tracing::warn!(%pid, agent = name, "config agent runs on another node; this node's copy stops");
         self.forget_cron(pid);
+        // Its queued messages are the other copy's: left in the stream.
+        if let Some(cluster) = self.inner.cluster() {
+            cluster.leave_mail_of(pid);
+        }
         if let Err(err) = self
             .stop_declared(pid, "cluster: the config agent runs on another node")
             .await
@@ -208,6 +241,7 @@ impl Kernel {
                 }
                 return;
             }
+            _ if !self.may_run(agent) => return,
             Standing::Unclaimed(pid) => (None, pid, Duration::ZERO),
             Standing::Orphaned(holding) => {
                 let Ok((restart, _)) = self.supervision_for(request) else {
@@ -234,6 +268,8 @@ impl Kernel {
             () = tokio::time::sleep(delay) => {}
         }
         let pid = pid.filter(|pid| self.inner.table().read().get(*pid).is_none());
+        // Read before it runs: a message sent once it runs is its mailbox's.
+        let letters = self.letters_for(pid).await;
         let spawned = self
             .spawn_as(Caller::Admin, request.clone(), Birth::Declared(pid))
             .await;
@@ -257,6 +293,7 @@ impl Kernel {
                         tracing::error!(%pid, agent = name, error = %err, "store: config agent's PID not recorded");
                     }
                 }
+                self.deliver_letters(letters);
                 self.adopt_cron(pid, &agent.cron).await;
             }
             // Claimed but not running: it stays this node's until this node

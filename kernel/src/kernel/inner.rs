@@ -162,6 +162,7 @@ impl Inner {
             budget: None,
             caps: Capabilities::ALL,
             restored: false,
+            mail_in_cluster: false,
             approvals: None,
             skill_dirs: None,
         });

@@ -32,16 +32,20 @@ impl Placement {
 
     /// Whether node `info` is one it allows.
     fn admits(&self, info: &NodeInfo) -> bool {
-        let record = &info.record;
-        self.node.as_ref().is_none_or(|name| *name == record.node)
+        self.admits_node(&info.record.node, &info.record.labels)
+    }
+
+    /// Whether node `node`, with `labels`, is one it allows.
+    pub(crate) fn admits_node(&self, node: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.node.as_deref().is_none_or(|name| name == node)
             && self
                 .labels
                 .iter()
-                .all(|(key, value)| record.labels.get(key) == Some(value))
+                .all(|(key, value)| labels.get(key) == Some(value))
     }
 
     /// How it reads in an error.
-    fn shown(&self) -> String {
+    pub(crate) fn shown(&self) -> String {
         let mut parts: Vec<String> = self.node.iter().map(|n| format!("node {n:?}")).collect();
         if !self.labels.is_empty() {
             parts.push(format!("labels {}", labels(&self.labels)));

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::inbox::InboxRequest;
+use crate::kernel::mail::Kept;
 use crate::kernel::spawn::Birth;
 use crate::kernel::supervisor::EXIT_KILLED;
 use crate::kernel::{Caller, Kernel};
@@ -273,44 +274,16 @@ impl Kernel {
                 .get(stored.to)
                 .filter(|entry| alive.contains(&stored.to) && entry.is_alive())
                 .map(|entry| entry.proc.clone());
-            let ttl = match stored.expires_ms {
-                Some(at) if at <= now => Err("its TTL passed while the kernel was down".to_owned()),
-                Some(at) => Ok(Some(Duration::from_millis(at - now))),
-                None => Ok(None),
+            let kept = Kept {
+                id: stored.id,
+                to: stored.to,
+                message: stored.message,
+                expires_ms: stored.expires_ms,
             };
-            let (from, kind) = match &stored.message {
-                Ok(message) => (message.from, message.kind.clone()),
-                Err(_) => (Pid::KERNEL, "unknown".to_owned()),
-            };
-            let outcome = match (receiver, stored.message, ttl) {
-                (Some(proc), Ok(message), Ok(ttl)) => {
-                    let env = Envelope::new(stored.id, Item::Message(message), ttl).durable(true);
-                    proc.mailbox
-                        .push_restored(env, || self.start_runner(&proc))
-                        .map_err(|_| format!("process {} has exited", stored.to))
-                }
-                (None, _, _) => Err(format!(
-                    "process {} did not come back after the restart",
-                    stored.to
-                )),
-                (_, Err(why), _) => Err(format!("cannot read the stored message: {why}")),
-                (_, _, Err(why)) => Err(why),
-            };
-            match outcome {
-                Ok(()) => restored.requeued += 1,
-                Err(reason) => {
-                    restored.dropped += 1;
-                    self.message_done(stored.id, true);
-                    self.inner.events().emit(
-                        stored.to,
-                        EventKind::MessageDropped {
-                            message_id: stored.id,
-                            from,
-                            kind,
-                            reason,
-                        },
-                    );
-                }
+            let absent = || format!("process {} did not come back after the restart", stored.to);
+            match self.requeue(kept, receiver, now, absent) {
+                true => restored.requeued += 1,
+                false => restored.dropped += 1,
             }
         }
 

@@ -12,7 +12,9 @@ use hivekernel_agents::{
 
 use tokio::sync::oneshot;
 
+use super::inner::Inner;
 use super::{Caller, Kernel};
+use crate::cluster::{ClusterError, Letter};
 use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::mailbox::{Envelope, Item, PushError, ReplyTo};
@@ -90,22 +92,7 @@ impl Kernel {
         // Committed before it enters the mailbox: the runner cannot take it,
         // nor remove it from the store, before it is there; and a send
         // answered with an error was never delivered.
-        let durable = self.inner.store().is_durable();
-        if durable {
-            let now = unix_ms(SystemTime::now());
-            self.inner
-                .store()
-                .commit(Write::Message {
-                    id,
-                    to,
-                    body: serde_json::to_string(&body).unwrap_or_default(),
-                    created_ms: now,
-                    expires_ms: message
-                        .ttl
-                        .map(|ttl| now.saturating_add(ttl.as_millis() as u64)),
-                })
-                .await?;
-        }
+        let durable = self.keep_message(&proc, &body, message.ttl).await?;
         let env = Envelope::new(id, Item::Message(body), message.ttl).durable(durable);
         if let Err(err) = self.push(&proc, env) {
             self.message_done(id, durable);
@@ -117,12 +104,57 @@ impl Kernel {
         Ok(id)
     }
 
-    /// Removes a durable message from the store: it was delivered, expired
-    /// or dropped. Messages left in mailboxes by a clean stop stay, to be
-    /// delivered after the restart.
+    /// Keeps acknowledged message `body` until it is delivered: in the
+    /// cluster's mail stream for a process that may move to another node,
+    /// else in the store when it is durable. False when nothing keeps it.
+    async fn keep_message(
+        &self,
+        proc: &ProcShared,
+        body: &Message,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        let now = unix_ms(SystemTime::now());
+        let expires_ms = ttl.map(|ttl| now.saturating_add(ttl.as_millis() as u64));
+        if proc.mail_in_cluster
+            && let Some(cluster) = self.inner.cluster()
+        {
+            let letter = Letter {
+                message: body.clone(),
+                created_ms: now,
+                expires_ms,
+            };
+            cluster
+                .keep_mail(body.to, body.id, &letter)
+                .await
+                .map_err(|err| match err {
+                    ClusterError::TooLarge(why) => KernelError::LimitExceeded(why),
+                    err => KernelError::ClusterUnavailable(err.to_string()),
+                })?;
+            return Ok(true);
+        }
+        let store = self.inner.store();
+        if !store.is_durable() {
+            return Ok(false);
+        }
+        store
+            .commit(Write::Message {
+                id: body.id,
+                to: body.to,
+                body: serde_json::to_string(body).unwrap_or_default(),
+                created_ms: now,
+                expires_ms,
+            })
+            .await?;
+        Ok(true)
+    }
+
+    /// Removes a durable message from where it is kept: it was delivered,
+    /// expired or dropped. Messages left in mailboxes by a clean stop stay,
+    /// to be delivered after the restart (on the node that starts their
+    /// process then, for those in the cluster's mail stream).
     pub(crate) fn message_done(&self, id: MessageId, durable: bool) {
         if durable {
-            self.inner.store().submit(Write::MessageDone(id));
+            forget_delivered(&self.inner, id);
         }
     }
 
@@ -532,4 +564,39 @@ fn task_response(worker: Pid, requester: Pid, request_id: RequestId, reply: &Tas
         // The answer continues the task's trace.
         trace: crate::trace::current(),
     }
+}
+
+/// Removes durable message `id` from where it is kept, in the background.
+pub(super) fn forget_delivered(inner: &Inner, id: MessageId) {
+    if !inner.cluster().is_some_and(|cluster| cluster.drop_mail(id)) {
+        inner.store().submit(Write::MessageDone(id));
+    }
+}
+
+/// Takes durable message `id` of `pid`'s mailbox out of where it is kept,
+/// before it is handed over, so that a crash never hands it over twice.
+/// False when another node took it first (a node that held a copy too: a
+/// paused one, or the one that took its process over), so this copy is
+/// not handed over.
+pub(super) async fn take_for_handover(inner: &Inner, pid: Pid, id: MessageId) -> bool {
+    if let Some(cluster) = inner.cluster()
+        && let Some(taken) = cluster.take_mail(id).await
+    {
+        return match taken {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::info!(%pid, message_id = id.0, "message left to another node: it handed it over, or took this process over");
+                false
+            }
+            // Handed over all the same, as when the store fails below.
+            Err(err) => {
+                tracing::error!(%pid, message_id = id.0, error = %err, "cluster: delivery not recorded");
+                true
+            }
+        };
+    }
+    if let Err(err) = inner.store().commit(Write::MessageDone(id)).await {
+        tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
+    }
+    true
 }

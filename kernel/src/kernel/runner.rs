@@ -16,13 +16,13 @@ use hivekernel_agents::{Message, MessageId, Runtime, Task};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::router::{forget_delivered, take_for_handover};
 use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 use super::{Inner, Kernel};
 use crate::events::EventKind;
 use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
 use crate::otel::Span;
 use crate::process::{CountGuard, ProcShared};
-use crate::store::Write;
 use crate::trace::{Origin, scope_in, scope_turn};
 
 /// How handling one mailbox item ended, when it ends the process.
@@ -353,17 +353,14 @@ async fn handle_message(
     let pid = proc.ctx.pid;
     let _running = CountGuard::enter(&proc.running);
     let acknowledged = runtime.acknowledges_messages();
-    if durable && !acknowledged {
-        // Delivered means handed over: gone from the store first, so
-        // a crash can never hand the same message over twice.
-        let done = kernel
-            .upgrade()
-            .map(|inner| inner.store().commit(Write::MessageDone(id)));
-        if let Some(done) = done
-            && let Err(err) = done.await
-        {
-            tracing::error!(%pid, message_id = id.0, error = %err, "store: delivery not recorded");
-        }
+    if durable
+        && !acknowledged
+        && let Some(inner) = kernel.upgrade()
+        && !take_for_handover(&inner, pid, id).await
+    {
+        // Delivered means handed over: gone from where it is kept first,
+        // so a crash can never hand the same message over twice.
+        return Ok(());
     }
     let handed = async {
         if acknowledged {
@@ -381,7 +378,7 @@ async fn handle_message(
                 && acknowledged_now
                 && let Some(inner) = kernel.upgrade()
             {
-                inner.store().submit(Write::MessageDone(id));
+                forget_delivered(&inner, id);
             }
             Ok(())
         }

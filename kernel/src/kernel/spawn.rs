@@ -366,6 +366,8 @@ impl Kernel {
             budget,
             caps,
             restored: matches!(birth, Birth::Restored(_) | Birth::Declared(Some(_))),
+            mail_in_cluster: self.inner.cluster().is_some()
+                && matches!(birth, Birth::Declared(_) | Birth::Replaced(_)),
             approvals,
             skill_dirs,
         }));

@@ -1,0 +1,252 @@
+//! Mail kept in JetStream: the acknowledged messages to a process that
+//! may move to another node (a config agent), in stream `HK_MAIL` on
+//! subject `hk.mail.<pid>` (docs/CLUSTER.md, "Exactly once across
+//! nodes"). A send to such a process is acknowledged once the stream has
+//! stored it; the node that runs the process delivers it from its own
+//! mailbox, as it would a message from its store; the node that starts the
+//! process (first, or taking it over) reads what waits on its subject.
+//!
+//! A message leaves the stream by its sequence number. Deleting it is the
+//! handover: a stream applies deletes in one order, so of two nodes that
+//! hold the same message (a paused node that resumed before it learned it
+//! was fenced, and the node that took its process over) exactly one
+//! deletes it and hands it over; the other is told it was gone and drops
+//! its copy.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::{self, DeleteMessageErrorKind, RawMessageErrorKind};
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use hivekernel_agents::{Message, MessageId, Pid};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::{Cluster, ClusterError};
+
+/// The stream of mail.
+pub(crate) const MAIL: &str = "HK_MAIL";
+/// JetStream's error code for a delete that found no message: "no message
+/// found" once deleted, "stream store EOF" past the last (nats-server 2.9).
+const NOT_DELETED: u64 = 10057;
+/// At most this many messages are read back for one process at its start,
+/// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
+const MAX_QUEUED: usize = 100_000;
+
+/// The subject of `pid`'s mail.
+fn subject(pid: Pid) -> String {
+    format!("hk.mail.{}", pid.0)
+}
+
+/// A message as the stream keeps it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Letter {
+    /// The message, with the id its sender was given.
+    pub(crate) message: Message,
+    /// When it was sent (Unix ms).
+    pub(crate) created_ms: u64,
+    /// When it expires (Unix ms), if it has a TTL.
+    pub(crate) expires_ms: Option<u64>,
+}
+
+/// A letter read back from the stream: its sequence, and the letter or why
+/// it could not be read.
+pub(crate) type Queued = (u64, Result<Letter, String>);
+
+/// This node's side of `HK_MAIL`: the stream, and the receiver and
+/// sequence of each message in this node's mailboxes, by the id its
+/// envelope has here.
+pub(crate) struct Mailroom {
+    stream: stream::Stream,
+    held: Mutex<HashMap<MessageId, (Pid, u64)>>,
+}
+
+impl Mailroom {
+    /// Opens stream `HK_MAIL`, creating it when missing: file storage,
+    /// kept until each message is deleted (no age: a message waits for
+    /// its process however long that takes).
+    pub(crate) async fn open(js: &Context, replicas: Option<usize>) -> Result<Self, ClusterError> {
+        let stream = match js.get_stream(MAIL).await {
+            Ok(stream) => stream,
+            Err(_) => create(js, replicas).await?,
+        };
+        Ok(Mailroom {
+            stream,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+async fn create(js: &Context, replicas: Option<usize>) -> Result<stream::Stream, ClusterError> {
+    let tries: &[usize] = match &replicas {
+        Some(replicas) => std::slice::from_ref(replicas),
+        None => &[3, 2, 1],
+    };
+    let mut created = None;
+    for &replicas in tries {
+        let config = jetstream::stream::Config {
+            name: MAIL.to_owned(),
+            subjects: vec!["hk.mail.>".to_owned()],
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            duplicate_window: Duration::from_secs(120),
+            discard: jetstream::stream::DiscardPolicy::New,
+            ..Default::default()
+        };
+        match js.create_stream(config).await {
+            Ok(stream) => return Ok(stream),
+            Err(err) => created = Some(err),
+        }
+    }
+    // Another node creating it meanwhile is no error: the config is the same.
+    js.get_stream(MAIL).await.map_err(|err| match created {
+        Some(create) => ClusterError::jetstream(&format!("creating stream {MAIL}"), create),
+        None => ClusterError::jetstream(&format!("opening stream {MAIL}"), err),
+    })
+}
+
+impl Cluster {
+    /// Keeps message `message` to `to` in the stream, as envelope `id` of
+    /// this node's mailbox: answered once the stream has stored it. The
+    /// publish carries this node's name, epoch and `id` as its message id,
+    /// so a retry after a lost answer is not stored twice.
+    pub(crate) async fn keep_mail(
+        &self,
+        to: Pid,
+        id: MessageId,
+        letter: &Letter,
+    ) -> Result<(), ClusterError> {
+        let payload = serde_json::to_vec(letter)
+            .map_err(|err| ClusterError::JetStream(format!("encoding a message: {err}")))?;
+        let most = self.client.server_info().max_payload;
+        if most > 0 && payload.len() > most {
+            return Err(ClusterError::TooLarge(format!(
+                "a message to config agent {to} is kept in the cluster's {MAIL} stream, and \
+                 this one takes {} bytes there, more than the {most} a NATS message may hold \
+                 (the servers' max_payload)",
+                payload.len()
+            )));
+        }
+        let publish = PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .message_id(format!("{}.{}.{}", self.settings.node, self.epoch, id.0));
+        let what = || {
+            format!(
+                "keeping message {} to process {to} in {MAIL}",
+                letter.message.id
+            )
+        };
+        let mut last = None;
+        // Once more after a lost answer: the message id makes it one message.
+        for _ in 0..2 {
+            let sent = self
+                .js
+                .send_publish(subject(to), publish.clone())
+                .await
+                .map_err(|err| ClusterError::jetstream(&what(), err))?;
+            match sent.await {
+                Ok(ack) => {
+                    self.mail.held.lock().insert(id, (to, ack.sequence));
+                    return Ok(());
+                }
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(match last {
+            Some(err) => ClusterError::jetstream(&what(), err),
+            None => ClusterError::JetStream(what()),
+        })
+    }
+
+    /// Records that envelope `id` of `to`'s mailbox here is message `seq`
+    /// of the stream (one read back by [`Cluster::queued_mail`]).
+    pub(crate) fn hold_mail(&self, id: MessageId, to: Pid, seq: u64) {
+        self.mail.held.lock().insert(id, (to, seq));
+    }
+
+    /// Forgets the messages in `pid`'s mailbox here without deleting
+    /// them: this node's copy of `pid` stands down, and they are the copy
+    /// that runs on another node's.
+    pub(crate) fn leave_mail_of(&self, pid: Pid) {
+        self.mail.held.lock().retain(|_, (to, _)| *to != pid);
+    }
+
+    /// Takes envelope `id` out of the stream to hand it over: `Some(true)`
+    /// when this node deleted it; `Some(false)` when it was gone (another
+    /// node handed it over), or when this node is no member any more (it
+    /// was declared lost while paused: the node that took its process
+    /// over delivers it); `None` when it is not kept in the stream. An
+    /// error (NATS unreachable) leaves it there.
+    pub(crate) async fn take_mail(&self, id: MessageId) -> Option<Result<bool, ClusterError>> {
+        let (_, seq) = self.mail.held.lock().remove(&id)?;
+        if !self.still_member().await {
+            return Some(Ok(false));
+        }
+        Some(delete(&self.mail.stream, seq).await)
+    }
+
+    /// Drops envelope `id` from the stream in the background (it expired,
+    /// or its process exited before taking it); false when it is not kept
+    /// in the stream.
+    pub(crate) fn drop_mail(&self, id: MessageId) -> bool {
+        let Some((_, seq)) = self.mail.held.lock().remove(&id) else {
+            return false;
+        };
+        let stream = self.mail.stream.clone();
+        self.tracker.spawn(async move {
+            if let Err(err) = delete(&stream, seq).await {
+                tracing::warn!(seq, error = %err, "cluster: a dropped message stays in {MAIL}");
+            }
+        });
+        true
+    }
+
+    /// The messages waiting for `pid` in the stream, oldest first, each
+    /// with its sequence (see [`Cluster::hold_mail`]).
+    pub(crate) async fn queued_mail(&self, pid: Pid) -> Result<Vec<Queued>, ClusterError> {
+        let subject = subject(pid);
+        let mut found = Vec::new();
+        let mut from = 1;
+        while found.len() < MAX_QUEUED {
+            let read = self
+                .mail
+                .stream
+                .raw_message_builder()
+                .sequence(from)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let message = match read {
+                Ok(message) => message,
+                Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(err) => {
+                    return Err(ClusterError::jetstream(
+                        &format!("reading {subject} in {MAIL}"),
+                        err,
+                    ));
+                }
+            };
+            from = message.sequence + 1;
+            let letter = serde_json::from_slice(&message.payload).map_err(|err| err.to_string());
+            found.push((message.sequence, letter));
+        }
+        Ok(found)
+    }
+}
+
+/// Deletes message `seq` of the mail stream: true when this call deleted
+/// it, false when it was not there.
+async fn delete(stream: &stream::Stream, seq: u64) -> Result<bool, ClusterError> {
+    match stream.delete_message(seq).await {
+        Ok(deleted) => Ok(deleted),
+        Err(err) => match err.kind() {
+            DeleteMessageErrorKind::JetStream(js) if js.error_code().0 == NOT_DELETED => Ok(false),
+            _ => Err(ClusterError::jetstream(
+                &format!("deleting message {seq} of {MAIL}"),
+                err,
+            )),
+        },
+    }
+}
