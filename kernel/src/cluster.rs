@@ -644,11 +644,17 @@ impl Cluster {
                     if std::mem::take(&mut failing) {
                         tracing::info!("cluster: heartbeat through again");
                     }
-                    if let Some(by) = self.claimed_lost().await {
-                        self.fence(&format!("declared lost by node {by}"));
-                        return;
+                    match self.claimed_lost().await {
+                        Ok(Some(by)) => {
+                            self.fence(&format!("declared lost by node {by}"));
+                            return;
+                        }
+                        Ok(None) => {
+                            self.confirmed.send_replace(sent);
+                        }
+                        // Not known either way: not confirmed a member.
+                        Err(()) => {}
                     }
-                    self.confirmed.send_replace(sent);
                 }
                 Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
                     match self.own_revision().await {
@@ -672,12 +678,15 @@ impl Cluster {
         }
     }
 
-    /// The node that claimed this one lost, if one did.
-    async fn claimed_lost(&self) -> Option<String> {
+    /// The node that claimed this one lost, if one did; an error when the
+    /// claims could not be read.
+    async fn claimed_lost(&self) -> Result<Option<String>, ()> {
         let claim = format!("lost.{}.{}", self.settings.node, self.epoch);
-        let entry = self.claims.entry(claim).await.ok()??;
-        (entry.operation == Operation::Put)
-            .then(|| String::from_utf8_lossy(&entry.value).into_owned())
+        let Some(entry) = self.claims.entry(claim).await.map_err(drop)? else {
+            return Ok(None);
+        };
+        Ok((entry.operation == Operation::Put)
+            .then(|| String::from_utf8_lossy(&entry.value).into_owned()))
     }
 
     /// The revision of this node's record when it is still this node's
@@ -950,13 +959,8 @@ async fn bucket(
     if let Ok(store) = js.get_key_value(name).await {
         return Ok(store);
     }
-    // As asked, else 3 replicas, fewer only where the cluster has fewer servers.
-    let tries: &[usize] = match &replicas {
-        Some(replicas) => std::slice::from_ref(replicas),
-        None => &[3, 2, 1],
-    };
     let mut created = Ok(());
-    for &replicas in tries {
+    for &replicas in replica_tries(&replicas) {
         created = make_bucket(js, name, replicas, max_age).await;
         if created.is_ok() {
             break;
@@ -967,6 +971,15 @@ async fn bucket(
         Err(create) => ClusterError::jetstream(&format!("creating bucket {name}"), create),
         Ok(()) => ClusterError::jetstream(&format!("opening bucket {name}"), err),
     })
+}
+
+/// The replications to try when creating a bucket or stream: as asked,
+/// else 3, fewer only where the cluster has fewer servers.
+pub(crate) fn replica_tries(replicas: &Option<usize>) -> &[usize] {
+    match replicas {
+        Some(replicas) => std::slice::from_ref(replicas),
+        None => &[3, 2, 1],
+    }
 }
 
 /// Creates the stream of bucket `name`.

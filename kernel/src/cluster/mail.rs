@@ -13,7 +13,7 @@
 //! deletes it and hands it over; the other is told it was gone and drops
 //! its copy.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
@@ -24,13 +24,15 @@ use hivekernel_agents::{Message, MessageId, Pid};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::{Cluster, ClusterError};
+use super::{Cluster, ClusterError, replica_tries};
 
 /// The stream of mail.
 pub(crate) const MAIL: &str = "HK_MAIL";
 /// JetStream's error code for a delete that found no message: "no message
 /// found" once deleted, "stream store EOF" past the last (nats-server 2.9).
 const NOT_DELETED: u64 = 10057;
+/// How long a failed delete waits before it is tried again.
+const RETRY: Duration = Duration::from_millis(200);
 /// At most this many messages are read back for one process at its start,
 /// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
 const MAX_QUEUED: usize = 100_000;
@@ -55,12 +57,13 @@ pub(crate) struct Letter {
 /// it could not be read.
 pub(crate) type Queued = (u64, Result<Letter, String>);
 
-/// This node's side of `HK_MAIL`: the stream, and the receiver and
-/// sequence of each message in this node's mailboxes, by the id its
-/// envelope has here.
+/// This node's side of `HK_MAIL`: the stream, the receiver and sequence
+/// of each message in this node's mailboxes (by the id its envelope has
+/// here), and the processes whose copy here stood down.
 pub(crate) struct Mailroom {
     stream: stream::Stream,
     held: Mutex<HashMap<MessageId, (Pid, u64)>>,
+    left: Mutex<HashSet<Pid>>,
 }
 
 impl Mailroom {
@@ -75,17 +78,14 @@ impl Mailroom {
         Ok(Mailroom {
             stream,
             held: Mutex::new(HashMap::new()),
+            left: Mutex::new(HashSet::new()),
         })
     }
 }
 
 async fn create(js: &Context, replicas: Option<usize>) -> Result<stream::Stream, ClusterError> {
-    let tries: &[usize] = match &replicas {
-        Some(replicas) => std::slice::from_ref(replicas),
-        None => &[3, 2, 1],
-    };
     let mut created = None;
-    for &replicas in tries {
+    for &replicas in replica_tries(&replicas) {
         let config = jetstream::stream::Config {
             name: MAIL.to_owned(),
             subjects: vec!["hk.mail.>".to_owned()],
@@ -118,6 +118,13 @@ impl Cluster {
         id: MessageId,
         letter: &Letter,
     ) -> Result<(), ClusterError> {
+        // A copy that stood down, or a node that is no member any more,
+        // takes nothing the agent's node would not read.
+        if self.mail.left.lock().contains(&to) || !self.still_member().await {
+            return Err(ClusterError::JetStream(format!(
+                "config agent {to} runs on another node now; send it there"
+            )));
+        }
         let payload = serde_json::to_vec(letter)
             .map_err(|err| ClusterError::JetStream(format!("encoding a message: {err}")))?;
         let most = self.client.server_info().max_payload;
@@ -166,34 +173,73 @@ impl Cluster {
         self.mail.held.lock().insert(id, (to, seq));
     }
 
-    /// Forgets the messages in `pid`'s mailbox here without deleting
-    /// them: this node's copy of `pid` stands down, and they are the copy
-    /// that runs on another node's.
+    /// Marks this node's copy of `pid` as standing down: what its mailbox
+    /// holds is the other copy's, and stays in the stream (neither handed
+    /// over nor deleted here), and sends to it are refused, until this
+    /// node starts `pid` again ([`Cluster::back_mail_of`]).
     pub(crate) fn leave_mail_of(&self, pid: Pid) {
+        self.mail.left.lock().insert(pid);
         self.mail.held.lock().retain(|_, (to, _)| *to != pid);
     }
 
-    /// Takes envelope `id` out of the stream to hand it over: `Some(true)`
-    /// when this node deleted it; `Some(false)` when it was gone (another
-    /// node handed it over), or when this node is no member any more (it
-    /// was declared lost while paused: the node that took its process
-    /// over delivers it); `None` when it is not kept in the stream. An
-    /// error (NATS unreachable) leaves it there.
-    pub(crate) async fn take_mail(&self, id: MessageId) -> Option<Result<bool, ClusterError>> {
-        let (_, seq) = self.mail.held.lock().remove(&id)?;
-        if !self.still_member().await {
+    /// This node starts `pid` again: its mail is this node's to deliver.
+    pub(crate) fn back_mail_of(&self, pid: Pid) {
+        self.mail.left.lock().remove(&pid);
+    }
+
+    /// Forgets envelope `id` without deleting it from the stream: it stays
+    /// for the process's next start (an agent that did not acknowledge it).
+    pub(crate) fn forget_mail(&self, id: MessageId) {
+        self.mail.held.lock().remove(&id);
+    }
+
+    /// Takes envelope `id` of `pid`'s mailbox out of the stream to hand it
+    /// over: `Some(true)` when this node deleted it; `Some(false)` when it
+    /// was gone (another node handed it over), when this node's copy of
+    /// `pid` stood down, or when this node is no member any more (declared
+    /// lost while paused: the node that took its process over delivers
+    /// it); `None` when it is not kept in the stream. A delete that fails
+    /// is tried twice more; an error then leaves it there.
+    pub(crate) async fn take_mail(
+        &self,
+        pid: Pid,
+        id: MessageId,
+    ) -> Option<Result<bool, ClusterError>> {
+        if self.mail.left.lock().contains(&pid) {
+            self.mail.held.lock().remove(&id);
             return Some(Ok(false));
         }
-        Some(delete(&self.mail.stream, seq).await)
+        let (_, seq) = self.mail.held.lock().remove(&id)?;
+        let mut failed = None;
+        for _ in 0..3 {
+            if !self.still_member().await {
+                return Some(Ok(false));
+            }
+            match delete(&self.mail.stream, seq).await {
+                // After a failed try whose delete may have gone through
+                // unanswered, gone is taken as this node's own delete.
+                Ok(deleted) => return Some(Ok(deleted || failed.is_some())),
+                Err(err) => {
+                    tracing::warn!(seq, error = %err, "cluster: taking a message from {MAIL} failed; trying again");
+                    failed = Some(err);
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+        failed.map(Err)
     }
 
     /// Drops envelope `id` from the stream in the background (it expired,
     /// or its process exited before taking it); false when it is not kept
-    /// in the stream.
+    /// in the stream. A copy that stood down, or a node that is no member
+    /// any more, leaves it there.
     pub(crate) fn drop_mail(&self, id: MessageId) -> bool {
-        let Some((_, seq)) = self.mail.held.lock().remove(&id) else {
+        let Some((to, seq)) = self.mail.held.lock().remove(&id) else {
             return false;
         };
+        if self.mail.left.lock().contains(&to) || self.fenced.borrow().is_some() {
+            return true;
+        }
         let stream = self.mail.stream.clone();
         self.tracker.spawn(async move {
             if let Err(err) = delete(&stream, seq).await {

@@ -87,6 +87,7 @@ impl Kernel {
     /// stays for the agent's next start.
     pub(super) async fn letters_for(&self, pid: Option<Pid>) -> Option<Letters> {
         let (cluster, pid) = (self.inner.cluster()?, pid?);
+        cluster.back_mail_of(pid);
         match cluster.queued_mail(pid).await {
             Ok(queued) => Some(Letters { pid, queued }),
             Err(err) => {
@@ -109,6 +110,11 @@ impl Kernel {
             .get(pid)
             .filter(|entry| entry.is_alive())
             .map(|entry| entry.proc.clone());
+        let Some(receiver) = receiver else {
+            // Exited as it started: what waits stays for its next start.
+            tracing::warn!(%pid, waiting = queued.len(), "cluster: the agent exited as it started; its messages wait for its next start");
+            return;
+        };
         let now = unix_ms(SystemTime::now());
         let (mut requeued, mut dropped) = (0, 0);
         for (seq, letter) in queued {
@@ -129,7 +135,7 @@ impl Kernel {
                 expires_ms,
             };
             let absent = || format!("process {pid} exited as it started");
-            match self.requeue(kept, receiver.clone(), now, absent) {
+            match self.requeue(kept, Some(receiver.clone()), now, absent) {
                 true => requeued += 1,
                 false => dropped += 1,
             }

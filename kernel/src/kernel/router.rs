@@ -566,6 +566,15 @@ fn task_response(worker: Pid, requester: Pid, request_id: RequestId, reply: &Tas
     }
 }
 
+/// Forgets durable message `id`, which its agent did not acknowledge,
+/// where it is kept in the cluster's mail stream: it waits there for the
+/// agent's next start (in the store, a kernel restart delivers it again).
+pub(super) fn unacknowledged(inner: &Inner, id: MessageId) {
+    if let Some(cluster) = inner.cluster() {
+        cluster.forget_mail(id);
+    }
+}
+
 /// Removes durable message `id` from where it is kept, in the background.
 pub(super) fn forget_delivered(inner: &Inner, id: MessageId) {
     if !inner.cluster().is_some_and(|cluster| cluster.drop_mail(id)) {
@@ -580,7 +589,7 @@ pub(super) fn forget_delivered(inner: &Inner, id: MessageId) {
 /// not handed over.
 pub(super) async fn take_for_handover(inner: &Inner, pid: Pid, id: MessageId) -> bool {
     if let Some(cluster) = inner.cluster()
-        && let Some(taken) = cluster.take_mail(id).await
+        && let Some(taken) = cluster.take_mail(pid, id).await
     {
         return match taken {
             Ok(true) => true,

@@ -16,7 +16,7 @@ use hivekernel_agents::{Message, MessageId, Runtime, Task};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::router::{forget_delivered, take_for_handover};
+use super::router::{forget_delivered, take_for_handover, unacknowledged};
 use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 use super::{Inner, Kernel};
 use crate::events::EventKind;
@@ -370,7 +370,15 @@ async fn handle_message(
             runtime.on_message(&proc.ctx, message).await.map(|()| false)
         }
     };
-    match AssertUnwindSafe(handed).catch_unwind().await {
+    let answer = AssertUnwindSafe(handed).catch_unwind().await;
+    if durable
+        && acknowledged
+        && !matches!(answer, Ok(Ok(true)))
+        && let Some(inner) = kernel.upgrade()
+    {
+        unacknowledged(&inner, id);
+    }
+    match answer {
         Ok(Ok(acknowledged_now)) => {
             // Acknowledged by the agent: done with. Until this commits, a
             // crash delivers it again (at least once).

@@ -1,6 +1,7 @@
 //! Three `hivekernel start` nodes on a 3-server NATS cluster with
 //! JetStream, all on this machine: `execute_task` to a process on another
-//! node against one on the node asked, sends to another node's process,
+//! node against one on the node asked, sends to another node's process
+//! and to a config agent (whose messages are kept in `HK_MAIL`),
 //! spawns on every node at once, and how long a node's `kill -9` keeps
 //! its permanent config agent from answering. The floor is a NATS
 //! request/reply round trip between two clients of the same cluster.
@@ -70,6 +71,10 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
     let window = sizes.rpc_window;
     let sends_same = sends(client.clone(), near, window).await;
     let sends_cross = sends(client, far, window).await;
+    let sends_kept = match keeper_from_afar(&nodes).await {
+        Some((pid, asker)) => Some(sends(nodes[asker].client.clone(), pid, window).await),
+        None => None,
+    };
     let spawns = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window).await;
     let recovery = recovery(&mut nodes).await;
 
@@ -126,15 +131,33 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             "{:.2}x the same-node rate",
             sends_cross / sends_same
         )),
-        Row::new(
-            "cluster",
-            format!("cluster: Spawn, {SPAWNERS} clients on each of 3 nodes"),
-            Unit::PerSec,
-            spawns,
-            None,
-        )
-        .note("each spawn answered once every node can find it"),
     ];
+    if let Some(kept) = sends_kept {
+        rows.push(
+            Row::new(
+                "cluster",
+                format!(
+                    "cluster: SendMessage, {SENDERS} clients, to a config agent on another node"
+                ),
+                Unit::PerSec,
+                kept,
+                None,
+            )
+            .note(format!(
+                "each kept in HK_MAIL (a quorum write) before it is acknowledged, and deleted \
+                 from it before it is handed over; {:.2}x the rate to another node's process",
+                kept / sends_cross
+            )),
+        );
+    }
+    rows.extend([Row::new(
+        "cluster",
+        format!("cluster: Spawn, {SPAWNERS} clients on each of 3 nodes"),
+        Unit::PerSec,
+        spawns,
+        None,
+    )
+    .note("each spawn answered once every node can find it")]);
     if let Some(recovery) = recovery {
         rows.push(
             Row::new(
@@ -356,6 +379,21 @@ async fn spawn_everywhere(nodes: &[Node], most: usize, window: Duration) -> f64 
         task.await.expect("a spawner");
     }
     spawned.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The PID of config agent `keeper`, and a node other than the one that
+/// runs it.
+async fn keeper_from_afar(nodes: &[Node]) -> Option<(u64, usize)> {
+    let mut client = nodes[0].client.clone();
+    let keeper = client
+        .find_process(pb::FindProcessRequest {
+            target: "keeper".to_owned(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let holder = NAMES.iter().position(|name| *name == keeper.node)?;
+    Some((keeper.pid, (holder + 1) % nodes.len()))
 }
 
 /// `kill -9` of the node running the permanent config agent `keeper`, to
