@@ -17,10 +17,12 @@
 
 mod cron;
 mod declared;
+mod departures;
 mod directory;
 mod mail;
 mod pids;
 pub mod rpc;
+mod specs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -41,12 +43,14 @@ use crate::config::ClusterSettings;
 use crate::event::unix_ms;
 pub use cron::Lease;
 pub use declared::{Claimed, Holding, Standing};
+pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
 use rpc::Refusal;
+pub use specs::{KeptSpec, SpecKey};
 
 /// The bucket of node records, by node name.
 const NODES: &str = "hk_nodes";
@@ -58,6 +62,8 @@ const CLAIMS: &str = "hk_claims";
 const DIRECTORY: &str = "hk_directory";
 /// How long a claim is kept.
 pub(crate) const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Losses waiting for the kernel to take their processes over.
+const LOSSES_QUEUED: usize = 64;
 /// How long one request to NATS may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -235,10 +241,21 @@ pub struct Cluster {
     /// Woken when a node leaves the view (removed, or back as a new
     /// epoch): its config agents may be free to take over.
     departed: tokio::sync::Notify,
+    /// Every node epoch that leaves the view.
+    departures: tokio::sync::broadcast::Sender<(String, u64)>,
+    /// `delegate_async` requests sent to other nodes, not answered yet.
+    unanswered: departures::Unanswered,
     pids: Arc<PidBlocks>,
     directory: Arc<Directory>,
     /// Acknowledged messages to processes that may move (`HK_MAIL`).
     mail: Mailroom,
+    /// Spawn specs of processes that may move (`hk_specs`).
+    specs: kv::Store,
+    /// The specs this node wrote last.
+    written: specs::Written,
+    /// Lost nodes' processes, for the kernel to take over ([`Loss`]).
+    losses: tokio::sync::mpsc::Sender<Loss>,
+    lost: Mutex<Option<tokio::sync::mpsc::Receiver<Loss>>>,
     requests: Mutex<Option<async_nats::Subscriber>>,
     /// Losses whose listings are being or were removed (a few per lost node).
     purged: Mutex<std::collections::HashSet<(String, u64)>>,
@@ -284,6 +301,7 @@ impl Cluster {
         let listings = bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?;
         let declared = bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?;
         let mail = Mailroom::open(&js, replicas).await?;
+        let specs = bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -307,6 +325,7 @@ impl Cluster {
             .map_err(|err| ClusterError::jetstream("serving requests from other nodes", err))?;
         let revision = register(&nodes, &claims, &own, settings.node_ttl_ms).await?;
         let (fenced, _) = watch::channel(None);
+        let (losses, lost) = tokio::sync::mpsc::channel(LOSSES_QUEUED);
         let cluster = Arc::new(Cluster {
             epoch,
             client,
@@ -316,9 +335,15 @@ impl Cluster {
             declared,
             claimed: Mutex::new(HashMap::new()),
             departed: tokio::sync::Notify::new(),
+            departures: tokio::sync::broadcast::channel(departures::DEPARTURES_QUEUED).0,
+            unanswered: departures::Unanswered::default(),
             pids,
             directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
             mail,
+            specs,
+            written: specs::Written::default(),
+            losses,
+            lost: Mutex::new(Some(lost)),
             requests: Mutex::new(Some(requests)),
             purged: Mutex::new(std::collections::HashSet::new()),
             view: Mutex::new(View {
@@ -396,6 +421,12 @@ impl Cluster {
     /// Tells the heartbeat how to read the kernel's load (once).
     pub fn set_load(&self, load: LoadFn) {
         let _ = self.load.set(load);
+    }
+
+    /// The losses this node judged, each once, for the kernel to take
+    /// their processes over (handed out once).
+    pub fn losses(&self) -> Option<tokio::sync::mpsc::Receiver<Loss>> {
+        self.lost.lock().take()
     }
 
     /// Changes to `Some(why)` once this node learns it was declared lost.
@@ -488,26 +519,37 @@ impl Cluster {
         let asked = async_nats::Request::new()
             .payload(rpc::encode(&request))
             .timeout(Some(wait));
-        let answer = self
-            .client
-            .send_request(rpc::subject(node), asked)
-            .await
-            .map_err(|err| match err.kind() {
-                async_nats::RequestErrorKind::NoResponders => {
-                    unavailable("it is not serving (stopped, or not joined yet)".into())
+        // A node lost before it answers never will: said at once.
+        let mut departures = self.departures.subscribe();
+        let epoch = self.epoch_of(node);
+        let sent = self.client.send_request(rpc::subject(node), asked);
+        let answered = match epoch {
+            Some(epoch) => tokio::select! {
+                answered = sent => answered,
+                () = self.departure_of(&mut departures, node, epoch) => {
+                    return Err(unavailable(format!(
+                        "node_lost: it was lost (epoch {epoch}) before it answered"
+                    )));
                 }
-                async_nats::RequestErrorKind::TimedOut => {
-                    unavailable(format!("no answer within {wait:?}"))
-                }
-                async_nats::RequestErrorKind::MaxPayloadExceeded => Refusal::new(
-                    hivekernel_agents::ErrorKind::ResourceExhausted,
-                    format!(
-                        "cluster: the request to node {node} is larger than a NATS message \
+            },
+            None => sent.await,
+        };
+        let answer = answered.map_err(|err| match err.kind() {
+            async_nats::RequestErrorKind::NoResponders => {
+                unavailable("it is not serving (stopped, or not joined yet)".into())
+            }
+            async_nats::RequestErrorKind::TimedOut => {
+                unavailable(format!("no answer within {wait:?}"))
+            }
+            async_nats::RequestErrorKind::MaxPayloadExceeded => Refusal::new(
+                hivekernel_agents::ErrorKind::ResourceExhausted,
+                format!(
+                    "cluster: the request to node {node} is larger than a NATS message \
                          may be (max_payload)"
-                    ),
                 ),
-                _ => unavailable(err.to_string()),
-            })?;
+            ),
+            _ => unavailable(err.to_string()),
+        })?;
         rpc::decode_answer(node, &answer.payload)
     }
 
@@ -793,7 +835,7 @@ impl Cluster {
                         if let Ok(record) = record {
                             // Started again: its earlier epoch is gone.
                             if record.epoch != seen.record.epoch {
-                                self.departed.notify_one();
+                                self.departed_node(&entry.key, seen.record.epoch);
                             }
                             seen.record = record;
                         }
@@ -815,8 +857,9 @@ impl Cluster {
                 }
             }
             Operation::Delete | Operation::Purge => {
-                view.others.remove(&entry.key);
-                self.departed.notify_one();
+                if let Some(seen) = view.others.remove(&entry.key) {
+                    self.departed_node(&entry.key, seen.record.epoch);
+                }
             }
         }
     }
@@ -880,6 +923,16 @@ impl Cluster {
             if !self.purged.lock().insert((node.clone(), epoch)) {
                 continue;
             }
+            // Read before the purge removes them from the mirror.
+            let listings = self.directory.listings_of(&node, epoch);
+            let loss = Loss {
+                node: node.clone(),
+                epoch,
+                listings,
+            };
+            if let Err(err) = self.losses.try_send(loss) {
+                tracing::error!(lost = %node, error = %err, "cluster: a lost node's processes are not taken over (too many losses at once)");
+            }
             let (directory, cancel) = (self.directory.clone(), self.cancel.clone());
             self.tracker.spawn(async move {
                 tokio::select! {
@@ -892,9 +945,21 @@ impl Cluster {
 }
 
 impl crate::events::ProcessTap for Cluster {
-    fn changed(&self, pid: hivekernel_agents::Pid) {
+    fn changed(&self, pid: hivekernel_agents::Pid, gone: bool) {
         self.directory.touch(pid);
+        if gone {
+            self.drop_spec(pid);
+        }
     }
+}
+
+/// A node declared lost, and the processes the directory listed for it
+/// then: the kernel takes over those that may move.
+#[derive(Debug)]
+pub struct Loss {
+    pub node: String,
+    pub epoch: u64,
+    pub listings: Vec<(hivekernel_agents::Pid, Listing)>,
 }
 
 /// Removes `node`'s record if it is still epoch `epoch`'s.

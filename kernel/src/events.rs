@@ -201,8 +201,8 @@ pub struct EventBus {
 /// What is told of every process's birth, exit and removal as its event is
 /// emitted: a cluster node's directory.
 pub trait ProcessTap: Send + Sync + std::fmt::Debug {
-    /// `pid` was born, exited, was restarted or left the table.
-    fn changed(&self, pid: Pid);
+    /// `pid` was born, exited, was restarted or left the table (`gone`).
+    fn changed(&self, pid: Pid, gone: bool);
 }
 
 impl EventKind {
@@ -277,7 +277,7 @@ impl EventBus {
         if let Some(tap) = &self.tap
             && kind.changes_process()
         {
-            tap.changed(pid);
+            tap.changed(pid, matches!(kind, EventKind::Reaped { .. }));
         }
         let trace = crate::trace::current_id();
         let mut ring = self.shared.ring.lock();
@@ -303,7 +303,7 @@ impl EventBus {
             if let Some(tap) = &self.tap
                 && kind.changes_process()
             {
-                tap.changed(*pid);
+                tap.changed(*pid, matches!(kind, EventKind::Reaped { .. }));
             }
         }
         let at_unix_ms = unix_ms(SystemTime::now());

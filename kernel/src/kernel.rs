@@ -34,6 +34,7 @@ mod llm;
 mod mail;
 mod mcp;
 pub(crate) mod memory;
+mod moved;
 mod placement;
 mod reload;
 mod resolve;

@@ -54,8 +54,13 @@ pub(crate) struct ProcShared {
     pub(crate) restored: bool,
     /// Its acknowledged messages are kept in the cluster's mail stream
     /// (`HK_MAIL`) instead of this node's store, as it may move to another
-    /// node: a config agent of a cluster node.
+    /// node: a config agent of a cluster node, or a spawned process whose
+    /// spec is in `hk_specs`.
     pub(crate) mail_in_cluster: bool,
+    /// Its spawn spec is in the cluster's `hk_specs`: it moves with its
+    /// tree when its node is lost (a spawned process that is not
+    /// `temporary`, under PID 1 or a process that moves too).
+    pub(crate) spec_in_cluster: bool,
 }
 
 /// What a process is made of when it is created; [`ProcShared::new`] adds
@@ -74,6 +79,7 @@ pub(crate) struct NewProc {
     pub(crate) caps: Capabilities,
     pub(crate) restored: bool,
     pub(crate) mail_in_cluster: bool,
+    pub(crate) spec_in_cluster: bool,
     pub(crate) approvals: Option<Arc<Vec<hivekernel_agents::ApprovalRule>>>,
     pub(crate) skill_dirs: Option<Arc<[std::path::PathBuf]>>,
 }
@@ -109,6 +115,7 @@ impl ProcShared {
             caps: new.caps,
             restored: new.restored,
             mail_in_cluster: new.mail_in_cluster,
+            spec_in_cluster: new.spec_in_cluster,
         }
     }
 
@@ -133,6 +140,7 @@ impl ProcShared {
             caps: self.caps,
             restored: self.restored,
             mail_in_cluster: self.mail_in_cluster,
+            spec_in_cluster: self.spec_in_cluster,
             approvals: self.approvals.clone(),
             skill_dirs: self.skill_dirs.clone(),
         })

@@ -1598,3 +1598,171 @@ fn config_agents_run_only_on_the_nodes_their_placement_admits() {
         "{stderr}"
     );
 }
+
+/// A spawned tree that would come back after a restart (permanent
+/// processes) moves when its node dies: kill -9 of its node with messages
+/// queued behind the root's slow turns, and the node that takes it over
+/// starts the root and its permanent child as the PIDs they had, delivers
+/// every acknowledged message once, and reports the temporary child
+/// exited (`node_lost`). A task in flight on the dead node fails at once
+/// for its requester on another node, saying so. The dead node, started
+/// again, leaves the tree where it runs now.
+#[test]
+fn spawned_processes_move_with_their_messages_when_their_node_dies() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+
+    const SENT: usize = 16;
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content("noted").after(Duration::from_millis(250))
+    }));
+    let start = |name: &str| with_model(&bin, root.path(), &nats, name, &llm.base_url());
+    let mut a = start("a");
+    let b = start("b");
+    let c = start("c");
+    wait_for_nodes(&b, &["a", "b", "c"], Duration::from_secs(10));
+
+    let lead = a.json(&[
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        "lead",
+        "--role",
+        "lead",
+        "--runtime",
+        "tool_agent",
+        "--model",
+        "test-model",
+        "--prompt",
+        "You take notes.",
+        "--restart",
+        "permanent",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap();
+    // Spawned through b: forwarded to the parent's node.
+    let worker = b.json(&[
+        "spawn",
+        "--parent",
+        &lead.to_string(),
+        "--name",
+        "worker",
+        "--role",
+        "worker",
+        "--runtime",
+        "echo",
+        "--restart",
+        "permanent",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap();
+    let scratch = spawn(&a, lead, "scratch", "worker");
+    wait_for_ps(&b, "the tree on a", |all| {
+        [lead, worker, scratch]
+            .iter()
+            .all(|pid| all.get(pid).is_some_and(|(_, node)| node == "a"))
+    });
+
+    let payloads: Vec<String> = (0..SENT).map(|i| format!("memo-{i:03}")).collect();
+    for payload in &payloads {
+        let id = b.cli(&["send", &lead.to_string(), payload]);
+        assert!(
+            id.trim().parse::<u64>().is_ok(),
+            "{payload}: {id}\n{}",
+            b.log()
+        );
+    }
+    assert!(llm.request_count() < SENT, "a took every message first");
+    // A task queued behind them, asked through b: in flight when a dies.
+    let task = b
+        .command(&["exec", &lead.to_string(), "summarize the memos"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // Its requester is told the node was lost, not left to its timeout.
+    let told = task.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&told.stderr);
+    assert!(
+        !told.status.success() && said.contains("node_lost"),
+        "{said}"
+    );
+
+    let delivered = |inputs: &[String], payload: &str| {
+        inputs
+            .iter()
+            .filter(|input| input.ends_with(payload))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        let reached = payloads
+            .iter()
+            .filter(|payload| delivered(&inputs, payload) > 0)
+            .count();
+        if reached == SENT {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{reached} of {SENT} delivered: {inputs:?}\n{}\n{}\n{}",
+            a.log(),
+            b.log(),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    for payload in &payloads {
+        let times = delivered(&inputs, payload);
+        assert_eq!(times, 1, "{payload} delivered {times} times: {inputs:?}");
+    }
+
+    // Both permanent processes on one live node, as the PIDs they had; the
+    // temporary one gone, reported exited by the node that took the tree.
+    let now = everyone(&b);
+    let (lead_node, worker_node) = (&now[&lead].1, &now[&worker].1);
+    assert!(lead_node == "b" || lead_node == "c", "{now:?}");
+    assert_eq!(lead_node, worker_node, "{now:?}");
+    assert_eq!(now[&lead].0, "lead");
+    assert!(!now.contains_key(&scratch), "{now:?}");
+    let taker = if lead_node == "b" { &b } else { &c };
+    assert!(
+        taker
+            .log()
+            .contains("processes taken over from a node that is gone"),
+        "{}",
+        taker.log()
+    );
+    let text = taker.cli(&["events", "--json", "--type", "exited"]);
+    assert!(
+        text.lines()
+            .any(|line| line.contains(&format!("\"pid\":{scratch}")) && line.contains("node_lost")),
+        "{text}"
+    );
+    // The moved child still answers, on its new node.
+    assert!(
+        b.cli(&["exec", &worker.to_string(), "still here"])
+            .contains("still here")
+    );
+
+    // a, started again from its store, leaves the tree where it runs.
+    let a = start("a");
+    wait_for_nodes(&b, &["a", "b", "c"], Duration::from_secs(15));
+    std::thread::sleep(Duration::from_millis(500));
+    let now = everyone(&b);
+    assert_eq!(&now[&lead].1, lead_node, "{now:?}\n{}", a.log());
+    assert_eq!(&now[&worker].1, lead_node, "{now:?}");
+    assert!(a.log().contains("process not brought back"), "{}", a.log());
+}

@@ -467,6 +467,17 @@ impl Directory {
             .await;
     }
 
+    /// The listings of `node`'s epoch `epoch`, as the mirror holds them.
+    pub(super) fn listings_of(&self, node: &str, epoch: u64) -> Vec<(Pid, Listing)> {
+        self.mirror
+            .read()
+            .by_pid
+            .iter()
+            .filter(|(_, m)| m.listing.node == node && m.listing.epoch == epoch)
+            .map(|(pid, m)| (*pid, m.listing.clone()))
+            .collect()
+    }
+
     /// Removes the listings of `node`'s epoch `epoch` (a node declared
     /// lost), each unless it changed meanwhile.
     pub(super) async fn purge(&self, node: &str, epoch: u64) {

@@ -34,6 +34,12 @@ pub enum Op {
         /// when serialized).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         command: Option<Command>,
+        /// The node the spawn named, if it named one (kept with its spec).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        /// The labels the spawn asked of its node.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        labels: std::collections::BTreeMap<String, String>,
     },
     /// A kill of a process the node holds, with its subtree, by an
     /// operator or an ancestor the asking node checked; answers the PIDs
@@ -99,8 +105,12 @@ pub struct Command {
 }
 
 impl Op {
-    /// A spawn as it travels, its `exec` command beside it.
-    pub fn spawn(mut request: SpawnRequest) -> Op {
+    /// A spawn as it travels, its `exec` command and its placement beside it.
+    pub fn spawn(
+        mut request: SpawnRequest,
+        node: Option<String>,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Op {
         let command = request.exec.take().map(|exec| Command {
             argv: exec.argv,
             env: exec.env,
@@ -109,6 +119,8 @@ impl Op {
         Op::Spawn {
             request: Box::new(request),
             command,
+            node,
+            labels,
         }
     }
 }

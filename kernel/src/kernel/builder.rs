@@ -289,6 +289,7 @@ impl KernelBuilder {
         // After the cron's start, which would otherwise replace the entries
         // of an agent taken over meanwhile.
         kernel.keep_declared(agents);
+        kernel.keep_moving();
         Ok(Started {
             kernel,
             agents: pids,

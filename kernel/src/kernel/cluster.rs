@@ -238,6 +238,7 @@ impl Kernel {
             .map(|(pid, _)| pid)
             .collect();
         cluster.start_directory(read, now);
+        self.fail_unanswered(&cluster);
         let Some(requests) = cluster.requests() else {
             return;
         };
@@ -299,6 +300,54 @@ impl Kernel {
         });
     }
 
+    /// Reports failed, once, every `delegate_async` request sent to a
+    /// node that leaves the view before answering, until shutdown.
+    fn fail_unanswered(&self, cluster: &Arc<Cluster>) {
+        let mut departures = cluster.departures();
+        let (weak, cluster) = (self.downgrade(), cluster.clone());
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
+            loop {
+                let gone = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    gone = departures.recv() => gone,
+                };
+                let left = match &gone {
+                    Ok((node, epoch)) => cluster.unanswered_of(Some((node, *epoch))),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        cluster.unanswered_of(None)
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let Some(inner) = weak.upgrade() else { return };
+                let kernel = Kernel { inner };
+                for (request_id, node, away) in left {
+                    let error = format!(
+                        "node_lost: node {node} left the cluster (lost, or stopped) before \
+                         process {} answered",
+                        away.to
+                    );
+                    kernel.inner.events().emit(
+                        away.to,
+                        crate::events::EventKind::TaskFinished {
+                            request_id,
+                            from: away.requester,
+                            success: false,
+                            duration_ms: 0,
+                            error: Some(Arc::from(error.as_str())),
+                        },
+                    );
+                    kernel.deliver_reply(
+                        away.to,
+                        request_id,
+                        ReplyTo::Mailbox(away.requester),
+                        Err(error),
+                    );
+                }
+            }
+        });
+    }
+
     /// What this node answers another's request. An operation a node
     /// forwards was asked of it by an operator whose rights it checked;
     /// whoever can publish on the nodes' subjects is trusted as a node,
@@ -318,6 +367,15 @@ impl Kernel {
                 ),
             ));
         }
+        // An answer to a delegated request is taken once, whatever becomes
+        // of its receiver.
+        let fresh = match &request.op {
+            Op::Post {
+                done: Some(request_id),
+                ..
+            } => cluster.answered(*request_id),
+            _ => false,
+        };
         match request.op {
             Op::Get { pids } if pids.len() > rpc::MAX_GET => refused(Refusal::new(
                 ErrorKind::InvalidArgument,
@@ -335,9 +393,16 @@ impl Kernel {
             {
                 held::<()>(Err(KernelError::NotFound(request.parent)))
             }
-            Op::Spawn { request, command } => {
+            Op::Spawn {
+                request,
+                command,
+                node,
+                labels,
+            } => {
                 let request = rpc::spawned(request, command);
-                held(self.spawn(Caller::Admin, request).await)
+                let placement = super::Placement { node, labels };
+                let placed = placement.is_any().then_some(&placement);
+                held(self.spawn_at(Caller::Admin, request, placed).await)
             }
             Op::Kill { pid, .. }
             | Op::Restart { pid, .. }
@@ -398,7 +463,14 @@ impl Kernel {
             }
             Op::Post { message, done } => {
                 match done {
-                    Some(request_id) => self.answer_requester(message, request_id),
+                    Some(request_id) if fresh => {
+                        self.answer_requester(message, request_id);
+                    }
+                    // Its requester was told it failed (its node was lost
+                    // meanwhile, or this node started again).
+                    Some(request_id) => {
+                        tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
+                    }
                     None => self.deliver_system_here(message),
                 }
                 held(Ok(()))
@@ -598,12 +670,20 @@ impl Kernel {
             .route
             .copy_to
             .map(|parent| (parent, task.description.clone()));
+        // Waited for before it goes: the answer may come before the
+        // forward's own.
+        if let Some(cluster) = self.inner.cluster() {
+            cluster.expect_answer(request_id, &remote.node, requester, task.to);
+        }
         let op = Op::Delegate {
             task,
             from: requester,
             request_id,
         };
         if let Err(err) = self.forward::<()>(&remote.node, op, FORWARDED_SEND).await {
+            if let Some(cluster) = self.inner.cluster() {
+                cluster.answered(request_id);
+            }
             if durable {
                 store.submit(Write::RequestDone(request_id));
             }

@@ -163,6 +163,7 @@ impl Inner {
             caps: Capabilities::ALL,
             restored: false,
             mail_in_cluster: false,
+            spec_in_cluster: false,
             approvals: None,
             skill_dirs: None,
         });

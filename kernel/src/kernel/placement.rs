@@ -80,12 +80,13 @@ impl Kernel {
         request: SpawnRequest,
         placement: &Placement,
     ) -> Result<Pid> {
+        let placed = placement.is_any().then_some(placement);
         match self.placed_on(caller, &request, placement).await? {
             Some(node) => {
-                self.forward(&node, Op::spawn(request), FORWARDED_SPAWN)
-                    .await
+                let op = Op::spawn(request, placement.node.clone(), placement.labels.clone());
+                self.forward(&node, op, FORWARDED_SPAWN).await
             }
-            None => self.spawn(caller, request).await,
+            None => self.spawn_at(caller, request, placed).await,
         }
     }
 

@@ -21,6 +21,9 @@ use hivekernel_agents::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use futures::StreamExt;
+
+use crate::cluster::SpecKey;
 use crate::events::{EventKind, ReapCause, unix_ms};
 use crate::inbox::InboxRequest;
 use crate::kernel::mail::Kept;
@@ -30,6 +33,9 @@ use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
 use crate::store::{BucketKind, Recovered, StoredInbox, StoredProcess, StoredUsage, Write};
 use crate::trace::Origin;
+
+/// Roots whose keys a restarted node takes back at once.
+const RECLAIMS_AT_ONCE: usize = 32;
 
 /// Why processes that did not come back are dead.
 pub const KERNEL_RESTART: &str = "kernel restart";
@@ -80,7 +86,28 @@ impl Kernel {
         let mut back = 0;
         let mut failed = HashMap::new();
         let restore_temporary = self.inner.settings().restore_temporary;
-        for process in processes {
+        let cluster = self.inner.cluster();
+        // On a node of a cluster a tree is this node's while its root's
+        // key says so (another node may have taken it over): every root's
+        // key is taken back at once, before the first spawn.
+        let mut reclaimed: HashMap<Pid, std::result::Result<bool, String>> = HashMap::new();
+        if let Some(cluster) = cluster {
+            let roots: Vec<Pid> = processes
+                .iter()
+                .filter(|p| p.ppid == Pid::KERNEL && p.pid != Pid::KERNEL && p.spec.is_some())
+                .map(|p| p.pid)
+                .collect();
+            let cluster = cluster.clone();
+            reclaimed = futures::stream::iter(roots)
+                .map(move |pid| {
+                    let cluster = cluster.clone();
+                    async move { (pid, reclaim(&cluster, pid).await) }
+                })
+                .buffer_unordered(RECLAIMS_AT_ONCE)
+                .collect()
+                .await;
+        }
+        for process in in_tree_order(processes) {
             let pid = process.pid;
             if pid == Pid::KERNEL || self.inner.table().read().get(pid).is_some() {
                 continue;
@@ -108,11 +135,41 @@ impl Kernel {
                 );
                 continue;
             }
+            // Whether its key names this node's new epoch already.
+            let claimed = match reclaimed.remove(&pid) {
+                Some(Err(why)) => {
+                    tracing::info!(%pid, name = %process.name, why, "process not brought back");
+                    failed.insert(pid, why);
+                    continue;
+                }
+                Some(Ok(claimed)) => claimed,
+                None => false,
+            };
+            let letters = self.letters_for(cluster.map(|_| pid)).await;
             match self
                 .spawn_as(Caller::Admin, request, Birth::Restored(pid))
                 .await
             {
-                Ok(_) => back += 1,
+                Ok(_) => {
+                    back += 1;
+                    self.deliver_letters(letters);
+                    let moves = self
+                        .inner
+                        .table()
+                        .read()
+                        .get(pid)
+                        .is_some_and(|entry| entry.proc.spec_in_cluster);
+                    if let Some(cluster) = cluster
+                        && moves
+                        && !claimed
+                    {
+                        let kept =
+                            cluster.spec_here(process.ppid, None, BTreeMap::new(), spec.clone());
+                        if let Err(err) = cluster.keep_spec(pid, &kept).await {
+                            tracing::warn!(%pid, error = %err, "cluster: spec of a process brought back not kept");
+                        }
+                    }
+                }
                 Err(err) => {
                     tracing::warn!(%pid, name = %process.name, error = %err, "process did not come back after the restart");
                     failed.insert(pid, err.to_string());
@@ -227,27 +284,7 @@ impl Kernel {
                 },
             ));
             if alive.contains(&process.ppid) {
-                let record = ExitRecord {
-                    pid: process.pid,
-                    ppid: process.ppid,
-                    name: process.name.clone(),
-                    exit_code: EXIT_KILLED,
-                    output: String::new(),
-                    reason: reason.to_string(),
-                    exited_at_unix_ms: now,
-                };
-                let notice = Message {
-                    id: MessageId(self.next_id()),
-                    from: Pid::KERNEL,
-                    to: process.ppid,
-                    kind: kinds::CHILD_EXITED.to_owned(),
-                    payload: serde_json::to_string(&record).unwrap_or_default(),
-                    priority: Priority::High,
-                    request_id: None,
-                    via: None,
-                    trace: None,
-                };
-                self.deliver_system(process.ppid, notice);
+                self.tell_parent(process.pid, process.ppid, &process.name, &reason, now);
             }
         }
         // Zombies nobody collected before the restart are gone with it.
@@ -323,6 +360,56 @@ impl Kernel {
 }
 
 impl Kernel {
+    /// Tells live parent `ppid` that its child `pid` (`name`) ended for
+    /// `reason` while its kernel was away (`child_exited`, exit code 137).
+    fn tell_parent(&self, pid: Pid, ppid: Pid, name: &str, reason: &str, now: u64) {
+        let record = ExitRecord {
+            pid,
+            ppid,
+            name: name.to_owned(),
+            exit_code: EXIT_KILLED,
+            output: String::new(),
+            reason: reason.to_owned(),
+            exited_at_unix_ms: now,
+        };
+        let notice = Message {
+            id: MessageId(self.next_id()),
+            from: Pid::KERNEL,
+            to: ppid,
+            kind: kinds::CHILD_EXITED.to_owned(),
+            payload: serde_json::to_string(&record).unwrap_or_default(),
+            priority: Priority::High,
+            request_id: None,
+            via: None,
+            trace: None,
+        };
+        self.deliver_system(ppid, notice);
+    }
+
+    /// Reports that `pid` (`name`, a child of `ppid`), which lived on a
+    /// node now lost, ended for `reason` (an `exited` event here; its
+    /// parent told when it lives here).
+    pub(super) fn report_ended(&self, pid: Pid, ppid: Pid, name: &str, reason: &str, now: u64) {
+        self.inner.events().emit(
+            pid,
+            EventKind::Exited {
+                ppid,
+                name: name.into(),
+                exit_code: EXIT_KILLED,
+                reason: reason.into(),
+            },
+        );
+        let parent_here = self
+            .inner
+            .table()
+            .read()
+            .get(ppid)
+            .is_some_and(|entry| entry.is_alive());
+        if ppid != Pid::KERNEL && parent_here {
+            self.tell_parent(pid, ppid, name, reason, now);
+        }
+    }
+
     /// Files again the inbox requests pending before the restart and
     /// resumes the turns that waited for them; a request whose process or
     /// turn did not come back is withdrawn. Answers the `delegate_async`
@@ -387,6 +474,67 @@ impl Kernel {
             }
         }
         answering
+    }
+}
+
+/// `processes` with every parent before its children (a process that
+/// moved here from another node keeps its PID, so PIDs do not say).
+fn in_tree_order(processes: &[StoredProcess]) -> Vec<&StoredProcess> {
+    let parent: HashMap<Pid, Pid> = processes.iter().map(|p| (p.pid, p.ppid)).collect();
+    let depth = |pid: Pid| {
+        let (mut at, mut depth) = (pid, 0usize);
+        while let Some(up) = parent.get(&at) {
+            depth += 1;
+            if depth > parent.len() {
+                break;
+            }
+            at = *up;
+        }
+        depth
+    };
+    let mut ordered: Vec<(usize, &StoredProcess)> =
+        processes.iter().map(|p| (depth(p.pid), p)).collect();
+    ordered.sort_by_key(|(depth, p)| (*depth, p.pid));
+    ordered.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Takes root `pid` back for this node after its restart: its key in
+/// `hk_specs` names this node (an earlier epoch) and this node wins it, or
+/// it has none (spawned before this node joined a cluster, or its write
+/// failed: it is this node's, and moves from now on). True when its key
+/// names this node's epoch now; why not, when it does not come back.
+async fn reclaim(cluster: &crate::cluster::Cluster, pid: Pid) -> Result<bool, String> {
+    let mut tries = 0;
+    let key = loop {
+        match cluster.spec_key(pid).await {
+            Ok(key) => break key,
+            Err(err) if tries >= 2 => {
+                tracing::error!(%pid, error = %err, "cluster: whether a process runs elsewhere could not be read");
+                return Err(format!("the cluster could not be asked: {err}"));
+            }
+            Err(_) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    match key {
+        SpecKey::Kept(kept, revision) if kept.node == cluster.node() => {
+            match cluster.claim_spec(pid, &kept, revision).await {
+                Ok(true) => Ok(true),
+                Ok(false) => Err("another node took it over as this node started".to_owned()),
+                Err(err) => Err(format!("the cluster could not be asked: {err}")),
+            }
+        }
+        SpecKey::Kept(kept, _) => Err(format!(
+            "it runs on node {} now (taken over while this node was gone)",
+            kept.node
+        )),
+        SpecKey::Removed => {
+            Err("it ended on the node that took it over while this node was gone".to_owned())
+        }
+        // Written once it runs: a restored process's spawn writes none.
+        SpecKey::Never => Ok(false),
     }
 }
 
@@ -467,7 +615,7 @@ pub(super) fn spec_json(request: &SpawnRequest) -> String {
 
 /// A kept spawn request, read back; its parent must be the one the store
 /// recorded.
-fn read_spec(json: &str, ppid: Pid) -> std::result::Result<SpawnRequest, String> {
+pub(super) fn read_spec(json: &str, ppid: Pid) -> std::result::Result<SpawnRequest, String> {
     let spec: Spec = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let mut request = spec.request;
     if request.parent != ppid {
@@ -510,6 +658,26 @@ mod tests {
         assert_eq!(back.exec, request.exec);
         assert_eq!(back.workspace, request.workspace);
         assert_eq!(back.skills, request.skills);
+    }
+
+    #[test]
+    fn stored_processes_come_back_parents_first_whatever_their_pids() {
+        let stored = |pid: u64, ppid: u64| StoredProcess {
+            pid: Pid(pid),
+            ppid: Pid(ppid),
+            name: format!("p{pid}"),
+            role: "worker".into(),
+            spec: Some(String::new()),
+        };
+        // 3000 moved here from another node, then spawned 1100.
+        let processes = vec![
+            stored(1101, 1100),
+            stored(1100, 3000),
+            stored(3000, 1),
+            stored(5, 1),
+        ];
+        let order: Vec<u64> = in_tree_order(&processes).iter().map(|p| p.pid.0).collect();
+        assert_eq!(order, vec![5, 3000, 1100, 1101]);
     }
 
     #[test]

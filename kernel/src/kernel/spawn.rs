@@ -4,8 +4,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 use hivekernel_agents::{
-    ApprovalRule, Capability, Limits, Pid, ProcessContext, RestartSpec, Role, Runtime,
-    SpawnRequest, Strategy, Workspace, check_name,
+    ApprovalRule, Capability, Limits, Pid, ProcessContext, RestartPolicy, RestartSpec, Role,
+    Runtime, SpawnRequest, Strategy, Workspace, check_name,
 };
 
 use crate::budget::Pool;
@@ -13,6 +13,7 @@ use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::acl::ChildGrant;
+use crate::kernel::placement::Placement;
 use crate::kernel::restore::spec_json;
 use crate::kernel::syscalls::KernelSyscalls;
 use crate::kernel::{Caller, Kernel};
@@ -39,10 +40,24 @@ impl Kernel {
     /// With a store, it answers once the child's spawn request is committed,
     /// so a child whose PID was answered comes back after a crash.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        self.spawn_at(caller, request, None).await
+    }
+
+    /// [`Kernel::spawn`] here, for a spawn `placement` placed on this node
+    /// (kept with its spec, so that a move after a node loss honours it).
+    pub(crate) async fn spawn_at(
+        &self,
+        caller: Caller,
+        request: SpawnRequest,
+        placement: Option<&Placement>,
+    ) -> Result<Pid> {
         let birth = Birth::New { acknowledged: true };
         match self.inner.traces() {
-            None => self.spawn_as(caller, request, birth).await,
-            Some(_) => Box::pin(self.spawn_traced(caller, request, birth)).await,
+            None => {
+                self.spawn_placed_as(caller, request, birth, placement)
+                    .await
+            }
+            Some(_) => Box::pin(self.spawn_traced(caller, request, birth, placement)).await,
         }
     }
 
@@ -56,7 +71,7 @@ impl Kernel {
         };
         match self.inner.traces() {
             None => self.spawn_as(caller, request, birth).await,
-            Some(_) => Box::pin(self.spawn_traced(caller, request, birth)).await,
+            Some(_) => Box::pin(self.spawn_traced(caller, request, birth, None)).await,
         }
     }
 
@@ -69,12 +84,17 @@ impl Kernel {
         caller: Caller,
         request: SpawnRequest,
         birth: Birth,
+        placement: Option<&Placement>,
     ) -> Result<Pid> {
         let Some(traces) = self.inner.traces() else {
-            return self.spawn_as(caller, request, birth).await;
+            return self
+                .spawn_placed_as(caller, request, birth, placement)
+                .await;
         };
         let mut span = traces.create_agent(crate::trace::current(), &request);
-        let spawned = self.spawn_as(caller, request, birth).await;
+        let spawned = self
+            .spawn_placed_as(caller, request, birth, placement)
+            .await;
         crate::otel::Traces::created(&mut span, &spawned);
         spawned
     }
@@ -83,8 +103,19 @@ impl Kernel {
     pub(crate) async fn spawn_as(
         &self,
         caller: Caller,
+        request: SpawnRequest,
+        birth: Birth,
+    ) -> Result<Pid> {
+        self.spawn_placed_as(caller, request, birth, None).await
+    }
+
+    /// [`Kernel::spawn_as`], for a spawn `placement` put on this node.
+    async fn spawn_placed_as(
+        &self,
+        caller: Caller,
         mut request: SpawnRequest,
         birth: Birth,
+        placement: Option<&Placement>,
     ) -> Result<Pid> {
         self.check_running()?;
         validate_name(&request.name)?;
@@ -118,16 +149,30 @@ impl Kernel {
         {
             request.model = default.clone();
         }
+        let supervision = self.supervision_for(&request)?;
+        // On a node of a cluster, a process its supervisor would start
+        // again (not `temporary`) may move after a loss: its spec and
+        // mail are the cluster's (a spawned one only under a parent that
+        // moves too: `admit` decides).
+        let may_move = self.inner.cluster().is_some()
+            && match birth {
+                Birth::Declared(_) | Birth::Replaced(_) => true,
+                Birth::New { .. } | Birth::Restored(_) => {
+                    supervision.0.policy != RestartPolicy::Temporary
+                }
+            };
+        let kept_in_cluster = may_move && matches!(birth, Birth::New { .. });
         // Kept before the request is taken apart; only by a kernel that keeps it.
         let spec = match birth {
-            Birth::New { .. } if self.inner.store().is_durable() => Some(spec_json(&request)),
+            Birth::New { .. } if self.inner.store().is_durable() || kept_in_cluster => {
+                Some(spec_json(&request))
+            }
             _ => None,
         };
         let (runtime_name, maker) = self
             .inner
             .runtimes()
             .maker(requested, request.exec.take())?;
-        let supervision = self.supervision_for(&request)?;
         // A node of a cluster takes a new PID from its cluster-wide blocks
         // (waiting only when a burst used them up).
         let assigned = match (self.inner.cluster(), &birth) {
@@ -144,10 +189,12 @@ impl Kernel {
             supervision,
             birth,
             assigned,
+            may_move,
         };
         let parent = request.parent;
         let admitted = self.admit(caller, request, admitted);
-        let (pid, launch) = self.report_denial(Caller::Process(parent), "spawn", admitted)?;
+        let (pid, launch, spec_in_cluster) =
+            self.report_denial(Caller::Process(parent), "spawn", admitted)?;
         // In memory there is nothing to wait for, and spawn is a hot path.
         if self.inner.store().is_durable()
             && assigned.is_none()
@@ -155,13 +202,29 @@ impl Kernel {
         {
             tracing::error!(%pid, error = %err, "store: PID reservation not committed");
         }
-        if let Some(spec) = spec {
+        let in_cluster = match (&spec, self.inner.cluster()) {
+            (Some(spec), Some(cluster)) if kept_in_cluster && spec_in_cluster => {
+                let placement = placement.cloned().unwrap_or_default();
+                Some((
+                    cluster,
+                    cluster.spec_here(parent, placement.node, placement.labels, spec.clone()),
+                ))
+            }
+            _ => None,
+        };
+        if let Some(spec) = spec.filter(|_| self.inner.store().is_durable()) {
             let kept = self.inner.store().commit(Write::Spec { pid, spec });
             if matches!(birth, Birth::New { acknowledged: true })
                 && let Err(err) = kept.await
             {
                 tracing::error!(%pid, error = %err, "store: spawn request not committed");
             }
+        }
+        // Where the node that takes the process over after a loss finds it.
+        if let Some((cluster, kept)) = in_cluster
+            && let Err(err) = cluster.keep_spec(pid, &kept).await
+        {
+            tracing::error!(%pid, error = %err, "cluster: spawn spec not kept; the process does not move if its node is lost");
         }
         // A node of a cluster answers once every node can find the child.
         if let Some(cluster) = self.inner.cluster()
@@ -185,13 +248,14 @@ impl Kernel {
         caller: Caller,
         request: SpawnRequest,
         admitted: Admitted<'_>,
-    ) -> Result<(Pid, Option<Launch>)> {
+    ) -> Result<(Pid, Option<Launch>, bool)> {
         let Admitted {
             runtime_name,
             maker,
             supervision: (restart, strategy),
             birth,
             assigned,
+            may_move,
         } = admitted;
         let parent = request.parent;
         let mut table = self.inner.table().write();
@@ -253,6 +317,13 @@ impl Kernel {
                 parent: pctx.tier.as_str(),
             });
         }
+        // A spawned process moves with its tree: under PID 1, or under a
+        // parent that moves (a config agent's children do not follow it).
+        let spec_in_cluster = may_move
+            && matches!(birth, Birth::New { .. } | Birth::Restored(_))
+            && (parent == Pid::KERNEL || parent_entry.proc.spec_in_cluster);
+        let moves = may_move
+            && (spec_in_cluster || !matches!(birth, Birth::New { .. } | Birth::Restored(_)));
         let depth = parent_entry.depth + 1;
         let kernel_max_depth = self.inner.settings().max_depth;
         if depth > kernel_max_depth {
@@ -366,8 +437,8 @@ impl Kernel {
             budget,
             caps,
             restored: matches!(birth, Birth::Restored(_) | Birth::Declared(Some(_))),
-            mail_in_cluster: self.inner.cluster().is_some()
-                && matches!(birth, Birth::Declared(_) | Birth::Replaced(_)),
+            mail_in_cluster: moves,
+            spec_in_cluster,
             approvals,
             skill_dirs,
         }));
@@ -398,7 +469,7 @@ impl Kernel {
         );
         drop(table);
         self.inner.events().emit_at(pid, event, now);
-        Ok((pid, launch))
+        Ok((pid, launch, spec_in_cluster))
     }
 }
 
@@ -426,6 +497,8 @@ struct Admitted<'f> {
     birth: Birth,
     /// The PID a cluster node took for a new process beforehand.
     assigned: Option<Pid>,
+    /// It may move to another node after a loss, if its parent does.
+    may_move: bool,
 }
 
 /// `value` shared instead of copied where it can be: the parent's when the

@@ -75,8 +75,14 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
         Some((pid, asker)) => Some(sends(nodes[asker].client.clone(), pid, window).await),
         None => None,
     };
-    let spawns = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window).await;
-    let recovery = recovery(&mut nodes).await;
+    let spawns = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window, None).await;
+    let permanent = Some(pb::RestartSpec {
+        policy: pb::RestartPolicy::Permanent as i32,
+        backoff_ms: vec![BACKOFF_MS, 1000],
+        ..Default::default()
+    });
+    let spawns_kept = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window, permanent).await;
+    let (recovery, moved) = recovery(&mut nodes).await;
 
     let asked = format!("{asks} sequential calls through node a");
     let mut rows = vec![
@@ -150,14 +156,28 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             )),
         );
     }
-    rows.extend([Row::new(
-        "cluster",
-        format!("cluster: Spawn, {SPAWNERS} clients on each of 3 nodes"),
-        Unit::PerSec,
-        spawns,
-        None,
-    )
-    .note("each spawn answered once every node can find it")]);
+    rows.extend([
+        Row::new(
+            "cluster",
+            format!("cluster: Spawn, {SPAWNERS} clients on each of 3 nodes"),
+            Unit::PerSec,
+            spawns,
+            None,
+        )
+        .note("temporary processes; each spawn answered once every node can find it"),
+        Row::new(
+            "cluster",
+            format!("cluster: Spawn of permanent processes, {SPAWNERS} clients on each of 3 nodes"),
+            Unit::PerSec,
+            spawns_kept,
+            None,
+        )
+        .note(format!(
+            "each spec kept in hk_specs (a quorum write) before the spawn answers; {:.2}x the \
+             rate of temporary ones",
+            spawns_kept / spawns
+        )),
+    ]);
     if let Some(recovery) = recovery {
         rows.push(
             Row::new(
@@ -174,6 +194,22 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             .note(format!(
                 "one run; TTL {TTL_MS} ms, heartbeat {HEARTBEAT_MS} ms, backoff {BACKOFF_MS} ms"
             )),
+        );
+    }
+    if let Some(moved) = moved {
+        rows.push(
+            Row::new(
+                "cluster",
+                "cluster: kill -9 of a node to its permanent spawned process answering elsewhere",
+                Unit::Nanos,
+                moved,
+                None,
+            )
+            .target(Target::at_most(
+                (TTL_MS + BACKOFF_MS + 1_000) as f64 * 1e6,
+                Unit::Nanos,
+            ))
+            .note("the same kill; its tree started again from hk_specs by a node that judged the loss"),
         );
     }
     drop(nodes);
@@ -340,19 +376,25 @@ async fn sends(client: KernelRpc, pid: u64, window: Duration) -> f64 {
 
 /// Spawns per second, cluster-wide, from [`SPAWNERS`] client tasks on each
 /// node, each node's under a parent of its own, for `window` or `most`
-/// spawns per node.
-async fn spawn_everywhere(nodes: &[Node], most: usize, window: Duration) -> f64 {
+/// spawns per node, each with `restart` as its restart spec.
+async fn spawn_everywhere(
+    nodes: &[Node],
+    most: usize,
+    window: Duration,
+    restart: Option<pb::RestartSpec>,
+) -> f64 {
     let spawned = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let start = Instant::now();
     let deadline = start + window;
     for (n, node) in nodes.iter().enumerate() {
         let mut client = node.client.clone();
-        let name = format!("spawner-{n}");
+        let name = format!("spawner-{n}-{}", restart.is_some());
         let parent = spawn_echo(&mut client, &name, pb::Role::Lead, 100_000).await;
         let left = Arc::new(AtomicU64::new(most.max(SPAWNERS) as u64));
         for t in 0..SPAWNERS {
             let (mut client, spawned, left) = (client.clone(), spawned.clone(), left.clone());
+            let restart = restart.clone();
             tasks.push(tokio::spawn(async move {
                 let mut seq = 0;
                 while Instant::now() < deadline
@@ -365,6 +407,7 @@ async fn spawn_everywhere(nodes: &[Node], most: usize, window: Duration) -> f64 
                             parent,
                             name: format!("w{t}-{seq}"),
                             runtime: "echo".to_owned(),
+                            restart: restart.clone(),
                             ..Default::default()
                         })
                         .await
@@ -397,9 +440,10 @@ async fn keeper_from_afar(nodes: &[Node]) -> Option<(u64, usize)> {
 }
 
 /// `kill -9` of the node running the permanent config agent `keeper`, to
-/// the agent answering an `execute_task` through another node; `None` when
-/// it did not answer within a minute.
-async fn recovery(nodes: &mut [Node]) -> Option<f64> {
+/// the agent, and to a permanent process spawned on that node, answering
+/// an `execute_task` through another node; `None` for one that did not
+/// answer within a minute.
+async fn recovery(nodes: &mut [Node]) -> (Option<f64>, Option<f64>) {
     let mut client = nodes[0].client.clone();
     let keeper = client
         .find_process(pb::FindProcessRequest {
@@ -408,16 +452,47 @@ async fn recovery(nodes: &mut [Node]) -> Option<f64> {
         .await
         .expect("find the config agent")
         .into_inner();
-    let holder = NAMES.iter().position(|name| *name == keeper.node)?;
-    let mut client = nodes[(holder + 1) % nodes.len()].client.clone();
+    let Some(holder) = NAMES.iter().position(|name| *name == keeper.node) else {
+        return (None, None);
+    };
+    let mover = nodes[holder]
+        .client
+        .clone()
+        .spawn(pb::SpawnRequest {
+            parent: 1,
+            name: "mover".to_owned(),
+            runtime: "echo".to_owned(),
+            restart: Some(pb::RestartSpec {
+                policy: pb::RestartPolicy::Permanent as i32,
+                backoff_ms: vec![BACKOFF_MS, 1000],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("spawn a permanent process")
+        .into_inner()
+        .pid;
+    let client = nodes[(holder + 1) % nodes.len()].client.clone();
     let binary = &mut nodes[holder].binary;
-    binary.child.kill().ok()?;
+    if binary.child.kill().is_err() {
+        return (None, None);
+    }
     let died = Instant::now();
     let _ = binary.child.wait();
+    tokio::join!(
+        answering(client.clone(), keeper.pid, died),
+        answering(client, mover, died)
+    )
+}
+
+/// Time from `died` to `pid` answering an `execute_task` through
+/// `client`; `None` after a minute.
+async fn answering(mut client: KernelRpc, pid: u64, died: Instant) -> Option<f64> {
     loop {
         let answered = client
             .execute_task(pb::ExecuteTaskRequest {
-                pid: keeper.pid,
+                pid,
                 description: "x".to_owned(),
                 timeout_ms: 1_000,
                 ..Default::default()

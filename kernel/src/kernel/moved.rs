@@ -1,0 +1,302 @@
+//! A lost node's spawned processes, started again here (docs/CLUSTER.md,
+//! "Losing a node"). A child lives on its parent's node, so a lost node's
+//! processes form trees under PID 1; each tree whose root may move (its
+//! spec is in `hk_specs`) is taken over whole by the node that wins its
+//! root's key, after the root's restart delay: every process of it comes
+//! back as the PID it had, parents first, with the messages kept for it
+//! in `HK_MAIL`. One that cannot come back is reported exited
+//! (`node_lost`), to its parent too when that came back.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use hivekernel_agents::Pid;
+
+use crate::cluster::{Cluster, KeptSpec, Listing, Loss};
+use crate::error::KernelError;
+use crate::events::unix_ms;
+use crate::kernel::restore::read_spec;
+use crate::kernel::spawn::Birth;
+use crate::kernel::{Caller, Kernel, Placement};
+use crate::store::Write;
+
+/// Why a lost node's processes exited.
+const NODE_LOST: &str = "node_lost";
+
+/// One tree of a lost node: its root (a child of PID 1) and every process
+/// under it the directory listed, the root first, parents before children.
+#[derive(Debug)]
+struct Tree {
+    root: Pid,
+    members: Vec<(Pid, Listing)>,
+}
+
+impl Kernel {
+    /// On a node of a cluster: takes over the trees of every node this
+    /// node judges lost, until the kernel begins to stop.
+    pub(super) fn keep_moving(&self) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let Some(mut losses) = cluster.losses() else {
+            return;
+        };
+        let kernel = self.clone();
+        let stopping = self.inner.stop_begun().clone();
+        let tracker = self.inner.tracker().clone();
+        self.inner.tracker().spawn(async move {
+            loop {
+                let loss = tokio::select! {
+                    () = stopping.cancelled() => return,
+                    loss = losses.recv() => match loss {
+                        Some(loss) => loss,
+                        None => return,
+                    },
+                };
+                for tree in trees(&loss) {
+                    let kernel = kernel.clone();
+                    let (node, epoch) = (loss.node.clone(), loss.epoch);
+                    tracker.spawn(async move { kernel.take_tree(&node, epoch, tree).await });
+                }
+            }
+        });
+    }
+
+    /// Starts `tree` of lost node `node` (epoch `epoch`) here if its root
+    /// may move here and this node wins its key.
+    async fn take_tree(&self, node: &str, epoch: u64, tree: Tree) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let root = tree.root;
+        let kept = match cluster.kept_spec(root).await {
+            Ok(Some((kept, _))) => kept,
+            // A config agent (the config keeps its spec), or one that
+            // does not move (temporary).
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(%root, lost = node, error = %err, "cluster: a lost node's process not taken over");
+                return;
+            }
+        };
+        // Taken over already, or its node started again and took it back.
+        if kept.node != node || kept.epoch != epoch {
+            return;
+        }
+        let placement = Placement {
+            node: kept.placed_on.clone(),
+            labels: kept.labels.clone(),
+        };
+        if !placement.admits_node(cluster.node(), cluster.labels()) {
+            tracing::warn!(%root, lost = node, wants = %placement.shown(), "cluster: a lost node's process is placed where this node is not; it waits for its node");
+            return;
+        }
+        let delay = read_spec(&kept.spec, kept.ppid)
+            .ok()
+            .and_then(|request| self.supervision_for(&request).ok())
+            .map_or(Duration::ZERO, |(restart, _)| {
+                Duration::from_millis(restart.backoff_ms.first().copied().unwrap_or(0))
+            });
+        // Its restart delay first, unclaimed: a node that stops meanwhile
+        // leaves the tree to the others.
+        tokio::select! {
+            () = self.inner.stop_begun().cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let (kept, revision) = match cluster.kept_spec(root).await {
+            Ok(Some((kept, revision))) if kept.node == node && kept.epoch == epoch => {
+                (kept, revision)
+            }
+            Ok(_) => return,
+            Err(err) => {
+                tracing::warn!(%root, lost = node, error = %err, "cluster: a lost node's process not taken over");
+                return;
+            }
+        };
+        match cluster.claim_spec(root, &kept, revision).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                tracing::debug!(%root, error = %err, "cluster: a lost node's process not claimed");
+                return;
+            }
+        }
+        let mut specs = HashMap::from([(root, (kept, None))]);
+        let (mut back, mut gone) = (0usize, Vec::new());
+        for (pid, listing) in tree.members {
+            if listing.exited {
+                // A zombie nobody collected: gone with its node.
+                if let Ok(Some((_, revision))) = cluster.kept_spec(pid).await {
+                    cluster.remove_spec(pid, revision).await;
+                }
+                continue;
+            }
+            let kept = match specs.remove(&pid) {
+                Some(found) => Ok(found),
+                None => match cluster.kept_spec(pid).await {
+                    Ok(Some((kept, revision))) => Ok((kept, Some(revision))),
+                    Ok(None) => Err("temporary: it does not move".to_owned()),
+                    Err(err) => Err(err.to_string()),
+                },
+            };
+            let came = match kept {
+                Ok((kept, revision)) => self.bring_back(cluster, pid, kept, revision).await,
+                Err(why) => Err(Some(why)),
+            };
+            match came {
+                Ok(()) => back += 1,
+                // Stopping: what is left keeps its key, this node's
+                // (the root) or the lost node's.
+                Err(None) => break,
+                Err(Some(why)) => gone.push((pid, listing, why)),
+            }
+        }
+        let now = unix_ms(SystemTime::now());
+        for (pid, listing, why) in &gone {
+            let reason = format!("{NODE_LOST}: node {node} was lost; did not come back: {why}");
+            self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
+        }
+        tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
+    }
+
+    /// Starts `pid` here as its `kept` spec says, with its waiting
+    /// messages, and keeps its spec as this node's. The root's key is this
+    /// node's already (`revision` is `None`); another's is rewritten. Why
+    /// it did not come back, or `None` when the kernel is stopping.
+    async fn bring_back(
+        &self,
+        cluster: &Cluster,
+        pid: Pid,
+        kept: KeptSpec,
+        revision: Option<u64>,
+    ) -> Result<(), Option<String>> {
+        let request = read_spec(&kept.spec, kept.ppid)
+            .map_err(|why| Some(format!("its kept spawn request is unreadable: {why}")))?;
+        let letters = self.letters_for(Some(pid)).await;
+        match self
+            .spawn_as(Caller::Admin, request, Birth::Restored(pid))
+            .await
+        {
+            Ok(_) => {
+                self.deliver_letters(letters);
+                // Kept here too, so a restart of this node brings it back.
+                if self.inner.store().is_durable() {
+                    self.inner.store().submit(Write::Spec {
+                        pid,
+                        spec: kept.spec.clone(),
+                    });
+                }
+                if revision.is_some() {
+                    let mine = KeptSpec {
+                        node: cluster.node().to_owned(),
+                        epoch: cluster.epoch(),
+                        ..kept
+                    };
+                    if let Err(err) = cluster.keep_spec(pid, &mine).await {
+                        tracing::warn!(%pid, error = %err, "cluster: a moved process's spec not rewritten");
+                    }
+                }
+                Ok(())
+            }
+            Err(KernelError::ShuttingDown) => Err(None),
+            Err(err) => {
+                match revision {
+                    Some(revision) => cluster.remove_spec(pid, revision).await,
+                    // The root's key is this node's now.
+                    None => {
+                        if let Ok(Some((_, revision))) = cluster.kept_spec(pid).await {
+                            cluster.remove_spec(pid, revision).await;
+                        }
+                    }
+                }
+                Err(Some(err.to_string()))
+            }
+        }
+    }
+}
+
+/// The trees of `loss`: each listed process under the root it descends
+/// from, parents before children. A process whose chain does not reach
+/// PID 1 through the lost node's listings belongs to no tree.
+fn trees(loss: &Loss) -> Vec<Tree> {
+    let by_pid: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
+    let mut trees: HashMap<Pid, Vec<(Pid, Listing)>> = HashMap::new();
+    for (pid, listing) in &loss.listings {
+        let (mut at, mut hops) = (*pid, 0);
+        let root = loop {
+            let Some(up) = by_pid.get(&at) else {
+                break None;
+            };
+            if up.ppid == Pid::KERNEL {
+                break Some(at);
+            }
+            at = up.ppid;
+            hops += 1;
+            if hops > by_pid.len() {
+                break None;
+            }
+        };
+        if let Some(root) = root {
+            trees.entry(root).or_default().push((*pid, listing.clone()));
+        }
+    }
+    let mut trees: Vec<Tree> = trees
+        .into_iter()
+        .map(|(root, mut members)| {
+            members.sort_by_key(|(pid, listing)| (listing.depth, *pid));
+            Tree { root, members }
+        })
+        .collect();
+    trees.sort_by_key(|tree| tree.root);
+    trees
+}
+
+#[cfg(test)]
+mod tests {
+    use hivekernel_agents::{Role, Tier};
+
+    use super::*;
+
+    fn listed(ppid: u64, depth: u32) -> Listing {
+        Listing {
+            node: "a".into(),
+            epoch: 1,
+            ppid: Pid(ppid),
+            name: "w".into(),
+            role: Role::Worker,
+            tier: Tier::Operational,
+            depth,
+            exited: false,
+            started_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_lost_node_s_processes_form_trees_under_their_roots_parents_first() {
+        // 3000 moved here before it spawned 1100: PIDs do not give the order.
+        let loss = Loss {
+            node: "a".into(),
+            epoch: 1,
+            listings: vec![
+                (Pid(1101), listed(1100, 3)),
+                (Pid(1100), listed(3000, 2)),
+                (Pid(3000), listed(1, 1)),
+                (Pid(5), listed(1, 1)),
+                // Its parent is not the lost node's: no tree has it.
+                (Pid(7), listed(99, 2)),
+            ],
+        };
+        let trees = trees(&loss);
+        let shown: Vec<(Pid, Vec<Pid>)> = trees
+            .iter()
+            .map(|t| (t.root, t.members.iter().map(|(p, _)| *p).collect()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (Pid(5), vec![Pid(5)]),
+                (Pid(3000), vec![Pid(3000), Pid(1100), Pid(1101)]),
+            ]
+        );
+    }
+}
