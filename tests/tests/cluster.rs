@@ -1766,3 +1766,108 @@ fn spawned_processes_move_with_their_messages_when_their_node_dies() {
     assert_eq!(&now[&worker].1, lead_node, "{now:?}");
     assert!(a.log().contains("process not brought back"), "{}", a.log());
 }
+
+/// A lost node's tree placed by labels moves only to a node with them:
+/// here the one node that judges the loss (b, whose TTL is the shortest)
+/// lacks them, so it offers the tree to c, which has them, while it takes
+/// an unplaced tree itself.
+#[test]
+fn a_lost_tree_moves_only_to_a_node_its_placement_admits() {
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let settings = |gpu: bool, ttl_ms: u64| {
+        let labels = if gpu {
+            json!({ "gpu": "true" })
+        } else {
+            json!({})
+        };
+        config(Some(json!({
+            "servers": ["nats://127.0.0.1:1"],
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": ttl_ms,
+            "labels": labels
+        })))
+    };
+    let mut a = member(&bin, root.path(), &nats, "a", &settings(true, TTL_MS));
+    let b = member(&bin, root.path(), &nats, "b", &settings(false, TTL_MS));
+    // c judges a node only after 6 s: b has claimed the loss by then.
+    let c = member(&bin, root.path(), &nats, "c", &settings(true, 6_000));
+    wait_for_nodes(&b, &["a", "b", "c"], Duration::from_secs(10));
+
+    // c busier than a, so the placed spawn picks a.
+    for i in 0..3 {
+        b.cli(&[
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            &format!("filler{i}"),
+            "--runtime",
+            "echo",
+            "--node",
+            "c",
+        ]);
+    }
+    std::thread::sleep(Duration::from_millis(4 * HEARTBEAT_MS));
+    let permanent = |kernel: &Binary, name: &str, extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            name,
+            "--runtime",
+            "echo",
+            "--restart",
+            "permanent",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        kernel.json(&args)["pid"].as_u64().unwrap()
+    };
+    let placed = permanent(&b, "trainer", &["--where", "gpu=true"]);
+    let plain = permanent(&a, "plain", &[]);
+    let placed_child = spawn(&b, placed, "shard", "worker");
+    wait_for_ps(&b, "both roots on a", |all| {
+        [placed, plain, placed_child]
+            .iter()
+            .all(|pid| all.get(pid).is_some_and(|(_, node)| node == "a"))
+    });
+
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = everyone(&b);
+        let on = |pid: u64| now.get(&pid).map(|(_, node)| node.clone());
+        if on(placed).as_deref() == Some("c") && on(plain).as_deref() == Some("b") {
+            // The temporary child did not move with its root.
+            assert!(!now.contains_key(&placed_child), "{now:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{now:?}\n{}\n{}",
+            b.log(),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        b.log().contains("offered to a node its placement admits"),
+        "{}",
+        b.log()
+    );
+    assert!(
+        c.log()
+            .contains("processes taken over from a node that is gone"),
+        "{}",
+        c.log()
+    );
+    // It runs there: a task answers through b.
+    assert!(
+        b.cli(&["exec", &placed.to_string(), "hello"])
+            .contains("hello")
+    );
+}

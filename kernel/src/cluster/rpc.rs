@@ -81,6 +81,15 @@ pub enum Op {
         from: Pid,
         request_id: RequestId,
     },
+    /// A tree of lost node `lost` (epoch `epoch`), offered by a node that
+    /// judged the loss and whose name or labels the root's placement rules
+    /// out: its processes as the directory listed them, root first. The
+    /// node takes it over as its own judge would; answered at once.
+    Adopt {
+        lost: String,
+        epoch: u64,
+        members: Vec<(Pid, crate::cluster::Listing)>,
+    },
     /// A message the kernel made (a task's answer, a copy to a parent, a
     /// notice) for a process the node holds; the node gives it an id of
     /// its own. `done`: the `delegate_async` request it answers, which the

@@ -461,6 +461,11 @@ impl Kernel {
                 let queued = self.submit(from, task, reply, Some(Route::DIRECT));
                 held(queued.map(|_| ()))
             }
+            Op::Adopt {
+                lost,
+                epoch,
+                members,
+            } => held(self.adopt(lost, epoch, members)),
             Op::Post { message, done } => {
                 match done {
                     Some(request_id) if fresh => {

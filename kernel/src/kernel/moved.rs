@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::Pid;
 
+use crate::cluster::rpc::Op;
 use crate::cluster::{Cluster, KeptSpec, Listing, Loss};
 use crate::error::KernelError;
 use crate::events::unix_ms;
@@ -56,15 +57,48 @@ impl Kernel {
                 for tree in trees(&loss) {
                     let kernel = kernel.clone();
                     let (node, epoch) = (loss.node.clone(), loss.epoch);
-                    tracker.spawn(async move { kernel.take_tree(&node, epoch, tree).await });
+                    tracker.spawn(async move { kernel.take_tree(&node, epoch, tree, true).await });
                 }
             }
         });
     }
 
+    /// Takes over a tree of lost node `lost` that another node offers
+    /// this one (`Op::Adopt`), in the background.
+    pub(super) fn adopt(
+        &self,
+        lost: String,
+        epoch: u64,
+        members: Vec<(Pid, Listing)>,
+    ) -> crate::error::Result<()> {
+        let Some((root, listing)) = members.first() else {
+            return Err(KernelError::InvalidArgument(
+                "an adopted tree has no processes".into(),
+            ));
+        };
+        if listing.ppid != Pid::KERNEL {
+            return Err(KernelError::InvalidArgument(format!(
+                "an adopted tree's first process {root} is not a child of PID 1 (its parent \
+                 is {})",
+                listing.ppid
+            )));
+        }
+        let tree = Tree {
+            root: *root,
+            members,
+        };
+        let kernel = self.clone();
+        self.inner
+            .tracker()
+            .spawn(async move { kernel.take_tree(&lost, epoch, tree, false).await });
+        Ok(())
+    }
+
     /// Starts `tree` of lost node `node` (epoch `epoch`) here if its root
-    /// may move here and this node wins its key.
-    async fn take_tree(&self, node: &str, epoch: u64, tree: Tree) {
+    /// may move here and this node wins its key; one whose placement rules
+    /// this node out is offered to a live node it admits, when `may_offer`
+    /// (a judge of the loss, not a node it was offered to).
+    async fn take_tree(&self, node: &str, epoch: u64, tree: Tree, may_offer: bool) {
         let Some(cluster) = self.inner.cluster() else {
             return;
         };
@@ -88,7 +122,9 @@ impl Kernel {
             labels: kept.labels.clone(),
         };
         if !placement.admits_node(cluster.node(), cluster.labels()) {
-            tracing::warn!(%root, lost = node, wants = %placement.shown(), "cluster: a lost node's process is placed where this node is not; it waits for its node");
+            if may_offer {
+                self.offer(cluster, node, epoch, tree, &placement).await;
+            }
             return;
         }
         let delay = read_spec(&kept.spec, kept.ppid)
@@ -157,6 +193,43 @@ impl Kernel {
             self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
         }
         tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
+    }
+
+    /// Offers `tree` of lost node `node` to the live node with the fewest
+    /// processes of those `placement` admits; it waits for its own node
+    /// when there is none, or the offer fails.
+    async fn offer(
+        &self,
+        cluster: &Cluster,
+        node: &str,
+        epoch: u64,
+        tree: Tree,
+        placement: &Placement,
+    ) {
+        let root = tree.root;
+        let chosen = cluster
+            .nodes()
+            .into_iter()
+            .filter(|info| !info.this && info.record.node != node && placement.admits(info))
+            .min_by_key(|info| (info.record.load.processes, info.record.node.clone()));
+        let Some(chosen) = chosen else {
+            tracing::warn!(%root, lost = node, wants = %placement.shown(), "cluster: no live node may run a lost node's process; it waits for its node");
+            return;
+        };
+        let to = chosen.record.node;
+        let op = Op::Adopt {
+            lost: node.to_owned(),
+            epoch,
+            members: tree.members,
+        };
+        match cluster.call::<()>(&to, op).await {
+            Ok(()) => {
+                tracing::info!(%root, lost = node, to = %to, "cluster: a lost node's process offered to a node its placement admits");
+            }
+            Err(refusal) => {
+                tracing::warn!(%root, lost = node, to = %to, error = %refusal.message, "cluster: a lost node's process could not be offered; it waits for its node");
+            }
+        }
     }
 
     /// Starts `pid` here as its `kept` spec says, with its waiting

@@ -31,7 +31,7 @@ impl Placement {
     }
 
     /// Whether node `info` is one it allows.
-    fn admits(&self, info: &NodeInfo) -> bool {
+    pub(crate) fn admits(&self, info: &NodeInfo) -> bool {
         self.admits_node(&info.record.node, &info.record.labels)
     }
 
