@@ -122,7 +122,7 @@ impl Cluster {
         // takes nothing the agent's node would not read.
         if self.mail.left.lock().contains(&to) || !self.still_member().await {
             return Err(ClusterError::JetStream(format!(
-                "config agent {to} runs on another node now; send it there"
+                "process {to} runs on another node now; send it there"
             )));
         }
         let payload = serde_json::to_vec(letter)
@@ -130,7 +130,7 @@ impl Cluster {
         let most = self.client.server_info().max_payload;
         if most > 0 && payload.len() > most {
             return Err(ClusterError::TooLarge(format!(
-                "a message to config agent {to} is kept in the cluster's {MAIL} stream, and \
+                "a message to process {to} is kept in the cluster's {MAIL} stream, and \
                  this one takes {} bytes there, more than the {most} a NATS message may hold \
                  (the servers' max_payload)",
                 payload.len()
