@@ -1190,8 +1190,7 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
         "You call other processes.",
         "--tools",
         "execute_task,send_message,delegate_async,kill_child",
-        // It may move: its messages, the delegated answer too, go
-        // through the cluster's mail stream.
+        // It may move: its messages go through the cluster's mail stream.
         "--restart",
         "permanent",
         "--json",

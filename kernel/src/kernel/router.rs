@@ -480,56 +480,6 @@ impl Kernel {
     pub(super) fn answer_requester(&self, mut message: Message, request_id: RequestId) {
         message.id = MessageId(self.next_id());
         let requester = message.to;
-        // A requester that may move to another node gets it through the
-        // cluster's mail stream, so the answer follows it.
-        let moving = self.inner.cluster().is_some()
-            && !self.is_stopping()
-            && self
-                .inner
-                .table()
-                .read()
-                .get(requester)
-                .is_some_and(|entry| entry.proc.mail_in_cluster);
-        if moving {
-            self.answer_through_stream(message, request_id);
-            return;
-        }
-        self.answer_from_store(message, request_id);
-    }
-
-    /// [`Kernel::answer_requester`] for a requester whose messages are
-    /// kept in the cluster's mail stream, in the background: the answer
-    /// is kept there before the request is removed from the store (a
-    /// crash between the two reports the request failed and then delivers
-    /// the answer); one the stream refuses goes through the store.
-    fn answer_through_stream(&self, message: Message, request_id: RequestId) {
-        let kernel = self.clone();
-        self.inner.tracker().spawn(async move {
-            let to = message.to;
-            let proc = kernel.inner.table().read().get(to).map(|e| e.proc.clone());
-            let Some(proc) = proc else {
-                kernel.answer_from_store(message, request_id);
-                return;
-            };
-            match kernel.keep_message(&proc, &message, None).await {
-                Ok(durable) => {
-                    let store = kernel.inner.store();
-                    if store.is_durable() {
-                        store.submit(Write::RequestDone(request_id));
-                    }
-                    kernel.deliver(to, message, durable);
-                }
-                Err(err) => {
-                    tracing::warn!(%to, request = request_id.0, error = %err, "cluster: a task's answer not kept in the mail stream; kept in this node's store");
-                    kernel.answer_from_store(message, request_id);
-                }
-            }
-        });
-    }
-
-    /// [`Kernel::answer_requester`] through this node's store.
-    fn answer_from_store(&self, message: Message, request_id: RequestId) {
-        let requester = message.to;
         let store = &self.inner.store();
         let durable = match store.is_durable() && !self.is_stopping() {
             true if requester != Pid::KERNEL => {
