@@ -465,7 +465,7 @@ impl Kernel {
                 lost,
                 epoch,
                 members,
-            } => held(self.adopt(lost, epoch, members)),
+            } => held(self.adopt(lost, epoch, members).await),
             Op::Post { message, done } => {
                 match done {
                     Some(request_id) if fresh => {

@@ -64,29 +64,80 @@ impl Kernel {
     }
 
     /// Takes over a tree of lost node `lost` that another node offers
-    /// this one (`Op::Adopt`), in the background.
-    pub(super) fn adopt(
+    /// this one (`Op::Adopt`), in the background: refused unless it is one
+    /// whole tree of that node's, under a root whose key still names it
+    /// and whose placement admits this node, with no PID running here.
+    pub(super) async fn adopt(
         &self,
         lost: String,
         epoch: u64,
         members: Vec<(Pid, Listing)>,
     ) -> crate::error::Result<()> {
-        let Some((root, listing)) = members.first() else {
-            return Err(KernelError::InvalidArgument(
-                "an adopted tree has no processes".into(),
+        let refused = |why: String| Err(KernelError::InvalidArgument(why));
+        let Some(cluster) = self.inner.cluster() else {
+            return Err(KernelError::FailedPrecondition(
+                "this kernel is not a node of a cluster".into(),
             ));
         };
-        if listing.ppid != Pid::KERNEL {
-            return Err(KernelError::InvalidArgument(format!(
-                "an adopted tree's first process {root} is not a child of PID 1 (its parent \
-                 is {})",
-                listing.ppid
+        if self.is_stopping() {
+            return Err(KernelError::ShuttingDown);
+        }
+        let count = members.len();
+        if let Some((pid, _)) = members
+            .iter()
+            .find(|(_, listing)| listing.node != lost || listing.epoch != epoch)
+        {
+            return refused(format!(
+                "an adopted tree's process {pid} is not listed as node {lost}'s (epoch {epoch})"
+            ));
+        }
+        if let Some(pid) = {
+            let table = self.inner.table().read();
+            members
+                .iter()
+                .map(|(pid, _)| *pid)
+                .find(|pid| table.get(*pid).is_some())
+        } {
+            return refused(format!(
+                "process {pid} of an adopted tree runs here already"
+            ));
+        }
+        let loss = Loss {
+            node: lost.clone(),
+            epoch,
+            listings: members,
+        };
+        let mut found = trees(&loss);
+        let tree = match (found.pop(), found.is_empty()) {
+            (Some(tree), true) if tree.members.len() == count => tree,
+            _ => {
+                return refused(format!(
+                    "an adopted tree must be one tree under PID 1 with each PID once ({count} \
+                     listings given)"
+                ));
+            }
+        };
+        let root = tree.root;
+        let kept = match cluster.kept_spec(root).await {
+            Ok(Some((kept, _))) if kept.node == lost && kept.epoch == epoch => kept,
+            Ok(_) => {
+                return Err(KernelError::FailedPrecondition(format!(
+                    "process {root} is not node {lost}'s to move any more"
+                )));
+            }
+            Err(err) => return Err(KernelError::ClusterUnavailable(err.to_string())),
+        };
+        let placement = Placement {
+            node: kept.placed_on,
+            labels: kept.labels,
+        };
+        if !placement.admits_node(cluster.node(), cluster.labels()) {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {root} is placed ({}), which node {} is not",
+                placement.shown(),
+                cluster.node()
             )));
         }
-        let tree = Tree {
-            root: *root,
-            members,
-        };
         let kernel = self.clone();
         self.inner
             .tracker()
@@ -124,6 +175,8 @@ impl Kernel {
         if !placement.admits_node(cluster.node(), cluster.labels()) {
             if may_offer {
                 self.offer(cluster, node, epoch, tree, &placement).await;
+            } else {
+                tracing::warn!(%root, lost = node, wants = %placement.shown(), "cluster: an offered process is placed where this node is not; left");
             }
             return;
         }
@@ -136,6 +189,7 @@ impl Kernel {
         // Its restart delay first, unclaimed: a node that stops meanwhile
         // leaves the tree to the others.
         tokio::select! {
+            biased;
             () = self.inner.stop_begun().cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
@@ -149,6 +203,9 @@ impl Kernel {
                 return;
             }
         };
+        if self.is_stopping() {
+            return;
+        }
         match cluster.claim_spec(root, &kept, revision).await {
             Ok(true) => {}
             Ok(false) => return,
@@ -167,9 +224,19 @@ impl Kernel {
                 }
                 continue;
             }
+            // Never two copies here (a peer's offer names what it names).
+            if self.inner.table().read().get(pid).is_some() {
+                tracing::warn!(%pid, lost = node, "cluster: a lost node's process runs here already; left as it is");
+                continue;
+            }
             let kept = match specs.remove(&pid) {
                 Some(found) => Ok(found),
                 None => match cluster.kept_spec(pid).await {
+                    // Only what is still the lost node's: another node's is left alone.
+                    Ok(Some((kept, _))) if kept.node != node || kept.epoch != epoch => {
+                        tracing::warn!(%pid, lost = node, holder = %kept.node, "cluster: a lost node's process is another node's now; left");
+                        continue;
+                    }
                     Ok(Some((kept, revision))) => Ok((kept, Some(revision))),
                     Ok(None) => Err("temporary: it does not move".to_owned()),
                     Err(err) => Err(err.to_string()),
@@ -207,29 +274,35 @@ impl Kernel {
         placement: &Placement,
     ) {
         let root = tree.root;
-        let chosen = cluster
+        let mut chosen: Vec<_> = cluster
             .nodes()
             .into_iter()
             .filter(|info| !info.this && info.record.node != node && placement.admits(info))
-            .min_by_key(|info| (info.record.load.processes, info.record.node.clone()));
-        let Some(chosen) = chosen else {
+            .collect();
+        chosen.sort_by_key(|info| (info.record.load.processes, info.record.node.clone()));
+        if chosen.is_empty() {
             tracing::warn!(%root, lost = node, wants = %placement.shown(), "cluster: no live node may run a lost node's process; it waits for its node");
             return;
-        };
-        let to = chosen.record.node;
-        let op = Op::Adopt {
-            lost: node.to_owned(),
-            epoch,
-            members: tree.members,
-        };
-        match cluster.call::<()>(&to, op).await {
-            Ok(()) => {
-                tracing::info!(%root, lost = node, to = %to, "cluster: a lost node's process offered to a node its placement admits");
-            }
-            Err(refusal) => {
-                tracing::warn!(%root, lost = node, to = %to, error = %refusal.message, "cluster: a lost node's process could not be offered; it waits for its node");
+        }
+        // The least busy first; the next after a refusal.
+        for info in chosen {
+            let to = info.record.node;
+            let op = Op::Adopt {
+                lost: node.to_owned(),
+                epoch,
+                members: tree.members.clone(),
+            };
+            match cluster.call::<()>(&to, op).await {
+                Ok(()) => {
+                    tracing::info!(%root, lost = node, to = %to, "cluster: a lost node's process offered to a node its placement admits");
+                    return;
+                }
+                Err(refusal) => {
+                    tracing::warn!(%root, lost = node, to = %to, error = %refusal.message, "cluster: a node refused a lost node's process");
+                }
             }
         }
+        tracing::warn!(%root, lost = node, "cluster: no node took a lost node's process; it waits for its node");
     }
 
     /// Starts `pid` here as its `kept` spec says, with its waiting
