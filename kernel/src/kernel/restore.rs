@@ -13,10 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
-    ExecCommand, ExitRecord, Message, MessageId, Pid, Priority, RestartPolicy, SpawnRequest,
-    TraceContext,
+    ExecCommand, ExitRecord, MessageId, Pid, RestartPolicy, SpawnRequest, TraceContext,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -92,9 +90,16 @@ impl Kernel {
         // key is taken back at once, before the first spawn.
         let mut reclaimed: HashMap<Pid, std::result::Result<bool, String>> = HashMap::new();
         if let Some(cluster) = cluster {
+            // Only roots that move have keys (a temporary one has none).
             let roots: Vec<Pid> = processes
                 .iter()
-                .filter(|p| p.ppid == Pid::KERNEL && p.pid != Pid::KERNEL && p.spec.is_some())
+                .filter(|p| p.ppid == Pid::KERNEL && p.pid != Pid::KERNEL)
+                .filter(|p| {
+                    p.spec
+                        .as_deref()
+                        .and_then(|spec| read_spec(spec, p.ppid).ok())
+                        .is_some_and(|request| self.may_move(&request))
+                })
                 .map(|p| p.pid)
                 .collect();
             let cluster = cluster.clone();
@@ -145,7 +150,18 @@ impl Kernel {
                 Some(Ok(claimed)) => claimed,
                 None => false,
             };
-            let letters = self.letters_for(cluster.map(|_| pid)).await;
+            // Only a process that moves has mail in the cluster: under PID 1
+            // or a parent back here that moves, as spawn decides.
+            let moving = cluster.is_some()
+                && self.may_move(&request)
+                && (process.ppid == Pid::KERNEL
+                    || self
+                        .inner
+                        .table()
+                        .read()
+                        .get(process.ppid)
+                        .is_some_and(|entry| entry.proc.spec_in_cluster));
+            let letters = self.letters_for(moving.then_some(pid)).await;
             match self
                 .spawn_as(Caller::Admin, request, Birth::Restored(pid))
                 .await
@@ -360,6 +376,14 @@ impl Kernel {
 }
 
 impl Kernel {
+    /// Whether a process spawned from `request` moves with its tree after
+    /// a node loss, as far as its own restart policy says (not
+    /// `temporary`).
+    fn may_move(&self, request: &SpawnRequest) -> bool {
+        self.supervision_for(request)
+            .is_ok_and(|(spec, _)| spec.policy != RestartPolicy::Temporary)
+    }
+
     /// Tells live parent `ppid` that its child `pid` (`name`) ended for
     /// `reason` while its kernel was away (`child_exited`, exit code 137).
     fn tell_parent(&self, pid: Pid, ppid: Pid, name: &str, reason: &str, now: u64) {
@@ -372,18 +396,7 @@ impl Kernel {
             reason: reason.to_owned(),
             exited_at_unix_ms: now,
         };
-        let notice = Message {
-            id: MessageId(self.next_id()),
-            from: Pid::KERNEL,
-            to: ppid,
-            kind: kinds::CHILD_EXITED.to_owned(),
-            payload: serde_json::to_string(&record).unwrap_or_default(),
-            priority: Priority::High,
-            request_id: None,
-            via: None,
-            trace: None,
-        };
-        self.deliver_system(ppid, notice);
+        self.tell_child_exited(&record, None);
     }
 
     /// Reports that `pid` (`name`, a child of `ppid`), which lived on a

@@ -562,19 +562,27 @@ impl Kernel {
         if record.ppid == Pid::KERNEL {
             return;
         }
-        let ppid = record.ppid;
+        self.tell_child_exited(&record, crate::trace::current());
+    }
+
+    /// Sends `record`'s parent its `child_exited` notice.
+    pub(super) fn tell_child_exited(
+        &self,
+        record: &hivekernel_agents::ExitRecord,
+        trace: Option<hivekernel_agents::TraceContext>,
+    ) {
         let message = Message {
             id: hivekernel_agents::MessageId(self.next_id()),
             from: Pid::KERNEL,
-            to: ppid,
+            to: record.ppid,
             kind: kinds::CHILD_EXITED.to_owned(),
-            payload: serde_json::to_string(&record).unwrap_or_default(),
+            payload: serde_json::to_string(record).unwrap_or_default(),
             priority: Priority::High,
             request_id: None,
             via: None,
-            trace: crate::trace::current(),
+            trace,
         };
-        self.deliver_system(ppid, message);
+        self.deliver_system(record.ppid, message);
     }
 
     /// Removes a zombie that nobody collected in time.
