@@ -19,6 +19,7 @@ mod cron;
 mod declared;
 mod departures;
 mod directory;
+mod events;
 mod mail;
 mod pids;
 pub mod rpc;
@@ -46,6 +47,7 @@ pub use declared::{Claimed, Holding, Standing};
 pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
+pub use events::{Bounds, EventFeed, Published, Subscribe};
 use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
@@ -251,6 +253,8 @@ pub struct Cluster {
     mail: Mailroom,
     /// Spawn specs of processes that may move (`hk_specs`).
     specs: kv::Store,
+    /// Every node's events (`HK_EVENTS`).
+    events: jetstream::stream::Stream,
     /// The specs this node wrote last.
     written: specs::Written,
     /// Lost nodes' processes, for the kernel to take over ([`Loss`]).
@@ -283,13 +287,15 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Joins the cluster `settings` name as a node serving at `address`:
     /// connects, opens (or creates) the buckets, takes an epoch and a first
-    /// PID block (none below `pid_floor`), and registers the node. A node
+    /// PID block (none below `pid_floor`), and registers the node. A
+    /// stream of events made here keeps `events_kept` of them. A node
     /// of the same name whose record still changes refuses the join; one
     /// whose record stopped changing for the TTL (it crashed) is replaced.
     pub async fn join(
         settings: ClusterSettings,
         address: String,
         pid_floor: u64,
+        events_kept: u64,
     ) -> Result<Arc<Cluster>, ClusterError> {
         let client = connect(&settings).await?;
         let mut js = jetstream::new(client.clone());
@@ -302,6 +308,7 @@ impl Cluster {
         let declared = bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?;
         let mail = Mailroom::open(&js, replicas).await?;
         let specs = bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?;
+        let events = events::open(&js, replicas, events_kept).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -341,6 +348,7 @@ impl Cluster {
             directory: Arc::new(Directory::new(listings, settings.node.clone(), epoch)),
             mail,
             specs,
+            events,
             written: specs::Written::default(),
             losses,
             lost: Mutex::new(Some(lost)),

@@ -171,6 +171,7 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
                 cluster.clone(),
                 client_url(addr, tls.is_some()),
                 recovered.next(crate::store::Counter::Pid),
+                settings.event_log_limit,
             )
             .await?,
         ),

@@ -189,6 +189,8 @@ const SEQ_BLOCK: u64 = 1 << 16;
 pub struct EventBus {
     shared: Arc<Shared>,
     retain: usize,
+    /// The sequence number of this bus's first event.
+    first: u64,
     /// Where events are persisted (nowhere, in memory).
     store: Store,
     /// Counts every event, when the kernel keeps metrics.
@@ -239,6 +241,7 @@ impl EventBus {
                 readers: AtomicUsize::new(0),
             }),
             retain: retain.max(1),
+            first: next_seq.max(1),
             store,
             metrics: None,
             tap: None,
@@ -402,6 +405,12 @@ impl EventBus {
     /// Sequence number of the newest event (0 when none yet).
     pub fn last_seq(&self) -> u64 {
         self.shared.ring.lock().next_seq - 1
+    }
+
+    /// The sequence number of the first event this bus emitted (or will):
+    /// where this run of the kernel began.
+    pub(crate) fn first_seq(&self) -> u64 {
+        self.first
     }
 
     /// The next sequence number, exactly: what a clean stop writes back.

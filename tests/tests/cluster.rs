@@ -1257,7 +1257,7 @@ async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
     for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
         let settings = ClusterSettings::new(vec![nats.url(i)], name.to_owned());
         let address = format!("127.0.0.1:{}", 9_000 + i);
-        nodes.push(Cluster::join(settings, address, 0).await.unwrap());
+        nodes.push(Cluster::join(settings, address, 0, 1_000).await.unwrap());
     }
     let base = 1_700_000_000_000;
     let race = |slot: u64| {
@@ -1759,12 +1759,19 @@ fn spawned_processes_move_with_their_messages_when_their_node_dies() {
         "{}",
         taker.log()
     );
-    let text = taker.cli(&["events", "--json", "--type", "exited"]);
-    assert!(
-        text.lines()
-            .any(|line| line.contains(&format!("\"pid\":{scratch}")) && line.contains("node_lost")),
-        "{text}"
-    );
+    // The event comes through the cluster's stream, a moment after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = taker.cli(&["events", "--json", "--type", "exited"]);
+        if text
+            .lines()
+            .any(|line| line.contains(&format!("\"pid\":{scratch}")) && line.contains("node_lost"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // The moved child still answers, on its new node.
     assert!(
         b.cli(&["exec", &worker.to_string(), "still here"])
@@ -1884,4 +1891,168 @@ fn a_lost_tree_moves_only_to_a_node_its_placement_admits() {
         b.cli(&["exec", &placed.to_string(), "hello"])
             .contains("hello")
     );
+}
+
+/// One event as `events --json` prints it: (seq, node, pid, type).
+type EventKey = (u64, String, u64, String);
+
+/// The key of one line of `events --json`.
+fn event_key(line: &str) -> EventKey {
+    let event: Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("{err}: {line}"));
+    (
+        event["seq"].as_u64().unwrap(),
+        event["node"].as_str().unwrap_or("").to_owned(),
+        event["pid"].as_u64().unwrap(),
+        event["type"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Every event `kernel` replays now, in order.
+fn replayed_events(kernel: &Binary, extra: &[&str]) -> Vec<EventKey> {
+    let mut args = vec!["events", "--since", "0", "--json"];
+    args.extend_from_slice(extra);
+    kernel.cli(&args).lines().map(event_key).collect()
+}
+
+/// Every node's events come in one sequence (`HK_EVENTS`'s), the same
+/// replayed from any node, each event with its node; a follower on one
+/// node sees the others' events as they happen, and a peer's entry on the
+/// events subjects that is no event is skipped.
+#[test]
+fn every_nodes_events_come_in_one_order_from_any_node() {
+    let bin = binary();
+    let nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    let c = flagged(&bin, root.path(), &nats, "c");
+    wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
+
+    // A follower on c, from the start of the stream on.
+    let mut follower = c
+        .command(&["events", "--follow", "--since", "0", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let (lines, followed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut follow_until = |what: &str, done: &dyn Fn(&[EventKey]) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !done(&seen) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match followed.recv_timeout(left) {
+                Ok(line) => seen.push(event_key(&line)),
+                Err(_) => panic!("{what}: followed on c {seen:?}\n{}", c.log()),
+            }
+        }
+        seen.clone()
+    };
+
+    let on_a = spawn(&a, 1, "on-a", "worker");
+    let on_b = spawn(&b, 1, "on-b", "worker");
+    // Killed through a: the kill is forwarded, the exit is b's event.
+    a.cli(&["kill", &on_b.to_string()]);
+    let has = |seen: &[EventKey], node: &str, pid: u64, kind: &str| {
+        seen.iter()
+            .any(|(_, n, p, k)| n == node && *p == pid && k == kind)
+    };
+    let seen_now = follow_until("both spawns and b's exit", &|seen| {
+        has(seen, "a", on_a, "spawned")
+            && has(seen, "b", on_b, "spawned")
+            && has(seen, "b", on_b, "exited")
+    });
+    // The config agent started on a, before anything else happened.
+    let greeter = everyone(&a)
+        .into_iter()
+        .find(|(_, (name, _))| name == "greeter")
+        .unwrap()
+        .0;
+    assert!(has(&seen_now, "a", greeter, "spawned"), "{seen_now:?}");
+    assert!(
+        seen_now.windows(2).all(|w| w[0].0 < w[1].0),
+        "one ascending sequence: {seen_now:?}"
+    );
+
+    // Replayed from any node: the same events under the same numbers.
+    let replays = [&a, &b, &c].map(|kernel| replayed_events(kernel, &[]));
+    let common = replays.iter().map(|r| r.last().unwrap().0).min().unwrap();
+    let upto = |replay: &[EventKey]| -> Vec<_> {
+        replay.iter().filter(|e| e.0 <= common).cloned().collect()
+    };
+    assert_eq!(upto(&replays[0]), upto(&replays[1]));
+    assert_eq!(upto(&replays[0]), upto(&replays[2]));
+    for event in &seen_now {
+        assert!(
+            replays[0].contains(event),
+            "{event:?} not replayed: {:?}",
+            replays[0]
+        );
+    }
+    // The sequence has no gaps, and --since N starts right after N.
+    assert!(
+        replays[0].windows(2).all(|w| w[1].0 == w[0].0 + 1),
+        "{:?}",
+        replays[0]
+    );
+    let middle = replays[0][replays[0].len() / 2].0;
+    let after = b.cli(&["events", "--since", &middle.to_string(), "--json"]);
+    assert_eq!(
+        after.lines().next().map(|line| event_key(line).0),
+        Some(middle + 1),
+        "{after}"
+    );
+
+    // One process's events, from a node that never held it.
+    let only_b = replayed_events(&c, &["--pid", &on_b.to_string()]);
+    assert!(
+        !only_b.is_empty()
+            && only_b
+                .iter()
+                .all(|(_, node, pid, _)| node == "b" && *pid == on_b),
+        "{only_b:?}"
+    );
+    assert!(has(&only_b, "b", on_b, "exited"), "{only_b:?}");
+    // The newest N, whichever nodes they came from.
+    let tail = c.cli(&["events", "--tail", "2", "--json"]);
+    let tail: Vec<_> = tail.lines().map(event_key).collect();
+    assert_eq!(tail.len(), 2, "{tail:?}");
+    assert_eq!(tail[1].0, tail[0].0 + 1, "{tail:?}");
+    // The text form says the node after the process.
+    let text = c.cli(&["events", "--pid", &on_a.to_string(), "--type", "spawned"]);
+    assert!(
+        text.contains(&format!("pid={on_a} node=a spawned")),
+        "{text}"
+    );
+
+    // Something on the events subjects that is no event is skipped; the
+    // follower goes on.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let peer = async_nats::connect(nats.url(1)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        js.publish("hk.events.x", "{not an event".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+    let on_c = spawn(&c, 1, "on-c", "worker");
+    follow_until("c's spawn after a stray entry", &|seen| {
+        has(seen, "c", on_c, "spawned")
+    });
+    assert!(c.log().contains("is not an event"), "{}", c.log());
+    let _ = follower.kill();
+    let _ = follower.wait();
 }

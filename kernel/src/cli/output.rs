@@ -283,12 +283,15 @@ pub(super) fn exit_text(exit: &ExitRecord) -> String {
 /// but `type`, durations and costs in human form (`--json` has them exact).
 pub(super) fn event_text(event: &Event) -> String {
     let mut text = format!(
-        "{} {} pid={} {}",
+        "{} {} pid={}",
         event.seq,
         rfc3339_utc(event.at_unix_ms),
-        event.pid,
-        event.r#type,
+        event.pid
     );
+    if !event.node.is_empty() {
+        let _ = write!(text, " node={}", event.node);
+    }
+    let _ = write!(text, " {}", event.r#type);
     match serde_json::from_str::<Value>(&event.detail) {
         Ok(Value::Object(fields)) => {
             for (key, value) in fields.iter().filter(|(key, _)| *key != "type") {
@@ -334,6 +337,9 @@ pub(super) fn event_json(event: &Event) -> Value {
     object.insert("type".to_owned(), event.r#type.clone().into());
     if !event.trace_id.is_empty() {
         object.insert("trace_id".to_owned(), event.trace_id.clone().into());
+    }
+    if !event.node.is_empty() {
+        object.insert("node".to_owned(), event.node.clone().into());
     }
     Value::Object(object)
 }

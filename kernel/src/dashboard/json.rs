@@ -27,6 +27,7 @@ struct EventJson<'a> {
     r#type: &'a str,
     detail: &'a str,
     trace_id: &'a str,
+    node: &'a str,
 }
 
 impl<'a> From<&'a pb::Event> for EventJson<'a> {
@@ -38,6 +39,7 @@ impl<'a> From<&'a pb::Event> for EventJson<'a> {
             r#type: &event.r#type,
             detail: &event.detail,
             trace_id: &event.trace_id,
+            node: &event.node,
         }
     }
 }
@@ -176,6 +178,7 @@ mod tests {
                 detail: r#"{"tool":"shell_exec","ok":false,"error":"\"quoted\"\n\u00e9"}"#
                     .to_owned(),
                 trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
+                node: "b-2".to_owned(),
             },
             pb::Event::default(),
         ] {

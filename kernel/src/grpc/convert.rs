@@ -338,6 +338,7 @@ pub(crate) fn event(event: &Event) -> pb::Event {
         r#type: event.kind.name().to_owned(),
         detail: detail(&event.kind),
         trace_id: event.trace.map(|id| id.to_string()).unwrap_or_default(),
+        node: String::new(),
     }
 }
 
@@ -365,6 +366,7 @@ fn marker(kind: EventKind, at_unix_ms: u64) -> pb::Event {
         r#type: kind.name().to_owned(),
         detail: detail(&kind),
         trace_id: String::new(),
+        node: String::new(),
     }
 }
 

@@ -290,20 +290,36 @@ impl KernelRpc for KernelService {
         // A non-zero since_seq or a tail asks for a replay even without the flag.
         let mut since =
             (req.replay || req.since_seq != 0 || tail.is_some()).then_some(req.since_seq);
+        // In a cluster, the sequence is the cluster's stream's.
+        let bounds = match self.kernel.cluster() {
+            Some(cluster) => Some(cluster.event_bounds().await.map_err(|err| {
+                Status::unavailable(format!("reading the cluster's events: {err}"))
+            })?),
+            None => None,
+        };
         // When every event matches, the newest N start at a known place.
         if let (Some(tail), Some(from), EventView::All, true) =
             (tail, since, &view, filter.is_any())
         {
-            let newest = self.kernel.last_event_seq().saturating_sub(tail as u64);
-            since = Some(from.max(newest));
+            let last = bounds.map_or_else(|| self.kernel.last_event_seq(), |b| b.last);
+            since = Some(from.max(last.saturating_sub(tail as u64)));
         }
-        let subscription = self.kernel.subscribe(since);
         let wanted = streams::Wanted {
             since,
             tail,
             view,
             filter,
         };
+        if let (Some(cluster), Some(bounds)) = (self.kernel.cluster(), bounds) {
+            return Ok(Response::new(streams::cluster_events(
+                &self.kernel,
+                cluster.clone(),
+                self.stop.clone(),
+                bounds,
+                wanted,
+            )));
+        }
+        let subscription = self.kernel.subscribe(since);
         Ok(Response::new(streams::events(
             &self.kernel,
             self.stop.clone(),

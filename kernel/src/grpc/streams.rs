@@ -5,6 +5,7 @@
 //! ends when the client goes away, the server drains or the kernel stops.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::Pid;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::convert;
+use crate::cluster::{Bounds, Cluster};
 use crate::events::{Event, EventFilter, EventView, Missed, Subscription, unix_ms};
 use crate::kernel::Kernel;
 
@@ -92,9 +94,22 @@ impl Wanted {
 /// many events it found pruned meanwhile: said only when the tail is not
 /// full, since pruning takes the oldest and a full tail lost none of them.
 struct Held {
-    events: VecDeque<Event>,
+    /// Each with its node (empty on a kernel alone).
+    events: VecDeque<(Event, String)>,
     keep: usize,
     pruned: u64,
+}
+
+impl Held {
+    /// What holds back the replay of a subscriber that asked for its
+    /// newest `tail` events (`None`: it asked for all of them).
+    fn for_tail(tail: Option<usize>) -> Option<Held> {
+        tail.map(|keep| Held {
+            events: VecDeque::new(),
+            keep,
+            pruned: 0,
+        })
+    }
 }
 
 /// What a replay came to next.
@@ -111,20 +126,21 @@ async fn replayed(
     stop: &Stop,
     held: &mut Option<Held>,
     found: Found<'_>,
+    node: &str,
 ) -> bool {
     match (held, found) {
         (Some(held), Found::Event(event)) => {
             if held.events.len() == held.keep {
                 held.events.pop_front();
             }
-            held.events.push_back(event.clone());
+            held.events.push_back((event.clone(), node.to_owned()));
             true
         }
         (Some(held), Found::Pruned(missed)) => {
             held.pruned += missed;
             true
         }
-        (None, Found::Event(event)) => send(tx, Ok(convert::event(event)), stop).await,
+        (None, Found::Event(event)) => send(tx, Ok(shown(event, node)), stop).await,
         (None, Found::Pruned(missed)) => {
             let marker = convert::pruned(missed, unix_ms(SystemTime::now()));
             send(tx, Ok(marker), stop).await
@@ -152,14 +168,10 @@ pub(crate) fn events(
         mut live,
     } = subscription;
     let since = wanted.since;
-    let mut held = wanted.tail.map(|keep| Held {
-        events: VecDeque::new(),
-        keep,
-        pruned: 0,
-    });
+    let mut held = Held::for_tail(wanted.tail);
     kernel.tracker().spawn(async move {
         let mut last_seq = 0;
-        if pruned > 0 && !replayed(&tx, &stop, &mut held, Found::Pruned(pruned)).await {
+        if pruned > 0 && !replayed(&tx, &stop, &mut held, Found::Pruned(pruned), "").await {
             return;
         }
         if let Some(backlog) = backlog {
@@ -181,7 +193,14 @@ pub(crate) fn events(
                 let next = chunk.first().map_or(backlog.before, |e| e.seq);
                 let gone_through = backlog.store.events_pruned_through().min(next - 1);
                 if gone_through > after
-                    && !replayed(&tx, &stop, &mut held, Found::Pruned(gone_through - after)).await
+                    && !replayed(
+                        &tx,
+                        &stop,
+                        &mut held,
+                        Found::Pruned(gone_through - after),
+                        "",
+                    )
+                    .await
                 {
                     return;
                 }
@@ -192,7 +211,7 @@ pub(crate) fn events(
                     if !wanted.admits(event) {
                         continue;
                     }
-                    if !replayed(&tx, &stop, &mut held, Found::Event(event)).await {
+                    if !replayed(&tx, &stop, &mut held, Found::Event(event), "").await {
                         return;
                     }
                 }
@@ -203,28 +222,12 @@ pub(crate) fn events(
             if !wanted.admits(&event) {
                 continue;
             }
-            if !replayed(&tx, &stop, &mut held, Found::Event(&event)).await {
+            if !replayed(&tx, &stop, &mut held, Found::Event(&event), "").await {
                 return;
             }
         }
-        if let Some(held) = held {
-            if held.pruned > 0 && held.events.len() < held.keep {
-                let marker = convert::pruned(held.pruned, unix_ms(SystemTime::now()));
-                if !send(&tx, Ok(marker), &stop).await {
-                    return;
-                }
-            }
-            for event in &held.events {
-                if !send(&tx, Ok(convert::event(event)), &stop).await {
-                    return;
-                }
-            }
-        }
-        if let Some(since) = since {
-            let done = convert::replay_done(last_seq.max(since), unix_ms(SystemTime::now()));
-            if !send(&tx, Ok(done), &stop).await {
-                return;
-            }
+        if !replay_ends(&tx, &stop, held, since, last_seq).await {
+            return;
         }
         let mut batch = Vec::with_capacity(LIVE_BATCH);
         loop {
@@ -253,7 +256,7 @@ pub(crate) fn events(
                 if !wanted.admits(&event) {
                     continue;
                 }
-                if !send(&tx, Ok(convert::event(&event)), &stop).await {
+                if !send(&tx, Ok(shown(&event, "")), &stop).await {
                     return;
                 }
             }
@@ -270,6 +273,135 @@ pub(crate) fn events(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The `SubscribeEvents` stream of a cluster node: the cluster's event
+/// stream (`HK_EVENTS`) as [`events`] serves its own bus, every node's
+/// events in the stream's order, each with its node. It starts at
+/// `wanted.since` (a `pruned` marker first when the stream no longer
+/// reaches back that far), or after the last event of `bounds` for live
+/// events only; the replay is what the stream held at `bounds`. A
+/// subscriber reading slowly slows its read of the stream, and misses
+/// nothing. An entry of the stream that is not an event is skipped, said
+/// in the log; a read that fails ends the stream with `unavailable`.
+pub(crate) fn cluster_events(
+    kernel: &Kernel,
+    cluster: Arc<Cluster>,
+    stop: Stop,
+    bounds: Bounds,
+    mut wanted: Wanted,
+) -> ReceiverStream<Result<pb::Event, Status>> {
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let since = wanted.since;
+    let mut held = Held::for_tail(wanted.tail);
+    kernel.tracker().spawn(async move {
+        let start = match since {
+            Some(since) => since.saturating_add(1).max(bounds.first),
+            None => bounds.last + 1,
+        };
+        if let Some(since) = since {
+            let missed = bounds.first.saturating_sub(since.saturating_add(1));
+            if missed > 0 && !replayed(&tx, &stop, &mut held, Found::Pruned(missed), "").await {
+                return;
+            }
+        }
+        let mut feed = match cluster.event_feed(start).await {
+            Ok(feed) => feed,
+            Err(err) => {
+                let status = Status::unavailable(format!("reading the cluster's events: {err}"));
+                let _ = send(&tx, Err(status), &stop).await;
+                return;
+            }
+        };
+        // What the stream held when the subscription began is the replay.
+        let mut replaying = since.is_some();
+        let mut last_seq = 0;
+        loop {
+            if replaying && last_seq.max(start.saturating_sub(1)) >= bounds.last {
+                replaying = false;
+                if !replay_ends(&tx, &stop, held.take(), since, bounds.last).await {
+                    return;
+                }
+            }
+            let next = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tx.closed() => return,
+                next = feed.next() => next,
+            };
+            let published = match next {
+                Some(Ok(published)) => published,
+                Some(Err(err)) => {
+                    let status =
+                        Status::unavailable(format!("reading the cluster's events: {err}"));
+                    let _ = send(&tx, Err(status), &stop).await;
+                    return;
+                }
+                None => return,
+            };
+            last_seq = published.seq;
+            let event = match published.event {
+                Ok(event) => event,
+                Err(why) => {
+                    tracing::warn!("cluster: {why}; skipped");
+                    continue;
+                }
+            };
+            if !wanted.admits(&event) {
+                continue;
+            }
+            let sent = if replaying {
+                replayed(&tx, &stop, &mut held, Found::Event(&event), &published.node).await
+            } else {
+                send(&tx, Ok(shown(&event, &published.node)), &stop).await
+            };
+            if !sent {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Ends a replay: the events a tail `held` back, a `pruned` marker before
+/// them when the tail is not full, then `replay_done` when a replay was
+/// asked for; false when the stream must end.
+async fn replay_ends(
+    tx: &mpsc::Sender<Result<pb::Event, Status>>,
+    stop: &Stop,
+    held: Option<Held>,
+    since: Option<u64>,
+    last_seq: u64,
+) -> bool {
+    if let Some(held) = held {
+        if held.pruned > 0 && held.events.len() < held.keep {
+            let marker = convert::pruned(held.pruned, unix_ms(SystemTime::now()));
+            if !send(tx, Ok(marker), stop).await {
+                return false;
+            }
+        }
+        for (event, node) in &held.events {
+            if !send(tx, Ok(shown(event, node)), stop).await {
+                return false;
+            }
+        }
+    }
+    match since {
+        Some(since) => {
+            let done = convert::replay_done(last_seq.max(since), unix_ms(SystemTime::now()));
+            send(tx, Ok(done), stop).await
+        }
+        None => true,
+    }
+}
+
+/// `event` as a subscriber receives it, with its `node` (empty on a kernel alone).
+fn shown(event: &Event, node: &str) -> pb::Event {
+    let mut shown = convert::event(event);
+    if !node.is_empty() {
+        shown.node = node.to_owned();
+    }
+    shown
 }
 
 /// When a producer must stop although its client is still reading.

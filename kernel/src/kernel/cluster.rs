@@ -238,6 +238,16 @@ impl Kernel {
             .map(|(pid, _)| pid)
             .collect();
         cluster.start_directory(read, now);
+        // Every event of this run goes to the cluster's stream, those
+        // emitted before this point included.
+        let weak = self.downgrade();
+        cluster.publish_events(
+            self.inner.events().first_seq() - 1,
+            Arc::new(move |after| {
+                weak.upgrade()
+                    .map(|inner| inner.events().subscribe(Some(after)))
+            }),
+        );
         self.fail_unanswered(&cluster);
         let Some(requests) = cluster.requests() else {
             return;

@@ -129,6 +129,7 @@ fn event_json_merges_detail_and_keeps_the_envelope() {
         r#type: "spawned".to_owned(),
         detail: r#"{"type":"spawned","name":"w1","seq":"bogus"}"#.to_owned(),
         trace_id: String::new(),
+        node: String::new(),
     };
     let value = event_json(&event);
     assert_eq!(value["seq"], 9);
@@ -149,6 +150,18 @@ fn event_json_merges_detail_and_keeps_the_envelope() {
         event_text(&call),
         r#"9 2023-11-14T22:13:20.123Z pid=4 llm_call cost=$0.0042 duration=1.5s model="gpt 4o""#
     );
+
+    // In a cluster each event says its node, after its process.
+    let elsewhere = Event {
+        node: "b".to_owned(),
+        ..event.clone()
+    };
+    assert_eq!(
+        event_text(&elsewhere),
+        "9 2023-11-14T22:13:20.123Z pid=4 node=b spawned name=w1 seq=bogus"
+    );
+    assert_eq!(event_json(&elsewhere)["node"], "b");
+    assert!(event_json(&event).get("node").is_none());
 
     let odd = Event {
         detail: "not json".to_owned(),

@@ -949,7 +949,7 @@
     return h('tr', { 'data-testid': 'event-row', 'data-seq': ev.seq, class: marker ? 'marker' : null },
       h('td', { class: 'nowrap' }, timeEl(ev.atUnixMs, { plain: true })),
       numCell(marker ? '—' : String(ev.seq)),
-      h('td', { class: 'nowrap' }, pidLink(ev.pid, true)),
+      h('td', { class: 'nowrap' }, pidLink(ev.pid, true), ev.node ? dim(' @' + ev.node) : null),
       h('td', null, h('span', { class: 'etype etype-' + String(ev.type).replace(/[^a-z_]/g, '') }, ev.type)),
       h('td', { class: 'detail' }, summarize(ev)),
       h('td', null, traceLink(ev.traceId)));
