@@ -28,6 +28,9 @@ const BATCH: usize = 256;
 const MOST_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a leaving node goes on publishing what its bus still holds.
 const DRAIN: Duration = Duration::from_secs(2);
+/// How long a leaving node waits for one more live event before it has
+/// published them all.
+const LAST_WAIT: Duration = Duration::from_millis(20);
 
 /// A subscription to this node's bus from after a sequence number, or
 /// `None` once the kernel has gone.
@@ -38,6 +41,8 @@ pub type Subscribe = Arc<dyn Fn(u64) -> Option<Subscription> + Send + Sync>;
 pub struct Published {
     /// Its place in the cluster's sequence.
     pub seq: u64,
+    /// Whether it was the newest in the stream when it was read.
+    pub newest: bool,
     /// The node it happened on.
     pub node: String,
     /// The event, its `seq` the stream's; why it could not be read when a
@@ -48,6 +53,11 @@ pub struct Published {
 /// A subscriber's read of the stream, from the sequence it started at.
 pub struct EventFeed {
     messages: pull::Ordered,
+    /// The first sequence not read yet. An ordered consumer that is made
+    /// again before it delivered anything (a reconnect, a new stream
+    /// leader) starts over from the stream's oldest: what comes before
+    /// this is dropped.
+    next: u64,
 }
 
 impl std::fmt::Debug for EventFeed {
@@ -59,22 +69,24 @@ impl std::fmt::Debug for EventFeed {
 impl EventFeed {
     /// The next event, waiting for one; `None` when the feed has ended.
     pub async fn next(&mut self) -> Option<Result<Published, ClusterError>> {
-        let message = match self.messages.next().await? {
-            Ok(message) => message,
-            Err(err) => {
-                return Some(Err(ClusterError::jetstream(
-                    &format!("reading {EVENTS}"),
-                    err,
-                )));
-            }
+        let failed = |err: &dyn std::fmt::Display| {
+            Some(Err(ClusterError::jetstream(
+                &format!("reading {EVENTS}"),
+                err,
+            )))
         };
-        let seq = match message.info() {
-            Ok(info) => info.stream_sequence,
-            Err(err) => {
-                return Some(Err(ClusterError::jetstream(
-                    &format!("reading {EVENTS}"),
-                    err,
-                )));
+        let (message, seq, newest) = loop {
+            let message = match self.messages.next().await? {
+                Ok(message) => message,
+                Err(err) => return failed(&err),
+            };
+            let (seq, newest) = match message.info() {
+                Ok(info) => (info.stream_sequence, info.pending == 0),
+                Err(err) => return failed(&err),
+            };
+            if seq >= self.next {
+                self.next = seq + 1;
+                break (message, seq, newest);
             }
         };
         let node = message
@@ -89,7 +101,12 @@ impl EventFeed {
                 event
             })
             .map_err(|err| format!("message {seq} of {EVENTS} is not an event: {err}"));
-        Some(Ok(Published { seq, node, event }))
+        Some(Ok(Published {
+            seq,
+            newest,
+            node,
+            event,
+        }))
     }
 }
 
@@ -155,6 +172,12 @@ impl Outbox {
             replay: subscription.replay.into(),
             subscription_live: subscription.live,
         }
+    }
+
+    /// Whether events older than the live feed wait (from the store or
+    /// the replay).
+    fn has_older(&self) -> bool {
+        self.backlog.is_some() || !self.replay.is_empty()
     }
 
     /// Appends the next events, at most `max`, oldest first, waiting for
@@ -227,7 +250,10 @@ impl Cluster {
             .messages()
             .await
             .map_err(|err| ClusterError::jetstream(&what(), err))?;
-        Ok(EventFeed { messages })
+        Ok(EventFeed {
+            messages,
+            next: start.max(1),
+        })
     }
 
     /// Publishes this node's events to the stream until it leaves: every
@@ -259,17 +285,19 @@ impl Cluster {
                         }
                         next = outbox.next(&mut batch, BATCH) => next,
                     },
-                    // What the bus holds arrives at once; a pause means
-                    // nothing is left.
-                    Some(_) => match tokio::time::timeout(
-                        Duration::from_millis(20),
-                        outbox.next(&mut batch, BATCH),
-                    )
-                    .await
-                    {
-                        Ok(next) => next,
-                        Err(_) => return,
-                    },
+                    // What the bus holds arrives at once; a pause in its
+                    // live feed means nothing is left.
+                    Some(deadline) => {
+                        let until = if outbox.has_older() {
+                            deadline
+                        } else {
+                            deadline.min(tokio::time::Instant::now() + LAST_WAIT)
+                        };
+                        match tokio::time::timeout_at(until, outbox.next(&mut batch, BATCH)).await {
+                            Ok(next) => next,
+                            Err(_) => return,
+                        }
+                    }
                 };
                 match next {
                     Ok(()) => {}
@@ -321,12 +349,22 @@ impl Cluster {
                 return false;
             }
             let attempt = self.publish_from(&subject, &batch[done..]);
-            let result = match deadline {
-                None => attempt.await,
-                Some(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
-                    Ok(result) => result,
-                    Err(_) => return false,
-                },
+            let mut attempt = std::pin::pin!(attempt);
+            // A leave while it is under way gives it until the drain's end.
+            let result = loop {
+                match deadline {
+                    None => tokio::select! {
+                        biased;
+                        result = &mut attempt => break result,
+                        () = self.cancel.cancelled() => {
+                            deadline = Some(tokio::time::Instant::now() + DRAIN);
+                        }
+                    },
+                    Some(deadline) => match tokio::time::timeout_at(deadline, &mut attempt).await {
+                        Ok(result) => break result,
+                        Err(_) => return false,
+                    },
+                }
             };
             let Err((acknowledged, err)) = result else {
                 break;

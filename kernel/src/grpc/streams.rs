@@ -281,9 +281,11 @@ pub(crate) fn events(
 /// `wanted.since` (a `pruned` marker first when the stream no longer
 /// reaches back that far), or after the last event of `bounds` for live
 /// events only; the replay is what the stream held at `bounds`. A
-/// subscriber reading slowly slows its read of the stream, and misses
-/// nothing. An entry of the stream that is not an event is skipped, said
-/// in the log; a read that fails ends the stream with `unavailable`.
+/// subscriber reading slowly slows its read of the stream; events the
+/// stream dropped before it read them (past `event_log_limit`) become a
+/// `pruned` marker where they were. An entry of the stream that is not an
+/// event is skipped, said in the log; a read that fails ends the stream
+/// with `unavailable`.
 pub(crate) fn cluster_events(
     kernel: &Kernel,
     cluster: Arc<Cluster>,
@@ -313,13 +315,18 @@ pub(crate) fn cluster_events(
                 return;
             }
         };
-        // What the stream held when the subscription began is the replay.
-        let mut replaying = since.is_some();
-        let mut last_seq = 0;
+        // What the stream held when the subscription began is the replay;
+        // it ends after its last event, or before a newer one, or once the
+        // stream has nothing newer (its last event was deleted).
+        let mut replay = since.map(|_| bounds.last);
+        let mut expected = start;
+        let mut caught_up = false;
         loop {
-            if replaying && last_seq.max(start.saturating_sub(1)) >= bounds.last {
-                replaying = false;
-                if !replay_ends(&tx, &stop, held.take(), since, bounds.last).await {
+            if let Some(last) = replay
+                && (expected > last || caught_up)
+            {
+                replay = None;
+                if !replay_ends(&tx, &stop, held.take(), since, last).await {
                     return;
                 }
             }
@@ -339,7 +346,32 @@ pub(crate) fn cluster_events(
                 }
                 None => return,
             };
-            last_seq = published.seq;
+            if let Some(last) = replay
+                && published.seq > last
+            {
+                replay = None;
+                if !replay_ends(&tx, &stop, held.take(), since, last).await {
+                    return;
+                }
+            }
+            // Events gone before they were read: the stream's limit
+            // dropped them (a subscriber that fell that far behind), or an
+            // operator deleted them.
+            if published.seq > expected {
+                let missed = published.seq - expected;
+                let told = match replay {
+                    Some(_) => replayed(&tx, &stop, &mut held, Found::Pruned(missed), "").await,
+                    None => {
+                        let marker = convert::pruned(missed, unix_ms(SystemTime::now()));
+                        send(&tx, Ok(marker), &stop).await
+                    }
+                };
+                if !told {
+                    return;
+                }
+            }
+            expected = published.seq + 1;
+            caught_up = published.newest;
             let event = match published.event {
                 Ok(event) => event,
                 Err(why) => {
@@ -350,10 +382,11 @@ pub(crate) fn cluster_events(
             if !wanted.admits(&event) {
                 continue;
             }
-            let sent = if replaying {
-                replayed(&tx, &stop, &mut held, Found::Event(&event), &published.node).await
-            } else {
-                send(&tx, Ok(shown(&event, &published.node)), &stop).await
+            let sent = match replay {
+                Some(_) => {
+                    replayed(&tx, &stop, &mut held, Found::Event(&event), &published.node).await
+                }
+                None => send(&tx, Ok(shown(&event, &published.node)), &stop).await,
             };
             if !sent {
                 return;
