@@ -61,6 +61,8 @@ struct Dashboard {
     /// Whether it is served over TLS (the cookie is then Secure).
     secure: bool,
     etags: Vec<HeaderValue>,
+    /// This kernel's node name, when it is a node of a cluster.
+    node: Option<String>,
 }
 
 /// How to serve the dashboard.
@@ -97,6 +99,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
     } = options;
     let body_limit = crate::grpc::max_request_bytes(&kernel);
     let auth = auth.with_operators(kernel.operator_tokens());
+    let node = kernel.cluster().map(|cluster| cluster.node().to_owned());
     let dashboard = Arc::new(Dashboard {
         service: LocalService::new(kernel, drain, reload),
         schema: json::Schema::load()?,
@@ -104,6 +107,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
         cookie: format!("hivekernel-{}", addr.port()),
         secure: tls.is_some(),
         etags: assets::ASSETS.iter().map(assets::Asset::etag).collect(),
+        node,
     });
     Ok(Router::new()
         .route("/", get(api::asset))

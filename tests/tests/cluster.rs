@@ -2055,4 +2055,83 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
     assert!(c.log().contains("is not an event"), "{}", c.log());
     let _ = follower.kill();
     let _ = follower.wait();
+
+    // An event deleted from the stream (by an operator) is a `pruned`
+    // marker where it was; a replay whose last event was deleted still ends.
+    let last = rt.block_on(async {
+        let peer = async_nats::connect(nats.url(2)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        let stream = js.get_stream("HK_EVENTS").await.unwrap();
+        let last = stream.get_info().await.unwrap().state.last_sequence;
+        assert!(stream.delete_message(middle).await.unwrap());
+        assert!(stream.delete_message(last).await.unwrap());
+        last
+    });
+    let text = a.cli(&["events", "--since", &(middle - 1).to_string(), "--json"]);
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (&first["type"], &first["missed"]),
+        (&json!("pruned"), &json!(1)),
+        "{text}"
+    );
+    let seqs: Vec<u64> = text.lines().skip(1).map(|line| event_key(line).0).collect();
+    assert_eq!(seqs.first(), Some(&(middle + 1)), "{text}");
+    assert!(!seqs.contains(&last), "{text}");
+}
+
+/// One node's dashboard shows the whole cluster, in a real browser
+/// (tests/browser/cluster.mjs): which node it is, every node's processes
+/// with their node, the nodes with their labels, and every node's events.
+#[test]
+fn one_nodes_dashboard_shows_the_whole_cluster_in_a_real_browser() {
+    let playwright = hivekernel_tests::dashboard::playwright();
+    let chromium = hivekernel_tests::dashboard::chromium();
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let with = |dashboard: bool, labels: Value| {
+        let mut config: Value = serde_json::from_str(&config(Some(json!({
+            "servers": ["nats://127.0.0.1:1"],
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": TTL_MS,
+            "labels": labels
+        }))))
+        .unwrap();
+        config["kernel"]["dashboard"] = json!({ "enabled": dashboard });
+        config.to_string()
+    };
+    let a = member(&bin, root.path(), &nats, "a", &with(true, json!({})));
+    let b = member(
+        &bin,
+        root.path(),
+        &nats,
+        "b",
+        &with(false, json!({ "gpu": "true" })),
+    );
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let on_b = spawn(&b, 1, "on-b", "worker");
+
+    let addr = hivekernel_tests::dashboard::address(&a);
+    let admin = std::fs::read_to_string(a.dir.join("data/admin.token")).unwrap();
+    let shots =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("browser/cluster.mjs");
+    let run = Command::new("node")
+        .arg(script)
+        .env("DASHBOARD_URL", format!("http://{addr}/"))
+        .env("ADMIN_TOKEN", admin.trim())
+        .env("ON_B", on_b.to_string())
+        .env("SHOTS", shots)
+        .env("CHROMIUM", chromium)
+        .env("PLAYWRIGHT", playwright)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}\n--- node a ---\n{}",
+        String::from_utf8_lossy(&run.stderr),
+        a.log()
+    );
+    assert!(stdout.contains("ok   the events view shows"), "{stdout}");
 }

@@ -1,7 +1,8 @@
 //! The dashboard's HTTP handlers: the files, login and logout, and the
 //! Kernel service's methods as JSON.
 //!
-//! - `GET /api/session`: `{scope, pid, csrf, version}`, or 401.
+//! - `GET /api/session`: `{scope, pid, csrf, version, node}` (`node`: this
+//!   kernel's node name in a cluster, else empty), or 401.
 //! - `POST /api/login` `{"token": "..."}`: the same, and the cookie.
 //! - `POST /api/logout`: 204, the cookie cleared.
 //! - `POST /api/rpc/<Method>`: the request message as JSON in, the answer
@@ -199,8 +200,9 @@ fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// What the page is told about its session.
-fn described(active: &Active) -> Vec<u8> {
+/// What the page is told about its session, on the dashboard of `node`
+/// (a cluster's node, else `None`).
+fn described(active: &Active, node: Option<&str>) -> Vec<u8> {
     let pid = match active.caller {
         Caller::Process(pid) => pid.0,
         _ => 0,
@@ -210,6 +212,7 @@ fn described(active: &Active) -> Vec<u8> {
         "pid": pid,
         "csrf": active.csrf,
         "version": env!("CARGO_PKG_VERSION"),
+        "node": node.unwrap_or_default(),
     })
     .to_string()
     .into_bytes()
@@ -217,7 +220,7 @@ fn described(active: &Active) -> Vec<u8> {
 
 pub(super) async fn session(state: Shared, headers: HeaderMap) -> Response {
     match active(&state, &headers) {
-        Ok((_, active)) => json_response(described(&active)),
+        Ok((_, active)) => json_response(described(&active, state.node.as_deref())),
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -243,7 +246,7 @@ pub(super) async fn login(state: Shared, headers: HeaderMap, body: Bytes) -> Res
     match state.sessions.login(&login.token) {
         Ok((id, active)) => {
             tracing::info!(caller = %active.caller.who(), "dashboard: logged in");
-            let mut response = json_response(described(&active));
+            let mut response = json_response(described(&active, state.node.as_deref()));
             response.headers_mut().insert(
                 header::SET_COOKIE,
                 set_cookie(&state, &id, LIFETIME.as_secs()),

@@ -669,7 +669,8 @@
     const u = info.usage;
     put(row, first,
       h('span', { class: 'c-name' }, h('a', { href: '#/proc/' + r.pid, tabindex: '-1' }, info.name || '(unnamed)'),
-        hasKids && !open ? dim(` (+${n.kids.length})`) : null),
+        hasKids && !open ? dim(` (+${n.kids.length})`) : null,
+        info.node ? dim(' @' + info.node) : null),
       h('span', { class: 'c-role' }, roleText(info.role)),
       h('span', { class: 'c-state' }, stateBadge(info.state)),
       h('span', { class: 'c-model' }, info.model || ''),
@@ -1180,6 +1181,7 @@
     out.push(section('Identity', 'proc-identity', kv([
       ['PID', String(i.pid)], ['Parent', num(i.ppid) ? pidLink(i.ppid, true) : 'none'], ['Name', i.name],
       ['Role', roleText(i.role)], ['Tier', tierText(i.tier)], ['State', stateBadge(i.state, 'proc-state')],
+      ['Node', i.node ? h('a', { href: '#/nodes' }, i.node) : undefined],
       ['Model', i.model], ['Runtime', i.runtime], ['Started', timeEl(i.startedAtUnixMs)],
       ['Restored after a kernel restart', i.restored ? 'yes' : 'no'], ['Depth', String(num(i.depth))],
       ['Children', fmtInt(i.children)], ['Mailbox depth', fmtInt(i.mailboxLen)],
@@ -1784,10 +1786,40 @@
     load();
   }
 
+  // ---- nodes of a cluster
+
+  function viewNodes(ctx) {
+    const holder = h('div', { id: 'nodes-list' }, note('Loading…'));
+    async function load() {
+      try {
+        const r = await api('ListNodes', {});
+        if (!ctx.alive) return;
+        const nodes = (r && r.nodes) || [];
+        const labels = (l) => {
+          const keys = Object.keys(l || {}).sort();
+          return keys.length ? keys.map((k) => h('code', { class: 'label' }, `${k}=${l[k]}`)) : dim('none');
+        };
+        fill(holder, table(['Name', 'Address', 'Epoch', 'Processes', 'Running', 'CPU', 'Labels', 'Started', 'Last heartbeat'],
+          nodes.map((n) => h('tr', { 'data-testid': 'node-row', 'data-name': n.name },
+            h('td', null, n.name, n.thisNode ? dim(' (this node)') : null),
+            h('td', null, h('code', null, n.address)), numCell(String(num(n.epoch))),
+            numCell(fmtInt(n.processes)), numCell(fmtInt(n.running)),
+            numCell(num(n.cpuPercent).toFixed(1) + ' %'), h('td', null, labels(n.labels)),
+            h('td', null, timeEl(n.startedUnixMs)), h('td', null, fmtDur(n.seenMsAgo) + ' ago'))),
+        { id: 'nodes-table' }));
+      } catch (e) { if (ctx.alive) fill(holder, errorLine(e.message)); }
+    }
+    // Each node's record changes with its heartbeat: read again every 2 s.
+    const timer = setInterval(load, 2000);
+    ctx.cleanups.push(() => clearInterval(timer));
+    put(ctx.root, viewHead('Nodes'), note('The live nodes of the cluster, as this node sees them.'), holder);
+    load();
+  }
+
   // ---- routing and session
 
-  const VIEWS = { tree: viewTree, events: viewEvents, cron: viewCron, usage: viewUsage, inbox: viewInbox, mcp: viewMcp, proc: viewProc, trace: viewTrace };
-  const TITLES = { tree: 'Processes', events: 'Events', cron: 'Cron', usage: 'Usage', inbox: 'Inbox', mcp: 'MCP servers', proc: 'Process', trace: 'Trace' };
+  const VIEWS = { tree: viewTree, events: viewEvents, cron: viewCron, usage: viewUsage, inbox: viewInbox, mcp: viewMcp, nodes: viewNodes, proc: viewProc, trace: viewTrace };
+  const TITLES = { tree: 'Processes', events: 'Events', cron: 'Cron', usage: 'Usage', inbox: 'Inbox', mcp: 'MCP servers', nodes: 'Nodes', proc: 'Process', trace: 'Trace' };
 
   function teardown() {
     const v = state.view;
@@ -1873,6 +1905,9 @@
     setConn('connecting');
     startLive();
     loadInboxCount();
+    // A node of a cluster has a Nodes view, and says which node this is.
+    $('nav-nodes').hidden = !session.node;
+    $('node-name').textContent = session.node ? `node ${session.node}` : '';
     route(false);
   }
 
