@@ -16,6 +16,7 @@
 //! A kernel without `kernel.cluster` never builds a [`Cluster`].
 
 mod cron;
+mod crons;
 mod declared;
 mod departures;
 mod directory;
@@ -43,6 +44,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
 pub use cron::Lease;
+pub use crons::KeptCron;
 pub use declared::{Claimed, Holding, Standing};
 pub use departures::Away;
 use directory::Directory;
@@ -255,6 +257,10 @@ pub struct Cluster {
     specs: kv::Store,
     /// Every node's events (`HK_EVENTS`).
     events: jetstream::stream::Stream,
+    /// API cron entries that follow their target (`hk_cron`).
+    crons: kv::Store,
+    /// The entries this node wrote there, by target.
+    kept_crons: crons::Kept,
     /// The specs this node wrote last.
     written: specs::Written,
     /// Lost nodes' processes, for the kernel to take over ([`Loss`]).
@@ -309,6 +315,7 @@ impl Cluster {
         let mail = Mailroom::open(&js, replicas).await?;
         let specs = bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?;
         let events = events::open(&js, replicas, events_kept).await?;
+        let crons = bucket(&js, crons::CRONS, replicas, Duration::ZERO).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -349,6 +356,8 @@ impl Cluster {
             mail,
             specs,
             events,
+            crons,
+            kept_crons: crons::Kept::default(),
             written: specs::Written::default(),
             losses,
             lost: Mutex::new(Some(lost)),
@@ -957,6 +966,7 @@ impl crate::events::ProcessTap for Cluster {
         self.directory.touch(pid);
         if gone {
             self.drop_spec(pid);
+            self.drop_crons_of(pid);
         }
     }
 }

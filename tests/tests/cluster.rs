@@ -2135,3 +2135,100 @@ fn one_nodes_dashboard_shows_the_whole_cluster_in_a_real_browser() {
     );
     assert!(stdout.contains("ok   the events view shows"), "{stdout}");
 }
+
+/// The `cron_run` events of `pid` as `kernel` replays them: each run's node.
+fn cron_runs_of(kernel: &Binary, pid: u64) -> Vec<String> {
+    kernel
+        .cli(&[
+            "events",
+            "--json",
+            "--type",
+            "cron_run",
+            "--pid",
+            &pid.to_string(),
+        ])
+        .lines()
+        .map(|line| event_key(line).1)
+        .collect()
+}
+
+/// An operator's cron entry aimed at a permanent spawned process follows
+/// it when its node dies: it runs on the node that took the process over,
+/// kept in `hk_cron`; removed there, it is gone from the cluster too.
+#[test]
+fn cron_entries_follow_their_target_when_its_node_dies() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+    let ticker = a.json(&[
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        "ticker",
+        "--role",
+        "worker",
+        "--runtime",
+        "echo",
+        "--restart",
+        "permanent",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap();
+    let added = a.cli(&[
+        "cron",
+        "add",
+        "--target",
+        &ticker.to_string(),
+        "tick",
+        "* * * * * *",
+        "tick",
+    ]);
+    assert!(added.contains("tick"), "{added}");
+    let wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let runs = cron_runs_of(&b, ticker);
+            if done(&runs) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {runs:?}\n{}", b.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("a run on a", &|runs| runs.iter().any(|node| node == "a"));
+
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    wait_for("a run on b after a died", &|runs| {
+        runs.iter().any(|node| node == "b")
+    });
+    let listed = b.json(&["cron", "ls", "--json"]);
+    let tick = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entry| entry["name"] == "tick")
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(tick["target"], ticker, "{listed}");
+    assert!(
+        b.log().contains("cron entry taken over with its target"),
+        "{}",
+        b.log()
+    );
+
+    // Removed on its new node: gone from the cluster's bucket too.
+    b.cli(&["cron", "rm", "tick"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let left = rt.block_on(async {
+        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        let crons = js.get_key_value("hk_cron").await.unwrap();
+        crons.get(format!("{ticker}.tick")).await.unwrap()
+    });
+    assert!(left.is_none(), "{left:?}");
+}

@@ -295,6 +295,8 @@ impl Kernel {
                 }
                 self.deliver_letters(letters);
                 self.adopt_cron(pid, &agent.cron).await;
+                // And the API entries aimed at it, from its last node.
+                self.take_crons(&[pid]).await;
             }
             // Claimed but not running: it stays this node's until this node
             // goes, as an agent that exited for good under its supervisor does.

@@ -216,6 +216,7 @@ impl Kernel {
         }
         let mut specs = HashMap::from([(root, (kept, None))]);
         let (mut back, mut gone) = (0usize, Vec::new());
+        let mut started = Vec::new();
         for (pid, listing) in tree.members {
             if listing.exited {
                 // A zombie nobody collected: gone with its node.
@@ -247,7 +248,10 @@ impl Kernel {
                 Err(why) => Err(Some(why)),
             };
             match came {
-                Ok(()) => back += 1,
+                Ok(()) => {
+                    back += 1;
+                    started.push(pid);
+                }
                 // Stopping: what is left keeps its key, this node's
                 // (the root) or the lost node's.
                 Err(None) => break,
@@ -260,6 +264,8 @@ impl Kernel {
             self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
         }
         tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
+        // Their API cron entries run here from now on.
+        self.take_crons(&started).await;
     }
 
     /// Offers `tree` of lost node `node` to the live node with the fewest

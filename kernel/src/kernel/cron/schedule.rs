@@ -89,6 +89,31 @@ struct Entry {
 }
 
 impl Entry {
+    /// An entry of `owner` added through the API at `created_ms`, that
+    /// has not run yet.
+    fn added(
+        spec: CronSpec,
+        schedule: Schedule,
+        owner: Pid,
+        created_ms: u64,
+        generation: u64,
+    ) -> Self {
+        Entry {
+            spec,
+            schedule,
+            owner,
+            source: CronSource::Api,
+            created_ms,
+            last_fire_ms: None,
+            next_ms: None,
+            running: 0,
+            runs: 0,
+            history: VecDeque::new(),
+            generation,
+            switched: None,
+        }
+    }
+
     /// Whether it fires on its schedule: the switch, else as declared.
     fn enabled(&self) -> bool {
         self.switched.unwrap_or(self.spec.enabled)
@@ -346,21 +371,23 @@ impl Kernel {
                 )));
             }
             let created_ms = kernel.cron_now_ms();
-            let entry = Entry {
-                spec,
-                schedule,
-                owner,
-                source: CronSource::Api,
-                created_ms,
-                last_fire_ms: None,
-                next_ms: None,
-                running: 0,
-                runs: 0,
-                history: VecDeque::new(),
-                generation: kernel.inner.cron().generation(),
-                switched: None,
-            };
-            kernel.inner.store().commit(entry.put()).await?;
+            let generation = kernel.inner.cron().generation();
+            let entry = Entry::added(spec, schedule, owner, created_ms, generation);
+            // Kept in the cluster first when it follows its target: a
+            // failed write there changes nothing here.
+            let follows = kernel.cron_follows(entry.spec.target);
+            if let Some(cluster) = &follows {
+                cluster
+                    .keep_cron(owner, &entry.spec, created_ms)
+                    .await
+                    .map_err(|err| KernelError::ClusterUnavailable(err.to_string()))?;
+            }
+            if let Err(err) = kernel.inner.store().commit(entry.put()).await {
+                if let Some(cluster) = &follows {
+                    let _ = cluster.drop_cron(entry.spec.target, &entry.spec.name).await;
+                }
+                return Err(err.into());
+            }
             let info = {
                 let mut state = kernel.inner.cron().state.lock();
                 let name = entry.spec.name.clone();
@@ -391,7 +418,7 @@ impl Kernel {
         // In a task the kernel owns, like `add_cron`.
         let task = self.inner.tracker().spawn(async move {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
-            {
+            let target = {
                 let state = kernel.inner.cron().state.lock();
                 let entry = owned(&state, caller, &name)?;
                 if entry.source == CronSource::Config {
@@ -399,10 +426,16 @@ impl Kernel {
                         "cron entry {name:?} is declared in the config; remove it there"
                     )));
                 }
-            }
+                entry.spec.target
+            };
             // Out of memory first: no run starts or finishes for it meanwhile.
             kernel.inner.cron().state.lock().remove(&name);
             kernel.inner.cron().wake.notify_one();
+            if let Some(cluster) = kernel.cron_follows(target)
+                && let Err(err) = cluster.drop_cron(target, &name).await
+            {
+                tracing::warn!(cron = name, error = %err, "cluster: a removed cron entry stays in the cluster; it comes back if its target moves");
+            }
             kernel.inner.store().commit(Write::CronRemove(name)).await?;
             Ok(())
         });
@@ -444,7 +477,7 @@ impl Kernel {
         let task = self.inner.tracker().spawn(async move {
             // Under the admin lock nothing but runs changes the entry meanwhile.
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
-            let (spec, switched, put) = {
+            let (spec, switched, put, api) = {
                 let state = kernel.inner.cron().state.lock();
                 let entry = owned(&state, caller, &name)?;
                 if entry.enabled() == enabled {
@@ -460,9 +493,21 @@ impl Kernel {
                     CronSource::Config => (enabled != spec.enabled).then_some(enabled),
                 };
                 let put = entry.put_as(&spec, switched);
-                (spec, switched, put)
+                let api =
+                    (entry.source == CronSource::Api).then_some((entry.owner, entry.created_ms));
+                (spec, switched, put, api)
             };
-            // On disk first: a failed write changes nothing.
+            // In the cluster and on disk first: a failed write changes
+            // nothing (a write to disk that fails after the cluster's
+            // leaves the switch there, for the target's next node only).
+            if let Some((owner, created_ms)) = api
+                && let Some(cluster) = kernel.cron_follows(spec.target)
+            {
+                cluster
+                    .keep_cron(owner, &spec, created_ms)
+                    .await
+                    .map_err(|err| KernelError::ClusterUnavailable(err.to_string()))?;
+            }
             kernel.inner.store().commit(put).await?;
             let info = {
                 let mut state = kernel.inner.cron().state.lock();

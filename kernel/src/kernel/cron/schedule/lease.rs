@@ -4,13 +4,15 @@
 //! fires once even while two nodes hold an entry (an agent briefly running
 //! on two nodes, a paused node not yet fenced, catching up on its slots).
 
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cron::Schedule;
 use hivekernel_agents::Pid;
 
-use super::{CronRun, CronSource, CronSpec, Firing, Missed};
-use crate::cluster::{CLAIM_AGE, Cluster, Lease};
+use super::{CronRun, CronSource, CronSpec, Entry, Firing, Missed};
+use crate::cluster::{CLAIM_AGE, Cluster, KeptCron, Lease};
 use crate::crontab;
 use crate::kernel::Kernel;
 use crate::reload::Outcome;
@@ -121,18 +123,120 @@ impl Kernel {
     }
 
     /// On a node whose copy of config agent `pid` stood down (another node
-    /// runs it): the agent's config entries, which go with it.
+    /// runs it): the agent's config entries, and the API entries aimed at
+    /// it (kept in `hk_cron`, where the other node read them), which go
+    /// with it.
     pub(crate) fn forget_cron(&self, pid: Pid) {
         let mut state = self.inner.cron().state.lock();
         let names: Vec<String> = state
             .entries
             .values()
-            .filter(|entry| entry.source == CronSource::Config && entry.owner == pid)
+            .filter(|entry| match entry.source {
+                CronSource::Config => entry.owner == pid,
+                CronSource::Api => entry.spec.target == pid,
+            })
             .map(|entry| entry.spec.name.clone())
             .collect();
         for name in names {
             state.remove(&name);
             self.inner.store().submit(Write::CronRemove(name));
+        }
+    }
+}
+
+impl Kernel {
+    /// The cluster, when an API entry aimed at `target` follows it: a
+    /// process this node runs that may move (docs/CLUSTER.md, "Events and
+    /// cron").
+    pub(super) fn cron_follows(&self, target: Pid) -> Option<Arc<Cluster>> {
+        let cluster = self.inner.cluster()?;
+        let moves = self
+            .inner
+            .table()
+            .read()
+            .get(target)
+            .is_some_and(|entry| entry.proc.mail_in_cluster);
+        moves.then(|| cluster.clone())
+    }
+
+    /// Takes on the API entries the cluster keeps for `targets`, processes
+    /// this node has just started after their node was lost: each runs
+    /// here from now on (its history stayed behind), and a slot it missed
+    /// meanwhile is handled by its `missed` policy, claimed as on any
+    /// node. An entry whose name an entry here has already is left out,
+    /// said in the log.
+    pub(crate) async fn take_crons(&self, targets: &[Pid]) {
+        let Some(cluster) = self.inner.cluster().cloned() else {
+            return;
+        };
+        let wanted: HashSet<Pid> = targets.iter().copied().collect();
+        let kept = match cluster.crons_of(&wanted).await {
+            Ok(kept) => kept,
+            Err(err) => {
+                tracing::error!(error = %err, "cluster: cron entries of processes taken over not read; they do not run here");
+                return;
+            }
+        };
+        if kept.is_empty() {
+            return;
+        }
+        let admin = self.inner.cron().admin.clone().lock_owned().await;
+        let now = self.cron_now_ms();
+        let mut taken = Vec::new();
+        for KeptCron {
+            owner,
+            created_ms,
+            spec,
+            ..
+        } in kept
+        {
+            let schedule = match crontab::parse(&spec.expression) {
+                Ok(schedule) => schedule,
+                Err(why) => {
+                    tracing::warn!(cron = spec.name, error = %why, "cluster: a cron entry taken over cannot be read; left out");
+                    continue;
+                }
+            };
+            if self
+                .inner
+                .cron()
+                .state
+                .lock()
+                .entries
+                .contains_key(&spec.name)
+            {
+                tracing::warn!(cron = spec.name, target = %spec.target, "cluster: a cron entry taken over has the name of one here; left out");
+                continue;
+            }
+            let generation = self.inner.cron().generation();
+            let entry = Entry::added(spec, schedule, owner, created_ms, generation);
+            // Written again as this node's, so it goes with its target's reap here.
+            if let Err(err) = cluster.keep_cron(owner, &entry.spec, created_ms).await {
+                tracing::warn!(cron = entry.spec.name, error = %err, "cluster: a cron entry taken over not written back");
+            }
+            if let Err(err) = self.inner.store().commit(entry.put()).await {
+                tracing::error!(cron = entry.spec.name, error = %err, "store: a cron entry taken over not recorded; it runs until this node stops");
+            }
+            let name = entry.spec.name.clone();
+            let catch_up = entry.spec.missed == Missed::RunOnce && entry.enabled();
+            let mut state = self.inner.cron().state.lock();
+            state.insert(entry);
+            state.reschedule(&name, now);
+            if catch_up && let Some(entry) = state.entries.get(&name) {
+                let since = now.saturating_sub(CLAIM_AGE.as_millis() as u64);
+                if let Some(slot) = latest_slot(&entry.schedule, since.max(created_ms), now) {
+                    taken.push((name.clone(), slot));
+                }
+            }
+            tracing::info!(
+                cron = name,
+                "cluster: cron entry taken over with its target"
+            );
+        }
+        drop(admin);
+        self.inner.cron().wake.notify_one();
+        for (name, slot) in taken {
+            self.fire(&name, slot, Firing::Missed).await;
         }
     }
 }
