@@ -259,8 +259,6 @@ pub struct Cluster {
     events: jetstream::stream::Stream,
     /// API cron entries that follow their target (`hk_cron`).
     crons: kv::Store,
-    /// The entries this node wrote there, by target.
-    kept_crons: crons::Kept,
     /// The specs this node wrote last.
     written: specs::Written,
     /// Lost nodes' processes, for the kernel to take over ([`Loss`]).
@@ -357,7 +355,6 @@ impl Cluster {
             specs,
             events,
             crons,
-            kept_crons: crons::Kept::default(),
             written: specs::Written::default(),
             losses,
             lost: Mutex::new(Some(lost)),
@@ -966,7 +963,6 @@ impl crate::events::ProcessTap for Cluster {
         self.directory.touch(pid);
         if gone {
             self.drop_spec(pid);
-            self.drop_crons_of(pid);
         }
     }
 }

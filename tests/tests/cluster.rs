@@ -1265,7 +1265,7 @@ async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
         async move {
             let claims = nodes
                 .iter()
-                .map(|node| node.lease_slot(Pid(7), "nightly report", slot));
+                .map(|node| node.lease_slot((Pid(7), None), "nightly report", slot));
             futures::future::join_all(claims).await
         }
     };
@@ -1286,7 +1286,7 @@ async fn a_cron_slot_is_leased_to_one_node_however_many_race_for_it() {
     }
     // A slot claimed before is the first claimant's, whoever asks again.
     let again = nodes[2]
-        .lease_slot(Pid(7), "nightly report", base)
+        .lease_slot((Pid(7), None), "nightly report", base)
         .await
         .unwrap();
     assert_ne!(again, Lease::Won);

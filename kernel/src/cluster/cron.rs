@@ -4,7 +4,10 @@
 //! are unique on a node, not across nodes: the owner tells apart two
 //! nodes' entries of one name. A process's PID is the cluster's (a config
 //! agent keeps its PID when it moves); PID 1 is every node's, so the
-//! operator's entries, which never move, are told apart by their node.
+//! operator's entries are told apart by their node. An entry that
+//! follows its target (`hk_cron`: unique by target and name across the
+//! cluster) is claimed under its target, `t<pid>`, by whichever node
+//! holds it, so the node that takes it over never fires a slot again.
 
 use bytes::Bytes;
 use hivekernel_agents::Pid;
@@ -21,12 +24,13 @@ pub enum Lease {
     Taken(String),
 }
 
-/// The marker of slot `slot_ms` of cron entry `name` of `owner` on `node`.
-fn marker(node: &str, owner: Pid, name: &str, slot_ms: u64) -> String {
-    let owner = if owner == Pid::KERNEL {
-        format!("n{}", key(node))
-    } else {
-        owner.0.to_string()
+/// The marker of slot `slot_ms` of cron entry `name` of `owner` on `node`,
+/// or of the entry following `target` when it does.
+fn marker(node: &str, (owner, target): (Pid, Option<Pid>), name: &str, slot_ms: u64) -> String {
+    let owner = match target {
+        Some(target) => format!("t{}", target.0),
+        None if owner == Pid::KERNEL => format!("n{}", key(node)),
+        None => owner.0.to_string(),
     };
     format!("cron.{slot_ms}.{owner}.{}", key(name))
 }
@@ -38,7 +42,7 @@ impl Cluster {
     /// accepted by nats-server before 2.9.21, see `settled`).
     pub async fn lease_slot(
         &self,
-        owner: Pid,
+        owner: (Pid, Option<Pid>),
         name: &str,
         slot_ms: u64,
     ) -> Result<Lease, ClusterError> {
@@ -72,14 +76,22 @@ mod tests {
     #[test]
     fn a_marker_names_the_slot_the_owner_and_the_entry_as_a_valid_key() {
         assert_eq!(
-            marker("a", Pid(12), "nightly", 1_700_000_000_000),
+            marker("a", (Pid(12), None), "nightly", 1_700_000_000_000),
             "cron.1700000000000.12.nightly"
         );
         // A name that is no key of its own is spelled in hex, so the slot
         // never runs into it.
-        assert_eq!(marker("a", Pid(12), "a.b c", 5), "cron.5.12.x.612e622063");
-        // The operator's entries are each node's own.
-        assert_ne!(marker("a", Pid(1), "n", 5), marker("b", Pid(1), "n", 5));
-        assert_eq!(marker("a", Pid(1), "n", 5), "cron.5.na.n");
+        assert_eq!(
+            marker("a", (Pid(12), None), "a.b c", 5),
+            "cron.5.12.x.612e622063"
+        );
+        // The operator's entries are each node's own...
+        let operator = (Pid(1), None);
+        assert_ne!(marker("a", operator, "n", 5), marker("b", operator, "n", 5));
+        assert_eq!(marker("a", operator, "n", 5), "cron.5.na.n");
+        // ... but one that follows its target is the same on every node.
+        let follows = (Pid(1), Some(Pid(40)));
+        assert_eq!(marker("a", follows, "n", 5), marker("b", follows, "n", 5));
+        assert_eq!(marker("a", follows, "n", 5), "cron.5.t40.n");
     }
 }

@@ -5,10 +5,12 @@
 //! `hk_specs`) is kept here too, so that the node that starts the process
 //! after its node is lost runs the entry on (docs/CLUSTER.md, "Events and
 //! cron"). Written by the node holding the target when an entry is added,
-//! switched or removed, and removed when the target is reaped there.
+//! switched or removed; a node started again removes the keys it wrote
+//! last of entries whose target did not come back to it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures::StreamExt;
 use hivekernel_agents::Pid;
@@ -38,10 +40,6 @@ fn key(target: Pid, name: &str) -> String {
     format!("{}.{}", target.0, declared::key(name))
 }
 
-/// The entries this node wrote, by target: removed with their target.
-#[derive(Debug, Default)]
-pub(super) struct Kept(parking_lot::Mutex<HashMap<Pid, HashSet<String>>>);
-
 impl Cluster {
     /// Keeps entry `spec` (of `owner`, added at `created_ms`) in the
     /// cluster, over what it held under that name for that target.
@@ -51,6 +49,14 @@ impl Cluster {
         spec: &CronSpec,
         created_ms: u64,
     ) -> Result<(), ClusterError> {
+        // A node that may have been declared lost writes nothing over the
+        // node that took the target over.
+        if !self.still_member().await {
+            return Err(ClusterError::JetStream(format!(
+                "process {} runs on another node now",
+                spec.target
+            )));
+        }
         let kept = KeptCron {
             node: self.settings.node.clone(),
             owner,
@@ -68,32 +74,54 @@ impl Cluster {
                     err,
                 )
             })?;
-        self.kept_crons
-            .0
-            .lock()
-            .entry(spec.target)
-            .or_default()
-            .insert(spec.name.clone());
         Ok(())
     }
 
     /// Removes entry `name` aimed at `target` from the cluster.
     pub(crate) async fn drop_cron(&self, target: Pid, name: &str) -> Result<(), ClusterError> {
-        if let Some(names) = self.kept_crons.0.lock().get_mut(&target) {
-            names.remove(name);
+        if !self.still_member().await {
+            return Err(ClusterError::JetStream(format!(
+                "process {target} runs on another node now"
+            )));
         }
         self.crons.delete(key(target, name)).await.map_err(|err| {
             ClusterError::jetstream(&format!("removing cron entry {name:?} from {CRONS}"), err)
         })
     }
 
-    /// The entries kept for `targets`: read from every key's latest
-    /// value, those of other targets left out. An entry that cannot be
-    /// read is said in the log and left out.
+    /// Removes entry `name` aimed at `target` if this node wrote it last
+    /// (at its restart, for a target that did not come back here: one
+    /// another node took over is that node's). Failures are said in the log.
+    pub(crate) async fn drop_stale_cron(&self, target: Pid, name: &str) {
+        let key = key(target, name);
+        let entry = match self.crons.entry(&key).await {
+            Ok(Some(entry)) if entry.operation == kv::Operation::Put => entry,
+            Ok(_) => return,
+            Err(err) => {
+                tracing::warn!(key, error = %err, "cluster: a stale cron entry in {CRONS} not read");
+                return;
+            }
+        };
+        let ours = serde_json::from_slice::<KeptCron>(&entry.value)
+            .is_ok_and(|kept| kept.node == self.settings.node);
+        if ours
+            && let Err(err) = self
+                .crons
+                .delete_expect_revision(&key, Some(entry.revision))
+                .await
+            && err.kind() != kv::DeleteErrorKind::WrongLastRevision
+        {
+            tracing::warn!(key, error = %err, "cluster: a stale cron entry stays in {CRONS}");
+        }
+    }
+
+    /// The entries kept for `targets`, each with the target its key names:
+    /// read from every key's latest value, those of other targets left
+    /// out. An entry that cannot be read is said in the log and left out.
     pub(crate) async fn crons_of(
         &self,
         targets: &HashSet<Pid>,
-    ) -> Result<Vec<KeptCron>, ClusterError> {
+    ) -> Result<Vec<(Pid, KeptCron)>, ClusterError> {
         let what = || format!("reading {CRONS}");
         let mut keys = self
             .crons
@@ -107,12 +135,12 @@ impl Cluster {
                 .split_once('.')
                 .and_then(|(pid, _)| pid.parse::<u64>().ok())
                 .map(Pid);
-            if target.is_some_and(|target| targets.contains(&target)) {
-                wanted.push(key);
+            if let Some(target) = target.filter(|target| targets.contains(target)) {
+                wanted.push((target, key));
             }
         }
         let mut found = Vec::with_capacity(wanted.len());
-        for key in wanted {
+        for (target, key) in wanted {
             let Some(value) = self
                 .crons
                 .get(&key)
@@ -122,32 +150,13 @@ impl Cluster {
                 continue;
             };
             match serde_json::from_slice::<KeptCron>(&value) {
-                Ok(kept) => found.push(kept),
+                Ok(kept) => found.push((target, kept)),
                 Err(err) => {
                     tracing::warn!(key, error = %err, "cluster: a cron entry in {CRONS} cannot be read; left out");
                 }
             }
         }
         Ok(found)
-    }
-
-    /// Removes the entries this node wrote for `pid`, reaped here (not
-    /// once this node was fenced: they are the cluster's then).
-    pub(super) fn drop_crons_of(&self, pid: Pid) {
-        let Some(names) = self.kept_crons.0.lock().remove(&pid) else {
-            return;
-        };
-        if self.fenced.borrow().is_some() || names.is_empty() {
-            return;
-        }
-        let crons = self.crons.clone();
-        self.tracker.spawn(async move {
-            for name in names {
-                if let Err(err) = crons.delete(key(pid, &name)).await {
-                    tracing::warn!(%pid, cron = name, error = %err, "cluster: cron entry of a reaped process not removed from {CRONS}");
-                }
-            }
-        });
     }
 }
 

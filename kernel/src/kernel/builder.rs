@@ -286,6 +286,11 @@ impl KernelBuilder {
         } else {
             Vec::new()
         };
+        kernel.cron_started();
+        // A config agent this node claimed from a node that is gone (or
+        // that released it) brings the API entries aimed at it; its own
+        // from before are in the store, and stay as they are.
+        kernel.take_crons(&pids).await;
         // After the cron's start, which would otherwise replace the entries
         // of an agent taken over meanwhile.
         kernel.keep_declared(agents);

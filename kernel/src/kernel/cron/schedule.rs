@@ -272,6 +272,9 @@ pub(crate) struct Cron {
     /// one name never interleave.
     admin: Arc<tokio::sync::Mutex<()>>,
     generations: std::sync::atomic::AtomicU64,
+    /// True once the stored and declared entries are loaded: entries taken
+    /// over from another node join only then.
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 impl Cron {
@@ -292,6 +295,7 @@ impl Cron {
             templates,
             admin: Arc::new(tokio::sync::Mutex::new(())),
             generations: std::sync::atomic::AtomicU64::new(1),
+            ready: tokio::sync::watch::Sender::new(false),
         }
     }
 }
@@ -383,8 +387,10 @@ impl Kernel {
                     .map_err(|err| KernelError::ClusterUnavailable(err.to_string()))?;
             }
             if let Err(err) = kernel.inner.store().commit(entry.put()).await {
-                if let Some(cluster) = &follows {
-                    let _ = cluster.drop_cron(entry.spec.target, &entry.spec.name).await;
+                if let Some(cluster) = &follows
+                    && let Err(left) = cluster.drop_cron(entry.spec.target, &entry.spec.name).await
+                {
+                    tracing::warn!(cron = entry.spec.name, error = %left, "cluster: a cron entry not added stays in the cluster; it comes back if its target moves");
                 }
                 return Err(err.into());
             }
@@ -431,12 +437,16 @@ impl Kernel {
             // Out of memory first: no run starts or finishes for it meanwhile.
             kernel.inner.cron().state.lock().remove(&name);
             kernel.inner.cron().wake.notify_one();
+            kernel
+                .inner
+                .store()
+                .commit(Write::CronRemove(name.clone()))
+                .await?;
             if let Some(cluster) = kernel.cron_follows(target)
                 && let Err(err) = cluster.drop_cron(target, &name).await
             {
                 tracing::warn!(cron = name, error = %err, "cluster: a removed cron entry stays in the cluster; it comes back if its target moves");
             }
-            kernel.inner.store().commit(Write::CronRemove(name)).await?;
             Ok(())
         });
         task.await
@@ -647,6 +657,14 @@ impl Kernel {
                             "cron {name:?} removed: its owner {owner} or target {} did not come back",
                             spec.target
                         ));
+                        // Its key in the cluster too, unless another node
+                        // took the target over and wrote it since.
+                        if let Some(cluster) = self.inner.cluster().cloned() {
+                            let (target, name) = (spec.target, name.clone());
+                            self.inner.tracker().spawn(async move {
+                                cluster.drop_stale_cron(target, &name).await;
+                            });
+                        }
                         self.inner.store().submit(Write::CronRemove(name));
                         continue;
                     }
@@ -951,7 +969,7 @@ impl Kernel {
             .spawn(crate::trace::scope_in(opened, async move {
                 if let Some(cluster) = lease
                     && !kernel
-                        .leased(&cluster, (owner, &name), slot, generation, why)
+                        .leased(&cluster, (owner, spec.target, &name), slot, generation, why)
                         .await
                 {
                     return;

@@ -14,7 +14,7 @@ use hivekernel_agents::Pid;
 use super::{CronRun, CronSource, CronSpec, Entry, Firing, Missed};
 use crate::cluster::{CLAIM_AGE, Cluster, KeptCron, Lease};
 use crate::crontab;
-use crate::kernel::Kernel;
+use crate::kernel::{Caller, Kernel};
 use crate::reload::Outcome;
 use crate::store::Write;
 
@@ -37,12 +37,14 @@ impl Kernel {
     pub(super) async fn leased(
         &self,
         cluster: &Cluster,
-        (owner, name): (Pid, &str),
+        (owner, target, name): (Pid, Pid, &str),
         slot: u64,
         generation: u64,
         why: Firing,
     ) -> bool {
-        let (status, output) = match cluster.lease_slot(owner, name, slot).await {
+        // An entry that follows its target is claimed under it.
+        let follows = self.cron_follows(target).map(|_| target);
+        let (status, output) = match cluster.lease_slot((owner, follows), name, slot).await {
             Ok(Lease::Won) => return self.commit_slot(name, slot, generation).await.is_ok(),
             Ok(Lease::Taken(_)) if why == Firing::Missed => (None, String::new()),
             Ok(Lease::Taken(node)) if node.is_empty() => {
@@ -160,15 +162,25 @@ impl Kernel {
     }
 
     /// Takes on the API entries the cluster keeps for `targets`, processes
-    /// this node has just started after their node was lost: each runs
-    /// here from now on (its history stayed behind), and a slot it missed
-    /// meanwhile is handled by its `missed` policy, claimed as on any
-    /// node. An entry whose name an entry here has already is left out,
-    /// said in the log.
+    /// this node has just started after their node was lost (or a config
+    /// agent it started): each runs here from now on (its history stayed
+    /// behind), and a slot it missed meanwhile is handled by its `missed`
+    /// policy, claimed under its target as on the node before. Waits for
+    /// this node's cron to have started. An entry here already is left as
+    /// it is; one whose name another entry here has, or that does not
+    /// pass the checks of an add, is left out, said in the log.
     pub(crate) async fn take_crons(&self, targets: &[Pid]) {
         let Some(cluster) = self.inner.cluster().cloned() else {
             return;
         };
+        if targets.is_empty() {
+            return;
+        }
+        let mut ready = self.inner.cron().ready.subscribe();
+        tokio::select! {
+            () = self.inner.stop_begun().cancelled() => return,
+            started = ready.wait_for(|ready| *ready) => if started.is_err() { return },
+        }
         let wanted: HashSet<Pid> = targets.iter().copied().collect();
         let kept = match cluster.crons_of(&wanted).await {
             Ok(kept) => kept,
@@ -183,41 +195,55 @@ impl Kernel {
         let admin = self.inner.cron().admin.clone().lock_owned().await;
         let now = self.cron_now_ms();
         let mut taken = Vec::new();
-        for KeptCron {
-            owner,
-            created_ms,
-            spec,
-            ..
-        } in kept
-        {
-            let schedule = match crontab::parse(&spec.expression) {
-                Ok(schedule) => schedule,
-                Err(why) => {
-                    tracing::warn!(cron = spec.name, error = %why, "cluster: a cron entry taken over cannot be read; left out");
-                    continue;
-                }
-            };
-            if self
+        for (target, kept) in kept {
+            let KeptCron {
+                owner,
+                created_ms,
+                spec,
+                ..
+            } = kept;
+            let name = spec.name.clone();
+            if spec.target != target || self.cron_follows(target).is_none() {
+                tracing::warn!(cron = name, %target, aimed_at = %spec.target, "cluster: a cron entry in hk_cron is not for a process that moved here; left out");
+                continue;
+            }
+            let here = self
                 .inner
                 .cron()
                 .state
                 .lock()
                 .entries
-                .contains_key(&spec.name)
-            {
-                tracing::warn!(cron = spec.name, target = %spec.target, "cluster: a cron entry taken over has the name of one here; left out");
-                continue;
+                .get(&name)
+                .map(|entry| (entry.source, entry.spec.target));
+            match here {
+                Some((CronSource::Api, aimed)) if aimed == target => continue,
+                Some(_) => {
+                    tracing::warn!(cron = name, %target, "cluster: a cron entry taken over has the name of another here; left out");
+                    continue;
+                }
+                None => {}
             }
+            let as_owner = if owner == Pid::KERNEL {
+                Caller::Admin
+            } else {
+                Caller::Process(owner)
+            };
+            let schedule = match self.check_cron(as_owner, &spec) {
+                Ok(schedule) => schedule,
+                Err(err) => {
+                    tracing::warn!(cron = name, error = %err, "cluster: a cron entry taken over is refused here; left out");
+                    continue;
+                }
+            };
             let generation = self.inner.cron().generation();
             let entry = Entry::added(spec, schedule, owner, created_ms, generation);
-            // Written again as this node's, so it goes with its target's reap here.
+            // Written again as this node's: the key names who holds it.
             if let Err(err) = cluster.keep_cron(owner, &entry.spec, created_ms).await {
-                tracing::warn!(cron = entry.spec.name, error = %err, "cluster: a cron entry taken over not written back");
+                tracing::warn!(cron = name, error = %err, "cluster: a cron entry taken over not written back");
             }
             if let Err(err) = self.inner.store().commit(entry.put()).await {
-                tracing::error!(cron = entry.spec.name, error = %err, "store: a cron entry taken over not recorded; it runs until this node stops");
+                tracing::error!(cron = name, error = %err, "store: a cron entry taken over not recorded; it runs until this node stops");
             }
-            let name = entry.spec.name.clone();
             let catch_up = entry.spec.missed == Missed::RunOnce && entry.enabled();
             let mut state = self.inner.cron().state.lock();
             state.insert(entry);
@@ -228,16 +254,18 @@ impl Kernel {
                     taken.push((name.clone(), slot));
                 }
             }
-            tracing::info!(
-                cron = name,
-                "cluster: cron entry taken over with its target"
-            );
+            tracing::info!(cron = name, %target, "cluster: cron entry taken over with its target");
         }
         drop(admin);
         self.inner.cron().wake.notify_one();
         for (name, slot) in taken {
             self.fire(&name, slot, Firing::Missed).await;
         }
+    }
+
+    /// Marks this node's cron as started: entries taken over may join it.
+    pub(crate) fn cron_started(&self) {
+        self.inner.cron().ready.send_replace(true);
     }
 }
 
