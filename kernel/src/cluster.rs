@@ -1061,6 +1061,35 @@ pub(crate) fn replica_tries(replicas: &Option<usize>) -> &[usize] {
     }
 }
 
+/// Opens stream `config.name`, creating it from `config` when missing,
+/// at the replications [`replica_tries`] gives. Another node creating it
+/// meanwhile is no error: every node asks for the same config.
+pub(crate) async fn open_stream(
+    js: &Context,
+    replicas: Option<usize>,
+    config: jetstream::stream::Config,
+) -> Result<jetstream::stream::Stream, ClusterError> {
+    let name = config.name.clone();
+    if let Ok(stream) = js.get_stream(&name).await {
+        return Ok(stream);
+    }
+    let mut created = None;
+    for &replicas in replica_tries(&replicas) {
+        let config = jetstream::stream::Config {
+            num_replicas: replicas,
+            ..config.clone()
+        };
+        match js.create_stream(config).await {
+            Ok(stream) => return Ok(stream),
+            Err(err) => created = Some(err),
+        }
+    }
+    js.get_stream(&name).await.map_err(|err| match created {
+        Some(create) => ClusterError::jetstream(&format!("creating stream {name}"), create),
+        None => ClusterError::jetstream(&format!("opening stream {name}"), err),
+    })
+}
+
 /// Creates the stream of bucket `name`.
 async fn make_bucket(
     js: &Context,

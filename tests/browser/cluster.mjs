@@ -6,51 +6,17 @@
 // go), CHROMIUM (the browser), PLAYWRIGHT (playwright-core's directory).
 // Prints one line per step; exits 1 at the first failure.
 
-import { createRequire } from 'node:module';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { expect, launch, newPage, step } from './harness.mjs';
 
 const env = process.env;
-const require = createRequire(import.meta.url);
-const { chromium } = require(env.PLAYWRIGHT);
-const WAIT = 20000;
 const onB = Number(env.ON_B);
 
-async function step(name, body) {
-  const started = Date.now();
-  try {
-    await body();
-    console.log(`ok   ${name} (${Date.now() - started} ms)`);
-  } catch (err) {
-    console.log(`FAIL ${name}: ${err.stack || err}`);
-    throw err;
-  }
-}
-
-function expect(condition, message) {
-  if (!condition) throw new Error(message);
-}
-
-mkdirSync(env.SHOTS, { recursive: true });
-const browser = await chromium.launch({
-  executablePath: env.CHROMIUM,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const problems = [];
 let failed = false;
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
-  const page = await context.newPage();
-  page.setDefaultTimeout(WAIT);
-  page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-  // The session check before the login answers 401, as a refusal the
-  // page handles does; those are not problems.
-  page.on('console', (message) => {
-    if (message.type() === 'error' && !/status of 40[134]/.test(message.text())) {
-      problems.push(`console error: ${message.text()}`);
-    }
-  });
+  const page = await newPage(browser, problems);
 
   await step('node a\'s dashboard says its node and lists b\'s process with its node', async () => {
     await page.goto(env.DASHBOARD_URL);

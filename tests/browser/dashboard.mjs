@@ -7,14 +7,10 @@
 // directory). Prints one line per step; exits 1 at the first failure.
 
 import { execFileSync, spawn } from 'node:child_process';
-import { createRequire } from 'node:module';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { expect, launch, newPage as openPage, step } from './harness.mjs';
 
 const env = process.env;
-const require = createRequire(import.meta.url);
-const { chromium } = require(env.PLAYWRIGHT);
-const WAIT = 20000;
 
 function cli(...args) {
   return execFileSync(env.HIVEKERNEL_BIN, [...args, '--addr', env.HIVEKERNEL_ADDR, '--data-dir', env.HIVEKERNEL_DATA_DIR], { encoding: 'utf8' });
@@ -38,40 +34,9 @@ function pidOf(name) {
   return found.pid;
 }
 
-async function step(name, body) {
-  const started = Date.now();
-  try {
-    await body();
-    console.log(`ok   ${name} (${Date.now() - started} ms)`);
-  } catch (err) {
-    console.log(`FAIL ${name}: ${err.stack || err}`);
-    throw err;
-  }
-}
-
-function expect(condition, message) {
-  if (!condition) throw new Error(message);
-}
-
-mkdirSync(env.SHOTS, { recursive: true });
-const browser = await chromium.launch({
-  executablePath: env.CHROMIUM,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const problems = [];
-async function newPage(viewport = { width: 1280, height: 800 }) {
-  const context = await browser.newContext({ viewport });
-  const page = await context.newPage();
-  page.setDefaultTimeout(WAIT);
-  page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-  page.on('console', (message) => {
-    if (message.type() === 'error' && !/status of 40[134]/.test(message.text())) {
-      problems.push(`console error: ${message.text()}`);
-    }
-  });
-  return page;
-}
+const newPage = (viewport) => openPage(browser, problems, viewport);
 
 async function login(page, token) {
   await page.goto(env.DASHBOARD_URL);

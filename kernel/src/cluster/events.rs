@@ -16,7 +16,7 @@ use async_nats::jetstream::{self, Context, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::{Cluster, ClusterError, replica_tries};
+use super::{Cluster, ClusterError, open_stream};
 use crate::events::{Backlog, Event, Missed, Subscription};
 
 /// The stream of every node's events.
@@ -110,7 +110,8 @@ impl EventFeed {
     }
 }
 
-/// The stream's first and last sequence numbers now (0 and 0 while empty).
+/// The stream's first and last sequence numbers now (while it is empty,
+/// the first is the one after the last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     pub first: u64,
@@ -124,31 +125,16 @@ pub(crate) async fn open(
     replicas: Option<usize>,
     keep: u64,
 ) -> Result<stream::Stream, ClusterError> {
-    if let Ok(stream) = js.get_stream(EVENTS).await {
-        return Ok(stream);
-    }
-    let mut created = None;
-    for &replicas in replica_tries(&replicas) {
-        let config = jetstream::stream::Config {
-            name: EVENTS.to_owned(),
-            subjects: vec!["hk.events.>".to_owned()],
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
-            max_messages: i64::try_from(keep).unwrap_or(i64::MAX),
-            discard: jetstream::stream::DiscardPolicy::Old,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        };
-        match js.create_stream(config).await {
-            Ok(stream) => return Ok(stream),
-            Err(err) => created = Some(err),
-        }
-    }
-    // Another node creating it meanwhile is no error.
-    js.get_stream(EVENTS).await.map_err(|err| match created {
-        Some(create) => ClusterError::jetstream(&format!("creating stream {EVENTS}"), create),
-        None => ClusterError::jetstream(&format!("opening stream {EVENTS}"), err),
-    })
+    let config = jetstream::stream::Config {
+        name: EVENTS.to_owned(),
+        subjects: vec!["hk.events.>".to_owned()],
+        storage: jetstream::stream::StorageType::File,
+        max_messages: i64::try_from(keep).unwrap_or(i64::MAX),
+        discard: jetstream::stream::DiscardPolicy::Old,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    open_stream(js, replicas, config).await
 }
 
 /// What this node still has to publish: what a subscription to its bus
@@ -156,7 +142,7 @@ pub(crate) async fn open(
 struct Outbox {
     backlog: Option<Backlog>,
     replay: VecDeque<Arc<Event>>,
-    subscription_live: crate::events::Live,
+    live: crate::events::Live,
 }
 
 impl Outbox {
@@ -170,7 +156,7 @@ impl Outbox {
         Outbox {
             backlog: subscription.backlog,
             replay: subscription.replay.into(),
-            subscription_live: subscription.live,
+            live: subscription.live,
         }
     }
 
@@ -206,10 +192,7 @@ impl Outbox {
             into.extend(self.replay.drain(..take));
             return Ok(());
         }
-        self.subscription_live
-            .recv_many(into, max)
-            .await
-            .map(|_| ())
+        self.live.recv_many(into, max).await.map(|_| ())
     }
 }
 

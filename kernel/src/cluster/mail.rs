@@ -24,7 +24,7 @@ use hivekernel_agents::{Message, MessageId, Pid};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::{Cluster, ClusterError, replica_tries};
+use super::{Cluster, ClusterError, open_stream};
 
 /// The stream of mail.
 pub(crate) const MAIL: &str = "HK_MAIL";
@@ -71,40 +71,20 @@ impl Mailroom {
     /// kept until each message is deleted (no age: a message waits for
     /// its process however long that takes).
     pub(crate) async fn open(js: &Context, replicas: Option<usize>) -> Result<Self, ClusterError> {
-        let stream = match js.get_stream(MAIL).await {
-            Ok(stream) => stream,
-            Err(_) => create(js, replicas).await?,
-        };
-        Ok(Mailroom {
-            stream,
-            held: Mutex::new(HashMap::new()),
-            left: Mutex::new(HashSet::new()),
-        })
-    }
-}
-
-async fn create(js: &Context, replicas: Option<usize>) -> Result<stream::Stream, ClusterError> {
-    let mut created = None;
-    for &replicas in replica_tries(&replicas) {
         let config = jetstream::stream::Config {
             name: MAIL.to_owned(),
             subjects: vec!["hk.mail.>".to_owned()],
             storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas,
             duplicate_window: Duration::from_secs(120),
             discard: jetstream::stream::DiscardPolicy::New,
             ..Default::default()
         };
-        match js.create_stream(config).await {
-            Ok(stream) => return Ok(stream),
-            Err(err) => created = Some(err),
-        }
+        Ok(Mailroom {
+            stream: open_stream(js, replicas, config).await?,
+            held: Mutex::new(HashMap::new()),
+            left: Mutex::new(HashSet::new()),
+        })
     }
-    // Another node creating it meanwhile is no error: the config is the same.
-    js.get_stream(MAIL).await.map_err(|err| match created {
-        Some(create) => ClusterError::jetstream(&format!("creating stream {MAIL}"), create),
-        None => ClusterError::jetstream(&format!("opening stream {MAIL}"), err),
-    })
 }
 
 impl Cluster {
