@@ -30,6 +30,7 @@ mod declared;
 mod exec;
 mod inbox;
 mod inner;
+mod lanes;
 mod llm;
 mod mail;
 mod mcp;

@@ -1107,6 +1107,11 @@ fn config_agents_run_once_in_the_cluster_and_move_when_their_node_goes() {
 
 /// A node whose config points its models at `llm`, of the cluster `nats`.
 fn with_model(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, llm: &str) -> Binary {
+    with_config(bin, root, nats, name, &model_config(llm))
+}
+
+/// The test config, timed for tests, with `llm` as its model server.
+fn model_config(llm: &str) -> Value {
     let mut config: Value = serde_json::from_str(&config(Some(json!({
         "servers": ["nats://127.0.0.1:1"],
         "heartbeat_ms": HEARTBEAT_MS,
@@ -1117,6 +1122,11 @@ fn with_model(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, llm: &str
         "provider": "openai", "base_url": llm,
         "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0
     });
+    config
+}
+
+/// A node of `nats` named `name`, started from `config`.
+fn with_config(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, config: &Value) -> Binary {
     let urls = nats.urls();
     node(
         bin,
@@ -1241,6 +1251,139 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A delegated task's answer to a process that may move is kept in the
+/// cluster's mail stream as its node takes it in: the worker on b answers
+/// while the caller on a is busy with a slow turn, a is killed with the
+/// answer still queued, and the caller, started again on b, gets the
+/// answer there, once.
+#[test]
+fn a_delegated_answer_queued_on_a_lost_node_reaches_its_requester_where_it_starts_again() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let target = Arc::new(AtomicU64::new(0));
+    let aimed = target.clone();
+    let llm = rt.block_on(LlmServer::answering(move |body| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        if last["role"] == "tool" {
+            // Busy while the answer arrives: it waits in the mailbox.
+            return Scripted::content("done").after(Duration::from_secs(3));
+        }
+        // The message turn's input ends with what was sent.
+        if !last_message(body).ends_with("\ngo") {
+            return Scripted::content("noted");
+        }
+        let args = json!({"pid": aimed.load(Ordering::SeqCst), "task": "later"}).to_string();
+        Scripted::tool_calls(&[("c1", "delegate_async", &args)])
+    }));
+    // One turn at a time: the answer waits behind the slow one.
+    let mut config = model_config(&llm.base_url());
+    config["kernel"]["max_concurrent_tasks"] = json!(1);
+    let mut a = with_config(&bin, root.path(), &nats, "a", &config);
+    let b = with_config(&bin, root.path(), &nats, "b", &config);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+
+    let echo = spawn(&b, 1, "echo-b", "agent");
+    target.store(echo, Ordering::SeqCst);
+    let caller = a.json(&[
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        "caller",
+        "--role",
+        "agent",
+        "--runtime",
+        "tool_agent",
+        "--model",
+        "test-model",
+        "--prompt",
+        "You delegate.",
+        "--tools",
+        "delegate_async",
+        "--restart",
+        "permanent",
+        "--json",
+    ])["pid"]
+        .as_u64()
+        .unwrap();
+    let sent = a.cli(&["send", "caller", "go"]);
+    assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());
+
+    // The answer is in the stream, on the caller's subject, before a dies.
+    let subject = format!("hk.mail.{caller}");
+    let kept = |subject: &str| {
+        rt.block_on(async {
+            let peer = async_nats::connect(nats.url(0)).await.unwrap();
+            let js = async_nats::jetstream::new(peer);
+            let stream = js.get_stream("HK_MAIL").await.unwrap();
+            match stream.get_last_raw_message_by_subject(subject).await {
+                Ok(message) => String::from_utf8_lossy(&message.payload).into_owned(),
+                Err(_) => String::new(),
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !kept(&subject).contains("task_response") {
+        assert!(
+            Instant::now() < deadline,
+            "no answer kept on {subject}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let answered = |input: &String| {
+        input.starts_with("Result of delegated request")
+            && input.contains(&format!("(succeeded, from process {echo})"))
+            && input.ends_with("later")
+    };
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    assert!(
+        !inputs.iter().any(answered),
+        "handed over before the kill: {inputs:?}"
+    );
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    // Started again on b, the caller takes the answer as a turn, once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        if inputs.iter().any(answered) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{inputs:?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        everyone(&b).get(&caller).map(|(_, node)| node.as_str()),
+        Some("b"),
+        "{}",
+        b.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    assert_eq!(
+        inputs.iter().filter(|input| answered(input)).count(),
+        1,
+        "{inputs:?}"
+    );
+    // Handed over: taken out of the stream.
+    assert_eq!(kept(&subject), "", "{}", b.log());
 }
 
 /// Each slot of a cron entry is leased to one node: three nodes, each on

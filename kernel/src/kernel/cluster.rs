@@ -13,6 +13,7 @@ use hivekernel_agents::{
 };
 use tokio::sync::Semaphore;
 
+use super::lanes::Posting;
 use super::tree::Tree;
 use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
@@ -476,20 +477,16 @@ impl Kernel {
                 epoch,
                 members,
             } => held(self.adopt(lost, epoch, members).await),
-            Op::Post { message, done } => {
-                match done {
-                    Some(request_id) if fresh => {
-                        self.answer_requester(message, request_id);
-                    }
-                    // Its requester was told it failed (its node was lost
-                    // meanwhile, or this node started again).
-                    Some(request_id) => {
-                        tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
-                    }
-                    None => self.deliver_system_here(message),
-                }
+            // Its requester was told it failed (its node was lost
+            // meanwhile, or this node started again).
+            Op::Post {
+                done: Some(request_id),
+                ..
+            } if !fresh => {
+                tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
                 held(Ok(()))
             }
+            Op::Post { message, done } => held(self.take_post(message, done).await),
         }
     }
 
@@ -711,31 +708,22 @@ impl Kernel {
         Ok(request_id)
     }
 
-    /// Hands a message the kernel made (a task's answer, a copy, a notice)
-    /// to `node`, which holds its receiver, in the background: kernel
-    /// messages are sent from paths that do not wait. One not taken is
-    /// reported as a `message_dropped` event, as a local one is.
-    pub(super) fn post(&self, node: String, message: Message, done: Option<RequestId>) {
-        let kernel = self.clone();
-        let shutdown = self.inner.shutdown().clone();
-        self.inner.tracker().spawn(async move {
-            let (id, from, to, kind) = (message.id, message.from, message.to, message.kind.clone());
-            let op = Op::Post { message, done };
-            let posted = tokio::select! {
-                () = shutdown.cancelled() => Err(KernelError::ShuttingDown),
-                posted = kernel.forward::<()>(&node, op, FORWARDED_SEND) => posted,
-            };
-            if let Err(err) = posted {
-                kernel.report_dropped(to, id, from, kind, &err);
-            }
+    /// A message another node made for a process of this one (`done`:
+    /// the request it answers): given an id of this node's and put in its
+    /// receiver's lane, without routing checks. Answered once it is where
+    /// the receiver reads it (kept in `HK_MAIL` first when its mail is the
+    /// cluster's).
+    async fn take_post(&self, mut message: Message, done: Option<RequestId>) -> Result<()> {
+        // An answer gets its id with the request's removal.
+        if done.is_none() {
+            message.id = MessageId(self.next_id());
+        }
+        let (kept, taken) = tokio::sync::oneshot::channel();
+        self.hand_on(Posting {
+            kept: Some(kept),
+            ..Posting::new(message, done)
         });
-    }
-
-    /// A message another node made for a process of this one: given an
-    /// id of this node's, and delivered without routing checks.
-    fn deliver_system_here(&self, mut message: Message) {
-        message.id = MessageId(self.next_id());
-        self.deliver(message.to, message, false);
+        taken.await.unwrap_or(Err(KernelError::ShuttingDown))
     }
 
     /// Asks `node` to do `op` for a caller of this node, waiting up to

@@ -69,6 +69,9 @@ pub(super) struct Inner {
     traces: Option<Arc<crate::otel::Traces>>,
     /// The cluster this kernel is a node of, if any (`kernel.cluster`).
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The receivers' lanes of the messages the kernel makes, on a node
+    /// of a cluster (lanes.rs).
+    lanes: super::lanes::Lanes,
     transcripts: Transcripts,
     /// Server tokens per estimated token, per served model, learned from
     /// the usage answers report; kept in the store.
@@ -237,6 +240,7 @@ impl Inner {
             metrics,
             traces,
             cluster,
+            lanes: Default::default(),
             transcripts,
             calibration,
             store,
@@ -320,6 +324,10 @@ impl Inner {
 
     pub(super) fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
         self.cluster.as_ref()
+    }
+
+    pub(super) fn lanes(&self) -> &super::lanes::Lanes {
+        &self.lanes
     }
 
     pub(super) fn transcripts(&self) -> &Transcripts {

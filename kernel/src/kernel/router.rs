@@ -13,6 +13,7 @@ use hivekernel_agents::{
 use tokio::sync::oneshot;
 
 use super::inner::Inner;
+use super::lanes::Posting;
 use super::{Caller, Kernel};
 use crate::cluster::{ClusterError, Letter};
 use crate::error::{KernelError, Result};
@@ -308,7 +309,7 @@ impl Kernel {
             via: None,
             trace,
         };
-        self.deliver_system(parent, copy);
+        self.deliver_system(copy);
     }
 
     /// Checks the route (unless the sender's node `judged` it) and finds
@@ -395,15 +396,12 @@ impl Kernel {
         }
     }
 
-    /// Delivers a message the kernel produced (copies, exit notices, replies)
-    /// without routing checks; a failure is reported as an event, never lost silently.
-    /// A receiver on another node of the cluster gets it from that node.
-    pub(crate) fn deliver_system(&self, to: Pid, message: Message) {
-        if let Some(node) = self.held_elsewhere(to) {
-            self.post(node, message, None);
-            return;
-        }
-        self.deliver(to, message, false);
+    /// Delivers a message the kernel produced (copies, exit notices)
+    /// to its receiver, `message.to`, without routing checks; a failure
+    /// is reported as an event, never lost silently. On a node of a
+    /// cluster it goes through the receiver's lane (lanes.rs).
+    pub(crate) fn deliver_system(&self, message: Message) {
+        self.hand_on(Posting::new(message, None));
     }
 
     /// [`Kernel::deliver_system`] to a process of this node, for a message
@@ -464,11 +462,14 @@ impl Kernel {
             }
             ReplyTo::Mailbox(requester) => {
                 let message = task_response(worker, requester, request_id, &reply);
-                self.answer_requester(message, request_id);
+                self.hand_on(Posting::new(message, Some(request_id)));
             }
             ReplyTo::Node(requester) => {
                 let message = task_response(worker, requester.pid, requester.request_id, &reply);
-                self.post(requester.node, message, Some(requester.request_id));
+                self.hand_on(Posting {
+                    node: Some(requester.node),
+                    ..Posting::new(message, Some(requester.request_id))
+                });
             }
         }
     }

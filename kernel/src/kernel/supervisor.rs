@@ -582,7 +582,7 @@ impl Kernel {
             via: None,
             trace,
         };
-        self.deliver_system(record.ppid, message);
+        self.deliver_system(message);
     }
 
     /// Removes a zombie that nobody collected in time.

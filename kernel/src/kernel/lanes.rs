@@ -1,0 +1,264 @@
+//! Messages the kernel makes (a task's answer, a copy to a parent, a
+//! `child_exited` notice), on a node of a cluster: one ordered lane per
+//! receiver (docs/CLUSTER.md, "Messages the kernel makes").
+//!
+//! Such a message comes from a path that does not wait (a runner ending a
+//! task, a reap). To a process on another node it is posted there; to a
+//! process of this node that may move (its mail is the cluster's), it is
+//! kept in `HK_MAIL` before it enters the mailbox, as an acknowledged send
+//! is, so a node's loss does not lose it. Both wait on NATS, so they go
+//! through the receiver's lane: one task at a time per receiver, in the
+//! order they were made, so a task's answer still comes before the notice
+//! that its worker exited. A message to a process of this node whose mail
+//! stays here, with no lane open for it, goes into its mailbox at once, as
+//! on a kernel alone.
+
+use std::collections::{HashMap, VecDeque};
+
+use hivekernel_agents::{Message, MessageId, Pid, RequestId};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::cluster::rpc::Op;
+use crate::cluster::{ClusterError, Letter};
+use crate::error::{KernelError, Result};
+use crate::events::unix_ms;
+use crate::kernel::Kernel;
+use crate::kernel::cluster::FORWARDED_SEND;
+use crate::store::Write;
+
+/// The lanes open on this node: for each receiver whose lane is open,
+/// the messages waiting behind the one being handed on.
+#[derive(Debug, Default)]
+pub(super) struct Lanes {
+    open: Mutex<HashMap<Pid, VecDeque<Posting>>>,
+}
+
+/// A message the kernel made, on its way.
+#[derive(Debug)]
+pub(super) struct Posting {
+    pub(super) message: Message,
+    /// The `delegate_async` request it answers, which this node recorded.
+    pub(super) done: Option<RequestId>,
+    /// The node holding the receiver, when the message must go there (an
+    /// answer to a request another node sent); else where the receiver is
+    /// when its turn comes.
+    pub(super) node: Option<String>,
+    /// Told once the message is where its receiver reads it (a post from
+    /// another node is answered then).
+    pub(super) kept: Option<oneshot::Sender<Result<()>>>,
+}
+
+impl Posting {
+    pub(super) fn new(message: Message, done: Option<RequestId>) -> Posting {
+        Posting {
+            message,
+            done,
+            node: None,
+            kept: None,
+        }
+    }
+}
+
+impl Kernel {
+    /// Hands a message the kernel made to its receiver: through the
+    /// receiver's lane on a node of a cluster, at once otherwise.
+    pub(super) fn hand_on(&self, posting: Posting) {
+        if self.inner.cluster().is_none() || !self.needs_lane(&posting) {
+            self.hand_here(posting);
+            return;
+        }
+        let to = posting.message.to;
+        let most = self.inner.settings().mailbox_capacity;
+        let refused = {
+            let mut open = self.inner.lanes().open.lock();
+            match open.get_mut(&to) {
+                Some(waiting) if waiting.len() >= most => Some(posting),
+                Some(waiting) => {
+                    waiting.push_back(posting);
+                    None
+                }
+                None => {
+                    open.insert(to, VecDeque::from([posting]));
+                    let kernel = self.clone();
+                    self.inner
+                        .tracker()
+                        .spawn(async move { kernel.run_lane(to).await });
+                    None
+                }
+            }
+        };
+        if let Some(posting) = refused {
+            let err = KernelError::MailboxFull {
+                pid: to,
+                limit: format!("{most} kernel messages waiting to be kept"),
+            };
+            self.refuse_posting(posting, err);
+        }
+    }
+
+    /// Whether `posting` waits on NATS, or on messages before it that do:
+    /// its receiver is elsewhere, its mail is the cluster's, or its lane
+    /// is open.
+    fn needs_lane(&self, posting: &Posting) -> bool {
+        let to = posting.message.to;
+        if posting.node.is_some() || self.inner.lanes().open.lock().contains_key(&to) {
+            return true;
+        }
+        match self.inner.table().read().get(to) {
+            Some(entry) => entry.proc.mail_in_cluster,
+            None => to != Pid::KERNEL,
+        }
+    }
+
+    /// Hands on the messages of `to`'s lane, oldest first, until none
+    /// waits; the lane closes then. While one is handed on, the lane stays
+    /// open, so a message made meanwhile waits behind it. A kernel
+    /// stopping drops what is left.
+    async fn run_lane(&self, to: Pid) {
+        loop {
+            let next = {
+                let mut open = self.inner.lanes().open.lock();
+                let Some(waiting) = open.get_mut(&to) else {
+                    return;
+                };
+                match waiting.pop_front() {
+                    Some(next) => next,
+                    None => {
+                        open.remove(&to);
+                        return;
+                    }
+                }
+            };
+            let shutdown = self.inner.shutdown().clone();
+            let (id, from, kind) = (
+                next.message.id,
+                next.message.from,
+                next.message.kind.clone(),
+            );
+            let posted_here = next.kept.is_none();
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    // The one under way ends with its future (a post from
+                    // another node is answered that this node stops, and
+                    // that node reports it).
+                    if posted_here {
+                        self.report_dropped(to, id, from, kind, &KernelError::ShuttingDown);
+                    }
+                    let left = self.inner.lanes().open.lock().remove(&to).unwrap_or_default();
+                    for posting in left {
+                        self.refuse_posting(posting, KernelError::ShuttingDown);
+                    }
+                    return;
+                }
+                () = self.hand_over_lane(next) => {}
+            }
+        }
+    }
+
+    /// Hands one message of a lane on: posted to the node holding its
+    /// receiver, or kept in `HK_MAIL` and put in its mailbox here.
+    async fn hand_over_lane(&self, posting: Posting) {
+        let to = posting.message.to;
+        let node = posting.node.clone().or_else(|| self.held_elsewhere(to));
+        let Some(node) = node else {
+            let kept = self.keep_kernel_message(posting).await;
+            if let Err((posting, err)) = kept {
+                tracing::warn!(%to, error = %err, "cluster: a kernel message was not kept in the mail stream; delivered from this node only");
+                self.hand_here(posting);
+            }
+            return;
+        };
+        let Posting {
+            message,
+            done,
+            kept,
+            ..
+        } = posting;
+        let (id, from, kind) = (message.id, message.from, message.kind.clone());
+        let posted = self
+            .forward::<()>(&node, Op::Post { message, done }, FORWARDED_SEND)
+            .await;
+        if let Err(err) = &posted {
+            self.report_dropped(to, id, from, kind, err);
+        }
+        if let Some(kept) = kept {
+            let _ = kept.send(posted);
+        }
+    }
+
+    /// Keeps a message for a process of this node in `HK_MAIL` when its
+    /// mail is the cluster's, then puts it in its mailbox; gives the
+    /// message back when the stream did not take it.
+    async fn keep_kernel_message(
+        &self,
+        mut posting: Posting,
+    ) -> std::result::Result<(), (Posting, ClusterError)> {
+        let to = posting.message.to;
+        let in_cluster = self
+            .inner
+            .table()
+            .read()
+            .get(to)
+            .is_some_and(|entry| entry.proc.mail_in_cluster);
+        let Some(cluster) = self.inner.cluster().filter(|_| in_cluster) else {
+            self.hand_here(posting);
+            return Ok(());
+        };
+        if posting.done.is_some() {
+            posting.message.id = MessageId(self.next_id());
+        }
+        let letter = Letter {
+            message: posting.message,
+            created_ms: unix_ms(std::time::SystemTime::now()),
+            expires_ms: None,
+        };
+        if let Err(err) = cluster.keep_mail(to, letter.message.id, &letter).await {
+            posting.message = letter.message;
+            return Err((posting, err));
+        }
+        let Posting { done, kept, .. } = posting;
+        let store = self.inner.store();
+        if let Some(request_id) = done
+            && store.is_durable()
+            && !self.is_stopping()
+        {
+            store.submit(Write::RequestDone(request_id));
+        }
+        self.deliver(to, letter.message, true);
+        if let Some(kept) = kept {
+            let _ = kept.send(Ok(()));
+        }
+        Ok(())
+    }
+
+    /// Puts a message in its receiver's mailbox on this node, as a kernel
+    /// alone does (an answer to a request with the request's removal).
+    fn hand_here(&self, posting: Posting) {
+        let Posting {
+            message,
+            done,
+            kept,
+            ..
+        } = posting;
+        match done {
+            Some(request_id) => self.answer_requester(message, request_id),
+            None => self.deliver(message.to, message, false),
+        }
+        if let Some(kept) = kept {
+            let _ = kept.send(Ok(()));
+        }
+    }
+
+    /// Reports a message that will not reach its receiver: here, or by
+    /// the node that posted it, told why.
+    fn refuse_posting(&self, posting: Posting, err: KernelError) {
+        let Posting { message, kept, .. } = posting;
+        match kept {
+            Some(kept) => {
+                let _ = kept.send(Err(err));
+            }
+            None => self.report_dropped(message.to, message.id, message.from, message.kind, &err),
+        }
+    }
+}
