@@ -735,10 +735,14 @@ impl Cluster {
     }
 
     /// The node that claimed this one lost, if one did; an error when the
-    /// claims could not be read.
+    /// claims could not be read within a heartbeat, which must keep its
+    /// pace (a read that hangs on a server gone silent is asked again at
+    /// the next one).
     async fn claimed_lost(&self) -> Result<Option<String>, ()> {
         let claim = format!("lost.{}.{}", self.settings.node, self.epoch);
-        let Some(entry) = self.claims.entry(claim).await.map_err(drop)? else {
+        let within = Duration::from_millis(self.settings.heartbeat_ms);
+        let read = tokio::time::timeout(within, self.claims.entry(claim)).await;
+        let Some(entry) = read.map_err(drop)?.map_err(drop)? else {
             return Ok(None);
         };
         Ok((entry.operation == Operation::Put)

@@ -20,6 +20,7 @@ pub mod dashboard;
 pub mod durable;
 pub mod exec;
 pub mod llama;
+pub mod link;
 pub mod llm_server;
 pub mod mcp;
 pub mod nats;

@@ -1668,6 +1668,110 @@ fn messages_follow_their_agent(gone: Gone) {
     }
 }
 
+/// A node cut off from NATS stops acting for the processes that may move
+/// once it cannot know it is still a member: a's config agent, in a long
+/// loop of model calls, makes none once a's link to NATS has been silent
+/// past half the TTL, while b takes the agent over; when the link comes
+/// back a finds itself declared lost and exits, and the loop never
+/// resumed.
+#[test]
+fn a_node_cut_off_from_nats_pauses_its_moving_processes_and_is_fenced() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let link = hivekernel_tests::link::Link::to(nats.url(0).trim_start_matches("nats://"));
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // a's model server: every answer is one more tool call.
+    let on_a = rt.block_on(LlmServer::answering(|_| {
+        Scripted::tool_calls(&[("c1", "list_children", "{}")]).after(Duration::from_millis(100))
+    }));
+    let elsewhere = rt.block_on(LlmServer::answering(|_| Scripted::content("noted")));
+    let config = |llm: &str| {
+        let mut config: Value = serde_json::from_str(&config_of(json!([{
+            "name": "looper",
+            "role": "agent",
+            "runtime": "tool_agent",
+            "model": "test-model",
+            "system_prompt": "You look at your children, again and again.",
+            "tools": ["list_children"],
+            "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
+        }])))
+        .unwrap();
+        config["llm"] = json!({
+            "provider": "openai", "base_url": llm,
+            "api_key_env": "HIVEKERNEL_TEST_NO_KEY", "max_retries": 0
+        });
+        config["tool_agent"] = json!({ "max_tool_iterations": 1000 });
+        config.to_string()
+    };
+    // a reaches NATS through the link only.
+    let mut a = node(
+        &bin,
+        root.path(),
+        "a",
+        &config(&on_a.base_url()),
+        &["--cluster", &link.url(), "--node", "a"],
+    );
+    wait_for_ps(&a, "looper on a", |all| {
+        all.values()
+            .any(|(name, node)| name == "looper" && node == "a")
+    });
+    let b = node(
+        &bin,
+        root.path(),
+        "b",
+        &config(&elsewhere.base_url()),
+        &["--cluster", &nats.url(0), "--node", "b"],
+    );
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+
+    let sent = a.cli(&["send", "looper", "look"]);
+    assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while on_a.request_count() < 3 {
+        assert!(Instant::now() < deadline, "no loop on a\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    link.cut();
+    let cut = Instant::now();
+    // Past half the TTL a knows nothing of its membership: a call under
+    // way ends, and no other starts.
+    std::thread::sleep(Duration::from_millis(TTL_MS));
+    let paused_at = on_a.request_count();
+    let deadline = cut + Duration::from_secs(30);
+    while !b.log().contains("config agent taken over") {
+        assert!(
+            Instant::now() < deadline,
+            "not taken over\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(TTL_MS));
+    assert_eq!(
+        on_a.request_count(),
+        paused_at,
+        "a's copy went on calling its model while cut off\n{}",
+        a.log()
+    );
+
+    // Back in touch, a learns it was declared lost and exits; its copy
+    // called no model meanwhile.
+    link.mend();
+    assert_eq!(
+        exit_code(&mut a, Duration::from_secs(20)),
+        Some(3),
+        "{}",
+        a.log()
+    );
+    assert_eq!(on_a.request_count(), paused_at, "{}", a.log());
+    assert!(a.log().contains("fenced"), "{}", a.log());
+}
+
 /// A config agent's `node` and `where` choose the nodes it may run on: a
 /// node they rule out neither starts it nor takes it over, and a node
 /// they admit does, at its start or after the agent's node dies. A kernel

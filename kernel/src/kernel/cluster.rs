@@ -21,7 +21,7 @@ use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{ReplyTo, Requester};
-use crate::process::ProcessTable;
+use crate::process::{ProcShared, ProcessTable};
 use crate::router::{Route, check_duration, descends, route};
 use crate::store::Write;
 
@@ -610,6 +610,27 @@ impl Kernel {
                 done => return done,
             }
         }
+    }
+
+    /// Waits, for process `proc` when it may move to another node, until
+    /// this node knows it is still a member of its cluster (docs/CLUSTER.md,
+    /// "Losing a node"): a node cut off from NATS past half its TTL may
+    /// have been declared lost, and the process started elsewhere, so its
+    /// copy here makes no model or MCP call until a heartbeat says whether
+    /// it still runs here. Refused once the node is fenced or leaves.
+    pub(super) async fn still_acting(&self, proc: &ProcShared) -> Result<()> {
+        let Some(cluster) = self.inner.cluster().filter(|_| proc.mail_in_cluster) else {
+            return Ok(());
+        };
+        if cluster.still_member().await {
+            return Ok(());
+        }
+        Err(KernelError::FailedPrecondition(format!(
+            "process {} runs on another node now: node {} left the cluster, or was \
+             declared lost",
+            proc.ctx.pid,
+            cluster.node()
+        )))
     }
 
     /// The node holding `pid` when another node does, as the mirror shows

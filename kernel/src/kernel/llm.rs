@@ -49,6 +49,9 @@ impl Kernel {
                 other => LlmError::Refused(other.to_string()),
             }
         };
+        self.still_acting(&proc)
+            .await
+            .map_err(|err| LlmError::Refused(err.to_string()))?;
         let what = format!("process {pid} may not call a model now");
         let level = proc
             .usage

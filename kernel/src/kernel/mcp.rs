@@ -114,6 +114,12 @@ impl Kernel {
         self.check_running()?;
         let granted = self.mcp_grant(caller, server, Some(tool));
         self.report_denial(caller, "mcp_call", granted)?;
+        if let Caller::Process(pid) = caller {
+            let proc = self.inner.table().read().get(pid).map(|e| e.proc.clone());
+            if let Some(proc) = proc {
+                self.still_acting(&proc).await?;
+            }
+        }
         self.inner.mcp().call(server, tool, arguments).await
     }
 
