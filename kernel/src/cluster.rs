@@ -101,6 +101,10 @@ pub enum ClusterError {
     /// What was to be published is larger than a NATS message may be.
     #[error("{0}")]
     TooLarge(String),
+    /// Refused before anything was sent: the process runs on another
+    /// node now, or this node may have been declared lost.
+    #[error("{0}")]
+    NotHere(String),
     /// A value in a bucket is not what this build writes there.
     #[error("cluster bucket {bucket} key {key}: {reason}")]
     Corrupt {
@@ -674,10 +678,13 @@ impl Cluster {
         let every = Duration::from_millis(self.settings.heartbeat_ms);
         let mut cpu = CpuMeter::new();
         let mut failing = false;
+        // On a fixed pace: a slow beat does not push the next ones later.
+        let mut pace = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = self.cancel.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
+                _ = pace.tick() => {}
             }
             let mut load = self.load.get().map(|read| read()).unwrap_or_default();
             load.cpu_percent = cpu.percent();

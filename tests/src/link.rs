@@ -72,6 +72,10 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
+        // No connection is added once the acceptor has ended.
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
         for socket in self
             .shared
             .sockets
@@ -80,9 +84,6 @@ impl Drop for Link {
             .drain(..)
         {
             let _ = socket.shutdown(Shutdown::Both);
-        }
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
         }
         let relays: Vec<_> = self
             .shared

@@ -1386,6 +1386,115 @@ fn a_delegated_answer_queued_on_a_lost_node_reaches_its_requester_where_it_start
     assert_eq!(kept(&subject), "", "{}", b.log());
 }
 
+/// A delegated task's answer follows its requester: the caller on a
+/// delegates to a slow worker on b and a is killed before the worker
+/// answers; the caller starts again on b, and the answer, which b would
+/// have posted to a, reaches it there, once.
+#[test]
+fn a_delegated_answer_follows_its_requester_to_the_node_it_moved_to() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let target = Arc::new(AtomicU64::new(0));
+    let aimed = target.clone();
+    let llm = rt.block_on(LlmServer::answering(move |body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or("");
+        if system.contains("slowly") {
+            return Scripted::content("later").after(Duration::from_secs(4));
+        }
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        if last["role"] == "tool" {
+            return Scripted::content("done");
+        }
+        if !last_message(body).ends_with("\ngo") {
+            return Scripted::content("noted");
+        }
+        let args = json!({"pid": aimed.load(Ordering::SeqCst), "task": "slow"}).to_string();
+        Scripted::tool_calls(&[("c1", "delegate_async", &args)])
+    }));
+    let mut a = with_model(&bin, root.path(), &nats, "a", &llm.base_url());
+    let b = with_model(&bin, root.path(), &nats, "b", &llm.base_url());
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let agent = |kernel: &Binary, name: &str, prompt: &str, tools: &str| {
+        kernel.json(&[
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            name,
+            "--role",
+            "agent",
+            "--runtime",
+            "tool_agent",
+            "--model",
+            "test-model",
+            "--prompt",
+            prompt,
+            "--tools",
+            tools,
+            "--restart",
+            "permanent",
+            "--json",
+        ])["pid"]
+            .as_u64()
+            .unwrap()
+    };
+    let worker = agent(&b, "worker", "You work slowly.", "list_children");
+    target.store(worker, Ordering::SeqCst);
+    let caller = agent(&a, "caller", "You delegate.", "delegate_async");
+
+    let sent = a.cli(&["send", "caller", "go"]);
+    assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());
+    // The worker has the task: a dies before it answers.
+    let working = |input: &String| input.ends_with("slow");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !llm
+        .requests()
+        .iter()
+        .map(last_message)
+        .any(|input| working(&input))
+    {
+        assert!(Instant::now() < deadline, "{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    let answered = |input: &String| {
+        input.starts_with("Result of delegated request")
+            && input.contains(&format!("(succeeded, from process {worker})"))
+            && input.ends_with("later")
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        if inputs.iter().any(answered) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{inputs:?}\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        everyone(&b).get(&caller).map(|(_, node)| node.as_str()),
+        Some("b"),
+        "{}",
+        b.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    assert_eq!(
+        inputs.iter().filter(|i| answered(i)).count(),
+        1,
+        "{inputs:?}"
+    );
+}
+
 /// Each slot of a cron entry is leased to one node: three nodes, each on
 /// its own NATS server of three, claim the same slots at the same moment,
 /// and for every slot exactly one wins while the others are told which.

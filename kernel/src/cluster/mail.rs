@@ -101,7 +101,7 @@ impl Cluster {
         // A copy that stood down, or a node that is no member any more,
         // takes nothing the agent's node would not read.
         if self.mail.left.lock().contains(&to) || !self.still_member().await {
-            return Err(ClusterError::JetStream(format!(
+            return Err(ClusterError::NotHere(format!(
                 "process {to} runs on another node now; send it there"
             )));
         }

@@ -35,6 +35,9 @@ pub(super) const FORWARDED_KILL: std::time::Duration = std::time::Duration::from
 pub(super) const FORWARDED_SPAWN: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a forwarded message may take to be taken in.
 pub(super) const FORWARDED_SEND: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a node takes at most to take in a message another node posted
+/// (less than that node waits for the answer).
+const POST_WAIT: std::time::Duration = std::time::Duration::from_secs(8);
 /// How much longer than a forwarded task's timeout its requester waits.
 const FORWARD_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -744,7 +747,15 @@ impl Kernel {
             kept: Some(kept),
             ..Posting::new(message, done)
         });
-        taken.await.unwrap_or(Err(KernelError::ShuttingDown))
+        // Answered before the sender stops waiting; a message still in the
+        // lane then is not handed on (the sender reports it dropped).
+        match tokio::time::timeout(POST_WAIT, taken).await {
+            Ok(taken) => taken.unwrap_or(Err(KernelError::ShuttingDown)),
+            Err(_) => Err(KernelError::DeadlineExceeded(format!(
+                "the message was not kept within {} s (NATS slow or unreachable)",
+                POST_WAIT.as_secs()
+            ))),
+        }
     }
 
     /// Asks `node` to do `op` for a caller of this node, waiting up to

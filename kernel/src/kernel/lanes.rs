@@ -14,6 +14,7 @@
 //! on a kernel alone.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use hivekernel_agents::{Message, MessageId, Pid, RequestId};
 use parking_lot::Mutex;
@@ -26,6 +27,11 @@ use crate::events::unix_ms;
 use crate::kernel::Kernel;
 use crate::kernel::cluster::FORWARDED_SEND;
 use crate::store::Write;
+
+/// The first wait before a keep in `HK_MAIL` whose outcome is unknown is
+/// tried again; it doubles up to [`KEEP_RETRY_MAX`] (about 6 s in all).
+const KEEP_RETRY: Duration = Duration::from_millis(200);
+const KEEP_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// The lanes open on this node: for each receiver whose lane is open,
 /// the messages waiting behind the one being handed on.
@@ -158,42 +164,82 @@ impl Kernel {
 
     /// Hands one message of a lane on: posted to the node holding its
     /// receiver, or kept in `HK_MAIL` and put in its mailbox here.
-    async fn hand_over_lane(&self, posting: Posting) {
+    async fn hand_over_lane(&self, mut posting: Posting) {
         let to = posting.message.to;
-        let node = posting.node.clone().or_else(|| self.held_elsewhere(to));
-        let Some(node) = node else {
-            let kept = self.keep_kernel_message(posting).await;
-            if let Err((posting, err)) = kept {
-                tracing::warn!(%to, error = %err, "cluster: a kernel message was not kept in the mail stream; delivered from this node only");
-                self.hand_here(posting);
-            }
+        // A post whose sender stopped waiting: that node reports it.
+        if posting.kept.as_ref().is_some_and(|kept| kept.is_closed()) {
             return;
-        };
-        let Posting {
-            message,
-            done,
-            kept,
-            ..
-        } = posting;
-        let (id, from, kind) = (message.id, message.from, message.kind.clone());
-        let posted = self
-            .forward::<()>(&node, Op::Post { message, done }, FORWARDED_SEND)
-            .await;
-        if let Err(err) = &posted {
-            self.report_dropped(to, id, from, kind, err);
         }
-        if let Some(kept) = kept {
-            let _ = kept.send(posted);
+        let elsewhere = self.held_elsewhere(to);
+        let here = self.inner.table().read().get(to).is_some();
+        match (posting.node.take(), elsewhere) {
+            // A post from another node, for a process that left since:
+            // done here or not at all.
+            (_, Some(_)) if posting.kept.is_some() => {
+                self.refuse_posting(posting, KernelError::NotFound(to));
+            }
+            // Where the request came from: the answer goes there, with the
+            // request it answers (that node recorded it).
+            (Some(asked), at)
+                if at.as_ref().is_some_and(|at| *at == asked) || (at.is_none() && !here) =>
+            {
+                self.post_from_lane(asked, posting).await;
+            }
+            // The receiver moved to another node since: that node does not
+            // know the request, so the answer goes as a message of its own,
+            // and a request this node recorded is done.
+            (asked, Some(at)) => {
+                if asked.is_none()
+                    && let Some(request_id) = posting.done
+                {
+                    self.request_done_here(request_id);
+                }
+                posting.done = None;
+                self.post_from_lane(at, posting).await;
+            }
+            // The receiver is here, or nowhere known.
+            (asked, None) => {
+                if asked.is_some() {
+                    // Moved here: the request is its first node's record.
+                    posting.done = None;
+                    posting.message.id = MessageId(self.next_id());
+                }
+                self.keep_here(posting).await;
+            }
         }
     }
 
-    /// Keeps a message for a process of this node in `HK_MAIL` when its
-    /// mail is the cluster's, then puts it in its mailbox; gives the
-    /// message back when the stream did not take it.
-    async fn keep_kernel_message(
-        &self,
-        mut posting: Posting,
-    ) -> std::result::Result<(), (Posting, ClusterError)> {
+    /// Posts a message of a lane to `node`, waiting for its answer; one it
+    /// does not take is reported dropped.
+    async fn post_from_lane(&self, node: String, posting: Posting) {
+        let Posting { message, done, .. } = posting;
+        let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
+        let posted = self
+            .forward::<()>(&node, Op::Post { message, done }, FORWARDED_SEND)
+            .await;
+        if let Err(err) = posted {
+            self.report_dropped(to, id, from, kind, &err);
+        }
+    }
+
+    /// Removes request `request_id`, answered, from this node's store (a
+    /// stopping kernel keeps it, so its restart reports it failed, as on a
+    /// kernel alone).
+    fn request_done_here(&self, request_id: RequestId) {
+        let store = self.inner.store();
+        if store.is_durable() && !self.is_stopping() {
+            store.submit(Write::RequestDone(request_id));
+        }
+    }
+
+    /// Puts a message in its receiver's mailbox here: kept in `HK_MAIL`
+    /// first when its mail is the cluster's. One the stream refused before
+    /// anything was sent (the process runs elsewhere now, or it is too
+    /// large), or that a stopping kernel makes, goes in as on a kernel
+    /// alone. A keep whose outcome is unknown (no acknowledgement) is
+    /// tried again under the same message id, which the stream stores
+    /// once, rather than handed over twice.
+    async fn keep_here(&self, mut posting: Posting) {
         let to = posting.message.to;
         let in_cluster = self
             .inner
@@ -201,9 +247,10 @@ impl Kernel {
             .read()
             .get(to)
             .is_some_and(|entry| entry.proc.mail_in_cluster);
-        let Some(cluster) = self.inner.cluster().filter(|_| in_cluster) else {
+        let cluster = self.inner.cluster().filter(|_| in_cluster);
+        let Some(cluster) = cluster.filter(|_| !self.is_stopping()) else {
             self.hand_here(posting);
-            return Ok(());
+            return;
         };
         if posting.done.is_some() {
             posting.message.id = MessageId(self.next_id());
@@ -213,23 +260,43 @@ impl Kernel {
             created_ms: unix_ms(std::time::SystemTime::now()),
             expires_ms: None,
         };
-        if let Err(err) = cluster.keep_mail(to, letter.message.id, &letter).await {
-            posting.message = letter.message;
-            return Err((posting, err));
+        let mut wait = KEEP_RETRY;
+        let kept = loop {
+            match cluster.keep_mail(to, letter.message.id, &letter).await {
+                Ok(()) => break true,
+                Err(err @ (ClusterError::NotHere(_) | ClusterError::TooLarge(_))) => {
+                    tracing::warn!(%to, error = %err, "cluster: a kernel message was not kept in the mail stream; delivered from this node only");
+                    break false;
+                }
+                Err(err) if wait > KEEP_RETRY_MAX => {
+                    tracing::error!(%to, error = %err, "cluster: a kernel message may not be kept in the mail stream; delivered from this node");
+                    break false;
+                }
+                Err(err) => {
+                    tracing::warn!(%to, error = %err, "cluster: keeping a kernel message failed; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        };
+        posting.message = letter.message;
+        if !kept {
+            self.hand_here(posting);
+            return;
         }
-        let Posting { done, kept, .. } = posting;
-        let store = self.inner.store();
-        if let Some(request_id) = done
-            && store.is_durable()
-            && !self.is_stopping()
-        {
-            store.submit(Write::RequestDone(request_id));
+        let Posting {
+            message,
+            done,
+            kept,
+            ..
+        } = posting;
+        if let Some(request_id) = done {
+            self.request_done_here(request_id);
         }
-        self.deliver(to, letter.message, true);
+        self.deliver(to, message, true);
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
         }
-        Ok(())
     }
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel

@@ -118,6 +118,7 @@ impl Kernel {
             let proc = self.inner.table().read().get(pid).map(|e| e.proc.clone());
             if let Some(proc) = proc {
                 self.still_acting(&proc).await?;
+                self.check_running()?;
             }
         }
         self.inner.mcp().call(server, tool, arguments).await
