@@ -29,7 +29,8 @@ use crate::kernel::cluster::FORWARDED_SEND;
 use crate::store::Write;
 
 /// The first wait before a keep in `HK_MAIL` whose outcome is unknown is
-/// tried again; it doubles up to [`KEEP_RETRY_MAX`] (about 6 s in all).
+/// tried again; it doubles while it is at most [`KEEP_RETRY_MAX`]: four
+/// more tries, 3 s of waiting between them.
 const KEEP_RETRY: Duration = Duration::from_millis(200);
 const KEEP_RETRY_MAX: Duration = Duration::from_secs(2);
 
