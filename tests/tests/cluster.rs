@@ -191,6 +191,33 @@ fn spawn(kernel: &Binary, parent: u64, name: &str, role: &str) -> u64 {
         .unwrap()
 }
 
+/// Spawns `name` under PID 1 through `kernel`: a permanent `tool_agent`
+/// (so it may move, its messages kept in the cluster's mail stream) with
+/// `prompt` and `tools`; its PID.
+fn spawn_agent(kernel: &Binary, name: &str, prompt: &str, tools: &str) -> u64 {
+    let args = [
+        "spawn",
+        "--parent",
+        "1",
+        "--name",
+        name,
+        "--role",
+        "agent",
+        "--runtime",
+        "tool_agent",
+        "--model",
+        "test-model",
+        "--prompt",
+        prompt,
+        "--tools",
+        tools,
+        "--restart",
+        "permanent",
+        "--json",
+    ];
+    kernel.json(&args)["pid"].as_u64().unwrap()
+}
+
 /// Waits until `check` holds of what `kernel`'s `ps` shows.
 fn wait_for_ps(
     kernel: &Binary,
@@ -1184,29 +1211,13 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
 
     let echo = spawn(&b, 1, "echo-b", "agent");
     target.store(echo, Ordering::SeqCst);
-    let caller = a.json(&[
-        "spawn",
-        "--parent",
-        "1",
-        "--name",
+    // It may move: its messages go through the cluster's mail stream.
+    let caller = spawn_agent(
+        &a,
         "caller",
-        "--role",
-        "agent",
-        "--runtime",
-        "tool_agent",
-        "--model",
-        "test-model",
-        "--prompt",
         "You call other processes.",
-        "--tools",
         "execute_task,send_message,delegate_async,kill_child",
-        // It may move: its messages go through the cluster's mail stream.
-        "--restart",
-        "permanent",
-        "--json",
-    ])["pid"]
-        .as_u64()
-        .unwrap();
+    );
 
     let answer = a.cli(&["exec", "caller", "go"]);
     assert!(answer.contains("done"), "{answer}\n{}", a.log());
@@ -1293,28 +1304,7 @@ fn a_delegated_answer_queued_on_a_lost_node_reaches_its_requester_where_it_start
 
     let echo = spawn(&b, 1, "echo-b", "agent");
     target.store(echo, Ordering::SeqCst);
-    let caller = a.json(&[
-        "spawn",
-        "--parent",
-        "1",
-        "--name",
-        "caller",
-        "--role",
-        "agent",
-        "--runtime",
-        "tool_agent",
-        "--model",
-        "test-model",
-        "--prompt",
-        "You delegate.",
-        "--tools",
-        "delegate_async",
-        "--restart",
-        "permanent",
-        "--json",
-    ])["pid"]
-        .as_u64()
-        .unwrap();
+    let caller = spawn_agent(&a, "caller", "You delegate.", "delegate_async");
     let sent = a.cli(&["send", "caller", "go"]);
     assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());
 
@@ -1421,33 +1411,9 @@ fn a_delegated_answer_follows_its_requester_to_the_node_it_moved_to() {
     let mut a = with_model(&bin, root.path(), &nats, "a", &llm.base_url());
     let b = with_model(&bin, root.path(), &nats, "b", &llm.base_url());
     wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
-    let agent = |kernel: &Binary, name: &str, prompt: &str, tools: &str| {
-        kernel.json(&[
-            "spawn",
-            "--parent",
-            "1",
-            "--name",
-            name,
-            "--role",
-            "agent",
-            "--runtime",
-            "tool_agent",
-            "--model",
-            "test-model",
-            "--prompt",
-            prompt,
-            "--tools",
-            tools,
-            "--restart",
-            "permanent",
-            "--json",
-        ])["pid"]
-            .as_u64()
-            .unwrap()
-    };
-    let worker = agent(&b, "worker", "You work slowly.", "list_children");
+    let worker = spawn_agent(&b, "worker", "You work slowly.", "list_children");
     target.store(worker, Ordering::SeqCst);
-    let caller = agent(&a, "caller", "You delegate.", "delegate_async");
+    let caller = spawn_agent(&a, "caller", "You delegate.", "delegate_async");
 
     let sent = a.cli(&["send", "caller", "go"]);
     assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());

@@ -615,6 +615,16 @@ impl Kernel {
         }
     }
 
+    /// Whether this node runs `pid` and it may move to another node (its
+    /// mail is the cluster's).
+    pub(super) fn moves_from_here(&self, pid: Pid) -> bool {
+        self.inner
+            .table()
+            .read()
+            .get(pid)
+            .is_some_and(|entry| entry.proc.mail_in_cluster)
+    }
+
     /// Waits, for process `proc` when it may move to another node, until
     /// this node knows it is still a member of its cluster (docs/CLUSTER.md,
     /// "Losing a node"): a node cut off from NATS past half its TTL may

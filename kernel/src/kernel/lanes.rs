@@ -242,14 +242,9 @@ impl Kernel {
     /// once, rather than handed over twice.
     async fn keep_here(&self, mut posting: Posting) {
         let to = posting.message.to;
-        let in_cluster = self
-            .inner
-            .table()
-            .read()
-            .get(to)
-            .is_some_and(|entry| entry.proc.mail_in_cluster);
-        let cluster = self.inner.cluster().filter(|_| in_cluster);
-        let Some(cluster) = cluster.filter(|_| !self.is_stopping()) else {
+        let cluster = self.inner.cluster();
+        let Some(cluster) = cluster.filter(|_| self.moves_from_here(to) && !self.is_stopping())
+        else {
             self.hand_here(posting);
             return;
         };
@@ -262,7 +257,7 @@ impl Kernel {
             expires_ms: None,
         };
         let mut wait = KEEP_RETRY;
-        let kept = loop {
+        let stored = loop {
             match cluster.keep_mail(to, letter.message.id, &letter).await {
                 Ok(()) => break true,
                 Err(err @ (ClusterError::NotHere(_) | ClusterError::TooLarge(_))) => {
@@ -281,7 +276,7 @@ impl Kernel {
             }
         };
         posting.message = letter.message;
-        if !kept {
+        if !stored {
             self.hand_here(posting);
             return;
         }

@@ -152,13 +152,7 @@ impl Kernel {
     /// cron").
     pub(super) fn cron_follows(&self, target: Pid) -> Option<Arc<Cluster>> {
         let cluster = self.inner.cluster()?;
-        let moves = self
-            .inner
-            .table()
-            .read()
-            .get(target)
-            .is_some_and(|entry| entry.proc.mail_in_cluster);
-        moves.then(|| cluster.clone())
+        self.moves_from_here(target).then(|| cluster.clone())
     }
 
     /// Takes on the API entries the cluster keeps for `targets`, processes
