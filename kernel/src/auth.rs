@@ -110,7 +110,28 @@ pub struct Authenticator {
     /// The kernel's operator tokens (`o<id>.<secret>`); none until
     /// [`Authenticator::with_operators`].
     operators: OperatorTokens,
+    /// On a node of a cluster: the SHA-256 of the token another node
+    /// issued to a process, as the directory lists it (set once the node
+    /// has joined).
+    elsewhere: Arc<Elsewhere>,
 }
+
+/// How tokens issued by other nodes are read, once the node has joined.
+#[derive(Default)]
+struct Elsewhere(std::sync::OnceLock<Digests>);
+
+impl fmt::Debug for Elsewhere {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "<the directory>"
+        } else {
+            "<none>"
+        })
+    }
+}
+
+/// The SHA-256 (hex) of the token issued to a process on another node.
+pub type Digests = Arc<dyn Fn(Pid) -> Option<String> + Send + Sync>;
 
 impl Authenticator {
     /// An authenticator that knows the admin token and no process tokens yet.
@@ -119,7 +140,23 @@ impl Authenticator {
             admin: Secret(Arc::from(admin_token)),
             issued: Arc::default(),
             operators: OperatorTokens::default(),
+            elsewhere: Arc::default(),
         }
+    }
+
+    /// Also accepts the tokens other nodes of a cluster issued to their
+    /// processes: checked against the SHA-256 `digests` reads from the
+    /// directory. Set once; a later call changes nothing.
+    pub fn honour_elsewhere(&self, digests: Digests) {
+        let _ = self.elsewhere.0.set(digests);
+    }
+
+    /// The SHA-256 (hex) of the token issued to `pid` here, if any.
+    pub fn digest(&self, pid: Pid) -> Option<String> {
+        let issued = self.issued.read();
+        issued
+            .get(&pid)
+            .map(|secret| crate::tokens::hash(&secret.0))
     }
 
     /// This authenticator, also accepting the operator tokens in `operators`
@@ -158,12 +195,26 @@ impl Authenticator {
             };
         }
         let (pid, secret) = parse_process_token(token).ok_or_else(invalid)?;
-        let issued = self.issued.read();
-        match issued.get(&pid) {
-            Some(expected) if ct_eq(secret.as_bytes(), expected.0.as_bytes()) => {
-                Ok(Caller::Process(pid))
+        let here = self
+            .issued
+            .read()
+            .get(&pid)
+            .map(|expected| ct_eq(secret.as_bytes(), expected.0.as_bytes()));
+        match here {
+            Some(true) => Ok(Caller::Process(pid)),
+            Some(false) => Err(invalid()),
+            // Issued by the node holding it, if another node does.
+            None => {
+                let expected = self.elsewhere.0.get().and_then(|digests| digests(pid));
+                match expected {
+                    Some(expected)
+                        if ct_eq(crate::tokens::hash(secret).as_bytes(), expected.as_bytes()) =>
+                    {
+                        Ok(Caller::Process(pid))
+                    }
+                    _ => Err(invalid()),
+                }
             }
-            _ => Err(invalid()),
         }
     }
 
@@ -392,6 +443,30 @@ mod tests {
         );
         auth.revoke(Pid(7));
         assert!(auth.authenticate(Some(&header)).is_err());
+    }
+
+    #[test]
+    fn a_token_another_node_issued_is_honoured_by_its_digest() {
+        // Node b issued PID 9's token; node a reads its digest from the directory.
+        let b = Authenticator::new("admin-b".into());
+        let token = b.issue(Pid(9)).unwrap();
+        let digest = b.digest(Pid(9)).unwrap();
+        let a = Authenticator::new("admin-a".into());
+        let header = format!("Bearer {token}");
+        assert!(a.authenticate(Some(&header)).is_err(), "no directory yet");
+        a.honour_elsewhere(Arc::new(move |pid| (pid == Pid(9)).then(|| digest.clone())));
+        assert_eq!(
+            a.authenticate(Some(&header)).unwrap(),
+            Caller::Process(Pid(9))
+        );
+        let wrong = format!("Bearer p9.{}", "0".repeat(43));
+        assert!(a.authenticate(Some(&wrong)).is_err());
+        let other = token.replacen("p9.", "p10.", 1);
+        assert!(a.authenticate(Some(&format!("Bearer {other}"))).is_err());
+        // A PID this node issued a token to is checked here only.
+        let own = a.issue(Pid(9)).unwrap();
+        assert!(a.authenticate(Some(&header)).is_err());
+        assert!(a.authenticate(Some(&format!("Bearer {own}"))).is_ok());
     }
 
     #[test]

@@ -277,6 +277,9 @@ pub struct Cluster {
     /// When this node last knew it was a member: the sending of its last
     /// heartbeat that went through and found no claim of its loss.
     confirmed: watch::Sender<Instant>,
+    /// The watch of `hk_nodes` has replayed the bucket once (it holds this
+    /// node's record, so there is always something to replay).
+    nodes_caught_up: watch::Sender<bool>,
     /// The revision of this node's record, for the next compare-and-set.
     revision: Mutex<u64>,
     cancel: CancellationToken,
@@ -375,6 +378,7 @@ impl Cluster {
             load: OnceLock::new(),
             fenced,
             confirmed: watch::Sender::new(Instant::now()),
+            nodes_caught_up: watch::Sender::new(false),
             revision: Mutex::new(revision),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -402,6 +406,23 @@ impl Cluster {
         let client = connect(settings).await?;
         let _ = client.drain().await;
         Ok(())
+    }
+
+    /// Waits, up to `limit`, until this node has read the cluster as it
+    /// stands: every node's record and every listing, replayed once. What
+    /// a start does on the cluster's tree (bringing processes back under
+    /// parents on other nodes, taking children there back) reads it.
+    /// Whether it caught up in time.
+    pub async fn caught_up(&self, limit: Duration) -> bool {
+        let nodes = async {
+            let _ = self
+                .nodes_caught_up
+                .subscribe()
+                .wait_for(|done| *done)
+                .await;
+        };
+        let both = async { tokio::join!(nodes, self.directory.caught_up()) };
+        tokio::time::timeout(limit, both).await.is_ok()
     }
 
     /// Waits until a node leaves the view (removed, or started again as a
@@ -836,6 +857,9 @@ impl Cluster {
     }
 
     fn seen(&self, entry: kv::Entry) {
+        if entry.delta == 0 {
+            self.nodes_caught_up.send_replace(true);
+        }
         let now = Instant::now();
         let mut view = self.view.lock();
         if entry.key == self.settings.node {

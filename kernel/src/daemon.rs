@@ -177,6 +177,16 @@ pub async fn run(options: StartOptions) -> Result<(), StartError> {
         ),
         None => None,
     };
+    // A token another node issued to its process is honoured here too.
+    if let Some(cluster) = &cluster {
+        let weak = Arc::downgrade(cluster);
+        auth.honour_elsewhere(Arc::new(move |pid| {
+            let cluster = weak.upgrade()?;
+            let listings = cluster.listings();
+            let listing = listings.get(pid).filter(|listing| !listing.exited)?;
+            listing.token.clone()
+        }));
+    }
     let exec = ExecRuntime::new(auth.clone(), addr)
         .with_tls_ca(trust_file)
         .with_sandbox(sandbox)

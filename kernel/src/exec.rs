@@ -86,6 +86,11 @@ pub struct ExecSandbox {
 }
 
 impl ExecRuntime {
+    /// The SHA-256 (hex) of the token its OS process of now was given.
+    pub(crate) fn token_digest(&self, pid: Pid) -> Option<String> {
+        self.auth.digest(pid)
+    }
+
     /// A runtime whose processes get tokens from `auth` (the one the gRPC
     /// server checks) and reach the server at `listen` (an unspecified
     /// address becomes loopback).

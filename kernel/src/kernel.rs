@@ -21,6 +21,7 @@ use crate::events::Subscription;
 use crate::store::{self, Store, Write};
 
 mod acl;
+mod across;
 pub(crate) mod artifacts;
 mod builder;
 mod census;

@@ -191,8 +191,13 @@ impl Drop for CountGuard<'_> {
 pub(crate) struct Children(Option<Box<BTreeSet<Pid>>>);
 
 impl Children {
-    pub(crate) fn insert(&mut self, pid: Pid) {
-        self.0.get_or_insert_default().insert(pid);
+    /// Adds `pid`; whether it was not there yet.
+    pub(crate) fn insert(&mut self, pid: Pid) -> bool {
+        self.0.get_or_insert_default().insert(pid)
+    }
+
+    pub(crate) fn contains(&self, pid: Pid) -> bool {
+        self.0.as_ref().is_some_and(|set| set.contains(&pid))
     }
 
     pub(crate) fn remove(&mut self, pid: Pid) {
@@ -296,6 +301,9 @@ pub(crate) struct ProcessTable {
     /// Keyed by PID with a fast non-cryptographic hash: PIDs are kernel-chosen,
     /// never attacker-chosen, so SipHash's flood resistance buys nothing here.
     entries: rustc_hash::FxHashMap<Pid, Entry>,
+    /// The rows whose parent is not in the table (a parent on another
+    /// node of a cluster), by parent.
+    foreign: rustc_hash::FxHashMap<Pid, BTreeSet<Pid>>,
 }
 
 impl ProcessTable {
@@ -303,17 +311,49 @@ impl ProcessTable {
     pub(crate) fn with_kernel(kernel: Entry) -> Self {
         let mut entries = rustc_hash::FxHashMap::default();
         entries.insert(Pid::KERNEL, kernel);
-        ProcessTable { entries }
+        ProcessTable {
+            entries,
+            foreign: Default::default(),
+        }
     }
 
-    /// Adds a row; the caller has linked it into its parent's children.
+    /// Adds a row; the caller has linked it into its parent's children
+    /// (when its parent is in the table).
     pub(crate) fn insert(&mut self, pid: Pid, entry: Entry) {
+        if pid != Pid::KERNEL && !self.entries.contains_key(&entry.ppid) {
+            self.foreign.entry(entry.ppid).or_default().insert(pid);
+        }
         self.entries.insert(pid, entry);
     }
 
     /// Takes a row out (reaping); the caller unlinks it from its parent.
     pub(crate) fn remove(&mut self, pid: Pid) -> Option<Entry> {
-        self.entries.remove(&pid)
+        let entry = self.entries.remove(&pid)?;
+        if !self.foreign.is_empty()
+            && let Some(siblings) = self.foreign.get_mut(&entry.ppid)
+            && siblings.remove(&pid)
+            && siblings.is_empty()
+        {
+            self.foreign.remove(&entry.ppid);
+        }
+        Some(entry)
+    }
+
+    /// Each parent not in the table (on another node) with its rows, in
+    /// PID order.
+    pub(crate) fn foreign(&self) -> impl Iterator<Item = (Pid, &BTreeSet<Pid>)> + '_ {
+        self.foreign
+            .iter()
+            .map(|(parent, children)| (*parent, children))
+    }
+
+    /// The rows whose parent `parent` is not in the table (it lives on
+    /// another node), in PID order.
+    pub(crate) fn foreign_children(&self, parent: Pid) -> impl Iterator<Item = Pid> + '_ {
+        self.foreign
+            .get(&parent)
+            .into_iter()
+            .flat_map(|children| children.iter().copied())
     }
 
     /// Every row, in no particular order.
@@ -337,13 +377,18 @@ impl ProcessTable {
         a.depth < p.depth && self.ancestor_at(pid, a.depth) == Some(ancestor)
     }
 
-    /// The PIDs from PID 1 down to `pid`, both included; `None` if `pid` is not in the table.
+    /// The PIDs from PID 1 down to `pid`, both included; `None` if `pid`
+    /// is not in the table. On a node of a cluster, the line starts below
+    /// the first ancestor another node holds.
     pub(crate) fn lineage(&self, pid: Pid) -> Option<Vec<Pid>> {
         let mut line = vec![pid];
         let mut entry = self.get(pid)?;
         while entry.depth > 0 {
+            let Some(parent) = self.get(entry.ppid) else {
+                break;
+            };
             line.push(entry.ppid);
-            entry = self.get(entry.ppid)?;
+            entry = parent;
         }
         line.reverse();
         Some(line)

@@ -425,6 +425,13 @@ fn three_nodes_see_each_other_and_share_one_pid_space() {
         c.json(&["describe", &child.to_string(), "--json"])["ppid"],
         named
     );
+    // A child may be placed on another node than its parent's.
+    let apart = pid_of(&spawn_placed("apart", named, &["--where", "gpu=true"]));
+    assert_eq!(placed_on(&a, apart), "c");
+    assert_eq!(
+        b.json(&["describe", &apart.to_string(), "--json"])["ppid"],
+        named
+    );
     // What cannot be placed is refused, saying why, and nothing starts.
     let before = everyone(&a).len();
     for (placement, parent, expected) in [
@@ -434,11 +441,6 @@ fn three_nodes_see_each_other_and_share_one_pid_space() {
             "no live node has labels gpu=false (live: a [], b [], c [gpu=true,zone=z1])",
         ),
         (&["--node", "x"][..], 1, "no live node has node \"x\""),
-        (
-            &["--node", "a"][..],
-            named,
-            "lives on node b, and a child lives on its parent's node",
-        ),
     ] {
         let out = spawn_placed("refused", parent, placement);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -975,6 +977,477 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     let left = rt.block_on(listed(&peer));
     let mine: BTreeSet<u64> = pids(&a).into_iter().collect();
     assert_eq!(left, mine, "only a's listings are left");
+}
+
+/// How many live children `kernel`'s `ps` counts for `pid` (its node's
+/// count, wherever they live).
+fn live_children(kernel: &Binary, pid: u64) -> u64 {
+    let shown = kernel.json(&["ps", "--json"]);
+    let found = shown.as_array().unwrap().iter().find(|p| p["pid"] == pid);
+    found.map_or(0, |p| p["children"].as_u64().unwrap())
+}
+
+/// Spawns `name` (echo) under `parent` on `node`, asked of `kernel`, with
+/// `extra` arguments; what the CLI did.
+fn spawn_on(
+    kernel: &Binary,
+    parent: u64,
+    name: &str,
+    node: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let parent = parent.to_string();
+    let mut args = vec![
+        "spawn",
+        "--parent",
+        &parent,
+        "--name",
+        name,
+        "--runtime",
+        "echo",
+        "--node",
+        node,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    kernel.command(&args).output().unwrap()
+}
+
+/// The PID a successful `spawn --json` answered.
+fn spawned_pid(out: &std::process::Output) -> u64 {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    answer["pid"].as_u64().unwrap()
+}
+
+/// A tree spread over three nodes: a parent on a with children on b and
+/// c, and a grandchild on c under the child on b. The spawn rules hold
+/// across the nodes (the parent's child count, its tier, its budget, each
+/// refused spawn leaving nothing held); a child's exit frees its parent's
+/// slot on the parent's node; a kill of the top, asked of another node,
+/// ends the whole subtree on every node, leaves first, and leaves no
+/// zombie anywhere.
+#[test]
+fn a_subtree_spans_the_nodes_and_ends_whole_leaves_first() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let config = config_of(json!([
+        { "name": "boss", "role": "agent", "runtime": "echo", "node": "a",
+          "limits": { "max_children": 2 } },
+        { "name": "banker", "role": "agent", "runtime": "echo", "node": "a",
+          "limits": { "max_tokens_total": 100000 } }
+    ]));
+    let start = |name: &str| member(&bin, root.path(), &nats, name, &config);
+    let a = start("a");
+    let b = start("b");
+    let c = start("c");
+    wait_for_nodes(&c, &["a", "b", "c"], Duration::from_secs(10));
+    wait_for_ps(&c, "the config agents on a", |seen| {
+        ["boss", "banker"]
+            .iter()
+            .all(|name| seen.values().any(|(n, node)| n == name && node == "a"))
+    });
+    let pid_named = |name: &str| -> u64 {
+        let seen = everyone(&c);
+        *seen.iter().find(|(_, (n, _))| n == name).unwrap().0
+    };
+    let (boss, banker) = (pid_named("boss"), pid_named("banker"));
+    let refused = |out: &std::process::Output, expected: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "expected {expected:?}: {stderr}\n{}",
+            a.log()
+        );
+    };
+
+    // A child on b, asked of c: boss on a lends it what it takes.
+    let w_b = spawned_pid(&spawn_on(&c, boss, "w-b", "b", &[]));
+    let info = a.json(&["describe", &w_b.to_string(), "--json"]);
+    assert_eq!(
+        (info["node"].as_str(), &info["ppid"]),
+        (Some("b"), &json!(boss)),
+        "{info}"
+    );
+    // Refused on c (a tier above its parent's): nothing starts, and the
+    // slot a held for it is freed, so the next child fits.
+    let before = everyone(&a).len();
+    refused(
+        &spawn_on(&b, boss, "too-high", "c", &["--tier", "strategic"]),
+        "cognitive tier strategic is above the parent's tier operational",
+    );
+    assert_eq!(everyone(&a).len(), before);
+    let w_c = spawned_pid(&spawn_on(&b, boss, "w-c", "c", &[]));
+    // Its children are counted on its node, wherever they live.
+    let full = format!("process {boss} has 2 live children (max_children 2)");
+    refused(&spawn_on(&a, boss, "third", "b", &[]), &full);
+    let boss_s = boss.to_string();
+    let local = a
+        .command(&[
+            "spawn",
+            "--parent",
+            &boss_s,
+            "--name",
+            "third",
+            "--runtime",
+            "echo",
+        ])
+        .output()
+        .unwrap();
+    refused(&local, &full);
+    // A budget does not reach another node.
+    refused(
+        &spawn_on(&a, banker, "spender", "b", &[]),
+        &format!("process {banker} draws on the token budget of process {banker}"),
+    );
+    // A grandchild on c, under the child on b.
+    let g_c = spawned_pid(&spawn_on(&a, w_b, "g-c", "c", &[]));
+    for kernel in [&a, &b, &c] {
+        wait_for_ps(kernel, "the tree across the nodes", |seen| {
+            seen.get(&w_b) == Some(&("w-b".into(), "b".into()))
+                && seen.get(&w_c) == Some(&("w-c".into(), "c".into()))
+                && seen.get(&g_c) == Some(&("g-c".into(), "c".into()))
+        });
+    }
+    let tree = b.cli(&["ps", "--tree", "--root", &boss_s]);
+    let lines: Vec<&str> = tree.lines().collect();
+    assert_eq!(lines.len(), 4, "{tree}");
+    assert!(
+        lines[0].contains(&format!("boss ({boss})")) && lines[0].ends_with("@a"),
+        "{tree}"
+    );
+    assert!(
+        lines[1].contains(&format!("w-b ({w_b})")) && lines[1].ends_with("@b"),
+        "{tree}"
+    );
+    assert!(
+        lines[2].contains(&format!("g-c ({g_c})")) && lines[2].ends_with("@c"),
+        "{tree}"
+    );
+    assert!(
+        lines[3].contains(&format!("w-c ({w_c})")) && lines[3].ends_with("@c"),
+        "{tree}"
+    );
+    assert_eq!(live_children(&c, boss), 2);
+
+    // The child on c exits: its notice reaches boss's node, which frees
+    // its slot, and a third child fits again.
+    c.cli(&["kill", &w_c.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let third = loop {
+        let out = spawn_on(&a, boss, "third", "b", &[]);
+        if out.status.success() {
+            break spawned_pid(&out);
+        }
+        refused(&out, &full);
+        assert!(
+            Instant::now() < deadline,
+            "boss's slot never freed\n{}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // A kill of boss, asked of b, ends its subtree on every node, leaves
+    // first, and leaves no zombie anywhere.
+    let killed = b.cli(&["kill", &boss_s]);
+    assert!(killed.contains(&boss_s), "{killed}");
+    let gone = [boss, w_b, g_c, third];
+    for kernel in [&a, &b, &c] {
+        wait_for_ps(kernel, "the subtree gone from every node", |seen| {
+            gone.iter().all(|pid| !seen.contains_key(pid))
+        });
+    }
+    // When each exited, from the events of every node (one clock here).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exited = loop {
+        let exited: std::collections::BTreeMap<u64, u64> = a
+            .cli(&["events", "--since", "0", "--json", "--type", "exited"])
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter_map(|event| Some((event["pid"].as_u64()?, event["at_unix_ms"].as_u64()?)))
+            .filter(|(pid, _)| gone.contains(pid))
+            .collect();
+        if exited.len() == gone.len() {
+            break exited;
+        }
+        assert!(Instant::now() < deadline, "{exited:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        exited[&g_c] <= exited[&w_b]
+            && exited[&w_b] <= exited[&boss]
+            && exited[&third] <= exited[&boss],
+        "{exited:?}"
+    );
+}
+
+/// Children on another node than their parent's, when that node dies
+/// (kill -9): one that may move (permanent, under a parent that moves)
+/// starts again on a live node its placement admits, as the same PID and
+/// still its parent's child; one that does not (temporary) ended with the
+/// node, and its parent's node frees its slot. A kill of the parent then
+/// reaches the moved child where it runs now.
+#[test]
+fn children_on_a_lost_node_move_or_end_and_their_parent_keeps_count() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let plain = config_of(json!([]));
+    let mut pooled: Value = serde_json::from_str(&plain).unwrap();
+    pooled["kernel"]["cluster"]["labels"] = json!({ "pool": "x" });
+    let pooled = pooled.to_string();
+    let a = member(&bin, root.path(), &nats, "a", &plain);
+    let mut pool = std::collections::BTreeMap::from([
+        ("b", member(&bin, root.path(), &nats, "b", &pooled)),
+        ("c", member(&bin, root.path(), &nats, "c", &pooled)),
+    ]);
+    wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
+    let spawn = |args: &[&str]| -> u64 {
+        let mut all = vec!["spawn", "--runtime", "echo", "--json"];
+        all.extend_from_slice(args);
+        spawned_pid(&a.command(&all).output().unwrap())
+    };
+    let lead = spawn(&[
+        "--parent",
+        "1",
+        "--name",
+        "lead",
+        "--node",
+        "a",
+        "--restart",
+        "permanent",
+    ]);
+    let lead_s = lead.to_string();
+    let mover = spawn(&[
+        "--parent",
+        &lead_s,
+        "--name",
+        "mover",
+        "--where",
+        "pool=x",
+        "--restart",
+        "permanent",
+    ]);
+    let first = a.json(&["describe", &mover.to_string(), "--json"])["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let other = if first == "b" { "c" } else { "b" };
+    let stayer = spawn(&[
+        "--parent",
+        &lead_s,
+        "--name",
+        "stayer",
+        "--node",
+        &first,
+        "--restart",
+        "temporary",
+    ]);
+    let children = |kernel: &Binary| live_children(kernel, lead);
+    assert_eq!(children(&a), 2);
+
+    let lost = pool.get_mut(first.as_str()).unwrap();
+    lost.child.kill().unwrap();
+    lost.child.wait().unwrap();
+    let survivor = &pool[other];
+    wait_for_ps(&a, "the mover on the survivor, the stayer gone", |seen| {
+        seen.get(&mover) == Some(&("mover".into(), other.into())) && !seen.contains_key(&stayer)
+    });
+    let info = survivor.json(&["describe", &mover.to_string(), "--json"]);
+    assert_eq!(info["ppid"], lead, "{info}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while children(&a) != 1 {
+        assert!(Instant::now() < deadline, "{}\n{}", children(&a), a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A kill of the parent, asked of the survivor, ends the moved child there.
+    survivor.cli(&["kill", &lead_s]);
+    for kernel in [&a, survivor] {
+        wait_for_ps(kernel, "the subtree gone", |seen| {
+            !seen.contains_key(&lead) && !seen.contains_key(&mover)
+        });
+    }
+}
+
+/// Every event of `kind` that `kernel` replays now, as (pid, node).
+fn events_of(kernel: &Binary, kind: &str) -> Vec<(u64, String)> {
+    kernel
+        .cli(&["events", "--since", "0", "--json", "--type", kind])
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| {
+            let node = event["node"].as_str().unwrap_or_default().to_owned();
+            Some((event["pid"].as_u64()?, node))
+        })
+        .collect()
+}
+
+/// Supervision across nodes: a child on b that fails restarts on b, and
+/// its parent's `one_for_all` strategy, on a, restarts its sibling there;
+/// once the child passes its restart intensity, its parent on a fails
+/// with it, and its own policy restarts it.
+#[test]
+fn a_parent_supervises_its_children_on_another_node() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let spawn = |args: &[&str]| -> u64 {
+        let mut all = vec!["spawn", "--json", "--restart", "permanent"];
+        all.extend_from_slice(args);
+        spawned_pid(&a.command(&all).output().unwrap())
+    };
+    let sup = spawn(&[
+        "--parent",
+        "1",
+        "--name",
+        "sup",
+        "--runtime",
+        "echo",
+        "--node",
+        "a",
+        "--strategy",
+        "one_for_all",
+    ]);
+    let sup_s = sup.to_string();
+    let sibling = spawn(&["--parent", &sup_s, "--name", "steady", "--runtime", "echo"]);
+    // A command that fails as it starts, again at each restart.
+    let failing = spawn(&[
+        "--parent", &sup_s, "--name", "failing", "--node", "b", "--", "sh", "-c", "exit 3",
+    ]);
+    assert_eq!(
+        a.json(&["describe", &failing.to_string(), "--json"])["node"],
+        "b"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let restarted = events_of(&a, "restarted");
+        let escalated = events_of(&a, "escalated");
+        let failing_restarts = restarted.iter().filter(|(pid, _)| *pid == failing).count();
+        let steady_restarted = restarted.contains(&(sibling, "a".to_owned()));
+        let sup_restarted = restarted.contains(&(sup, "a".to_owned()));
+        if failing_restarts >= 1
+            && restarted.contains(&(failing, "b".to_owned()))
+            && steady_restarted
+            && escalated.contains(&(sup, "b".to_owned()))
+            && sup_restarted
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restarted {restarted:?}, escalated {escalated:?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The failed child stayed dead and its parent was told; its parent,
+    // restarted, starts without its former subtree.
+    let info = a.json(&["describe", &sup_s, "--json"]);
+    assert!(info["restarts"].as_u64().unwrap() >= 1, "{info}");
+    wait_for_ps(&a, "the former subtree gone", |seen| {
+        seen.contains_key(&sup) && !seen.contains_key(&sibling)
+    });
+}
+
+/// A token a node issued to its `exec` process is honoured by every node:
+/// the process, on b, spawns its own child through a (the spawn runs on
+/// b, its node), and may spawn nothing else; a forged token is refused.
+#[test]
+fn a_process_token_is_honoured_by_every_node() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let file = root.path().join("token");
+    let script = format!(
+        "printf %s \"$HIVEKERNEL_TOKEN\" > {}; sleep 60",
+        file.display()
+    );
+    let agent = spawned_pid(
+        &a.command(&[
+            "spawn", "--parent", "1", "--name", "ex", "--node", "b", "--json", "--", "sh", "-c",
+            &script,
+        ])
+        .output()
+        .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        match std::fs::read_to_string(&file) {
+            Ok(token) if !token.is_empty() => break token,
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "no token written\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(token.starts_with(&format!("p{agent}.")));
+    let as_agent = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--token", token.as_str()]);
+        a.command(&all).output().unwrap()
+    };
+    let agent_s = agent.to_string();
+    // Its listing carries its token's digest: a honours it once a has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let kid = loop {
+        let out = as_agent(&[
+            "spawn",
+            "--parent",
+            &agent_s,
+            "--name",
+            "kid",
+            "--runtime",
+            "echo",
+            "--json",
+        ]);
+        if out.status.success() {
+            break spawned_pid(&out);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("invalid token") && Instant::now() < deadline,
+            "{stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let info = b.json(&["describe", &kid.to_string(), "--json"]);
+    assert_eq!(
+        (info["node"].as_str(), &info["ppid"]),
+        (Some("b"), &json!(agent)),
+        "{info}"
+    );
+    let out = as_agent(&["spawn", "--parent", "1", "--name", "x", "--runtime", "echo"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains(&format!("process {agent} may only spawn its own children")),
+        "{stderr}"
+    );
+    let forged = format!("p{agent}.{}", "A".repeat(43));
+    let out = a
+        .command(&[
+            "spawn", "--parent", &agent_s, "--name", "y", "--token", &forged,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid token"),
+        "{out:?}"
+    );
 }
 
 /// Where each of `names` runs, as `kernel`'s `ps` shows the cluster: name

@@ -47,6 +47,10 @@ pub struct Listing {
     /// When it started (Unix ms).
     #[serde(default)]
     pub started_unix_ms: u64,
+    /// The SHA-256 (hex) of the token its node issued it (an `exec`
+    /// process), so every node honours the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// Reads the listings of this node's processes from its table: `None`
@@ -170,6 +174,8 @@ pub(crate) struct Directory {
     /// when it leaves.
     /// (with the revision of its last write, once that is known).
     listed: Mutex<HashMap<Pid, Option<u64>>>,
+    /// The mirror has replayed the bucket once.
+    caught_up: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Directory {
@@ -192,7 +198,13 @@ impl Directory {
             wake: Notify::new(),
             read: OnceLock::new(),
             listed: Mutex::new(HashMap::new()),
+            caught_up: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Waits until the mirror has replayed the bucket once.
+    pub(super) async fn caught_up(&self) {
+        let _ = self.caught_up.subscribe().wait_for(|done| *done).await;
     }
 
     /// Notes that `pid`'s listing changed (born, exited, gone); it is
@@ -381,6 +393,15 @@ impl Directory {
                     }
                 }
             };
+            // An empty bucket replays nothing.
+            if self
+                .store
+                .status()
+                .await
+                .is_ok_and(|status| status.values() == 0)
+            {
+                self.caught_up.send_replace(true);
+            }
             let mut stale = Vec::new();
             loop {
                 tokio::select! {
@@ -389,6 +410,9 @@ impl Directory {
                         Some(Ok(entry)) => {
                             // Swept in batches: a crash may have left many.
                             let caught_up = entry.delta == 0;
+                            if caught_up {
+                                self.caught_up.send_replace(true);
+                            }
                             if let Some(left) = self.seen(entry) {
                                 stale.push(left);
                             }
@@ -590,6 +614,7 @@ mod tests {
             depth: 1,
             exited: false,
             started_unix_ms: 0,
+            token: None,
         }
     }
 

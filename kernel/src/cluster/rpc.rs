@@ -26,8 +26,9 @@ pub enum Op {
         pids: Vec<Pid>,
     },
     /// A spawn by an operator the asking node checked, placed on this node:
-    /// under PID 1 or a process the node holds; answers the new PID once
-    /// every node can find it ([`Spawned`]).
+    /// under PID 1, a process the node holds, or one another node holds
+    /// (which lends the child what it takes from its parent, [`Op::Lend`]);
+    /// answers the new PID once every node can find it ([`Spawned`]).
     Spawn {
         request: Box<SpawnRequest>,
         /// An `exec` process's command (which the request does not carry
@@ -41,14 +42,65 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         labels: std::collections::BTreeMap<String, String>,
     },
+    /// A spawn by process `from` of its own child, which the node holds
+    /// (the process reached the asking node with its token); answers the
+    /// new PID as [`Op::Spawn`] does. An op of its own, so that a node
+    /// that does not know it refuses it rather than spawn as an operator.
+    SpawnOwn {
+        request: Box<SpawnRequest>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        command: Option<Command>,
+        from: Pid,
+    },
     /// A kill of a process the node holds, with its subtree, by an
     /// operator or an ancestor the asking node checked; answers the PIDs
-    /// that exited ([`Killed`]).
-    Kill { pid: Pid, reason: String },
+    /// that exited ([`Killed`]). `orphaned`: its parent, on the asking
+    /// node, has exited, so nobody is told and nothing waits as a zombie.
+    Kill {
+        pid: Pid,
+        reason: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        orphaned: bool,
+    },
+    /// A child `child` of process `parent`, which the node holds, is
+    /// being spawned on the asking node (or comes back there): the node
+    /// holds a child slot of `parent` for it and answers what the child
+    /// takes from its parent (`ParentGrant`), or refuses as a spawn under
+    /// `parent` there would be.
+    /// `held`: the slot must be held already (a child coming back, or
+    /// one confirming, once spawned, that its parent still waits for it).
+    Lend {
+        parent: Pid,
+        child: Pid,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        held: bool,
+    },
+    /// The asking node did not spawn the child `Lend` held a slot for:
+    /// the slot is freed.
+    Release { parent: Pid, child: Pid },
     /// A restart of a live process the node holds, by an operator or an
     /// ancestor the asking node checked; answers how many times it has
-    /// now been restarted ([`Restarted`]).
-    Restart { pid: Pid, reason: String },
+    /// now been restarted ([`Restarted`]). `sibling`: its parent's
+    /// strategy takes it down with a sibling on the asking node, so it
+    /// restarts as its policy says after a failure (a temporary one ends),
+    /// answering nothing.
+    Restart {
+        pid: Pid,
+        reason: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sibling: bool,
+    },
+    /// Child `failed` of process `parent`, which the node holds, stopped
+    /// on the asking node to restart after `delay_ms`: the node stops the
+    /// siblings `parent`'s strategy takes down with it.
+    Siblings {
+        parent: Pid,
+        failed: Pid,
+        delay_ms: u64,
+    },
+    /// A child on the asking node of process `pid`, which the node holds,
+    /// passed its restart intensity: `pid` fails for `reason`.
+    Fail { pid: Pid, reason: String },
     /// A wait for a process the node holds, by an operator or its parent
     /// the asking node checked, for up to `timeout_ms` (at most
     /// [`MAX_WAIT_MS`]); answers its exit record once it has exited, and
@@ -130,6 +182,20 @@ impl Op {
             command,
             node,
             labels,
+        }
+    }
+
+    /// A process's spawn of its own child as it travels.
+    pub fn spawn_own(request: SpawnRequest, from: Pid) -> Op {
+        match Op::spawn(request, None, Default::default()) {
+            Op::Spawn {
+                request, command, ..
+            } => Op::SpawnOwn {
+                request,
+                command,
+                from,
+            },
+            other => other,
         }
     }
 }

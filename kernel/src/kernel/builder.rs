@@ -24,6 +24,10 @@ use crate::mcp::McpServers;
 use crate::runtime::RuntimeRegistry;
 use crate::store::{Recovered, Store};
 
+/// How long a node's start waits to have read the cluster's records and
+/// directory before it brings its processes back.
+const CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A config agent: how to spawn it, and the cron entries it owns.
 #[derive(Debug, Clone)]
 pub struct Declared {
@@ -240,6 +244,17 @@ impl KernelBuilder {
         });
         kernel.start_mcp();
         kernel.serve_cluster();
+        // What comes back may sit under a parent on another node, or have
+        // children there: read the cluster's tree first.
+        if let Some(cluster) = kernel.cluster()
+            && !cluster.caught_up(CATCH_UP).await
+        {
+            tracing::warn!(
+                wait_ms = CATCH_UP.as_millis() as u64,
+                "cluster: the directory was not read in time; processes under parents on other \
+                 nodes may not come back"
+            );
+        }
         if recovered.is_some() {
             kernel.reclaim_exec_orphans();
         }

@@ -174,8 +174,8 @@ impl Kernel {
 
     /// Snapshots of those of `pids` this node holds, `None` for the
     /// others, as callers get them: with their log paths and, on a node
-    /// of a cluster, their node and their live children on the other
-    /// nodes counted (PID 1's are every node's config agents).
+    /// of a cluster, their node; PID 1's live children on the other nodes
+    /// are counted too (every node's config agents).
     pub(super) fn local_infos(&self, pids: &[Pid]) -> Vec<Option<ProcessInfo>> {
         let mut infos: Vec<Option<ProcessInfo>> = {
             let table = self.inner.table().read();
@@ -191,6 +191,11 @@ impl Kernel {
         for info in infos.iter_mut().flatten() {
             if let Some((node, listings)) = &others {
                 info.node = Some((*node).to_owned());
+                // Another process counts its children elsewhere in its
+                // own slots already.
+                if info.pid != Pid::KERNEL {
+                    continue;
+                }
                 let elsewhere = listings
                     .children(info.pid)
                     .filter(|child| listings.get(*child).is_some_and(|l| !l.exited))
@@ -229,9 +234,14 @@ impl Kernel {
             let Some(inner) = weak.upgrade() else {
                 return vec![None; pids.len()];
             };
+            let exec = inner.runtimes().exec();
             let table = inner.table().read();
             pids.iter()
-                .map(|pid| listing(&table, *pid, &node, epoch))
+                .map(|pid| {
+                    let mut listed = listing(&table, *pid, &node, epoch)?;
+                    listed.token = exec.and_then(|exec| exec.token_digest(*pid));
+                    Some(listed)
+                })
                 .collect()
         });
         let now: Vec<Pid> = self
@@ -400,13 +410,7 @@ impl Kernel {
                 rpc::encode(&Answer::Ok(got))
             }
             // Done here or not at all: a forwarded operation is never
-            // forwarded again.
-            Op::Spawn { request, .. }
-                if request.parent != Pid::KERNEL
-                    && self.inner.table().read().get(request.parent).is_none() =>
-            {
-                held::<()>(Err(KernelError::NotFound(request.parent)))
-            }
+            // forwarded again (a parent on another node only lends).
             Op::Spawn {
                 request,
                 command,
@@ -417,6 +421,14 @@ impl Kernel {
                 let placement = super::Placement { node, labels };
                 let placed = placement.is_any().then_some(&placement);
                 held(self.spawn_at(Caller::Admin, request, placed).await)
+            }
+            Op::SpawnOwn {
+                request,
+                command,
+                from,
+            } => {
+                let request = rpc::spawned(request, command);
+                held(self.spawn_at(Caller::Process(from), request, None).await)
             }
             Op::Kill { pid, .. }
             | Op::Restart { pid, .. }
@@ -439,10 +451,37 @@ impl Kernel {
             } if self.inner.table().read().get(pid).is_none() => {
                 held::<()>(Err(KernelError::NotFound(pid)))
             }
-            Op::Kill { pid, reason } => held(self.kill_checked(Caller::Admin, pid, &reason).await),
-            Op::Restart { pid, reason } => {
+            Op::Kill {
+                pid,
+                reason,
+                orphaned,
+            } => held(self.kill_here(Caller::Admin, pid, &reason, orphaned).await),
+            Op::Lend {
+                parent,
+                child,
+                held: slot,
+            } => held(self.lend(parent, child, slot)),
+            Op::Release { parent, child } => {
+                self.release_child(parent, child);
+                held(Ok(()))
+            }
+            Op::Restart {
+                pid,
+                reason,
+                sibling: true,
+            } => held(self.restart_sibling(pid, &reason).await),
+            Op::Restart { pid, reason, .. } => {
                 held(self.restart_checked(Caller::Admin, pid, &reason).await)
             }
+            Op::Siblings {
+                parent,
+                failed,
+                delay_ms,
+            } => {
+                let delay = std::time::Duration::from_millis(delay_ms);
+                held(self.siblings_failed(parent, failed, delay).await)
+            }
+            Op::Fail { pid, reason } => held(self.fail_here(pid, reason).await),
             Op::Wait { timeout_ms, .. } if timeout_ms > rpc::MAX_WAIT_MS => refused(Refusal::new(
                 ErrorKind::InvalidArgument,
                 format!("a wait of {timeout_ms} ms, at most {} ms", rpc::MAX_WAIT_MS),
@@ -752,6 +791,7 @@ impl Kernel {
         if done.is_none() {
             message.id = MessageId(self.next_id());
         }
+        self.took_from_elsewhere(&message);
         let (kept, taken) = tokio::sync::oneshot::channel();
         self.hand_on(Posting {
             kept: Some(kept),
@@ -880,5 +920,6 @@ fn listing(table: &ProcessTable, pid: Pid, node: &str, epoch: u64) -> Option<Lis
         depth: entry.depth,
         exited: !entry.is_alive(),
         started_unix_ms: entry.proc.started_at_unix_ms,
+        token: None,
     })
 }

@@ -203,6 +203,11 @@ impl Kernel {
                 self.exit_exec(pid, generation, EXIT_CANNOT_START, why)
                     .await;
             }
+            return;
+        }
+        // Its new token's digest, in its listing, so every node honours it.
+        if let Some(cluster) = self.inner.cluster() {
+            drop(cluster.publish(pid));
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A lost node's spawned processes, started again here (docs/CLUSTER.md,
-//! "Losing a node"). A child lives on its parent's node, so a lost node's
-//! processes form trees under PID 1; each tree whose root may move (its
+//! "Losing a node"). A lost node's processes form trees, each under PID 1
+//! or under a process of another node; each tree whose root may move (its
 //! spec is in `hk_specs`) is taken over whole by the node that wins its
 //! root's key, after the root's restart delay: every process of it comes
 //! back as the PID it had, parents first, with the messages kept for it
@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use hivekernel_agents::Pid;
 
 use crate::cluster::rpc::Op;
-use crate::cluster::{Cluster, KeptSpec, Listing, Loss};
+use crate::cluster::{Cluster, KeptSpec, Listing, Loss, Standing};
 use crate::error::KernelError;
 use crate::events::unix_ms;
 use crate::kernel::restore::read_spec;
@@ -24,7 +24,8 @@ use crate::store::Write;
 /// Why a lost node's processes exited.
 const NODE_LOST: &str = "node_lost";
 
-/// One tree of a lost node: its root (a child of PID 1) and every process
+/// One tree of a lost node: its root (a child of PID 1, or of a process on
+/// another node) and every process
 /// under it the directory listed, the root first, parents before children.
 #[derive(Debug)]
 struct Tree {
@@ -54,6 +55,8 @@ impl Kernel {
                         None => return,
                     },
                 };
+                kernel.lost_children(&loss).await;
+                kernel.lost_parents(&loss).await;
                 for tree in trees(&loss) {
                     let kernel = kernel.clone();
                     let (node, epoch) = (loss.node.clone(), loss.epoch);
@@ -61,6 +64,106 @@ impl Kernel {
                 }
             }
         });
+    }
+
+    /// The children of this node's processes that lived on lost node
+    /// `loss.node` and do not move (no spec kept for them under its epoch)
+    /// ended with it: their slots are freed and their parents told
+    /// (`node_lost`). One that moves keeps its slot; if it does not come
+    /// back, the node that took its tree tells its parent.
+    async fn lost_children(&self, loss: &Loss) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let listed: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
+        let ended: Vec<(Pid, Pid, String, bool)> = {
+            let table = self.inner.table().read();
+            table
+                .iter()
+                .flat_map(|(parent, entry)| entry.children.iter().map(move |child| (parent, child)))
+                .filter(|(_, child)| table.get(*child).is_none())
+                .filter_map(|(parent, child)| {
+                    let listing = listed.get(&child)?;
+                    Some((parent, child, listing.name.clone(), listing.exited))
+                })
+                .collect()
+        };
+        for (parent, child, name, exited) in ended {
+            // Exited, its notice lost with its node: its parent was told
+            // nothing, and its slot is freed now.
+            if exited {
+                self.release_child(parent, child);
+                continue;
+            }
+            match cluster.kept_spec(child).await {
+                Ok(None) => {}
+                // It moves, or moved already.
+                Ok(Some(_)) => continue,
+                Err(err) => {
+                    tracing::warn!(%child, lost = %loss.node, error = %err, "cluster: whether a child on a lost node moves is unknown; its slot stays held");
+                    continue;
+                }
+            }
+            self.release_child(parent, child);
+            let reason = format!(
+                "{NODE_LOST}: node {} was lost, and process {child} does not move (temporary, or \
+                 under a parent that does not move)",
+                loss.node
+            );
+            self.report_ended(child, parent, &name, &reason, unix_ms(SystemTime::now()));
+        }
+    }
+
+    /// The processes here whose parent lived on lost node `loss.node` end
+    /// with it, as the subtree of an exited process does, unless their
+    /// parent comes back elsewhere: a config agent (its key in
+    /// `hk_declared` names it), or a spawned process whose spec is kept.
+    async fn lost_parents(&self, loss: &Loss) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let listed: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
+        let orphaned: Vec<(Pid, String, Vec<Pid>)> = {
+            let table = self.inner.table().read();
+            table
+                .foreign()
+                .filter_map(|(parent, children)| {
+                    let listing = listed.get(&parent)?;
+                    Some((
+                        parent,
+                        listing.name.clone(),
+                        children.iter().copied().collect(),
+                    ))
+                })
+                .collect()
+        };
+        for (parent, name, children) in orphaned {
+            let declared = match cluster.declared(&name).await {
+                Ok((Standing::Live(held) | Standing::Orphaned(held), _)) => held.pid(),
+                Ok((Standing::Unclaimed(pid), _)) => pid,
+                Err(_) => None,
+            };
+            let back = declared == Some(parent)
+                || match cluster.kept_spec(parent).await {
+                    Ok(kept) => kept.is_some(),
+                    Err(err) => {
+                        tracing::warn!(%parent, lost = %loss.node, error = %err, "cluster: whether a lost parent comes back is unknown; its children here live on");
+                        true
+                    }
+                };
+            if back {
+                continue;
+            }
+            let reason = format!(
+                "{NODE_LOST}: parent {parent} ended with node {}, and does not come back",
+                loss.node
+            );
+            for child in children {
+                if let Err(err) = self.kill_here(Caller::Admin, child, &reason, true).await {
+                    tracing::debug!(%child, error = %err, "cluster: an orphan of a lost node not ended");
+                }
+            }
+        }
     }
 
     /// Takes over a tree of lost node `lost` that another node offers
@@ -112,8 +215,8 @@ impl Kernel {
             (Some(tree), true) if tree.members.len() == count => tree,
             _ => {
                 return refused(format!(
-                    "an adopted tree must be one tree under PID 1 with each PID once ({count} \
-                     listings given)"
+                    "an adopted tree must be one tree, under PID 1 or a process of another node, \
+                     with each PID once ({count} listings given)"
                 ));
             }
         };
@@ -262,6 +365,10 @@ impl Kernel {
         for (pid, listing, why) in &gone {
             let reason = format!("{NODE_LOST}: node {node} was lost; did not come back: {why}");
             self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
+            // A root's parent on another node is told there.
+            if *pid == root && self.held_elsewhere(listing.ppid).is_some() {
+                self.tell_parent(*pid, listing.ppid, &listing.name, &reason, now);
+            }
         }
         tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
         // Their API cron entries run here from now on.
@@ -368,8 +475,8 @@ impl Kernel {
 }
 
 /// The trees of `loss`: each listed process under the root it descends
-/// from, parents before children. A process whose chain does not reach
-/// PID 1 through the lost node's listings belongs to no tree.
+/// from (a child of PID 1, or of a process on another node), parents
+/// before children.
 fn trees(loss: &Loss) -> Vec<Tree> {
     let by_pid: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
     let mut trees: HashMap<Pid, Vec<(Pid, Listing)>> = HashMap::new();
@@ -379,7 +486,7 @@ fn trees(loss: &Loss) -> Vec<Tree> {
             let Some(up) = by_pid.get(&at) else {
                 break None;
             };
-            if up.ppid == Pid::KERNEL {
+            if up.ppid == Pid::KERNEL || !by_pid.contains_key(&up.ppid) {
                 break Some(at);
             }
             at = up.ppid;
@@ -420,6 +527,7 @@ mod tests {
             depth,
             exited: false,
             started_unix_ms: 0,
+            token: None,
         }
     }
 
@@ -434,8 +542,9 @@ mod tests {
                 (Pid(1100), listed(3000, 2)),
                 (Pid(3000), listed(1, 1)),
                 (Pid(5), listed(1, 1)),
-                // Its parent is not the lost node's: no tree has it.
+                // Its parent is another node's: the root of a tree.
                 (Pid(7), listed(99, 2)),
+                (Pid(8), listed(7, 3)),
             ],
         };
         let trees = trees(&loss);
@@ -447,6 +556,7 @@ mod tests {
             shown,
             vec![
                 (Pid(5), vec![Pid(5)]),
+                (Pid(7), vec![Pid(7), Pid(8)]),
                 (Pid(3000), vec![Pid(3000), Pid(1100), Pid(1101)]),
             ]
         );

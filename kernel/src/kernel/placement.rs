@@ -1,7 +1,8 @@
 //! Where a spawn runs on a node of a cluster (docs/CLUSTER.md,
 //! "Placement"): the node it names, a node with the labels it asks for,
 //! or its parent's node. The node an operator asked forwards the spawn to
-//! that node (`spawn`), which runs every spawn rule there and answers the
+//! that node (`spawn`), which runs every spawn rule there (against what a
+//! parent on another node lends it, kernel/across.rs) and answers the
 //! PID once every node can find it.
 
 use std::collections::BTreeMap;
@@ -72,8 +73,8 @@ fn listed(nodes: &[NodeInfo]) -> String {
 impl Kernel {
     /// [`Kernel::spawn`] on the node `placement` chooses, or on the node
     /// holding the parent: this node forwards it there when that is
-    /// another. Only an operator places a spawn; another node than the
-    /// parent's only for a child of PID 1.
+    /// another. Only an operator places a spawn; a parent on another node
+    /// than the chosen one lends its child what it takes from it.
     pub async fn spawn_placed(
         &self,
         caller: Caller,
@@ -83,7 +84,10 @@ impl Kernel {
         let placed = placement.is_any().then_some(placement);
         match self.placed_on(caller, &request, placement).await? {
             Some(node) => {
-                let op = Op::spawn(request, placement.node.clone(), placement.labels.clone());
+                let op = match caller {
+                    Caller::Process(me) => Op::spawn_own(request, me),
+                    _ => Op::spawn(request, placement.node.clone(), placement.labels.clone()),
+                };
                 self.forward(&node, op, FORWARDED_SPAWN).await
             }
             None => self.spawn_at(caller, request, placed).await,
@@ -107,29 +111,25 @@ impl Kernel {
             }
             return Ok(None);
         };
-        if let Caller::Process(me) = caller {
-            if placement.is_any() {
-                return Err(KernelError::PermissionDenied(format!(
-                    "process {me} spawns its children on its own node; only an operator places \
-                     a spawn on a node"
-                )));
-            }
-            // Its own children, here (the local spawn checks that).
-            return Ok(None);
+        if let Caller::Process(me) = caller
+            && placement.is_any()
+        {
+            return Err(KernelError::PermissionDenied(format!(
+                "process {me} spawns its children on its own node; only an operator places \
+                 a spawn on a node"
+            )));
         }
         let parent = request.parent;
-        // The parent's node: PID 1 is every node's.
-        let parents = if parent == Pid::KERNEL {
-            None
-        } else {
-            match self.holder(parent).await? {
-                Some(Holder::There(listing)) => Some(listing.node),
-                // Here, or nowhere: the local spawn says which.
-                _ => Some(cluster.node().to_owned()),
-            }
-        };
+        // Unplaced, a child lives on its parent's node (PID 1 is every
+        // node's; a parent here, or nowhere: the local spawn says which).
         if !placement.is_any() {
-            return Ok(parents.filter(|node| node != cluster.node()));
+            if parent == Pid::KERNEL {
+                return Ok(None);
+            }
+            return match self.holder(parent).await? {
+                Some(Holder::There(listing)) => Ok(Some(listing.node)),
+                _ => Ok(None),
+            };
         }
         let nodes = cluster.nodes();
         let chosen = nodes
@@ -143,15 +143,9 @@ impl Kernel {
                     listed(&nodes)
                 ))
             })?;
+        // The chosen node spawns it; a parent on another node lends it
+        // what a child takes from its parent.
         let node = chosen.record.node.clone();
-        if let Some(parents) = parents
-            && parents != node
-        {
-            return Err(KernelError::FailedPrecondition(format!(
-                "process {parent} lives on node {parents}, and a child lives on its parent's \
-                 node: it cannot be placed on node {node} (a child of PID 1 can)"
-            )));
-        }
         Ok((node != cluster.node()).then_some(node))
     }
 }

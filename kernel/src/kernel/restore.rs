@@ -90,10 +90,14 @@ impl Kernel {
         // key is taken back at once, before the first spawn.
         let mut reclaimed: HashMap<Pid, std::result::Result<bool, String>> = HashMap::new();
         if let Some(cluster) = cluster {
-            // Only roots that move have keys (a temporary one has none).
+            // A root: under PID 1, or under a parent on another node. Only
+            // roots that move have keys (a temporary one has none).
+            let here: std::collections::HashSet<Pid> = processes.iter().map(|p| p.pid).collect();
             let roots: Vec<Pid> = processes
                 .iter()
-                .filter(|p| p.ppid == Pid::KERNEL && p.pid != Pid::KERNEL)
+                .filter(|p| {
+                    p.pid != Pid::KERNEL && (p.ppid == Pid::KERNEL || !here.contains(&p.ppid))
+                })
                 .filter(|p| {
                     p.spec
                         .as_deref()
@@ -151,7 +155,8 @@ impl Kernel {
                 None => false,
             };
             // Only a process that moves has mail in the cluster: under PID 1
-            // or a parent back here that moves, as spawn decides.
+            // or a parent that moves, as spawn decides (a parent on another
+            // node is read when it lends; what waits is read in case).
             let moving = cluster.is_some()
                 && self.may_move(&request)
                 && (process.ppid == Pid::KERNEL
@@ -160,7 +165,7 @@ impl Kernel {
                         .table()
                         .read()
                         .get(process.ppid)
-                        .is_some_and(|entry| entry.proc.spec_in_cluster));
+                        .is_none_or(|entry| entry.proc.spec_in_cluster));
             let letters = self.letters_for(moving.then_some(pid)).await;
             match self
                 .spawn_as(Caller::Admin, request, Birth::Restored(pid))
@@ -299,7 +304,8 @@ impl Kernel {
                     by: ReapCause::KernelRestart,
                 },
             ));
-            if alive.contains(&process.ppid) {
+            // A parent here, or on another node (whose slot it frees).
+            if alive.contains(&process.ppid) || self.held_elsewhere(process.ppid).is_some() {
                 self.tell_parent(process.pid, process.ppid, &process.name, &reason, now);
             }
         }
@@ -386,7 +392,7 @@ impl Kernel {
 
     /// Tells live parent `ppid` that its child `pid` (`name`) ended for
     /// `reason` while its kernel was away (`child_exited`, exit code 137).
-    fn tell_parent(&self, pid: Pid, ppid: Pid, name: &str, reason: &str, now: u64) {
+    pub(super) fn tell_parent(&self, pid: Pid, ppid: Pid, name: &str, reason: &str, now: u64) {
         let record = ExitRecord {
             pid,
             ppid,
@@ -419,6 +425,8 @@ impl Kernel {
             .get(ppid)
             .is_some_and(|entry| entry.is_alive());
         if ppid != Pid::KERNEL && parent_here {
+            // A child it held a slot for elsewhere, gone with its node.
+            self.release_child(ppid, pid);
             self.tell_parent(pid, ppid, name, reason, now);
         }
     }

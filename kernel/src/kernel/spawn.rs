@@ -4,8 +4,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 use hivekernel_agents::{
-    ApprovalRule, Capability, Limits, Pid, ProcessContext, RestartPolicy, RestartSpec, Role,
-    Runtime, SpawnRequest, Strategy, Workspace, check_name,
+    ApprovalRule, Capabilities, Capability, Limits, Pid, ProcessContext, RestartPolicy,
+    RestartSpec, Role, Runtime, SpawnRequest, Strategy, Tier, Workspace, check_name,
 };
 
 use crate::budget::Pool;
@@ -13,6 +13,7 @@ use crate::error::{KernelError, Result};
 use crate::events::{EventKind, unix_ms};
 use crate::exec::{EXEC_RUNTIME, Launch};
 use crate::kernel::acl::ChildGrant;
+use crate::kernel::across::ParentGrant;
 use crate::kernel::placement::Placement;
 use crate::kernel::restore::spec_json;
 use crate::kernel::syscalls::KernelSyscalls;
@@ -183,6 +184,16 @@ impl Kernel {
             }
             _ => None,
         };
+        let parent = request.parent;
+        // A parent on another node lends what its child takes from it, and
+        // holds a child slot for it there.
+        let lent = match (assigned, birth) {
+            (_, Birth::Restored(pid)) if self.inner.cluster().is_some() => {
+                Box::pin(self.borrow_parent(parent, pid, true)).await?
+            }
+            (Some(pid), _) => Box::pin(self.borrow_parent(parent, pid, false)).await?,
+            _ => None,
+        };
         let admitted = Admitted {
             runtime_name,
             maker,
@@ -190,9 +201,14 @@ impl Kernel {
             birth,
             assigned,
             may_move,
+            lent: lent.as_ref(),
         };
-        let parent = request.parent;
         let admitted = self.admit(caller, request, admitted);
+        if admitted.is_err()
+            && let (Some(lent), Some(pid)) = (&lent, assigned.or(restored_pid(birth)))
+        {
+            Box::pin(self.give_back(lent.pid, pid)).await;
+        }
         let (pid, launch, spec_in_cluster) =
             self.report_denial(Caller::Process(parent), "spawn", admitted)?;
         // In memory there is nothing to wait for, and spawn is a hot path.
@@ -235,6 +251,10 @@ impl Kernel {
         {
             tracing::warn!(%pid, "cluster: the directory did not list the new process in time");
         }
+        // Listed now: a parent elsewhere that ended meanwhile finds it.
+        if lent.is_some() && matches!(birth, Birth::New { .. }) {
+            Box::pin(self.confirm_child(parent, pid)).await;
+        }
         if let Some(launch) = launch {
             self.launch_exec(launch).await;
         }
@@ -256,26 +276,16 @@ impl Kernel {
             birth,
             assigned,
             may_move,
+            lent,
         } = admitted;
         let parent = request.parent;
         let mut table = self.inner.table().write();
         // Checked again under the lock: shutdown's last pass holds it too.
         self.check_running()?;
-        let Some(parent_entry) = table.get(parent) else {
-            return Err(KernelError::NotFound(parent));
+        let from = match lent {
+            Some(lent) => Grantor::lent(lent),
+            None => Grantor::of(parent, table.get(parent))?,
         };
-        if !parent_entry.is_alive() {
-            return Err(KernelError::ParentNotAlive {
-                pid: parent,
-                state: "zombie",
-            });
-        }
-        if parent_entry.is_restarting() {
-            return Err(KernelError::ParentNotAlive {
-                pid: parent,
-                state: "restarting",
-            });
-        }
         if let Caller::Process(me) = caller
             && me != parent
         {
@@ -283,48 +293,48 @@ impl Kernel {
                 "process {me} may only spawn its own children, not children of {parent}"
             )));
         }
-        let pctx = &parent_entry.proc.ctx;
-        let parent_caps = parent_entry.proc.caps;
+        let parent_caps = from.caps;
         if !parent_caps.contains(Capability::SpawnChildren) {
             return Err(KernelError::MissingCapability {
                 pid: parent,
-                role: pctx.role,
+                role: from.role,
                 capability: Capability::SpawnChildren,
                 action: "spawn children",
             });
         }
         let grant = ChildGrant {
             parent,
-            parent_role: pctx.role,
+            parent_role: from.role,
             parent_caps,
-            parent_tools: &pctx.tools,
+            parent_tools: from.tools,
             role_caps: self.inner.role_capabilities(request.role),
         };
         let caps = grant.check(request.role, &request.tools, self.inner.runtimes())?;
         let approvals = approval_rules(
-            parent_entry.proc.approvals.as_deref(),
+            from.approvals,
             self.inner
                 .role(request.role)
                 .map(|r| r.approval)
                 .unwrap_or_default(),
             &request.approval,
         );
-        let skill_dirs = skill_dirs(parent_entry.proc.skill_dirs.as_ref(), &request.skills);
-        let tier = request.tier.unwrap_or(pctx.tier);
-        if tier.rank() > pctx.tier.rank() {
+        let skill_dirs = skill_dirs(from.skill_dirs, &request.skills);
+        let tier = request.tier.unwrap_or(from.tier);
+        if tier.rank() > from.tier.rank() {
             return Err(KernelError::TierAboveParent {
                 child: tier.as_str(),
-                parent: pctx.tier.as_str(),
+                parent: from.tier.as_str(),
             });
         }
         // A spawned process moves with its tree: under PID 1, or under a
         // parent that moves (a config agent's children do not follow it).
         let spec_in_cluster = may_move
             && matches!(birth, Birth::New { .. } | Birth::Restored(_))
-            && (parent == Pid::KERNEL || parent_entry.proc.spec_in_cluster);
+            && (parent == Pid::KERNEL || from.spec_in_cluster);
         let moves = may_move
             && (spec_in_cluster || !matches!(birth, Birth::New { .. } | Birth::Restored(_)));
-        let depth = parent_entry.depth + 1;
+        // Lent by a peer: no overflow, whatever it says.
+        let depth = from.depth.saturating_add(1);
         let kernel_max_depth = self.inner.settings().max_depth;
         if depth > kernel_max_depth {
             return Err(KernelError::DepthExceeded {
@@ -333,7 +343,7 @@ impl Kernel {
                 why: format!("beyond the kernel's max_depth {kernel_max_depth}"),
             });
         }
-        let plimits = parent_entry.proc.limits;
+        let plimits = from.limits;
         if plimits.max_depth == 0 {
             return Err(KernelError::DepthExceeded {
                 parent,
@@ -341,22 +351,33 @@ impl Kernel {
                 why: format!("process {parent} allows no levels below it (max_depth 0)"),
             });
         }
-        if parent_entry.live_children >= plimits.max_children {
+        // A lent parent holds the child's slot on its own node already; so
+        // does a parent here for a child coming back to it.
+        let held = match birth {
+            Birth::Restored(pid) => table
+                .get(parent)
+                .is_some_and(|entry| entry.children.contains(pid)),
+            _ => false,
+        };
+        if let Some(count) = from.live_children
+            && count >= plimits.max_children
+            && !held
+        {
             return Err(KernelError::TooManyChildren {
                 parent,
-                count: parent_entry.live_children,
+                count,
                 max: plimits.max_children,
             });
         }
         let limits = narrow_limits(&plimits, &request)?;
-        let lender = parent_entry.proc.budget.clone();
+        let lender = from.lender.cloned();
         if let Some(amount) = limits.max_tokens_total {
             if matches!(caller, Caller::Process(_))
                 && !parent_caps.contains(Capability::BudgetAllocate)
             {
                 return Err(KernelError::MissingCapability {
                     pid: parent,
-                    role: pctx.role,
+                    role: from.role,
                     capability: Capability::BudgetAllocate,
                     action: "give a child its own token budget",
                 });
@@ -366,12 +387,11 @@ impl Kernel {
                 lender.can_lend(amount)?;
             }
         }
-        if matches!(caller, Caller::Process(_)) {
+        if matches!(caller, Caller::Process(_))
+            && let Some(usage) = from.usage
+        {
             let what = format!("process {parent} may not spawn now");
-            let level = parent_entry
-                .proc
-                .usage
-                .take_spawn(plimits.spawns_per_minute, &what)?;
+            let level = usage.take_spawn(plimits.spawns_per_minute, &what)?;
             self.keep_bucket(parent, BucketKind::Spawns, level);
         }
 
@@ -393,9 +413,9 @@ impl Kernel {
             name: Arc::from(request.name.as_str()),
             role: request.role,
             tier,
-            model: shared_str(&request.model, &pctx.model),
-            system_prompt: shared_str(&request.system_prompt, &pctx.system_prompt),
-            tools: shared_tools(request.tools, &pctx.tools),
+            model: shared_str(&request.model, from.model),
+            system_prompt: shared_str(&request.system_prompt, from.system_prompt),
+            tools: shared_tools(request.tools, from.tools),
             workspace: Some(match request.workspace {
                 Some(dir) => Workspace::At(Arc::from(dir)),
                 None => Workspace::Under(self.inner.workspace_root().clone()),
@@ -442,8 +462,12 @@ impl Kernel {
             approvals,
             skill_dirs,
         }));
-        if let Some(parent_entry) = table.get_mut(parent) {
-            parent_entry.children.insert(pid);
+        // A child brought back to its parent's node after a loss holds its
+        // slot already.
+        if lent.is_none()
+            && let Some(parent_entry) = table.get_mut(parent)
+            && parent_entry.children.insert(pid)
+        {
             parent_entry.live_children += 1;
         }
         let event = EventKind::Spawned {
@@ -454,13 +478,14 @@ impl Kernel {
             runtime: proc.runtime_name.clone(),
             restored: proc.restored,
         };
+        let (children, live_children) = self.children_listed(&table, pid, birth);
         table.insert(
             pid,
             Entry {
                 ppid: parent,
                 depth,
-                children: Default::default(),
-                live_children: 0,
+                children,
+                live_children,
                 proc,
                 exit: None,
                 exit_waiters: None,
@@ -499,6 +524,101 @@ struct Admitted<'f> {
     assigned: Option<Pid>,
     /// It may move to another node after a loss, if its parent does.
     may_move: bool,
+    /// What its parent on another node lent it.
+    lent: Option<&'f ParentGrant>,
+}
+
+/// Parent `pid`'s row, when it may have a child spawned under it: alive,
+/// and not waiting to be restarted.
+pub(super) fn alive_parent(pid: Pid, entry: Option<&Entry>) -> Result<&Entry> {
+    let entry = entry.ok_or(KernelError::NotFound(pid))?;
+    if !entry.is_alive() {
+        return Err(KernelError::ParentNotAlive {
+            pid,
+            state: "zombie",
+        });
+    }
+    if entry.is_restarting() {
+        return Err(KernelError::ParentNotAlive {
+            pid,
+            state: "restarting",
+        });
+    }
+    Ok(entry)
+}
+
+/// The PID a process coming back had.
+fn restored_pid(birth: Birth) -> Option<Pid> {
+    match birth {
+        Birth::Restored(pid) => Some(pid),
+        _ => None,
+    }
+}
+
+/// What a spawn takes from the parent: read from its row of the table,
+/// or lent by the node holding it (a child on another node).
+struct Grantor<'a> {
+    role: Role,
+    tier: Tier,
+    caps: Capabilities,
+    tools: &'a Arc<[String]>,
+    model: &'a Arc<str>,
+    system_prompt: &'a Arc<str>,
+    limits: Limits,
+    depth: u32,
+    approvals: Option<&'a Vec<ApprovalRule>>,
+    skill_dirs: Option<&'a Arc<[std::path::PathBuf]>>,
+    spec_in_cluster: bool,
+    lender: Option<&'a Arc<Pool>>,
+    /// Its live children, counted where it lives (`None`: lent, with the
+    /// child's slot held there).
+    live_children: Option<u32>,
+    /// Its spawn rate, metered where it lives.
+    usage: Option<&'a crate::usage::Meter>,
+}
+
+impl<'a> Grantor<'a> {
+    /// Parent `pid`'s row, which must be alive and not restarting.
+    fn of(pid: Pid, entry: Option<&'a Entry>) -> Result<Self> {
+        let entry = alive_parent(pid, entry)?;
+        let proc = &entry.proc;
+        Ok(Grantor {
+            role: proc.ctx.role,
+            tier: proc.ctx.tier,
+            caps: proc.caps,
+            tools: &proc.ctx.tools,
+            model: &proc.ctx.model,
+            system_prompt: &proc.ctx.system_prompt,
+            limits: proc.limits,
+            depth: entry.depth,
+            approvals: proc.approvals.as_deref(),
+            skill_dirs: proc.skill_dirs.as_ref(),
+            spec_in_cluster: proc.spec_in_cluster,
+            lender: proc.budget.as_ref(),
+            live_children: Some(entry.live_children),
+            usage: Some(&proc.usage),
+        })
+    }
+
+    /// What a parent on another node lent.
+    fn lent(lent: &'a ParentGrant) -> Self {
+        Grantor {
+            role: lent.role,
+            tier: lent.tier,
+            caps: lent.caps,
+            tools: &lent.tools,
+            model: &lent.model,
+            system_prompt: &lent.system_prompt,
+            limits: lent.limits,
+            depth: lent.depth,
+            approvals: lent.approvals.as_ref(),
+            skill_dirs: lent.skill_dirs.as_ref(),
+            spec_in_cluster: lent.spec_in_cluster,
+            lender: None,
+            live_children: None,
+            usage: None,
+        }
+    }
 }
 
 /// `value` shared instead of copied where it can be: the parent's when the

@@ -9,6 +9,7 @@
 //! A process that fails or exits on its own may instead be restarted, as its
 //! restart policy and its parent's strategy say (`restart`, `strategy`).
 
+mod remote;
 mod restart;
 mod strategy;
 
@@ -47,6 +48,10 @@ struct Exits {
     reaped: Vec<Pid>,
     /// Runners to stop, by PID.
     runners: Vec<(Pid, JoinHandle<()>)>,
+    /// Children on other nodes of processes that exited here, with the
+    /// reason their ancestor's exit gives them: killed there, with their
+    /// subtrees, once the exits here are done.
+    elsewhere: Vec<(Pid, Arc<str>)>,
     /// Items still queued in closed mailboxes, by receiver.
     undelivered: Vec<(Pid, Envelope)>,
     /// Exec processes waiting to be restarted: only their OS processes stop.
@@ -114,6 +119,7 @@ impl Exits {
             exec,
             exited: Vec::new(),
             reaped: Vec::new(),
+            elsewhere: Vec::new(),
             runners: Vec::new(),
             undelivered: Vec::new(),
             paused: Vec::new(),
@@ -208,6 +214,7 @@ impl Kernel {
                 let op = Op::Kill {
                     pid,
                     reason: reason.to_owned(),
+                    orphaned: false,
                 };
                 return self.forward(&node, op, FORWARDED_KILL).await;
             }
@@ -235,34 +242,72 @@ impl Kernel {
         pid: Pid,
         reason: &str,
     ) -> Result<Vec<Pid>> {
-        self.inner.settings().limits.check_reason(reason)?;
+        self.kill_here(caller, pid, reason, false).await
+    }
+
+    /// [`Kernel::kill_checked`]; `orphaned`: its parent, on another node,
+    /// exited, so the process leaves no zombie and its parent is not told.
+    /// Its subtree's parts on other nodes are killed first, leaves first.
+    pub(super) async fn kill_here(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        reason: &str,
+        orphaned: bool,
+    ) -> Result<Vec<Pid>> {
+        // An orphan's reason grew on the way: its ancestor's node checked it.
+        if !orphaned {
+            self.inner.settings().limits.check_reason(reason)?;
+        }
         if pid == Pid::KERNEL {
             return Err(KernelError::PermissionDenied(
                 "PID 1 is the kernel; stop it with SIGTERM or SIGINT".into(),
             ));
         }
+        let reason = if reason.is_empty() {
+            format!("killed by {}", caller.pid())
+        } else {
+            reason.to_owned()
+        };
+        // Leaves first: the parts of its subtree on other nodes end before
+        // anything here does.
+        if self.inner.cluster().is_some() {
+            let elsewhere = {
+                let table = self.inner.table().read();
+                may_kill(&table, caller, pid)?;
+                children_elsewhere(&table, pid)
+            };
+            if !elsewhere.is_empty() {
+                // Kernel-owned: a caller that gives up does not leave the
+                // slots held.
+                let kernel = self.clone();
+                let inherited: Arc<str> = Arc::from(format!("ancestor {pid} exited: {reason}"));
+                let done = self.inner.tracker().spawn(async move {
+                    let orphans = elsewhere
+                        .iter()
+                        .map(|(_, child)| (*child, inherited.clone()))
+                        .collect();
+                    kernel.kill_elsewhere(orphans).await;
+                    for (parent, child) in elsewhere {
+                        kernel.release_child(parent, child);
+                    }
+                });
+                let _ = done.await;
+            }
+        }
         let exits = {
             let mut table = self.inner.table().write();
-            let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
-            if !entry.is_alive() {
-                return Err(KernelError::FailedPrecondition(format!(
-                    "process {pid} has already exited; collect it with wait"
-                )));
-            }
-            if let Caller::Process(me) = caller
-                && !table.is_ancestor(me, pid)
-            {
-                return Err(KernelError::PermissionDenied(format!(
-                    "process {me} may only kill its descendants, and {pid} is not one"
-                )));
-            }
-            let reason = if reason.is_empty() {
-                format!("killed by {}", caller.pid())
-            } else {
-                reason.to_owned()
-            };
+            may_kill(&table, caller, pid)?;
             let mut exits = self.exits(Stop::Abort);
             terminate(&mut table, pid, EXIT_KILLED, &reason, &mut exits);
+            if orphaned {
+                for top in exits.tops.drain(..) {
+                    reap(&mut table, top.record.pid);
+                    if !top.collected {
+                        exits.reaped.push(top.record.pid);
+                    }
+                }
+            }
             exits
         };
         let killed: Vec<Pid> = exits.exited.iter().map(|e| e.pid).collect();
@@ -396,10 +441,18 @@ impl Kernel {
             // Spawn checks `stopping` under this lock, so no child of PID 1
             // can appear after this pass.
             let mut table = self.inner.table().write();
+            // Under PID 1, and under parents on other nodes.
+            let foreign: Vec<Pid> = table
+                .foreign()
+                .flat_map(|(_, children)| children.iter().copied())
+                .collect();
             let roots: Vec<Pid> = table
                 .get(Pid::KERNEL)
-                .map(|k| k.children.iter().collect())
-                .unwrap_or_default();
+                .map(|k| k.children.iter().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .chain(foreign)
+                .collect();
             for root in roots {
                 if table.get(root).is_some_and(|e| e.is_alive()) {
                     terminate(&mut table, root, 0, "kernel shutdown", &mut exits);
@@ -487,7 +540,10 @@ impl Kernel {
                     exec: _,
                     tops,
                     follow,
+                    elsewhere,
                 } = exits;
+                let mut follow = follow;
+                let supervise = std::mem::take(&mut follow.elsewhere);
                 if stop == Stop::Abort {
                     runners.iter().for_each(|(_, runner)| runner.abort());
                 }
@@ -538,6 +594,12 @@ impl Kernel {
                     kernel.finish_top(top);
                 }
                 kernel.follow_up(follow);
+                if !elsewhere.is_empty() {
+                    kernel.kill_elsewhere(elsewhere).await;
+                }
+                if !supervise.is_empty() {
+                    kernel.supervise_elsewhere(supervise).await;
+                }
             }));
         // Only a panic could fail the join; the kernel's state is already consistent.
         let _ = finish.await;
@@ -673,6 +735,43 @@ async fn join_runners(runners: &mut Vec<(Pid, JoinHandle<()>)>) {
     }
 }
 
+/// Whether `caller` may kill `pid`, alive in the table: an operator, or
+/// one of its ancestors.
+fn may_kill(table: &ProcessTable, caller: Caller, pid: Pid) -> Result<()> {
+    let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
+    if !entry.is_alive() {
+        return Err(KernelError::FailedPrecondition(format!(
+            "process {pid} has already exited; collect it with wait"
+        )));
+    }
+    if let Caller::Process(me) = caller
+        && !table.is_ancestor(me, pid)
+    {
+        return Err(KernelError::PermissionDenied(format!(
+            "process {me} may only kill its descendants, and {pid} is not one"
+        )));
+    }
+    Ok(())
+}
+
+/// The children on other nodes of `root`'s subtree here, each with its
+/// parent: every child not in the table.
+fn children_elsewhere(table: &ProcessTable, root: Pid) -> Vec<(Pid, Pid)> {
+    let mut found = Vec::new();
+    for pid in table.subtree_preorder(root, None) {
+        if let Some(entry) = table.get(pid) {
+            found.extend(
+                entry
+                    .children
+                    .iter()
+                    .filter(|child| table.get(*child).is_none())
+                    .map(|child| (pid, child)),
+            );
+        }
+    }
+    found
+}
+
 /// Marks the subtree under `top` exited, leaves first, and unlinks it.
 fn terminate(table: &mut ProcessTable, top: Pid, exit_code: i32, reason: &str, exits: &mut Exits) {
     let now = unix_ms(SystemTime::now());
@@ -716,6 +815,11 @@ fn terminate_below(
     // no parent to unlink from, since every parent but `top` goes too.
     for pid in below {
         let Some(mut entry) = table.remove(pid) else {
+            // A child on another node: only children of processes here are
+            // missing from the table.
+            if exits.stop == Stop::Abort {
+                exits.elsewhere.push((pid, inherited.clone()));
+            }
             continue;
         };
         if entry.is_alive() {

@@ -56,19 +56,20 @@ impl<'a> Tree<'a> {
 
     /// `pid`'s children wherever they live, in PID order.
     pub(super) fn children(&self, pid: Pid) -> Vec<Pid> {
-        let mut children: Vec<Pid> = self
-            .table
-            .get(pid)
-            .map(|entry| entry.children.iter().collect())
-            .unwrap_or_default();
+        let entry = self.table.get(pid);
+        let mut children: Vec<Pid> = match entry {
+            Some(entry) => entry.children.iter().collect(),
+            // A parent on another node, with children here.
+            None => self.table.foreign_children(pid).collect(),
+        };
         if let Some(others) = &self.others {
             let before = children.len();
-            // A listing naming a PID this node holds is not believed.
-            children.extend(
-                others
-                    .children(pid)
-                    .filter(|child| self.table.get(*child).is_none()),
-            );
+            // A listing naming a PID this node holds is not believed; a
+            // child of a process here on another node is its child already.
+            children.extend(others.children(pid).filter(|child| {
+                self.table.get(*child).is_none()
+                    && !entry.is_some_and(|entry| entry.children.contains(*child))
+            }));
             if before > 0 && children.len() > before {
                 children.sort_unstable();
             }

@@ -46,6 +46,16 @@ pub(super) struct RestartGroup {
 pub(super) struct FollowUps {
     restarts: Vec<RestartGroup>,
     escalations: Vec<(Pid, EventKind)>,
+    /// What other nodes do about it (their processes' parents, siblings).
+    pub(super) elsewhere: Vec<super::remote::Elsewhere>,
+}
+
+impl FollowUps {
+    /// Restarts `pids` together after `delay`, as restart group `id`.
+    pub(super) fn restart(&mut self, id: u64, mut pids: Vec<Pid>, delay: Duration) {
+        pids.sort_unstable();
+        self.restarts.push(RestartGroup { id, pids, delay });
+    }
 }
 
 /// Ends `pid` and its subtree but keeps `pid` in the table, alive, waiting in restart `group`.
@@ -139,8 +149,18 @@ impl Kernel {
                     stop_for_restart(table, pid, code, &reason, id, exits);
                     let mut pids = vec![pid];
                     pids.extend(strategy::stop_siblings(table, ppid, pid, id, exits));
-                    pids.sort_unstable();
-                    exits.follow.restarts.push(RestartGroup { id, pids, delay });
+                    exits.follow.restart(id, pids, delay);
+                    // A parent on another node applies its strategy there.
+                    if ppid != Pid::KERNEL && table.get(ppid).is_none() {
+                        exits
+                            .follow
+                            .elsewhere
+                            .push(super::remote::Elsewhere::Siblings {
+                                parent: ppid,
+                                failed: pid,
+                                delay,
+                            });
+                    }
                     return;
                 }
                 Err(recent) => {
@@ -157,13 +177,23 @@ impl Kernel {
                     if ppid == Pid::KERNEL {
                         return;
                     }
+                    let failed = format!(
+                        "restart intensity exceeded: child {pid} ({name}) restarted {recent} times in {within_seconds}s"
+                    );
+                    // A parent on another node is told the child exited,
+                    // and fails there.
+                    if table.get(ppid).is_none() {
+                        exits.follow.elsewhere.push(super::remote::Elsewhere::Fail {
+                            parent: ppid,
+                            reason: failed,
+                        });
+                        return;
+                    }
                     // The zombie leaves with its parent: there is nobody left to tell.
                     exits
                         .tops
                         .retain(|top| top.record.pid != pid || top.collected);
-                    reason = format!(
-                        "restart intensity exceeded: child {pid} ({name}) restarted {recent} times in {within_seconds}s"
-                    );
+                    reason = failed;
                     (pid, code) = (ppid, EXIT_FAILED);
                 }
             }
@@ -182,6 +212,7 @@ impl Kernel {
                 let op = Op::Restart {
                     pid,
                     reason: reason.to_owned(),
+                    sibling: false,
                 };
                 return self.forward(&node, op, FORWARDED_KILL).await;
             }
@@ -332,6 +363,8 @@ impl Kernel {
         let FollowUps {
             restarts,
             escalations,
+            // Taken by the caller, which waits for the other nodes.
+            elsewhere: _,
         } = follow;
         if !escalations.is_empty() {
             self.inner.events().emit_all(escalations);

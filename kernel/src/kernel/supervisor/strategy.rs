@@ -6,9 +6,14 @@
 //! stopped sibling is restarted with the failed child if its own policy
 //! restarts after an abnormal exit (permanent, transient); a temporary one
 //! stays dead and its parent is told as for any exit.
+//!
+//! A sibling on another node restarts there at once, or, temporary, is
+//! killed; the siblings of a child whose parent is on another node are
+//! the parent node's to stop (supervisor/remote.rs).
 
 use hivekernel_agents::{Pid, Strategy};
 
+use super::remote::Elsewhere;
 use super::restart::stop_for_restart;
 use super::{EXIT_KILLED, Exits, terminate};
 use crate::process::ProcessTable;
@@ -34,6 +39,11 @@ pub(super) fn stop_siblings(
     let mut joined = Vec::new();
     for pid in siblings {
         let Some(sibling) = table.get_mut(pid) else {
+            // A sibling on another node restarts there.
+            exits.follow.elsewhere.push(Elsewhere::Sibling {
+                pid,
+                reason: reason.clone(),
+            });
             continue;
         };
         if !sibling.is_alive() {
