@@ -22,6 +22,10 @@ pub(crate) struct Pool {
     allocated: u64,
     /// The pool it was lent from, which gets the remainder back.
     lender: Option<Arc<Pool>>,
+    /// Lent by the budget its parent on another node draws on: the node
+    /// holding the parent keeps the loan, and hears what it spent when
+    /// the owner exits.
+    loaned_by: Option<Pid>,
     state: Mutex<PoolState>,
 }
 
@@ -62,8 +66,26 @@ impl Pool {
             owner,
             allocated: amount,
             lender: lender.cloned(),
+            loaned_by: None,
             state: Mutex::default(),
         }))
+    }
+
+    /// A pool of `amount` tokens for `owner`, lent through its parent
+    /// `parent` on another node, whose node keeps the loan.
+    pub(crate) fn on_loan(owner: Pid, amount: u64, parent: Pid) -> Arc<Pool> {
+        Arc::new(Pool {
+            owner,
+            allocated: amount,
+            lender: None,
+            loaned_by: Some(parent),
+            state: Mutex::default(),
+        })
+    }
+
+    /// The parent on another node whose node keeps this pool's loan.
+    pub(crate) fn loaned_by(&self) -> Option<Pid> {
+        self.loaned_by
     }
 
     /// Refuses lending `amount` when less than that is left.

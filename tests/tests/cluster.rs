@@ -1156,7 +1156,10 @@ fn a_subtree_spans_the_nodes_and_ends_whole_leaves_first() {
     // A kill of boss, asked of b, ends its subtree on every node, leaves
     // first, and leaves no zombie anywhere.
     let killed = b.cli(&["kill", &boss_s]);
-    assert!(killed.contains(&boss_s), "{killed}");
+    // It names every process that exited, on every node.
+    for pid in [boss, w_b, g_c] {
+        assert!(killed.contains(&pid.to_string()), "{pid}: {killed}");
+    }
     let gone = [boss, w_b, g_c, third];
     for kernel in [&a, &b, &c] {
         wait_for_ps(kernel, "the subtree gone from every node", |seen| {
@@ -1448,6 +1451,107 @@ fn a_process_token_is_honoured_by_every_node() {
         String::from_utf8_lossy(&out.stderr).contains("invalid token"),
         "{out:?}"
     );
+}
+
+/// A token budget lent across nodes: a child on b of a parent on a that
+/// draws on a budget needs one of its own (refused without), lent from
+/// the parent's; what the child spends is charged to the parent's budget
+/// once, when the child exits, and the rest comes back.
+#[test]
+fn a_budget_lent_to_another_node_is_charged_once() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content_with_usage("spent", 100, 20)
+    }));
+    let mut config = model_config(&llm.base_url());
+    config["agents"] = json!([{
+        "name": "banker", "role": "agent", "runtime": "echo", "node": "a",
+        "limits": { "max_tokens_total": 10000 }
+    }]);
+    let a = with_config(&bin, root.path(), &nats, "a", &config);
+    let b = with_config(&bin, root.path(), &nats, "b", &config);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    wait_for_ps(&b, "the banker on a", |seen| {
+        seen.values()
+            .any(|(name, node)| name == "banker" && node == "a")
+    });
+    let banker = *everyone(&b)
+        .iter()
+        .find(|(_, (name, _))| name == "banker")
+        .unwrap()
+        .0;
+    let budget = |kernel: &Binary, pid: u64| -> (u64, u64) {
+        let info = kernel.json(&["describe", &pid.to_string(), "--json"]);
+        let budget = &info["budget"];
+        (
+            budget["used"].as_u64().unwrap_or(u64::MAX),
+            budget["remaining"].as_u64().unwrap_or(u64::MAX),
+        )
+    };
+    assert_eq!(budget(&a, banker), (0, 10_000));
+
+    let mut client = rt.block_on(async {
+        let token = std::fs::read_to_string(a.dir.join("data/admin.token")).unwrap();
+        let channel = tonic::transport::Channel::from_shared(a.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        KernelClient::with_interceptor(channel, Bearer::new(token.trim()))
+    });
+    let mut spawn = |tokens: u64| {
+        rt.block_on(client.spawn(pb::SpawnRequest {
+            parent: banker,
+            name: "spender".into(),
+            runtime: "tool_agent".into(),
+            model: "test-model".into(),
+            system_prompt: "You spend tokens.".into(),
+            node: "b".into(),
+            limits: Some(pb::Limits {
+                max_tokens_total: tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    };
+    let refused = spawn(0).unwrap_err();
+    assert!(
+        refused.message().contains(&format!(
+            "process {banker} draws on the token budget of process {banker}: a child on another \
+             node needs a budget of its own (limits.max_tokens_total)"
+        )),
+        "{refused:?}"
+    );
+    let spender = spawn(1_000).unwrap().into_inner().pid;
+    assert_eq!(
+        a.json(&["describe", &spender.to_string(), "--json"])["node"],
+        "b"
+    );
+    // Lent: the banker has 1,000 fewer to spend or lend.
+    assert_eq!(budget(&a, banker), (0, 9_000));
+
+    let answer = a.cli(&["exec", &spender.to_string(), "go"]);
+    assert!(answer.contains("spent"), "{answer}");
+    assert_eq!(budget(&b, spender), (120, 880));
+    // Its exit charges the banker what it spent, once, and gives the rest back.
+    a.cli(&["kill", &spender.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while budget(&a, banker) != (120, 9_880) {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}\n{}",
+            budget(&a, banker),
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(budget(&a, banker), (120, 9_880));
 }
 
 /// Where each of `names` runs, as `kernel`'s `ps` shows the cluster: name

@@ -74,7 +74,15 @@ pub enum Op {
         child: Pid,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         held: bool,
+        /// The child's own token budget (`max_tokens_total`), lent from
+        /// the budget `parent` draws on, if it draws on one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens: Option<u64>,
     },
+    /// Child `child` of process `parent`, which the node holds, exited on
+    /// the asking node having spent `spent` tokens of the budget lent to
+    /// it: the node charges the loan, once, and gives the rest back.
+    Repay { parent: Pid, child: Pid, spent: u64 },
     /// The asking node did not spawn the child `Lend` held a slot for:
     /// the slot is freed.
     Release { parent: Pid, child: Pid },

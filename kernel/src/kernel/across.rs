@@ -20,6 +20,7 @@ use hivekernel_agents::message::kinds;
 use hivekernel_agents::{ApprovalRule, Capabilities, ExitRecord, Limits, Message, Pid, Role, Tier};
 use serde::{Deserialize, Serialize};
 
+use crate::budget::Pool;
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SPAWN, Holder};
@@ -46,6 +47,10 @@ pub(crate) struct ParentGrant {
     pub(crate) skill_dirs: Option<Arc<[PathBuf]>>,
     /// The parent moves with its tree after a loss, so the child may too.
     pub(crate) spec_in_cluster: bool,
+    /// The child's own budget was lent from the budget the parent draws
+    /// on; its node keeps the loan.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) loaned: bool,
 }
 
 impl Kernel {
@@ -54,9 +59,16 @@ impl Kernel {
     /// after its node's loss holds it already), and lends what the child
     /// takes from it. Refused as a spawn under `parent` here would be, and
     /// for a parent that draws on a token budget, which does not reach
-    /// another node; `held`: unless the slot is held already (a child
-    /// coming back, or confirming once spawned).
-    pub(super) fn lend(&self, parent: Pid, child: Pid, held: bool) -> Result<ParentGrant> {
+    /// another node, unless the child has a budget of its own (`tokens`),
+    /// which is lent from it here; `held`: unless the slot is held already
+    /// (a child coming back, or confirming once spawned).
+    pub(super) fn lend(
+        &self,
+        parent: Pid,
+        child: Pid,
+        held: bool,
+        tokens: Option<u64>,
+    ) -> Result<ParentGrant> {
         let mut table = self.inner.table().write();
         self.check_running()?;
         alive_parent(parent, table.get(parent))?;
@@ -68,10 +80,15 @@ impl Kernel {
         let Some(entry) = table.get_mut(parent) else {
             return Err(KernelError::NotFound(parent));
         };
-        if let Some(pool) = &entry.proc.budget {
+        let lender = entry.proc.budget.clone();
+        let has_loan = self.inner.loans().lock().contains_key(&child);
+        if let Some(pool) = &lender
+            && tokens.is_none()
+            && !has_loan
+        {
             return Err(KernelError::FailedPrecondition(format!(
-                "process {parent} draws on the token budget of process {}, and a budget does \
-                 not reach another node: its children live on its node",
+                "process {parent} draws on the token budget of process {}: a child on another \
+                 node needs a budget of its own (limits.max_tokens_total), lent from it",
                 pool.owner()
             )));
         }
@@ -90,6 +107,18 @@ impl Kernel {
                     max,
                 });
             }
+        }
+        // Lent once: a child coming back, or confirming, keeps its loan.
+        let loaned = match (&lender, tokens) {
+            (Some(lender), Some(amount)) if !has_loan => {
+                let loan = Pool::allocate(child, amount, Some(lender))?;
+                self.inner.loans().lock().insert(child, loan);
+                true
+            }
+            (Some(_), _) => has_loan,
+            (None, _) => false,
+        };
+        if !entry.children.contains(child) {
             entry.children.insert(child);
             entry.live_children += 1;
         }
@@ -107,7 +136,48 @@ impl Kernel {
             approvals: proc.approvals.as_deref().cloned(),
             skill_dirs: proc.skill_dirs.clone(),
             spec_in_cluster: proc.spec_in_cluster,
+            loaned,
         })
+    }
+
+    /// On the parent's node: the budget lent to `child`, which spent
+    /// `spent` tokens and exited, is charged (once: a repeat finds no
+    /// loan) and what it did not use goes back.
+    pub(super) fn repaid(&self, child: Pid, spent: u64) {
+        let loan = self.inner.loans().lock().remove(&child);
+        if let Some(loan) = loan {
+            loan.charge(spent);
+            loan.close();
+        }
+    }
+
+    /// On the parent's node: the spawn of `child` failed, so nothing of
+    /// its loan was spent.
+    pub(super) fn cancel_loan(&self, child: Pid) {
+        let loan = self.inner.loans().lock().remove(&child);
+        if let Some(loan) = loan {
+            loan.close();
+        }
+    }
+
+    /// Tells the parents' nodes what the budgets they lent to children
+    /// here spent (`child`, `parent`, `spent`), once each child exited.
+    pub(super) async fn repay_loans(&self, repays: Vec<(Pid, Pid, u64)>) {
+        let asks = repays.into_iter().map(|(child, parent, spent)| async move {
+            let Some(node) = self.held_elsewhere(parent) else {
+                tracing::warn!(%child, %parent, spent, "cluster: a loan's parent is gone; what it spent is not charged there");
+                return;
+            };
+            let op = Op::Repay {
+                parent,
+                child,
+                spent,
+            };
+            if let Err(err) = self.forward::<()>(&node, op, FORWARDED_SPAWN).await {
+                tracing::warn!(%child, %parent, %node, spent, error = %err, "cluster: a loan's spending not reported; it stays lent");
+            }
+        });
+        futures::future::join_all(asks).await;
     }
 
     /// The children that process `pid`, coming back as the PID it had
@@ -153,6 +223,7 @@ impl Kernel {
         parent: Pid,
         child: Pid,
         held: bool,
+        tokens: Option<u64>,
     ) -> Result<Option<ParentGrant>> {
         if parent == Pid::KERNEL
             || self.inner.cluster().is_none()
@@ -167,6 +238,7 @@ impl Kernel {
             parent,
             child,
             held,
+            tokens,
         };
         let lent: ParentGrant = self.forward(&listing.node, op, FORWARDED_SPAWN).await?;
         if lent.pid != parent {
@@ -183,7 +255,7 @@ impl Kernel {
     /// (its subtree ended without this child, not listed yet) did not:
     /// the child ends, as an orphan.
     pub(super) async fn confirm_child(&self, parent: Pid, child: Pid) {
-        match self.borrow_parent(parent, child, true).await {
+        match self.borrow_parent(parent, child, true, None).await {
             Ok(_) => {}
             Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => {
                 let reason = format!(
@@ -243,10 +315,17 @@ impl Kernel {
     /// Kills, on the nodes holding them, the children of this node's
     /// processes that an exit here took with it, and their subtrees
     /// there; each with the reason its ancestor's exit gave.
-    pub(super) async fn kill_elsewhere(&self, orphans: Vec<(Pid, Arc<str>)>) {
+    /// Answers the PIDs that exited there, leaves first.
+    pub(super) async fn kill_elsewhere(&self, orphans: Vec<(Pid, Arc<str>)>) -> Vec<Pid> {
         let kills = orphans.into_iter().map(|(pid, reason)| async move {
-            let Some(node) = self.held_elsewhere(pid) else {
-                return;
+            // The directory itself when the mirror has not listed it yet.
+            let node = match self.holder(pid).await {
+                Ok(Some(Holder::There(listing))) => listing.node,
+                Ok(_) => return Vec::new(),
+                Err(err) => {
+                    tracing::warn!(%pid, error = %err, "cluster: a child on another node outlived its parent's exit");
+                    return Vec::new();
+                }
             };
             let op = Op::Kill {
                 pid,
@@ -254,15 +333,16 @@ impl Kernel {
                 orphaned: true,
             };
             match self.forward::<Vec<Pid>>(&node, op, FORWARDED_KILL).await {
-                Ok(_) => {}
+                Ok(killed) => killed,
                 // Ended meanwhile.
-                Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => {}
+                Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => Vec::new(),
                 Err(err) => {
                     tracing::warn!(%pid, %node, error = %err, "cluster: a child on another node outlived its parent's exit");
+                    Vec::new()
                 }
             }
         });
-        futures::future::join_all(kills).await;
+        futures::future::join_all(kills).await.concat()
     }
 }
 

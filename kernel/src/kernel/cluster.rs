@@ -460,9 +460,15 @@ impl Kernel {
                 parent,
                 child,
                 held: slot,
-            } => held(self.lend(parent, child, slot)),
+                tokens,
+            } => held(self.lend(parent, child, slot, tokens)),
             Op::Release { parent, child } => {
                 self.release_child(parent, child);
+                self.cancel_loan(child);
+                held(Ok(()))
+            }
+            Op::Repay { child, spent, .. } => {
+                self.repaid(child, spent);
                 held(Ok(()))
             }
             Op::Restart {

@@ -72,6 +72,11 @@ pub(super) struct Inner {
     /// The receivers' lanes of the messages the kernel makes, on a node
     /// of a cluster (lanes.rs).
     lanes: super::lanes::Lanes,
+    /// Token budgets lent to children on other nodes, by child: what
+    /// each loan spent comes back when its child exits (across.rs).
+    loans: parking_lot::Mutex<
+        std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
+    >,
     transcripts: Transcripts,
     /// Server tokens per estimated token, per served model, learned from
     /// the usage answers report; kept in the store.
@@ -241,6 +246,7 @@ impl Inner {
             traces,
             cluster,
             lanes: Default::default(),
+            loans: Default::default(),
             transcripts,
             calibration,
             store,
@@ -324,6 +330,14 @@ impl Inner {
 
     pub(super) fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
         self.cluster.as_ref()
+    }
+
+    pub(super) fn loans(
+        &self,
+    ) -> &parking_lot::Mutex<
+        std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
+    > {
+        &self.loans
     }
 
     pub(super) fn lanes(&self) -> &super::lanes::Lanes {

@@ -187,11 +187,12 @@ impl Kernel {
         let parent = request.parent;
         // A parent on another node lends what its child takes from it, and
         // holds a child slot for it there.
+        let tokens = request.limits.max_tokens_total;
         let lent = match (assigned, birth) {
             (_, Birth::Restored(pid)) if self.inner.cluster().is_some() => {
-                Box::pin(self.borrow_parent(parent, pid, true)).await?
+                Box::pin(self.borrow_parent(parent, pid, true, tokens)).await?
             }
-            (Some(pid), _) => Box::pin(self.borrow_parent(parent, pid, false)).await?,
+            (Some(pid), _) => Box::pin(self.borrow_parent(parent, pid, false, tokens)).await?,
             _ => None,
         };
         let admitted = Admitted {
@@ -405,6 +406,10 @@ impl Kernel {
             }),
         };
         let budget = match limits.max_tokens_total {
+            // Lent on its parent's node, which keeps the loan.
+            Some(amount) if lent.is_some_and(|lent| lent.loaned) => {
+                Some(Pool::on_loan(pid, amount, parent))
+            }
             Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
             None => lender,
         };

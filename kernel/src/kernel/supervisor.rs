@@ -52,6 +52,9 @@ struct Exits {
     /// reason their ancestor's exit gives them: killed there, with their
     /// subtrees, once the exits here are done.
     elsewhere: Vec<(Pid, Arc<str>)>,
+    /// Budgets lent by parents on other nodes, closed: (child, parent,
+    /// tokens spent), reported there before the parents are told.
+    repays: Vec<(Pid, Pid, u64)>,
     /// Items still queued in closed mailboxes, by receiver.
     undelivered: Vec<(Pid, Envelope)>,
     /// Exec processes waiting to be restarted: only their OS processes stop.
@@ -120,6 +123,7 @@ impl Exits {
             exited: Vec::new(),
             reaped: Vec::new(),
             elsewhere: Vec::new(),
+            repays: Vec::new(),
             runners: Vec::new(),
             undelivered: Vec::new(),
             paused: Vec::new(),
@@ -143,9 +147,13 @@ impl Exits {
         now: u64,
     ) -> (&Exited, bool) {
         self.stop(entry, pid, code, reason, now);
-        // For good: what its budget did not use goes back to the lender.
+        // For good: what its budget did not use goes back to the lender
+        // (on another node: told once the exits are done).
         if let Some(pool) = entry.proc.own_budget() {
             pool.close();
+            if let Some(parent) = pool.loaned_by() {
+                self.repays.push((pid, parent, pool.spent()));
+            }
         }
         let exited = &self.exited[self.exited.len() - 1];
         let waiters = entry.exit_waiters.take().map(|w| *w).unwrap_or_default();
@@ -271,6 +279,7 @@ impl Kernel {
         };
         // Leaves first: the parts of its subtree on other nodes end before
         // anything here does.
+        let mut killed_elsewhere = Vec::new();
         if self.inner.cluster().is_some() {
             let elsewhere = {
                 let table = self.inner.table().read();
@@ -287,12 +296,13 @@ impl Kernel {
                         .iter()
                         .map(|(_, child)| (*child, inherited.clone()))
                         .collect();
-                    kernel.kill_elsewhere(orphans).await;
+                    let killed = kernel.kill_elsewhere(orphans).await;
                     for (parent, child) in elsewhere {
                         kernel.release_child(parent, child);
                     }
+                    killed
                 });
-                let _ = done.await;
+                killed_elsewhere = done.await.unwrap_or_default();
             }
         }
         let exits = {
@@ -310,7 +320,9 @@ impl Kernel {
             }
             exits
         };
-        let killed: Vec<Pid> = exits.exited.iter().map(|e| e.pid).collect();
+        // Leaves first: those elsewhere ended before any here.
+        let mut killed = killed_elsewhere;
+        killed.extend(exits.exited.iter().map(|e| e.pid));
         self.finish_exits(exits).await;
         Ok(killed)
     }
@@ -541,6 +553,7 @@ impl Kernel {
                     tops,
                     follow,
                     elsewhere,
+                    repays,
                 } = exits;
                 let mut follow = follow;
                 let supervise = std::mem::take(&mut follow.elsewhere);
@@ -590,12 +603,17 @@ impl Kernel {
                     }))
                     .collect();
                 kernel.inner.events().emit_all(events);
+                // Before the notices: a parent's node charges a loan
+                // before it hears that its child exited.
+                if !repays.is_empty() {
+                    kernel.repay_loans(repays).await;
+                }
                 for top in tops {
                     kernel.finish_top(top);
                 }
                 kernel.follow_up(follow);
                 if !elsewhere.is_empty() {
-                    kernel.kill_elsewhere(elsewhere).await;
+                    let _ = kernel.kill_elsewhere(elsewhere).await;
                 }
                 if !supervise.is_empty() {
                     kernel.supervise_elsewhere(supervise).await;
