@@ -22,10 +22,10 @@ pub(crate) struct Pool {
     allocated: u64,
     /// The pool it was lent from, which gets the remainder back.
     lender: Option<Arc<Pool>>,
-    /// Lent by the budget its parent on another node draws on: the node
-    /// holding the parent keeps the loan, and hears what it spent when
-    /// the owner exits.
-    loaned_by: Option<Pid>,
+    /// Lent by the budget its parent on another node draws on: the parent,
+    /// and the node that keeps the loan and hears what it used when the
+    /// owner exits.
+    loaned_by: Option<(Pid, Arc<str>)>,
     state: Mutex<PoolState>,
 }
 
@@ -72,20 +72,31 @@ impl Pool {
     }
 
     /// A pool of `amount` tokens for `owner`, lent through its parent
-    /// `parent` on another node, whose node keeps the loan.
-    pub(crate) fn on_loan(owner: Pid, amount: u64, parent: Pid) -> Arc<Pool> {
+    /// `parent` on another node, `node`, which keeps the loan.
+    pub(crate) fn on_loan(owner: Pid, amount: u64, parent: Pid, node: Arc<str>) -> Arc<Pool> {
         Arc::new(Pool {
             owner,
             allocated: amount,
             lender: None,
-            loaned_by: Some(parent),
+            loaned_by: Some((parent, node)),
             state: Mutex::default(),
         })
     }
 
-    /// The parent on another node whose node keeps this pool's loan.
-    pub(crate) fn loaned_by(&self) -> Option<Pid> {
-        self.loaned_by
+    /// The parent on another node, and its node, that keeps this pool's loan.
+    pub(crate) fn loaned_by(&self) -> Option<&(Pid, Arc<str>)> {
+        self.loaned_by.as_ref()
+    }
+
+    /// What is no longer there to spend: charged, or still lent to
+    /// borrowers (once closed, what the lender keeps).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.allocated.saturating_sub(self.remaining())
+    }
+
+    /// Tokens allocated to it.
+    pub(crate) fn allocated(&self) -> u64 {
+        self.allocated
     }
 
     /// Refuses lending `amount` when less than that is left.

@@ -777,8 +777,8 @@ pub struct SpawnArgs {
     /// Working directory of an exec process's command [default: the current directory].
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// On a node of a cluster: the node to run on (for a child of PID 1;
-    /// a child lives on its parent's node) [default: the parent's node].
+    /// On a node of a cluster: the node to run on, whichever node its
+    /// parent is on [default: the parent's node].
     #[arg(long, value_name = "NODE")]
     pub node: Option<String>,
     /// On a node of a cluster: a label its node must have, LABEL=VALUE

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::Pool;
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
-use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SPAWN, Holder};
+use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SEND, FORWARDED_SPAWN, Holder};
 use crate::kernel::spawn::{Birth, alive_parent};
 use crate::kernel::{Caller, Kernel};
 use crate::process::{Children, ProcessTable};
@@ -51,6 +51,9 @@ pub(crate) struct ParentGrant {
     /// on; its node keeps the loan.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) loaned: bool,
+    /// The node that lent it (set by the borrower, never sent).
+    #[serde(skip)]
+    pub(crate) node: Arc<str>,
 }
 
 impl Kernel {
@@ -80,22 +83,23 @@ impl Kernel {
         let Some(entry) = table.get_mut(parent) else {
             return Err(KernelError::NotFound(parent));
         };
+        if held && !entry.children.contains(child) {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {parent} holds no slot for process {child}: it ended or restarted \
+                 since"
+            )));
+        }
         let lender = entry.proc.budget.clone();
         let has_loan = self.inner.loans().lock().contains_key(&child);
         if let Some(pool) = &lender
             && tokens.is_none()
             && !has_loan
+            && !held
         {
             return Err(KernelError::FailedPrecondition(format!(
                 "process {parent} draws on the token budget of process {}: a child on another \
                  node needs a budget of its own (limits.max_tokens_total), lent from it",
                 pool.owner()
-            )));
-        }
-        if held && !entry.children.contains(child) {
-            return Err(KernelError::FailedPrecondition(format!(
-                "process {parent} holds no slot for process {child}: it ended or restarted \
-                 since"
             )));
         }
         if !entry.children.contains(child) {
@@ -137,18 +141,66 @@ impl Kernel {
             skill_dirs: proc.skill_dirs.clone(),
             spec_in_cluster: proc.spec_in_cluster,
             loaned,
+            node: Arc::from(""),
         })
     }
 
-    /// On the parent's node: the budget lent to `child`, which spent
-    /// `spent` tokens and exited, is charged (once: a repeat finds no
-    /// loan) and what it did not use goes back.
-    pub(super) fn repaid(&self, child: Pid, spent: u64) {
+    /// On the parent's node: the budget lent to `child`, which used
+    /// `used` tokens (charged, or lent on and not back) and exited, is
+    /// charged that (once: a repeat finds no loan; at most the loan) and
+    /// what it did not use goes back. Kept in the store as a model call's
+    /// charge is.
+    pub(super) fn repaid(&self, child: Pid, used: u64) {
+        let loan = self.inner.loans().lock().remove(&child);
+        let Some(loan) = loan else {
+            return;
+        };
+        loan.charge(used.min(loan.allocated()));
+        loan.close();
+        self.keep_budgets_above(&loan);
+    }
+
+    /// On the parent's node: a loan whose child is gone without a word
+    /// (its node lost, and it does not move) counts as used whole: a
+    /// budget is never overdrawn.
+    pub(super) fn settle_loan(&self, child: Pid) {
         let loan = self.inner.loans().lock().remove(&child);
         if let Some(loan) = loan {
-            loan.charge(spent);
+            loan.charge(loan.remaining());
             loan.close();
+            self.keep_budgets_above(&loan);
         }
+    }
+
+    /// Keeps what the budgets above `loan` spent, as a model call's
+    /// charge does, so a restart of this node does not give it back.
+    fn keep_budgets_above(&self, loan: &Pool) {
+        if !self.inner.store().is_durable() {
+            return;
+        }
+        let writes: Vec<crate::store::Write> = {
+            let table = self.inner.table().read();
+            let mut owner = loan.lender_owner();
+            let mut writes = Vec::new();
+            while let Some(pid) = owner {
+                let Some(entry) = table.get(pid) else {
+                    break;
+                };
+                let proc = &entry.proc;
+                let Some(pool) = proc.own_budget() else {
+                    break;
+                };
+                writes.push(crate::store::Write::Usage {
+                    pid,
+                    own: proc.usage.snapshot(),
+                    subtree: proc.usage.subtree(),
+                    budget_spent: Some(pool.spent()),
+                });
+                owner = pool.lender_owner();
+            }
+            writes
+        };
+        self.inner.store().submit_all(writes);
     }
 
     /// On the parent's node: the spawn of `child` failed, so nothing of
@@ -160,24 +212,30 @@ impl Kernel {
         }
     }
 
-    /// Tells the parents' nodes what the budgets they lent to children
-    /// here spent (`child`, `parent`, `spent`), once each child exited.
-    pub(super) async fn repay_loans(&self, repays: Vec<(Pid, Pid, u64)>) {
-        let asks = repays.into_iter().map(|(child, parent, spent)| async move {
-            let Some(node) = self.held_elsewhere(parent) else {
-                tracing::warn!(%child, %parent, spent, "cluster: a loan's parent is gone; what it spent is not charged there");
-                return;
-            };
-            let op = Op::Repay {
-                parent,
-                child,
-                spent,
-            };
-            if let Err(err) = self.forward::<()>(&node, op, FORWARDED_SPAWN).await {
-                tracing::warn!(%child, %parent, %node, spent, error = %err, "cluster: a loan's spending not reported; it stays lent");
-            }
+    /// Tells the nodes that lent the budgets of children here what each
+    /// used (`child`, its pool), once each child exited: in the
+    /// background, so a slow node holds up no exit.
+    pub(super) fn repay_loans(&self, repays: Vec<(Pid, Arc<Pool>)>) {
+        let kernel = self.clone();
+        self.inner.tracker().spawn(async move {
+            let asks = repays.iter().map(|(child, pool)| {
+                let kernel = &kernel;
+                async move {
+                    let Some((parent, node)) = pool.loaned_by() else {
+                        return;
+                    };
+                    let op = Op::Repay {
+                        parent: *parent,
+                        child: *child,
+                        spent: pool.consumed(),
+                    };
+                    if let Err(err) = kernel.forward::<()>(node, op, FORWARDED_SEND).await {
+                        tracing::warn!(%child, %parent, %node, error = %err, "cluster: what a loan used not reported; it stays lent, as used");
+                    }
+                }
+            });
+            futures::future::join_all(asks).await;
         });
-        futures::future::join_all(asks).await;
     }
 
     /// The children that process `pid`, coming back as the PID it had
@@ -240,7 +298,8 @@ impl Kernel {
             held,
             tokens,
         };
-        let lent: ParentGrant = self.forward(&listing.node, op, FORWARDED_SPAWN).await?;
+        let mut lent: ParentGrant = self.forward(&listing.node, op, FORWARDED_SPAWN).await?;
+        lent.node = Arc::from(listing.node.as_str());
         if lent.pid != parent {
             return Err(KernelError::FailedPrecondition(format!(
                 "node {} lent process {} for parent {parent}",

@@ -105,6 +105,7 @@ impl Kernel {
                 }
             }
             self.release_child(parent, child);
+            self.settle_loan(child);
             let reason = format!(
                 "{NODE_LOST}: node {} was lost, and process {child} does not move (temporary, or \
                  under a parent that does not move)",

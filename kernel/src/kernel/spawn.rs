@@ -205,8 +205,10 @@ impl Kernel {
             lent: lent.as_ref(),
         };
         let admitted = self.admit(caller, request, admitted);
+        // A new child's slot and loan are freed; a child coming back keeps
+        // them (its parent hears that it did not come back).
         if admitted.is_err()
-            && let (Some(lent), Some(pid)) = (&lent, assigned.or(restored_pid(birth)))
+            && let (Some(lent), Some(pid), Birth::New { .. }) = (&lent, assigned, birth)
         {
             Box::pin(self.give_back(lent.pid, pid)).await;
         }
@@ -408,7 +410,8 @@ impl Kernel {
         let budget = match limits.max_tokens_total {
             // Lent on its parent's node, which keeps the loan.
             Some(amount) if lent.is_some_and(|lent| lent.loaned) => {
-                Some(Pool::on_loan(pid, amount, parent))
+                let node = lent.map(|lent| lent.node.clone()).unwrap_or_default();
+                Some(Pool::on_loan(pid, amount, parent, node))
             }
             Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
             None => lender,
@@ -550,14 +553,6 @@ pub(super) fn alive_parent(pid: Pid, entry: Option<&Entry>) -> Result<&Entry> {
         });
     }
     Ok(entry)
-}
-
-/// The PID a process coming back had.
-fn restored_pid(birth: Birth) -> Option<Pid> {
-    match birth {
-        Birth::Restored(pid) => Some(pid),
-        _ => None,
-    }
 }
 
 /// What a spawn takes from the parent: read from its row of the table,

@@ -52,9 +52,9 @@ struct Exits {
     /// reason their ancestor's exit gives them: killed there, with their
     /// subtrees, once the exits here are done.
     elsewhere: Vec<(Pid, Arc<str>)>,
-    /// Budgets lent by parents on other nodes, closed: (child, parent,
-    /// tokens spent), reported there before the parents are told.
-    repays: Vec<(Pid, Pid, u64)>,
+    /// Budgets lent by parents on other nodes, closed, by child: what
+    /// each used is reported to the node that lent it.
+    repays: Vec<(Pid, Arc<crate::budget::Pool>)>,
     /// Items still queued in closed mailboxes, by receiver.
     undelivered: Vec<(Pid, Envelope)>,
     /// Exec processes waiting to be restarted: only their OS processes stop.
@@ -151,8 +151,10 @@ impl Exits {
         // (on another node: told once the exits are done).
         if let Some(pool) = entry.proc.own_budget() {
             pool.close();
-            if let Some(parent) = pool.loaned_by() {
-                self.repays.push((pid, parent, pool.spent()));
+            if pool.loaned_by().is_some()
+                && let Some(own) = entry.proc.budget.clone()
+            {
+                self.repays.push((pid, own));
             }
         }
         let exited = &self.exited[self.exited.len() - 1];
@@ -603,10 +605,8 @@ impl Kernel {
                     }))
                     .collect();
                 kernel.inner.events().emit_all(events);
-                // Before the notices: a parent's node charges a loan
-                // before it hears that its child exited.
                 if !repays.is_empty() {
-                    kernel.repay_loans(repays).await;
+                    kernel.repay_loans(repays);
                 }
                 for top in tops {
                     kernel.finish_top(top);
