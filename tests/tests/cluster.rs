@@ -394,21 +394,12 @@ fn three_nodes_see_each_other_and_share_one_pid_space() {
         args.extend_from_slice(placement);
         a.command(&args).output().unwrap()
     };
-    let pid_of = |out: &std::process::Output| -> u64 {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-        answer["pid"].as_u64().unwrap()
-    };
-    let gpu = pid_of(&spawn_placed("on-gpu", 1, &["--where", "gpu=true"]));
+    let gpu = spawned_pid(&spawn_placed("on-gpu", 1, &["--where", "gpu=true"]));
     assert_eq!(placed_on(&b, gpu), "c");
-    let named = pid_of(&spawn_placed("on-b", 1, &["--node", "b"]));
+    let named = spawned_pid(&spawn_placed("on-b", 1, &["--node", "b"]));
     assert_eq!(placed_on(&a, named), "b");
     // An exec agent's command travels with its spawn.
-    let exec = pid_of(&spawn_placed(
+    let exec = spawned_pid(&spawn_placed(
         "exec-b",
         1,
         &["--node", "b", "--", "sleep", "30"],
@@ -419,14 +410,14 @@ fn three_nodes_see_each_other_and_share_one_pid_space() {
         (Some("b"), Some("exec")),
         "{info}"
     );
-    let child = pid_of(&spawn_placed("under-b", named, &[]));
+    let child = spawned_pid(&spawn_placed("under-b", named, &[]));
     assert_eq!(placed_on(&c, child), "b");
     assert_eq!(
         c.json(&["describe", &child.to_string(), "--json"])["ppid"],
         named
     );
     // A child may be placed on another node than its parent's.
-    let apart = pid_of(&spawn_placed("apart", named, &["--where", "gpu=true"]));
+    let apart = spawned_pid(&spawn_placed("apart", named, &["--where", "gpu=true"]));
     assert_eq!(placed_on(&a, apart), "c");
     assert_eq!(
         b.json(&["describe", &apart.to_string(), "--json"])["ppid"],
