@@ -91,6 +91,16 @@ pub trait Runtime: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether a message's turn acts (beyond reading and recording) only
+    /// after a model call or an MCP tool call made through the kernel, as
+    /// a `tool_agent`'s does. A node of a cluster then hands a message kept
+    /// in its mail stream over at that first call rather than as the turn
+    /// starts, so a node lost before the turn acts leaves the message to
+    /// the node that starts the process again. The default: no.
+    fn hands_over_at_first_call(&self) -> bool {
+        false
+    }
+
     /// Hands over a message and waits until it is done with: `Ok(true)`
     /// once acknowledged, `Ok(false)` when it never will be (the agent's
     /// process is ending), so it stays where it is kept. Called only when

@@ -371,6 +371,11 @@ impl Runtime for ToolAgent {
         self.turn(ctx, InputSource::task(&task), input).await
     }
 
+    /// A turn's tools run only after the model asked for them.
+    fn hands_over_at_first_call(&self) -> bool {
+        true
+    }
+
     async fn on_message(&self, ctx: &ProcessContext, message: Message) -> Result<(), RuntimeError> {
         if message.kind == kinds::CHILD_EXITED || message.kind == kinds::SIBLING_COPY {
             tracing::debug!(pid = %ctx.pid, kind = %message.kind, from = %message.from, "notice noted");

@@ -505,6 +505,13 @@ impl Cluster {
         Listings::new(self.directory.mirror(), live)
     }
 
+    /// `pid`'s last listing by another node, live or not: still listed,
+    /// or removed while it was to move (its node lost, and it not
+    /// started again yet).
+    pub fn last_listed(&self, pid: hivekernel_agents::Pid) -> Option<Listing> {
+        self.directory.mirror().last(pid).cloned()
+    }
+
     /// Where `pid` lives when another live node holds it: the mirror
     /// first, then the bucket itself (a process spawned elsewhere a moment
     /// ago, which the watch has not delivered yet).

@@ -12,6 +12,8 @@
 //! as it is when it does not (nothing reads span ids then).
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use hivekernel_agents::{Pid, RequestId, TraceContext, TraceId};
 
@@ -29,6 +31,10 @@ struct Work {
     origin: Option<Origin>,
     /// A resumed turn's inbox request, until its first wait takes it up.
     resume: Cell<Option<u64>>,
+    /// The message a turn hands over (takes out of the cluster's mail
+    /// stream) at its first model or MCP call, or at its end: its id, 0
+    /// once taken (see runner.rs).
+    handover: Option<Arc<AtomicU64>>,
 }
 
 /// A `delegate_async` request being worked on: its id and its requester,
@@ -59,6 +65,26 @@ pub(crate) fn scope_in<F: Future>(
     scope_turn(opened, None, None, work)
 }
 
+/// [`scope_in`] for a message's turn that hands its message over at its
+/// first model or MCP call ([`handover`]).
+pub(crate) fn scope_message<F: Future>(
+    (span, trace): (Span, Option<TraceContext>),
+    handover: Option<Arc<AtomicU64>>,
+    work: F,
+) -> impl Future<Output = F::Output> {
+    CURRENT.scope(
+        Work {
+            trace,
+            span: RefCell::new(span),
+            turn: Cell::new(0),
+            origin: None,
+            resume: Cell::new(None),
+            handover,
+        },
+        work,
+    )
+}
+
 /// [`scope`] for a turn that answers `origin`, resuming inbox request
 /// `resume` when it is one that waited across a kernel restart.
 pub(crate) fn scope_turn<F: Future>(
@@ -74,6 +100,7 @@ pub(crate) fn scope_turn<F: Future>(
             turn: Cell::new(0),
             origin,
             resume: Cell::new(resume),
+            handover: None,
         },
         work,
     )
@@ -82,6 +109,15 @@ pub(crate) fn scope_turn<F: Future>(
 /// The `delegate_async` request the work running now answers.
 pub(crate) fn origin() -> Option<Origin> {
     CURRENT.try_with(|work| work.origin).ok().flatten()
+}
+
+/// The message the turn running now hands over at its first model or MCP
+/// call, while it has not (see [`scope_message`]).
+pub(crate) fn handover() -> Option<Arc<AtomicU64>> {
+    CURRENT
+        .try_with(|work| work.handover.clone())
+        .ok()
+        .flatten()
 }
 
 /// The inbox request a resumed turn waited for, the first time it is asked.

@@ -2029,6 +2029,173 @@ fn a_delegated_answer_follows_its_requester_to_the_node_it_moved_to() {
     );
 }
 
+/// A message the kernel makes while its receiver's node is down waits in
+/// the cluster's mail stream for the receiver's next start: the caller, a
+/// config agent on a, delegates to two workers on b, and a is killed. One
+/// worker answers before a is declared lost (its post finds nobody
+/// there), the other after, while the caller waits out its restart delay,
+/// as does the `child_exited` notice of its child on b, killed then; the
+/// caller, started again on b, gets both answers, once each, and the
+/// notice.
+#[test]
+fn answers_made_while_their_requesters_node_is_down_wait_for_its_next_start() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let workers = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let aimed = workers.clone();
+    let llm = rt.block_on(LlmServer::answering(move |body| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or("");
+        // Before a is declared lost (TTL 1.5 s), and after it.
+        if system.contains("at once") {
+            return Scripted::content("soon").after(Duration::from_millis(500));
+        }
+        if system.contains("slowly") {
+            return Scripted::content("later").after(Duration::from_millis(2_500));
+        }
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        if last["role"] == "tool" {
+            return Scripted::content("done");
+        }
+        if !last_message(body).ends_with("\ngo") {
+            return Scripted::content("noted");
+        }
+        let quick = json!({"pid": aimed[0].load(Ordering::SeqCst), "task": "quick"}).to_string();
+        let slow = json!({"pid": aimed[1].load(Ordering::SeqCst), "task": "slow"}).to_string();
+        Scripted::tool_calls(&[
+            ("c1", "delegate_async", &quick),
+            ("c2", "delegate_async", &slow),
+        ])
+    }));
+    let mut config = model_config(&llm.base_url());
+    // Started again 2.5 s after a is declared lost: the slow answer comes
+    // while no node holds the caller.
+    config["agents"] = json!([{
+        "name": "caller",
+        "role": "agent",
+        "runtime": "tool_agent",
+        "model": "test-model",
+        "system_prompt": "You delegate.",
+        "tools": ["delegate_async"],
+        "restart": { "policy": "permanent", "backoff_ms": [2500, 2500] }
+    }]);
+    let mut a = with_config(&bin, root.path(), &nats, "a", &config);
+    wait_for_ps(&a, "caller on a", |all| {
+        all.values()
+            .any(|(name, node)| name == "caller" && node == "a")
+    });
+    let b = with_config(&bin, root.path(), &nats, "b", &config);
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+    let quick = spawn_agent(&b, "quick", "You answer at once.", "list_children");
+    let slow = spawn_agent(&b, "slow", "You work slowly.", "list_children");
+    workers[0].store(quick, Ordering::SeqCst);
+    workers[1].store(slow, Ordering::SeqCst);
+    let caller = everyone(&a)
+        .into_iter()
+        .find(|(_, (name, _))| name == "caller")
+        .map(|(pid, _)| pid)
+        .unwrap();
+    let kid = spawned_pid(&spawn_on(&b, caller, "kid", "b", &[]));
+
+    let sent = a.cli(&["send", "caller", "go"]);
+    assert!(sent.trim().parse::<u64>().is_ok(), "{sent}\n{}", a.log());
+    // Both workers have their tasks: a dies before either answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        if ["quick", "slow"]
+            .iter()
+            .all(|task| inputs.iter().any(|input| input.ends_with(task)))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{inputs:?}\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // Declared lost, the caller not started again yet: the kid ends.
+    wait_for_nodes(&b, &["b"], Duration::from_secs(10));
+    let killed = b.cli(&["kill", &kid.to_string()]);
+    assert!(killed.contains(&kid.to_string()), "{killed}\n{}", b.log());
+
+    let answered = |input: &String, worker: u64, text: &str| {
+        input.starts_with("Result of delegated request")
+            && input.contains(&format!("(succeeded, from process {worker})"))
+            && input.ends_with(text)
+    };
+    let both = [(quick, "soon"), (slow, "later")];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+        if both
+            .iter()
+            .all(|(worker, text)| inputs.iter().any(|input| answered(input, *worker, text)))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{inputs:?}\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        everyone(&b).get(&caller).map(|(_, node)| node.as_str()),
+        Some("b"),
+        "{}",
+        b.log()
+    );
+    let log = b.log();
+    let waited: Vec<&str> = log
+        .lines()
+        .filter(|line| {
+            line.contains("a kernel message waits in the mail stream for its receiver's next start")
+        })
+        .collect();
+    assert_eq!(waited.len(), 3, "{}", b.log());
+    assert_eq!(
+        waited
+            .iter()
+            .filter(|line| line.contains("child_exited"))
+            .count(),
+        1,
+        "{waited:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let inputs: Vec<String> = llm.requests().iter().map(last_message).collect();
+    for (worker, text) in both {
+        assert_eq!(
+            inputs
+                .iter()
+                .filter(|input| answered(input, worker, text))
+                .count(),
+            1,
+            "{inputs:?}"
+        );
+    }
+    // The notice too was handed over: nothing waits for the caller.
+    let left = rt.block_on(async {
+        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        let stream = js.get_stream("HK_MAIL").await.unwrap();
+        let subject = format!("hk.mail.{caller}");
+        stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .is_ok()
+    });
+    assert!(!left, "{}", b.log());
+}
+
 /// Each slot of a cron entry is leased to one node: three nodes, each on
 /// its own NATS server of three, claim the same slots at the same moment,
 /// and for every slot exactly one wins while the others are told which.
@@ -2211,11 +2378,10 @@ fn messages_follow_their_agent(gone: Gone) {
         "runtime": "tool_agent",
         "model": "test-model",
         "system_prompt": "You take notes.",
-        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] },
-        // One message taken at a time: a message taken while an earlier
-        // turn runs is handed over already, and a node's loss then loses
-        // it (docs/CLUSTER.md, "Not yet").
-        "limits": { "max_concurrent_tasks": 1 }
+        // Four turns at a time (the default): a message whose turn has
+        // not called the model yet is not handed over, and follows the
+        // agent when its node goes.
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
     }])))
     .unwrap();
     config["llm"] = json!({
@@ -2252,11 +2418,10 @@ fn messages_follow_their_agent(gone: Gone) {
             a.child.wait().unwrap();
         }
         Gone::Paused => {
-            // Stopped inside a turn's model call: the message it answers
-            // is delivered, and the next not handed over yet. (Stopped
-            // between a hand-over and its model call, the node would be
-            // fenced before the call, and that turn lost, as a crash
-            // after the hand-over loses it.)
+            // Stopped as a turn's model call arrives: the message it
+            // answers is delivered; the other turns under way have not
+            // called the model yet, and a, resumed, finds itself fenced
+            // before they do, leaving their messages to the taker.
             let before = llm.request_count();
             let deadline = Instant::now() + Duration::from_secs(10);
             while llm.request_count() == before {

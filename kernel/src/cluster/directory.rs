@@ -51,6 +51,11 @@ pub struct Listing {
     /// process), so every node honours the token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// Its mail is the cluster's (`HK_MAIL`): it starts again elsewhere
+    /// when its node is lost, so a message for it waits in the stream
+    /// while no node can take it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub moves: bool,
 }
 
 /// Reads the listings of this node's processes from its table: `None`
@@ -70,11 +75,20 @@ pub(crate) struct Mirror {
     by_pid: HashMap<Pid, Mirrored>,
     /// Parent to children, for the listings above.
     children: HashMap<Pid, BTreeSet<Pid>>,
+    /// The last listings of processes that move, removed since and not
+    /// listed again (their node lost, and nobody started them yet), up
+    /// to [`MAX_DEPARTED`].
+    departed: HashMap<Pid, Listing>,
 }
+
+/// At most this many removed listings are remembered; past that the
+/// oldest half is forgotten.
+const MAX_DEPARTED: usize = 10_000;
 
 impl Mirror {
     fn insert(&mut self, pid: Pid, listing: Listing, revision: u64) {
         let ppid = listing.ppid;
+        self.departed.remove(&pid);
         if let Some(earlier) = self
             .by_pid
             .insert(pid, Mirrored { listing, revision })
@@ -88,7 +102,26 @@ impl Mirror {
     fn remove(&mut self, pid: Pid) {
         if let Some(gone) = self.by_pid.remove(&pid) {
             self.unlink(gone.listing.ppid, pid);
+            if gone.listing.moves && !gone.listing.exited {
+                if self.departed.len() >= MAX_DEPARTED {
+                    let mut pids: Vec<Pid> = self.departed.keys().copied().collect();
+                    pids.sort_unstable();
+                    for old in &pids[..pids.len() / 2] {
+                        self.departed.remove(old);
+                    }
+                }
+                self.departed.insert(pid, gone.listing);
+            }
         }
+    }
+
+    /// `pid`'s last listing, whatever its node's state: listed still, or
+    /// removed (see [`Mirror::departed`]).
+    pub(crate) fn last(&self, pid: Pid) -> Option<&Listing> {
+        self.by_pid
+            .get(&pid)
+            .map(|m| &m.listing)
+            .or_else(|| self.departed.get(&pid))
     }
 
     fn unlink(&mut self, ppid: Pid, pid: Pid) {
@@ -615,6 +648,7 @@ mod tests {
             exited: false,
             started_unix_ms: 0,
             token: None,
+            moves: false,
         }
     }
 
@@ -629,6 +663,56 @@ mod tests {
         mirror.remove(Pid(10));
         mirror.remove(Pid(11));
         assert!(mirror.children.is_empty() && mirror.by_pid.is_empty());
+    }
+
+    #[test]
+    fn a_removed_listing_of_a_process_that_moves_is_remembered_until_listed_again() {
+        let mut mirror = Mirror::default();
+        let moving = Listing {
+            moves: true,
+            ..listing("b", 1, 1)
+        };
+        mirror.insert(Pid(10), moving.clone(), 1);
+        mirror.insert(Pid(11), listing("b", 1, 1), 2);
+        mirror.insert(
+            Pid(12),
+            Listing {
+                exited: true,
+                ..moving.clone()
+            },
+            3,
+        );
+        for pid in [10, 11, 12] {
+            mirror.remove(Pid(pid));
+        }
+        // Only the live one that moves: the others end where they were.
+        assert_eq!(mirror.last(Pid(10)), Some(&moving));
+        assert_eq!(mirror.last(Pid(11)), None);
+        assert_eq!(mirror.last(Pid(12)), None);
+        let elsewhere = Listing {
+            node: "c".into(),
+            ..moving
+        };
+        mirror.insert(Pid(10), elsewhere.clone(), 4);
+        assert!(mirror.departed.is_empty());
+        assert_eq!(mirror.last(Pid(10)), Some(&elsewhere));
+    }
+
+    #[test]
+    fn departed_listings_are_bounded() {
+        let mut mirror = Mirror::default();
+        let moving = Listing {
+            moves: true,
+            ..listing("b", 1, 1)
+        };
+        for pid in 2..(MAX_DEPARTED as u64 + 12) {
+            mirror.insert(Pid(pid), moving.clone(), pid);
+            mirror.remove(Pid(pid));
+        }
+        assert!(mirror.departed.len() <= MAX_DEPARTED);
+        // The newest are kept.
+        assert!(mirror.last(Pid(MAX_DEPARTED as u64 + 11)).is_some());
+        assert!(mirror.last(Pid(2)).is_none());
     }
 
     #[test]

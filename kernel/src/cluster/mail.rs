@@ -90,12 +90,15 @@ impl Mailroom {
 impl Cluster {
     /// Keeps message `message` to `to` in the stream, as envelope `id` of
     /// this node's mailbox: answered once the stream has stored it. The
-    /// publish carries this node's name, epoch and `id` as its message id,
-    /// so a retry after a lost answer is not stored twice.
+    /// publish carries `key` as its message id, or else this node's name,
+    /// epoch and `id`, so a retry after a lost answer (or the same
+    /// message kept by the node that made it, see [`Cluster::leave_mail`])
+    /// is not stored twice.
     pub(crate) async fn keep_mail(
         &self,
         to: Pid,
         id: MessageId,
+        key: Option<&str>,
         letter: &Letter,
     ) -> Result<(), ClusterError> {
         // A copy that stood down, or a node that is no member any more,
@@ -105,6 +108,45 @@ impl Cluster {
                 "process {to} runs on another node now; send it there"
             )));
         }
+        let key = match key {
+            Some(key) => key.to_owned(),
+            None => format!("{}.{}.{}", self.settings.node, self.epoch, id.0),
+        };
+        let seq = self.publish_mail(to, key, letter).await?;
+        self.mail.held.lock().insert(id, (to, seq));
+        Ok(())
+    }
+
+    /// Leaves message `letter` for `to`, which no node can take now (its
+    /// node does not answer, or was lost and nobody started it again yet),
+    /// in the stream for its next start, under message id `key`: the node
+    /// holding `to` keeps it under the same id if it took it after all,
+    /// so it is stored once. Refused when this node is no member.
+    pub(crate) async fn leave_mail(
+        &self,
+        to: Pid,
+        key: &str,
+        letter: &Letter,
+    ) -> Result<(), ClusterError> {
+        if !self.still_member().await {
+            return Err(ClusterError::NotHere(
+                "this node may have been declared lost".into(),
+            ));
+        }
+        self.publish_mail(to, key.to_owned(), letter)
+            .await
+            .map(drop)
+    }
+
+    /// Publishes `letter` on `to`'s subject under message id `key`, and
+    /// answers its sequence once the stream has stored it (a duplicate's
+    /// is the first copy's).
+    async fn publish_mail(
+        &self,
+        to: Pid,
+        key: String,
+        letter: &Letter,
+    ) -> Result<u64, ClusterError> {
         let payload = serde_json::to_vec(letter)
             .map_err(|err| ClusterError::JetStream(format!("encoding a message: {err}")))?;
         let most = self.client.server_info().max_payload;
@@ -118,7 +160,7 @@ impl Cluster {
         }
         let publish = PublishMessage::build()
             .payload(Bytes::from(payload))
-            .message_id(format!("{}.{}.{}", self.settings.node, self.epoch, id.0));
+            .message_id(key);
         let what = || {
             format!(
                 "keeping message {} to process {to} in {MAIL}",
@@ -134,10 +176,7 @@ impl Cluster {
                 .await
                 .map_err(|err| ClusterError::jetstream(&what(), err))?;
             match sent.await {
-                Ok(ack) => {
-                    self.mail.held.lock().insert(id, (to, ack.sequence));
-                    return Ok(());
-                }
+                Ok(ack) => return Ok(ack.sequence),
                 Err(err) => last = Some(err),
             }
         }
@@ -165,6 +204,11 @@ impl Cluster {
     /// This node starts `pid` again: its mail is this node's to deliver.
     pub(crate) fn back_mail_of(&self, pid: Pid) {
         self.mail.left.lock().remove(&pid);
+    }
+
+    /// Whether envelope `id` of a mailbox here is kept in the stream.
+    pub(crate) fn holds_mail(&self, id: MessageId) -> bool {
+        self.mail.held.lock().contains_key(&id)
     }
 
     /// Forgets envelope `id` without deleting it from the stream: it stays

@@ -153,11 +153,15 @@ pub enum Op {
     /// A message the kernel made (a task's answer, a copy to a parent, a
     /// notice) for a process the node holds; the node gives it an id of
     /// its own. `done`: the `delegate_async` request it answers, which the
-    /// node recorded and now removes with the same write.
+    /// node recorded and now removes with the same write. `key`: the id
+    /// the message is kept under in `HK_MAIL`, the same the sending node
+    /// leaves it under when the node does not answer, so it is stored once.
     Post {
         message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         done: Option<RequestId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
 }
 
@@ -366,6 +370,7 @@ mod tests {
             Op::Post {
                 message,
                 done: Some(RequestId(77)),
+                key: Some("a.3.p12".into()),
             },
             Op::Delegate {
                 task: TaskSpec::new(Pid(9), "later"),

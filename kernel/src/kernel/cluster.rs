@@ -534,7 +534,7 @@ impl Kernel {
                 tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
                 held(Ok(()))
             }
-            Op::Post { message, done } => held(self.take_post(message, done).await),
+            Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
         }
     }
 
@@ -792,7 +792,12 @@ impl Kernel {
     /// receiver's lane, without routing checks. Answered once it is where
     /// the receiver reads it (kept in `HK_MAIL` first when its mail is the
     /// cluster's).
-    async fn take_post(&self, mut message: Message, done: Option<RequestId>) -> Result<()> {
+    async fn take_post(
+        &self,
+        mut message: Message,
+        done: Option<RequestId>,
+        key: Option<String>,
+    ) -> Result<()> {
         // An answer gets its id with the request's removal.
         if done.is_none() {
             message.id = MessageId(self.next_id());
@@ -801,6 +806,7 @@ impl Kernel {
         let (kept, taken) = tokio::sync::oneshot::channel();
         self.hand_on(Posting {
             kept: Some(kept),
+            key,
             ..Posting::new(message, done)
         });
         // Answered before the sender stops waiting; a message still in the
@@ -927,5 +933,6 @@ fn listing(table: &ProcessTable, pid: Pid, node: &str, epoch: u64) -> Option<Lis
         exited: !entry.is_alive(),
         started_unix_ms: entry.proc.started_at_unix_ms,
         token: None,
+        moves: entry.proc.mail_in_cluster,
     })
 }

@@ -16,16 +16,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use hivekernel_agents::{Message, MessageId, Pid, RequestId};
+use hivekernel_agents::{ErrorKind, Message, MessageId, Pid, RequestId};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::cluster::rpc::Op;
-use crate::cluster::{ClusterError, Letter};
+use crate::cluster::{ClusterError, Letter, Standing};
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::Kernel;
-use crate::kernel::cluster::FORWARDED_SEND;
+use crate::kernel::cluster::{FORWARDED_SEND, Holder};
 use crate::store::Write;
 
 /// The first wait before a keep in `HK_MAIL` whose outcome is unknown is
@@ -54,6 +54,9 @@ pub(super) struct Posting {
     /// Told once the message is where its receiver reads it (a post from
     /// another node is answered then).
     pub(super) kept: Option<oneshot::Sender<Result<()>>>,
+    /// The id it is kept under in `HK_MAIL`, when another node made it
+    /// (see [`Op::Post`]).
+    pub(super) key: Option<String>,
 }
 
 impl Posting {
@@ -63,6 +66,7 @@ impl Posting {
             done,
             node: None,
             kept: None,
+            key: None,
         }
     }
 }
@@ -198,6 +202,17 @@ impl Kernel {
                 posting.done = None;
                 self.post_from_lane(at, posting).await;
             }
+            // Nowhere now, and to start again (its node was lost): it
+            // waits in the stream.
+            (None, None) if !here && posting.kept.is_none() && self.starts_again(to).await => {
+                if let Some(request_id) = posting.done {
+                    self.request_done_here(request_id);
+                }
+                let key = self.post_key(posting.message.id);
+                let err = KernelError::NotFound(to);
+                self.leave_for_next_start(None, key, posting.message, err)
+                    .await;
+            }
             // The receiver is here, or nowhere known.
             (asked, None) => {
                 if asked.is_some() {
@@ -210,16 +225,112 @@ impl Kernel {
         }
     }
 
-    /// Posts a message of a lane to `node`, waiting for its answer; one it
-    /// does not take is reported dropped.
+    /// Posts a message of a lane to `node`, waiting for its answer. One
+    /// that node does not answer for, to a process that moves, waits in
+    /// the stream for its next start; one it refuses is reported dropped.
     async fn post_from_lane(&self, node: String, posting: Posting) {
         let Posting { message, done, .. } = posting;
+        let key = self.post_key(message.id);
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
-        let posted = self
-            .forward::<()>(&node, Op::Post { message, done }, FORWARDED_SEND)
-            .await;
-        if let Err(err) = posted {
+        let op = Op::Post {
+            message: message.clone(),
+            done,
+            key: Some(key.clone()),
+        };
+        let Err(err) = self.forward::<()>(&node, op, FORWARDED_SEND).await else {
+            return;
+        };
+        let moves = self
+            .inner
+            .cluster()
+            .and_then(|cluster| cluster.last_listed(to))
+            .is_some_and(|listing| listing.moves);
+        if moves && err.kind() == ErrorKind::Unavailable {
+            self.leave_for_next_start(Some(&node), key, message, err)
+                .await;
+        } else {
             self.report_dropped(to, id, from, kind, &err);
+        }
+    }
+
+    /// The id a message this node made is kept under in `HK_MAIL`,
+    /// whichever node keeps it.
+    fn post_key(&self, id: MessageId) -> String {
+        match self.inner.cluster() {
+            Some(cluster) => format!("{}.{}.p{}", cluster.node(), cluster.epoch(), id.0),
+            None => format!("p{}", id.0),
+        }
+    }
+
+    /// Whether `to`, which no live node holds, starts again on some node:
+    /// a process that moves, listed last on a node that was lost, whose
+    /// spec the cluster keeps (spawned) or whose key still names it (a
+    /// config agent).
+    async fn starts_again(&self, to: Pid) -> bool {
+        let Some(cluster) = self.inner.cluster() else {
+            return false;
+        };
+        let Some(listing) = cluster.last_listed(to).filter(|listing| listing.moves) else {
+            return false;
+        };
+        if matches!(cluster.kept_spec(to).await, Ok(Some(_))) {
+            return true;
+        }
+        match cluster.declared(&listing.name).await {
+            Ok((Standing::Live(holding) | Standing::Orphaned(holding), _)) => {
+                holding.pid() == Some(to)
+            }
+            Ok((Standing::Unclaimed(pid), _)) => pid == Some(to),
+            Err(_) => false,
+        }
+    }
+
+    /// Leaves `message`, which `failed` (the node holding its receiver)
+    /// did not answer for, or whose receiver no node holds now, in the
+    /// stream for its receiver's next start, under `key`. The receiver
+    /// may have started again meanwhile, and read its mail: then the
+    /// message goes to it too, under the same key, so it is stored once
+    /// and handed over once. One the stream does not take is reported
+    /// dropped, with `why`.
+    async fn leave_for_next_start(
+        &self,
+        failed: Option<&str>,
+        key: String,
+        message: Message,
+        why: KernelError,
+    ) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
+        let letter = Letter {
+            message,
+            created_ms: unix_ms(std::time::SystemTime::now()),
+            expires_ms: None,
+        };
+        if let Err(err) = cluster.leave_mail(to, &key, &letter).await {
+            let err = KernelError::ClusterUnavailable(format!(
+                "{why}; and not kept for its next start: {err}"
+            ));
+            self.report_dropped(to, id, from, kind, &err);
+            return;
+        }
+        tracing::info!(%to, message_id = id.0, %kind, reason = %why, "cluster: a kernel message waits in the mail stream for its receiver's next start");
+        let mut posting = Posting::new(letter.message, None);
+        posting.key = Some(key.clone());
+        match self.holder(to).await {
+            Ok(Some(Holder::Here)) => self.keep_here(posting).await,
+            Ok(Some(Holder::There(listing))) if failed != Some(listing.node.as_str()) => {
+                let op = Op::Post {
+                    message: posting.message,
+                    done: None,
+                    key: Some(key),
+                };
+                if let Err(err) = self.forward::<()>(&listing.node, op, FORWARDED_SEND).await {
+                    tracing::warn!(%to, message_id = id.0, node = %listing.node, error = %err, "cluster: a kernel message waits for its receiver's next start");
+                }
+            }
+            _ => {}
         }
     }
 
@@ -256,9 +367,10 @@ impl Kernel {
             created_ms: unix_ms(std::time::SystemTime::now()),
             expires_ms: None,
         };
+        let key = posting.key.as_deref();
         let mut wait = KEEP_RETRY;
         let stored = loop {
-            match cluster.keep_mail(to, letter.message.id, &letter).await {
+            match cluster.keep_mail(to, letter.message.id, key, &letter).await {
                 Ok(()) => break true,
                 Err(err @ (ClusterError::NotHere(_) | ClusterError::TooLarge(_))) => {
                     tracing::warn!(%to, error = %err, "cluster: a kernel message was not kept in the mail stream; delivered from this node only");

@@ -52,6 +52,10 @@ impl Kernel {
         self.still_acting(&proc)
             .await
             .map_err(|err| LlmError::Refused(err.to_string()))?;
+        // The turn acts from here: its message leaves the cluster's stream.
+        self.hand_over_turn(pid)
+            .await
+            .map_err(|err| LlmError::Refused(err.to_string()))?;
         let what = format!("process {pid} may not call a model now");
         let level = proc
             .usage

@@ -119,6 +119,7 @@ impl Kernel {
             if let Some(proc) = proc {
                 self.still_acting(&proc).await?;
                 self.check_running()?;
+                self.hand_over_turn(pid).await?;
             }
         }
         self.inner.mcp().call(server, tool, arguments).await

@@ -529,6 +529,7 @@ mod tests {
             exited: false,
             started_unix_ms: 0,
             token: None,
+            moves: false,
         }
     }
 

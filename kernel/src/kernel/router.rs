@@ -125,7 +125,7 @@ impl Kernel {
                 expires_ms,
             };
             cluster
-                .keep_mail(body.to, body.id, &letter)
+                .keep_mail(body.to, body.id, None, &letter)
                 .await
                 .map_err(|err| match err {
                     ClusterError::TooLarge(why) => KernelError::LimitExceeded(why),
@@ -580,6 +580,26 @@ pub(super) fn unacknowledged(inner: &Inner, id: MessageId) {
 pub(super) fn forget_delivered(inner: &Inner, id: MessageId) {
     if !inner.cluster().is_some_and(|cluster| cluster.drop_mail(id)) {
         inner.store().submit(Write::MessageDone(id));
+    }
+}
+
+impl Kernel {
+    /// Hands over the message the turn running now works on, at its first
+    /// model or MCP call, if it waits for that (a message kept in the
+    /// cluster's mail stream; runner.rs): refused when this node may not
+    /// act for `pid` any more, or another node handed the message over.
+    pub(crate) async fn hand_over_turn(&self, pid: Pid) -> Result<()> {
+        let Some(pending) = crate::trace::handover() else {
+            return Ok(());
+        };
+        let id = pending.swap(0, std::sync::atomic::Ordering::AcqRel);
+        if id == 0 || take_for_handover(&self.inner, pid, MessageId(id)).await {
+            return Ok(());
+        }
+        Err(KernelError::FailedPrecondition(format!(
+            "the message this turn answers ({id}) was handed over by another node, which runs \
+             process {pid} now"
+        )))
     }
 }
 

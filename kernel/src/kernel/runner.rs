@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -23,7 +24,7 @@ use crate::events::EventKind;
 use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
 use crate::otel::Span;
 use crate::process::{CountGuard, ProcShared};
-use crate::trace::{Origin, scope_in, scope_turn};
+use crate::trace::{Origin, scope_message, scope_turn};
 
 /// How handling one mailbox item ended, when it ends the process.
 type Fatal = (i32, String);
@@ -170,9 +171,11 @@ fn handle(
         }
         Item::Message(message) => {
             let opened = work_span(&kernel, &proc, message.trace, "message");
-            Box::pin(scope_in(
+            let handover = deferred(&kernel, runtime.as_ref(), id, durable);
+            Box::pin(scope_message(
                 opened,
-                handle_message(kernel, proc, runtime, message, id, durable),
+                handover.clone(),
+                handle_message(kernel, proc, runtime, message, (id, durable), handover),
             ))
         }
     }
@@ -341,20 +344,52 @@ async fn handle_resume(
     fatal.map_or(Ok(()), Err)
 }
 
-/// Hands one message to the runtime (once it has left the store, when durable).
+/// The hand-over of a message kept in the cluster's mail stream to a
+/// runtime whose turns act only after a call through the kernel
+/// ([`Runtime::hands_over_at_first_call`]), deferred to its turn's
+/// first model or MCP call ([`Kernel::hand_over_turn`]), or its end: a
+/// node that dies, or learns it was fenced, before its turn acts leaves
+/// the message to the node that starts the process again. Its id, until
+/// it is taken.
+fn deferred(
+    kernel: &Weak<Inner>,
+    runtime: &dyn Runtime,
+    id: MessageId,
+    durable: bool,
+) -> Option<Arc<AtomicU64>> {
+    if !durable
+        || id.0 == 0
+        || !runtime.hands_over_at_first_call()
+        || runtime.acknowledges_messages()
+    {
+        return None;
+    }
+    let inner = kernel.upgrade()?;
+    let held = inner.cluster()?.holds_mail(id);
+    held.then(|| Arc::new(AtomicU64::new(id.0)))
+}
+
+/// Hands one message to the runtime (once it has left the store, when
+/// durable; as its turn first acts, when [`deferred`]).
 async fn handle_message(
     kernel: Weak<Inner>,
     proc: Arc<ProcShared>,
     runtime: Arc<dyn Runtime>,
     message: Message,
-    id: MessageId,
-    durable: bool,
+    (id, durable): (MessageId, bool),
+    handover: Option<Arc<AtomicU64>>,
 ) -> Result<(), Fatal> {
     let pid = proc.ctx.pid;
     let _running = CountGuard::enter(&proc.running);
     let acknowledged = runtime.acknowledges_messages();
+    let deferred = handover.map(|pending| Deferred {
+        kernel: kernel.clone(),
+        pid,
+        pending,
+    });
     if durable
         && !acknowledged
+        && deferred.is_none()
         && let Some(inner) = kernel.upgrade()
         && !take_for_handover(&inner, pid, id).await
     {
@@ -371,6 +406,11 @@ async fn handle_message(
         }
     };
     let answer = AssertUnwindSafe(handed).catch_unwind().await;
+    // A turn that never acted hands its message over as it ends, however
+    // it ended, so a message that fails it is not delivered again.
+    if let Some(deferred) = deferred {
+        deferred.finish().await;
+    }
     if durable
         && acknowledged
         && !matches!(answer, Ok(Ok(true)))
@@ -395,6 +435,40 @@ async fn handle_message(
             EXIT_PANICKED,
             format!("runtime panicked: {}", panic_text(panic.as_ref())),
         )),
+    }
+}
+
+/// A message whose hand-over waits for its turn to act: taken as the turn
+/// ends if it has not acted; dropped from the stream (in the background)
+/// if the turn is dropped first (its process killed), unless the kernel
+/// stops (the node that takes the process over delivers it).
+struct Deferred {
+    kernel: Weak<Inner>,
+    pid: hivekernel_agents::Pid,
+    pending: Arc<AtomicU64>,
+}
+
+impl Deferred {
+    async fn finish(self) {
+        let id = self.pending.swap(0, Ordering::AcqRel);
+        if id != 0
+            && let Some(inner) = self.kernel.upgrade()
+        {
+            take_for_handover(&inner, self.pid, MessageId(id)).await;
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        let id = self.pending.swap(0, Ordering::AcqRel);
+        if id != 0
+            && let Some(inner) = self.kernel.upgrade()
+            && !inner.stopping().load(Ordering::SeqCst)
+            && let Some(cluster) = inner.cluster()
+        {
+            cluster.drop_mail(MessageId(id));
+        }
     }
 }
 
