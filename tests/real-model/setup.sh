@@ -24,6 +24,8 @@ if [ -x "$dest/build/bin/llama-server" ] && [ -f "$dest/$model" ] \
 fi
 rm -rf "$dest"
 mkdir -p "$dest"
+# While this runs, the real_model tests wait for it (tests/src/llama.rs).
+echo $$ >"$dest/building"
 
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
 if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
@@ -54,4 +56,5 @@ cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$dest/build" --target llama-server -j "$(nproc)" >"$dest/build.log"
 "$dest/build/bin/llama-server" --version
 echo "$stamp" >"$dest/ready"
+rm -f "$dest/building"
 echo "llama-server and $model in $dest"

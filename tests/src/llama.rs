@@ -1,4 +1,4 @@
-//! A real model server for the `real_model` tests: llama.cpp's
+//! A real model server for the real-model tests (`with_llama`): llama.cpp's
 //! `llama-server`, built from source, serving SmolLM2-135M-Instruct on
 //! loopback. `tests/real-model/setup.sh` puts both in `target/llama`
 //! (`.ci/run` runs it; `$HIVEKERNEL_LLAMA` points elsewhere).
@@ -10,14 +10,40 @@ use std::time::{Duration, Instant};
 /// The name the server answers to (`--alias`), the one the configs send.
 pub const MODEL: &str = "smollm2";
 
+/// How long a test waits for a setup still running (`.ci/run` builds
+/// llama-server while the other tests run).
+const SETUP_WAIT: Duration = Duration::from_secs(20 * 60);
+
 /// Where the setup script left llama.cpp: `build/bin/llama-server`, the
-/// model, and the source tree with its chat templates. Panics with what
-/// to run when it is missing.
+/// model, and the source tree with its chat templates. Waits for a setup
+/// still running (its PID in `building`); panics with what to run when
+/// it is missing, or when the setup ended without finishing.
 pub fn home() -> PathBuf {
     let dir = match std::env::var_os("HIVEKERNEL_LLAMA") {
         Some(dir) => PathBuf::from(dir),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/llama"),
     };
+    let deadline = Instant::now() + SETUP_WAIT;
+    while !dir.join("ready").is_file() {
+        let Ok(pid) = std::fs::read_to_string(dir.join("building")) else {
+            break;
+        };
+        assert!(
+            Path::new("/proc").join(pid.trim()).exists(),
+            "tests/real-model/setup.sh (PID {}) ended without finishing {}: see its output \
+             (target/llama-setup.log under .ci/run), and run it again",
+            pid.trim(),
+            dir.display()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "tests/real-model/setup.sh (PID {}) still fills {} after {} minutes",
+            pid.trim(),
+            dir.display(),
+            SETUP_WAIT.as_secs() / 60
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
     assert!(
         dir.join("ready").is_file(),
         "llama-server and the model are not in {}: run tests/real-model/setup.sh \

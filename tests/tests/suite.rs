@@ -2,7 +2,7 @@
 //! kernels, their gRPC servers on loopback, real files and processes, and
 //! the real peers each area names (NATS, MCP servers, Prometheus,
 //! Chromium), and the hostile-input suite (`hostile/`). One binary links
-//! the kernel once. The real-model tests (`real_model.rs`) are a binary of
+//! the kernel once. The real-model tests (`with_llama.rs`) are a binary of
 //! their own: their model server takes every core while it answers.
 //!
 //! Run one area with a filter: `cargo test --release -p hivekernel-tests
