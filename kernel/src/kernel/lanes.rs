@@ -208,7 +208,7 @@ impl Kernel {
                 if let Some(request_id) = posting.done {
                     self.request_done_here(request_id);
                 }
-                let key = self.post_key(posting.message.id);
+                let key = self.post_key();
                 let err = KernelError::NotFound(to);
                 self.leave_for_next_start(None, key, posting.message, err)
                     .await;
@@ -230,7 +230,7 @@ impl Kernel {
     /// the stream for its next start; one it refuses is reported dropped.
     async fn post_from_lane(&self, node: String, posting: Posting) {
         let Posting { message, done, .. } = posting;
-        let key = self.post_key(message.id);
+        let key = self.post_key();
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
         let op = Op::Post {
             message: message.clone(),
@@ -253,12 +253,14 @@ impl Kernel {
         }
     }
 
-    /// The id a message this node made is kept under in `HK_MAIL`,
-    /// whichever node keeps it.
-    fn post_key(&self, id: MessageId) -> String {
+    /// A new id to keep a message this node made under in `HK_MAIL`,
+    /// whichever node keeps it (an answer has no message id of its own
+    /// yet: its receiver gives it one).
+    fn post_key(&self) -> String {
+        let id = self.next_id();
         match self.inner.cluster() {
-            Some(cluster) => format!("{}.{}.p{}", cluster.node(), cluster.epoch(), id.0),
-            None => format!("p{}", id.0),
+            Some(cluster) => format!("{}.{}.p{id}", cluster.node(), cluster.epoch()),
+            None => format!("p{id}"),
         }
     }
 
