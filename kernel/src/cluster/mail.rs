@@ -93,14 +93,16 @@ impl Cluster {
     /// publish carries `key` as its message id, or else this node's name,
     /// epoch and `id`, so a retry after a lost answer (or the same
     /// message kept by the node that made it, see [`Cluster::leave_mail`])
-    /// is not stored twice.
+    /// is not stored twice. False when a message kept under `key` is one
+    /// this node holds already (it read it from the stream) or that was
+    /// handed over: this copy is not to be delivered.
     pub(crate) async fn keep_mail(
         &self,
         to: Pid,
         id: MessageId,
         key: Option<&str>,
         letter: &Letter,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<bool, ClusterError> {
         // A copy that stood down, or a node that is no member any more,
         // takes nothing the agent's node would not read.
         if self.mail.left.lock().contains(&to) || !self.still_member().await {
@@ -108,13 +110,36 @@ impl Cluster {
                 "process {to} runs on another node now; send it there"
             )));
         }
+        let foreign = key.is_some();
         let key = match key {
             Some(key) => key.to_owned(),
             None => format!("{}.{}.{}", self.settings.node, self.epoch, id.0),
         };
-        let seq = self.publish_mail(to, key, letter).await?;
+        let (seq, duplicate) = self.publish_mail(to, key, letter).await?;
+        // Left by the node that made it, and read here or handed over since.
+        if foreign && duplicate {
+            let held = self
+                .mail
+                .held
+                .lock()
+                .values()
+                .any(|kept| *kept == (to, seq));
+            if held || !self.still_kept(seq).await {
+                return Ok(false);
+            }
+        }
         self.mail.held.lock().insert(id, (to, seq));
-        Ok(())
+        Ok(true)
+    }
+
+    /// Whether message `seq` is still in the stream (an error reading it
+    /// says yes: a copy too many is refused by its delete, a lost one is not
+    /// found again).
+    async fn still_kept(&self, seq: u64) -> bool {
+        match self.mail.stream.get_raw_message(seq).await {
+            Ok(_) => true,
+            Err(err) => err.kind() != RawMessageErrorKind::NoMessageFound,
+        }
     }
 
     /// Leaves message `letter` for `to`, which no node can take now (its
@@ -139,14 +164,14 @@ impl Cluster {
     }
 
     /// Publishes `letter` on `to`'s subject under message id `key`, and
-    /// answers its sequence once the stream has stored it (a duplicate's
-    /// is the first copy's).
+    /// answers its sequence once the stream has stored it, and whether it
+    /// was there already (a duplicate's sequence is the first copy's).
     async fn publish_mail(
         &self,
         to: Pid,
         key: String,
         letter: &Letter,
-    ) -> Result<u64, ClusterError> {
+    ) -> Result<(u64, bool), ClusterError> {
         let payload = serde_json::to_vec(letter)
             .map_err(|err| ClusterError::JetStream(format!("encoding a message: {err}")))?;
         let most = self.client.server_info().max_payload;
@@ -176,7 +201,7 @@ impl Cluster {
                 .await
                 .map_err(|err| ClusterError::jetstream(&what(), err))?;
             match sent.await {
-                Ok(ack) => return Ok(ack.sequence),
+                Ok(ack) => return Ok((ack.sequence, ack.duplicate)),
                 Err(err) => last = Some(err),
             }
         }

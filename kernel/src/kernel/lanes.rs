@@ -33,6 +33,14 @@ use crate::store::Write;
 /// more tries, 3 s of waiting between them.
 const KEEP_RETRY: Duration = Duration::from_millis(200);
 const KEEP_RETRY_MAX: Duration = Duration::from_secs(2);
+/// When a process is looked for after a message was left for its next
+/// start (each wait after the one before): a start that read its mail just
+/// before lists the process within moments.
+const LOOK_AGAIN: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+];
 
 /// The lanes open on this node: for each receiver whose lane is open,
 /// the messages waiting behind the one being handed on.
@@ -232,6 +240,14 @@ impl Kernel {
         let Posting { message, done, .. } = posting;
         let key = self.post_key();
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
+        // The receiver's node as listed now, so a start of it after this
+        // post is told apart.
+        let epoch = self
+            .inner
+            .cluster()
+            .and_then(|cluster| cluster.last_listed(to))
+            .filter(|listing| listing.node == node)
+            .map_or(0, |listing| listing.epoch);
         let op = Op::Post {
             message: message.clone(),
             done,
@@ -246,7 +262,7 @@ impl Kernel {
             .and_then(|cluster| cluster.last_listed(to))
             .is_some_and(|listing| listing.moves);
         if moves && err.kind() == ErrorKind::Unavailable {
-            self.leave_for_next_start(Some(&node), key, message, err)
+            self.leave_for_next_start(Some((&node, epoch)), key, message, err)
                 .await;
         } else {
             self.report_dropped(to, id, from, kind, &err);
@@ -287,24 +303,28 @@ impl Kernel {
         }
     }
 
-    /// Leaves `message`, which `failed` (the node holding its receiver)
-    /// did not answer for, or whose receiver no node holds now, in the
-    /// stream for its receiver's next start, under `key`. The receiver
-    /// may have started again meanwhile, and read its mail: then the
-    /// message goes to it too, under the same key, so it is stored once
-    /// and handed over once. One the stream does not take is reported
-    /// dropped, with `why`.
+    /// Leaves `message`, which `failed` (the node holding its receiver,
+    /// and its epoch) did not answer for, or whose receiver no node holds
+    /// now, in the stream for its receiver's next start, under `key`, as
+    /// a message of its own. The receiver may start meanwhile, reading its
+    /// mail before the message is there: so it is looked for a few times
+    /// over the next seconds, and once it runs somewhere the message goes
+    /// to it too, under the same key, so it is stored once and handed
+    /// over once. One the stream does not take is reported dropped, with
+    /// `why`.
     async fn leave_for_next_start(
         &self,
-        failed: Option<&str>,
+        failed: Option<(&str, u64)>,
         key: String,
-        message: Message,
+        mut message: Message,
         why: KernelError,
     ) {
         let Some(cluster) = self.inner.cluster() else {
             return;
         };
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
+        // An answer has no id yet; whoever takes it keeps it by this one.
+        message.id = MessageId(self.next_id());
         let letter = Letter {
             message,
             created_ms: unix_ms(std::time::SystemTime::now()),
@@ -318,21 +338,55 @@ impl Kernel {
             return;
         }
         tracing::info!(%to, message_id = id.0, %kind, reason = %why, "cluster: a kernel message waits in the mail stream for its receiver's next start");
-        let mut posting = Posting::new(letter.message, None);
-        posting.key = Some(key.clone());
-        match self.holder(to).await {
-            Ok(Some(Holder::Here)) => self.keep_here(posting).await,
-            Ok(Some(Holder::There(listing))) if failed != Some(listing.node.as_str()) => {
-                let op = Op::Post {
-                    message: posting.message,
-                    done: None,
-                    key: Some(key),
-                };
-                if let Err(err) = self.forward::<()>(&listing.node, op, FORWARDED_SEND).await {
-                    tracing::warn!(%to, message_id = id.0, node = %listing.node, error = %err, "cluster: a kernel message waits for its receiver's next start");
-                }
+        // In the background: the lane's next messages do not wait for it.
+        let kernel = self.clone();
+        let failed = failed.map(|(node, epoch)| (node.to_owned(), epoch));
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = kernel.look_again(to, key, letter.message, failed) => {}
             }
-            _ => {}
+        });
+    }
+
+    /// Looks for `to`, for which `message` was left in the stream under
+    /// `key`, a few times over the next seconds ([`LOOK_AGAIN`]); once it
+    /// runs on a node other than `failed`, the message goes to it too.
+    async fn look_again(
+        &self,
+        to: Pid,
+        key: String,
+        message: Message,
+        failed: Option<(String, u64)>,
+    ) {
+        let id = message.id;
+        for wait in LOOK_AGAIN {
+            tokio::time::sleep(wait).await;
+            match self.holder(to).await {
+                Ok(Some(Holder::Here)) => {
+                    let mut posting = Posting::new(message, None);
+                    posting.key = Some(key);
+                    self.keep_here(posting).await;
+                    return;
+                }
+                Ok(Some(Holder::There(listing)))
+                    if failed.as_ref().is_none_or(|(node, epoch)| {
+                        (node.as_str(), *epoch) != (listing.node.as_str(), listing.epoch)
+                    }) =>
+                {
+                    let op = Op::Post {
+                        message,
+                        done: None,
+                        key: Some(key),
+                    };
+                    if let Err(err) = self.forward::<()>(&listing.node, op, FORWARDED_SEND).await {
+                        tracing::warn!(%to, message_id = id.0, node = %listing.node, error = %err, "cluster: a kernel message waits for its receiver's next start");
+                    }
+                    return;
+                }
+                _ => {}
+            }
         }
     }
 
@@ -371,16 +425,18 @@ impl Kernel {
         };
         let key = posting.key.as_deref();
         let mut wait = KEEP_RETRY;
+        // Some(false): the copy the node that made it left in the stream,
+        // which this node read already or handed over.
         let stored = loop {
             match cluster.keep_mail(to, letter.message.id, key, &letter).await {
-                Ok(()) => break true,
+                Ok(deliver) => break Some(deliver),
                 Err(err @ (ClusterError::NotHere(_) | ClusterError::TooLarge(_))) => {
                     tracing::warn!(%to, error = %err, "cluster: a kernel message was not kept in the mail stream; delivered from this node only");
-                    break false;
+                    break None;
                 }
                 Err(err) if wait > KEEP_RETRY_MAX => {
                     tracing::error!(%to, error = %err, "cluster: a kernel message may not be kept in the mail stream; delivered from this node");
-                    break false;
+                    break None;
                 }
                 Err(err) => {
                     tracing::warn!(%to, error = %err, "cluster: keeping a kernel message failed; trying again");
@@ -390,10 +446,10 @@ impl Kernel {
             }
         };
         posting.message = letter.message;
-        if !stored {
+        let Some(deliver) = stored else {
             self.hand_here(posting);
             return;
-        }
+        };
         let Posting {
             message,
             done,
@@ -403,7 +459,9 @@ impl Kernel {
         if let Some(request_id) = done {
             self.request_done_here(request_id);
         }
-        self.deliver(to, message, true);
+        if deliver {
+            self.deliver(to, message, true);
+        }
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
         }

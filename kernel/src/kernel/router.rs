@@ -583,6 +583,10 @@ pub(super) fn forget_delivered(inner: &Inner, id: MessageId) {
     }
 }
 
+/// What a turn's pending hand-over holds once another node handed its
+/// message over (no message id is this large).
+pub(super) const HANDED_ELSEWHERE: u64 = u64::MAX;
+
 impl Kernel {
     /// Hands over the message the turn running now works on, at its first
     /// model or MCP call, if it waits for that (a message kept in the
@@ -593,9 +597,14 @@ impl Kernel {
             return Ok(());
         };
         let id = pending.swap(0, std::sync::atomic::Ordering::AcqRel);
-        if id == 0 || take_for_handover(&self.inner, pid, MessageId(id)).await {
+        if id == 0 {
             return Ok(());
         }
+        if id != HANDED_ELSEWHERE && take_for_handover(&self.inner, pid, MessageId(id)).await {
+            return Ok(());
+        }
+        // Every later call of the turn is refused too.
+        pending.store(HANDED_ELSEWHERE, std::sync::atomic::Ordering::Release);
         Err(KernelError::FailedPrecondition(format!(
             "the message this turn answers ({id}) was handed over by another node, which runs \
              process {pid} now"

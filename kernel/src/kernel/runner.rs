@@ -17,7 +17,7 @@ use hivekernel_agents::{Message, MessageId, Runtime, Task};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::router::{forget_delivered, take_for_handover, unacknowledged};
+use super::router::{HANDED_ELSEWHERE, forget_delivered, take_for_handover, unacknowledged};
 use super::supervisor::{EXIT_FAILED, EXIT_PANICKED};
 use super::{Inner, Kernel};
 use crate::events::EventKind;
@@ -452,6 +452,7 @@ impl Deferred {
     async fn finish(self) {
         let id = self.pending.swap(0, Ordering::AcqRel);
         if id != 0
+            && id != HANDED_ELSEWHERE
             && let Some(inner) = self.kernel.upgrade()
         {
             take_for_handover(&inner, self.pid, MessageId(id)).await;
@@ -463,6 +464,7 @@ impl Drop for Deferred {
     fn drop(&mut self) {
         let id = self.pending.swap(0, Ordering::AcqRel);
         if id != 0
+            && id != HANDED_ELSEWHERE
             && let Some(inner) = self.kernel.upgrade()
             && !inner.stopping().load(Ordering::SeqCst)
             && let Some(cluster) = inner.cluster()
