@@ -798,6 +798,16 @@ impl Kernel {
         done: Option<RequestId>,
         key: Option<String>,
     ) -> Result<()> {
+        // A message id for the stream: a header, so checked first.
+        if let Some(key) = &key
+            && !post_key_ok(key)
+        {
+            return Err(KernelError::InvalidArgument(format!(
+                "a post's key must be 1 to {MAX_POST_KEY} ASCII letters, digits, '.', '-' or \
+                 '_'; got {} bytes",
+                key.len()
+            )));
+        }
         // An answer gets its id with the request's removal.
         if done.is_none() {
             message.id = MessageId(self.next_id());
@@ -876,6 +886,17 @@ impl Kernel {
     }
 }
 
+/// The longest key a post may carry: a node name (64), an epoch and an id.
+const MAX_POST_KEY: usize = 128;
+
+/// Whether `key` may be a post's message id in `HK_MAIL`.
+fn post_key_ok(key: &str) -> bool {
+    (1..=MAX_POST_KEY).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+}
+
 /// An answer of what a local operation returned.
 fn held<T: serde::Serialize>(result: Result<T>) -> Bytes {
     match result {
@@ -935,4 +956,18 @@ fn listing(table: &ProcessTable, pid: Pid, node: &str, epoch: u64) -> Option<Lis
         token: None,
         moves: entry.proc.mail_in_cluster,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_POST_KEY, post_key_ok};
+
+    #[test]
+    fn a_posts_key_is_a_plain_token() {
+        assert!(post_key_ok("node-a_1.42.p1024"));
+        let long = "x".repeat(MAX_POST_KEY + 1);
+        for bad in ["", "a\r\nNats-Msg-Id: b", "a b", "ä", "a*", long.as_str()] {
+            assert!(!post_key_ok(bad), "{bad:?}");
+        }
+    }
 }
