@@ -262,7 +262,7 @@ impl EntryKind {
 }
 
 /// Which entries of one process a read wants, oldest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Query {
     /// Only entries with a larger id (the paging cursor).
     pub after_id: u64,
@@ -292,7 +292,7 @@ impl Query {
 }
 
 /// One read's entries.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Page {
     /// Oldest first.
     pub entries: Vec<Entry>,

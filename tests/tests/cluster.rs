@@ -2196,6 +2196,39 @@ fn answers_made_while_their_requesters_node_is_down_wait_for_its_next_start() {
     assert!(!left, "{}", b.log());
 }
 
+/// A process's transcript reads the same from every node: an agent on b
+/// answers a task, and `logs` asked of a shows the turn (its input and
+/// its answer) as b's `logs` does.
+#[test]
+fn a_transcript_reads_the_same_from_every_node() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content("the tide turns")
+    }));
+    let a = with_model(&bin, root.path(), &nats, "a", &llm.base_url());
+    let b = with_model(&bin, root.path(), &nats, "b", &llm.base_url());
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let pid = spawn_agent(&b, "scribe", "You answer.", "list_children").to_string();
+    let answer = a.cli(&["exec", &pid, "when does the tide turn?"]);
+    assert!(answer.contains("the tide turns"), "{answer}\n{}", b.log());
+
+    let here = b.cli(&["logs", &pid, "--json"]);
+    let there = a.cli(&["logs", &pid, "--json"]);
+    for shown in [&here, &there] {
+        assert!(shown.contains("when does the tide turn?"), "{shown}");
+        assert!(shown.contains("the tide turns"), "{shown}");
+    }
+    assert_eq!(here, there);
+    // A PID nobody holds is not found, whichever node is asked.
+    let out = a.command(&["logs", "999999"]).output().unwrap();
+    assert!(!out.status.success(), "{out:?}");
+}
+
 /// Each slot of a cron entry is leased to one node: three nodes, each on
 /// its own NATS server of three, claim the same slots at the same moment,
 /// and for every slot exactly one wins while the others are told which.

@@ -156,6 +156,12 @@ pub enum Op {
     /// node recorded and now removes with the same write. `key`: the id
     /// the message is kept under in `HK_MAIL`, the same the sending node
     /// leaves it under when the node does not answer, so it is stored once.
+    /// `pid`'s transcript entries matching `query` (the asking node
+    /// checked its caller may read them); answers a [`crate::transcript::Page`].
+    Transcript {
+        pid: Pid,
+        query: crate::transcript::Query,
+    },
     Post {
         message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -378,7 +378,7 @@ impl Kernel {
     /// but one this node does not see live (declared lost, fenced) may
     /// only read.
     async fn answer(&self, cluster: &Cluster, request: rpc::Request) -> Bytes {
-        let acts = !matches!(request.op, Op::Get { .. });
+        let acts = !matches!(request.op, Op::Get { .. } | Op::Transcript { .. });
         if acts && !cluster.is_live(&request.from_node, request.epoch) {
             return refused(Refusal::new(
                 ErrorKind::FailedPrecondition,
@@ -535,6 +535,7 @@ impl Kernel {
                 held(Ok(()))
             }
             Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
+            Op::Transcript { pid, query } => held(self.transcript(Caller::Admin, pid, query).await),
         }
     }
 

@@ -5,15 +5,33 @@ use std::sync::Arc;
 use hivekernel_agents::Pid;
 use tokio::sync::broadcast;
 
+use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
+use crate::kernel::cluster::FORWARDED_SEND;
 use crate::kernel::{Caller, Kernel};
 use crate::transcript::{Entry, Page, Query};
+
+/// A page of another node's transcript ends once it holds about this
+/// much: its answer is one NATS message (1 MiB by default).
+const REMOTE_PAGE_BYTES: usize = 256 << 10;
 
 impl Kernel {
     /// `pid`'s transcript entries matching `query`, oldest first. A process
     /// may read its own transcript and its descendants'; the admin reads
-    /// every one, kept transcripts of reaped processes too.
+    /// every one, kept transcripts of reaped processes too. One another
+    /// node of a cluster holds is read there (`transcript`), in pages of
+    /// at most [`REMOTE_PAGE_BYTES`].
     pub async fn transcript(&self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
+        if self.inner.table().read().get(pid).is_none()
+            && let Some(node) = self.holding(caller, pid, "read the transcript of").await?
+        {
+            let query = Query {
+                max_bytes: query.max_bytes.min(REMOTE_PAGE_BYTES),
+                ..query
+            };
+            let op = Op::Transcript { pid, query };
+            return self.forward(&node, op, FORWARDED_SEND).await;
+        }
         let known = self.may_read_own(caller, pid, Record::Transcript)?;
         let page = self.inner.transcripts().read(pid, query).await?;
         if !known && page.entries.is_empty() && query.after_id == 0 {
