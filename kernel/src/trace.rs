@@ -37,6 +37,25 @@ struct Work {
     handover: Option<Arc<AtomicU64>>,
 }
 
+impl Work {
+    fn new(
+        span: Span,
+        trace: Option<TraceContext>,
+        origin: Option<Origin>,
+        resume: Option<u64>,
+        handover: Option<Arc<AtomicU64>>,
+    ) -> Work {
+        Work {
+            trace,
+            span: RefCell::new(span),
+            turn: Cell::new(0),
+            origin,
+            resume: Cell::new(resume),
+            handover,
+        }
+    }
+}
+
 /// A `delegate_async` request being worked on: its id and its requester,
 /// who is answered with a `task_response`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,17 +91,7 @@ pub(crate) fn scope_message<F: Future>(
     handover: Option<Arc<AtomicU64>>,
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(
-        Work {
-            trace,
-            span: RefCell::new(span),
-            turn: Cell::new(0),
-            origin: None,
-            resume: Cell::new(None),
-            handover,
-        },
-        work,
-    )
+    CURRENT.scope(Work::new(span, trace, None, None, handover), work)
 }
 
 /// [`scope`] for a turn that answers `origin`, resuming inbox request
@@ -93,17 +102,7 @@ pub(crate) fn scope_turn<F: Future>(
     resume: Option<u64>,
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(
-        Work {
-            trace,
-            span: RefCell::new(span),
-            turn: Cell::new(0),
-            origin,
-            resume: Cell::new(resume),
-            handover: None,
-        },
-        work,
-    )
+    CURRENT.scope(Work::new(span, trace, origin, resume, None), work)
 }
 
 /// The `delegate_async` request the work running now answers.

@@ -1832,6 +1832,21 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
     }
 }
 
+/// The newest message kept for `pid` in the cluster's mail stream, as
+/// text; empty when none is.
+fn last_kept(rt: &tokio::runtime::Runtime, nats: &NatsCluster, pid: u64) -> String {
+    rt.block_on(async {
+        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        let stream = js.get_stream("HK_MAIL").await.unwrap();
+        let subject = format!("hk.mail.{pid}");
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => String::from_utf8_lossy(&message.payload).into_owned(),
+            Err(_) => String::new(),
+        }
+    })
+}
+
 /// A delegated task's answer to a process that may move is kept in the
 /// cluster's mail stream as its node takes it in: the worker on b answers
 /// while the caller on a is busy with a slow turn, a is killed with the
@@ -1878,19 +1893,9 @@ fn a_delegated_answer_queued_on_a_lost_node_reaches_its_requester_where_it_start
 
     // The answer is in the stream, on the caller's subject, before a dies.
     let subject = format!("hk.mail.{caller}");
-    let kept = |subject: &str| {
-        rt.block_on(async {
-            let peer = async_nats::connect(nats.url(0)).await.unwrap();
-            let js = async_nats::jetstream::new(peer);
-            let stream = js.get_stream("HK_MAIL").await.unwrap();
-            match stream.get_last_raw_message_by_subject(subject).await {
-                Ok(message) => String::from_utf8_lossy(&message.payload).into_owned(),
-                Err(_) => String::new(),
-            }
-        })
-    };
+    let kept = || last_kept(&rt, &nats, caller);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !kept(&subject).contains("task_response") {
+    while !kept().contains("task_response") {
         assert!(
             Instant::now() < deadline,
             "no answer kept on {subject}\n{}\n{}",
@@ -1941,7 +1946,7 @@ fn a_delegated_answer_queued_on_a_lost_node_reaches_its_requester_where_it_start
         "{inputs:?}"
     );
     // Handed over: taken out of the stream.
-    assert_eq!(kept(&subject), "", "{}", b.log());
+    assert_eq!(kept(), "", "{}", b.log());
 }
 
 /// A delegated task's answer follows its requester: the caller on a
@@ -2183,17 +2188,7 @@ fn answers_made_while_their_requesters_node_is_down_wait_for_its_next_start() {
         );
     }
     // The notice too was handed over: nothing waits for the caller.
-    let left = rt.block_on(async {
-        let peer = async_nats::connect(nats.url(0)).await.unwrap();
-        let js = async_nats::jetstream::new(peer);
-        let stream = js.get_stream("HK_MAIL").await.unwrap();
-        let subject = format!("hk.mail.{caller}");
-        stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-            .is_ok()
-    });
-    assert!(!left, "{}", b.log());
+    assert_eq!(last_kept(&rt, &nats, caller), "", "{}", b.log());
 }
 
 /// A process's transcript reads the same from every node: an agent on b

@@ -665,13 +665,18 @@ mod tests {
         assert!(mirror.children.is_empty() && mirror.by_pid.is_empty());
     }
 
+    /// A listing on b under PID 1 of a process that moves.
+    fn moving() -> Listing {
+        Listing {
+            moves: true,
+            ..listing("b", 1, 1)
+        }
+    }
+
     #[test]
     fn a_removed_listing_of_a_process_that_moves_is_remembered_until_listed_again() {
         let mut mirror = Mirror::default();
-        let moving = Listing {
-            moves: true,
-            ..listing("b", 1, 1)
-        };
+        let moving = moving();
         mirror.insert(Pid(10), moving.clone(), 1);
         mirror.insert(Pid(11), listing("b", 1, 1), 2);
         mirror.insert(
@@ -701,10 +706,7 @@ mod tests {
     #[test]
     fn departed_listings_are_bounded() {
         let mut mirror = Mirror::default();
-        let moving = Listing {
-            moves: true,
-            ..listing("b", 1, 1)
-        };
+        let moving = moving();
         for pid in 2..(MAX_DEPARTED as u64 + 12) {
             mirror.insert(Pid(pid), moving.clone(), pid);
             mirror.remove(Pid(pid));
