@@ -71,6 +71,22 @@ impl Pool {
         }))
     }
 
+    /// A loan to `owner` made before a restart, lent from `lender` again
+    /// whatever it has left now (it had it then).
+    pub(crate) fn reopen(owner: Pid, amount: u64, lender: &Arc<Pool>) -> Arc<Pool> {
+        {
+            let mut state = lender.state.lock();
+            state.lent = state.lent.saturating_add(amount);
+        }
+        Arc::new(Pool {
+            owner,
+            allocated: amount,
+            lender: Some(lender.clone()),
+            loaned_by: None,
+            state: Mutex::default(),
+        })
+    }
+
     /// A pool of `amount` tokens for `owner`, lent through its parent
     /// `parent` on another node, `node`, which keeps the loan.
     pub(crate) fn on_loan(owner: Pid, amount: u64, parent: Pid, node: Arc<str>) -> Arc<Pool> {
@@ -86,6 +102,16 @@ impl Pool {
     /// The parent on another node, and its node, that keeps this pool's loan.
     pub(crate) fn loaned_by(&self) -> Option<&(Pid, Arc<str>)> {
         self.loaned_by.as_ref()
+    }
+
+    /// The budget at the top of this one's lenders, when it is on loan
+    /// from another node: the one whose spending that node hears of.
+    pub(crate) fn on_loan_root(self: &Arc<Self>) -> Option<Arc<Pool>> {
+        let mut at = self;
+        while let Some(lender) = &at.lender {
+            at = lender;
+        }
+        at.loaned_by.is_some().then(|| at.clone())
     }
 
     /// What is no longer there to spend: charged, or still lent to

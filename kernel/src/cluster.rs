@@ -21,6 +21,7 @@ mod declared;
 mod departures;
 mod directory;
 mod events;
+mod loans;
 mod mail;
 mod pids;
 pub mod rpc;
@@ -50,6 +51,7 @@ pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub use events::{Bounds, EventFeed, Published, Subscribe};
+pub use loans::KeptLoan;
 use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
@@ -263,6 +265,10 @@ pub struct Cluster {
     events: jetstream::stream::Stream,
     /// API cron entries that follow their target (`hk_cron`).
     crons: kv::Store,
+    /// Token budgets lent to children on other nodes (`hk_loans`).
+    loans: kv::Store,
+    /// What children on loan here spent, waiting to be written there.
+    loan_reports: loans::Reports,
     /// The specs this node wrote last.
     written: specs::Written,
     /// Lost nodes' processes, for the kernel to take over ([`Loss`]).
@@ -321,6 +327,7 @@ impl Cluster {
         let specs = bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?;
         let events = events::open(&js, replicas, events_kept).await?;
         let crons = bucket(&js, crons::CRONS, replicas, Duration::ZERO).await?;
+        let loans = bucket(&js, loans::LOANS, replicas, Duration::ZERO).await?;
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -362,6 +369,8 @@ impl Cluster {
             specs,
             events,
             crons,
+            loans,
+            loan_reports: loans::Reports::default(),
             written: specs::Written::default(),
             losses,
             lost: Mutex::new(Some(lost)),
@@ -391,6 +400,10 @@ impl Cluster {
         cluster
             .tracker
             .spawn(async move { beating.heartbeat().await });
+        let reporting = cluster.clone();
+        cluster
+            .tracker
+            .spawn(async move { reporting.report_loans().await });
         tracing::info!(
             node = %cluster.settings.node,
             epoch,

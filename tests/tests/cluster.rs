@@ -1545,6 +1545,246 @@ fn a_budget_lent_to_another_node_is_charged_once() {
     assert_eq!(budget(&a, banker), (120, 9_880));
 }
 
+/// `describe`'s budget of `pid`, as `kernel` reads it: (used, remaining).
+fn budget_of(kernel: &Binary, pid: u64) -> (u64, u64) {
+    let info = kernel.json(&["describe", &pid.to_string(), "--json"]);
+    let budget = &info["budget"];
+    (
+        budget["used"].as_u64().unwrap_or(u64::MAX),
+        budget["remaining"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+/// The node `kernel` says runs `pid`; `None` while it cannot say (the
+/// node holding it does not answer until it is declared lost).
+fn node_of(kernel: &Binary, pid: u64) -> Option<String> {
+    let out = kernel
+        .command(&["describe", &pid.to_string(), "--json"])
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&out.stdout).ok()?;
+    info["node"].as_str().map(str::to_owned)
+}
+
+/// Waits until `pid`'s budget, as `kernel` reads it, is `expected`.
+fn wait_for_budget(kernel: &Binary, pid: u64, expected: (u64, u64), what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = budget_of(kernel, pid);
+        if seen == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {seen:?}, not {expected:?}\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A loan across nodes outlives either node. The lending node, stopped
+/// and started again, lends its open loan again (its budget does not
+/// count it as free) and charges the one repaid while it was down; a
+/// child on loan whose node dies carries on elsewhere from what it had
+/// spent, which is charged once when it exits. No record stays behind.
+#[test]
+fn a_loan_outlives_its_lenders_restart_and_its_childs_move() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content_with_usage("spent", 100, 20)
+    }));
+    let config = model_config(&llm.base_url());
+    // The spenders run where `pool=spend`: on b, then on c once b is gone.
+    let mut spending = config.clone();
+    spending["kernel"]["cluster"]["labels"] = json!({ "pool": "spend" });
+    let mut a = with_config(&bin, root.path(), &nats, "a", &config);
+    let mut b = with_config(&bin, root.path(), &nats, "b", &spending);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+
+    let banker = admin_spawn(&rt, &a, banker_request());
+    let stays = admin_spawn(&rt, &a, spender_request(banker, "stays"));
+    let leaves = admin_spawn(&rt, &a, spender_request(banker, "leaves"));
+    let c = with_config(&bin, root.path(), &nats, "c", &spending);
+    wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
+    for pid in [stays, leaves] {
+        let info = a.json(&["describe", &pid.to_string(), "--json"]);
+        assert_eq!(info["node"], "b", "{info}");
+        assert!(a.cli(&["exec", &pid.to_string(), "go"]).contains("spent"));
+        assert_eq!(budget_of(&b, pid), (120, 880));
+    }
+    assert_eq!(budget_of(&a, banker), (0, 8_000));
+
+    // The lending node stops; one child exits while it is down.
+    a.terminate();
+    b.cli(&["kill", &leaves.to_string()]);
+    let a = Binary::start_with(
+        &bin,
+        &root.path().join("a"),
+        &["--cluster", &nats.urls(), "--node", "a"],
+    );
+    // Back: 120 charged for the child that left; 1,000 still lent.
+    wait_for_budget(
+        &a,
+        banker,
+        (120, 8_880),
+        "the banker after its node's restart",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(budget_of(&a, banker), (120, 8_880), "charged once");
+
+    // The child's node dies: it starts again on c with what it spent.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node_of(&c, stays).as_deref() != Some("c") {
+        assert!(Instant::now() < deadline, "{}\n{}", a.log(), c.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for_budget(&c, stays, (120, 880), "the moved child");
+    assert!(a.cli(&["exec", &stays.to_string(), "go"]).contains("spent"));
+    wait_for_budget(&c, stays, (240, 760), "the moved child after a call");
+    a.cli(&["kill", &stays.to_string()]);
+    wait_for_budget(&a, banker, (360, 9_640), "the banker once both exited");
+
+    // Every loan charged is closed.
+    let kept = loans_kept(&rt, &nats);
+    assert!(kept.is_empty(), "{kept:?}");
+    drop(c);
+}
+
+/// A child on loan whose node dies, moving to its parent's node, takes
+/// the loan as its budget there, with what it had spent; the cluster no
+/// longer keeps the loan.
+#[test]
+fn a_child_on_loan_moving_to_its_parents_node_keeps_what_it_spent() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| {
+        Scripted::content_with_usage("spent", 100, 20)
+    }));
+    // Both may run spenders; b, running fewer processes, gets the first.
+    let mut config = model_config(&llm.base_url());
+    config["kernel"]["cluster"]["labels"] = json!({ "pool": "spend" });
+    let a = with_config(&bin, root.path(), &nats, "a", &config);
+    let mut b = with_config(&bin, root.path(), &nats, "b", &config);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let banker = admin_spawn(&rt, &a, banker_request());
+    let homing = admin_spawn(&rt, &a, spender_request(banker, "homing"));
+    let info = a.json(&["describe", &homing.to_string(), "--json"]);
+    assert_eq!(info["node"], "b", "{info}");
+    assert!(
+        a.cli(&["exec", &homing.to_string(), "go"])
+            .contains("spent")
+    );
+    assert_eq!(loans_kept(&rt, &nats), vec![homing.to_string()]);
+    wait_for_budget(&a, banker, (0, 9_000), "the banker, lending");
+
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node_of(&a, homing).as_deref() != Some("a") {
+        assert!(Instant::now() < deadline, "{}", a.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for_budget(
+        &a,
+        homing,
+        (120, 880),
+        "the child back on its parent's node",
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !loans_kept(&rt, &nats).is_empty() {
+        assert!(Instant::now() < deadline, "{}", a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        a.cli(&["exec", &homing.to_string(), "go"])
+            .contains("spent")
+    );
+    a.cli(&["kill", &homing.to_string()]);
+    wait_for_budget(&a, banker, (240, 9_760), "the banker once its child exited");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(budget_of(&a, banker), (240, 9_760), "charged once");
+}
+
+/// Spawns `request` through `kernel` as its operator; the new PID.
+fn admin_spawn(rt: &tokio::runtime::Runtime, kernel: &Binary, request: pb::SpawnRequest) -> u64 {
+    rt.block_on(async {
+        let token = std::fs::read_to_string(kernel.dir.join("data/admin.token")).unwrap();
+        let channel = tonic::transport::Channel::from_shared(kernel.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = KernelClient::with_interceptor(channel, Bearer::new(token.trim()));
+        client.spawn(request).await.unwrap().into_inner().pid
+    })
+}
+
+/// A permanent echo process on node a, under PID 1, with 10,000 tokens.
+fn banker_request() -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        parent: 1,
+        name: "banker".into(),
+        runtime: "echo".into(),
+        node: "a".into(),
+        limits: Some(pb::Limits {
+            max_tokens_total: 10_000,
+            ..Default::default()
+        }),
+        restart: Some(pb::RestartSpec {
+            policy: pb::RestartPolicy::Permanent as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A permanent `tool_agent` under `banker` with 1,000 tokens of its own,
+/// on a node labelled `pool=spend`.
+fn spender_request(banker: u64, name: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        parent: banker,
+        name: name.into(),
+        runtime: "tool_agent".into(),
+        model: "test-model".into(),
+        system_prompt: "You spend tokens.".into(),
+        node: String::new(),
+        node_labels: [("pool".to_owned(), "spend".to_owned())].into(),
+        limits: Some(pb::Limits {
+            max_tokens_total: 1_000,
+            ..Default::default()
+        }),
+        ..banker_request()
+    }
+}
+
+/// The keys of `hk_loans`: the children whose loans the cluster keeps.
+fn loans_kept(rt: &tokio::runtime::Runtime, nats: &NatsCluster) -> Vec<String> {
+    rt.block_on(async {
+        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(peer);
+        let bucket = js.get_key_value("hk_loans").await.unwrap();
+        bucket
+            .keys()
+            .await
+            .unwrap()
+            .map(|k| k.unwrap())
+            .collect()
+            .await
+    })
+}
+
 /// Where each of `names` runs, as `kernel`'s `ps` shows the cluster: name
 /// to every (PID, node) it runs as.
 fn placed(

@@ -21,12 +21,21 @@ use hivekernel_agents::{ApprovalRule, Capabilities, ExitRecord, Limits, Message,
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Pool;
+use crate::cluster::KeptLoan;
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SEND, FORWARDED_SPAWN, Holder};
 use crate::kernel::spawn::{Birth, alive_parent};
 use crate::kernel::{Caller, Kernel};
 use crate::process::{Children, ProcessTable};
+
+/// When a repay is told to the lending node: at once, then again while it
+/// does not answer.
+const REPAY_AGAIN: [std::time::Duration; 3] = [
+    std::time::Duration::ZERO,
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(3),
+];
 
 /// What a child on another node takes from its parent, as the parent's
 /// node lends it.
@@ -64,14 +73,16 @@ impl Kernel {
     /// for a parent that draws on a token budget, which does not reach
     /// another node, unless the child has a budget of its own (`tokens`),
     /// which is lent from it here; `held`: unless the slot is held already
-    /// (a child coming back, or confirming once spawned).
-    pub(super) fn lend(
+    /// (a child coming back, or confirming once spawned). Answers too the
+    /// loan it opened, if it opened one: the owner of the budget lent
+    /// from, and the amount.
+    fn lend(
         &self,
         parent: Pid,
         child: Pid,
         held: bool,
         tokens: Option<u64>,
-    ) -> Result<ParentGrant> {
+    ) -> Result<(ParentGrant, Option<(Pid, u64)>)> {
         let mut table = self.inner.table().write();
         self.check_running()?;
         alive_parent(parent, table.get(parent))?;
@@ -113,21 +124,21 @@ impl Kernel {
             }
         }
         // Lent once: a child coming back, or confirming, keeps its loan.
-        let loaned = match (&lender, tokens) {
+        let (loaned, opened) = match (&lender, tokens) {
             (Some(lender), Some(amount)) if !has_loan => {
                 let loan = Pool::allocate(child, amount, Some(lender))?;
                 self.inner.loans().lock().insert(child, loan);
-                true
+                (true, Some((lender.owner(), amount)))
             }
-            (Some(_), _) => has_loan,
-            (None, _) => false,
+            (Some(_), _) => (has_loan, None),
+            (None, _) => (false, None),
         };
         if !entry.children.contains(child) {
             entry.children.insert(child);
             entry.live_children += 1;
         }
         let proc = &entry.proc;
-        Ok(ParentGrant {
+        let grant = ParentGrant {
             pid: parent,
             role: proc.ctx.role,
             tier: proc.ctx.tier,
@@ -142,41 +153,208 @@ impl Kernel {
             spec_in_cluster: proc.spec_in_cluster,
             loaned,
             node: Arc::from(""),
-        })
+        };
+        Ok((grant, opened))
+    }
+
+    /// [`Kernel::lend`], with a loan it opens kept in the cluster
+    /// (`hk_loans`) before the child's node hears of it. A loan that
+    /// cannot be kept is refused, and nothing is held for the child.
+    pub(super) async fn lend_kept(
+        &self,
+        parent: Pid,
+        child: Pid,
+        held: bool,
+        tokens: Option<u64>,
+    ) -> Result<ParentGrant> {
+        let (grant, opened) = self.lend(parent, child, held, tokens)?;
+        let (Some((lender, amount)), Some(cluster)) = (opened, self.inner.cluster()) else {
+            return Ok(grant);
+        };
+        let loan = KeptLoan {
+            node: cluster.node().to_owned(),
+            parent,
+            lender,
+            amount,
+            spent: 0,
+            repaid: false,
+        };
+        if let Err(err) = cluster.open_loan(child, &loan).await {
+            self.cancel_loan(child);
+            if !held {
+                self.release_child(parent, child);
+            }
+            return Err(KernelError::ClusterUnavailable(format!(
+                "the loan of {amount} tokens to process {child} could not be kept: {err}"
+            )));
+        }
+        Ok(grant)
     }
 
     /// On the parent's node: the budget lent to `child`, which used
     /// `used` tokens (charged, or lent on and not back) and exited, is
     /// charged that (once: a repeat finds no loan; at most the loan) and
     /// what it did not use goes back. Kept in the store as a model call's
-    /// charge is.
-    pub(super) fn repaid(&self, child: Pid, used: u64) {
+    /// charge is, then removed from the cluster.
+    pub(super) async fn repaid(&self, child: Pid, used: u64) {
+        let loan = self.inner.loans().lock().remove(&child);
+        if let Some(loan) = loan {
+            self.charge_loan(child, &loan, used).await;
+        }
+    }
+
+    /// Charges `loan` to `child` what it `used` (at most the loan), gives
+    /// the rest back, keeps what the budgets above it spent, and only
+    /// then removes its record: a crash in between charges it again at
+    /// the next start, never not at all.
+    async fn charge_loan(&self, child: Pid, loan: &Pool, used: u64) {
+        loan.charge(used.min(loan.allocated()));
+        loan.close();
+        if let Err(err) = self.keep_budgets_above(loan).await {
+            tracing::warn!(%child, error = %err, "what a loan used was charged but not kept");
+        }
+        if let Some(cluster) = self.inner.cluster() {
+            cluster.close_loan(child).await;
+        }
+    }
+
+    /// On the parent's node: a loan whose child is gone without a word
+    /// (its node lost, and it does not move) is charged what its node
+    /// last reported it spent, or whole when nothing can be read: a
+    /// budget is not overdrawn.
+    pub(super) async fn settle_loan(&self, child: Pid) {
         let loan = self.inner.loans().lock().remove(&child);
         let Some(loan) = loan else {
             return;
         };
-        loan.charge(used.min(loan.allocated()));
-        loan.close();
-        self.keep_budgets_above(&loan);
+        let reported = match self.inner.cluster() {
+            Some(cluster) => cluster.loan(child).await,
+            None => Ok(None),
+        };
+        let used = match reported {
+            Ok(Some(kept)) => kept.spent,
+            Ok(None) => loan.allocated(),
+            Err(err) => {
+                tracing::warn!(%child, error = %err, "cluster: what a lost child spent of its loan is unknown; charged whole");
+                loan.allocated()
+            }
+        };
+        self.charge_loan(child, &loan, used).await;
     }
 
-    /// On the parent's node: a loan whose child is gone without a word
-    /// (its node lost, and it does not move) counts as used whole: a
-    /// budget is never overdrawn.
-    pub(super) fn settle_loan(&self, child: Pid) {
-        let loan = self.inner.loans().lock().remove(&child);
-        if let Some(loan) = loan {
-            loan.charge(loan.remaining());
-            loan.close();
-            self.keep_budgets_above(&loan);
+    /// After this node's restart: the loans it made to children on
+    /// other nodes, from their records, lent again from the budgets that
+    /// came back; one repaid while it was down is charged now. A loan
+    /// whose lender did not come back is removed.
+    pub(super) async fn reopen_loans(&self) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let kept = match cluster.loans_made_here().await {
+            Ok(kept) => kept,
+            Err(err) => {
+                tracing::warn!(error = %err, "cluster: loans to children on other nodes not read back; what they spend is not charged here");
+                return;
+            }
+        };
+        for (child, kept) in kept {
+            let lender = self
+                .inner
+                .table()
+                .read()
+                .get(kept.lender)
+                .and_then(|entry| {
+                    let proc = &entry.proc;
+                    proc.budget
+                        .clone()
+                        .filter(|pool| pool.owner() == proc.ctx.pid)
+                });
+            let Some(lender) = lender else {
+                tracing::info!(%child, lender = %kept.lender, "cluster: a loan whose lender did not come back is removed");
+                cluster.close_loan(child).await;
+                continue;
+            };
+            if self.inner.loans().lock().contains_key(&child) {
+                continue;
+            }
+            let loan = Pool::reopen(child, kept.amount, &lender);
+            if kept.repaid {
+                self.charge_loan(child, &loan, kept.spent).await;
+            } else {
+                self.inner.loans().lock().insert(child, loan);
+            }
+        }
+    }
+
+    /// A child back as `pid` on the node of its parent, which lent it a
+    /// budget of `amount` while it ran on another node (lost since): the
+    /// loan, from the same `lender`, is its budget here.
+    pub(super) fn loan_back(
+        &self,
+        pid: Pid,
+        birth: Birth,
+        amount: u64,
+        lender: Option<&Arc<Pool>>,
+    ) -> Option<Arc<Pool>> {
+        let lender = lender?;
+        if !matches!(birth, Birth::Restored(_)) {
+            return None;
+        }
+        let mut loans = self.inner.loans().lock();
+        let loan = loans.get(&pid)?;
+        if loan.allocated() != amount || loan.lender_owner() != Some(lender.owner()) {
+            return None;
+        }
+        loans.remove(&pid)
+    }
+
+    /// On the node a child on loan moved to: its budget carries on from
+    /// what its former node last reported it spent. Moved to its parent's
+    /// node, the loan is its budget here ([`Kernel::loan_back`]), charged
+    /// that, and the cluster no longer keeps it.
+    pub(super) async fn carry_loan(&self, child: Pid) {
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let pool = {
+            let table = self.inner.table().read();
+            table.get(child).and_then(|entry| {
+                let proc = &entry.proc;
+                proc.budget
+                    .clone()
+                    .filter(|pool| pool.owner() == proc.ctx.pid)
+            })
+        };
+        let Some(pool) = pool else {
+            return;
+        };
+        match cluster.loan(child).await {
+            Ok(Some(kept)) if pool.loaned_by().is_some() => {
+                pool.carry(kept.spent, 0);
+                cluster.report_loan(child, pool.spent());
+            }
+            Ok(Some(kept)) if kept.node == cluster.node() && !kept.repaid => {
+                pool.charge(kept.spent.min(pool.allocated()));
+                if let Err(err) = self.keep_budgets_above(&pool).await {
+                    tracing::warn!(%child, error = %err, "what a loan used was charged but not kept");
+                }
+                cluster.close_loan(child).await;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(%child, error = %err, "cluster: what a moved child spent of its loan is unknown; it starts it afresh");
+            }
         }
     }
 
     /// Keeps what the budgets above `loan` spent, as a model call's
     /// charge does, so a restart of this node does not give it back.
-    fn keep_budgets_above(&self, loan: &Pool) {
+    async fn keep_budgets_above(
+        &self,
+        loan: &Pool,
+    ) -> std::result::Result<(), crate::store::StoreError> {
         if !self.inner.store().is_durable() {
-            return;
+            return Ok(());
         }
         let writes: Vec<crate::store::Write> = {
             let table = self.inner.table().read();
@@ -200,7 +378,7 @@ impl Kernel {
             }
             writes
         };
-        self.inner.store().submit_all(writes);
+        self.inner.store().commit_all(writes).await
     }
 
     /// On the parent's node: the spawn of `child` failed, so nothing of
@@ -213,24 +391,45 @@ impl Kernel {
     }
 
     /// Tells the nodes that lent the budgets of children here what each
-    /// used (`child`, its pool), once each child exited: in the
-    /// background, so a slow node holds up no exit.
+    /// used (`child`, its pool), once each child exited: first in its
+    /// record (so a lending node down now charges it at its next start),
+    /// then to that node, asked again 1 s and 4 s later while it does not
+    /// answer. In the background, so a slow node holds up no exit.
     pub(super) fn repay_loans(&self, repays: Vec<(Pid, Arc<Pool>)>) {
         let kernel = self.clone();
+        let shutdown = self.inner.shutdown().clone();
         self.inner.tracker().spawn(async move {
             let asks = repays.iter().map(|(child, pool)| {
                 let kernel = &kernel;
+                let shutdown = &shutdown;
                 async move {
                     let Some((parent, node)) = pool.loaned_by() else {
                         return;
                     };
+                    let used = pool.consumed();
+                    if let Some(cluster) = kernel.inner.cluster()
+                        && let Err(err) = cluster.repay_loan(*child, used).await
+                    {
+                        tracing::warn!(%child, %parent, %node, error = %err, "cluster: what a loan used not kept in its record");
+                    }
                     let op = Op::Repay {
                         parent: *parent,
                         child: *child,
-                        spent: pool.consumed(),
+                        spent: used,
                     };
-                    if let Err(err) = kernel.forward::<()>(node, op, FORWARDED_SEND).await {
-                        tracing::warn!(%child, %parent, %node, error = %err, "cluster: what a loan used not reported; it stays lent, as used");
+                    let mut error = None;
+                    for wait in REPAY_AGAIN {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                        match kernel.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
+                            Ok(()) => return,
+                            Err(err) => error = Some(err),
+                        }
+                    }
+                    if let Some(err) = error {
+                        tracing::warn!(%child, %parent, %node, error = %err, "cluster: what a loan used not reported; its node charges it from its record at its next start");
                     }
                 }
             });

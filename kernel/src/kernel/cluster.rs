@@ -461,14 +461,19 @@ impl Kernel {
                 child,
                 held: slot,
                 tokens,
-            } => held(self.lend(parent, child, slot, tokens)),
+            } => held(self.lend_kept(parent, child, slot, tokens).await),
             Op::Release { parent, child } => {
                 self.release_child(parent, child);
-                self.cancel_loan(child);
+                if self.inner.loans().lock().contains_key(&child) {
+                    self.cancel_loan(child);
+                    if let Some(cluster) = self.inner.cluster() {
+                        cluster.close_loan(child).await;
+                    }
+                }
                 held(Ok(()))
             }
             Op::Repay { child, spent, .. } => {
-                self.repaid(child, spent);
+                self.repaid(child, spent).await;
                 held(Ok(()))
             }
             Op::Restart {

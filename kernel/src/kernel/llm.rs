@@ -286,6 +286,12 @@ impl Kernel {
         proc.usage.record_own(usage, cost);
         if let Some(pool) = &proc.budget {
             pool.charge(usage.total());
+            // On loan from another node: that node hears of it.
+            if let Some(root) = pool.on_loan_root()
+                && let Some(cluster) = self.inner.cluster()
+            {
+                cluster.report_loan(root.owner(), root.spent());
+            }
         }
         let kept = |pid: Pid, proc: &ProcShared| Write::Usage {
             pid,

@@ -105,7 +105,7 @@ impl Kernel {
                 }
             }
             self.release_child(parent, child);
-            self.settle_loan(child);
+            self.settle_loan(child).await;
             let reason = format!(
                 "{NODE_LOST}: node {} was lost, and process {child} does not move (temporary, or \
                  under a parent that does not move)",
@@ -439,6 +439,7 @@ impl Kernel {
         {
             Ok(_) => {
                 self.deliver_letters(letters);
+                self.carry_loan(pid).await;
                 // Kept here too, so a restart of this node brings it back.
                 if self.inner.store().is_durable() {
                     self.inner.store().submit(Write::Spec {

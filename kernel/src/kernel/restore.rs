@@ -266,6 +266,7 @@ impl Kernel {
         let (back, failed) = self.respawn(&recovered.processes).await;
         restored.processes = back;
         self.carry_kept(&recovered);
+        self.reopen_loans().await;
         let alive: HashSet<Pid> = {
             let table = self.inner.table().read();
             table

@@ -413,7 +413,10 @@ impl Kernel {
                 let node = lent.map(|lent| lent.node.clone()).unwrap_or_default();
                 Some(Pool::on_loan(pid, amount, parent, node))
             }
-            Some(amount) => Some(Pool::allocate(pid, amount, lender.as_ref())?),
+            Some(amount) => match self.loan_back(pid, birth, amount, lender.as_ref()) {
+                Some(loan) => Some(loan),
+                None => Some(Pool::allocate(pid, amount, lender.as_ref())?),
+            },
             None => lender,
         };
         let ctx = ProcessContext {
