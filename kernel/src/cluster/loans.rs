@@ -101,10 +101,18 @@ impl Cluster {
     }
 
     /// Removes the loan to `child`: charged, settled or never used.
-    /// Failures are said in the log (the record then waits for this
-    /// node's next start, which charges it again only if it is repaid).
+    /// Tried a few times; a failure is said in the log, and the record
+    /// waits for this node's next start, which charges it again: twice
+    /// rather than not at all.
     pub(crate) async fn close_loan(&self, child: Pid) {
-        if let Err(err) = self.loans.delete(key(child)).await {
+        let mut failed = None;
+        for _ in 0..AMEND_TRIES {
+            match self.loans.delete(key(child)).await {
+                Ok(()) => return,
+                Err(err) => failed = Some(err),
+            }
+        }
+        if let Some(err) = failed {
             tracing::warn!(%child, error = %err, "cluster: a closed loan stays in {LOANS}");
         }
     }

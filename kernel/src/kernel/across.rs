@@ -21,8 +21,8 @@ use hivekernel_agents::{ApprovalRule, Capabilities, ExitRecord, Limits, Message,
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Pool;
-use crate::cluster::KeptLoan;
 use crate::cluster::rpc::Op;
+use crate::cluster::{Cluster, KeptLoan};
 use crate::error::{KernelError, Result};
 use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SEND, FORWARDED_SPAWN, Holder};
 use crate::kernel::spawn::{Birth, alive_parent};
@@ -159,7 +159,9 @@ impl Kernel {
 
     /// [`Kernel::lend`], with a loan it opens kept in the cluster
     /// (`hk_loans`) before the child's node hears of it. A loan that
-    /// cannot be kept is refused, and nothing is held for the child.
+    /// cannot be kept is refused, and nothing is held for the child. A
+    /// child coming back whose loan this node does not hold (it started
+    /// again, and has not read its records yet) gets it from its record.
     pub(super) async fn lend_kept(
         &self,
         parent: Pid,
@@ -167,8 +169,25 @@ impl Kernel {
         held: bool,
         tokens: Option<u64>,
     ) -> Result<ParentGrant> {
+        let Some(cluster) = self.inner.cluster() else {
+            return self
+                .lend(parent, child, held, tokens)
+                .map(|(grant, _)| grant);
+        };
+        if held && tokens.is_some() && !self.inner.loans().lock().contains_key(&child) {
+            let _records = self.inner.loan_records().lock().await;
+            match cluster.loan(child).await {
+                Ok(Some(kept)) => self.match_record(cluster, child, kept, true).await,
+                Ok(None) => {}
+                Err(err) => {
+                    return Err(KernelError::ClusterUnavailable(format!(
+                        "the loan to process {child} could not be read: {err}"
+                    )));
+                }
+            }
+        }
         let (grant, opened) = self.lend(parent, child, held, tokens)?;
-        let (Some((lender, amount)), Some(cluster)) = (opened, self.inner.cluster()) else {
+        let Some((lender, amount)) = opened else {
             return Ok(grant);
         };
         let loan = KeptLoan {
@@ -195,11 +214,25 @@ impl Kernel {
     /// `used` tokens (charged, or lent on and not back) and exited, is
     /// charged that (once: a repeat finds no loan; at most the loan) and
     /// what it did not use goes back. Kept in the store as a model call's
-    /// charge is, then removed from the cluster.
+    /// charge is, then removed from the cluster. A loan this node does
+    /// not hold (it started again, and has not read its records yet) is
+    /// charged from its record.
     pub(super) async fn repaid(&self, child: Pid, used: u64) {
         let loan = self.inner.loans().lock().remove(&child);
         if let Some(loan) = loan {
             self.charge_loan(child, &loan, used).await;
+            return;
+        }
+        let Some(cluster) = self.inner.cluster() else {
+            return;
+        };
+        let _records = self.inner.loan_records().lock().await;
+        match cluster.loan(child).await {
+            Ok(Some(kept)) if kept.repaid => self.match_record(cluster, child, kept, false).await,
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(%child, error = %err, "cluster: a repaid loan not read; it is charged at this node's next start");
+            }
         }
     }
 
@@ -211,7 +244,8 @@ impl Kernel {
         loan.charge(used.min(loan.allocated()));
         loan.close();
         if let Err(err) = self.keep_budgets_above(loan).await {
-            tracing::warn!(%child, error = %err, "what a loan used was charged but not kept");
+            tracing::warn!(%child, error = %err, "what a loan used was charged but not kept; its record stays, to be charged at the next start");
+            return;
         }
         if let Some(cluster) = self.inner.cluster() {
             cluster.close_loan(child).await;
@@ -219,9 +253,9 @@ impl Kernel {
     }
 
     /// On the parent's node: a loan whose child is gone without a word
-    /// (its node lost, and it does not move) is charged what its node
-    /// last reported it spent, or whole when nothing can be read: a
-    /// budget is not overdrawn.
+    /// (its node lost: it does not move, or it had exited) is charged what
+    /// its node last reported it spent, or whole when nothing can be
+    /// read: a budget is not overdrawn.
     pub(super) async fn settle_loan(&self, child: Pid) {
         let loan = self.inner.loans().lock().remove(&child);
         let Some(loan) = loan else {
@@ -243,9 +277,7 @@ impl Kernel {
     }
 
     /// After this node's restart: the loans it made to children on
-    /// other nodes, from their records, lent again from the budgets that
-    /// came back; one repaid while it was down is charged now. A loan
-    /// whose lender did not come back is removed.
+    /// other nodes, from their records ([`Kernel::match_record`]).
     pub(super) async fn reopen_loans(&self) {
         let Some(cluster) = self.inner.cluster() else {
             return;
@@ -257,33 +289,61 @@ impl Kernel {
                 return;
             }
         };
-        for (child, kept) in kept {
-            let lender = self
-                .inner
-                .table()
-                .read()
-                .get(kept.lender)
-                .and_then(|entry| {
-                    let proc = &entry.proc;
-                    proc.budget
-                        .clone()
-                        .filter(|pool| pool.owner() == proc.ctx.pid)
-                });
-            let Some(lender) = lender else {
-                tracing::info!(%child, lender = %kept.lender, "cluster: a loan whose lender did not come back is removed");
-                cluster.close_loan(child).await;
-                continue;
-            };
-            if self.inner.loans().lock().contains_key(&child) {
-                continue;
-            }
-            let loan = Pool::reopen(child, kept.amount, &lender);
-            if kept.repaid {
-                self.charge_loan(child, &loan, kept.spent).await;
-            } else {
-                self.inner.loans().lock().insert(child, loan);
+        for (child, _) in kept {
+            let _records = self.inner.loan_records().lock().await;
+            // Read again: a repay may have come meanwhile.
+            match cluster.loan(child).await {
+                Ok(Some(kept)) if kept.node == cluster.node() => {
+                    self.match_record(cluster, child, kept, false).await;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%child, error = %err, "cluster: a loan not read back; what its child spends is not charged here");
+                }
             }
         }
+    }
+
+    /// Matches the loan this node made to `child`, as its record `kept`
+    /// says, with the budgets here, under `loan_records`, when this node
+    /// does not hold it: one repaid is charged; an open one whose child
+    /// lives (`asked`: it is asking for it; or listed alive, or its spec
+    /// kept to move) is lent again from its lender's budget, whatever that
+    /// has left (it had it then); one whose child is gone is charged what
+    /// it last reported; one whose lender did not come back is removed.
+    async fn match_record(&self, cluster: &Cluster, child: Pid, kept: KeptLoan, asked: bool) {
+        if kept.node != cluster.node() || self.inner.loans().lock().contains_key(&child) {
+            return;
+        }
+        let lender = self.own_budget(kept.lender);
+        let Some(lender) = lender else {
+            tracing::info!(%child, lender = %kept.lender, "cluster: a loan whose lender did not come back is removed");
+            cluster.close_loan(child).await;
+            return;
+        };
+        let loan = Pool::reopen(child, kept.amount, &lender);
+        let lives = asked
+            || !kept.repaid && {
+                let listed = cluster.listings().get(child).map(|listing| !listing.exited);
+                match listed {
+                    Some(alive) => alive,
+                    None => matches!(cluster.kept_spec(child).await, Ok(Some(_))),
+                }
+            };
+        if kept.repaid || !lives {
+            self.charge_loan(child, &loan, kept.spent).await;
+        } else {
+            self.inner.loans().lock().insert(child, loan);
+        }
+    }
+
+    /// The budget `pid` owns, if it runs here and owns one.
+    fn own_budget(&self, pid: Pid) -> Option<Arc<Pool>> {
+        let table = self.inner.table().read();
+        let proc = &table.get(pid)?.proc;
+        proc.budget
+            .clone()
+            .filter(|pool| pool.owner() == proc.ctx.pid)
     }
 
     /// A child back as `pid` on the node of its parent, which lent it a
@@ -308,35 +368,30 @@ impl Kernel {
         loans.remove(&pid)
     }
 
-    /// On the node a child on loan moved to: its budget carries on from
-    /// what its former node last reported it spent. Moved to its parent's
-    /// node, the loan is its budget here ([`Kernel::loan_back`]), charged
-    /// that, and the cluster no longer keeps it.
+    /// On the node a child on loan moved to, before it takes a message:
+    /// its budget carries on from what its former node last reported it
+    /// spent, kept in this node's store. Moved to its parent's node, the
+    /// loan is its budget here ([`Kernel::loan_back`]), charged that, and
+    /// the cluster no longer keeps it.
     pub(super) async fn carry_loan(&self, child: Pid) {
         let Some(cluster) = self.inner.cluster() else {
             return;
         };
-        let pool = {
-            let table = self.inner.table().read();
-            table.get(child).and_then(|entry| {
-                let proc = &entry.proc;
-                proc.budget
-                    .clone()
-                    .filter(|pool| pool.owner() == proc.ctx.pid)
-            })
-        };
-        let Some(pool) = pool else {
+        let Some(pool) = self.own_budget(child) else {
             return;
         };
         match cluster.loan(child).await {
             Ok(Some(kept)) if pool.loaned_by().is_some() => {
                 pool.carry(kept.spent, 0);
+                self.keep_own_budget(child).await;
                 cluster.report_loan(child, pool.spent());
             }
             Ok(Some(kept)) if kept.node == cluster.node() && !kept.repaid => {
                 pool.charge(kept.spent.min(pool.allocated()));
+                self.keep_own_budget(child).await;
                 if let Err(err) = self.keep_budgets_above(&pool).await {
                     tracing::warn!(%child, error = %err, "what a loan used was charged but not kept");
+                    return;
                 }
                 cluster.close_loan(child).await;
             }
@@ -344,6 +399,31 @@ impl Kernel {
             Err(err) => {
                 tracing::warn!(%child, error = %err, "cluster: what a moved child spent of its loan is unknown; it starts it afresh");
             }
+        }
+    }
+
+    /// Keeps what `pid`'s own budget spent in the store, as a model
+    /// call's charge does.
+    async fn keep_own_budget(&self, pid: Pid) {
+        if !self.inner.store().is_durable() {
+            return;
+        }
+        let write = {
+            let table = self.inner.table().read();
+            table.get(pid).map(|entry| {
+                let proc = &entry.proc;
+                crate::store::Write::Usage {
+                    pid,
+                    own: proc.usage.snapshot(),
+                    subtree: proc.usage.subtree(),
+                    budget_spent: proc.own_budget().map(Pool::spent),
+                }
+            })
+        };
+        if let Some(write) = write
+            && let Err(err) = self.inner.store().commit_all(vec![write]).await
+        {
+            tracing::warn!(%pid, error = %err, "what a moved child spent of its loan not kept");
         }
     }
 
@@ -419,9 +499,11 @@ impl Kernel {
                     };
                     let mut error = None;
                     for wait in REPAY_AGAIN {
+                        // The first is sent even when stopping.
                         tokio::select! {
-                            () = shutdown.cancelled() => break,
+                            biased;
                             () = tokio::time::sleep(wait) => {}
+                            () = shutdown.cancelled() => break,
                         }
                         match kernel.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
                             Ok(()) => return,

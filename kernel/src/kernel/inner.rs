@@ -77,6 +77,9 @@ pub(super) struct Inner {
     loans: parking_lot::Mutex<
         std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
     >,
+    /// Taken while a loan is matched with its record in the cluster
+    /// (reopened, or charged from it), so two of those never interleave.
+    loan_records: tokio::sync::Mutex<()>,
     transcripts: Transcripts,
     /// Server tokens per estimated token, per served model, learned from
     /// the usage answers report; kept in the store.
@@ -247,6 +250,7 @@ impl Inner {
             cluster,
             lanes: Default::default(),
             loans: Default::default(),
+            loan_records: tokio::sync::Mutex::new(()),
             transcripts,
             calibration,
             store,
@@ -338,6 +342,10 @@ impl Inner {
         std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
     > {
         &self.loans
+    }
+
+    pub(super) fn loan_records(&self) -> &tokio::sync::Mutex<()> {
+        &self.loan_records
     }
 
     pub(super) fn lanes(&self) -> &super::lanes::Lanes {

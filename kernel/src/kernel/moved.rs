@@ -93,6 +93,7 @@ impl Kernel {
             // nothing, and its slot is freed now.
             if exited {
                 self.release_child(parent, child);
+                self.settle_loan(child).await;
                 continue;
             }
             match cluster.kept_spec(child).await {
@@ -438,8 +439,8 @@ impl Kernel {
             .await
         {
             Ok(_) => {
-                self.deliver_letters(letters);
                 self.carry_loan(pid).await;
+                self.deliver_letters(letters);
                 // Kept here too, so a restart of this node brings it back.
                 if self.inner.store().is_durable() {
                     self.inner.store().submit(Write::Spec {
