@@ -1785,6 +1785,75 @@ fn loans_kept(rt: &tokio::runtime::Runtime, nats: &NatsCluster) -> Vec<String> {
     })
 }
 
+/// A `--follow` client command's output, read line by line as it comes;
+/// the command is killed when this is dropped.
+struct Follower {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Follower {
+    fn start(kernel: &Binary, args: &[&str]) -> Follower {
+        let mut child = kernel.command(args).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Follower {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next line, if one comes within `limit`.
+    fn next(&mut self, limit: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(limit).ok()?;
+        self.seen.push(line.clone());
+        Some(line)
+    }
+
+    /// Waits up to 15 s for a line holding `needle`.
+    fn until(&mut self, needle: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self.seen.iter().any(|line| line.contains(needle)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.next(left).is_none() {
+                panic!("{what}: no {needle:?} in {:#?}", self.seen);
+            }
+        }
+    }
+
+    /// Whether the command ends by itself, successfully, within `limit`.
+    fn ends(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Where each of `names` runs, as `kernel`'s `ps` shows the cluster: name
 /// to every (PID, node) it runs as.
 fn placed(
@@ -2462,6 +2531,61 @@ fn a_transcript_reads_the_same_from_every_node() {
     // A PID nobody holds is not found, whichever node is asked.
     let out = a.command(&["logs", "999999"]).output().unwrap();
     assert!(!out.status.success(), "{out:?}");
+}
+
+/// `logs --follow` of a process on another node prints its turns as they
+/// come and ends when it exits; an `exec` agent's log file reads and
+/// follows from another node too.
+#[test]
+fn a_transcript_and_an_exec_log_follow_live_from_another_node() {
+    use hivekernel_tests::llm_server::{LlmServer, Scripted};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let llm = rt.block_on(LlmServer::answering(|_| Scripted::content("noted")));
+    let a = with_model(&bin, root.path(), &nats, "a", &llm.base_url());
+    let b = with_model(&bin, root.path(), &nats, "b", &llm.base_url());
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let scribe = spawn_agent(&b, "scribe", "You take notes.", "list_children").to_string();
+    a.cli(&["exec", &scribe, "the first note"]);
+
+    let mut follow = Follower::start(&a, &["logs", &scribe, "--follow"]);
+    follow.until("the first note", "the turn before the follow began");
+    a.cli(&["exec", &scribe, "the second note"]);
+    follow.until("the second note", "a turn made while following");
+    b.cli(&["kill", &scribe]);
+    assert!(
+        follow.ends(Duration::from_secs(10)),
+        "the follow outlived its process: {:#?}",
+        follow.seen
+    );
+
+    let printer = spawned_pid(
+        &b.command(&[
+            "spawn",
+            "--json",
+            "--parent",
+            "1",
+            "--name",
+            "printer",
+            "--",
+            "sh",
+            "-c",
+            "echo printed on b; sleep 1; echo printed later; sleep 60",
+        ])
+        .output()
+        .unwrap(),
+    )
+    .to_string();
+    let mut follow = Follower::start(&a, &["logs", &printer, "--follow"]);
+    follow.until("printed on b", "an exec log's first line, from a");
+    follow.until("printed later", "an exec log's next line, from a");
+    let read = a.cli(&["logs", &printer]);
+    assert!(read.contains("printed on b\nprinted later"), "{read}");
+    a.cli(&["kill", &printer]);
+    assert!(follow.ends(Duration::from_secs(10)), "{:#?}", follow.seen);
 }
 
 /// Each slot of a cron entry is leased to one node: three nodes, each on
@@ -3267,32 +3391,15 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
     wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
 
     // A follower on c, from the start of the stream on.
-    let mut follower = c
-        .command(&["events", "--follow", "--since", "0", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = follower.stdout.take().unwrap();
-    let (lines, followed) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut follower = Follower::start(&c, &["events", "--follow", "--since", "0", "--json"]);
     let mut seen = Vec::new();
     let mut follow_until = |what: &str, done: &dyn Fn(&[EventKey]) -> bool| {
         let deadline = Instant::now() + Duration::from_secs(15);
         while !done(&seen) {
             let left = deadline.saturating_duration_since(Instant::now());
-            match followed.recv_timeout(left) {
-                Ok(line) => seen.push(event_key(&line)),
-                Err(_) => panic!("{what}: followed on c {seen:?}\n{}", c.log()),
+            match follower.next(left) {
+                Some(line) => seen.push(event_key(&line)),
+                None => panic!("{what}: followed on c {seen:?}\n{}", c.log()),
             }
         }
         seen.clone()
@@ -3391,8 +3498,6 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
         has(seen, "c", on_c, "spawned")
     });
     assert!(c.log().contains("is not an event"), "{}", c.log());
-    let _ = follower.kill();
-    let _ = follower.wait();
 
     // An event deleted from the stream (by an operator) is a `pruned`
     // marker where it was; a replay whose last event was deleted still ends.

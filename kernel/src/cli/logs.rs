@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_proto::v1::{
-    GetProcessRequest, GetTranscriptRequest, TranscriptEntry, WatchTranscriptRequest,
+    GetProcessRequest, GetTranscriptRequest, ReadLogRequest, TranscriptEntry,
+    WatchTranscriptRequest,
 };
 use serde_json::{Map, Value};
 
@@ -48,7 +49,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
         if let Some(path) = &log_file {
             output::print(&format!("==> {path} <==\n"))?;
         }
-        let mut file = log_file.map(LogFile::new);
+        let mut file = log_file.map(|_| LogFile::new(pid));
         let mut poll = tokio::time::interval(Duration::from_millis(250));
         let ctrl_c = tokio::signal::ctrl_c();
         tokio::pin!(ctrl_c);
@@ -61,7 +62,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
                 },
                 _ = poll.tick(), if file.is_some() => {
                     if let Some(file) = &mut file {
-                        output::print(&file.read_new())?;
+                        output::print(&file.read_new(&mut session).await?)?;
                     }
                 }
                 next = stream.message() => match next.map_err(|status| session.error(status))? {
@@ -72,7 +73,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
         }
         // The process has exited: what its log file got last.
         if let Some(file) = &mut file {
-            output::print(&file.read_new())?;
+            output::print(&file.read_new(&mut session).await?)?;
         }
         return Ok(());
     }
@@ -103,40 +104,50 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
     }
     if let Some(path) = log_file {
         output::print(&format!("==> {path} <==\n"))?;
-        output::print(&LogFile::new(path).read_new())?;
+        output::print(&LogFile::new(pid).read_new(&mut session).await?)?;
     } else if !found && !args.json {
         eprintln!("process {pid} has recorded no turns yet");
     }
     Ok(())
 }
 
-/// An `exec` agent's log file, read as it grows.
+/// An `exec` agent's log file, read through the kernel (`ReadLog`) as it
+/// grows: the kernel, or the node of a cluster holding the process, may
+/// be on another machine.
 struct LogFile {
-    path: String,
+    pid: u64,
     read: u64,
 }
 
 impl LogFile {
-    fn new(path: String) -> Self {
-        LogFile { path, read: 0 }
+    fn new(pid: u64) -> Self {
+        LogFile { pid, read: 0 }
     }
 
-    /// What was written since the last read (nothing if it cannot be read:
-    /// the kernel may be on another machine).
-    fn read_new(&mut self) -> String {
-        use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut file) = std::fs::File::open(&self.path) else {
-            return String::new();
-        };
-        if file.seek(SeekFrom::Start(self.read)).is_err() {
-            return String::new();
+    /// What was written since the last read (from the start again when
+    /// the log was rotated meanwhile).
+    async fn read_new(&mut self, session: &mut Session) -> Result<String, CliError> {
+        let mut text = String::new();
+        loop {
+            let request = ReadLogRequest {
+                pid: self.pid,
+                offset: self.read,
+                tail: false,
+                max_bytes: 0,
+            };
+            let chunk = session
+                .client
+                .read_log(request)
+                .await
+                .map_err(|status| session.error(status))?
+                .into_inner();
+            if chunk.size <= chunk.offset {
+                self.read = chunk.size;
+                return Ok(text);
+            }
+            text.push_str(&chunk.text);
+            self.read = chunk.size;
         }
-        let mut bytes = Vec::new();
-        if file.read_to_end(&mut bytes).is_err() {
-            return String::new();
-        }
-        self.read += bytes.len() as u64;
-        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 

@@ -150,18 +150,28 @@ pub enum Op {
         epoch: u64,
         members: Vec<(Pid, crate::cluster::Listing)>,
     },
-    /// A message the kernel made (a task's answer, a copy to a parent, a
-    /// notice) for a process the node holds; the node gives it an id of
-    /// its own. `done`: the `delegate_async` request it answers, which the
-    /// node recorded and now removes with the same write. `key`: the id
-    /// the message is kept under in `HK_MAIL`, the same the sending node
-    /// leaves it under when the node does not answer, so it is stored once.
     /// `pid`'s transcript entries matching `query` (the asking node
     /// checked its caller may read them); answers a [`crate::transcript::Page`].
     Transcript {
         pid: Pid,
         query: crate::transcript::Query,
     },
+    /// A piece of the log file of `exec` process `pid` (the asking node
+    /// checked its caller may read it): `max_bytes` from `from`, or the
+    /// last `max_bytes` when `from` is `None`; answers a
+    /// [`crate::kernel::LogChunk`].
+    ExecLog {
+        pid: Pid,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u64>,
+        max_bytes: u64,
+    },
+    /// A message the kernel made (a task's answer, a copy to a parent, a
+    /// notice) for a process the node holds; the node gives it an id of
+    /// its own. `done`: the `delegate_async` request it answers, which the
+    /// node recorded and now removes with the same write. `key`: the id
+    /// the message is kept under in `HK_MAIL`, the same the sending node
+    /// leaves it under when the node does not answer, so it is stored once.
     Post {
         message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]

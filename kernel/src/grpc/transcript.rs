@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::streams::{Stop, send};
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::{Caller, Kernel, Recorded};
 use crate::transcript::{Entry, Page, Query};
 
 /// Entries per page when the request leaves it at 0.
@@ -25,6 +25,8 @@ const PAGE_BYTES: usize = 1 << 20;
 const WATCH_BUFFER: usize = 256;
 /// How often a watch checks whether its process has exited.
 const EXIT_CHECK: Duration = Duration::from_secs(1);
+/// How often a watch of a process on another node reads what it added.
+const REMOTE_POLL: Duration = Duration::from_millis(250);
 
 /// The query a `GetTranscript` asks for.
 pub(super) fn query(req: &pb::GetTranscriptRequest) -> Result<Query, Status> {
@@ -111,7 +113,8 @@ fn decode_token(token: &str) -> Result<(u64, u64), Status> {
 /// new entry of `pid`, until the process has exited for good (with its
 /// last entries sent), the client goes or the kernel stops. A watcher that
 /// falls behind the live feed reads what it missed back from the kernel,
-/// so it loses nothing that is still kept.
+/// so it loses nothing that is still kept. A process on another node of a
+/// cluster is read there every [`REMOTE_POLL`] ([`follow_there`]).
 pub(super) fn watch(
     kernel: &Kernel,
     stop: Stop,
@@ -125,6 +128,11 @@ pub(super) fn watch(
     kernel.tracker().spawn(async move {
         let mut last = query.after_id;
         if !catch_up(&reader, &tx, &stop, caller, pid, query, &mut last).await {
+            return;
+        }
+        let at = reader.recorded_at(pid);
+        if at != Recorded::Here {
+            follow_there(&reader, &tx, &stop, caller, pid, &at, &mut last).await;
             return;
         }
         let mut check = tokio::time::interval(EXIT_CHECK);
@@ -159,6 +167,36 @@ pub(super) fn watch(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Reads what `pid`, on the other node `at` names, recorded after
+/// `last`, every [`REMOTE_POLL`], until it exits or leaves that node (what
+/// it recorded before that sent), the client goes or the kernel stops.
+async fn follow_there(
+    kernel: &Kernel,
+    tx: &mpsc::Sender<Result<pb::TranscriptEntry, Status>>,
+    stop: &Stop,
+    caller: Caller,
+    pid: Pid,
+    at: &Recorded,
+    last: &mut u64,
+) {
+    let mut poll = tokio::time::interval(REMOTE_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tx.closed() => return,
+            _ = poll.tick() => {}
+        }
+        // Asked before the read, so the read holds what it recorded last.
+        let still = kernel.still_recorded_at(pid, at);
+        let after = query_after(*last);
+        if !catch_up(kernel, tx, stop, caller, pid, after, last).await || !still {
+            return;
+        }
+    }
 }
 
 fn query_after(after_id: u64) -> Query {

@@ -378,7 +378,10 @@ impl Kernel {
     /// but one this node does not see live (declared lost, fenced) may
     /// only read.
     async fn answer(&self, cluster: &Cluster, request: rpc::Request) -> Bytes {
-        let acts = !matches!(request.op, Op::Get { .. } | Op::Transcript { .. });
+        let acts = !matches!(
+            request.op,
+            Op::Get { .. } | Op::Transcript { .. } | Op::ExecLog { .. }
+        );
         if acts && !cluster.is_live(&request.from_node, request.epoch) {
             return refused(Refusal::new(
                 ErrorKind::FailedPrecondition,
@@ -541,6 +544,11 @@ impl Kernel {
             }
             Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
             Op::Transcript { pid, query } => held(self.transcript(Caller::Admin, pid, query).await),
+            Op::ExecLog {
+                pid,
+                from,
+                max_bytes,
+            } => held(self.exec_log(Caller::Admin, pid, from, max_bytes).await),
         }
     }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use hivekernel_agents::{MessageId, Pid, RequestId, TaskReply};
 
+use super::cluster::FORWARDED_SEND;
 use super::{Caller, Kernel};
+use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::exec::{
     Attached, EXEC_RUNTIME, EXIT_CANNOT_START, ExecProc, ExecRuntime, Launch, OnExit, log_path,
@@ -19,9 +21,13 @@ pub(crate) const MAX_ACKS: usize = 10_000;
 pub(crate) const DEFAULT_LOG_READ: u64 = 64 << 10;
 /// Bytes of an `exec` agent's log one read returns at most.
 pub(crate) const MAX_LOG_READ: u64 = 1 << 20;
+/// Bytes one read of another node's `exec` log returns at most: its
+/// answer is one NATS message (1 MiB by default), and escaping in JSON
+/// makes a control byte six.
+const REMOTE_LOG_READ: u64 = 128 << 10;
 
 /// A piece of an `exec` agent's log file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LogChunk {
     /// The bytes read, as text (invalid UTF-8 replaced).
     pub text: String,
@@ -124,7 +130,8 @@ impl Kernel {
     /// [`MAX_LOG_READ`]) from `from`, or the last `max_bytes` when `from`
     /// is `None`. A read past the end (the log was rotated meanwhile)
     /// starts at the beginning again. The same readers as the transcript:
-    /// a process reads its own and its descendants'.
+    /// a process reads its own and its descendants'. The log of a process
+    /// another node of a cluster holds is read there (`exec_log`).
     pub async fn exec_log(
         &self,
         caller: Caller,
@@ -132,6 +139,21 @@ impl Kernel {
         from: Option<u64>,
         max_bytes: u64,
     ) -> Result<LogChunk> {
+        if self.inner.table().read().get(pid).is_none()
+            && let Some(node) = self.holding(caller, pid, "read the log of").await?
+        {
+            let max_bytes = match max_bytes {
+                0 => DEFAULT_LOG_READ,
+                n => n,
+            }
+            .min(REMOTE_LOG_READ);
+            let op = Op::ExecLog {
+                pid,
+                from,
+                max_bytes,
+            };
+            return self.forward(&node, op, FORWARDED_SEND).await;
+        }
         self.may_read_own(caller, pid, super::transcript::Record::Log)?;
         let info = self.get_process(caller, pid).await?;
         let Some(path) = info.log_path else {

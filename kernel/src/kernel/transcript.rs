@@ -43,15 +43,19 @@ impl Kernel {
     /// Entries recorded from now on (of every process: the reader filters),
     /// after the checks of [`Kernel::transcript`] (a process gone with
     /// nothing kept is NOT_FOUND). Subscribed before what is kept is read,
-    /// so nothing falls between the two.
+    /// so nothing falls between the two. A process another node holds
+    /// records there: its watcher reads it in pages ([`Kernel::recorded_at`]).
     pub async fn watch_transcript(
         &self,
         caller: Caller,
         pid: Pid,
     ) -> Result<broadcast::Receiver<Arc<Entry>>> {
-        let known = self.may_read_own(caller, pid, Record::Transcript)?;
+        let here = self.inner.table().read().get(pid).is_some();
+        if here {
+            self.may_read_own(caller, pid, Record::Transcript)?;
+        }
         let live = self.inner.transcripts().subscribe();
-        if !known {
+        if !here {
             let first = Query {
                 limit: 1,
                 ..Query::default()
@@ -59,6 +63,38 @@ impl Kernel {
             self.transcript(caller, pid, first).await?;
         }
         Ok(live)
+    }
+
+    /// Where `pid` records its transcript: here (or nowhere any more), or
+    /// on another node of the cluster, under its epoch there.
+    pub fn recorded_at(&self, pid: Pid) -> Recorded {
+        if self.inner.table().read().get(pid).is_some() {
+            return Recorded::Here;
+        }
+        let Some(cluster) = self.inner.cluster() else {
+            return Recorded::Here;
+        };
+        match cluster.listings().get(pid) {
+            Some(listing) if listing.node != cluster.node() => Recorded::There {
+                node: listing.node.clone(),
+                epoch: listing.epoch,
+            },
+            _ => Recorded::Here,
+        }
+    }
+
+    /// Whether `pid` still records where `at` says: there, listed under
+    /// that node's same epoch and not exited. A move after its node's
+    /// loss ends a watch (its new node numbers its entries afresh).
+    pub fn still_recorded_at(&self, pid: Pid, at: &Recorded) -> bool {
+        match at {
+            Recorded::Here => !self.has_exited(pid),
+            Recorded::There { node, epoch } => self.inner.cluster().is_some_and(|cluster| {
+                cluster.listings().get(pid).is_some_and(|listing| {
+                    !listing.exited && listing.node == *node && listing.epoch == *epoch
+                })
+            }),
+        }
     }
 
     /// Whether `pid` will record nothing more: it has exited for good (a
@@ -87,6 +123,15 @@ impl Kernel {
         };
         self.report_denial(caller, what.action(), checked)
     }
+}
+
+/// Where a process records its transcript, as a watch of it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// On this node.
+    Here,
+    /// On another node of the cluster.
+    There { node: String, epoch: u64 },
 }
 
 /// What a process may read of itself and its descendants.
