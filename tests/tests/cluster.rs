@@ -1355,6 +1355,139 @@ fn a_parent_supervises_its_children_on_another_node() {
     });
 }
 
+/// A sibling on another node that a parent's strategy takes down with a
+/// failed child restarts after the failed child's delay, as a sibling on
+/// the same node does; a supervision request about an earlier run of the
+/// parent (naming a child it no longer has) changes nothing.
+#[test]
+fn supervision_across_nodes_waits_out_the_delay_and_ignores_earlier_runs() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let permanent = |backoff_ms: Vec<u64>| {
+        Some(pb::RestartSpec {
+            policy: pb::RestartPolicy::Permanent as i32,
+            max_restarts: Some(10),
+            backoff_ms,
+            ..Default::default()
+        })
+    };
+    let sup = admin_spawn(
+        &rt,
+        &a,
+        pb::SpawnRequest {
+            parent: 1,
+            name: "sup".into(),
+            runtime: "echo".into(),
+            node: "a".into(),
+            restart: permanent(Vec::new()),
+            strategy: pb::Strategy::OneForAll as i32,
+            ..Default::default()
+        },
+    );
+    let steady = admin_spawn(
+        &rt,
+        &a,
+        pb::SpawnRequest {
+            parent: sup,
+            name: "steady".into(),
+            runtime: "echo".into(),
+            node: "b".into(),
+            restart: permanent(Vec::new()),
+            ..Default::default()
+        },
+    );
+    // Fails a second after each start, and restarts 1.5 s later.
+    const DELAY_MS: u64 = 1_500;
+    admin_spawn(
+        &rt,
+        &a,
+        pb::SpawnRequest {
+            parent: sup,
+            name: "failing".into(),
+            command: vec!["sh".into(), "-c".into(), "sleep 1; exit 3".into()],
+            node: "a".into(),
+            restart: permanent(vec![DELAY_MS, DELAY_MS]),
+            ..Default::default()
+        },
+    );
+    let times = |kind: &str| -> Vec<u64> {
+        a.cli(&[
+            "events",
+            "--since",
+            "0",
+            "--json",
+            "--type",
+            kind,
+            "--pid",
+            &steady.to_string(),
+        ])
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| event["at_unix_ms"].as_u64())
+        .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (stopped, restarted) = loop {
+        let (stopped, restarted) = (times("exited"), times("restarted"));
+        if !stopped.is_empty() && !restarted.is_empty() {
+            break (stopped[0], restarted[0]);
+        }
+        assert!(Instant::now() < deadline, "{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        restarted >= stopped + DELAY_MS - 200,
+        "steady on b stopped at {stopped} and restarted at {restarted}: before the failed \
+         child's delay of {DELAY_MS} ms"
+    );
+
+    // A `fail` as node b sends it, about an earlier run of sup: late.
+    let epoch = nodes(&b)
+        .iter()
+        .find(|node| node["name"] == "b")
+        .and_then(|node| node["epoch"].as_u64())
+        .unwrap();
+    let ask = |started_ms: u64| -> Value {
+        rt.block_on(async {
+            let peer = async_nats::connect(nats.url(0)).await.unwrap();
+            let request = json!({
+                "from_node": "b", "epoch": epoch, "op": "fail",
+                "args": { "pid": sup, "reason": "a child failed", "started_ms": started_ms }
+            });
+            let answer = peer
+                .request("hk.node.a.rpc", request.to_string().into())
+                .await
+                .unwrap();
+            serde_json::from_slice(&answer.payload).unwrap()
+        })
+    };
+    let sup_runs = || {
+        events_of(&a, "restarted")
+            .iter()
+            .filter(|(pid, _)| *pid == sup)
+            .count()
+    };
+    let before = sup_runs();
+    let run = a.json(&["describe", &sup.to_string(), "--json"])["started_at_unix_ms"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(ask(run - 1), json!({ "ok": null }));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sup_runs(), before, "a late fail restarted sup");
+    // About this run: sup fails, and its policy restarts it.
+    assert_eq!(ask(run), json!({ "ok": null }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sup_runs() == before {
+        assert!(Instant::now() < deadline, "{}", a.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A token a node issued to its `exec` process is honoured by every node:
 /// the process, on b, spawns its own child through a (the spawn runs on
 /// b, its node), and may spawn nothing else; a forged token is refused.

@@ -90,13 +90,15 @@ pub enum Op {
     /// ancestor the asking node checked; answers how many times it has
     /// now been restarted ([`Restarted`]). `sibling`: its parent's
     /// strategy takes it down with a sibling on the asking node, so it
-    /// restarts as its policy says after a failure (a temporary one ends),
-    /// answering nothing.
+    /// stops, and restarts as its policy says after a failure, after the
+    /// sibling's delay `delay_ms` (a temporary one ends), answering nothing.
     Restart {
         pid: Pid,
         reason: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         sibling: bool,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        delay_ms: u64,
     },
     /// Child `failed` of process `parent`, which the node holds, stopped
     /// on the asking node to restart after `delay_ms`: the node stops the
@@ -107,8 +109,15 @@ pub enum Op {
         delay_ms: u64,
     },
     /// A child on the asking node of process `pid`, which the node holds,
-    /// passed its restart intensity: `pid` fails for `reason`.
-    Fail { pid: Pid, reason: String },
+    /// passed its restart intensity: `pid` fails for `reason`, unless it
+    /// is no longer the run that started at `started_ms` (as the asking
+    /// node's directory lists it; 0: unknown), having restarted since.
+    Fail {
+        pid: Pid,
+        reason: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        started_ms: u64,
+    },
     /// A wait for a process the node holds, by an operator or its parent
     /// the asking node checked, for up to `timeout_ms` (at most
     /// [`MAX_WAIT_MS`]); answers its exit record once it has exited, and
@@ -179,6 +188,10 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What [`Op::Kill`] answers.

@@ -483,7 +483,11 @@ impl Kernel {
                 pid,
                 reason,
                 sibling: true,
-            } => held(self.restart_sibling(pid, &reason).await),
+                delay_ms,
+            } => {
+                let delay = std::time::Duration::from_millis(delay_ms);
+                held(self.restart_sibling(pid, &reason, delay).await)
+            }
             Op::Restart { pid, reason, .. } => {
                 held(self.restart_checked(Caller::Admin, pid, &reason).await)
             }
@@ -495,7 +499,11 @@ impl Kernel {
                 let delay = std::time::Duration::from_millis(delay_ms);
                 held(self.siblings_failed(parent, failed, delay).await)
             }
-            Op::Fail { pid, reason } => held(self.fail_here(pid, reason).await),
+            Op::Fail {
+                pid,
+                reason,
+                started_ms,
+            } => held(self.fail_here(pid, started_ms, reason).await),
             Op::Wait { timeout_ms, .. } if timeout_ms > rpc::MAX_WAIT_MS => refused(Refusal::new(
                 ErrorKind::InvalidArgument,
                 format!("a wait of {timeout_ms} ms, at most {} ms", rpc::MAX_WAIT_MS),

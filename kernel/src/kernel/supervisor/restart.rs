@@ -148,7 +148,7 @@ impl Kernel {
                     let id = self.next_id();
                     stop_for_restart(table, pid, code, &reason, id, exits);
                     let mut pids = vec![pid];
-                    pids.extend(strategy::stop_siblings(table, ppid, pid, id, exits));
+                    pids.extend(strategy::stop_siblings(table, ppid, pid, id, delay, exits));
                     exits.follow.restart(id, pids, delay);
                     // A parent on another node applies its strategy there.
                     if ppid != Pid::KERNEL && table.get(ppid).is_none() {
@@ -213,6 +213,7 @@ impl Kernel {
                     pid,
                     reason: reason.to_owned(),
                     sibling: false,
+                    delay_ms: 0,
                 };
                 return self.forward(&node, op, FORWARDED_KILL).await;
             }

@@ -7,9 +7,11 @@
 //! restarts after an abnormal exit (permanent, transient); a temporary one
 //! stays dead and its parent is told as for any exit.
 //!
-//! A sibling on another node restarts there at once, or, temporary, is
-//! killed; the siblings of a child whose parent is on another node are
+//! A sibling on another node stops there, and restarts after the failed
+//! child's delay, or, temporary, is killed; the siblings of a child whose parent is on another node are
 //! the parent node's to stop (supervisor/remote.rs).
+
+use std::time::Duration;
 
 use hivekernel_agents::{Pid, Strategy};
 
@@ -19,12 +21,14 @@ use super::{EXIT_KILLED, Exits, terminate};
 use crate::process::ProcessTable;
 
 /// Stops the siblings of `failed` that `parent`'s strategy takes down and
-/// returns those that join restart `group`.
+/// returns those that join restart `group` (after `delay`; those on other
+/// nodes restart there after it).
 pub(super) fn stop_siblings(
     table: &mut ProcessTable,
     parent: Pid,
     failed: Pid,
     group: u64,
+    delay: Duration,
     exits: &mut Exits,
 ) -> Vec<Pid> {
     let Some(entry) = table.get(parent) else {
@@ -43,6 +47,7 @@ pub(super) fn stop_siblings(
             exits.follow.elsewhere.push(Elsewhere::Sibling {
                 pid,
                 reason: reason.clone(),
+                delay,
             });
             continue;
         };
