@@ -180,29 +180,54 @@ impl Drop for CountGuard<'_> {
     }
 }
 
-/// A process's children in PID order. Most processes never have one, so
-/// the set is allocated with the first: no children cost one word of the
-/// table entry.
+/// A process's children in PID order, and the order they came in. Most
+/// processes never have one, so the set is allocated with the first: no
+/// children cost one word of the table entry.
 #[derive(Debug, Default)]
-#[expect(
-    clippy::box_collection,
-    reason = "one word in every table row instead of three; leaves never allocate"
-)]
-pub(crate) struct Children(Option<Box<BTreeSet<Pid>>>);
+pub(crate) struct Children(Option<Box<ChildSet>>);
+
+#[derive(Debug, Default)]
+struct ChildSet {
+    pids: BTreeSet<Pid>,
+    /// Every child in the order it came, once one came with a PID below
+    /// another's (a child spawned on another node of a cluster, which
+    /// takes PIDs from blocks of its own); until then PID order is that
+    /// order, and nothing more is kept.
+    arrival: Option<Vec<Pid>>,
+}
 
 impl Children {
     /// Adds `pid`; whether it was not there yet.
     pub(crate) fn insert(&mut self, pid: Pid) -> bool {
-        self.0.get_or_insert_default().insert(pid)
+        let set = self.0.get_or_insert_default();
+        let below = set.pids.last().is_some_and(|&last| last > pid);
+        if !set.pids.insert(pid) {
+            return false;
+        }
+        match &mut set.arrival {
+            Some(arrival) => arrival.push(pid),
+            None if below => {
+                // Until now PID order was the order they came in.
+                let mut arrival: Vec<Pid> =
+                    set.pids.iter().copied().filter(|&p| p != pid).collect();
+                arrival.push(pid);
+                set.arrival = Some(arrival);
+            }
+            None => {}
+        }
+        true
     }
 
     pub(crate) fn contains(&self, pid: Pid) -> bool {
-        self.0.as_ref().is_some_and(|set| set.contains(&pid))
+        self.0.as_ref().is_some_and(|set| set.pids.contains(&pid))
     }
 
     pub(crate) fn remove(&mut self, pid: Pid) {
-        if let Some(set) = &mut self.0 {
-            set.remove(&pid);
+        if let Some(set) = &mut self.0
+            && set.pids.remove(&pid)
+            && let Some(arrival) = &mut set.arrival
+        {
+            arrival.retain(|&p| p != pid);
         }
     }
 
@@ -211,15 +236,28 @@ impl Children {
     }
 
     pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = Pid> + '_ {
-        self.0.iter().flat_map(|set| set.iter().copied())
+        self.0.iter().flat_map(|set| set.pids.iter().copied())
     }
 
-    /// Children with PIDs above `pid`: those spawned after it.
-    pub(crate) fn after(&self, pid: Pid) -> impl Iterator<Item = Pid> + '_ {
-        let from = Pid(pid.0.saturating_add(1));
-        self.0
-            .iter()
-            .flat_map(move |set| set.range(from..).copied())
+    /// The children that came after `pid`: those spawned after it (PID
+    /// order, unless one came with a lower PID than another).
+    pub(crate) fn after(&self, pid: Pid) -> Vec<Pid> {
+        let Some(set) = &self.0 else {
+            return Vec::new();
+        };
+        match &set.arrival {
+            Some(arrival) => arrival
+                .iter()
+                .skip_while(|&&p| p != pid)
+                .skip(1)
+                .copied()
+                .collect(),
+            None => set
+                .pids
+                .range(Pid(pid.0.saturating_add(1))..)
+                .copied()
+                .collect(),
+        }
     }
 }
 
@@ -228,7 +266,7 @@ impl Children {
 pub(crate) struct Entry {
     pub(crate) ppid: Pid,
     pub(crate) depth: u32,
-    /// Children, live and zombie; PIDs only grow, so this is spawn order.
+    /// Children, live and zombie, and the order they came in.
     pub(crate) children: Children,
     pub(crate) live_children: u32,
     pub(crate) proc: Arc<ProcShared>,
@@ -450,6 +488,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn children_come_after_each_other_in_the_order_they_came() {
+        let mut children = Children::default();
+        assert!(children.after(Pid(1)).is_empty());
+        for pid in [4, 5, 9] {
+            assert!(children.insert(Pid(pid)));
+        }
+        assert!(!children.insert(Pid(5)));
+        assert_eq!(children.after(Pid(5)), vec![Pid(9)]);
+        // A child from another node's PID block: lower, yet later.
+        children.insert(Pid(1030));
+        children.insert(Pid(6));
+        assert_eq!(children.after(Pid(5)), vec![Pid(9), Pid(1030), Pid(6)]);
+        assert_eq!(children.after(Pid(1030)), vec![Pid(6)]);
+        children.remove(Pid(9));
+        assert_eq!(children.after(Pid(4)), vec![Pid(5), Pid(1030), Pid(6)]);
+        // Listed in PID order all the same.
+        let listed: Vec<u64> = children.iter().map(|pid| pid.0).collect();
+        assert_eq!(listed, vec![4, 5, 6, 1030]);
+        assert!(children.after(Pid(77)).is_empty());
+        children.clear();
+        assert!(!children.contains(Pid(6)));
+    }
+
+    #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_table_row_fits_one_cache_line() {
         // Spawn writes one row into a table of up to 100k+ rows; a row that
@@ -462,7 +524,7 @@ mod tests {
     }
 
     #[test]
-    fn children_stay_in_pid_order_and_split_after_a_pid() {
+    fn children_list_in_pid_order_and_split_in_the_order_they_came() {
         let mut children = Children::default();
         assert_eq!(children.iter().count(), 0);
         for pid in [7, 3, 9, 5] {
@@ -473,9 +535,10 @@ mod tests {
         assert_eq!(all, [3, 5, 7]);
         let reversed: Vec<u64> = children.iter().rev().map(|p| p.0).collect();
         assert_eq!(reversed, [7, 5, 3]);
-        let after: Vec<u64> = children.after(Pid(3)).map(|p| p.0).collect();
-        assert_eq!(after, [5, 7]);
+        // After 3 in the order they came: 7 came before it.
+        let after: Vec<u64> = children.after(Pid(3)).iter().map(|p| p.0).collect();
+        assert_eq!(after, [5]);
         children.clear();
-        assert_eq!(children.after(Pid(0)).count(), 0);
+        assert!(children.after(Pid(0)).is_empty());
     }
 }

@@ -1355,6 +1355,80 @@ fn a_parent_supervises_its_children_on_another_node() {
     });
 }
 
+/// `rest_for_one` across nodes takes down the children spawned after the
+/// failed one, in the order they were spawned: a child on node a spawned
+/// after one on b has a lower PID (each node takes PIDs in blocks of its
+/// own), yet restarts with it; one spawned before does not.
+#[test]
+fn rest_for_one_across_nodes_follows_spawn_order_not_pids() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let permanent = || {
+        Some(pb::RestartSpec {
+            policy: pb::RestartPolicy::Permanent as i32,
+            max_restarts: Some(10),
+            backoff_ms: vec![300, 300],
+            ..Default::default()
+        })
+    };
+    let chain = admin_spawn(
+        &rt,
+        &a,
+        pb::SpawnRequest {
+            parent: 1,
+            name: "chain".into(),
+            runtime: "echo".into(),
+            node: "a".into(),
+            restart: permanent(),
+            strategy: pb::Strategy::RestForOne as i32,
+            ..Default::default()
+        },
+    );
+    let child = |name: &str, node: &str, command: Vec<String>| {
+        admin_spawn(
+            &rt,
+            &a,
+            pb::SpawnRequest {
+                parent: chain,
+                name: name.into(),
+                runtime: if command.is_empty() { "echo" } else { "" }.into(),
+                command,
+                node: node.into(),
+                restart: permanent(),
+                ..Default::default()
+            },
+        )
+    };
+    let first = child("first", "a", Vec::new());
+    let failing = child(
+        "failing",
+        "b",
+        vec!["sh".into(), "-c".into(), "sleep 1; exit 3".into()],
+    );
+    let later = child("later", "a", Vec::new());
+    assert!(
+        first < later && later < failing,
+        "{first} {failing} {later}"
+    );
+
+    let restarted = |pid: u64| {
+        events_of(&a, "restarted")
+            .iter()
+            .any(|(restarted, _)| *restarted == pid)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(restarted(failing) && restarted(later)) {
+        assert!(Instant::now() < deadline, "{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!restarted(first), "the child spawned first restarted too");
+}
+
 /// A sibling on another node that a parent's strategy takes down with a
 /// failed child restarts after the failed child's delay, as a sibling on
 /// the same node does; a supervision request about an earlier run of the

@@ -2,7 +2,9 @@
 //!
 //! The strategy belongs to the parent. `one_for_one` touches nobody else;
 //! `one_for_all` stops every other live child, `rest_for_one` those spawned
-//! after the failed one (PIDs only grow, so PID order is spawn order). A
+//! after the failed one (in the order they came to it: PID order on one
+//! node, where PIDs only grow, but not across the nodes of a cluster,
+//! which take PIDs in blocks). A
 //! stopped sibling is restarted with the failed child if its own policy
 //! restarts after an abnormal exit (permanent, transient); a temporary one
 //! stays dead and its parent is told as for any exit.
@@ -37,7 +39,7 @@ pub(super) fn stop_siblings(
     let siblings: Vec<Pid> = match entry.strategy() {
         Strategy::OneForOne => return Vec::new(),
         Strategy::OneForAll => entry.children.iter().filter(|&pid| pid != failed).collect(),
-        Strategy::RestForOne => entry.children.after(failed).collect(),
+        Strategy::RestForOne => entry.children.after(failed),
     };
     let reason = format!("restart: sibling {failed} failed");
     let mut joined = Vec::new();
