@@ -1,6 +1,6 @@
 //! The process table: one entry per live or zombie process, and tree queries.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -193,7 +193,37 @@ struct ChildSet {
     /// another's (a child spawned on another node of a cluster, which
     /// takes PIDs from blocks of its own); until then PID order is that
     /// order, and nothing more is kept.
-    arrival: Option<Vec<Pid>>,
+    arrival: Option<Box<Arrival>>,
+}
+
+/// Children in the order they came: each with its place in line.
+#[derive(Debug, Default)]
+struct Arrival {
+    next: u64,
+    line: BTreeMap<u64, Pid>,
+    place: HashMap<Pid, u64>,
+}
+
+impl Arrival {
+    fn push(&mut self, pid: Pid) {
+        let place = self.next;
+        self.next += 1;
+        self.line.insert(place, pid);
+        self.place.insert(pid, place);
+    }
+
+    fn remove(&mut self, pid: Pid) {
+        if let Some(place) = self.place.remove(&pid) {
+            self.line.remove(&place);
+        }
+    }
+
+    fn after(&self, pid: Pid) -> Vec<Pid> {
+        let Some(&place) = self.place.get(&pid) else {
+            return Vec::new();
+        };
+        self.line.range(place + 1..).map(|(_, &pid)| pid).collect()
+    }
 }
 
 impl Children {
@@ -208,8 +238,10 @@ impl Children {
             Some(arrival) => arrival.push(pid),
             None if below => {
                 // Until now PID order was the order they came in.
-                let mut arrival: Vec<Pid> =
-                    set.pids.iter().copied().filter(|&p| p != pid).collect();
+                let mut arrival = Box::<Arrival>::default();
+                for &earlier in set.pids.iter().filter(|&&p| p != pid) {
+                    arrival.push(earlier);
+                }
                 arrival.push(pid);
                 set.arrival = Some(arrival);
             }
@@ -227,7 +259,7 @@ impl Children {
             && set.pids.remove(&pid)
             && let Some(arrival) = &mut set.arrival
         {
-            arrival.retain(|&p| p != pid);
+            arrival.remove(pid);
         }
     }
 
@@ -246,12 +278,7 @@ impl Children {
             return Vec::new();
         };
         match &set.arrival {
-            Some(arrival) => arrival
-                .iter()
-                .skip_while(|&&p| p != pid)
-                .skip(1)
-                .copied()
-                .collect(),
+            Some(arrival) => arrival.after(pid),
             None => set
                 .pids
                 .range(Pid(pid.0.saturating_add(1))..)

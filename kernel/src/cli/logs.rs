@@ -11,6 +11,7 @@ use hivekernel_proto::v1::{
     WatchTranscriptRequest,
 };
 use serde_json::{Map, Value};
+use tonic::Code;
 
 use super::client::Session;
 use super::{CliError, LogsArgs, output};
@@ -62,7 +63,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
                 },
                 _ = poll.tick(), if file.is_some() => {
                     if let Some(file) = &mut file {
-                        output::print(&file.read_new(&mut session).await?)?;
+                        file.print_new(&mut session, CHUNKS_PER_TICK).await?;
                     }
                 }
                 next = stream.message() => match next.map_err(|status| session.error(status))? {
@@ -73,7 +74,7 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
         }
         // The process has exited: what its log file got last.
         if let Some(file) = &mut file {
-            output::print(&file.read_new(&mut session).await?)?;
+            file.print_new(&mut session, usize::MAX).await?;
         }
         return Ok(());
     }
@@ -104,12 +105,20 @@ pub(super) async fn logs(args: LogsArgs) -> Result<(), CliError> {
     }
     if let Some(path) = log_file {
         output::print(&format!("==> {path} <==\n"))?;
-        output::print(&LogFile::new(pid).read_new(&mut session).await?)?;
+        LogFile::new(pid)
+            .print_new(&mut session, usize::MAX)
+            .await?;
     } else if !found && !args.json {
         eprintln!("process {pid} has recorded no turns yet");
     }
     Ok(())
 }
+
+/// Bytes of an `exec` agent's log one read asks for.
+const LOG_CHUNK: u64 = 64 << 10;
+/// Reads of a log file a follow makes per tick at most (1 MiB), so a log
+/// growing fast never holds up the transcript or Ctrl-C.
+const CHUNKS_PER_TICK: usize = 16;
 
 /// An `exec` agent's log file, read through the kernel (`ReadLog`) as it
 /// grows: the kernel, or the node of a cluster holding the process, may
@@ -124,30 +133,34 @@ impl LogFile {
         LogFile { pid, read: 0 }
     }
 
-    /// What was written since the last read (from the start again when
-    /// the log was rotated meanwhile).
-    async fn read_new(&mut self, session: &mut Session) -> Result<String, CliError> {
-        let mut text = String::new();
-        loop {
+    /// Prints what was written since the last read (from the start again
+    /// when the log was rotated meanwhile), a chunk at a time, in at most
+    /// `most` reads. A process gone (collected) or out of reach for now
+    /// (its node not answering) has nothing more to show now.
+    async fn print_new(&mut self, session: &mut Session, most: usize) -> Result<(), CliError> {
+        for _ in 0..most {
             let request = ReadLogRequest {
                 pid: self.pid,
                 offset: self.read,
                 tail: false,
-                max_bytes: 0,
+                max_bytes: LOG_CHUNK,
             };
-            let chunk = session
-                .client
-                .read_log(request)
-                .await
-                .map_err(|status| session.error(status))?
-                .into_inner();
-            if chunk.size <= chunk.offset {
-                self.read = chunk.size;
-                return Ok(text);
-            }
-            text.push_str(&chunk.text);
+            let chunk = match session.client.read_log(request).await {
+                Ok(chunk) => chunk.into_inner(),
+                Err(status) if matches!(status.code(), Code::NotFound | Code::Unavailable) => {
+                    return Ok(());
+                }
+                Err(status) => return Err(session.error(status)),
+            };
+            let read = chunk.size.saturating_sub(chunk.offset);
             self.read = chunk.size;
+            output::print(&chunk.text)?;
+            // Caught up with the writer.
+            if read < LOG_CHUNK {
+                break;
+            }
         }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::streams::{Stop, send};
-use crate::kernel::{Caller, Kernel, Recorded};
+use crate::kernel::{Caller, Kernel, Recorded, Recording};
 use crate::transcript::{Entry, Page, Query};
 
 /// Entries per page when the request leaves it at 0.
@@ -130,9 +130,8 @@ pub(super) fn watch(
         if !catch_up(&reader, &tx, &stop, caller, pid, query, &mut last).await {
             return;
         }
-        let at = reader.recorded_at(pid);
-        if at != Recorded::Here {
-            follow_there(&reader, &tx, &stop, caller, pid, &at, &mut last).await;
+        if let Recorded::There { node, epoch } = reader.recorded_at(pid).await {
+            follow_there(&reader, &tx, &stop, caller, pid, (&node, epoch), &mut last).await;
             return;
         }
         let mut check = tokio::time::interval(EXIT_CHECK);
@@ -169,16 +168,17 @@ pub(super) fn watch(
     ReceiverStream::new(rx)
 }
 
-/// Reads what `pid`, on the other node `at` names, recorded after
-/// `last`, every [`REMOTE_POLL`], until it exits or leaves that node (what
-/// it recorded before that sent), the client goes or the kernel stops.
+/// Reads what `pid`, on another node (`at`: its name and epoch there),
+/// recorded after `last`, every [`REMOTE_POLL`], until it exits (what it
+/// recorded before that sent) or moves, the client goes or the kernel
+/// stops.
 async fn follow_there(
     kernel: &Kernel,
     tx: &mpsc::Sender<Result<pb::TranscriptEntry, Status>>,
     stop: &Stop,
     caller: Caller,
     pid: Pid,
-    at: &Recorded,
+    (node, epoch): (&str, u64),
     last: &mut u64,
 ) {
     let mut poll = tokio::time::interval(REMOTE_POLL);
@@ -191,9 +191,15 @@ async fn follow_there(
             _ = poll.tick() => {}
         }
         // Asked before the read, so the read holds what it recorded last.
-        let still = kernel.still_recorded_at(pid, at);
+        let recording = kernel.recording_there(pid, node, epoch).await;
+        // Its new node numbers its entries afresh: nothing of it follows.
+        if recording == Recording::Moved {
+            return;
+        }
         let after = query_after(*last);
-        if !catch_up(kernel, tx, stop, caller, pid, after, last).await || !still {
+        if !catch_up(kernel, tx, stop, caller, pid, after, last).await
+            || recording == Recording::Ended
+        {
             return;
         }
     }

@@ -539,16 +539,19 @@ impl Kernel {
         let Some(cluster) = self.inner.cluster() else {
             return (children, live);
         };
-        // Here, under it while it was elsewhere.
-        for child in table.foreign_children(pid) {
-            if table.get(child).is_some_and(|entry| entry.is_alive()) && children.insert(child) {
-                live += 1;
-            }
-        }
+        // Here, under it while it was elsewhere, and on other nodes; taken
+        // in PID order (the order they came in is not known any more).
         let listings = cluster.listings();
-        for child in listings.children(pid) {
+        let mut found: std::collections::BTreeSet<Pid> = table
+            .foreign_children(pid)
+            .filter(|&child| table.get(child).is_some_and(|entry| entry.is_alive()))
+            .collect();
+        found.extend(listings.children(pid).filter(|&child| {
             let alive = listings.get(child).is_some_and(|listing| !listing.exited);
-            if alive && table.get(child).is_none() && children.insert(child) {
+            alive && table.get(child).is_none()
+        }));
+        for child in found {
+            if children.insert(child) {
                 live += 1;
             }
         }

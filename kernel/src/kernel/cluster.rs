@@ -551,12 +551,18 @@ impl Kernel {
                 held(Ok(()))
             }
             Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
-            Op::Transcript { pid, query } => held(self.transcript(Caller::Admin, pid, query).await),
+            // Read here only: a forwarded read is never forwarded again.
+            Op::Transcript { pid, query } => {
+                held(self.transcript_here(Caller::Admin, pid, query).await)
+            }
             Op::ExecLog {
                 pid,
                 from,
                 max_bytes,
-            } => held(self.exec_log(Caller::Admin, pid, from, max_bytes).await),
+            } => held(
+                self.exec_log_here(Caller::Admin, pid, from, max_bytes)
+                    .await,
+            ),
         }
     }
 

@@ -154,7 +154,23 @@ impl Kernel {
             };
             return self.forward(&node, op, FORWARDED_SEND).await;
         }
+        self.exec_log_here(caller, pid, from, max_bytes).await
+    }
+
+    /// [`Kernel::exec_log`] of a process this node holds, never asking
+    /// another (what a node answers another's `exec_log` with).
+    pub(super) async fn exec_log_here(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        from: Option<u64>,
+        max_bytes: u64,
+    ) -> Result<LogChunk> {
         self.may_read_own(caller, pid, super::transcript::Record::Log)?;
+        // Its log file is on the disk of the node holding it.
+        if self.inner.table().read().get(pid).is_none() {
+            return Err(KernelError::NotFound(pid));
+        }
         let info = self.get_process(caller, pid).await?;
         let Some(path) = info.log_path else {
             return Err(KernelError::InvalidArgument(format!(

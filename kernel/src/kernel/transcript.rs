@@ -7,7 +7,7 @@ use tokio::sync::broadcast;
 
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
-use crate::kernel::cluster::FORWARDED_SEND;
+use crate::kernel::cluster::{FORWARDED_SEND, Holder};
 use crate::kernel::{Caller, Kernel};
 use crate::transcript::{Entry, Page, Query};
 
@@ -32,6 +32,17 @@ impl Kernel {
             let op = Op::Transcript { pid, query };
             return self.forward(&node, op, FORWARDED_SEND).await;
         }
+        self.transcript_here(caller, pid, query).await
+    }
+
+    /// [`Kernel::transcript`] as this node keeps it, never asking another
+    /// (what a node answers another's `transcript` with).
+    pub(super) async fn transcript_here(
+        &self,
+        caller: Caller,
+        pid: Pid,
+        query: Query,
+    ) -> Result<Page> {
         let known = self.may_read_own(caller, pid, Record::Transcript)?;
         let page = self.inner.transcripts().read(pid, query).await?;
         if !known && page.entries.is_empty() && query.after_id == 0 {
@@ -66,34 +77,31 @@ impl Kernel {
     }
 
     /// Where `pid` records its transcript: here (or nowhere any more), or
-    /// on another node of the cluster, under its epoch there.
-    pub fn recorded_at(&self, pid: Pid) -> Recorded {
-        if self.inner.table().read().get(pid).is_some() {
-            return Recorded::Here;
-        }
-        let Some(cluster) = self.inner.cluster() else {
-            return Recorded::Here;
-        };
-        match cluster.listings().get(pid) {
-            Some(listing) if listing.node != cluster.node() => Recorded::There {
-                node: listing.node.clone(),
+    /// on another node of the cluster, under its epoch there (read from
+    /// the directory itself when the mirror does not list it yet).
+    pub async fn recorded_at(&self, pid: Pid) -> Recorded {
+        match self.holder(pid).await {
+            Ok(Some(Holder::There(listing))) => Recorded::There {
+                node: listing.node,
                 epoch: listing.epoch,
             },
             _ => Recorded::Here,
         }
     }
 
-    /// Whether `pid` still records where `at` says: there, listed under
-    /// that node's same epoch and not exited. A move after its node's
-    /// loss ends a watch (its new node numbers its entries afresh).
-    pub fn still_recorded_at(&self, pid: Pid, at: &Recorded) -> bool {
-        match at {
-            Recorded::Here => !self.has_exited(pid),
-            Recorded::There { node, epoch } => self.inner.cluster().is_some_and(|cluster| {
-                cluster.listings().get(pid).is_some_and(|listing| {
-                    !listing.exited && listing.node == *node && listing.epoch == *epoch
-                })
-            }),
+    /// Whether `pid`, on the other node `node` under `epoch` when a watch
+    /// of it began, still records there; else whether it exited (or is
+    /// gone), or moved (its new node numbers its entries afresh).
+    /// A directory that cannot be read says it still records there.
+    pub async fn recording_there(&self, pid: Pid, node: &str, epoch: u64) -> Recording {
+        let Some(cluster) = self.inner.cluster() else {
+            return Recording::Ended;
+        };
+        match cluster.locate(pid).await {
+            Ok(Some(listing)) if listing.node != node || listing.epoch != epoch => Recording::Moved,
+            Ok(Some(listing)) if listing.exited => Recording::Ended,
+            Ok(Some(_)) | Err(_) => Recording::Still,
+            Ok(None) => Recording::Ended,
         }
     }
 
@@ -132,6 +140,17 @@ pub enum Recorded {
     Here,
     /// On another node of the cluster.
     There { node: String, epoch: u64 },
+}
+
+/// What a watch of a process on another node finds of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// It still records where the watch began.
+    Still,
+    /// It exited there, or is gone.
+    Ended,
+    /// It runs on another node, or under another epoch, now.
+    Moved,
 }
 
 /// What a process may read of itself and its descendants.

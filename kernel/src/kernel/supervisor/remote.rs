@@ -154,12 +154,16 @@ impl Kernel {
         let mut exits = self.exits(Stop::Abort);
         {
             let mut table = self.inner.table().write();
-            let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
-            if !entry.is_alive() || entry.is_restarting() {
+            let entry = table.get_mut(pid).ok_or(KernelError::NotFound(pid))?;
+            if !entry.is_alive() {
                 return Ok(());
             }
-            if entry.restart_spec().policy.restarts_after(true) {
-                let group = self.next_id();
+            let group = self.next_id();
+            if entry.is_restarting() {
+                // Already down: it now comes back with the failed child.
+                entry.wait_in_group(group);
+                exits.follow.restart(group, vec![pid], delay);
+            } else if entry.restart_spec().policy.restarts_after(true) {
                 stop_for_restart(&mut table, pid, EXIT_KILLED, reason, group, &mut exits);
                 exits.follow.restart(group, vec![pid], delay);
             } else {
