@@ -189,6 +189,8 @@ pub(crate) struct Children(Option<Box<ChildSet>>);
 #[derive(Debug, Default)]
 struct ChildSet {
     pids: BTreeSet<Pid>,
+    /// The highest PID that came: one below it came out of PID order.
+    highest: u64,
     /// Every child in the order it came, once one came with a PID below
     /// another's (a child spawned on another node of a cluster, which
     /// takes PIDs from blocks of its own); until then PID order is that
@@ -230,10 +232,11 @@ impl Children {
     /// Adds `pid`; whether it was not there yet.
     pub(crate) fn insert(&mut self, pid: Pid) -> bool {
         let set = self.0.get_or_insert_default();
-        let below = set.pids.last().is_some_and(|&last| last > pid);
         if !set.pids.insert(pid) {
             return false;
         }
+        let below = pid.0 < set.highest;
+        set.highest = set.highest.max(pid.0);
         match &mut set.arrival {
             Some(arrival) => arrival.push(pid),
             None if below => {
