@@ -1079,6 +1079,20 @@ async fn connect(settings: &ClusterSettings) -> Result<async_nats::Client, Clust
     }
 }
 
+/// Every key of bucket `store` (named `name`), as it stands now.
+pub(crate) async fn all_keys(store: &kv::Store, name: &str) -> Result<Vec<String>, ClusterError> {
+    let what = || format!("reading {name}");
+    let mut keys = store
+        .keys()
+        .await
+        .map_err(|err| ClusterError::jetstream(&what(), err))?;
+    let mut all = Vec::new();
+    while let Some(key) = keys.next().await {
+        all.push(key.map_err(|err| ClusterError::jetstream(&what(), err))?);
+    }
+    Ok(all)
+}
+
 /// Opens bucket `name`, creating it when missing. The bucket's stream is
 /// made here as JetStream's key-value convention lays it out (`KV_<name>`
 /// on `$KV.<name>.>`, one value per key, roll-ups, direct gets): the

@@ -12,7 +12,6 @@ use std::collections::HashSet;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures::StreamExt;
 use hivekernel_agents::Pid;
 use hivekernel_agents::cron::CronSpec;
 use serde::{Deserialize, Serialize};
@@ -123,14 +122,8 @@ impl Cluster {
         targets: &HashSet<Pid>,
     ) -> Result<Vec<(Pid, KeptCron)>, ClusterError> {
         let what = || format!("reading {CRONS}");
-        let mut keys = self
-            .crons
-            .keys()
-            .await
-            .map_err(|err| ClusterError::jetstream(&what(), err))?;
         let mut wanted = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|err| ClusterError::jetstream(&what(), err))?;
+        for key in super::all_keys(&self.crons, CRONS).await? {
             let target = key
                 .split_once('.')
                 .and_then(|(pid, _)| pid.parse::<u64>().ok())

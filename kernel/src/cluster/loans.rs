@@ -15,7 +15,6 @@ use std::collections::HashMap;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures::StreamExt;
 use hivekernel_agents::Pid;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -206,15 +205,8 @@ impl Cluster {
     /// The loans this node made (by its name: a node started again finds
     /// those of its former epochs), each with its child.
     pub(crate) async fn loans_made_here(&self) -> Result<Vec<(Pid, KeptLoan)>, ClusterError> {
-        let what = || format!("reading {LOANS}");
-        let mut keys = self
-            .loans
-            .keys()
-            .await
-            .map_err(|err| ClusterError::jetstream(&what(), err))?;
         let mut children = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|err| ClusterError::jetstream(&what(), err))?;
+        for key in super::all_keys(&self.loans, LOANS).await? {
             match key.parse::<u64>() {
                 Ok(child) => children.push(Pid(child)),
                 Err(_) => tracing::warn!(key, "cluster: a key in {LOANS} names no PID; left out"),
