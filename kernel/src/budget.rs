@@ -62,13 +62,7 @@ impl Pool {
             lender.check_lend(&state, amount)?;
             state.lent += amount;
         }
-        Ok(Arc::new(Pool {
-            owner,
-            allocated: amount,
-            lender: lender.cloned(),
-            loaned_by: None,
-            state: Mutex::default(),
-        }))
+        Ok(Pool::lent_from(owner, amount, lender))
     }
 
     /// A loan to `owner` made before a restart, lent from `lender` again
@@ -78,10 +72,16 @@ impl Pool {
             let mut state = lender.state.lock();
             state.lent = state.lent.saturating_add(amount);
         }
+        Pool::lent_from(owner, amount, Some(lender))
+    }
+
+    /// A fresh pool of `amount` for `owner`, whose lender (if any) has
+    /// counted it lent.
+    fn lent_from(owner: Pid, amount: u64, lender: Option<&Arc<Pool>>) -> Arc<Pool> {
         Arc::new(Pool {
             owner,
             allocated: amount,
-            lender: Some(lender.clone()),
+            lender: lender.cloned(),
             loaned_by: None,
             state: Mutex::default(),
         })

@@ -53,7 +53,7 @@ pub use inbox::{MAX_INBOX_TEXT, MAX_SHOWN_ARGUMENTS};
 mod tokens;
 pub use tokens::{MAX_TOKEN_LIFETIME, NewToken};
 mod transcript;
-pub use transcript::{Recorded, Recording};
+pub use transcript::Recording;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 pub use declared::Placed;

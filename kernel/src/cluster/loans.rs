@@ -202,9 +202,8 @@ impl Cluster {
         )))
     }
 
-    /// The loans this node made (by its name: a node started again finds
-    /// those of its former epochs), each with its child.
-    pub(crate) async fn loans_made_here(&self) -> Result<Vec<(Pid, KeptLoan)>, ClusterError> {
+    /// The children the cluster keeps a loan to, whichever node made it.
+    pub(crate) async fn children_on_loan(&self) -> Result<Vec<Pid>, ClusterError> {
         let mut children = Vec::new();
         for key in super::all_keys(&self.loans, LOANS).await? {
             match key.parse::<u64>() {
@@ -212,17 +211,7 @@ impl Cluster {
                 Err(_) => tracing::warn!(key, "cluster: a key in {LOANS} names no PID; left out"),
             }
         }
-        let mut found = Vec::new();
-        for child in children {
-            match self.loan_entry(child).await {
-                Ok(Some((loan, _))) if loan.node == self.settings.node => found.push((child, loan)),
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(%child, error = %err, "cluster: a loan cannot be read; left out");
-                }
-            }
-        }
-        Ok(found)
+        Ok(children)
     }
 }
 

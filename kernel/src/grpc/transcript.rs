@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::streams::{Stop, send};
-use crate::kernel::{Caller, Kernel, Recorded, Recording};
+use crate::kernel::{Caller, Kernel, Recording};
 use crate::transcript::{Entry, Page, Query};
 
 /// Entries per page when the request leaves it at 0.
@@ -130,7 +130,7 @@ pub(super) fn watch(
         if !catch_up(&reader, &tx, &stop, caller, pid, query, &mut last).await {
             return;
         }
-        if let Recorded::There { node, epoch } = reader.recorded_at(pid).await {
+        if let Some((node, epoch)) = reader.recorded_elsewhere(pid).await {
             follow_there(&reader, &tx, &stop, caller, pid, (&node, epoch), &mut last).await;
             return;
         }
@@ -168,7 +168,7 @@ pub(super) fn watch(
     ReceiverStream::new(rx)
 }
 
-/// Reads what `pid`, on another node (`at`: its name and epoch there),
+/// Reads what `pid`, on another node (its name and epoch there),
 /// recorded after `last`, every [`REMOTE_POLL`], until it exits (what it
 /// recorded before that sent) or moves, the client goes or the kernel
 /// stops.

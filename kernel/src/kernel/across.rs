@@ -199,7 +199,7 @@ impl Kernel {
             repaid: false,
         };
         if let Err(err) = cluster.open_loan(child, &loan).await {
-            self.cancel_loan(child);
+            self.forget_loan(child);
             if !held {
                 self.release_child(parent, child);
             }
@@ -243,7 +243,7 @@ impl Kernel {
     async fn charge_loan(&self, child: Pid, loan: &Pool, used: u64) {
         loan.charge(used.min(loan.allocated()));
         loan.close();
-        if let Err(err) = self.keep_budgets_above(loan).await {
+        if let Err(err) = self.keep_budgets(loan.lender_owner()).await {
             tracing::warn!(%child, error = %err, "what a loan used was charged but not kept; its record stays, to be charged at the next start");
             return;
         }
@@ -277,26 +277,25 @@ impl Kernel {
     }
 
     /// After this node's restart: the loans it made to children on
-    /// other nodes, from their records ([`Kernel::match_record`]).
+    /// other nodes (by its name: those of its former epochs), from their
+    /// records ([`Kernel::match_record`]).
     pub(super) async fn reopen_loans(&self) {
         let Some(cluster) = self.inner.cluster() else {
             return;
         };
-        let kept = match cluster.loans_made_here().await {
-            Ok(kept) => kept,
+        let children = match cluster.children_on_loan().await {
+            Ok(children) => children,
             Err(err) => {
                 tracing::warn!(error = %err, "cluster: loans to children on other nodes not read back; what they spend is not charged here");
                 return;
             }
         };
-        for (child, _) in kept {
+        for child in children {
+            // Read under the lock: a repay may come meanwhile.
             let _records = self.inner.loan_records().lock().await;
-            // Read again: a repay may have come meanwhile.
             match cluster.loan(child).await {
-                Ok(Some(kept)) if kept.node == cluster.node() => {
-                    self.match_record(cluster, child, kept, false).await;
-                }
-                Ok(_) => {}
+                Ok(Some(kept)) => self.match_record(cluster, child, kept, false).await,
+                Ok(None) => {}
                 Err(err) => {
                     tracing::warn!(%child, error = %err, "cluster: a loan not read back; what its child spends is not charged here");
                 }
@@ -383,13 +382,14 @@ impl Kernel {
         match cluster.loan(child).await {
             Ok(Some(kept)) if pool.loaned_by().is_some() => {
                 pool.carry(kept.spent, 0);
-                self.keep_own_budget(child).await;
+                if let Err(err) = self.keep_budgets(Some(child)).await {
+                    tracing::warn!(%child, error = %err, "what a moved child spent of its loan not kept");
+                }
                 cluster.report_loan(child, pool.spent());
             }
             Ok(Some(kept)) if kept.node == cluster.node() && !kept.repaid => {
                 pool.charge(kept.spent.min(pool.allocated()));
-                self.keep_own_budget(child).await;
-                if let Err(err) = self.keep_budgets_above(&pool).await {
+                if let Err(err) = self.keep_budgets(Some(child)).await {
                     tracing::warn!(%child, error = %err, "what a loan used was charged but not kept");
                     return;
                 }
@@ -402,58 +402,28 @@ impl Kernel {
         }
     }
 
-    /// Keeps what `pid`'s own budget spent in the store, as a model
-    /// call's charge does.
-    async fn keep_own_budget(&self, pid: Pid) {
-        if !self.inner.store().is_durable() {
-            return;
-        }
-        let write = {
-            let table = self.inner.table().read();
-            table.get(pid).map(|entry| {
-                let proc = &entry.proc;
-                crate::store::Write::Usage {
-                    pid,
-                    own: proc.usage.snapshot(),
-                    subtree: proc.usage.subtree(),
-                    budget_spent: proc.own_budget().map(Pool::spent),
-                }
-            })
-        };
-        if let Some(write) = write
-            && let Err(err) = self.inner.store().commit_all(vec![write]).await
-        {
-            tracing::warn!(%pid, error = %err, "what a moved child spent of its loan not kept");
-        }
-    }
-
-    /// Keeps what the budgets above `loan` spent, as a model call's
-    /// charge does, so a restart of this node does not give it back.
-    async fn keep_budgets_above(
+    /// Keeps what the budget `owner` owns spent, and what each budget it
+    /// was lent from spent, as a model call's charge does, so a restart of
+    /// this node does not give it back.
+    async fn keep_budgets(
         &self,
-        loan: &Pool,
+        owner: Option<Pid>,
     ) -> std::result::Result<(), crate::store::StoreError> {
         if !self.inner.store().is_durable() {
             return Ok(());
         }
         let writes: Vec<crate::store::Write> = {
             let table = self.inner.table().read();
-            let mut owner = loan.lender_owner();
+            let mut owner = owner;
             let mut writes = Vec::new();
             while let Some(pid) = owner {
                 let Some(entry) = table.get(pid) else {
                     break;
                 };
-                let proc = &entry.proc;
-                let Some(pool) = proc.own_budget() else {
+                let Some(pool) = entry.proc.own_budget() else {
                     break;
                 };
-                writes.push(crate::store::Write::Usage {
-                    pid,
-                    own: proc.usage.snapshot(),
-                    subtree: proc.usage.subtree(),
-                    budget_spent: Some(pool.spent()),
-                });
+                writes.push(super::llm::kept(pid, &entry.proc));
                 owner = pool.lender_owner();
             }
             writes
@@ -462,12 +432,19 @@ impl Kernel {
     }
 
     /// On the parent's node: the spawn of `child` failed, so nothing of
-    /// its loan was spent.
-    pub(super) fn cancel_loan(&self, child: Pid) {
-        let loan = self.inner.loans().lock().remove(&child);
-        if let Some(loan) = loan {
-            loan.close();
+    /// its loan was spent, and the cluster no longer keeps it.
+    pub(super) async fn cancel_loan(&self, child: Pid) {
+        if self.forget_loan(child)
+            && let Some(cluster) = self.inner.cluster()
+        {
+            cluster.close_loan(child).await;
         }
+    }
+
+    /// Gives the loan to `child` back whole, here only; whether there was one.
+    fn forget_loan(&self, child: Pid) -> bool {
+        let loan = self.inner.loans().lock().remove(&child);
+        loan.inspect(|loan| loan.close()).is_some()
     }
 
     /// Tells the nodes that lent the budgets of children here what each

@@ -467,12 +467,7 @@ impl Kernel {
             } => held(self.lend_kept(parent, child, slot, tokens).await),
             Op::Release { parent, child } => {
                 self.release_child(parent, child);
-                if self.inner.loans().lock().contains_key(&child) {
-                    self.cancel_loan(child);
-                    if let Some(cluster) = self.inner.cluster() {
-                        cluster.close_loan(child).await;
-                    }
-                }
+                self.cancel_loan(child).await;
                 held(Ok(()))
             }
             Op::Repay { child, spent, .. } => {

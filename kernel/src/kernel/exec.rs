@@ -166,9 +166,8 @@ impl Kernel {
         from: Option<u64>,
         max_bytes: u64,
     ) -> Result<LogChunk> {
-        self.may_read_own(caller, pid, super::transcript::Record::Log)?;
         // Its log file is on the disk of the node holding it.
-        if self.inner.table().read().get(pid).is_none() {
+        if !self.may_read_own(caller, pid, super::transcript::Record::Log)? {
             return Err(KernelError::NotFound(pid));
         }
         let info = self.get_process(caller, pid).await?;

@@ -293,12 +293,6 @@ impl Kernel {
                 cluster.report_loan(root.owner(), root.spent());
             }
         }
-        let kept = |pid: Pid, proc: &ProcShared| Write::Usage {
-            pid,
-            own: proc.usage.snapshot(),
-            subtree: proc.usage.subtree(),
-            budget_spent: proc.own_budget().map(Pool::spent),
-        };
         // Snapshots only for a kernel that keeps them.
         let store = &self.inner.store();
         let durable = store.is_durable();
@@ -494,8 +488,19 @@ impl Drop for Call<'_> {
     }
 }
 
-fn millis(duration: Duration) -> u64 {
+pub(super) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Process `pid`'s usage and what its own budget spent, as the store keeps
+/// them.
+pub(super) fn kept(pid: Pid, proc: &ProcShared) -> Write {
+    Write::Usage {
+        pid,
+        own: proc.usage.snapshot(),
+        subtree: proc.usage.subtree(),
+        budget_spent: proc.own_budget().map(Pool::spent),
+    }
 }
 
 /// Error texts in events are cut to this many bytes.

@@ -55,7 +55,7 @@ impl Kernel {
     /// after the checks of [`Kernel::transcript`] (a process gone with
     /// nothing kept is NOT_FOUND). Subscribed before what is kept is read,
     /// so nothing falls between the two. A process another node holds
-    /// records there: its watcher reads it in pages ([`Kernel::recorded_at`]).
+    /// records there: its watcher reads it in pages ([`Kernel::recorded_elsewhere`]).
     pub async fn watch_transcript(
         &self,
         caller: Caller,
@@ -76,16 +76,13 @@ impl Kernel {
         Ok(live)
     }
 
-    /// Where `pid` records its transcript: here (or nowhere any more), or
-    /// on another node of the cluster, under its epoch there (read from
-    /// the directory itself when the mirror does not list it yet).
-    pub async fn recorded_at(&self, pid: Pid) -> Recorded {
+    /// The node, and its epoch, where `pid` records its transcript when
+    /// another node of the cluster holds it (read from the directory
+    /// itself when the mirror does not list it yet).
+    pub async fn recorded_elsewhere(&self, pid: Pid) -> Option<(String, u64)> {
         match self.holder(pid).await {
-            Ok(Some(Holder::There(listing))) => Recorded::There {
-                node: listing.node,
-                epoch: listing.epoch,
-            },
-            _ => Recorded::Here,
+            Ok(Some(Holder::There(listing))) => Some((listing.node, listing.epoch)),
+            _ => None,
         }
     }
 
@@ -131,15 +128,6 @@ impl Kernel {
         };
         self.report_denial(caller, what.action(), checked)
     }
-}
-
-/// Where a process records its transcript, as a watch of it began.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
-    /// On this node.
-    Here,
-    /// On another node of the cluster.
-    There { node: String, epoch: u64 },
 }
 
 /// What a watch of a process on another node finds of it.

@@ -13,11 +13,8 @@ use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
 use crate::kernel::Kernel;
 use crate::kernel::cluster::FORWARDED_KILL;
+use crate::kernel::llm::millis;
 use crate::process::Entry;
-
-fn millis(delay: Duration) -> u64 {
-    u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Whether a request about `parent`'s child `child` is about this run of
 /// `parent`: `child` is still its child (a restart of `parent` ended its
