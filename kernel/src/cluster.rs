@@ -47,7 +47,7 @@ use crate::event::unix_ms;
 pub use cron::Lease;
 pub use crons::KeptCron;
 pub use declared::{Claimed, Holding, Standing};
-pub use departures::Away;
+pub use departures::{Away, Expected};
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub use events::{Bounds, EventFeed, Published, Subscribe};

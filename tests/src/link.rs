@@ -2,7 +2,9 @@
 //! port of its own to one upstream address. Cut, it stops carrying bytes
 //! either way but keeps every connection open, so the peers see a network
 //! that went silent (a partition), not a closed socket they would recover
-//! from at once; mended, it carries what waited, in order. Dropping the
+//! from at once; mended, it carries what waited, in order. Taken down, it
+//! closes every connection and refuses new ones until it is up again: the
+//! peers see their connection drop and cannot reconnect. Dropping the
 //! link closes its connections and ends its threads.
 
 use std::io::{ErrorKind, Read, Write};
@@ -26,6 +28,7 @@ pub struct Link {
 #[derive(Debug, Default)]
 struct Shared {
     cut: AtomicBool,
+    down: AtomicBool,
     closed: AtomicBool,
     /// Every socket of the relayed connections, to close them at drop.
     sockets: Mutex<Vec<TcpStream>>,
@@ -66,6 +69,25 @@ impl Link {
     /// Carries bytes again, what waited first.
     pub fn mend(&self) {
         self.shared.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Closes every connection and refuses new ones until [`Link::up`].
+    pub fn down(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+        for socket in self
+            .shared
+            .sockets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Takes connections again.
+    pub fn up(&self) {
+        self.shared.down.store(false, Ordering::SeqCst);
     }
 }
 
@@ -109,6 +131,11 @@ fn accept(listener: &TcpListener, upstream: SocketAddr, shared: &Arc<Shared>) {
             }
             Err(_) => return,
         };
+        // Refused: closed as it comes.
+        if shared.down.load(Ordering::SeqCst) {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
         let Ok(server) = TcpStream::connect(upstream) else {
             continue;
         };

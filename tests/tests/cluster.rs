@@ -2707,6 +2707,151 @@ fn answers_made_while_their_requesters_node_is_down_wait_for_its_next_start() {
     assert_eq!(last_kept(&rt, &nats, caller), "", "{}", b.log());
 }
 
+/// A kernel message to a node that is off NATS for a moment is posted
+/// again until that node takes it, and handed over once. The parent, an
+/// `exec` process on a whose mailbox the test reads (`Attach`), has two
+/// children on b, killed in turn: one while a's NATS connection is down
+/// (the post finds nobody there), one while a is paused past the post's
+/// wait (a takes the first post late, and the next one is the same
+/// message). Each `child_exited` notice reaches the parent once, and
+/// frees its slot.
+#[test]
+fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
+    use std::sync::{Arc, Mutex};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let link = hivekernel_tests::link::Link::to(nats.url(0).trim_start_matches("nats://"));
+    let root = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Not declared lost while away.
+    let timing = json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": HEARTBEAT_MS,
+        "node_ttl_ms": 30_000
+    });
+    let a = node(
+        &bin,
+        root.path(),
+        "a",
+        &config(Some(timing.clone())),
+        &["--cluster", &link.url(), "--node", "a"],
+    );
+    let b = node(
+        &bin,
+        root.path(),
+        "b",
+        &config(Some(timing)),
+        &["--cluster", &nats.url(0), "--node", "b"],
+    );
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+
+    let file = root.path().join("token");
+    let script = format!(
+        "printf %s \"$HIVEKERNEL_TOKEN\" > {}; exec sleep 600",
+        file.display()
+    );
+    let parent = spawned_pid(
+        &a.command(&[
+            "spawn", "--parent", "1", "--name", "parent", "--json", "--", "sh", "-c", &script,
+        ])
+        .output()
+        .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        match std::fs::read_to_string(&file) {
+            Ok(token) if !token.is_empty() => break token,
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "no token written\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let kids: Vec<u64> = ["one", "two"]
+        .iter()
+        .map(|name| spawned_pid(&spawn_on(&a, parent, name, "b", &[])))
+        .collect();
+    assert_eq!(live_children(&a, parent), 2, "{}", a.log());
+
+    // What the parent's mailbox hands it: each notice's child.
+    let notices: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let heard = notices.clone();
+    let addr = a.addr.clone();
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(addr)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = KernelClient::with_interceptor(channel, Bearer::new(token.trim()));
+        let mut stream = client
+            .attach(pb::AttachRequest {
+                pid: 0,
+                auto_ack: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Ok(Some(delivery)) = stream.message().await {
+                if let Some(pb::delivery::Item::Message(message)) = delivery.item
+                    && message.r#type == "child_exited"
+                {
+                    let record: Value = serde_json::from_str(&message.payload).unwrap();
+                    heard.lock().unwrap().push(record["pid"].as_u64().unwrap());
+                }
+            }
+        });
+    });
+    let wait_for = |kid: u64, left: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(notices.lock().unwrap().contains(&kid) && live_children(&a, parent) == left) {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}, {} children\n{}\n{}",
+                notices.lock().unwrap(),
+                live_children(&a, parent),
+                a.log(),
+                b.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // a's connection drops, and it cannot reconnect for 1.5 s.
+    link.down();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.log().contains("disconnected from NATS") {
+        assert!(Instant::now() < deadline, "{}", a.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = b.cli(&["kill", &kids[0].to_string()]);
+    assert!(killed.contains(&kids[0].to_string()), "{killed}");
+    std::thread::sleep(Duration::from_millis(1_500));
+    link.up();
+    wait_for(kids[0], 1);
+    assert!(
+        b.log()
+            .contains("a kernel message not taken by its receiver's node; sent again"),
+        "{}",
+        b.log()
+    );
+
+    // a is paused past the post's wait (10 s): it takes the post late.
+    signal(&a, "STOP");
+    let killed = b.cli(&["kill", &kids[1].to_string()]);
+    assert!(killed.contains(&kids[1].to_string()), "{killed}");
+    std::thread::sleep(Duration::from_secs(12));
+    signal(&a, "CONT");
+    wait_for(kids[1], 0);
+    // Whatever was sent again has come by now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(*notices.lock().unwrap(), kids, "{}\n{}", a.log(), b.log());
+    drop(rt);
+}
+
 /// A process's transcript reads the same from every node: an agent on b
 /// answers a task, and `logs` asked of a shows the turn (its input and
 /// its answer) as b's `logs` does.

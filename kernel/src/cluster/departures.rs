@@ -26,6 +26,14 @@ pub struct Away {
     epoch: Option<u64>,
 }
 
+/// A request waited for, as [`Cluster::answered`] took it off.
+#[derive(Debug)]
+pub struct Expected {
+    id: RequestId,
+    node: String,
+    away: Away,
+}
+
 /// The unanswered requests, by id, with the node asked.
 #[derive(Debug, Default)]
 pub(super) struct Unanswered(parking_lot::Mutex<HashMap<RequestId, (String, Away)>>);
@@ -44,7 +52,7 @@ impl Cluster {
     }
 
     /// `node`'s epoch as this node sees it, if it sees the node.
-    pub(super) fn epoch_of(&self, node: &str) -> Option<u64> {
+    pub(crate) fn epoch_of(&self, node: &str) -> Option<u64> {
         self.view
             .lock()
             .others
@@ -91,10 +99,39 @@ impl Cluster {
         self.unanswered.0.lock().insert(id, (node.to_owned(), away));
     }
 
-    /// Request `id` is answered (or was never sent): true the first time,
-    /// when it was still waited for.
-    pub fn answered(&self, id: RequestId) -> bool {
-        self.unanswered.0.lock().remove(&id).is_some()
+    /// Request `id` is answered (or was never sent): what was waited for,
+    /// the first time.
+    pub fn answered(&self, id: RequestId) -> Option<Expected> {
+        let (node, away) = self.unanswered.0.lock().remove(&id)?;
+        Some(Expected { id, node, away })
+    }
+
+    /// An answer taken off by [`Cluster::answered`] did not reach its
+    /// requester after all: it is waited for again (unless its node was
+    /// lost meanwhile, and the requester told so).
+    pub fn expect_again(&self, expected: Expected) {
+        let Expected { id, node, away } = expected;
+        if away
+            .epoch
+            .is_some_and(|epoch| self.epoch_of(&node) != Some(epoch))
+        {
+            return;
+        }
+        self.unanswered.0.lock().insert(id, (node, away));
+    }
+
+    /// Waits `wait` while `node` stays in the view under `epoch`: true if
+    /// it still is then, false as soon as it leaves (or comes back under
+    /// another epoch).
+    pub async fn stays(&self, node: &str, epoch: u64, wait: std::time::Duration) -> bool {
+        let mut departures = self.departures.subscribe();
+        if self.epoch_of(node) != Some(epoch) {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => self.epoch_of(node) == Some(epoch),
+            () = self.departure_of(&mut departures, node, epoch) => false,
+        }
     }
 
     /// The requests `node` under `epoch` was to answer (`None`: those of

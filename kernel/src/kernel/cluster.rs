@@ -395,13 +395,14 @@ impl Kernel {
             ));
         }
         // An answer to a delegated request is taken once, whatever becomes
-        // of its receiver.
-        let fresh = match &request.op {
+        // of its receiver; one not taken (refused, or not kept in time) is
+        // waited for again, so the post of it again is.
+        let expected = match &request.op {
             Op::Post {
                 done: Some(request_id),
                 ..
             } => cluster.answered(*request_id),
-            _ => false,
+            _ => None,
         };
         match request.op {
             Op::Get { pids } if pids.len() > rpc::MAX_GET => refused(Refusal::new(
@@ -541,11 +542,20 @@ impl Kernel {
             Op::Post {
                 done: Some(request_id),
                 ..
-            } if !fresh => {
+            } if expected.is_none() => {
                 tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
                 held(Ok(()))
             }
-            Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
+            Op::Post { message, done, key } => {
+                let taken = self.take_post(message, done, key).await;
+                // Not taken: a post of it again is.
+                if taken.is_err()
+                    && let Some(expected) = expected
+                {
+                    cluster.expect_again(expected);
+                }
+                held(taken)
+            }
             // Read here only: a forwarded read is never forwarded again.
             Op::Transcript { pid, query } => {
                 held(self.transcript_here(Caller::Admin, pid, query).await)

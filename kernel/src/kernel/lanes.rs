@@ -13,7 +13,8 @@
 //! stays here, with no lane open for it, goes into its mailbox at once, as
 //! on a kernel alone.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hivekernel_agents::{ErrorKind, Message, MessageId, Pid, RequestId};
@@ -42,11 +43,51 @@ const LOOK_AGAIN: [Duration; 3] = [
     Duration::from_secs(3),
 ];
 
+/// When a post to a node that did not take it (it did not answer, or
+/// could not keep it in time) is sent again, each wait after the one
+/// before, while that node stays in the view under the same epoch: a
+/// node that lost its NATS connection for a moment has it back.
+const POST_AGAIN: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+    Duration::from_secs(10),
+];
+/// The keys of posts from other nodes handed over lately that are
+/// remembered, so a post sent again is not handed over twice.
+const TAKEN_KEPT: usize = 8_192;
+
 /// The lanes open on this node: for each receiver whose lane is open,
 /// the messages waiting behind the one being handed on.
 #[derive(Debug, Default)]
 pub(super) struct Lanes {
     open: Mutex<HashMap<Pid, VecDeque<Posting>>>,
+    taken: Mutex<Taken>,
+}
+
+/// The keys of the last [`TAKEN_KEPT`] posts from other nodes handed
+/// over to their receivers' mailboxes here, oldest first.
+#[derive(Debug, Default)]
+struct Taken {
+    keys: HashSet<Arc<str>>,
+    order: VecDeque<Arc<str>>,
+}
+
+impl Taken {
+    /// Notes `key`: false if it was noted already.
+    fn insert(&mut self, key: &str) -> bool {
+        if self.keys.contains(key) {
+            return false;
+        }
+        if self.order.len() >= TAKEN_KEPT
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.keys.remove(&oldest);
+        }
+        let key: Arc<str> = Arc::from(key);
+        self.keys.insert(key.clone());
+        self.order.push_back(key);
+        true
+    }
 }
 
 /// A message the kernel made, on its way.
@@ -233,9 +274,11 @@ impl Kernel {
         }
     }
 
-    /// Posts a message of a lane to `node`, waiting for its answer. One
-    /// that node does not answer for, to a process that moves, waits in
-    /// the stream for its next start; one it refuses is reported dropped.
+    /// Posts a message of a lane to `node`, waiting for its answer; sent
+    /// again ([`POST_AGAIN`]) while that node does not take it and stays
+    /// in the view. One that node never answers for, to a process that
+    /// moves, waits in the stream for its next start; one it refuses is
+    /// reported dropped.
     async fn post_from_lane(&self, node: String, posting: Posting) {
         let Posting { message, done, .. } = posting;
         let key = self.post_key();
@@ -253,7 +296,7 @@ impl Kernel {
             done,
             key: Some(key.clone()),
         };
-        let Err(err) = self.forward::<()>(&node, op, FORWARDED_SEND).await else {
+        let Err(err) = self.post_until_taken(&node, op).await else {
             return;
         };
         let moves = self
@@ -266,6 +309,38 @@ impl Kernel {
                 .await;
         } else {
             self.report_dropped(to, id, from, kind, &err);
+        }
+    }
+
+    /// Posts `op` to `node`, and again after each wait of [`POST_AGAIN`]
+    /// while `node` does not take it (it does not answer, or did not keep
+    /// it in time) and stays in the view under the epoch it had: the same
+    /// key each time, so it is handed over once. A stopping kernel sends
+    /// nothing again.
+    async fn post_until_taken(&self, node: &str, op: Op) -> Result<()> {
+        let epoch = self
+            .inner
+            .cluster()
+            .and_then(|cluster| cluster.epoch_of(node));
+        let mut again = POST_AGAIN.iter();
+        loop {
+            let err = match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
+                Ok(()) => return Ok(()),
+                Err(err) => err,
+            };
+            let untaken = matches!(
+                err.kind(),
+                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
+            );
+            let (Some(cluster), Some(epoch), Some(wait)) =
+                (self.inner.cluster(), epoch, again.next())
+            else {
+                return Err(err);
+            };
+            if !untaken || self.is_stopping() || !cluster.stays(node, epoch, *wait).await {
+                return Err(err);
+            }
+            tracing::info!(%node, error = %err, "cluster: a kernel message not taken by its receiver's node; sent again");
         }
     }
 
@@ -468,17 +543,24 @@ impl Kernel {
     }
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel
-    /// alone does (an answer to a request with the request's removal).
+    /// alone does (an answer to a request with the request's removal); a
+    /// post from another node once, however often it is sent.
     fn hand_here(&self, posting: Posting) {
         let Posting {
             message,
             done,
             kept,
+            key,
             ..
         } = posting;
-        match done {
-            Some(request_id) => self.answer_requester(message, request_id),
-            None => self.deliver(message.to, message, false),
+        // Sent again, its sender not having heard that it was taken: it was.
+        let again = matches!((&kept, &key), (Some(_), Some(key))
+            if !self.inner.lanes().taken.lock().insert(key));
+        if !again {
+            match done {
+                Some(request_id) => self.answer_requester(message, request_id),
+                None => self.deliver(message.to, message, false),
+            }
         }
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
@@ -495,5 +577,29 @@ impl Kernel {
             }
             None => self.report_dropped(message.to, message.id, message.from, message.kind, &err),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TAKEN_KEPT, Taken};
+
+    #[test]
+    fn a_post_is_taken_once_and_the_oldest_keys_are_forgotten_past_the_bound() {
+        let mut taken = Taken::default();
+        assert!(taken.insert("a.1.p1"));
+        assert!(!taken.insert("a.1.p1"));
+        for i in 2..=TAKEN_KEPT {
+            assert!(taken.insert(&format!("a.1.p{i}")));
+        }
+        // Full: one more forgets the oldest, and only it.
+        assert!(taken.insert("b.1.p1"));
+        assert!(!taken.insert("a.1.p2"));
+        assert!(taken.insert("a.1.p1"));
+        assert!(!taken.insert("b.1.p1"));
+        assert_eq!(
+            (taken.keys.len(), taken.order.len()),
+            (TAKEN_KEPT, TAKEN_KEPT)
+        );
     }
 }
