@@ -47,7 +47,7 @@ use crate::event::unix_ms;
 pub use cron::Lease;
 pub use crons::KeptCron;
 pub use declared::{Claimed, Holding, Standing};
-pub use departures::{Away, Expected};
+pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub use events::{Bounds, EventFeed, Published, Subscribe};
@@ -966,23 +966,26 @@ impl Cluster {
         };
         for (node, epoch, silent) in quiet {
             let claim = format!("lost.{node}.{epoch}");
-            match self
+            let claimed = match self
                 .claims
                 .create(&claim, Bytes::from(self.settings.node.clone()))
                 .await
             {
-                Ok(_) => tracing::warn!(
+                Ok(_) => {
+                    tracing::warn!(
                     lost = %node,
                     epoch,
                     silent_ms = silent.as_millis() as u64,
                     "cluster: node declared lost (no heartbeat within the TTL)"
-                ),
-                Err(err) if err.kind() == CreateErrorKind::AlreadyExists => {}
+                    );
+                    true
+                }
+                Err(err) if err.kind() == CreateErrorKind::AlreadyExists => false,
                 Err(err) => {
                     tracing::debug!(lost = %node, error = %err, "cluster: loss claim failed");
                     continue;
                 }
-            }
+            };
             if let Err(err) = retire(&self.nodes, &node, epoch).await {
                 tracing::debug!(lost = %node, error = %err, "cluster: lost node's record not removed yet");
             }
@@ -998,6 +1001,7 @@ impl Cluster {
                 node: node.clone(),
                 epoch,
                 listings,
+                claimed,
             };
             if let Err(err) = self.losses.try_send(loss) {
                 tracing::error!(lost = %node, error = %err, "cluster: a lost node's processes are not taken over (too many losses at once)");
@@ -1029,6 +1033,9 @@ pub struct Loss {
     pub node: String,
     pub epoch: u64,
     pub listings: Vec<(hivekernel_agents::Pid, Listing)>,
+    /// This node made the loss's claim (the first to judge it): it
+    /// reports the processes that end with it.
+    pub claimed: bool,
 }
 
 /// Removes `node`'s record if it is still epoch `epoch`'s.

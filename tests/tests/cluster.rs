@@ -2708,13 +2708,14 @@ fn answers_made_while_their_requesters_node_is_down_wait_for_its_next_start() {
 }
 
 /// A kernel message to a node that is off NATS for a moment is posted
-/// again until that node takes it, and handed over once. The parent, an
-/// `exec` process on a whose mailbox the test reads (`Attach`), has two
-/// children on b, killed in turn: one while a's NATS connection is down
-/// (the post finds nobody there), one while a is paused past the post's
-/// wait (a takes the first post late, and the next one is the same
-/// message). Each `child_exited` notice reaches the parent once, and
-/// frees its slot.
+/// again until that node takes it, and handed over once. Two parents on
+/// a, `exec` processes whose mailboxes the test reads (`Attach`), one
+/// `temporary` (its mail stays on a) and one `permanent` (its mail is the
+/// cluster's), have two children each on b, killed in pairs: one while
+/// a's NATS connection is down (the post finds nobody there), one while a
+/// is paused past the post's wait (a takes the first post late, and the
+/// next one is the same message). Each `child_exited` notice reaches its
+/// parent once, and frees its slot.
 #[test]
 fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
     use std::sync::{Arc, Mutex};
@@ -2724,7 +2725,7 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
     let link = hivekernel_tests::link::Link::to(nats.url(0).trim_start_matches("nats://"));
     let root = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // Not declared lost while away.
+    // Not declared lost while away, nor paused (half the TTL).
     let timing = json!({
         "servers": ["nats://127.0.0.1:1"],
         "heartbeat_ms": HEARTBEAT_MS,
@@ -2747,77 +2748,107 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
     wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
     wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
 
-    let file = root.path().join("token");
-    let script = format!(
-        "printf %s \"$HIVEKERNEL_TOKEN\" > {}; exec sleep 600",
-        file.display()
-    );
-    let parent = spawned_pid(
-        &a.command(&[
-            "spawn", "--parent", "1", "--name", "parent", "--json", "--", "sh", "-c", &script,
-        ])
-        .output()
-        .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let token = loop {
-        match std::fs::read_to_string(&file) {
-            Ok(token) if !token.is_empty() => break token,
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "no token written\n{}", a.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let kids: Vec<u64> = ["one", "two"]
-        .iter()
-        .map(|name| spawned_pid(&spawn_on(&a, parent, name, "b", &[])))
-        .collect();
-    assert_eq!(live_children(&a, parent), 2, "{}", a.log());
-
-    // What the parent's mailbox hands it: each notice's child.
-    let notices: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let heard = notices.clone();
-    let addr = a.addr.clone();
-    rt.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(addr)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = KernelClient::with_interceptor(channel, Bearer::new(token.trim()));
-        let mut stream = client
-            .attach(pb::AttachRequest {
-                pid: 0,
-                auto_ack: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        tokio::spawn(async move {
-            let _client = client;
-            while let Ok(Some(delivery)) = stream.message().await {
-                if let Some(pb::delivery::Item::Message(message)) = delivery.item
-                    && message.r#type == "child_exited"
-                {
-                    let record: Value = serde_json::from_str(&message.payload).unwrap();
-                    heard.lock().unwrap().push(record["pid"].as_u64().unwrap());
-                }
+    // Each parent: its PID, its children on b, and the children its
+    // mailbox told it of, in order.
+    let notices: Vec<Arc<Mutex<Vec<u64>>>> = vec![Arc::default(), Arc::default()];
+    let mut parents = Vec::new();
+    for (i, policy) in ["temporary", "permanent"].iter().enumerate() {
+        let file = root.path().join(format!("token-{policy}"));
+        let script = format!(
+            "printf %s \"$HIVEKERNEL_TOKEN\" > {}; exec sleep 600",
+            file.display()
+        );
+        let parent = spawned_pid(
+            &a.command(&[
+                "spawn",
+                "--parent",
+                "1",
+                "--name",
+                policy,
+                "--restart",
+                policy,
+                "--json",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .output()
+            .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let token = loop {
+            match std::fs::read_to_string(&file) {
+                Ok(token) if !token.is_empty() => break token,
+                _ => {}
             }
+            assert!(Instant::now() < deadline, "no token written\n{}", a.log());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let kids: Vec<u64> = ["one", "two"]
+            .iter()
+            .map(|name| spawned_pid(&spawn_on(&a, parent, name, "b", &[])))
+            .collect();
+        assert_eq!(live_children(&a, parent), 2, "{}", a.log());
+        let heard = notices[i].clone();
+        let addr = a.addr.clone();
+        rt.block_on(async {
+            let channel = tonic::transport::Channel::from_shared(addr)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut client = KernelClient::with_interceptor(channel, Bearer::new(token.trim()));
+            let mut stream = client
+                .attach(pb::AttachRequest {
+                    pid: 0,
+                    auto_ack: true,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            tokio::spawn(async move {
+                let _client = client;
+                while let Ok(Some(delivery)) = stream.message().await {
+                    if let Some(pb::delivery::Item::Message(message)) = delivery.item
+                        && message.r#type == "child_exited"
+                    {
+                        let record: Value = serde_json::from_str(&message.payload).unwrap();
+                        heard.lock().unwrap().push(record["pid"].as_u64().unwrap());
+                    }
+                }
+            });
         });
-    });
-    let wait_for = |kid: u64, left: u64| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(notices.lock().unwrap().contains(&kid) && live_children(&a, parent) == left) {
-            assert!(
-                Instant::now() < deadline,
-                "{:?}, {} children\n{}\n{}",
-                notices.lock().unwrap(),
-                live_children(&a, parent),
-                a.log(),
-                b.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        parents.push((parent, kids));
+    }
+    let kill_on_b = |round: usize| {
+        for (_, kids) in &parents {
+            let killed = b.cli(&["kill", &kids[round].to_string()]);
+            assert!(killed.contains(&kids[round].to_string()), "{killed}");
         }
+    };
+    let wait_for = |round: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (i, (parent, kids)) in parents.iter().enumerate() {
+            while !(notices[i].lock().unwrap().contains(&kids[round])
+                && live_children(&a, *parent) == 1 - round as u64)
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "{:?}, {} children\n{}\n{}",
+                    notices[i].lock().unwrap(),
+                    live_children(&a, *parent),
+                    a.log(),
+                    b.log()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let sent_again = || {
+        b.log()
+            .matches("a kernel message not taken by its receiver's node; sent again")
+            .count()
     };
 
     // a's connection drops, and it cannot reconnect for 1.5 s.
@@ -2827,28 +2858,41 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
         assert!(Instant::now() < deadline, "{}", a.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let killed = b.cli(&["kill", &kids[0].to_string()]);
-    assert!(killed.contains(&kids[0].to_string()), "{killed}");
+    kill_on_b(0);
     std::thread::sleep(Duration::from_millis(1_500));
     link.up();
-    wait_for(kids[0], 1);
-    assert!(
-        b.log()
-            .contains("a kernel message not taken by its receiver's node; sent again"),
-        "{}",
-        b.log()
-    );
+    wait_for(0);
+    let before = sent_again();
+    assert!(before >= 2, "{}", b.log());
 
-    // a is paused past the post's wait (10 s): it takes the post late.
+    // a is paused past the post's wait (10 s): it takes the first posts
+    // late, and each post again is the same message.
     signal(&a, "STOP");
-    let killed = b.cli(&["kill", &kids[1].to_string()]);
-    assert!(killed.contains(&kids[1].to_string()), "{killed}");
+    kill_on_b(1);
     std::thread::sleep(Duration::from_secs(12));
     signal(&a, "CONT");
-    wait_for(kids[1], 0);
-    // Whatever was sent again has come by now.
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(*notices.lock().unwrap(), kids, "{}\n{}", a.log(), b.log());
+    wait_for(1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a
+        .log()
+        .matches("a post from another node came again; handed over once")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sent_again() >= before + 2, "{}", b.log());
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, (_, kids)) in parents.iter().enumerate() {
+        assert_eq!(
+            *notices[i].lock().unwrap(),
+            *kids,
+            "{}\n{}",
+            a.log(),
+            b.log()
+        );
+    }
     drop(rt);
 }
 
@@ -3481,8 +3525,11 @@ fn spawned_processes_move_with_their_messages_when_their_node_dies() {
         .as_u64()
         .unwrap();
     let scratch = spawn(&a, lead, "scratch", "worker");
+    // A tree that does not move: a temporary root and its child.
+    let loner = spawn(&a, 1, "loner", "lead");
+    let loner_kid = spawn(&a, loner, "loner-kid", "worker");
     wait_for_ps(&b, "the tree on a", |all| {
-        [lead, worker, scratch]
+        [lead, worker, scratch, loner, loner_kid]
             .iter()
             .all(|pid| all.get(pid).is_some_and(|(_, node)| node == "a"))
     });
@@ -3573,19 +3620,30 @@ fn spawned_processes_move_with_their_messages_when_their_node_dies() {
         "{}",
         taker.log()
     );
-    // The event comes through the cluster's stream, a moment after.
+    // The events come through the cluster's stream, a moment after: the
+    // temporary child's, and those of the tree that does not move, once
+    // each, from the node that judged the loss.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let text = taker.cli(&["events", "--json", "--type", "exited"]);
-        if text
-            .lines()
-            .any(|line| line.contains(&format!("\"pid\":{scratch}")) && line.contains("node_lost"))
-        {
+        let ended = |pid: u64| {
+            text.lines()
+                .filter(|line| {
+                    line.contains(&format!("\"pid\":{pid},")) && line.contains("node_lost")
+                })
+                .count()
+        };
+        let counts = [ended(scratch), ended(loner), ended(loner_kid)];
+        if counts == [1, 1, 1] {
             break;
         }
-        assert!(Instant::now() < deadline, "{text}");
+        assert!(
+            Instant::now() < deadline && counts.iter().all(|n| *n <= 1),
+            "{counts:?}\n{text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(!everyone(&b).contains_key(&loner_kid));
     // The moved child still answers, on its new node.
     assert!(
         b.cli(&["exec", &worker.to_string(), "still here"])

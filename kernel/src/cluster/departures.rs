@@ -26,14 +26,6 @@ pub struct Away {
     epoch: Option<u64>,
 }
 
-/// A request waited for, as [`Cluster::answered`] took it off.
-#[derive(Debug)]
-pub struct Expected {
-    id: RequestId,
-    node: String,
-    away: Away,
-}
-
 /// The unanswered requests, by id, with the node asked.
 #[derive(Debug, Default)]
 pub(super) struct Unanswered(parking_lot::Mutex<HashMap<RequestId, (String, Away)>>);
@@ -99,30 +91,15 @@ impl Cluster {
         self.unanswered.0.lock().insert(id, (node.to_owned(), away));
     }
 
-    /// Request `id` is answered (or was never sent): what was waited for,
-    /// the first time.
-    pub fn answered(&self, id: RequestId) -> Option<Expected> {
-        let (node, away) = self.unanswered.0.lock().remove(&id)?;
-        Some(Expected { id, node, away })
-    }
-
-    /// An answer taken off by [`Cluster::answered`] did not reach its
-    /// requester after all: it is waited for again (unless its node was
-    /// lost meanwhile, and the requester told so).
-    pub fn expect_again(&self, expected: Expected) {
-        let Expected { id, node, away } = expected;
-        if away
-            .epoch
-            .is_some_and(|epoch| self.epoch_of(&node) != Some(epoch))
-        {
-            return;
-        }
-        self.unanswered.0.lock().insert(id, (node, away));
+    /// Request `id` is answered (or was never sent): true the first time,
+    /// when it was still waited for.
+    pub fn answered(&self, id: RequestId) -> bool {
+        self.unanswered.0.lock().remove(&id).is_some()
     }
 
     /// Waits `wait` while `node` stays in the view under `epoch`: true if
-    /// it still is then, false as soon as it leaves (or comes back under
-    /// another epoch).
+    /// it still is then; false as soon as it leaves (one that came back
+    /// under another epoch meanwhile, when the wait ends).
     pub async fn stays(&self, node: &str, epoch: u64, wait: std::time::Duration) -> bool {
         let mut departures = self.departures.subscribe();
         if self.epoch_of(node) != Some(epoch) {

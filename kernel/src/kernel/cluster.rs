@@ -394,16 +394,6 @@ impl Kernel {
                 ),
             ));
         }
-        // An answer to a delegated request is taken once, whatever becomes
-        // of its receiver; one not taken (refused, or not kept in time) is
-        // waited for again, so the post of it again is.
-        let expected = match &request.op {
-            Op::Post {
-                done: Some(request_id),
-                ..
-            } => cluster.answered(*request_id),
-            _ => None,
-        };
         match request.op {
             Op::Get { pids } if pids.len() > rpc::MAX_GET => refused(Refusal::new(
                 ErrorKind::InvalidArgument,
@@ -433,6 +423,16 @@ impl Kernel {
             } => {
                 let request = rpc::spawned(request, command);
                 held(self.spawn_at(Caller::Process(from), request, None).await)
+            }
+            // An answer whose requester is not here: not waited for here
+            // any more.
+            Op::Post {
+                message: Message { to, .. },
+                done: Some(request_id),
+                ..
+            } if self.inner.table().read().get(to).is_none() => {
+                cluster.answered(request_id);
+                held::<()>(Err(KernelError::NotFound(to)))
             }
             Op::Kill { pid, .. }
             | Op::Restart { pid, .. }
@@ -537,25 +537,7 @@ impl Kernel {
                 epoch,
                 members,
             } => held(self.adopt(lost, epoch, members).await),
-            // Its requester was told it failed (its node was lost
-            // meanwhile, or this node started again).
-            Op::Post {
-                done: Some(request_id),
-                ..
-            } if expected.is_none() => {
-                tracing::info!(request = %request_id.0, from = %request.from_node, "cluster: an answer came after its requester was told the request failed; dropped");
-                held(Ok(()))
-            }
-            Op::Post { message, done, key } => {
-                let taken = self.take_post(message, done, key).await;
-                // Not taken: a post of it again is.
-                if taken.is_err()
-                    && let Some(expected) = expected
-                {
-                    cluster.expect_again(expected);
-                }
-                held(taken)
-            }
+            Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
             // Read here only: a forwarded read is never forwarded again.
             Op::Transcript { pid, query } => {
                 held(self.transcript_here(Caller::Admin, pid, query).await)

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hivekernel_agents::{ErrorKind, Message, MessageId, Pid, RequestId};
 use parking_lot::Mutex;
@@ -52,9 +52,12 @@ const POST_AGAIN: [Duration; 3] = [
     Duration::from_secs(3),
     Duration::from_secs(10),
 ];
-/// The keys of posts from other nodes handed over lately that are
-/// remembered, so a post sent again is not handed over twice.
-const TAKEN_KEPT: usize = 8_192;
+/// How long the key of a post from another node handed over here is
+/// remembered, so the same post sent again is not handed over twice: past
+/// the posts again and the stream's duplicate window.
+const TAKEN_FOR: Duration = Duration::from_secs(120);
+/// At most this many keys are remembered; past that the oldest go first.
+const TAKEN_KEPT: usize = 65_536;
 
 /// The lanes open on this node: for each receiver whose lane is open,
 /// the messages waiting behind the one being handed on.
@@ -64,29 +67,38 @@ pub(super) struct Lanes {
     taken: Mutex<Taken>,
 }
 
-/// The keys of the last [`TAKEN_KEPT`] posts from other nodes handed
-/// over to their receivers' mailboxes here, oldest first.
+/// The keys of the posts from other nodes handed over here in the last
+/// [`TAKEN_FOR`] (at most [`TAKEN_KEPT`]), oldest first.
 #[derive(Debug, Default)]
 struct Taken {
     keys: HashSet<Arc<str>>,
-    order: VecDeque<Arc<str>>,
+    order: VecDeque<(Instant, Arc<str>)>,
 }
 
 impl Taken {
-    /// Notes `key`: false if it was noted already.
-    fn insert(&mut self, key: &str) -> bool {
+    /// Notes `key`, taken at `now`: false if it was noted already.
+    fn insert(&mut self, key: &str, now: Instant) -> bool {
+        while let Some((at, _)) = self.order.front()
+            && now.saturating_duration_since(*at) > TAKEN_FOR
+        {
+            self.forget_oldest();
+        }
         if self.keys.contains(key) {
             return false;
         }
-        if self.order.len() >= TAKEN_KEPT
-            && let Some(oldest) = self.order.pop_front()
-        {
-            self.keys.remove(&oldest);
+        if self.order.len() >= TAKEN_KEPT {
+            self.forget_oldest();
         }
         let key: Arc<str> = Arc::from(key);
         self.keys.insert(key.clone());
-        self.order.push_back(key);
+        self.order.push_back((now, key));
         true
+    }
+
+    fn forget_oldest(&mut self) {
+        if let Some((_, oldest)) = self.order.pop_front() {
+            self.keys.remove(&oldest);
+        }
     }
 }
 
@@ -228,8 +240,12 @@ impl Kernel {
         let here = self.inner.table().read().get(to).is_some();
         match (posting.node.take(), elsewhere) {
             // A post from another node, for a process that left since:
-            // done here or not at all.
+            // done here or not at all (an answer is not waited for here
+            // any more).
             (_, Some(_)) if posting.kept.is_some() => {
+                if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster()) {
+                    cluster.answered(request_id);
+                }
                 self.refuse_posting(posting, KernelError::NotFound(to));
             }
             // Where the request came from: the answer goes there, with the
@@ -323,24 +339,30 @@ impl Kernel {
             .cluster()
             .and_then(|cluster| cluster.epoch_of(node));
         let mut again = POST_AGAIN.iter();
+        // What the first try that was not taken said: a later refusal (the
+        // receiver left that node meanwhile) says no more of where it is.
+        let mut untaken: Option<KernelError> = None;
         loop {
             let err = match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
                 Ok(()) => return Ok(()),
                 Err(err) => err,
             };
-            let untaken = matches!(
+            if !matches!(
                 err.kind(),
                 ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
-            );
+            ) {
+                return Err(untaken.unwrap_or(err));
+            }
+            let err = untaken.get_or_insert(err);
             let (Some(cluster), Some(epoch), Some(wait)) =
                 (self.inner.cluster(), epoch, again.next())
             else {
-                return Err(err);
+                return Err(untaken.unwrap_or(KernelError::ShuttingDown));
             };
-            if !untaken || self.is_stopping() || !cluster.stays(node, epoch, *wait).await {
-                return Err(err);
-            }
             tracing::info!(%node, error = %err, "cluster: a kernel message not taken by its receiver's node; sent again");
+            if self.is_stopping() || !cluster.stays(node, epoch, *wait).await {
+                return Err(untaken.unwrap_or(KernelError::ShuttingDown));
+            }
         }
     }
 
@@ -483,11 +505,15 @@ impl Kernel {
     /// tried again under the same message id, which the stream stores
     /// once, rather than handed over twice.
     async fn keep_here(&self, mut posting: Posting) {
+        if !self.first_take(&posting) {
+            self.taken_before(posting);
+            return;
+        }
         let to = posting.message.to;
         let cluster = self.inner.cluster();
         let Some(cluster) = cluster.filter(|_| self.moves_from_here(to) && !self.is_stopping())
         else {
-            self.hand_here(posting);
+            self.put_here(posting);
             return;
         };
         if posting.done.is_some() {
@@ -522,7 +548,7 @@ impl Kernel {
         };
         posting.message = letter.message;
         let Some(deliver) = stored else {
-            self.hand_here(posting);
+            self.put_here(posting);
             return;
         };
         let Posting {
@@ -544,23 +570,60 @@ impl Kernel {
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel
     /// alone does (an answer to a request with the request's removal); a
-    /// post from another node once, however often it is sent.
+    /// post from another node only the first time ([`Kernel::first_take`]).
     fn hand_here(&self, posting: Posting) {
+        if self.first_take(&posting) {
+            self.put_here(posting);
+        } else {
+            self.taken_before(posting);
+        }
+    }
+
+    /// Whether `posting` is handed over: every message this node made; a
+    /// post from another node the first time its key comes (one sent
+    /// again, its sender not having heard that it was taken, was), and an
+    /// answer only while its request is waited for (its requester is told
+    /// it failed once the worker's node leaves the view). Notes the key
+    /// and the answer as taken.
+    fn first_take(&self, posting: &Posting) -> bool {
+        if posting.kept.is_none() {
+            return true;
+        }
+        if let Some(key) = &posting.key
+            && !self.inner.lanes().taken.lock().insert(key, Instant::now())
+        {
+            tracing::info!(to = %posting.message.to, %key, "cluster: a post from another node came again; handed over once");
+            return false;
+        }
+        if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster())
+            && !cluster.answered(request_id)
+        {
+            tracing::info!(request = %request_id.0, "cluster: an answer came after its requester was told the request failed; dropped");
+            return false;
+        }
+        true
+    }
+
+    /// Answers the node that posted `posting` that it was taken, which it
+    /// was before (or was not to be).
+    fn taken_before(&self, posting: Posting) {
+        if let Some(kept) = posting.kept {
+            let _ = kept.send(Ok(()));
+        }
+    }
+
+    /// Puts a message in its receiver's mailbox on this node, as a kernel
+    /// alone does (an answer to a request with the request's removal).
+    fn put_here(&self, posting: Posting) {
         let Posting {
             message,
             done,
             kept,
-            key,
             ..
         } = posting;
-        // Sent again, its sender not having heard that it was taken: it was.
-        let again = matches!((&kept, &key), (Some(_), Some(key))
-            if !self.inner.lanes().taken.lock().insert(key));
-        if !again {
-            match done {
-                Some(request_id) => self.answer_requester(message, request_id),
-                None => self.deliver(message.to, message, false),
-            }
+        match done {
+            Some(request_id) => self.answer_requester(message, request_id),
+            None => self.deliver(message.to, message, false),
         }
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
@@ -582,24 +645,41 @@ impl Kernel {
 
 #[cfg(test)]
 mod tests {
-    use super::{TAKEN_KEPT, Taken};
+    use std::time::{Duration, Instant};
+
+    use super::{TAKEN_FOR, TAKEN_KEPT, Taken};
 
     #[test]
     fn a_post_is_taken_once_and_the_oldest_keys_are_forgotten_past_the_bound() {
+        let now = Instant::now();
         let mut taken = Taken::default();
-        assert!(taken.insert("a.1.p1"));
-        assert!(!taken.insert("a.1.p1"));
+        assert!(taken.insert("a.1.p1", now));
+        assert!(!taken.insert("a.1.p1", now));
         for i in 2..=TAKEN_KEPT {
-            assert!(taken.insert(&format!("a.1.p{i}")));
+            assert!(taken.insert(&format!("a.1.p{i}"), now));
         }
         // Full: one more forgets the oldest, and only it.
-        assert!(taken.insert("b.1.p1"));
-        assert!(!taken.insert("a.1.p2"));
-        assert!(taken.insert("a.1.p1"));
-        assert!(!taken.insert("b.1.p1"));
+        assert!(taken.insert("b.1.p1", now));
+        assert!(!taken.insert("a.1.p2", now));
+        assert!(taken.insert("a.1.p1", now));
+        assert!(!taken.insert("b.1.p1", now));
         assert_eq!(
             (taken.keys.len(), taken.order.len()),
             (TAKEN_KEPT, TAKEN_KEPT)
         );
+    }
+
+    #[test]
+    fn a_posts_key_is_forgotten_once_it_is_old() {
+        let now = Instant::now();
+        let mut taken = Taken::default();
+        assert!(taken.insert("a.1.p1", now));
+        let later = now + TAKEN_FOR / 2;
+        assert!(taken.insert("a.1.p2", later));
+        assert!(!taken.insert("a.1.p1", later));
+        let past = now + TAKEN_FOR + Duration::from_millis(1);
+        assert!(taken.insert("a.1.p1", past));
+        assert!(!taken.insert("a.1.p2", past));
+        assert_eq!(taken.keys.len(), 2);
     }
 }

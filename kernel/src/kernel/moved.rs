@@ -31,6 +31,9 @@ const NODE_LOST: &str = "node_lost";
 struct Tree {
     root: Pid,
     members: Vec<(Pid, Listing)>,
+    /// This node made the loss's claim: it reports what of the tree ends
+    /// with the node, when the tree does not move.
+    reports: bool,
 }
 
 impl Kernel {
@@ -107,11 +110,7 @@ impl Kernel {
             }
             self.release_child(parent, child);
             self.settle_loan(child).await;
-            let reason = format!(
-                "{NODE_LOST}: node {} was lost, and process {child} does not move (temporary, or \
-                 under a parent that does not move)",
-                loss.node
-            );
+            let reason = does_not_move(&loss.node, child);
             self.report_ended(child, parent, &name, &reason, unix_ms(SystemTime::now()));
         }
     }
@@ -168,6 +167,26 @@ impl Kernel {
         }
     }
 
+    /// A tree of lost node `node` that does not move: under a `temporary`
+    /// root, or under a config agent, which comes back by its key in
+    /// `hk_declared` without it. Each of its processes that had not exited
+    /// is reported exited (`node_lost`) but the config agent, and a root
+    /// whose parent here was told already ([`Kernel::lost_children`]).
+    fn ended_with_node(&self, node: &str, tree: &Tree) {
+        let told = tree.members.first().is_some_and(|(_, root)| {
+            root.ppid != Pid::KERNEL && self.inner.table().read().get(root.ppid).is_some()
+        });
+        let now = unix_ms(SystemTime::now());
+        for (at, (pid, listing)) in tree.members.iter().enumerate() {
+            let root = at == 0;
+            if listing.exited || (root && (listing.moves || told)) {
+                continue;
+            }
+            let reason = does_not_move(node, *pid);
+            self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
+        }
+    }
+
     /// Takes over a tree of lost node `lost` that another node offers
     /// this one (`Op::Adopt`), in the background: refused unless it is one
     /// whole tree of that node's, under a root whose key still names it
@@ -211,6 +230,7 @@ impl Kernel {
             node: lost.clone(),
             epoch,
             listings: members,
+            claimed: false,
         };
         let mut found = trees(&loss);
         let tree = match (found.pop(), found.is_empty()) {
@@ -263,7 +283,12 @@ impl Kernel {
             Ok(Some((kept, _))) => kept,
             // A config agent (the config keeps its spec), or one that
             // does not move (temporary).
-            Ok(None) => return,
+            Ok(None) => {
+                if tree.reports {
+                    self.ended_with_node(node, &tree);
+                }
+                return;
+            }
             Err(err) => {
                 tracing::warn!(%root, lost = node, error = %err, "cluster: a lost node's process not taken over");
                 return;
@@ -477,6 +502,14 @@ impl Kernel {
     }
 }
 
+/// Why process `pid` of lost node `node` ended with it.
+fn does_not_move(node: &str, pid: Pid) -> String {
+    format!(
+        "{NODE_LOST}: node {node} was lost, and process {pid} does not move (temporary, or under \
+         a parent that does not move)"
+    )
+}
+
 /// The trees of `loss`: each listed process under the root it descends
 /// from (a child of PID 1, or of a process on another node), parents
 /// before children.
@@ -506,7 +539,11 @@ fn trees(loss: &Loss) -> Vec<Tree> {
         .into_iter()
         .map(|(root, mut members)| {
             members.sort_by_key(|(pid, listing)| (listing.depth, *pid));
-            Tree { root, members }
+            Tree {
+                root,
+                members,
+                reports: loss.claimed,
+            }
         })
         .collect();
     trees.sort_by_key(|tree| tree.root);
@@ -550,6 +587,7 @@ mod tests {
                 (Pid(7), listed(99, 2)),
                 (Pid(8), listed(7, 3)),
             ],
+            claimed: true,
         };
         let trees = trees(&loss);
         let shown: Vec<(Pid, Vec<Pid>)> = trees
