@@ -74,20 +74,26 @@ impl Link {
     /// Closes every connection and refuses new ones until [`Link::up`].
     pub fn down(&self) {
         self.shared.down.store(true, Ordering::SeqCst);
-        for socket in self
-            .shared
-            .sockets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = socket.shutdown(Shutdown::Both);
-        }
+        self.close_all();
     }
 
     /// Takes connections again.
     pub fn up(&self) {
         self.shared.down.store(false, Ordering::SeqCst);
+    }
+
+    /// Closes every connection it carries.
+    fn close_all(&self) {
+        let sockets: Vec<TcpStream> = self
+            .shared
+            .sockets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for socket in sockets {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     }
 }
 
@@ -98,15 +104,7 @@ impl Drop for Link {
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
-        for socket in self
-            .shared
-            .sockets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = socket.shutdown(Shutdown::Both);
-        }
+        self.close_all();
         let relays: Vec<_> = self
             .shared
             .relays

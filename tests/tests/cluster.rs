@@ -1004,6 +1004,24 @@ fn spawn_on(
     kernel.command(&args).output().unwrap()
 }
 
+/// The process token an `exec` command wrote to `file`, once it is there
+/// (within 10 s; `kernel`'s log otherwise).
+fn written_token(file: &Path, kernel: &Binary) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read_to_string(file) {
+            Ok(token) if !token.is_empty() => return token,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no token written\n{}",
+            kernel.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The PID a successful `spawn --json` answered.
 fn spawned_pid(out: &std::process::Output) -> u64 {
     assert!(
@@ -1586,15 +1604,7 @@ fn a_process_token_is_honoured_by_every_node() {
         .output()
         .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let token = loop {
-        match std::fs::read_to_string(&file) {
-            Ok(token) if !token.is_empty() => break token,
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "no token written\n{}", b.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let token = written_token(&file, &b);
     assert!(token.starts_with(&format!("p{agent}.")));
     let as_agent = |args: &[&str]| {
         let mut all = args.to_vec();
@@ -2776,15 +2786,7 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
             .output()
             .unwrap(),
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let token = loop {
-            match std::fs::read_to_string(&file) {
-                Ok(token) if !token.is_empty() => break token,
-                _ => {}
-            }
-            assert!(Instant::now() < deadline, "no token written\n{}", a.log());
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let token = written_token(&file, &a);
         let kids: Vec<u64> = ["one", "two"]
             .iter()
             .map(|name| spawned_pid(&spawn_on(&a, parent, name, "b", &[])))
