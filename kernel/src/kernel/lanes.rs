@@ -334,36 +334,41 @@ impl Kernel {
     /// key each time, so it is handed over once. A stopping kernel sends
     /// nothing again.
     async fn post_until_taken(&self, node: &str, op: Op) -> Result<()> {
+        let untaken = |err: &KernelError| {
+            matches!(
+                err.kind(),
+                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
+            )
+        };
         let epoch = self
             .inner
             .cluster()
             .and_then(|cluster| cluster.epoch_of(node));
-        let mut again = POST_AGAIN.iter();
-        // What the first try that was not taken said: a later refusal (the
-        // receiver left that node meanwhile) says no more of where it is.
-        let mut untaken: Option<KernelError> = None;
-        loop {
-            let err = match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
-                Ok(()) => return Ok(()),
-                Err(err) => err,
-            };
-            if !matches!(
-                err.kind(),
-                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
-            ) {
-                return Err(untaken.unwrap_or(err));
+        // What the first try said is what is reported: a later refusal
+        // (the receiver left that node meanwhile) says no more of where
+        // it is.
+        let first = match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
+            Ok(()) => return Ok(()),
+            Err(err) => err,
+        };
+        let (Some(cluster), Some(epoch)) = (self.inner.cluster(), epoch) else {
+            return Err(first);
+        };
+        if !untaken(&first) {
+            return Err(first);
+        }
+        for wait in POST_AGAIN {
+            tracing::info!(%node, error = %first, "cluster: a kernel message not taken by its receiver's node; sent again");
+            if self.is_stopping() || !cluster.stays(node, epoch, wait).await {
+                break;
             }
-            let err = untaken.get_or_insert(err);
-            let (Some(cluster), Some(epoch), Some(wait)) =
-                (self.inner.cluster(), epoch, again.next())
-            else {
-                return Err(untaken.unwrap_or(KernelError::ShuttingDown));
-            };
-            tracing::info!(%node, error = %err, "cluster: a kernel message not taken by its receiver's node; sent again");
-            if self.is_stopping() || !cluster.stays(node, epoch, *wait).await {
-                return Err(untaken.unwrap_or(KernelError::ShuttingDown));
+            match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
+                Ok(()) => return Ok(()),
+                Err(err) if untaken(&err) => {}
+                Err(_) => break,
             }
         }
+        Err(first)
     }
 
     /// A new id to keep a message this node made under in `HK_MAIL`,
@@ -504,11 +509,10 @@ impl Kernel {
     /// alone. A keep whose outcome is unknown (no acknowledgement) is
     /// tried again under the same message id, which the stream stores
     /// once, rather than handed over twice.
-    async fn keep_here(&self, mut posting: Posting) {
-        if !self.first_take(&posting) {
-            self.taken_before(posting);
+    async fn keep_here(&self, posting: Posting) {
+        let Some(mut posting) = self.first_take(posting) else {
             return;
-        }
+        };
         let to = posting.message.to;
         let cluster = self.inner.cluster();
         let Some(cluster) = cluster.filter(|_| self.moves_from_here(to) && !self.is_stopping())
@@ -572,44 +576,41 @@ impl Kernel {
     /// alone does (an answer to a request with the request's removal); a
     /// post from another node only the first time ([`Kernel::first_take`]).
     fn hand_here(&self, posting: Posting) {
-        if self.first_take(&posting) {
+        if let Some(posting) = self.first_take(posting) {
             self.put_here(posting);
-        } else {
-            self.taken_before(posting);
         }
     }
 
-    /// Whether `posting` is handed over: every message this node made; a
+    /// `posting`, when it is handed over: every message this node made; a
     /// post from another node the first time its key comes (one sent
     /// again, its sender not having heard that it was taken, was), and an
     /// answer only while its request is waited for (its requester is told
     /// it failed once the worker's node leaves the view). Notes the key
-    /// and the answer as taken.
-    fn first_take(&self, posting: &Posting) -> bool {
+    /// and the answer as taken. One that is not is answered as taken.
+    fn first_take(&self, posting: Posting) -> Option<Posting> {
         if posting.kept.is_none() {
-            return true;
+            return Some(posting);
         }
-        if let Some(key) = &posting.key
+        let not_handed = if let Some(key) = &posting.key
             && !self.inner.lanes().taken.lock().insert(key, Instant::now())
         {
             tracing::info!(to = %posting.message.to, %key, "cluster: a post from another node came again; handed over once");
-            return false;
-        }
-        if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster())
+            true
+        } else if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster())
             && !cluster.answered(request_id)
         {
             tracing::info!(request = %request_id.0, "cluster: an answer came after its requester was told the request failed; dropped");
-            return false;
+            true
+        } else {
+            false
+        };
+        if !not_handed {
+            return Some(posting);
         }
-        true
-    }
-
-    /// Answers the node that posted `posting` that it was taken, which it
-    /// was before (or was not to be).
-    fn taken_before(&self, posting: Posting) {
         if let Some(kept) = posting.kept {
             let _ = kept.send(Ok(()));
         }
+        None
     }
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel
