@@ -30,6 +30,7 @@ pub mod artifact;
 pub mod capability;
 pub mod cron;
 pub mod echo;
+pub mod json;
 pub mod llm;
 pub mod mcp;
 pub mod memory;

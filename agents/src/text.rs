@@ -27,13 +27,15 @@ fn marker(total: usize) -> String {
 
 /// `text`, or when it is longer than `max` bytes, its start and the marker,
 /// together at most `max` bytes (just the start when `max` cannot hold the marker).
-pub fn cut(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let (len, mark) = kept(&text, max);
-        text.truncate(len);
-        text.push_str(&mark);
+///
+/// A cut text is a new, right-sized buffer and the long one is freed: a
+/// truncated `String` would keep its whole allocation, and cut texts are
+/// the ones kept for long (events, transcripts, conversations).
+pub fn cut(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
     }
-    text
+    cut_str(&text, max)
 }
 
 /// [`cut`] for a borrowed text.
@@ -121,6 +123,17 @@ mod tests {
         assert!(out.starts_with("éé"));
         // Too small for the marker: just the start.
         assert_eq!(cut("abcdef".into(), 3), "abc");
+    }
+
+    #[test]
+    fn a_cut_text_keeps_no_more_memory_than_it_needs() {
+        let cut_text = cut("x".repeat(1 << 20), 4096);
+        assert!(cut_text.len() <= 4096);
+        assert!(
+            cut_text.capacity() < 8192,
+            "a 4 KiB cut keeps {} bytes",
+            cut_text.capacity()
+        );
     }
 
     #[test]

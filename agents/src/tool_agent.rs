@@ -713,7 +713,7 @@ impl ToolAgent {
         let args = if raw.is_empty() {
             serde_json::Value::Object(Default::default())
         } else {
-            match serde_json::from_str::<serde_json::Value>(raw) {
+            match crate::json::parse(raw) {
                 Ok(args) if args.is_object() => args,
                 Ok(_) => return Err(format!("arguments for {} must be a JSON object", call.name)),
                 Err(err) => {

@@ -415,6 +415,11 @@ pub enum McpCommand {
         /// `Authorization: Bearer`; this command's token is not used.
         #[arg(long, value_name = "ADDR")]
         http: Option<SocketAddr>,
+        /// With --http: a browser origin allowed to call it besides the
+        /// server's own (such as http://localhost:6274); a request from any
+        /// other origin is answered 403. Repeatable.
+        #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+        allow_origin: Vec<String>,
         #[command(flatten)]
         client: ClientArgs,
     },

@@ -132,6 +132,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let drain = CancellationToken::new();
     let tls = options.tls.clone();
+    let gate =
+        crate::gate::GateSettings::http(&options.kernel.settings().connections, "the dashboard");
     let app = router(options, drain.clone()).map_err(std::io::Error::other)?;
     let stop = async move {
         shutdown.await;
@@ -139,16 +141,16 @@ pub async fn serve(
     };
     match tls {
         Some(config) => {
-            let listener = tls::TlsListener::new(listener, config)?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
+            let listener = tls::TlsListener::new(listener, gate, config)?;
+            let app = app.layer(middleware::from_fn(crate::gate::http_layer));
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<crate::gate::Admission>(),
+            )
+            .with_graceful_shutdown(stop)
+            .await
         }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-        }
+        None => crate::gate::serve_http(listener, gate, app, stop).await,
     }
 }
 

@@ -5,7 +5,10 @@
 //! reader until a writer comes (deaf to signals meanwhile), and a file's
 //! size can change between a `stat` and a read. So the file is opened
 //! without blocking, its type is taken from the open handle (no window to
-//! swap the path), and at most the limit plus one byte is read.
+//! swap the path), and at most the limit plus one byte is read. Files of
+//! the kernel's own interfaces (`/proc`, `/sys`, `/dev`) look regular and
+//! hold secrets (`/proc/self/environ`): they are refused by where they
+//! lie, after symlinks, and by the filesystem the open handle is on.
 
 use std::fmt;
 use std::fs::{FileType, OpenOptions};
@@ -20,6 +23,8 @@ pub enum FileProblem {
     Io(io::Error),
     /// It is not a regular file (the kind it is instead).
     NotRegular(&'static str),
+    /// It lies in one of the kernel's own interfaces (the directory).
+    Interface(&'static str),
     /// It holds more than the limit.
     TooLarge {
         /// The limit, in bytes.
@@ -34,6 +39,10 @@ impl fmt::Display for FileProblem {
         match self {
             FileProblem::Io(err) => err.fmt(f),
             FileProblem::NotRegular(kind) => write!(f, "it is {kind}, not a regular file"),
+            FileProblem::Interface(dir) => write!(
+                f,
+                "it is in {dir}, an interface of the operating system, not a file a config may name"
+            ),
             FileProblem::TooLarge { max, size } => {
                 write!(f, "it is {size} bytes, larger than {max} bytes")
             }
@@ -54,6 +63,9 @@ pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
     if !meta.file_type().is_file() {
         return Err(FileProblem::NotRegular(describe(meta.file_type())));
     }
+    if let Some(dir) = interface(path, &file) {
+        return Err(FileProblem::Interface(dir));
+    }
     let too_large = |size: u64| FileProblem::TooLarge { max, size };
     if meta.len() > max {
         return Err(too_large(meta.len()));
@@ -68,6 +80,28 @@ pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
     }
     Ok(bytes)
 }
+
+/// The interface directory `file` (opened from `path`) lies in, if any:
+/// by its real path, and by its filesystem (procfs or sysfs mounted elsewhere).
+fn interface(path: &Path, file: &std::fs::File) -> Option<&'static str> {
+    const DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
+    if let Ok(real) = std::fs::canonicalize(path)
+        && let Some(dir) = DIRS.into_iter().find(|dir| real.starts_with(dir))
+    {
+        return Some(dir);
+    }
+    let kind = rustix::fs::fstatfs(file).ok()?.f_type;
+    if kind == rustix::fs::PROC_SUPER_MAGIC {
+        Some("/proc")
+    } else if kind == SYSFS_MAGIC {
+        Some("/sys")
+    } else {
+        None
+    }
+}
+
+/// sysfs's filesystem type (`statfs(2)`).
+const SYSFS_MAGIC: rustix::fs::FsWord = 0x6265_6572;
 
 fn describe(kind: FileType) -> &'static str {
     if kind.is_dir() {
@@ -113,5 +147,34 @@ mod tests {
         assert_eq!(err.to_string(), "it is a directory, not a regular file");
         let err = read_capped(&dir.path().join("absent"), 10).unwrap_err();
         assert!(matches!(err, FileProblem::Io(_)), "{err}");
+    }
+
+    #[test]
+    fn files_of_the_kernels_interfaces_are_refused_unread() {
+        for path in [
+            "/proc/self/environ",
+            "/proc/self/status",
+            "/sys/kernel/mm/transparent_hugepage/enabled",
+        ] {
+            if !Path::new(path).exists() {
+                continue;
+            }
+            let err = read_capped(Path::new(path), 1 << 20).unwrap_err();
+            assert!(matches!(err, FileProblem::Interface(_)), "{path}: {err}");
+            assert!(
+                err.to_string()
+                    .contains("an interface of the operating system"),
+                "{err}"
+            );
+        }
+        // A symlink to one is refused the same.
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("prompt.md");
+        std::os::unix::fs::symlink("/proc/self/environ", &link).unwrap();
+        let err = read_capped(&link, 1 << 20).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "it is in /proc, an interface of the operating system, not a file a config may name"
+        );
     }
 }

@@ -24,13 +24,12 @@ mod convert;
 mod cron;
 mod decode;
 pub(crate) mod enums;
-mod gate;
 mod inbox;
 mod local;
 mod mcp;
 mod measure;
 mod reload;
-pub use gate::raise_open_file_limit;
+pub use crate::gate::raise_open_file_limit;
 pub use local::{Answer, LocalService};
 pub(crate) use measure::code_name;
 mod service;
@@ -122,7 +121,10 @@ pub async fn serve_with_tls(
         .add_service(OnFirstCall::new(reflection_v1alpha));
 
     // Owns the accept loop: it ends, with every connection still silent, with this function.
-    let gate = gate::open(listener, connections);
+    let gate = crate::gate::open(
+        listener,
+        crate::gate::GateSettings::control_plane(&connections),
+    );
     let incoming = tokio_stream::wrappers::ReceiverStream::new(gate.incoming)
         .map(Ok::<_, std::convert::Infallible>);
     let _accepting = gate.accepting;
@@ -232,7 +234,7 @@ fn authenticate(auth: &Authenticator, mut request: Request<()>) -> Result<Reques
     // Handlers never see the token, so it cannot end up in a log by accident.
     request.metadata_mut().remove("authorization");
     // The connection has proved itself: the gate stops timing it.
-    if let Some(admission) = request.extensions().get::<gate::Admission>() {
+    if let Some(admission) = request.extensions().get::<crate::gate::Admission>() {
         admission.admit();
     }
     request.extensions_mut().insert(caller);

@@ -2,6 +2,9 @@
 //! `/metrics` in the Prometheus text format, `/healthz` (the process
 //! answers) and `/readyz` (the kernel serves: 503 once a stop begins).
 //!
+//! Behind a gate of its own (`kernel.connections.http_*`, gate.rs), so
+//! silent sockets here cannot take the control plane's descriptors.
+//!
 //! Plain HTTP without credentials, as scrapers and probes expect: nothing
 //! here reveals a token, an argument or a message, only counts. Bind it
 //! where only the scraper reaches.
@@ -23,15 +26,15 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let gate =
+        crate::gate::GateSettings::http(&kernel.settings().connections, "the metrics listener");
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .with_state(kernel);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::gate::serve_http(listener, gate, app, shutdown).await
 }
 
 async fn metrics(State(kernel): State<Kernel>) -> Response {

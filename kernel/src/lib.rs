@@ -36,6 +36,7 @@
 //! - [`exec`]: the `exec` runtime's processes: commands, OS processes, attach streams.
 //! - [`mcp`]: MCP servers the kernel starts and supervises; their tools and calls.
 //! - [`skills`]: the skill library: skills loaded from the config's directories.
+//! - `gate`: the door before every listener: connection caps, admission and idle timeouts.
 //! - [`auth`], [`tokens`], [`tls`]: tokens (the admin's, processes', operators' with
 //!   scopes) and TLS for the control plane.
 //!
@@ -69,6 +70,7 @@ pub mod event;
 pub mod events;
 pub mod exec;
 pub mod files;
+mod gate;
 pub mod grpc;
 pub mod http;
 pub mod inbox;

@@ -277,6 +277,123 @@ fn silent_sockets_cannot_lock_clients_out() {
     );
 }
 
+/// Opens up to `count` TCP connections to `addr` that never send a byte.
+fn silent_sockets(addr: std::net::SocketAddr, count: usize) -> Vec<std::net::TcpStream> {
+    (0..count)
+        .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok())
+        .collect()
+}
+
+/// An HTTP/1.1 GET of `path` from `addr`; the status line.
+fn http_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let answer = String::from_utf8_lossy(&answer);
+    Ok(answer.lines().next().unwrap_or_default().to_owned())
+}
+
+/// The address in the log line `<what> http://ADDR/...`.
+fn logged_addr(kernel: &Kernel, what: &str) -> std::net::SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = kernel.log();
+        if let Some(at) = log.find(what) {
+            let rest = &log[at + what.len()..];
+            let rest = rest.trim_start().trim_start_matches("http://");
+            let end = rest.find(['/', ' ', '\n']).unwrap_or(rest.len());
+            return rest[..end].parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Once, 1,100 silent sockets on the dashboard's or the metrics listener's
+/// port used up a kernel's 1,024 descriptors: `ps` timed out, the gRPC
+/// gate notwithstanding. Now each HTTP listener has a gate of its own with
+/// a sixteenth of the descriptors: the oldest silent socket gives way to a
+/// new one, `ps` answers at once, and the listener itself still serves.
+#[test]
+fn silent_sockets_on_the_http_listeners_cannot_lock_the_control_plane_out() {
+    let limit = hivekernel_kernel::grpc::raise_open_file_limit().unwrap_or(0);
+    assert!(
+        limit >= 2_400,
+        "this test opens 2,200 sockets; the open-file limit is {limit}"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        r#"{"kernel": {"listen": "127.0.0.1:0", "default_runtime": "echo",
+                       "dashboard": {"listen": "127.0.0.1:0"},
+                       "metrics": {"listen": "127.0.0.1:0"}}}"#,
+    );
+    let kernel = Kernel::start_limited(home, &config, &[], Some(1024));
+    let dashboard = logged_addr(&kernel, "dashboard on ");
+    let metrics = logged_addr(&kernel, "metrics on ");
+    for (name, addr, path) in [
+        ("dashboard", dashboard, "/"),
+        ("metrics", metrics, "/healthz"),
+    ] {
+        let mut silent = silent_sockets(addr, 1_100);
+        let started = Instant::now();
+        let ps = kernel.cli(&["ps"]);
+        let took = started.elapsed();
+        assert!(ps.ok().contains("kernel"), "{name}: {ps:#?}");
+        assert!(took < Duration::from_secs(2), "{name}: ps took {took:?}");
+        eprintln!("1,100 silent sockets on the {name} listener, then ps answered in {took:?}");
+        // The listener itself still answers: its oldest silent socket gave way.
+        let status = http_status(addr, path).unwrap();
+        assert!(status.contains(" 200"), "{name}: {status}");
+        assert!(
+            closed_within(&mut silent[0], Duration::from_secs(5)),
+            "{name}: the oldest silent socket is still open"
+        );
+    }
+    let log = kernel.log();
+    assert!(
+        log.contains("connection limit reached (kernel.connections.http_max)"),
+        "{log}"
+    );
+}
+
+/// An HTTP connection that sends no whole request head within
+/// `kernel.connections.http_header_timeout_ms`, or sits idle after its
+/// requests past `http_idle_timeout_ms`, is closed.
+#[test]
+fn http_connections_that_dawdle_are_closed() {
+    use std::io::Write;
+    let home = tempfile::tempdir().unwrap();
+    let config = write_config(
+        home.path(),
+        r#"{"kernel": {"listen": "127.0.0.1:0", "default_runtime": "echo",
+                       "metrics": {"listen": "127.0.0.1:0"},
+                       "connections": {"http_header_timeout_ms": 300,
+                                       "http_idle_timeout_ms": 500}}}"#,
+    );
+    let kernel = Kernel::start_with(home, &config, &[]);
+    let metrics = logged_addr(&kernel, "metrics on ");
+    let mut silent = std::net::TcpStream::connect(metrics).unwrap();
+    let mut partial = std::net::TcpStream::connect(metrics).unwrap();
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut idle = std::net::TcpStream::connect(metrics).unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(10)));
+    assert!(closed_within(&mut partial, Duration::from_secs(10)));
+    // Its answer first, then the close once it has been idle.
+    assert!(closed_within(&mut idle, Duration::from_secs(10)));
+    assert!(http_status(metrics, "/healthz").unwrap().contains(" 200"));
+}
+
 /// A connection that makes no authenticated call within
 /// `kernel.connections.handshake_timeout_ms` is closed: one that says
 /// nothing, and one that sends the HTTP/2 preface and stops there.
@@ -562,4 +679,118 @@ async fn the_python_sdk_agent_runs_in_the_sandbox_with_its_paths_granted() {
         "{}",
         kernel.log()
     );
+}
+
+/// A raw HTTP/1.1 POST of an MCP `initialize` to `url` (`http://host:port/mcp`)
+/// with `headers`; the status line and the body.
+fn mcp_initialize(url: &str, headers: &[(&str, &str)]) -> (String, String) {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"probe","version":"1"}}}"#;
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.lines().next().unwrap_or_default().to_owned();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Once, `mcp serve --http` took any `Authorization: Bearer` as a token and
+/// opened an MCP session for each `initialize`: 15,000 of them with a
+/// made-up token took it from 28 MB to 1.1 GB. A page on another site could
+/// also call it (no `Origin` check). Now the token is checked with the kernel
+/// before MCP sees the request, a foreign origin is answered 403, and
+/// thousands of made-up tokens leave its memory where it was.
+#[test]
+fn mcp_serve_over_http_refuses_foreign_origins_and_unknown_tokens_before_mcp() {
+    let kernel = Kernel::start();
+    let (bridge, url) = crate::mcp_serve::serve_http_with(
+        &kernel,
+        &["--allow-origin", "http://localhost:6274"],
+        None,
+    );
+    let token = kernel.token();
+    let bearer = format!("Bearer {token}");
+    let own_origin = url.trim_end_matches("/mcp").to_owned();
+
+    let (status, body) = mcp_initialize(
+        &url,
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://evil.example"),
+        ],
+    );
+    assert!(status.contains(" 403"), "{status} {body}");
+    assert!(body.contains("--allow-origin"), "{body}");
+    for origin in [own_origin.as_str(), "http://localhost:6274"] {
+        let (status, body) =
+            mcp_initialize(&url, &[("Authorization", &bearer), ("Origin", origin)]);
+        assert!(status.contains(" 200"), "{origin}: {status} {body}");
+    }
+    let (status, body) = mcp_initialize(&url, &[("Authorization", "Bearer made-up")]);
+    assert!(status.contains(" 401"), "{status} {body}");
+    assert!(body.contains("does not know this token"), "{body}");
+
+    let pid = bridge.0.id();
+    let before = rss(pid);
+    for i in 0..3_000 {
+        let (status, _) = mcp_initialize(&url, &[("Authorization", &format!("Bearer forged-{i}"))]);
+        assert!(status.contains(" 401"), "{i}: {status}");
+    }
+    let growth = rss(pid).saturating_sub(before);
+    eprintln!("3,000 initialize calls with made-up tokens: mcp serve RSS +{growth} B");
+    assert!(
+        growth < 30 << 20,
+        "3,000 made-up tokens grew mcp serve by {growth} bytes"
+    );
+    // The real token still works.
+    let (status, body) = mcp_initialize(&url, &[("Authorization", &bearer)]);
+    assert!(status.contains(" 200"), "{status} {body}");
+}
+
+/// `mcp serve --http` under an open-file limit of 1,024 with 1,100 silent
+/// sockets open on it still answers a client at once: its listener has the
+/// same gate as the kernel's.
+#[test]
+fn silent_sockets_cannot_lock_mcp_serve_out() {
+    let limit = hivekernel_kernel::grpc::raise_open_file_limit().unwrap_or(0);
+    assert!(
+        limit >= 1_300,
+        "this test opens 1,100 sockets; the open-file limit is {limit}"
+    );
+    let kernel = Kernel::start();
+    let (_bridge, url) = crate::mcp_serve::serve_http_with(&kernel, &[], Some(1024));
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+    let mut silent = silent_sockets(addr, 1_100);
+    let bearer = format!("Bearer {}", kernel.token());
+    let started = Instant::now();
+    let (status, body) = mcp_initialize(&url, &[("Authorization", &bearer)]);
+    let took = started.elapsed();
+    assert!(status.contains(" 200"), "{status} {body}");
+    assert!(took < Duration::from_secs(2), "initialize took {took:?}");
+    eprintln!("1,100 silent sockets on mcp serve, then initialize answered in {took:?}");
+    assert!(closed_within(&mut silent[0], Duration::from_secs(5)));
 }

@@ -41,23 +41,9 @@ pub(super) struct Session {
 impl Session {
     /// Connects to the kernel named by `args` and loads the token.
     pub(super) async fn connect(args: &ClientArgs) -> Result<Session, CliError> {
-        let addr = resolve_addr(args);
-        let tls = client_tls(args, &addr)?;
-        let secure = tls.is_some();
-        let mut endpoint = Endpoint::from_shared(addr.clone())
-            .map_err(|err| CliError::Usage(format!("invalid kernel address {addr:?}: {err}")))?
-            .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls).map_err(|err| {
-                CliError::Usage(format!("TLS settings for {addr}: {}", error_chain(&err)))
-            })?;
-        }
         // Connect before reading the token: when the kernel is down, "cannot
         // connect" is the real problem even if the token file is missing too.
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|err| connect_error(&addr, error_chain(&err), secure))?;
+        let (channel, addr, secure) = connect_channel(args).await?;
         let (token, token_hint) = load_token(args.token.as_deref(), &args.data_dir)?;
         let client = KernelClient::with_interceptor(channel, Bearer::new(&token)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -130,6 +116,29 @@ impl Session {
 }
 
 /// `--addr` (or `HIVEKERNEL_ADDR`), else the address the kernel wrote to its data directory.
+/// A connection to the kernel named by `args`, carrying no token: its
+/// address as used, and whether it is TLS.
+pub(super) async fn connect_channel(
+    args: &ClientArgs,
+) -> Result<(Channel, String, bool), CliError> {
+    let addr = resolve_addr(args);
+    let tls = client_tls(args, &addr)?;
+    let secure = tls.is_some();
+    let mut endpoint = Endpoint::from_shared(addr.clone())
+        .map_err(|err| CliError::Usage(format!("invalid kernel address {addr:?}: {err}")))?
+        .connect_timeout(CONNECT_TIMEOUT);
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).map_err(|err| {
+            CliError::Usage(format!("TLS settings for {addr}: {}", error_chain(&err)))
+        })?;
+    }
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|err| connect_error(&addr, error_chain(&err), secure))?;
+    Ok((channel, addr, secure))
+}
+
 fn resolve_addr(args: &ClientArgs) -> String {
     let tls = args.tls_ca.is_some() || args.tls_cert.is_some();
     if let Some(addr) = &args.addr {

@@ -66,6 +66,7 @@ impl CliError {
             return;
         }
         let text = self.to_string();
+        let text = super::output::visible(&text);
         let mut stderr = io::stderr().lock();
         for line in text.lines() {
             // Nothing sensible is left to do if stderr itself is gone.

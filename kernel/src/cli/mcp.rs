@@ -104,7 +104,11 @@ pub(super) async fn run(command: McpCommand) -> Result<(), CliError> {
             };
             output::print(&output::line(&text))
         }
-        McpCommand::Serve { http, client } => serve::run(http, client).await,
+        McpCommand::Serve {
+            http,
+            allow_origin,
+            client,
+        } => serve::run(http, allow_origin, client).await,
     }
 }
 

@@ -10,12 +10,40 @@ use serde_json::{Map, Value, json};
 
 use super::{CliError, names};
 
-/// Writes `text` to stdout; a closed pipe is reported as an error the caller keeps quiet.
+/// Writes `text` to stdout with its control characters made visible
+/// ([`visible`]); a closed pipe is reported as an error the caller keeps quiet.
 pub(super) fn print(text: &str) -> Result<(), CliError> {
+    print_raw(&visible(text))
+}
+
+/// Writes `text` to stdout as it is: only for what this program composed
+/// itself (a terminal's clear-screen sequence).
+pub(super) fn print_raw(text: &str) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
     Ok(())
+}
+
+/// `text` with every control character but newline and tab written as
+/// `\u001b` (JSON's own escape, so JSON output stays valid JSON): names,
+/// messages, model output and logs come from processes and models, and an
+/// escape sequence among them would drive the reader's terminal (retitle
+/// it, rewrite what is on screen, paste into its input).
+pub(crate) fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.contains(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `text` followed by exactly one newline.

@@ -38,10 +38,11 @@ pub(super) async fn ps(args: PsArgs) -> Result<(), CliError> {
         let procs = list(&mut session, root).await?;
         // Clear the screen, then the table and when it was drawn.
         let text = format!(
-            "\x1b[H\x1b[2J{}\n{} (Ctrl-C to stop)\n",
+            "{}\n{} (Ctrl-C to stop)\n",
             render(&args, &procs),
             output::rfc3339_utc(human::now_ms())
         );
+        output::print_raw("\x1b[H\x1b[2J")?;
         output::print(&text)?;
         tokio::select! {
             _ = &mut ctrl_c => return Ok(()),

@@ -1,10 +1,12 @@
-//! `kernel.connections`, both phases: how the control plane treats TCP
-//! connections before and after they speak.
+//! `kernel.connections`, both phases: how the control plane and the HTTP
+//! listeners treat TCP connections before and after they speak.
 //!
 //! ```json
 //! "kernel": {
 //!   "connections": { "max": 1024, "handshake_timeout_ms": 10000,
-//!                    "keepalive_interval_seconds": 30, "keepalive_timeout_seconds": 10 }
+//!                    "keepalive_interval_seconds": 30, "keepalive_timeout_seconds": 10,
+//!                    "http_max": 256, "http_header_timeout_ms": 10000,
+//!                    "http_idle_timeout_ms": 60000 }
 //! }
 //! ```
 
@@ -28,6 +30,14 @@ pub struct ConnectionSettings {
     pub keepalive_interval: Duration,
     /// A ping unanswered this long closes the connection.
     pub keepalive_timeout: Duration,
+    /// Connections open at once on each HTTP listener (the dashboard,
+    /// `/metrics`); lowered to a sixteenth of the open-file limit.
+    pub http_max: usize,
+    /// An HTTP connection whose first request head has not arrived whole
+    /// this long after it opens is closed.
+    pub http_header_timeout: Duration,
+    /// An HTTP connection with no request in flight this long is closed.
+    pub http_idle_timeout: Duration,
 }
 
 impl Default for ConnectionSettings {
@@ -37,6 +47,9 @@ impl Default for ConnectionSettings {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
+            http_max: 256,
+            http_header_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -49,6 +62,9 @@ struct RawConnections {
     handshake_timeout_ms: u64,
     keepalive_interval_seconds: u64,
     keepalive_timeout_seconds: u64,
+    http_max: usize,
+    http_header_timeout_ms: u64,
+    http_idle_timeout_ms: u64,
 }
 
 impl Default for RawConnections {
@@ -59,6 +75,9 @@ impl Default for RawConnections {
             handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
             keepalive_interval_seconds: d.keepalive_interval.as_secs(),
             keepalive_timeout_seconds: d.keepalive_timeout.as_secs(),
+            http_max: d.http_max,
+            http_header_timeout_ms: d.http_header_timeout.as_millis() as u64,
+            http_idle_timeout_ms: d.http_idle_timeout.as_millis() as u64,
         }
     }
 }
@@ -89,10 +108,26 @@ pub(super) fn connections(
         &at("keepalive_timeout_seconds"),
         issues,
     );
+    in_range(raw.http_max, 1..=1_000_000, &at("http_max"), issues);
+    in_range(
+        raw.http_header_timeout_ms,
+        100..=600_000,
+        &at("http_header_timeout_ms"),
+        issues,
+    );
+    in_range(
+        raw.http_idle_timeout_ms,
+        100..=86_400_000,
+        &at("http_idle_timeout_ms"),
+        issues,
+    );
     ConnectionSettings {
         max: raw.max,
         handshake_timeout: Duration::from_millis(raw.handshake_timeout_ms),
         keepalive_interval: Duration::from_secs(raw.keepalive_interval_seconds),
         keepalive_timeout: Duration::from_secs(raw.keepalive_timeout_seconds),
+        http_max: raw.http_max,
+        http_header_timeout: Duration::from_millis(raw.http_header_timeout_ms),
+        http_idle_timeout: Duration::from_millis(raw.http_idle_timeout_ms),
     }
 }

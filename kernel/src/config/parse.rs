@@ -160,7 +160,7 @@ impl<T> Section<T> {
 
 /// Parses the whole file; `None` when there is nothing further to check.
 pub(super) fn document(text: &str, issues: &mut Vec<ConfigIssue>) -> Option<Document> {
-    let value: Value = match serde_json::from_str(text) {
+    let value: Value = match hivekernel_agents::json::parse(text) {
         Ok(value) => value,
         Err(err) => {
             issues.push(ConfigIssue::new("", format!("invalid JSON: {err}")));

@@ -76,14 +76,16 @@ impl Schema {
         } else {
             json
         };
-        let mut reader = serde_json::Deserializer::from_slice(json);
+        let refused =
+            |err: serde_json::Error| format!("the body is not a {}: {err}", method.input().name());
+        // Repeated keys are refused first: which of two would count is a guess.
+        let value = hivekernel_agents::json::parse_slice(json).map_err(refused)?;
         let message = DynamicMessage::deserialize_with_options(
             method.input(),
-            &mut reader,
+            value,
             &DeserializeOptions::new().deny_unknown_fields(true),
         )
-        .and_then(|message| reader.end().map(|()| message))
-        .map_err(|err| format!("the body is not a {}: {err}", method.input().name()))?;
+        .map_err(refused)?;
         Ok(Bytes::from(message.encode_to_vec()))
     }
 

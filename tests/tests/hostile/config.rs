@@ -19,6 +19,28 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
         ("null".into(), "", "must be a JSON object"),
         ("\"kernel\"".into(), "", "must be a JSON object"),
         (deep, "", "recursion limit"),
+        // Two equal keys: which one counts would be a guess.
+        (
+            r#"{"kernel": {"listen": "127.0.0.1:0", "listen": "0.0.0.0:50051"}}"#.into(),
+            "",
+            "duplicate key \"listen\" in kernel at line 1",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "role": "task", "role": "daemon"}]}"#.into(),
+            "",
+            "duplicate key \"role\" in agents[0]",
+        ),
+        // Files of the kernel's interfaces look regular and hold secrets.
+        (
+            r#"{"agents": [{"name": "a", "system_prompt_file": "/proc/self/environ"}]}"#.into(),
+            "agents[0] (a).system_prompt_file",
+            "it is in /proc, an interface of the operating system",
+        ),
+        (
+            r#"{"agents": [{"name": "a", "system_prompt_file": "/sys/kernel/mm/transparent_hugepage/enabled"}]}"#.into(),
+            "agents[0] (a).system_prompt_file",
+            "it is in /sys, an interface of the operating system",
+        ),
         (
             r#"{"kernel": 5}"#.into(),
             "kernel",

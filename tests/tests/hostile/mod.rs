@@ -16,6 +16,7 @@
 //!   flood's alone).
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
+//! - `memory`: what the kernel keeps of floods of large texts, measured on the real binary.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
@@ -23,6 +24,7 @@
 
 mod config;
 mod grpc;
+mod memory;
 mod props;
 mod shell;
 mod tool_args;

@@ -7,7 +7,8 @@
 //! message. Over stdio the token comes from where every client command
 //! reads it (`--token`, `HIVEKERNEL_TOKEN`, `<DATA_DIR>/admin.token`); over
 //! HTTP each request carries its own in `Authorization: Bearer`, and one
-//! without is answered 401 before MCP sees it.
+//! without a token the kernel takes is answered 401 before MCP sees it
+//! (serve/streamable.rs).
 //!
 //! The kernel is reached on the first call, not at start, so a client that
 //! starts this server before the kernel still gets it, and every tool says
@@ -43,7 +44,7 @@ const EVENTS_DEFAULT: usize = 100;
 /// The most events one `events` call returns.
 const EVENTS_MAX: usize = 1000;
 /// Distinct tokens whose connections are kept (HTTP); past it they are all dropped.
-const MAX_SESSIONS: usize = 64;
+const KEPT_TOKENS: usize = 64;
 /// The longest `exec` timeout taken (a year); longer is refused, not clamped.
 const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -55,15 +56,18 @@ its output, `send` leaves a message in its mailbox, `kill` ends it and its subtr
 what happened since a sequence number; `cron_*` manage schedules. The kernel checks every call \
 against the caller's token, as it checks any client.";
 
+mod streamable;
+
 /// Serves the tools on stdin/stdout, or on `http` (loopback only) until Ctrl-C.
 pub(in crate::cli) async fn run(
     http: Option<SocketAddr>,
+    allow_origin: Vec<String>,
     client: ClientArgs,
 ) -> Result<(), CliError> {
     let bridge = Bridge::new(client, http.is_some());
     match http {
         None => serve_stdio(bridge).await,
-        Some(addr) => serve_http(bridge, addr).await,
+        Some(addr) => streamable::serve(bridge, addr, allow_origin).await,
     }
 }
 
@@ -78,67 +82,6 @@ async fn serve_stdio(bridge: Bridge) -> Result<(), CliError> {
         .await
         .map_err(|err| CliError::Refused(format!("the MCP session ended with an error: {err}")))?;
     Ok(())
-}
-
-async fn serve_http(bridge: Bridge, addr: SocketAddr) -> Result<(), CliError> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService,
-    };
-
-    if !addr.ip().is_loopback() {
-        return Err(CliError::Usage(format!(
-            "--http {addr}: mcp serve listens on loopback only (127.0.0.1 or [::1]); \
-             put a TLS-terminating proxy in front to reach it from elsewhere"
-        )));
-    }
-    let stop = tokio_util::sync::CancellationToken::new();
-    // The default accepts only loopback Host headers (DNS rebinding).
-    let config = StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
-    let service = StreamableHttpService::new(
-        move || Ok(bridge.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn(require_bearer));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|err| CliError::Usage(format!("cannot listen on {addr}: {err}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|err| CliError::Usage(format!("cannot listen on {addr}: {err}")))?;
-    // The one line a script waits for; the address is the real one with port 0.
-    eprintln!("mcp serve: listening on http://{bound}/mcp");
-    let shutdown = async move {
-        // Without a Ctrl-C handler the default one still ends the process.
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|err| CliError::Refused(format!("mcp serve on {bound}: {err}")))
-}
-
-/// Answers 401 to a request without `Authorization: Bearer <token>`.
-async fn require_bearer(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    if bearer(request.headers()).is_some() {
-        return next.run(request).await;
-    }
-    let body = "mcp serve: send the kernel's admin token or a process token \
-                as `Authorization: Bearer <token>`\n";
-    let mut response = axum::response::Response::new(axum::body::Body::from(body));
-    *response.status_mut() = http::StatusCode::UNAUTHORIZED;
-    response.headers_mut().insert(
-        http::header::WWW_AUTHENTICATE,
-        http::HeaderValue::from_static("Bearer"),
-    );
-    response
 }
 
 /// The token of an `Authorization: Bearer` header.
@@ -179,12 +122,17 @@ impl Kernel {
             args.token = Some(token.to_owned());
         }
         let session = Session::connect(&args).await?;
+        self.keep_session(key, session.clone());
+        Ok(session)
+    }
+
+    /// Keeps `session` as `token`'s connection.
+    fn keep_session(&self, token: &str, session: Session) {
         let mut sessions = self.sessions.lock();
-        if sessions.len() >= MAX_SESSIONS {
+        if sessions.len() >= KEPT_TOKENS && !sessions.contains_key(token) {
             sessions.clear();
         }
-        sessions.insert(key.to_owned(), session.clone());
-        Ok(session)
+        sessions.insert(token.to_owned(), session);
     }
 
     /// Forgets `token`'s connection, so the next call connects again (and

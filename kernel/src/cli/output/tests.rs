@@ -177,3 +177,18 @@ fn timestamps_are_utc_rfc3339() {
     assert_eq!(rfc3339_utc(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
     assert_eq!(rfc3339_utc(4_102_444_800_000), "2100-01-01T00:00:00.000Z");
 }
+
+#[test]
+fn control_characters_from_processes_are_made_visible() {
+    let name = "evil\x1b]0;pwned\x07\x1b[2J\u{9b}31m\r";
+    assert_eq!(
+        visible(name),
+        "evil\\u001b]0;pwned\\u0007\\u001b[2J\\u009b31m\\u000d"
+    );
+    assert_eq!(visible("tab\tand\nnewline é"), "tab\tand\nnewline é");
+    // JSON output stays JSON, and means the same.
+    let json = serde_json::json!({ "name": name }).to_string();
+    let shown = visible(&json);
+    let back: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(back["name"], name);
+}
