@@ -17,12 +17,16 @@
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
+//! - `model`: a model endpoint that answers without end (an endless stream
+//!   of tool-call arguments, an endless body), with 5,000 tool calls, and
+//!   an MCP server listing megabytes of tools.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
 #![allow(clippy::unwrap_used)]
 
 mod config;
 mod grpc;
+mod model;
 mod props;
 mod shell;
 mod tool_args;
