@@ -12,6 +12,8 @@
 //! - [`error`]: every way a model call can fail, as [`LlmError`].
 //! - [`openai`]: [`OpenAiProvider`] for any OpenAI-compatible chat-completions endpoint.
 //! - [`admission`]: [`Admission`], the kernel-wide cap on requests in flight.
+//! - [`limits`]: [`Limits`], the caps on an answer's bytes and tool calls
+//!   and on a request's tool definitions.
 //! - [`calibration`]: token estimates scaled by what servers count.
 //! - [`scripted`]: [`ScriptedProvider`], deterministic and offline; its rules are in its docs.
 //! - `retry` (private): backoff with jitter and `Retry-After`.
@@ -22,6 +24,7 @@ pub mod admission;
 pub mod calibration;
 pub mod catalogue;
 pub mod error;
+pub mod limits;
 pub mod openai;
 mod retry;
 pub mod scripted;
@@ -35,6 +38,7 @@ use async_trait::async_trait;
 
 pub use admission::Admission;
 pub use error::LlmError;
+pub use limits::{Limits, OverLimit};
 pub use openai::{OpenAiProvider, OpenAiSettings};
 pub use scripted::{SUBTASKS_MARKER, SYNTHESIZE_MARKER, ScriptedProvider};
 pub use types::{
@@ -106,11 +110,7 @@ pub fn estimate_tokens(messages: &[ChatMessage]) -> u64 {
 
 /// [`estimate_tokens`] of the messages plus the tool schemas, which also take up context.
 pub fn estimate_request_tokens(request: &ChatRequest) -> u64 {
-    let tools: usize = request
-        .tools
-        .iter()
-        .map(|tool| tool.name.len() + tool.description.len() + tool.parameters.to_string().len())
-        .sum();
+    let tools: usize = request.tools.iter().map(ToolSchema::definition_bytes).sum();
     estimate_tokens(&request.messages) + (tools as u64).div_ceil(4)
 }
 

@@ -120,6 +120,8 @@ pub struct McpTool {
     pub schema: ToolSchema,
     /// Estimated tokens the schema takes in every request that offers it.
     pub tokens: u64,
+    /// Bytes the schema takes in such a request ([`ToolSchema::definition_bytes`]).
+    pub bytes: usize,
 }
 
 /// The tools a server offers now, after its `tools.include`/`exclude`

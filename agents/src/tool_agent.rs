@@ -115,6 +115,11 @@ pub struct AgentSettings {
     pub max_completion_tokens: u32,
     /// Longest tool result handed to the model, in bytes; longer ones are cut.
     pub max_tool_result_bytes: usize,
+    /// Bytes of tool definitions one request may offer
+    /// (`llm.max_tool_definition_bytes`): the built-in and skill tools go
+    /// whole, MCP tools fill what is left in tool-list order, and the
+    /// system prompt names those left out.
+    pub max_tool_definition_bytes: usize,
     /// Name of the provider the kernel uses, for the identity section and logs.
     pub provider: String,
     /// Whether the system prompt carries the process's budget state (tokens
@@ -140,6 +145,7 @@ impl Default for AgentSettings {
             default_context_tokens: 128_000,
             max_completion_tokens: 4096,
             max_tool_result_bytes: 64 * 1024,
+            max_tool_definition_bytes: crate::llm::Limits::default().tool_definition_bytes,
             provider: "scripted".into(),
             budget_in_prompt: true,
             skill_catalogue_tokens: 4_000,
@@ -199,12 +205,14 @@ impl Cached {
             tools: schemas.clone(),
             ..ChatRequest::new("", Vec::new())
         });
+        let bytes = schemas.iter().map(ToolSchema::definition_bytes).sum();
         let toolset = Arc::new(Toolset {
             tools,
             mcp,
             skills,
             schemas,
             tokens,
+            bytes,
         });
         Cached {
             stateless: Arc::new(ToolAgent {
@@ -232,6 +240,8 @@ pub struct Toolset {
     schemas: Vec<ToolSchema>,
     /// Estimated tokens the built-in schemas take in every request.
     tokens: u64,
+    /// Bytes of the built-in schemas ([`ToolSchema::definition_bytes`]).
+    bytes: usize,
 }
 
 impl ToolAgentFactory {
@@ -512,7 +522,7 @@ impl ToolAgent {
             None
         };
         loop {
-            let offered = if self.toolset.mcp.is_empty() {
+            let mut offered = if self.toolset.mcp.is_empty() {
                 Offered::default()
             } else {
                 self.toolset.mcp.offered(ctx).await
@@ -523,6 +533,18 @@ impl ToolAgent {
             } else {
                 Shelf::default()
             };
+            if !offered.tools.is_empty() {
+                let skills: usize = shelf
+                    .schemas()
+                    .iter()
+                    .map(ToolSchema::definition_bytes)
+                    .sum();
+                let room = self
+                    .settings
+                    .max_tool_definition_bytes
+                    .saturating_sub(self.toolset.bytes + skills);
+                offered.fit(room, self.settings.max_tool_definition_bytes);
+            }
             if calls.is_empty() {
                 let sections = prompt::Sections {
                     mcp: &offered,

@@ -142,6 +142,10 @@ pub struct LlmConfig {
     /// `parallel_tool_calls` sent with requests that offer tools; `None`
     /// sends nothing.
     pub parallel_tool_calls: Option<bool>,
+    /// Caps on an answer's bytes and tool calls and on a request's tool
+    /// definitions (`max_answer_bytes`, `max_tool_calls`,
+    /// `max_tool_definition_bytes`).
+    pub limits: hivekernel_agents::llm::Limits,
 }
 
 impl Default for LlmConfig {
@@ -162,6 +166,7 @@ impl Default for LlmConfig {
             max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
                 .max_completion_tokens,
             parallel_tool_calls: None,
+            limits: hivekernel_agents::llm::Limits::default(),
         }
     }
 }

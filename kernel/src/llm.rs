@@ -81,6 +81,7 @@ pub fn choose_provider(
         strict_roles: config.strict_roles,
         max_completion_tokens: config.max_completion_tokens,
         parallel_tool_calls: config.parallel_tool_calls,
+        limits: config.limits,
     };
     let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
     Ok(ChosenProvider {

@@ -383,6 +383,7 @@ fn llm_error_type(err: &LlmError) -> &'static str {
         LlmError::Transport(_) => "transport_error",
         LlmError::Timeout(_) => "timeout",
         LlmError::InvalidResponse(_) => "invalid_response",
+        LlmError::OverLimit(_) => "over_limit",
         LlmError::UnknownModel(_) => "unknown_model",
         LlmError::Config(_) => "config",
         LlmError::Refused(_) => "refused",

@@ -12,6 +12,8 @@
 //! and per piece of each tool call's arguments, the finish reason, the
 //! usage, then `[DONE]`. [`Scripted::Events`] sends events of its own at
 //! its own pace, and the server counts streams the client hung up on.
+//! [`Scripted::Flood`] is an answer that goes on (a stream of tool-call
+//! argument deltas, a JSON body) and counts the bytes it got out.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -54,6 +56,27 @@ pub enum Scripted {
     /// `200 OK` as server-sent events: each `(wait, data)` sent as
     /// `data: {data}` after its wait; the stream then ends.
     Events(Vec<(Duration, String)>),
+    /// `200 OK` that goes on until the client hangs up (counted), or
+    /// until a safety cap of bytes is sent; see [`Flood`].
+    Flood(Flood),
+}
+
+/// An answer without end: `head`, then `piece` again and again, as fast
+/// as the client takes them, until it hangs up or `up_to` bytes went out
+/// (then the answer just ends, unfinished).
+#[derive(Debug, Clone)]
+pub struct Flood {
+    /// The HTTP status.
+    pub status: u16,
+    /// Each part as a `data:` event of a `text/event-stream`; else the
+    /// parts make up one `application/json` body.
+    pub events: bool,
+    /// What comes first (the start of the answer).
+    pub head: String,
+    /// What comes after it, again and again.
+    pub piece: String,
+    /// Bytes sent before giving up on the client hanging up.
+    pub up_to: usize,
 }
 
 /// Forever, for a test's purposes: a wait in [`Scripted::Events`] that
@@ -79,6 +102,12 @@ impl fmt::Debug for Scripted {
             }
             Scripted::Dynamic(_) => f.write_str("Dynamic(..)"),
             Scripted::Events(events) => f.debug_tuple("Events").field(events).finish(),
+            Scripted::Flood(flood) => f
+                .debug_struct("Flood")
+                .field("status", &flood.status)
+                .field("events", &flood.events)
+                .field("up_to", &flood.up_to)
+                .finish(),
         }
     }
 }
@@ -172,6 +201,49 @@ impl Scripted {
         let mut events: Vec<_> = word_deltas(text, "content", Duration::ZERO).collect();
         events.push((FOREVER, "[DONE]".to_owned()));
         Scripted::Events(events)
+    }
+
+    /// A streamed tool call whose arguments never end: after the call's
+    /// id and name, deltas of 4 KiB of arguments each, up to `up_to` bytes.
+    pub fn endless_arguments(up_to: usize) -> Self {
+        let head = json!({ "tool_calls": [{
+            "index": 0, "id": "call_flood", "type": "function",
+            "function": { "name": "read_file", "arguments": "{\"path\":\"" },
+        }]});
+        let piece = json!({ "tool_calls": [{
+            "index": 0, "function": { "arguments": "x".repeat(4096) },
+        }]});
+        Scripted::Flood(Flood {
+            status: 200,
+            events: true,
+            head: delta(head, None).to_string(),
+            piece: delta(piece, None).to_string(),
+            up_to,
+        })
+    }
+
+    /// A body read whole whose text never ends: the start of a
+    /// chat-completions JSON, then 8 KiB of text at a time, up to `up_to` bytes.
+    pub fn endless_body(up_to: usize) -> Self {
+        Scripted::Flood(Flood {
+            status: 200,
+            events: false,
+            head: r#"{"choices":[{"index":0,"message":{"role":"assistant","content":""#.to_owned(),
+            piece: "x".repeat(8192),
+            up_to,
+        })
+    }
+
+    /// `status` with a body that never ends: an error's start, then 8 KiB
+    /// of text at a time, up to `up_to` bytes.
+    pub fn endless_error(status: u16, up_to: usize) -> Self {
+        Scripted::Flood(Flood {
+            status,
+            events: false,
+            head: r#"{"error":{"message":"overloaded "#.to_owned(),
+            piece: "x".repeat(8192),
+            up_to,
+        })
     }
 
     /// An answer computed from the request body.
@@ -331,6 +403,8 @@ struct State {
     pages: Mutex<Vec<(String, Value)>>,
     /// Streamed answers the client hung up on before their end.
     hung_up: Mutex<usize>,
+    /// Bytes of [`Scripted::Flood`] answers handed to the connection.
+    flooded: Mutex<usize>,
 }
 
 /// A running loopback chat-completions server; stops when dropped.
@@ -386,6 +460,7 @@ impl LlmServer {
             concurrency: Mutex::default(),
             pages: Mutex::default(),
             hung_up: Mutex::default(),
+            flooded: Mutex::default(),
         });
         let task = tokio::spawn(accept(listener, state.clone()));
         LlmServer { addr, state, task }
@@ -450,6 +525,13 @@ impl LlmServer {
     /// Streamed answers the client closed the connection of before they ended.
     pub fn hung_up(&self) -> usize {
         *self.state.hung_up.lock()
+    }
+
+    /// Bytes of [`Scripted::Flood`] answers the server got out so far:
+    /// what the client read, plus what the sockets and channels between
+    /// held when it hung up.
+    pub fn flooded(&self) -> usize {
+        *self.state.flooded.lock()
     }
 }
 
@@ -560,6 +642,7 @@ async fn render(mut answer: Scripted, request: &Value, answering: Answering) -> 
             Scripted::Json(body) if streaming => Scripted::Events(as_events(&body)),
             Scripted::Json(body) => return respond(200, body.to_string(), None),
             Scripted::Events(events) => return stream(events, answering),
+            Scripted::Flood(flood) => return flood_out(flood, answering),
             Scripted::Status {
                 status,
                 body,
@@ -603,6 +686,42 @@ fn stream(events: Vec<(Duration, String)>, answering: Answering) -> Response<Bod
     Response::builder()
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "text/event-stream")
+        .body(BodyExt::boxed(body))
+        .expect("a valid response")
+}
+
+/// Sends `flood` as fast as the client reads it, holding `answering`
+/// until the client hangs up (counted) or `up_to` bytes went out.
+fn flood_out(flood: Flood, answering: Answering) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    let part = |text: &str| match flood.events {
+        true => Bytes::from(format!("data: {text}\n\n")),
+        false => Bytes::from(text.to_owned()),
+    };
+    let (head, piece) = (part(&flood.head), part(&flood.piece));
+    let content_type = match flood.events {
+        true => "text/event-stream",
+        false => "application/json",
+    };
+    tokio::spawn(async move {
+        let mut next = head;
+        let mut sent = 0;
+        while sent < flood.up_to {
+            let bytes = next.len();
+            if tx.send(Ok(Frame::data(next))).await.is_err() {
+                *answering.0.hung_up.lock() += 1;
+                return;
+            }
+            sent += bytes;
+            *answering.0.flooded.lock() += bytes;
+            next = piece.clone();
+        }
+        drop(answering);
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder()
+        .status(StatusCode::from_u16(flood.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(hyper::header::CONTENT_TYPE, content_type)
         .body(BodyExt::boxed(body))
         .expect("a valid response")
 }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hivekernel_agents::llm::{
-    ChatMessage, ChatRequest, ChatRole, LlmError, OpenAiProvider, OpenAiSettings, Provider,
-    SUBTASKS_MARKER, ScriptedProvider, ToolCall, ToolSchema, Usage, estimate_request_tokens,
-    estimate_tokens,
+    ChatMessage, ChatRequest, ChatRole, Limits, LlmError, OpenAiProvider, OpenAiSettings,
+    OverLimit, Provider, SUBTASKS_MARKER, ScriptedProvider, ToolCall, ToolSchema, Usage,
+    estimate_request_tokens, estimate_tokens,
 };
 use hivekernel_tests::llm_server::{LlmServer, Scripted};
+use hivekernel_tests::wait_until;
 use serde_json::{Value, json};
 
 fn settings(server: &LlmServer) -> OpenAiSettings {
@@ -318,6 +319,56 @@ async fn unreadable_answers_are_invalid_responses() {
         );
     }
     assert_eq!(server.request_count(), 3, "invalid answers are not retried");
+}
+
+#[tokio::test]
+async fn an_error_whose_body_never_ends_is_read_only_so_far() {
+    let server = LlmServer::start(vec![Scripted::endless_error(500, 64 << 20)]).await;
+    let error = provider(&server, 0).chat(&task("hi")).await.unwrap_err();
+    let LlmError::Http { status: 500, body } = &error else {
+        panic!("{error:?}");
+    };
+    assert!(
+        body.starts_with(r#"{"error":{"message":"overloaded xxx"#) && body.len() < 2200,
+        "{body:.100}"
+    );
+    wait_until("the client to hang up", Duration::from_secs(30), || async {
+        server.hung_up() == 1
+    })
+    .await;
+    let flooded = server.flooded();
+    assert!(flooded < 16 << 20, "the server got {flooded} bytes out");
+}
+
+#[tokio::test]
+async fn answers_and_requests_past_the_limits_fail_at_once() {
+    let long = "x".repeat(100_000);
+    let server = LlmServer::start(vec![Scripted::content(&long)]).await;
+    let limits = Limits {
+        answer_bytes: 65536,
+        tool_definition_bytes: 100,
+        ..Limits::default()
+    };
+    let provider = OpenAiProvider::new(OpenAiSettings {
+        stream: false,
+        max_retries: 3,
+        limits,
+        ..settings(&server)
+    })
+    .unwrap();
+    // Its `Content-Length` says it is too long: not read, not tried again.
+    let error = provider.chat(&task("hi")).await.unwrap_err();
+    assert_eq!(error, LlmError::OverLimit(OverLimit::AnswerBytes(65536)));
+    assert_eq!(server.request_count(), 1);
+    // Tools past the limit are not sent at all.
+    let mut request = task("hi");
+    request.tools = vec![read_file_tool()];
+    let error = provider.chat(&request).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the request's tool definitions are over 100 bytes (llm.max_tool_definition_bytes)"
+    );
+    assert_eq!(server.request_count(), 1);
 }
 
 #[tokio::test]

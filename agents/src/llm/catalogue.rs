@@ -14,6 +14,10 @@ use serde::Deserialize;
 /// Longest the kernel waits for a server to say what it serves.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most bytes of such an answer read (a model list with descriptions of
+/// every model is a few MB at most).
+pub const ASK_MAX_BYTES: usize = 32 << 20;
+
 /// The models a server lists.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Catalogue {

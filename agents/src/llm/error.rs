@@ -32,6 +32,10 @@ pub enum LlmError {
     /// The answer was not a chat completion we can read.
     #[error("invalid response from the provider: {0}")]
     InvalidResponse(String),
+    /// The answer (or the request) passed one of the provider's [`Limits`](super::Limits);
+    /// never tried again.
+    #[error(transparent)]
+    OverLimit(#[from] super::OverLimit),
     /// The provider does not know the model.
     #[error("unknown model {0:?}")]
     UnknownModel(String),

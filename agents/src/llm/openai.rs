@@ -14,7 +14,14 @@ use tokio::time::Instant;
 
 use super::catalogue::{self, Catalogue};
 use super::stream::{Assembly, Events, Said};
-use super::{Admission, ChatRequest, ChatResponse, LlmError, Provider, Retry, Watch, retry, wire};
+use super::{
+    Admission, ChatRequest, ChatResponse, Limits, LlmError, OverLimit, Provider, Retry, Watch,
+    retry, wire,
+};
+
+/// Bytes of an error answer's body read: enough for any error a server
+/// words, and its start is all an error keeps.
+const MAX_ERROR_BODY_READ: usize = 64 << 10;
 
 /// Where and how to reach an OpenAI-compatible endpoint.
 #[derive(Clone, PartialEq, Eq)]
@@ -56,6 +63,9 @@ pub struct OpenAiSettings {
     /// `None` sends nothing (the server's default); `false` asks for at
     /// most one call per answer.
     pub parallel_tool_calls: Option<bool>,
+    /// Caps on an answer's bytes and tool calls and on a request's tool
+    /// definitions; a call past one fails, and is not tried again.
+    pub limits: Limits,
 }
 
 impl Default for OpenAiSettings {
@@ -75,6 +85,7 @@ impl Default for OpenAiSettings {
             strict_roles: false,
             max_completion_tokens: 4096,
             parallel_tool_calls: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -96,6 +107,7 @@ impl fmt::Debug for OpenAiSettings {
             .field("strict_roles", &self.strict_roles)
             .field("max_completion_tokens", &self.max_completion_tokens)
             .field("parallel_tool_calls", &self.parallel_tool_calls)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -129,6 +141,7 @@ struct Inner {
     strict: AtomicBool,
     max_completion_tokens: u32,
     parallel_tool_calls: Option<bool>,
+    limits: Limits,
     client: reqwest::Client,
     admission: Admission,
 }
@@ -262,6 +275,7 @@ impl OpenAiProvider {
                 strict: AtomicBool::new(settings.strict_roles),
                 max_completion_tokens: settings.max_completion_tokens.max(1),
                 parallel_tool_calls: settings.parallel_tool_calls,
+                limits: settings.limits,
                 client,
                 admission,
             }),
@@ -290,9 +304,13 @@ impl OpenAiProvider {
         let inner = &*self.inner;
         let get = |url: String| self.ask(inner.client.get(url));
         let url = format!("{}/models", inner.base_url);
-        let body = get(url.clone())
-            .await
-            .map_err(|e| LlmError::Transport(describe_transport(&url, &e)))?;
+        let body = get(url.clone()).await.map_err(|e| match e {
+            Asked::Failed(e) => LlmError::Transport(describe_transport(&url, &e)),
+            Asked::TooLong => LlmError::Transport(format!(
+                "{url} answered with more than {} bytes",
+                catalogue::ASK_MAX_BYTES
+            )),
+        })?;
         let mut listed = catalogue::parse_list(&body).ok_or_else(|| {
             LlmError::Transport(format!("{url} did not answer with a model list"))
         })?;
@@ -331,14 +349,23 @@ impl OpenAiProvider {
     }
 
     /// The body of a question about what the server serves: within
-    /// [`catalogue::ASK_TIMEOUT`], with the API key, an error status an error.
-    async fn ask(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>, reqwest::Error> {
+    /// [`catalogue::ASK_TIMEOUT`] and [`catalogue::ASK_MAX_BYTES`], with
+    /// the API key, an error status an error.
+    async fn ask(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>, Asked> {
         let mut request = request.timeout(catalogue::ASK_TIMEOUT);
         if let Some(key) = &self.inner.api_key {
             request = request.bearer_auth(key);
         }
-        let body = request.send().await?.error_for_status()?.bytes().await?;
-        Ok(body.to_vec())
+        let mut response = request
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(Asked::Failed)?;
+        match read_up_to(&mut response, catalogue::ASK_MAX_BYTES).await {
+            Ok((body, true)) => Ok(body),
+            Ok((_, false)) => Err(Asked::TooLong),
+            Err(e) => Err(Asked::Failed(e)),
+        }
     }
 
     /// The admission cap this provider's requests queue on.
@@ -400,20 +427,42 @@ impl OpenAiProvider {
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| value.starts_with("text/event-stream"));
+        let limits = &inner.limits;
         if !status.is_success() || !streamed {
-            // An error, or a server that answers whole whatever was asked.
-            let bytes = match tokio::time::timeout_at(cap, response.bytes()).await {
-                Err(_elapsed) => return Err(capped()),
-                Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
-                Ok(Ok(bytes)) => bytes,
+            // An error, or a server that answers whole whatever was asked:
+            // read up to a limit, never whatever length it goes on for.
+            let over = || Failure::fatal(OverLimit::AnswerBytes(limits.answer_bytes).into());
+            let most = match status.is_success() {
+                true => limits.answer_bytes,
+                false => MAX_ERROR_BODY_READ,
             };
-            if status.is_success() {
-                return wire::decode(&bytes).map_err(Failure::fatal);
+            if status.is_success()
+                && response
+                    .content_length()
+                    .is_some_and(|length| length > most as u64)
+            {
+                return Err(over());
             }
-            return Err(classify(status, retry_after, &bytes, model_id));
+            let (bytes, whole) =
+                match tokio::time::timeout_at(cap, read_up_to(&mut response, most)).await {
+                    Err(_elapsed) => return Err(capped()),
+                    Ok(Err(e)) => return Err(Failure::transport(&inner.endpoint, &e)),
+                    Ok(Ok(read)) => read,
+                };
+            if !status.is_success() {
+                return Err(classify(status, retry_after, &bytes, model_id));
+            }
+            if !whole {
+                return Err(over());
+            }
+            let answer = wire::decode(&bytes).map_err(Failure::fatal)?;
+            limits
+                .check_answer(&answer)
+                .map_err(|over| Failure::fatal(over.into()))?;
+            return Ok(answer);
         }
         let mut events = Events::default();
-        let mut answer = Assembly::default();
+        let mut answer = Assembly::new(*limits);
         let mut deadline = first_by;
         let mut waiting_first = true;
         loop {
@@ -440,7 +489,7 @@ impl OpenAiProvider {
             for data in datas {
                 waiting_first = false;
                 let added = answer.apply(&data).map_err(|said| match said {
-                    Said::Invalid(error) => Failure::fatal(error),
+                    Said::Fatal(error) => Failure::fatal(error),
                     Said::Error(said) => said_in_stream(said),
                 })?;
                 if !added.reasoning.is_empty() {
@@ -469,6 +518,32 @@ impl OpenAiProvider {
             }
         }
     }
+}
+
+/// Up to `most` bytes of `response`'s body, read as it comes, and whether
+/// that is all of it (a body that goes on is left unread).
+async fn read_up_to(
+    response: &mut reqwest::Response,
+    most: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = most.saturating_sub(body.len());
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, true))
+}
+
+/// How asking the server what it serves failed.
+enum Asked {
+    /// The request, or its status.
+    Failed(reqwest::Error),
+    /// The answer went on past [`catalogue::ASK_MAX_BYTES`].
+    TooLong,
 }
 
 /// An error a server sent inside a stream (the status was 200 already).
@@ -536,6 +611,7 @@ impl Provider for OpenAiProvider {
             return Err(LlmError::UnknownModel(request.model.clone()));
         }
         let inner = &*self.inner;
+        inner.limits.check_request(request)?;
         let shape = |strict| wire::Shape {
             strict,
             max_tokens: inner.max_completion_tokens,

@@ -8,12 +8,14 @@
 //! arguments in pieces), and `finish_reason` and `usage` are taken where
 //! they come (usage in a last chunk with no choices, as
 //! `stream_options.include_usage` asks). `data: [DONE]` ends the stream.
+//! The answer is held to the provider's [`Limits`]: a chunk that takes it
+//! past its bytes, or opens a tool call past its count, ends it.
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::wire::{self, ProviderError};
-use super::{ChatMessage, ChatResponse, LlmError, ToolCall, Usage};
+use super::{ChatMessage, ChatResponse, Limits, LlmError, OverLimit, ToolCall, Usage};
 
 /// Longest event (or line) a stream may send: far above any chunk, small
 /// enough that a server that never sends a newline cannot fill memory.
@@ -155,8 +157,14 @@ pub(super) struct Added {
 pub(super) enum Said {
     /// An `{"error": ...}` event.
     Error(ProviderError),
-    /// An event that is not a chunk.
-    Invalid(LlmError),
+    /// An event the answer cannot take: not a chunk, or one past a limit.
+    Fatal(LlmError),
+}
+
+impl From<OverLimit> for Said {
+    fn from(over: OverLimit) -> Self {
+        Said::Fatal(over.into())
+    }
 }
 
 /// The answer so far.
@@ -171,9 +179,20 @@ pub(super) struct Assembly {
     done: bool,
     /// Any chunk arrived.
     started: bool,
+    limits: Limits,
+    /// Bytes of the answer so far, as [`super::limits::answer_bytes`] counts them.
+    bytes: usize,
 }
 
 impl Assembly {
+    /// An empty answer, to be held to `limits`.
+    pub(super) fn new(limits: Limits) -> Self {
+        Assembly {
+            limits,
+            ..Assembly::default()
+        }
+    }
+
     /// Whether `[DONE]` arrived.
     pub(super) fn is_done(&self) -> bool {
         self.done
@@ -201,7 +220,7 @@ impl Assembly {
             return Ok(Added::default());
         }
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
-            Said::Invalid(LlmError::InvalidResponse(format!(
+            Said::Fatal(LlmError::InvalidResponse(format!(
                 "a streamed event is not a chat-completion chunk ({e}): {}",
                 wire::truncate(data)
             )))
@@ -224,20 +243,31 @@ impl Assembly {
             let Some(delta) = choice.delta else { continue };
             let text = wire::content_text(delta.content);
             let reasoning = wire::content_text(delta.reasoning_content.or(delta.reasoning));
+            self.count(0, text.len() + reasoning.len())?;
             self.content.push_str(&text);
             self.reasoning.push_str(&reasoning);
             added.text.push_str(&text);
             added.reasoning.push_str(&reasoning);
             for call in delta.tool_calls.unwrap_or_default() {
-                self.add_call(call);
+                self.add_call(call)?;
             }
         }
         Ok(added)
     }
 
+    /// Counts `added` bytes more of the answer and `dropped` ones it no
+    /// longer holds, refusing the change when it takes the answer past
+    /// the limit.
+    fn count(&mut self, dropped: usize, added: usize) -> Result<(), OverLimit> {
+        let bytes = self.bytes.saturating_sub(dropped).saturating_add(added);
+        self.limits.check_bytes(bytes)?;
+        self.bytes = bytes;
+        Ok(())
+    }
+
     /// Joins a tool call's piece to the call it continues: the one of its
     /// `index`; without an index, the last one unless it brings a new id.
-    fn add_call(&mut self, piece: CallDelta) {
+    fn add_call(&mut self, piece: CallDelta) -> Result<(), OverLimit> {
         let id = piece.id.filter(|id| !id.is_empty());
         let at = match piece.index {
             Some(index) => self.calls.iter().position(|c| c.index == Some(index)),
@@ -247,27 +277,41 @@ impl Assembly {
                 (_, None) => None,
             },
         };
-        let at = at.unwrap_or_else(|| {
-            self.calls.push(PartCall {
-                index: piece.index,
-                ..PartCall::default()
-            });
-            self.calls.len() - 1
-        });
+        let at = match at {
+            Some(at) => at,
+            None if self.calls.len() >= self.limits.tool_calls => {
+                return Err(OverLimit::ToolCalls(self.limits.tool_calls));
+            }
+            None => {
+                self.calls.push(PartCall {
+                    index: piece.index,
+                    ..PartCall::default()
+                });
+                self.calls.len() - 1
+            }
+        };
+        let (name, arguments) = match piece.function {
+            Some(function) => (
+                function.name.unwrap_or_default(),
+                match function.arguments {
+                    Some(Value::String(text)) => text,
+                    None | Some(Value::Null) => String::new(),
+                    Some(other) => other.to_string(),
+                },
+            ),
+            None => Default::default(),
+        };
+        // An id replaces the one before it; names and arguments add up.
+        let replaced = id.as_ref().map_or(0, |_| self.calls[at].id.len());
+        let added = id.as_ref().map_or(0, String::len) + name.len() + arguments.len();
+        self.count(replaced, added)?;
         let call = &mut self.calls[at];
         if let Some(id) = id {
             call.id = id;
         }
-        if let Some(function) = piece.function {
-            if let Some(name) = function.name {
-                call.name.push_str(&name);
-            }
-            match function.arguments {
-                Some(Value::String(text)) => call.arguments.push_str(&text),
-                None | Some(Value::Null) => {}
-                Some(other) => call.arguments.push_str(&other.to_string()),
-            }
-        }
+        call.name.push_str(&name);
+        call.arguments.push_str(&arguments);
+        Ok(())
     }
 
     /// The whole answer.
@@ -400,6 +444,85 @@ mod tests {
         assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()));
     }
 
+    fn limited(answer_bytes: usize, tool_calls: usize) -> Assembly {
+        Assembly::new(Limits {
+            answer_bytes,
+            tool_calls,
+            ..Limits::default()
+        })
+    }
+
+    fn over(said: Result<Added, Said>) -> OverLimit {
+        match said {
+            Err(Said::Fatal(LlmError::OverLimit(over))) => over,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_endless_answer_is_cut_at_its_byte_limit() {
+        let piece = r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"xxxxxxxxxx"}}]}}]}"#;
+        let mut answer = limited(1000, 64);
+        let head = r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]}"#;
+        answer.apply(head).unwrap();
+        let mut taken = 0;
+        let cut = loop {
+            match answer.apply(piece) {
+                Ok(_) => taken += 1,
+                Err(said) => break over(Err(said)),
+            }
+            assert!(taken < 1000, "never cut");
+        };
+        assert_eq!(cut, OverLimit::AnswerBytes(1000));
+        assert_eq!(
+            taken, 99,
+            "the id, the name and 99 pieces fit in 1000 bytes"
+        );
+        // Text and reasoning count too.
+        let mut answer = limited(10, 64);
+        answer
+            .apply(r#"{"choices":[{"delta":{"reasoning_content":"12345"}}]}"#)
+            .unwrap();
+        let text = answer.apply(r#"{"choices":[{"delta":{"content":"123456"}}]}"#);
+        assert_eq!(over(text), OverLimit::AnswerBytes(10));
+    }
+
+    #[test]
+    fn an_id_sent_again_is_counted_once() {
+        let piece = r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"arguments":"x"}}]}}]}"#;
+        let mut answer = limited(100, 64);
+        for _ in 0..90 {
+            answer.apply(piece).unwrap();
+        }
+        let answer = answer.finish().unwrap();
+        assert_eq!(answer.message.tool_calls[0].arguments.len(), 90);
+    }
+
+    #[test]
+    fn calls_past_the_limit_end_the_answer() {
+        let call = |i: usize| {
+            format!(
+                r#"{{"choices":[{{"delta":{{"tool_calls":[{{"index":{i},"id":"c{i}","function":{{"name":"f","arguments":"{{}}"}}}}]}}}}]}}"#
+            )
+        };
+        let mut answer = limited(1 << 20, 3);
+        for i in 0..3 {
+            answer.apply(&call(i)).unwrap();
+        }
+        // More pieces of a call already open are fine.
+        answer.apply(&call(2)).unwrap();
+        assert_eq!(over(answer.apply(&call(3))), OverLimit::ToolCalls(3));
+        // Without an index, each new id opens a call.
+        let mut answer = limited(1 << 20, 1);
+        let unindexed = |id: &str| {
+            format!(
+                r#"{{"choices":[{{"delta":{{"tool_calls":[{{"id":"{id}","function":{{"name":"f"}}}}]}}}}]}}"#
+            )
+        };
+        answer.apply(&unindexed("a")).unwrap();
+        assert_eq!(over(answer.apply(&unindexed("b"))), OverLimit::ToolCalls(1));
+    }
+
     #[test]
     fn errors_and_garbage_in_a_stream_are_told_apart() {
         let mut answer = Assembly::default();
@@ -410,7 +533,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(answer.apply("not json"), Err(Said::Invalid(_))));
+        assert!(matches!(answer.apply("not json"), Err(Said::Fatal(_))));
         assert!(Assembly::default().finish().is_err(), "no chunk at all");
     }
 }

@@ -126,6 +126,31 @@ pub struct ToolSchema {
     pub parameters: serde_json::Value,
 }
 
+impl ToolSchema {
+    /// Bytes it takes in a request: its name, its description and its
+    /// parameter schema as compact JSON.
+    pub fn definition_bytes(&self) -> usize {
+        let mut counted = Counted(0);
+        // Writing to a counter cannot fail, and a `Value` always serializes.
+        let _ = serde_json::to_writer(&mut counted, &self.parameters);
+        self.name.len() + self.description.len() + counted.0
+    }
+}
+
+/// A writer that only counts the bytes written to it.
+struct Counted(usize);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// One call to a model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {

@@ -53,11 +53,7 @@ pub(super) fn system_prompt(
     );
     text.push_str("\n## Tools\n");
     let skill_tools = skills.map(Shelf::schemas).unwrap_or_default();
-    if tools.is_empty()
-        && mcp.tools.is_empty()
-        && mcp.unavailable.is_empty()
-        && skill_tools.is_empty()
-    {
+    if tools.is_empty() && mcp.is_empty() && skill_tools.is_empty() {
         text.push_str("You have no tools: answer directly.\n");
     } else {
         for (name, tool) in tools {

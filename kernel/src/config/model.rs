@@ -16,6 +16,8 @@
 //!   "request_timeout_seconds": 600,     // cap on one attempt, streamed or not
 //!   "max_retries": 3, "unavailable_wait_seconds": 60, "max_in_flight": 16,
 //!   "strict_roles": false, "strict_models": false,
+//!   "max_answer_bytes": 4194304, "max_tool_calls": 64,
+//!   "max_tool_definition_bytes": 262144,
 //!   "prices": { "gpt-4o": { "input_per_million": 2.5, "output_per_million": 10 } }
 //! },
 //! "tool_agent": {
@@ -34,6 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hivekernel_agents::llm::Limits;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::tools::orchestrate::OrchestrateSettings;
@@ -68,6 +71,9 @@ pub(super) struct RawLlm {
     strict_roles: bool,
     strict_models: bool,
     parallel_tool_calls: Option<bool>,
+    max_answer_bytes: usize,
+    max_tool_calls: usize,
+    max_tool_definition_bytes: usize,
     prices: BTreeMap<String, Value>,
 }
 
@@ -94,6 +100,9 @@ impl Default for RawLlm {
             strict_roles: llm.strict_roles,
             strict_models: llm.strict_models,
             parallel_tool_calls: llm.parallel_tool_calls,
+            max_answer_bytes: llm.limits.answer_bytes,
+            max_tool_calls: llm.limits.tool_calls,
+            max_tool_definition_bytes: llm.limits.tool_definition_bytes,
             prices: BTreeMap::new(),
         }
     }
@@ -177,13 +186,22 @@ impl Default for RawWeb {
     }
 }
 
-/// Context sizes from `llm`, which the agents' settings take.
+/// What the agents' settings take from `llm`: context sizes, and the room
+/// for tool definitions.
 #[derive(Debug)]
 pub(super) struct ContextSizes {
     context_tokens: BTreeMap<String, u64>,
     default_context_tokens: u64,
     max_completion_tokens: u32,
+    max_tool_definition_bytes: usize,
 }
+
+/// Smallest `llm.max_answer_bytes`: room for a short answer and its calls.
+const MIN_ANSWER_BYTES: usize = 4 << 10;
+
+/// Smallest `llm.max_tool_definition_bytes`: room for every built-in tool,
+/// which a request always offers whole.
+const MIN_TOOL_DEFINITION_BYTES: usize = 64 << 10;
 
 /// Parses and checks `llm`.
 pub(super) fn llm(
@@ -273,6 +291,19 @@ pub(super) fn llm(
         issues,
     );
     in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
+    in_range(
+        raw.max_answer_bytes,
+        MIN_ANSWER_BYTES..=256 << 20,
+        "llm.max_answer_bytes",
+        issues,
+    );
+    in_range(raw.max_tool_calls, 1..=4096, "llm.max_tool_calls", issues);
+    in_range(
+        raw.max_tool_definition_bytes,
+        MIN_TOOL_DEFINITION_BYTES..=64 << 20,
+        "llm.max_tool_definition_bytes",
+        issues,
+    );
     let prices = prices(&raw.prices, &raw.models, issues);
     let names = ModelNames {
         models: raw.models,
@@ -294,11 +325,17 @@ pub(super) fn llm(
         strict_models: raw.strict_models,
         max_completion_tokens: raw.max_completion_tokens,
         parallel_tool_calls: raw.parallel_tool_calls,
+        limits: Limits {
+            answer_bytes: raw.max_answer_bytes,
+            tool_calls: raw.max_tool_calls,
+            tool_definition_bytes: raw.max_tool_definition_bytes,
+        },
     };
     let sizes = ContextSizes {
         context_tokens: raw.context_tokens,
         default_context_tokens: raw.default_context_tokens,
         max_completion_tokens: raw.max_completion_tokens,
+        max_tool_definition_bytes: raw.max_tool_definition_bytes,
     };
     (config, names, sizes, prices)
 }
@@ -367,6 +404,7 @@ pub(super) fn tool_agent(
         context_tokens: sizes.context_tokens,
         default_context_tokens: sizes.default_context_tokens,
         max_completion_tokens: sizes.max_completion_tokens,
+        max_tool_definition_bytes: sizes.max_tool_definition_bytes,
         max_tool_result_bytes: raw.max_tool_result_bytes,
         provider: String::new(),
         budget_in_prompt: raw.budget_in_prompt,
@@ -551,5 +589,24 @@ impl super::Config {
             text.push_str(&format!("  {:<width$}  {what}\n", agent.name));
         }
         (text, warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn every_built_in_tool_fits_the_smallest_room_for_tool_definitions() {
+        let tools = hivekernel_agents::tools::ToolRegistry::builtin();
+        let bytes: usize = tools
+            .names()
+            .into_iter()
+            .map(|name| tools.get(name).unwrap().schema().definition_bytes())
+            .sum();
+        // Half at most, leaving room for the skill tools and some MCP ones.
+        assert!(bytes <= MIN_TOOL_DEFINITION_BYTES / 2, "{bytes} bytes");
     }
 }

@@ -670,7 +670,8 @@ fn the_llm_section_is_checked_field_by_field() {
                     "api_key_env": "sk-123 secret", "request_timeout_seconds": 0,
                     "idle_timeout_seconds": 100000, "unavailable_wait_seconds": 3601,
                     "stream": "yes", "max_in_flight": 0, "default_context_tokens": 10,
-                    "parallel_tool_calls": "no",
+                    "parallel_tool_calls": "no", "max_answer_bytes": 100,
+                    "max_tool_calls": 0, "max_tool_definition_bytes": 1073741824,
                     "models": {"sonnet": ""}, "temperature": 1}}"#,
     );
     assert_issue(
@@ -701,7 +702,18 @@ fn the_llm_section_is_checked_field_by_field() {
     assert_issue(&found, "llm.default_context_tokens", &["got 10"]);
     assert_issue(&found, "llm.models.sonnet", &["must not be empty"]);
     assert_issue(&found, "llm.temperature", &["unknown field `temperature`"]);
-    assert_eq!(found.len(), 12, "{found:#?}");
+    assert_issue(
+        &found,
+        "llm.max_answer_bytes",
+        &["between 4096 and 268435456, got 100"],
+    );
+    assert_issue(&found, "llm.max_tool_calls", &["between 1 and 4096, got 0"]);
+    assert_issue(
+        &found,
+        "llm.max_tool_definition_bytes",
+        &["between 65536 and 67108864, got 1073741824"],
+    );
+    assert_eq!(found.len(), 15, "{found:#?}");
 }
 
 #[test]
@@ -737,7 +749,9 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
     let config = fixture
         .load(
             r#"{"llm": {"provider": "openai", "base_url": "http://127.0.0.1:8080/v1",
-                        "models": {"sonnet": "qwen"}, "context_tokens": {"sonnet": 32768}},
+                        "models": {"sonnet": "qwen"}, "context_tokens": {"sonnet": 32768},
+                        "max_answer_bytes": 65536, "max_tool_calls": 8,
+                        "max_tool_definition_bytes": 100000},
                 "tool_agent": {"max_tool_iterations": 4,
                                "web": {"allow_private_networks": true, "max_bytes": 1000},
                                "orchestrate": {"worker_prompt_file": "../prompts/w.md",
@@ -745,6 +759,15 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         )
         .unwrap();
     assert_eq!(config.llm.provider, ProviderChoice::OpenAi);
+    assert_eq!(
+        config.llm.limits,
+        hivekernel_agents::llm::Limits {
+            answer_bytes: 65536,
+            tool_calls: 8,
+            tool_definition_bytes: 100_000,
+        }
+    );
+    assert_eq!(config.agent.max_tool_definition_bytes, 100_000);
     assert_eq!(config.kernel.models.served("sonnet"), "qwen");
     assert_eq!(config.agent.budget("sonnet"), 32768 - 4096);
     assert_eq!(config.agent.max_tool_iterations, 4);

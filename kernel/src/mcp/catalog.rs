@@ -144,6 +144,7 @@ impl Catalog {
             tools.push(McpTool {
                 server: server.clone(),
                 name,
+                bytes: schema.definition_bytes(),
                 schema,
                 tokens,
             });

@@ -18,6 +18,9 @@
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `memory`: what the kernel keeps of floods of large texts, measured on the real binary.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
+//! - `model`: a model endpoint that answers without end (an endless stream
+//!   of tool-call arguments, an endless body), with 5,000 tool calls, and
+//!   an MCP server listing megabytes of tools.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
 #![allow(clippy::unwrap_used)]
@@ -25,6 +28,7 @@
 mod config;
 mod grpc;
 mod memory;
+mod model;
 mod props;
 mod shell;
 mod tool_args;
