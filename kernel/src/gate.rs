@@ -141,8 +141,8 @@ pub(crate) struct GateSettings {
     pub(crate) handshake_timeout: Duration,
     /// HTTP only: time with no request in flight before an admitted connection is closed.
     pub(crate) idle_timeout: Option<Duration>,
-    /// The listener's share of the open-file limit, as a divisor of it
-    /// (times `share_of`): the control plane takes 3/4, an HTTP listener 1/16.
+    /// The listener's share of the open-file limit as (numerator,
+    /// denominator): the control plane takes 3/4, an HTTP listener 1/16.
     pub(crate) share: (u64, u64),
     /// The setting that sets `max`, for warnings (`kernel.connections.max`).
     pub(crate) setting: &'static str,
@@ -207,7 +207,8 @@ impl Drop for Gated {
 }
 
 impl Gated {
-    /// An error once the gate has closed a connection not yet admitted.
+    /// An error once the gate has closed the connection (not admitted in
+    /// time, evicted, or idle on an HTTP listener).
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if (self.watched || !self.admission.is_admitted())
             && self.closing.as_mut().poll(cx).is_ready()
@@ -366,7 +367,6 @@ impl http_body::Body for Busy {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let _ = &self.in_flight;
         Pin::new(&mut self.body).poll_frame(cx)
     }
 

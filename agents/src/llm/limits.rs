@@ -67,10 +67,10 @@ impl Limits {
 
     /// Refuses `bytes` of answer when they are over the cap.
     pub(super) fn check_bytes(&self, bytes: usize) -> Result<(), OverLimit> {
-        match bytes > self.answer_bytes {
-            true => Err(OverLimit::AnswerBytes(self.answer_bytes)),
-            false => Ok(()),
+        if bytes > self.answer_bytes {
+            return Err(OverLimit::AnswerBytes(self.answer_bytes));
         }
+        Ok(())
     }
 }
 

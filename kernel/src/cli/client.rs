@@ -115,7 +115,6 @@ impl Session {
     }
 }
 
-/// `--addr` (or `HIVEKERNEL_ADDR`), else the address the kernel wrote to its data directory.
 /// A connection to the kernel named by `args`, carrying no token: its
 /// address as used, and whether it is TLS.
 pub(super) async fn connect_channel(
@@ -139,6 +138,7 @@ pub(super) async fn connect_channel(
     Ok((channel, addr, secure))
 }
 
+/// `--addr` (or `HIVEKERNEL_ADDR`), else the address the kernel wrote to its data directory.
 fn resolve_addr(args: &ClientArgs) -> String {
     let tls = args.tls_ca.is_some() || args.tls_cert.is_some();
     if let Some(addr) = &args.addr {

@@ -122,17 +122,12 @@ impl Kernel {
             args.token = Some(token.to_owned());
         }
         let session = Session::connect(&args).await?;
-        self.keep_session(key, session.clone());
-        Ok(session)
-    }
-
-    /// Keeps `session` as `token`'s connection.
-    fn keep_session(&self, token: &str, session: Session) {
         let mut sessions = self.sessions.lock();
-        if sessions.len() >= KEPT_TOKENS && !sessions.contains_key(token) {
+        if sessions.len() >= KEPT_TOKENS {
             sessions.clear();
         }
-        sessions.insert(token.to_owned(), session);
+        sessions.insert(key.to_owned(), session.clone());
+        Ok(session)
     }
 
     /// Forgets `token`'s connection, so the next call connects again (and

@@ -170,6 +170,15 @@ fn refuse(status: http::StatusCode, body: String, challenge: bool) -> axum::resp
     response
 }
 
+/// The answer to a token the kernel does not know.
+fn unknown_token() -> axum::response::Response {
+    refuse(
+        http::StatusCode::UNAUTHORIZED,
+        "mcp serve: the kernel does not know this token\n".into(),
+        true,
+    )
+}
+
 /// The checks before MCP: origin, token, room for a new session.
 async fn admit(
     axum::extract::State(door): axum::extract::State<Arc<Door>>,
@@ -257,24 +266,14 @@ impl Door {
             .await
             .map_err(|err| unreachable(err.to_string()))?;
         let mut call = tonic::Request::new(GetProcessRequest { pid: 1 });
-        let header = format!("Bearer {token}").parse().map_err(|_| {
-            refuse(
-                http::StatusCode::UNAUTHORIZED,
-                "mcp serve: the kernel does not know this token\n".into(),
-                true,
-            )
-        })?;
+        let header = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| unknown_token())?;
         call.metadata_mut().insert("authorization", header);
         // Any answer but UNAUTHENTICATED means the kernel knows the token
         // (a process token may be refused PID 1's details: still a token).
         match KernelClient::new(channel).get_process(call).await {
-            Err(status) if status.code() == Code::Unauthenticated => {
-                return Err(refuse(
-                    http::StatusCode::UNAUTHORIZED,
-                    "mcp serve: the kernel does not know this token\n".into(),
-                    true,
-                ));
-            }
+            Err(status) if status.code() == Code::Unauthenticated => return Err(unknown_token()),
             Err(status) if status.code() == Code::Unavailable => {
                 *self.channel.lock() = None;
                 return Err(unreachable(status.message().to_owned()));
@@ -295,6 +294,8 @@ impl Door {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -325,7 +326,7 @@ mod tests {
         ] {
             assert_eq!(origin_key(bad), None, "{bad}");
         }
-        let own = own_origins("127.0.0.1:8765".parse().unwrap_or_else(|_| unreachable!()));
+        let own = own_origins("127.0.0.1:8765".parse().unwrap());
         assert!(own.contains(&"http://127.0.0.1:8765".to_owned()));
         assert!(own.contains(&"http://localhost:8765".to_owned()));
     }
