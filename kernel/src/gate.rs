@@ -350,13 +350,19 @@ pub(crate) async fn http_layer(
     };
     let in_flight = admission.begin();
     let response = next.run(request).await;
-    response.map(|body| axum::body::Body::new(Busy { body, in_flight }))
+    response.map(|body| {
+        axum::body::Body::new(Busy {
+            body,
+            _in_flight: in_flight,
+        })
+    })
 }
 
 /// A response body that keeps its connection busy until it is done.
 struct Busy {
     body: axum::body::Body,
-    in_flight: InFlight,
+    /// Held for its drop, which ends the request.
+    _in_flight: InFlight,
 }
 
 impl http_body::Body for Busy {

@@ -189,6 +189,6 @@ fn control_characters_from_processes_are_made_visible() {
     // JSON output stays JSON, and means the same.
     let json = serde_json::json!({ "name": name }).to_string();
     let shown = visible(&json);
-    let back: Value = serde_json::from_str(&shown).unwrap();
+    let back: Value = serde_json::from_str(&shown).expect("valid JSON");
     assert_eq!(back["name"], name);
 }
