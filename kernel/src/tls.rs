@@ -351,7 +351,7 @@ fn read_pem(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
             path: path.to_owned(),
             problem: format!("larger than {MAX_PEM_BYTES} bytes: not a PEM file"),
         },
-        FileProblem::NotRegular(_) => TlsError::Invalid {
+        FileProblem::NotRegular(_) | FileProblem::Shared { .. } => TlsError::Invalid {
             what,
             path: path.to_owned(),
             problem: problem.to_string(),

@@ -225,6 +225,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         dashboard: None,
         cluster: None,
         node: None,
+        insecure_cluster: false,
     }
 }
 
