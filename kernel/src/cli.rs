@@ -505,13 +505,23 @@ pub struct StartArgs {
     pub no_dashboard: bool,
     /// Run as a node of a cluster on these NATS servers (comma-separated
     /// nats://HOST:PORT), instead of the config's `kernel.cluster.servers`
-    /// (docs/CLUSTER.md).
-    #[arg(long, value_name = "URLS", env = "HIVEKERNEL_CLUSTER")]
+    /// (docs/CLUSTER.md). Credentials go in the URLs
+    /// (nats://USER:PASSWORD@HOST:PORT), never shown.
+    #[arg(
+        long,
+        value_name = "URLS",
+        env = "HIVEKERNEL_CLUSTER",
+        hide_env_values = true
+    )]
     pub cluster: Option<String>,
     /// This node's name in the cluster, instead of `kernel.cluster.node`
     /// [default: the host name]
     #[arg(long, value_name = "NAME", env = "HIVEKERNEL_NODE")]
     pub node: Option<String>,
+    /// Join NATS servers that let this node in without credentials (as
+    /// `kernel.cluster.insecure`): only where no untrusted host can reach them.
+    #[arg(long)]
+    pub insecure_cluster: bool,
 }
 
 /// `hivekernel skills ...`.
@@ -1160,6 +1170,7 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
         },
         cluster: args.cluster,
         node: args.node,
+        insecure_cluster: args.insecure_cluster,
     };
     daemon::run(options).await.map_err(CliError::Start)
 }

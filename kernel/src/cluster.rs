@@ -1,7 +1,8 @@
 //! This kernel as one node of several, on NATS JetStream (docs/CLUSTER.md).
 //!
-//! What is built here: joining (a connection, the buckets, an epoch, the
-//! node's record, refused while a live node holds the name), the heartbeat
+//! What is built here: joining (a connection signed in as `access` says,
+//! the buckets, an epoch, the node's record, refused while a live node
+//! holds the name), the heartbeat
 //! that refreshes the record with the node's load, the watch that keeps the
 //! view of the other nodes and declares a node lost when its record goes
 //! unrefreshed for the TTL, fencing (a node whose record another node
@@ -15,6 +16,7 @@
 //!
 //! A kernel without `kernel.cluster` never builds a [`Cluster`].
 
+mod access;
 mod cron;
 mod crons;
 mod declared;
@@ -76,13 +78,28 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why joining or a cluster operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// No NATS server could be reached.
+    /// No NATS server could be reached, or none let the node in.
     #[error("cannot reach NATS at {servers}: {reason}")]
     Connect {
-        /// The servers tried.
+        /// The servers tried, shown without secrets.
         servers: String,
         /// Why.
         reason: String,
+    },
+    /// A credential or TLS setting of `kernel.cluster` cannot be used.
+    #[error("{setting}: {problem}")]
+    Access {
+        /// The setting (`kernel.cluster.nkey_file`, ...).
+        setting: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A NATS server let this node in without credentials, and it was not
+    /// told that only trusted hosts reach the servers (`--insecure-cluster`).
+    #[error("{}", access::unauthenticated(servers))]
+    Unauthenticated {
+        /// The servers, shown without secrets.
+        servers: String,
     },
     /// JetStream refused or failed a request.
     #[error("NATS JetStream: {0}")]
@@ -314,7 +331,8 @@ impl Cluster {
         pid_floor: u64,
         events_kept: u64,
     ) -> Result<Arc<Cluster>, ClusterError> {
-        let client = connect(&settings).await?;
+        let client = access::connect(&settings).await?;
+        access::warn_if_insecure(&settings);
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
         let replicas = settings.replicas;
@@ -407,16 +425,17 @@ impl Cluster {
         tracing::info!(
             node = %cluster.settings.node,
             epoch,
-            servers = %cluster.settings.servers.join(","),
+            servers = %crate::nats::shown_servers(&cluster.settings.servers),
             "joined the cluster"
         );
         Ok(cluster)
     }
 
     /// Checks what joining needs of NATS without joining: a server of
-    /// `settings` answers, with JetStream on (`config check`).
+    /// `settings` lets the node in as joining would (refused without
+    /// credentials unless `insecure`), with JetStream on (`config check`).
     pub async fn probe(settings: &ClusterSettings) -> Result<(), ClusterError> {
-        let client = connect(settings).await?;
+        let client = access::connect(settings).await?;
         let _ = client.drain().await;
         Ok(())
     }
@@ -1058,34 +1077,6 @@ async fn retire(nodes: &kv::Store, node: &str, epoch: u64) -> Result<(), Cluster
         .map_err(|err| ClusterError::jetstream("removing a lost node's record", err))
 }
 
-/// A connection to one of the servers `settings` lists, with JetStream on.
-async fn connect(settings: &ClusterSettings) -> Result<async_nats::Client, ClusterError> {
-    let servers = settings.servers.join(",");
-    let unreachable = |reason: String| ClusterError::Connect {
-        servers: servers.clone(),
-        reason,
-    };
-    let node = settings.node.clone();
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("hivekernel node {node}"))
-        .connection_timeout(REQUEST_TIMEOUT)
-        .request_timeout(Some(REQUEST_TIMEOUT))
-        .event_callback(move |event| {
-            let node = node.clone();
-            async move { log_event(&node, event) }
-        })
-        .connect(settings.servers.as_slice())
-        .await
-        .map_err(|err| unreachable(err.to_string()))?;
-    match client.request("$JS.API.INFO", Bytes::new()).await {
-        Ok(_) => Ok(client),
-        Err(err) if err.kind() == async_nats::RequestErrorKind::NoResponders => Err(unreachable(
-            "JetStream is not enabled there (start nats-server with -js)".into(),
-        )),
-        Err(err) => Err(unreachable(format!("JetStream does not answer: {err}"))),
-    }
-}
-
 /// Every key of bucket `store` (named `name`), as it stands now.
 pub(crate) async fn all_keys(store: &kv::Store, name: &str) -> Result<Vec<String>, ClusterError> {
     let what = || format!("reading {name}");
@@ -1378,16 +1369,6 @@ async fn register(
 fn encode(record: &NodeRecord) -> Bytes {
     // A record is plain data: serializing it cannot fail.
     Bytes::from(serde_json::to_vec(record).unwrap_or_default())
-}
-
-fn log_event(node: &str, event: async_nats::Event) {
-    match event {
-        async_nats::Event::Connected => tracing::info!(node, "cluster: connected to NATS"),
-        async_nats::Event::Disconnected => {
-            tracing::warn!(node, "cluster: disconnected from NATS; reconnecting");
-        }
-        other => tracing::debug!(node, event = %other, "cluster: NATS client event"),
-    }
 }
 
 /// This process's CPU use between two readings.

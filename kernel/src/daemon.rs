@@ -57,6 +57,9 @@ pub struct StartOptions {
     pub cluster: Option<String>,
     /// `--node`: this node's name, replacing `kernel.cluster.node`.
     pub node: Option<String>,
+    /// `--insecure-cluster`: join NATS servers that let the node in
+    /// without credentials (`kernel.cluster.insecure`).
+    pub insecure_cluster: bool,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -292,9 +295,15 @@ pub async fn environment_issues(config: &Config) -> Vec<ConfigIssue> {
     if let Some(cluster) = &config.kernel.cluster
         && let Err(err) = Cluster::probe(cluster).await
     {
+        use crate::cluster::ClusterError;
+        let (location, message) = match err {
+            ClusterError::Access { setting, problem } => (setting, problem),
+            ClusterError::Unauthenticated { .. } => ("kernel.cluster".to_owned(), err.to_string()),
+            err => ("kernel.cluster.servers".to_owned(), err.to_string()),
+        };
         issues.push(ConfigIssue {
-            location: "kernel.cluster.servers".into(),
-            message: format!("{err} (tried from this machine, as start would)"),
+            location,
+            message: format!("{message} (tried from this machine, as start would)"),
         });
     }
     issues
@@ -399,17 +408,29 @@ fn cluster_settings(
             settings
         }
         (None, Some(config)) => config,
-        (None, None) if options.node.is_some() => {
-            return Err(StartError::Usage(
-                "--node names this kernel's node in a cluster: give --cluster nats://HOST:PORT \
-                 (or kernel.cluster) too"
-                    .into(),
-            ));
+        (None, None) if options.node.is_some() || options.insecure_cluster => {
+            let flag = if options.node.is_some() {
+                "--node names this kernel's node"
+            } else {
+                "--insecure-cluster is about this kernel's NATS servers"
+            };
+            return Err(StartError::Usage(format!(
+                "{flag} in a cluster: give --cluster nats://HOST:PORT (or kernel.cluster) too"
+            )));
         }
         (None, None) => return Ok(None),
     };
     if let Some(node) = &options.node {
         cluster.node = node.clone();
+    }
+    cluster.insecure |= options.insecure_cluster;
+    // `--cluster` may bring credentials the config's files then double.
+    let servers_at = match options.cluster {
+        Some(_) => "--cluster",
+        None => "kernel.cluster.servers",
+    };
+    if let Some(issue) = cluster.access_issues(servers_at).pop() {
+        return Err(StartError::Usage(issue.to_string()));
     }
     if cluster.node.is_empty() {
         cluster.node = host_name().map_err(|why| {

@@ -1,19 +1,20 @@
-//! Reading a file the config names (the config itself, prompts, TLS files):
-//! only a regular file, and never more than a limit.
+//! Reading a file the config names (the config itself, prompts, TLS files,
+//! NATS credentials): only a regular file, and never more than a limit.
 //!
 //! A path may name anything: `/dev/zero` never ends, a FIFO blocks its
 //! reader until a writer comes (deaf to signals meanwhile), and a file's
 //! size can change between a `stat` and a read. So the file is opened
-//! without blocking, its type is taken from the open handle (no window to
-//! swap the path), and at most the limit plus one byte is read. Files of
-//! the kernel's own interfaces (`/proc`, `/sys`, `/dev`) look regular and
-//! hold secrets (`/proc/self/environ`): they are refused by where they
-//! lie, after symlinks, and by the filesystem the open handle is on.
+//! without blocking, its type (and, for a secret, its mode) is taken from
+//! the open handle (no window to swap the path), and at most the limit
+//! plus one byte is read. Files of the kernel's own interfaces (`/proc`,
+//! `/sys`, `/dev`) look regular and hold secrets (`/proc/self/environ`):
+//! they are refused by where they lie, after symlinks, and by the
+//! filesystem the open handle is on.
 
 use std::fmt;
 use std::fs::{FileType, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Why a file could not be read.
@@ -32,6 +33,11 @@ pub enum FileProblem {
         /// Its size when it was opened (it may have grown since).
         size: u64,
     },
+    /// It holds a secret, and users other than its owner have access to it.
+    Shared {
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 impl fmt::Display for FileProblem {
@@ -46,12 +52,28 @@ impl fmt::Display for FileProblem {
             FileProblem::TooLarge { max, size } => {
                 write!(f, "it is {size} bytes, larger than {max} bytes")
             }
+            FileProblem::Shared { mode } => write!(
+                f,
+                "users other than its owner have access to it (mode {mode:o}): it holds a \
+                 secret, so make it its owner's alone (chmod 600)"
+            ),
         }
     }
 }
 
 /// The bytes of the regular file at `path`, at most `max` of them.
 pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
+    read(path, max, false)
+}
+
+/// [`read_capped`] for a file holding a secret (a key, a password): also
+/// refused when its group or other users may read, write or run it, as
+/// ssh refuses such a private key.
+pub fn read_private(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
+    read(path, max, true)
+}
+
+fn read(path: &Path, max: u64, private: bool) -> Result<Vec<u8>, FileProblem> {
     let file = OpenOptions::new()
         .read(true)
         // Opening a FIFO for reading would wait for a writer; opening a
@@ -65,6 +87,10 @@ pub fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, FileProblem> {
     }
     if let Some(dir) = interface(path, &file) {
         return Err(FileProblem::Interface(dir));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if private && mode & 0o077 != 0 {
+        return Err(FileProblem::Shared { mode });
     }
     let too_large = |size: u64| FileProblem::TooLarge { max, size };
     if meta.len() > max {
@@ -176,5 +202,25 @@ mod tests {
             err.to_string(),
             "it is in /proc, an interface of the operating system, not a file a config may name"
         );
+    }
+
+    #[test]
+    fn a_secret_others_may_read_is_refused() {
+        use std::fs::Permissions;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("user.nk");
+        std::fs::write(&path, "SU...").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
+            let err = read_private(&path, 100).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("mode {mode:o}")) && err.contains("chmod 600"),
+                "{err}"
+            );
+            assert!(!err.contains("SU..."), "{err}");
+            assert!(read_capped(&path, 100).is_ok());
+        }
+        std::fs::set_permissions(&path, Permissions::from_mode(0o400)).unwrap();
+        assert_eq!(read_private(&path, 100).unwrap(), b"SU...");
     }
 }

@@ -39,6 +39,8 @@
 //! - `gate`: the door before every listener: connection caps, admission and idle timeouts.
 //! - [`auth`], [`tokens`], [`tls`]: tokens (the admin's, processes', operators' with
 //!   scopes) and TLS for the control plane.
+//! - [`nats`]: reaching NATS as a client: credentials in server URLs and
+//!   files, TLS, and server URLs shown without their secrets.
 //!
 //! Facade: [`kernel`], the `Kernel` handle; its parts in `kernel/inner.rs`
 //! (private to that file); its operations, one file per concern under
@@ -81,6 +83,7 @@ pub mod logging;
 mod mailbox;
 pub mod mcp;
 pub mod metrics;
+pub mod nats;
 pub mod notify;
 pub mod otel;
 mod process;

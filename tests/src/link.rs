@@ -56,6 +56,11 @@ impl Link {
         }
     }
 
+    /// Where clients connect: `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Where clients connect: `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://{}", self.addr)

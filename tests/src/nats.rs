@@ -5,6 +5,12 @@
 //! single servers; dropping the cluster kills every server and removes the
 //! directory.
 //!
+//! Clients sign in as nodes must: with a user and a password made for the
+//! cluster by default ([`NatsCluster::start`]; [`NatsCluster::url`] carries
+//! them, as a node's `--cluster` does), or as [`Access`] says
+//! ([`NatsCluster::start_with`]): a token, nkeys, TLS client certificates,
+//! or nothing at all.
+//!
 //! Readiness is read from each server's monitoring port: `/healthz` says
 //! `ok` once JetStream is current with the meta leader, `/routez` counts the
 //! routes and `/jsz` names the meta leader (`meta_cluster.leader`) and the
@@ -15,6 +21,7 @@
 //! `tokio::task::spawn_blocking` or `tokio::task::block_in_place`.
 
 use std::collections::BTreeSet;
+use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -37,6 +44,34 @@ pub const READY_LIMIT: Duration = Duration::from_secs(30);
 /// The variable that points at a `nats-server` binary to use instead of the
 /// one on `PATH`.
 pub const NATS_SERVER_ENV: &str = "HIVEKERNEL_NATS_SERVER";
+
+/// The user [`Access::Password`] signs in as.
+pub const USER: &str = "hk";
+
+/// How clients sign in to the servers of a [`NatsCluster`] (each server's
+/// `authorization` or `tls` block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// User [`USER`] with a password made for the cluster
+    /// ([`NatsCluster::secret`]): what [`NatsCluster::start`] asks for.
+    Password,
+    /// A token made for the cluster ([`NatsCluster::secret`]).
+    Token,
+    /// The users of these public nkeys (`U...`), none other.
+    Nkeys(Vec<String>),
+    /// TLS on the client port with this certificate and key (PEM files),
+    /// every client presenting a certificate signed by `ca` (`verify: true`).
+    Tls {
+        /// The servers' certificate.
+        cert: PathBuf,
+        /// Its private key.
+        key: PathBuf,
+        /// The CA of the clients' certificates.
+        ca: PathBuf,
+    },
+    /// No authorization: whoever reaches the port is in.
+    Open,
+}
 
 /// How long one monitoring request may take (a stopped server never answers).
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
@@ -112,6 +147,9 @@ pub struct NatsCluster {
     bin: PathBuf,
     servers: Vec<Server>,
     dir: TempDir,
+    access: Access,
+    /// The password or token of [`Access::Password`] and [`Access::Token`].
+    secret: String,
 }
 
 impl NatsCluster {
@@ -120,8 +158,13 @@ impl NatsCluster {
     /// all the others, says `/healthz` ok, and they agree on a JetStream
     /// meta leader of a group of `servers`. Panics, with the servers' logs,
     /// if they are not ready by then, and with "nats-server not found" if
-    /// there is no [`nats_server`].
+    /// there is no [`nats_server`]. Clients sign in with [`Access::Password`].
     pub fn start(servers: usize) -> NatsCluster {
+        NatsCluster::start_with(servers, Access::Password)
+    }
+
+    /// [`NatsCluster::start`] with clients signing in as `access` says.
+    pub fn start_with(servers: usize, access: Access) -> NatsCluster {
         assert!(servers >= 1, "a NATS cluster needs at least one server");
         let Some(bin) = nats_server() else {
             panic!(
@@ -133,7 +176,7 @@ impl NatsCluster {
         // start over on other ports.
         let mut attempt = 1;
         loop {
-            let mut cluster = NatsCluster::configure(bin.clone(), servers);
+            let mut cluster = NatsCluster::configure(bin.clone(), servers, access.clone());
             for i in 0..servers {
                 cluster.spawn(i);
             }
@@ -148,7 +191,7 @@ impl NatsCluster {
     }
 
     /// Picks the ports and writes every server's config.
-    fn configure(bin: PathBuf, count: usize) -> NatsCluster {
+    fn configure(bin: PathBuf, count: usize, access: Access) -> NatsCluster {
         let dir = tempfile::Builder::new()
             .prefix("hivekernel-nats-")
             .tempdir()
@@ -167,12 +210,20 @@ impl NatsCluster {
                 stopped: false,
             })
             .collect();
+        let random = RandomState::new();
+        let secret = format!("{:016x}{:016x}", random.hash_one(1), random.hash_one(2));
+        let config_of = |server: &Server| config(server, &servers, &access, &secret);
         for server in &servers {
             std::fs::create_dir_all(&server.dir).expect("a NATS server's directory");
-            let config = config(server, &servers);
-            std::fs::write(server.config(), config).expect("a NATS server's config");
+            std::fs::write(server.config(), config_of(server)).expect("a NATS server's config");
         }
-        NatsCluster { bin, servers, dir }
+        NatsCluster {
+            bin,
+            servers,
+            dir,
+            access,
+            secret,
+        }
     }
 
     /// The temporary directory of the cluster: server `i`'s config, log and
@@ -186,9 +237,45 @@ impl NatsCluster {
         self.servers.len()
     }
 
-    /// Server `i`'s client URL, `nats://127.0.0.1:PORT`.
+    /// Server `i`'s client URL, `nats://127.0.0.1:PORT`, with the
+    /// credentials of [`Access::Password`] (`hk:SECRET@`) or
+    /// [`Access::Token`] (`SECRET@`); `tls://` with [`Access::Tls`].
     pub fn url(&self, i: usize) -> String {
-        format!("nats://127.0.0.1:{}", self.servers[i].port)
+        self.url_at(&self.addr(i))
+    }
+
+    /// A client URL of `addr` (`host:port`: a relay to a server) as
+    /// [`NatsCluster::url`] makes them.
+    pub fn url_at(&self, addr: &str) -> String {
+        match &self.access {
+            Access::Password => format!("nats://{USER}:{}@{addr}", self.secret),
+            Access::Token => format!("nats://{}@{addr}", self.secret),
+            Access::Tls { .. } => format!("tls://{addr}"),
+            Access::Nkeys(_) | Access::Open => format!("nats://{addr}"),
+        }
+    }
+
+    /// Server `i`'s client address, `127.0.0.1:PORT`.
+    pub fn addr(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.servers[i].port)
+    }
+
+    /// The password of [`Access::Password`] or the token of [`Access::Token`].
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// A client of server `i`, signed in with the password or the token
+    /// (for [`Access::Password`] and [`Access::Token`]).
+    pub async fn client(&self, i: usize) -> Result<async_nats::Client, async_nats::ConnectError> {
+        let options = match self.access {
+            Access::Password => {
+                async_nats::ConnectOptions::with_user_and_password(USER.into(), self.secret.clone())
+            }
+            Access::Token => async_nats::ConnectOptions::with_token(self.secret.clone()),
+            _ => async_nats::ConnectOptions::new(),
+        };
+        options.connect(format!("nats://{}", self.addr(i))).await
     }
 
     /// Every server's client URL, comma separated, as a kernel's `--cluster`
@@ -442,9 +529,10 @@ impl Drop for NatsCluster {
 }
 
 /// Server `server`'s config: its name, client, monitoring and (with other
-/// servers) route ports, routes to every other server, and JetStream with
-/// a store in its directory and modest limits.
-fn config(server: &Server, servers: &[Server]) -> String {
+/// servers) route ports, routes to every other server, JetStream with a
+/// store in its directory and modest limits, and who clients may be
+/// (`access`, with `secret`).
+fn config(server: &Server, servers: &[Server], access: &Access, secret: &str) -> String {
     let quoted = |text: &str| Value::from(text).to_string();
     let store = server.dir.join("js");
     let mut config = format!(
@@ -457,6 +545,35 @@ fn config(server: &Server, servers: &[Server]) -> String {
         http = server.http_port,
         store = quoted(&store.to_string_lossy()),
     );
+    let path = |path: &Path| quoted(&path.to_string_lossy());
+    match access {
+        Access::Password => config.push_str(&format!(
+            "authorization {{\n  user: {}\n  password: {}\n}}\n",
+            quoted(USER),
+            quoted(secret)
+        )),
+        Access::Token => config.push_str(&format!(
+            "authorization {{\n  token: {}\n}}\n",
+            quoted(secret)
+        )),
+        Access::Nkeys(keys) => {
+            let users: Vec<String> = keys
+                .iter()
+                .map(|key| format!("    {{ nkey: {} }}\n", quoted(key)))
+                .collect();
+            config.push_str(&format!(
+                "authorization {{\n  users = [\n{}  ]\n}}\n",
+                users.concat()
+            ));
+        }
+        Access::Tls { cert, key, ca } => config.push_str(&format!(
+            "tls {{\n  cert_file: {}\n  key_file: {}\n  ca_file: {}\n  verify: true\n}}\n",
+            path(cert),
+            path(key),
+            path(ca)
+        )),
+        Access::Open => {}
+    }
     if servers.len() > 1 {
         let routes: Vec<String> = servers
             .iter()

@@ -812,7 +812,7 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     );
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let peer = rt.block_on(async_nats::connect(nats.url(0))).unwrap();
+    let peer = rt.block_on(nats.client(0)).unwrap();
     // A peer's request a node cannot read is refused, naming what is wrong.
     for (payload, expected) in [
         (&b"{not json"[..], "unreadable cluster request"),
@@ -1546,7 +1546,7 @@ fn supervision_across_nodes_waits_out_the_delay_and_ignores_earlier_runs() {
         .unwrap();
     let ask = |started_ms: u64| -> Value {
         rt.block_on(async {
-            let peer = async_nats::connect(nats.url(0)).await.unwrap();
+            let peer = nats.client(0).await.unwrap();
             let request = json!({
                 "from_node": "b", "epoch": epoch, "op": "fail",
                 "args": { "pid": sup, "reason": "a child failed", "started_ms": started_ms }
@@ -1989,7 +1989,7 @@ fn spender_request(banker: u64, name: &str) -> pb::SpawnRequest {
 /// The keys of `hk_loans`: the children whose loans the cluster keeps.
 fn loans_kept(rt: &tokio::runtime::Runtime, nats: &NatsCluster) -> Vec<String> {
     rt.block_on(async {
-        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let peer = nats.client(0).await.unwrap();
         let js = async_nats::jetstream::new(peer);
         let bucket = js.get_key_value("hk_loans").await.unwrap();
         bucket
@@ -2362,7 +2362,7 @@ fn processes_on_two_nodes_reach_each_other_by_the_routing_rules() {
 /// text; empty when none is.
 fn last_kept(rt: &tokio::runtime::Runtime, nats: &NatsCluster, pid: u64) -> String {
     rt.block_on(async {
-        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let peer = nats.client(0).await.unwrap();
         let js = async_nats::jetstream::new(peer);
         let stream = js.get_stream("HK_MAIL").await.unwrap();
         let subject = format!("hk.mail.{pid}");
@@ -2732,7 +2732,7 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
 
     let bin = binary();
     let nats = NatsCluster::start(1);
-    let link = hivekernel_tests::link::Link::to(nats.url(0).trim_start_matches("nats://"));
+    let link = hivekernel_tests::link::Link::to(&nats.addr(0));
     let root = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     // Not declared lost while away, nor paused (half the TTL).
@@ -2746,7 +2746,12 @@ fn a_kernel_message_to_a_node_off_nats_for_a_moment_arrives_once() {
         root.path(),
         "a",
         &config(Some(timing.clone())),
-        &["--cluster", &link.url(), "--node", "a"],
+        &[
+            "--cluster",
+            &nats.url_at(&link.addr().to_string()),
+            "--node",
+            "a",
+        ],
     );
     let b = node(
         &bin,
@@ -3293,7 +3298,7 @@ fn a_node_cut_off_from_nats_pauses_its_moving_processes_and_is_fenced() {
 
     let bin = binary();
     let nats = NatsCluster::start(1);
-    let link = hivekernel_tests::link::Link::to(nats.url(0).trim_start_matches("nats://"));
+    let link = hivekernel_tests::link::Link::to(&nats.addr(0));
     let root = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     // a's model server: every answer is one more tool call.
@@ -3325,7 +3330,12 @@ fn a_node_cut_off_from_nats_pauses_its_moving_processes_and_is_fenced() {
         root.path(),
         "a",
         &config(&on_a.base_url()),
-        &["--cluster", &link.url(), "--node", "a"],
+        &[
+            "--cluster",
+            &nats.url_at(&link.addr().to_string()),
+            "--node",
+            "a",
+        ],
     );
     wait_for_ps(&a, "looper on a", |all| {
         all.values()
@@ -3897,7 +3907,7 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
     // follower goes on.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let peer = async_nats::connect(nats.url(1)).await.unwrap();
+        let peer = nats.client(1).await.unwrap();
         let js = async_nats::jetstream::new(peer);
         js.publish("hk.events.x", "{not an event".into())
             .await
@@ -3914,7 +3924,7 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
     // An event deleted from the stream (by an operator) is a `pruned`
     // marker where it was; a replay whose last event was deleted still ends.
     let last = rt.block_on(async {
-        let peer = async_nats::connect(nats.url(2)).await.unwrap();
+        let peer = nats.client(2).await.unwrap();
         let js = async_nats::jetstream::new(peer);
         let stream = js.get_stream("HK_EVENTS").await.unwrap();
         let last = stream.get_info().await.unwrap().state.last_sequence;
@@ -4080,7 +4090,7 @@ fn cron_entries_follow_their_target_when_its_node_dies() {
     b.cli(&["cron", "rm", "tick"]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let left = rt.block_on(async {
-        let peer = async_nats::connect(nats.url(0)).await.unwrap();
+        let peer = nats.client(0).await.unwrap();
         let js = async_nats::jetstream::new(peer);
         let crons = js.get_key_value("hk_cron").await.unwrap();
         crons.get(format!("{ticker}.tick")).await.unwrap()

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use hivekernel_tests::nats::{CLUSTER_NAME, NatsCluster};
+use hivekernel_tests::nats::{CLUSTER_NAME, NatsCluster, USER};
 use serde_json::{Value, json};
 
 /// How long the survivors of a killed meta leader may take to elect another
@@ -27,8 +27,10 @@ struct Connection {
 }
 
 impl Connection {
+    /// Connects to `url`, signing in with the user and password it carries
+    /// (`nats://USER:PASSWORD@HOST:PORT`, as the harness makes them).
     fn open(url: &str) -> Connection {
-        let addr = url.strip_prefix("nats://").unwrap();
+        let (user, password, addr) = parts(url);
         let writer = TcpStream::connect(addr).unwrap();
         writer
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -45,16 +47,22 @@ impl Connection {
             writer,
             info,
         };
-        connection.send(
-            "CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":false,\
-             \"name\":\"nats_harness\",\"protocol\":1}\r\n",
-        );
+        let connect = json!({
+            "verbose": false,
+            "pedantic": false,
+            "headers": false,
+            "name": "nats_harness",
+            "protocol": 1,
+            "user": user,
+            "pass": password,
+        });
+        connection.send(&format!("CONNECT {connect}\r\n"));
         connection
     }
 
     /// Whether connecting to `url` is refused (nothing listens there).
     fn open_fails(url: &str) -> bool {
-        TcpStream::connect(url.strip_prefix("nats://").unwrap()).is_err()
+        TcpStream::connect(parts(url).2).is_err()
     }
 
     fn send(&mut self, text: &str) {
@@ -100,6 +108,14 @@ impl Connection {
     }
 }
 
+/// The user, password and address of `nats://USER:PASSWORD@HOST:PORT`.
+fn parts(url: &str) -> (&str, &str, &str) {
+    let rest = url.strip_prefix("nats://").unwrap();
+    let (userinfo, addr) = rest.rsplit_once('@').unwrap();
+    let (user, password) = userinfo.split_once(':').unwrap();
+    (user, password, addr)
+}
+
 /// The names of `replicas` (a `/jsz` `meta_cluster.replicas` or a stream's
 /// `cluster.replicas`) that are current, sorted.
 fn current(replicas: &Value) -> Vec<String> {
@@ -131,7 +147,8 @@ fn three_servers_form_a_cluster_with_a_jetstream_meta_leader() {
     assert_eq!(urls.len(), 3, "{urls:?}");
     for (i, url) in urls.iter().enumerate() {
         assert_eq!(*url, cluster.url(i));
-        assert!(url.starts_with("nats://127.0.0.1:"), "{url}");
+        let signed_in = format!("nats://{USER}:{}@127.0.0.1:", cluster.secret());
+        assert!(url.starts_with(&signed_in), "{url}");
     }
     let distinct: std::collections::BTreeSet<&str> = urls.iter().copied().collect();
     assert_eq!(distinct.len(), 3, "{urls:?}");
@@ -268,6 +285,8 @@ fn one_server_runs_jetstream_without_a_cluster() {
     let mut client = Connection::open(&cluster.url(0));
     assert_eq!(client.info["jetstream"], true, "{}", client.info);
     assert!(client.info.get("cluster").is_none(), "{}", client.info);
+    // Clients sign in, as nodes must.
+    assert_eq!(client.info["auth_required"], true, "{}", client.info);
     let created = client.request(
         "$JS.API.STREAM.CREATE.SOLO",
         &json!({"name": "SOLO", "subjects": ["solo.>"], "storage": "file"}),

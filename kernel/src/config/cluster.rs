@@ -8,26 +8,39 @@
 //!     "node": "a",
 //!     "labels": { "gpu": "true" },
 //!     "heartbeat_ms": 1000,
-//!     "node_ttl_ms": 5000
+//!     "node_ttl_ms": 5000,
+//!     "nkey_file": "nats/node-a.nk",
+//!     "tls_ca": "nats/ca.pem"
 //!   }
 //! }
 //! ```
+//!
+//! How a node signs in to NATS: `user:password@` or `token@` in the
+//! server URLs, a credentials file (`creds_file`) or an nkey seed
+//! (`nkey_file`), one of these; and a client certificate (`tls_cert`,
+//! `tls_key`) beside or instead. Every file is read and checked here.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::ConfigIssue;
 use super::parse::section;
+use super::validate::Context;
+use crate::nats;
 
 /// Longest node name, label key or label value, in bytes.
 pub(super) const MAX_NODE_NAME_BYTES: usize = 64;
 
 /// How this kernel joins a cluster; absent: it runs alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClusterSettings {
-    /// NATS servers to connect to (`nats://HOST:PORT`, `tls://HOST:PORT`); any one is enough.
+    /// NATS servers to connect to (`nats://HOST:PORT`, `tls://HOST:PORT`),
+    /// with the node's credentials in their user info when it signs in
+    /// with a user and password or a token; any one server is enough.
+    /// Shown only through [`nats::redacted`].
     pub servers: Vec<String>,
     /// This node's name, unique among live nodes.
     pub node: String,
@@ -40,6 +53,40 @@ pub struct ClusterSettings {
     /// Replicas of the buckets the cluster keeps; `None`: 3, or fewer where
     /// the cluster has fewer servers.
     pub replicas: Option<usize>,
+    /// A NATS credentials file (a user JWT and its nkey seed) to sign in with.
+    pub creds_file: Option<PathBuf>,
+    /// A file holding the nkey seed of a NATS user to sign in with.
+    pub nkey_file: Option<PathBuf>,
+    /// The CA the NATS servers' certificates are checked against (PEM);
+    /// `None`: the system's roots. Given, or with `tls_cert`, TLS is required.
+    pub tls_ca: Option<PathBuf>,
+    /// The client certificate the node presents to NATS (PEM), with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Join a NATS server that lets the node in without credentials
+    /// (`--insecure-cluster`): only on a network that only trusted hosts reach.
+    pub insecure: bool,
+}
+
+impl std::fmt::Debug for ClusterSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let servers: Vec<_> = self.servers.iter().map(|url| nats::redacted(url)).collect();
+        f.debug_struct("ClusterSettings")
+            .field("servers", &servers)
+            .field("node", &self.node)
+            .field("labels", &self.labels)
+            .field("heartbeat_ms", &self.heartbeat_ms)
+            .field("node_ttl_ms", &self.node_ttl_ms)
+            .field("replicas", &self.replicas)
+            .field("creds_file", &self.creds_file)
+            .field("nkey_file", &self.nkey_file)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("insecure", &self.insecure)
+            .finish()
+    }
 }
 
 impl ClusterSettings {
@@ -57,7 +104,36 @@ impl ClusterSettings {
             heartbeat_ms: Self::HEARTBEAT_MS,
             node_ttl_ms: Self::NODE_TTL_MS,
             replicas: None,
+            creds_file: None,
+            nkey_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            insecure: false,
         }
+    }
+
+    /// Whether the node proves who it is to NATS: credentials in a server
+    /// URL, a credentials file, an nkey seed or a client certificate. A
+    /// server that lets a node without any in is open to anyone who can
+    /// reach it.
+    pub fn has_credentials(&self) -> bool {
+        self.creds_file.is_some()
+            || self.nkey_file.is_some()
+            || self.tls_cert.is_some()
+            || matches!(nats::url_credentials(&self.servers), Ok(Some(_)) | Err(_))
+    }
+
+    /// What is wrong with how the node signs in, each with its setting
+    /// (`servers_at` names where the servers came from): URLs carrying
+    /// different credentials, or more than one way to sign in.
+    pub fn access_issues(&self, servers_at: &str) -> Vec<ConfigIssue> {
+        access_issues(
+            &self.servers,
+            servers_at,
+            self.creds_file.is_some(),
+            self.nkey_file.is_some(),
+        )
     }
 
     /// A silence of this node's own heartbeat or watch longer than this is
@@ -77,6 +153,12 @@ struct RawCluster {
     heartbeat_ms: Option<u64>,
     node_ttl_ms: Option<u64>,
     replicas: Option<usize>,
+    creds_file: Option<String>,
+    nkey_file: Option<String>,
+    tls_ca: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    insecure: bool,
 }
 
 /// Why `name` cannot name a node or a label, if it cannot: node names
@@ -104,9 +186,10 @@ pub fn node_name_problem(name: &str) -> Option<String> {
     }
 }
 
-/// Why `url` is not a NATS server address, if it is not.
+/// Why `url` is not a NATS server address, if it is not; the URL shown
+/// without its secrets.
 pub(super) fn server_problem(url: &str) -> Option<String> {
-    let shown = || hivekernel_agents::text::shown(url);
+    let shown = || hivekernel_agents::text::shown(&nats::redacted(url));
     let Some((scheme, rest)) = url.split_once("://") else {
         return Some(format!(
             "{} is not a NATS URL (expected nats://HOST:PORT)",
@@ -118,6 +201,9 @@ pub(super) fn server_problem(url: &str) -> Option<String> {
             "{} has scheme {scheme:?} (expected nats:// or tls://)",
             shown()
         ));
+    }
+    if let Err(problem) = nats::split_credentials(url) {
+        return Some(format!("{} {problem}", shown()));
     }
     let host_port = rest.rsplit('@').next().unwrap_or(rest);
     let Some((host, port)) = host_port.rsplit_once(':') else {
@@ -132,7 +218,8 @@ pub(super) fn server_problem(url: &str) -> Option<String> {
     None
 }
 
-/// `--cluster`'s comma-separated list as server URLs, each checked.
+/// `--cluster`'s comma-separated list as server URLs, each checked (the
+/// credentials they carry too).
 pub fn parse_servers(list: &str) -> Result<Vec<String>, String> {
     let servers: Vec<String> = list
         .split(',')
@@ -143,10 +230,48 @@ pub fn parse_servers(list: &str) -> Result<Vec<String>, String> {
     if servers.is_empty() {
         return Err("names no server (expected nats://HOST:PORT[,...])".to_owned());
     }
-    match servers.iter().find_map(|url| server_problem(url)) {
-        Some(problem) => Err(problem),
-        None => Ok(servers),
+    if let Some(problem) = servers.iter().find_map(|url| server_problem(url)) {
+        return Err(problem);
     }
+    if let Err((i, problem)) = nats::url_credentials(&servers) {
+        return Err(format!("{}: {problem}", nats::redacted(&servers[i])));
+    }
+    Ok(servers)
+}
+
+/// What is wrong with how a node signs in to NATS, each with its setting:
+/// URLs carrying different credentials, or two ways to sign in at once.
+fn access_issues(
+    servers: &[String],
+    servers_at: &str,
+    creds_file: bool,
+    nkey_file: bool,
+) -> Vec<ConfigIssue> {
+    let mut issues = Vec::new();
+    let in_urls = match nats::url_credentials(servers) {
+        Ok(found) => found.is_some(),
+        Err((i, problem)) => {
+            issues.push(ConfigIssue::new(format!("{servers_at}[{i}]"), problem));
+            true
+        }
+    };
+    let one_way = "a node signs in one way: credentials in the server URLs, creds_file or \
+                   nkey_file (a client certificate may go with any)";
+    if creds_file && nkey_file {
+        issues.push(ConfigIssue::new(
+            "kernel.cluster.nkey_file",
+            format!("is set beside creds_file, which holds its own nkey seed: {one_way}"),
+        ));
+    }
+    for (set, field) in [(creds_file, "creds_file"), (nkey_file, "nkey_file")] {
+        if set && in_urls {
+            issues.push(ConfigIssue::new(
+                format!("kernel.cluster.{field}"),
+                format!("is set beside credentials in {servers_at}: {one_way}"),
+            ));
+        }
+    }
+    issues
 }
 
 /// This machine's host name (its first label), the default node name, or
@@ -164,6 +289,7 @@ pub fn host_name() -> Result<String, String> {
 /// Parses and checks `kernel.cluster`; `None` when absent.
 pub(super) fn cluster(
     value: Option<&Value>,
+    checks: &Context<'_>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<ClusterSettings> {
     if value.is_none_or(Value::is_null) {
@@ -171,8 +297,13 @@ pub(super) fn cluster(
     }
     let before = issues.len();
     let parsed = section::<RawCluster>(value, "kernel.cluster", issues);
-    let servers_ok = parsed.is_ok("servers");
+    // A parser's message quotes the value, which may be a URL with a secret.
+    for issue in &mut issues[before..] {
+        issue.message = nats::redacted_in(&issue.message);
+    }
+    let mut servers_ok = parsed.is_ok("servers");
     let raw = parsed.value;
+    let access = access(&raw, checks, issues);
     let servers = match raw.servers {
         Some(servers) if !servers.is_empty() => {
             for (i, url) in servers.iter().enumerate() {
@@ -181,6 +312,7 @@ pub(super) fn cluster(
                         format!("kernel.cluster.servers[{i}]"),
                         problem,
                     ));
+                    servers_ok = false;
                 }
             }
             servers
@@ -247,6 +379,14 @@ pub(super) fn cluster(
             format!("{replicas} is out of range (1 to 5)"),
         ));
     }
+    if servers_ok {
+        issues.extend(access_issues(
+            &servers,
+            "kernel.cluster.servers",
+            access.creds_file.is_some(),
+            access.nkey_file.is_some(),
+        ));
+    }
     (issues.len() == before).then_some(ClusterSettings {
         servers,
         node,
@@ -254,5 +394,59 @@ pub(super) fn cluster(
         heartbeat_ms,
         node_ttl_ms,
         replicas: raw.replicas,
+        insecure: raw.insecure,
+        ..access
     })
+}
+
+/// The credential and TLS files of `raw`, each resolved against the
+/// config's directory, read and checked (the rest of the settings empty).
+fn access(
+    raw: &RawCluster,
+    checks: &Context<'_>,
+    issues: &mut Vec<ConfigIssue>,
+) -> ClusterSettings {
+    let at = |field: &str| format!("kernel.cluster.{field}");
+    let mut path = |text: &Option<String>, field: &str| {
+        text.as_deref()
+            .and_then(|text| checks.path_field(text, &at(field), issues))
+    };
+    let mut settings = ClusterSettings::new(Vec::new(), String::new());
+    settings.creds_file = path(&raw.creds_file, "creds_file");
+    settings.nkey_file = path(&raw.nkey_file, "nkey_file");
+    settings.tls_ca = path(&raw.tls_ca, "tls_ca");
+    settings.tls_cert = path(&raw.tls_cert, "tls_cert");
+    settings.tls_key = path(&raw.tls_key, "tls_key");
+    if let Some(file) = &settings.creds_file
+        && let Err(problem) = nats::read_creds(file)
+    {
+        issues.push(ConfigIssue::new(at("creds_file"), problem));
+    }
+    if let Some(file) = &settings.nkey_file
+        && let Err(problem) = nats::read_nkey_seed(file)
+    {
+        issues.push(ConfigIssue::new(at("nkey_file"), problem));
+    }
+    let identity = match (&settings.tls_cert, &settings.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (Some(_), None) => {
+            let message =
+                "missing: a client certificate (tls_cert) needs its private key (tls_key)";
+            issues.push(ConfigIssue::new(at("tls_key"), message));
+            return settings;
+        }
+        (None, Some(_)) => {
+            let message =
+                "missing: a private key (tls_key) needs its client certificate (tls_cert)";
+            issues.push(ConfigIssue::new(at("tls_cert"), message));
+            return settings;
+        }
+        (None, None) => None,
+    };
+    if (settings.tls_ca.is_some() || identity.is_some())
+        && let Err((field, err)) = nats::client_tls(settings.tls_ca.as_deref(), identity)
+    {
+        issues.push(ConfigIssue::new(at(field), err.to_string()));
+    }
+    settings
 }

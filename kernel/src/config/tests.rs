@@ -2026,6 +2026,127 @@ fn a_cluster_section_is_read_with_its_defaults() {
 }
 
 #[test]
+fn a_node_signs_in_to_nats_with_files_beside_the_config() {
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = Fixture::new();
+    let seed = fixture.write(
+        "configs/nats/node.nk",
+        &nkeys::KeyPair::new_user().seed().unwrap(),
+    );
+    std::fs::set_permissions(&seed, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = fixture
+        .load(
+            r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222"], "node": "a",
+                "nkey_file": "nats/node.nk", "insecure": true}}, "agents": []}"#,
+        )
+        .unwrap();
+    let cluster = config.kernel.cluster.unwrap();
+    assert_eq!(
+        cluster.nkey_file,
+        Some(fixture.root().join("configs/nats/node.nk"))
+    );
+    assert!(cluster.insecure && cluster.has_credentials());
+
+    let with_password =
+        ClusterSettings::new(vec!["nats://alice:s3cret@10.0.0.1:4222".into()], "a".into());
+    assert!(with_password.has_credentials());
+    let shown = format!("{with_password:?}");
+    assert!(
+        shown.contains("alice:***@") && !shown.contains("s3cret"),
+        "{shown}"
+    );
+    assert!(!ClusterSettings::new(vec!["nats://h:1".into()], "a".into()).has_credentials());
+}
+
+#[test]
+fn a_bad_way_to_sign_in_to_nats_is_refused_at_its_setting() {
+    let fixture = Fixture::new();
+    fixture.write(
+        "configs/open.nk",
+        &nkeys::KeyPair::new_user().seed().unwrap(),
+    );
+    let issues = fixture.issues(
+        r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222"], "node": "a",
+            "creds_file": "missing.creds", "tls_cert": "client.pem"}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.creds_file",
+        &["cannot read credentials file", "missing.creds"],
+    );
+    assert_issue(&issues, "kernel.cluster.tls_key", &["missing", "tls_cert"]);
+    let issues = fixture.issues(
+        r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222"], "node": "a",
+            "nkey_file": "open.nk"}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.nkey_file",
+        &["mode 644", "chmod 600"],
+    );
+
+    let issues = self::issues(
+        r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222"], "node": "a",
+            "tls_key": "client.key", "tls_ca": "nowhere/ca.pem"}}}"#,
+    );
+    assert_issue(&issues, "kernel.cluster.tls_cert", &["missing", "tls_key"]);
+
+    let issues = self::issues(
+        r#"{"kernel": {"cluster": {"servers": ["nats://10.0.0.1:4222"], "node": "a",
+            "tls_ca": "nowhere/ca.pem"}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.tls_ca",
+        &["cannot read NATS TLS CA", "ca.pem"],
+    );
+
+    // Two ways at once, and URLs that disagree; no secret is ever quoted.
+    let fixture = Fixture::new();
+    let seed = fixture.write(
+        "configs/node.nk",
+        &nkeys::KeyPair::new_user().seed().unwrap(),
+    );
+    std::fs::set_permissions(&seed, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let issues = fixture.issues(
+        r#"{"kernel": {"cluster": {"node": "a", "nkey_file": "node.nk",
+            "servers": ["nats://alice:s3cret@10.0.0.1:4222", "nats://alice:other@10.0.0.2:4222",
+                        "nats://bob:s3cret@10.0.0.3"]}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.servers[2]",
+        &["bob:***@", "names no port"],
+    );
+    let issues = fixture.issues(
+        r#"{"kernel": {"cluster": {"node": "a", "nkey_file": "node.nk",
+            "servers": ["nats://alice:s3cret@10.0.0.1:4222", "nats://alice:other@10.0.0.2:4222"]}}}"#,
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.servers[1]",
+        &["other credentials than server [0]"],
+    );
+    assert_issue(
+        &issues,
+        "kernel.cluster.nkey_file",
+        &["beside credentials in"],
+    );
+    let text = format!("{issues:?}");
+    assert!(
+        !text.contains("s3cret") && !text.contains("other@"),
+        "{text}"
+    );
+    // A value of the wrong type is quoted by the parser, its secret hidden.
+    let issues = self::issues(r#"{"kernel": {"cluster": {"servers": "nats://alice:s3cret@h:1"}}}"#);
+    assert_issue(
+        &issues,
+        "kernel.cluster.servers",
+        &["\"nats://alice:***@h:1\""],
+    );
+}
+
+#[test]
 fn config_agents_may_be_placed_on_a_node_or_by_labels() {
     let config = Fixture::new()
         .load(

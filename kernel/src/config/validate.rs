@@ -205,7 +205,7 @@ impl<'a> Context<'a> {
             notify: None,
             metrics: super::observe::metrics(k.metrics.as_ref(), issues),
             dashboard: super::observe::dashboard(k.dashboard.as_ref(), issues),
-            cluster: super::cluster::cluster(k.cluster.as_ref(), issues),
+            cluster: super::cluster::cluster(k.cluster.as_ref(), self, issues),
             log: super::observe::log(k.log.as_ref(), issues),
             // Read with the environment, by `load_sections`.
             otel: None,

@@ -315,12 +315,8 @@ async fn round_trips(client: KernelRpc, pid: u64, n: usize) -> (f64, f64) {
 
 /// p50 and p99 of `n` request/reply round trips over `nats`.
 async fn nats_round_trips(nats: &NatsCluster, n: usize) -> (f64, f64) {
-    let asker = async_nats::connect(nats.url(0))
-        .await
-        .expect("connect to NATS");
-    let answerer = async_nats::connect(nats.url(1))
-        .await
-        .expect("connect to NATS");
+    let asker = nats.client(0).await.expect("connect to NATS");
+    let answerer = nats.client(1).await.expect("connect to NATS");
     let mut requests = answerer.subscribe("bench.echo").await.expect("subscribe");
     answerer.flush().await.expect("flush");
     let echo = tokio::spawn(async move {

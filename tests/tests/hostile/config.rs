@@ -247,6 +247,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         dashboard: None,
         cluster: None,
         node: None,
+        insecure_cluster: false,
     }
 }
 

@@ -15,6 +15,8 @@
 //!   flood in a test process of its own, so its peak memory is the
 //!   flood's alone).
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
+//! - `cluster_auth`: who may join a cluster's NATS: credentials against a
+//!   real `nats-server`, wrong ones refused unquoted, an open server refused.
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `memory`: what the kernel keeps of floods of large texts, measured on the real binary.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
@@ -25,6 +27,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod cluster_auth;
 mod config;
 mod grpc;
 mod memory;
