@@ -1161,10 +1161,12 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             (_, true) => Some(crate::config::DashboardSettings {
                 enabled: Some(false),
                 listen: None,
+                hosts: Vec::new(),
             }),
             (Some(listen), false) => Some(crate::config::DashboardSettings {
                 enabled: Some(true),
                 listen,
+                hosts: Vec::new(),
             }),
             (None, false) => None,
         },

@@ -374,11 +374,9 @@ fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, S
     if let Some(listen) = options.metrics_listen {
         settings.metrics = Some(crate::config::MetricsSettings { listen });
     }
-    if let Some(dashboard) = options.dashboard {
-        settings.dashboard = crate::config::DashboardSettings {
-            enabled: dashboard.enabled,
-            listen: dashboard.listen.or(settings.dashboard.listen),
-        };
+    if let Some(dashboard) = &options.dashboard {
+        settings.dashboard.enabled = dashboard.enabled;
+        settings.dashboard.listen = dashboard.listen.or(settings.dashboard.listen);
         if dashboard.enabled == Some(false) {
             settings.dashboard.listen = None;
         }

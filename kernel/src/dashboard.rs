@@ -14,15 +14,18 @@
 //! (`kernel.connections`); a browser speaks HTTP/1.1 and logs in once.
 //!
 //! Security: nothing but the page, its script and style is served without
-//! a session ([`session`]); the session cookie is HttpOnly and
-//! SameSite=Strict (and Secure under TLS); every POST but the login must
-//! carry the session's CSRF token in `X-CSRF-Token`, be JSON, and come
-//! from the page's own origin when the browser names one; the page may
+//! a session ([`session`]), and a session is the HttpOnly, SameSite=Strict
+//! (and, under TLS, Secure) cookie together with the session key the page
+//! sends in `X-CSRF-Token` (or, for a live stream, a single-use ticket):
+//! the cookie alone authenticates nothing. Only requests that name the
+//! dashboard as their `Host` are answered, and only the page's own origin
+//! may call the API ([`origin`]); every POST must be JSON; the page may
 //! load nothing from elsewhere (Content-Security-Policy), nor be framed.
 
 mod api;
 pub mod assets;
 pub mod json;
+mod origin;
 pub mod session;
 mod tls;
 
@@ -63,6 +66,8 @@ struct Dashboard {
     etags: Vec<HeaderValue>,
     /// This kernel's node name, when it is a node of a cluster.
     node: Option<String>,
+    /// Host names it answers to besides IP addresses and `localhost`.
+    hosts: Vec<String>,
 }
 
 /// How to serve the dashboard.
@@ -100,6 +105,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
     let body_limit = crate::grpc::max_request_bytes(&kernel);
     let auth = auth.with_operators(kernel.operator_tokens());
     let node = kernel.cluster().map(|cluster| cluster.node().to_owned());
+    let hosts = kernel.settings().dashboard.hosts.clone();
     let dashboard = Arc::new(Dashboard {
         service: LocalService::new(kernel, drain, reload),
         schema: json::Schema::load()?,
@@ -108,6 +114,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
         secure: tls.is_some(),
         etags: assets::ASSETS.iter().map(assets::Asset::etag).collect(),
         node,
+        hosts,
     });
     Ok(Router::new()
         .route("/", get(api::asset))
@@ -116,9 +123,11 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
         .route("/api/login", post(api::login))
         .route("/api/logout", post(api::logout))
         .route("/api/rpc/{method}", post(api::rpc))
+        .route("/api/ticket", post(api::ticket))
         .route("/api/watch/{method}", get(api::watch))
         .fallback(api::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(dashboard.clone(), guard))
         .layer(middleware::from_fn(security_headers))
         .with_state(dashboard))
 }
@@ -151,6 +160,19 @@ pub async fn serve(
             .await
         }
         None => crate::gate::serve_http(listener, gate, app, stop).await,
+    }
+}
+
+/// Refuses a request for another host, and an API call from another
+/// origin ([`origin`]).
+async fn guard(State(dashboard): Shared, request: Request, next: Next) -> Response {
+    let api = request.uri().path().starts_with("/api/");
+    match origin::refusal(request.headers(), api, &dashboard.hosts) {
+        None => next.run(request).await,
+        Some(why) => {
+            tracing::debug!(%why, "dashboard: request refused");
+            api::forbidden(why)
+        }
     }
 }
 

@@ -214,7 +214,7 @@ try {
     await reader.goto(`${env.DASHBOARD_URL}#/cron`);
     await reader.waitForSelector('[data-testid="cron-row"][data-name="digest"]');
     expect(await reader.locator('#cron-add-form, .action').count() === 0, 'a read session may add cron entries');
-    const csrf = await reader.evaluate(async () => (await (await fetch('/api/session')).json()).csrf);
+    const csrf = await reader.evaluate(() => sessionStorage.getItem('hivekernel.session-key'));
     const forged = await post(reader, 'Kill', { pid: writer, reason: 'forged' }, csrf);
     expect(forged.status === 403 && /operate/.test(forged.body), `status ${forged.status}: ${forged.body}`);
     expect(JSON.parse(cli('ps', '--json')).some((p) => p.pid === writer && !/zombie|dead/i.test(p.state)),

@@ -61,7 +61,14 @@ pub fn request(
 ) -> std::io::Result<Reply> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    // `Host: addr` unless the caller names another.
+    let mut head = format!("{method} {path} HTTP/1.0\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -90,7 +97,8 @@ pub fn request(
     })
 }
 
-/// A logged-in session: its cookie and CSRF token.
+/// A logged-in session: its cookie and its session key (sent as
+/// `X-CSRF-Token`).
 #[derive(Debug, Clone)]
 pub struct Session {
     pub addr: String,
@@ -146,30 +154,54 @@ impl Session {
         request(&self.addr, "POST", path, &headers, &body.to_string()).unwrap()
     }
 
-    /// A GET with this session's cookie.
+    /// A GET with this session's cookie and key.
     pub fn get(&self, path: &str) -> Reply {
-        request(&self.addr, "GET", path, &[("Cookie", &self.cookie)], "").unwrap()
+        let headers = [
+            ("Cookie", self.cookie.as_str()),
+            ("X-CSRF-Token", &self.csrf),
+        ];
+        request(&self.addr, "GET", path, &headers, "").unwrap()
     }
 
-    /// `GET /api/watch/<method>?q=<request>`, read as it comes.
+    /// A single-use ticket for a live stream.
+    pub fn ticket(&self) -> String {
+        let reply = self.post("/api/ticket", &serde_json::json!({}), &[]);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply.json()["ticket"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no ticket: {reply:?}"))
+            .to_owned()
+    }
+
+    /// `GET /api/watch/<method>?q=<request>` with a new ticket, read as it
+    /// comes.
     pub fn watch(&self, method: &str, request: &serde_json::Value) -> Watch {
-        let query: String = request
-            .to_string()
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
+        let ticket = self.ticket();
+        self.watch_with(method, request, &ticket)
+    }
+
+    /// `GET /api/watch/<method>?q=<request>&ticket=<ticket>`, read as it
+    /// comes.
+    pub fn watch_with(&self, method: &str, request: &serde_json::Value, ticket: &str) -> Watch {
+        let encode = |text: &str| -> String {
+            text.bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect()
+        };
+        let query = encode(&request.to_string());
+        let ticket = encode(ticket);
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         write!(
             stream,
-            "GET /api/watch/{method}?q={query} HTTP/1.0\r\nHost: {}\r\nCookie: {}\r\nAccept: text/event-stream\r\n\r\n",
+            "GET /api/watch/{method}?q={query}&ticket={ticket} HTTP/1.0\r\nHost: {}\r\nCookie: {}\r\nAccept: text/event-stream\r\n\r\n",
             self.addr, self.cookie
         )
         .unwrap();

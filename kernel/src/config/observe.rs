@@ -4,7 +4,7 @@
 //! ```json
 //! "kernel": {
 //!   "metrics": { "listen": "127.0.0.1:9464" },
-//!   "dashboard": { "enabled": true, "listen": "127.0.0.1:50052" },
+//!   "dashboard": { "enabled": true, "listen": "127.0.0.1:50052", "hosts": ["kernel.example"] },
 //!   "log": { "level": "info,rmcp=warn", "format": "json" },
 //!   "otel": { "endpoint": "http://127.0.0.1:4318", "capture_content": false }
 //! }
@@ -27,13 +27,18 @@ pub struct MetricsSettings {
 }
 
 /// The web dashboard (`kernel.dashboard`, `--dashboard`, `--no-dashboard`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DashboardSettings {
     /// `None`: on when the control plane listens on loopback.
     pub enabled: Option<bool>,
     /// Where it listens; `None`: the control plane's address with the
     /// next port (50051 -> 50052; port 0 stays 0, any free port).
     pub listen: Option<SocketAddr>,
+    /// Host names it answers to besides IP addresses and `localhost`
+    /// (lower case): a request naming another host in `Host` is refused,
+    /// so that a web page cannot reach it through a name of its own that
+    /// resolves to the dashboard's address (DNS rebinding).
+    pub hosts: Vec<String>,
 }
 
 impl DashboardSettings {
@@ -150,6 +155,7 @@ struct RawMetrics {
 struct RawDashboard {
     enabled: Option<bool>,
     listen: Option<String>,
+    hosts: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -216,9 +222,29 @@ pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) ->
             "is given while kernel.dashboard.enabled is false: drop one of them",
         ));
     }
+    let mut hosts = Vec::new();
+    for (at, host) in raw.hosts.into_iter().enumerate() {
+        let valid = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if valid {
+            hosts.push(host.to_ascii_lowercase());
+        } else {
+            issues.push(ConfigIssue::new(
+                format!("kernel.dashboard.hosts[{at}]"),
+                format!(
+                    "{} is not a host name: give a name such as \"kernel.example\" (letters, digits, '-', '.', no port)",
+                    hivekernel_agents::text::shown(&host)
+                ),
+            ));
+        }
+    }
     DashboardSettings {
         enabled: raw.enabled,
         listen,
+        hosts,
     }
 }
 

@@ -1838,6 +1838,7 @@ fn the_dashboard_is_on_beside_a_loopback_control_plane_unless_told_otherwise() {
     let asked = DashboardSettings {
         enabled: Some(true),
         listen: None,
+        ..DashboardSettings::default()
     };
     assert_eq!(
         asked.address(at("0.0.0.0:50051")),
@@ -1846,6 +1847,7 @@ fn the_dashboard_is_on_beside_a_loopback_control_plane_unless_told_otherwise() {
     let placed = DashboardSettings {
         enabled: None,
         listen: Some(at("127.0.0.1:8080")),
+        ..DashboardSettings::default()
     };
     assert_eq!(
         placed.address(at("10.0.0.1:50051")),
@@ -1854,6 +1856,7 @@ fn the_dashboard_is_on_beside_a_loopback_control_plane_unless_told_otherwise() {
     let off = DashboardSettings {
         enabled: Some(false),
         listen: None,
+        ..DashboardSettings::default()
     };
     assert_eq!(off.address(at("127.0.0.1:50051")), None);
 }

@@ -1,16 +1,24 @@
 //! The dashboard's HTTP handlers: the files, login and logout, and the
 //! Kernel service's methods as JSON.
 //!
-//! - `GET /api/session`: `{scope, pid, csrf, version, node}` (`node`: this
-//!   kernel's node name in a cluster, else empty), or 401.
-//! - `POST /api/login` `{"token": "..."}`: the same, and the cookie.
+//! - `POST /api/login` `{"token": "..."}`: `{scope, pid, version, node,
+//!   csrf}` (`node`: this kernel's node name in a cluster, else empty;
+//!   `csrf`: the session key, answered here only), and the cookie.
+//! - `GET /api/session`: the same but the key, or 401.
 //! - `POST /api/logout`: 204, the cookie cleared.
 //! - `POST /api/rpc/<Method>`: the request message as JSON in, the answer
 //!   out (`ListProcesses`, a stream that ends, as an array of its batches).
-//! - `GET /api/watch/<Method>?q=<request JSON>`: a live stream
-//!   (`SubscribeEvents`, `WatchTranscript`, `WatchRequests`) as server-sent
-//!   events, each `data:` a JSON array of the messages that were ready
-//!   together (at most [`BATCH`]), closed by an `end` or `error` event.
+//! - `POST /api/ticket`: `{ticket, expiresInSeconds}`, a single-use ticket
+//!   for one live stream.
+//! - `GET /api/watch/<Method>?q=<request JSON>&ticket=<ticket>`: a live
+//!   stream (`SubscribeEvents`, `WatchTranscript`, `WatchRequests`) as
+//!   server-sent events, each `data:` a JSON array of the messages that
+//!   were ready together (at most [`BATCH`]), closed by an `end` or
+//!   `error` event.
+//!
+//! Every call but the login carries the session's cookie and proves it:
+//! with the session key in `X-CSRF-Token`, or for a live stream with a
+//! ticket ([`super::session`]).
 //!
 //! An error is `{"code": "<gRPC code>", "message": "..."}` with the HTTP
 //! status the gRPC code maps to.
@@ -28,11 +36,11 @@ use prost_reflect::MethodDescriptor;
 use tonic::{Code, Status};
 
 use super::Shared;
-use super::session::{Active, LIFETIME, NoSession};
+use super::session::{Active, LIFETIME, LoginError, NoSession, TICKET_LIFETIME};
 use crate::caller::Caller;
 use crate::grpc::{Answer, code_name};
 
-/// The header that carries the session's CSRF token.
+/// The header that carries the session key.
 const CSRF_HEADER: &str = "x-csrf-token";
 /// Streams that end, which a POST may read whole.
 const ENDING_STREAMS: [&str; 1] = ["ListProcesses"];
@@ -114,38 +122,40 @@ pub(super) async fn not_found() -> Response {
     .into_response()
 }
 
-/// The session the request's cookie names.
+/// The session the request's cookie names, proven by the session key in
+/// its header.
 fn active(state: &Shared, headers: &HeaderMap) -> Result<(String, Active), Refusal> {
-    let id =
-        cookie(headers, &state.cookie).ok_or_else(|| Status::unauthenticated("not logged in"))?;
-    match state.sessions.get(&id) {
-        Ok(active) => Ok((id, active)),
-        Err(NoSession::Missing) => {
-            Err(Status::unauthenticated("the session has ended: log in again").into())
-        }
-        Err(NoSession::Refused(why)) => Err(Status::unauthenticated(why).into()),
-    }
-}
-
-/// The session of a request that changes something: its CSRF token must
-/// be in the header, its body JSON, its origin (when given) this one.
-fn acting(state: &Shared, headers: &HeaderMap) -> Result<(String, Active), Refusal> {
-    check_post(headers)?;
-    let (id, active) = active(state, headers)?;
-    let given = headers
+    let id = session_id(state, headers)?;
+    let key = headers
         .get(CSRF_HEADER)
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default();
-    if !active.csrf_matches(given) {
-        return Err(
-            Status::permission_denied("missing or wrong X-CSRF-Token: reload the page").into(),
-        );
-    }
+    let active = state.sessions.get(&id, key).map_err(refused)?;
     Ok((id, active))
 }
 
-/// A POST must be JSON (which a cross-site form cannot send) and, when the
-/// browser names its origin, come from this host.
+/// The session id in the request's cookie.
+fn session_id(state: &Shared, headers: &HeaderMap) -> Result<String, Refusal> {
+    cookie(headers, &state.cookie).ok_or_else(|| Refusal(Status::unauthenticated("not logged in")))
+}
+
+fn refused(why: NoSession) -> Refusal {
+    Refusal(Status::unauthenticated(match why {
+        NoSession::Missing => "the session has ended: log in again".to_owned(),
+        NoSession::Unproven(why) => why.to_owned(),
+        NoSession::Refused(why) => why,
+    }))
+}
+
+/// The session of a POST: its body JSON, its origin (when given) this
+/// one, its session key in the header.
+fn acting(state: &Shared, headers: &HeaderMap) -> Result<(String, Active), Refusal> {
+    check_post(headers)?;
+    active(state, headers)
+}
+
+/// A POST must be JSON, which a cross-site form cannot send (where it
+/// comes from is checked before: [`super::origin`]).
 fn check_post(headers: &HeaderMap) -> Result<(), Refusal> {
     let json = headers
         .get(header::CONTENT_TYPE)
@@ -159,20 +169,12 @@ fn check_post(headers: &HeaderMap) -> Result<(), Refusal> {
     if !json {
         return Err(Status::invalid_argument("send the body as application/json").into());
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|host| host.to_str().ok());
-        let same = origin
-            .to_str()
-            .ok()
-            .and_then(|origin| origin.split_once("://"))
-            .is_some_and(|(_, authority)| Some(authority) == host);
-        if !same {
-            return Err(Status::permission_denied("a request from another origin").into());
-        }
-    }
     Ok(())
+}
+
+/// A request refused for where it comes from.
+pub(super) fn forbidden(why: String) -> Response {
+    Refusal(Status::permission_denied(why)).into_response()
 }
 
 fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -202,7 +204,7 @@ fn json_response(body: Vec<u8>) -> Response {
 
 /// What the page is told about its session, on the dashboard of `node`
 /// (a cluster's node, else `None`).
-fn described(active: &Active, node: Option<&str>) -> Vec<u8> {
+fn described(active: &Active, node: Option<&str>) -> serde_json::Value {
     let pid = match active.caller {
         Caller::Process(pid) => pid.0,
         _ => 0,
@@ -210,17 +212,18 @@ fn described(active: &Active, node: Option<&str>) -> Vec<u8> {
     serde_json::json!({
         "scope": active.caller.scope().as_str(),
         "pid": pid,
-        "csrf": active.csrf,
         "version": env!("CARGO_PKG_VERSION"),
         "node": node.unwrap_or_default(),
     })
-    .to_string()
-    .into_bytes()
 }
 
 pub(super) async fn session(state: Shared, headers: HeaderMap) -> Response {
     match active(&state, &headers) {
-        Ok((_, active)) => json_response(described(&active, state.node.as_deref())),
+        Ok((_, active)) => json_response(
+            described(&active, state.node.as_deref())
+                .to_string()
+                .into_bytes(),
+        ),
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -244,16 +247,43 @@ pub(super) async fn login(state: Shared, headers: HeaderMap, body: Bytes) -> Res
         }
     };
     match state.sessions.login(&login.token) {
-        Ok((id, active)) => {
-            tracing::info!(caller = %active.caller.who(), "dashboard: logged in");
-            let mut response = json_response(described(&active, state.node.as_deref()));
+        Ok(session) => {
+            tracing::info!(caller = %session.active.caller.who(), "dashboard: logged in");
+            let mut described = described(&session.active, state.node.as_deref());
+            described["csrf"] = serde_json::Value::String(session.key);
+            let mut response = json_response(described.to_string().into_bytes());
             response.headers_mut().insert(
                 header::SET_COOKIE,
-                set_cookie(&state, &id, LIFETIME.as_secs()),
+                set_cookie(&state, &session.id, LIFETIME.as_secs()),
             );
             response
         }
-        Err(why) => Refusal(Status::unauthenticated(why)).into_response(),
+        Err(LoginError::Refused(why)) => Refusal(Status::unauthenticated(why)).into_response(),
+        Err(LoginError::Unavailable(why)) => {
+            Refusal(Status::resource_exhausted(why)).into_response()
+        }
+    }
+}
+
+/// A ticket for one live stream of the session, good for a short while.
+pub(super) async fn ticket(state: Shared, headers: HeaderMap) -> Response {
+    let made = acting(&state, &headers).and_then(|(id, _)| {
+        let key = headers
+            .get(CSRF_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default();
+        state.sessions.ticket(&id, key).map_err(refused)
+    });
+    match made {
+        Ok(ticket) => json_response(
+            serde_json::json!({
+                "ticket": ticket,
+                "expiresInSeconds": TICKET_LIFETIME.as_secs(),
+            })
+            .to_string()
+            .into_bytes(),
+        ),
+        Err(refusal) => refusal.into_response(),
     }
 }
 
@@ -361,16 +391,22 @@ pub(super) async fn watch(
     uri: Uri,
 ) -> Response {
     let opened = async {
-        let (_, active) = active(&state, &headers)?;
+        let param = |name: &str| {
+            uri.query()
+                .and_then(|query| {
+                    form_urlencoded::parse(query.as_bytes())
+                        .find(|(key, _)| key == name)
+                        .map(|(_, value)| value.into_owned())
+                })
+                .unwrap_or_default()
+        };
+        let id = session_id(&state, &headers)?;
+        let active = state
+            .sessions
+            .redeem(&id, &param("ticket"))
+            .map_err(refused)?;
         let method = method(&state, &name, true)?;
-        let query = uri
-            .query()
-            .and_then(|query| {
-                form_urlencoded::parse(query.as_bytes())
-                    .find(|(key, _)| key == "q")
-                    .map(|(_, value)| value.into_owned())
-            })
-            .unwrap_or_default();
+        let query = param("q");
         let request = state
             .schema
             .request(&method, query.as_bytes())
@@ -502,25 +538,9 @@ mod tests {
     }
 
     #[test]
-    fn a_post_must_be_json_from_this_origin() {
+    fn a_post_must_be_json() {
         let json = ("content-type", "application/json; charset=utf-8");
         assert!(check_post(&headers(&[json])).is_ok());
-        assert!(
-            check_post(&headers(&[
-                json,
-                ("host", "127.0.0.1:50052"),
-                ("origin", "http://127.0.0.1:50052")
-            ]))
-            .is_ok()
-        );
-        assert!(
-            check_post(&headers(&[
-                json,
-                ("host", "127.0.0.1:50052"),
-                ("origin", "http://evil.example")
-            ]))
-            .is_err()
-        );
         assert!(check_post(&headers(&[("content-type", "text/plain")])).is_err());
         assert!(check_post(&headers(&[])).is_err());
     }

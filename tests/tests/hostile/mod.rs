@@ -17,6 +17,9 @@
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `cluster_auth`: who may join a cluster's NATS: credentials against a
 //!   real `nats-server`, wrong ones refused unquoted, an open server refused.
+//! - `dashboard`: a stolen session cookie, a page on another port or
+//!   host name, logins that would crowd out the operator's session (the
+//!   browser case in Chromium).
 //! - `grpc`: malformed gRPC arguments, and mailbox floods (by count, by bytes) over gRPC.
 //! - `memory`: what the kernel keeps of floods of large texts, measured on the real binary.
 //! - `tool_args`: every built-in tool given arguments of the wrong shape.
@@ -29,6 +32,7 @@
 
 mod cluster_auth;
 mod config;
+mod dashboard;
 mod grpc;
 mod memory;
 mod model;

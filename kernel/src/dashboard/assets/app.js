@@ -13,7 +13,7 @@
   const REFRESH_PARALLEL = 6;
 
   const state = {
-    session: null,                 // {scope, pid, csrf, version}
+    session: null,                 // {scope, pid, version, node}
     procs: new Map(),              // pid -> {pid, info, parent, kids: [pid], collapsed}
     roots: [],                     // pids without a known parent
     tree: { rows: [], dirty: true, frame: 0, selected: 0, filter: '', scrollTop: 0,
@@ -222,8 +222,19 @@
     return text ? JSON.parse(text) : null;
   }
 
+  // The session key: answered once, at login, and kept in this tab's session storage
+  // (which no other origin, other ports of this host included, can read). Every API
+  // call carries it; the session cookie alone is not enough.
+  const KEY = 'hivekernel.session-key';
+  function sessionKey() {
+    try { return sessionStorage.getItem(KEY) || ''; } catch { return ''; }
+  }
+  function keepSessionKey(key) {
+    try { if (key) sessionStorage.setItem(KEY, key); else sessionStorage.removeItem(KEY); } catch { /* storage off */ }
+  }
+
   function csrfHeaders() {
-    return { 'Content-Type': 'application/json', 'X-CSRF-Token': state.session ? state.session.csrf : '' };
+    return { 'Content-Type': 'application/json', 'X-CSRF-Token': sessionKey() };
   }
 
   // One RPC: POST /api/rpc/<method> with the request message as JSON.
@@ -235,7 +246,7 @@
   // the caller keeps retrying). A 401 sends the user to the login view.
   async function checkSession() {
     try {
-      const res = await fetch('/api/session', { credentials: 'same-origin', cache: 'no-store' });
+      const res = await fetch('/api/session', { credentials: 'same-origin', cache: 'no-store', headers: { 'X-CSRF-Token': sessionKey() } });
       if (res.status === 401) { sessionEnded(); return false; }
       return true;
     } catch { return true; }
@@ -244,41 +255,59 @@
   // One server stream over SSE. onMessage gets each message; hooks: onOpen, onEnd (the
   // stream finished), onError(ApiError) (the server ended it with an error), onDrop (the
   // connection was lost). Returns {close}.
+  // A live stream's address with a fresh ticket: EventSource cannot send the session
+  // key, so the page trades the key for a single-use ticket just before it opens one.
+  async function ticketed(base) {
+    const made = await request('/api/ticket', { method: 'POST', headers: csrfHeaders(), body: '{}' });
+    return base + '&ticket=' + encodeURIComponent(made.ticket);
+  }
+
   function watch(method, req, onMessage, hooks = {}) {
-    const url = '/api/watch/' + method + '?q=' + encodeURIComponent(JSON.stringify(req || {}));
-    const es = new EventSource(url);
+    const base = '/api/watch/' + method + '?q=' + encodeURIComponent(JSON.stringify(req || {}));
+    let es = null;
     let closed = false;
-    const close = () => { if (!closed) { closed = true; es.close(); } };
-    es.addEventListener('open', () => { if (!closed && hooks.onOpen) hooks.onOpen(); });
-    // Each message carries one or more of the stream's messages, as a JSON array.
-    es.addEventListener('message', (e) => {
+    const close = () => { if (!closed) { closed = true; if (es) es.close(); } };
+    ticketed(base).then((url) => {
       if (closed) return;
-      let batch;
-      try { batch = JSON.parse(e.data); } catch { return; }
-      for (const msg of Array.isArray(batch) ? batch : [batch]) {
+      es = new EventSource(url);
+      es.addEventListener('open', () => { if (!closed && hooks.onOpen) hooks.onOpen(); });
+      // Each message carries one or more of the stream's messages, as a JSON array.
+      es.addEventListener('message', (e) => {
         if (closed) return;
-        onMessage(msg);
-      }
-    });
-    es.addEventListener('end', () => {
+        let batch;
+        try { batch = JSON.parse(e.data); } catch { return; }
+        for (const msg of Array.isArray(batch) ? batch : [batch]) {
+          if (closed) return;
+          onMessage(msg);
+        }
+      });
+      es.addEventListener('end', () => {
+        if (closed) return;
+        close();
+        if (hooks.onEnd) hooks.onEnd();
+      });
+      // Both the server's `event: error` (with data) and a lost connection (without) land here.
+      es.addEventListener('error', (e) => {
+        if (closed) return;
+        close();
+        if (typeof e.data === 'string' && e.data) {
+          const body = parseJson(e.data);
+          const err = new ApiError(body.message || e.data, body.code, 0);
+          if (err.code === 'UNAUTHENTICATED') { checkSession(); return; }
+          if (hooks.onError) hooks.onError(err);
+        } else {
+          probe(base).then((refusal) => {
+            if (refusal === null) { if (hooks.onDrop) hooks.onDrop(); } else if (refusal && hooks.onError) hooks.onError(refusal);
+          });
+        }
+      });
+    }, (err) => {
+      // No ticket: the session has ended (the login is shown), the kernel cannot be
+      // reached (try again), or it refused.
       if (closed) return;
       close();
-      if (hooks.onEnd) hooks.onEnd();
-    });
-    // Both the server's `event: error` (with data) and a lost connection (without) land here.
-    es.addEventListener('error', (e) => {
-      if (closed) return;
-      close();
-      if (typeof e.data === 'string' && e.data) {
-        const body = parseJson(e.data);
-        const err = new ApiError(body.message || e.data, body.code, 0);
-        if (err.code === 'UNAUTHENTICATED') { checkSession(); return; }
-        if (hooks.onError) hooks.onError(err);
-      } else {
-        probe(url).then((refusal) => {
-          if (refusal === null) { if (hooks.onDrop) hooks.onDrop(); } else if (refusal && hooks.onError) hooks.onError(refusal);
-        });
-      }
+      if (err.status === 401) return;
+      if (err.status === 0 || RETRYABLE.has(err.code)) { if (hooks.onDrop) hooks.onDrop(); } else if (hooks.onError) hooks.onError(err);
     });
     return { close };
   }
@@ -286,16 +315,20 @@
   // Why a stream failed, which EventSource cannot tell: null when it may simply be
   // opened again (the connection dropped), false when the session has ended, else the
   // server's refusal.
-  async function probe(url) {
+  async function probe(base) {
     const ac = new AbortController();
     try {
+      const url = await ticketed(base);
       const res = await fetch(url, { credentials: 'same-origin', cache: 'no-store', signal: ac.signal });
       if (res.ok) { ac.abort(); return null; }
       if (res.status === 401) { sessionEnded(); return false; }
       let body = {};
       try { body = await res.json(); } catch { /* not JSON */ }
       return new ApiError(body.message || `The stream was refused (HTTP ${res.status}).`, body.code, res.status);
-    } catch { return null; }
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status === 0) return null;
+      return err.status === 401 ? false : err;
+    }
   }
 
   const RETRYABLE = new Set(['UNAVAILABLE', 'ABORTED', 'INTERNAL', 'UNKNOWN', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED']);
@@ -1888,6 +1921,7 @@
   }
 
   function sessionEnded() {
+    keepSessionKey('');
     if (state.session) showLogin('Your session has ended. Sign in again.');
   }
 
@@ -1923,6 +1957,8 @@
       try {
         const session = await request('/api/login', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ token }) }, true);
         tok.value = '';
+        keepSessionKey(session.csrf);
+        delete session.csrf;
         startApp(session);
       } catch (err) {
         errEl.textContent = err.message;
@@ -1931,17 +1967,19 @@
       }
     });
     $('logout').addEventListener('click', async () => {
-      const csrf = state.session ? state.session.csrf : '';
       try {
-        await request('/api/logout', { method: 'POST', headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf }, body: '{}' }, true);
+        await request('/api/logout', { method: 'POST', headers: csrfHeaders(), body: '{}' }, true);
       } catch { /* signed out here anyway */ }
+      keepSessionKey('');
       showLogin('');
     });
     $('skip-link').addEventListener('click', (e) => { e.preventDefault(); $('view').focus(); });
     window.addEventListener('hashchange', () => { if (state.session) route(true); });
     setInterval(tickClock, 30000);
     try {
-      const session = await request('/api/session', { method: 'GET' }, true);
+      // A reload of this tab keeps the session; another tab signs in on its own.
+      if (!sessionKey()) throw new ApiError('', 'UNAUTHENTICATED', 401);
+      const session = await request('/api/session', { method: 'GET', headers: { 'X-CSRF-Token': sessionKey() } }, true);
       startApp(session);
     } catch (err) {
       showLogin(err.status === 401 ? '' : err.message);
