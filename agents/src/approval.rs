@@ -3,7 +3,9 @@
 //! A rule names a tool (`shell_exec`, an MCP entry `mcp:<server>/<tool>` or
 //! a whole server `mcp:<server>`) and, optionally, a glob its arguments must
 //! match (for `shell_exec` the command; for any other tool its arguments as
-//! compact JSON). A process gets its role's rules, its own (a config agent's
+//! compact JSON), matched without regard to case: a rule that asks about
+//! `*curl *` also holds `CURL` (where case makes another command, the call
+//! only needs an approval it did not strictly need). A process gets its role's rules, its own (a config agent's
 //! `approval`) and its parent's: a child never needs fewer approvals than
 //! its parent.
 
@@ -42,8 +44,8 @@ impl OnTimeout {
 pub struct ApprovalRule {
     /// The tool it covers.
     pub tool: String,
-    /// A glob the arguments must match (`*` any text, `?` one character);
-    /// `None`: every call.
+    /// A glob the arguments must match (`*` any text, `?` one character;
+    /// letters of either case match each other); `None`: every call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
     /// How long to wait for a decision.
@@ -66,7 +68,10 @@ impl ApprovalRule {
         }
         match &self.arguments {
             None => true,
-            Some(glob) => glob_matches(glob, &argument_text(tool, arguments)),
+            Some(glob) => glob_matches(
+                &glob.to_lowercase(),
+                &argument_text(tool, arguments).to_lowercase(),
+            ),
         }
     }
 }

@@ -133,6 +133,40 @@ async fn a_process_token_sees_only_events_of_its_own_subtree() {
 }
 
 #[tokio::test]
+async fn a_process_token_lists_its_own_subtree_unless_it_names_a_root() {
+    let (kernel, _) = kernel_with(test_settings()).await;
+    let served = Served::start(&kernel).await;
+    let [a, a1, b, _] = two_trees(&kernel).await;
+    let token = served.auth.issue(a).unwrap();
+    let listed = |mut client: Client, root: u64| async move {
+        let mut stream = client
+            .list_processes(pb::ListProcessesRequest {
+                root,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut pids = Vec::new();
+        while let Some(batch) = stream.next().await {
+            pids.extend(batch.unwrap().processes.iter().map(|p| p.pid));
+        }
+        pids
+    };
+    // No root: its own subtree, as the docs say.
+    let own = listed(served.with_token(&token), 0).await;
+    assert_eq!(own[..2], [a.0, a1.0], "{own:?}");
+    assert!(!own.contains(&ROOT.0) && !own.contains(&b.0), "{own:?}");
+    // The admin's default is the whole table.
+    let all = listed(served.admin(), 0).await;
+    assert!(all.contains(&ROOT.0) && all.contains(&b.0), "{all:?}");
+    // A root it names is listed.
+    assert_eq!(listed(served.with_token(&token), b.0).await, vec![b.0]);
+    kernel.shutdown().await;
+    served.stopped().await;
+}
+
+#[tokio::test]
 async fn the_kernel_filters_a_stream_by_process_subtree_type_and_tail() {
     let (kernel, _) = kernel_with(test_settings()).await;
     let served = Served::start(&kernel).await;

@@ -98,21 +98,59 @@ impl Read {
     }
 }
 
+/// The text of a skill's `SKILL.md`, which must be a regular file in its
+/// directory: a symbolic link is refused (it could lead a loader that
+/// reads skills from an agent's workspace to any file the kernel may
+/// read), and the file is opened without following one, so it cannot be
+/// swapped for one between a check and the read.
+fn read_file(file: &Path) -> Result<String, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(file);
+    let handle = match opened {
+        Ok(handle) => handle,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("missing: a skill directory holds a {SKILL_FILE}"));
+        }
+        Err(_) if std::fs::symlink_metadata(file).is_ok_and(|m| m.file_type().is_symlink()) => {
+            return Err(format!(
+                "{SKILL_FILE} is a symbolic link: a skill's files must be in its own directory"
+            ));
+        }
+        Err(err) => return Err(format!("cannot read it: {err}")),
+    };
+    let meta = handle
+        .metadata()
+        .map_err(|err| format!("cannot read it: {err}"))?;
+    if !meta.is_file() {
+        return Err(format!("{SKILL_FILE} is not a regular file"));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{SKILL_FILE} is {} bytes, more than the {MAX_FILE_BYTES} allowed",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    handle
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| format!("cannot read it: {err}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{SKILL_FILE} is more than the {MAX_FILE_BYTES} bytes allowed"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|err| format!("cannot read it: not UTF-8 text ({err})"))
+}
+
 /// Reads and checks the skill in `dir`.
 pub fn read(dir: &Path, strictness: Strictness) -> Read {
     let file = dir.join(SKILL_FILE);
-    let text = match std::fs::metadata(&file) {
-        Ok(meta) if !meta.is_file() => Err(format!("{SKILL_FILE} is not a regular file")),
-        Ok(meta) if meta.len() > MAX_FILE_BYTES => Err(format!(
-            "{SKILL_FILE} is {} bytes, more than the {MAX_FILE_BYTES} allowed",
-            meta.len()
-        )),
-        Ok(_) => std::fs::read_to_string(&file).map_err(|err| format!("cannot read it: {err}")),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            Err(format!("missing: a skill directory holds a {SKILL_FILE}"))
-        }
-        Err(err) => Err(format!("cannot read it: {err}")),
-    };
+    let text = read_file(&file);
     let mut checker = Checker {
         file,
         strictness,
@@ -771,5 +809,24 @@ mod tests {
         assert!(read.skill.is_none());
         assert!(messages(&read)[0].contains("more than the 262144 allowed"));
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_skill_file_that_is_a_symlink_is_refused_unread() {
+        let root = tempfile::tempdir().unwrap();
+        let secret = root.path().join("secret.md");
+        std::fs::write(
+            &secret,
+            "---\nname: linked\ndescription: the secret\n---\nsecret\n",
+        )
+        .unwrap();
+        let dir = root.path().join("linked");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join(SKILL_FILE)).unwrap();
+        let read = read(&dir, Strictness::Lenient);
+        assert!(read.skill.is_none());
+        let found = messages(&read);
+        assert!(found[0].contains("is a symbolic link"), "{found:?}");
+        assert!(!found[0].contains("the secret"), "{found:?}");
     }
 }

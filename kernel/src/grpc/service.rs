@@ -174,10 +174,11 @@ impl KernelRpc for KernelService {
     ) -> Rpc<Self::ListProcessesStream> {
         let caller = caller(&request)?;
         let req = request.into_inner();
-        let root = if req.root == 0 {
-            Pid::KERNEL
-        } else {
-            Pid(req.root)
+        // No root: the whole table, or a process's own subtree.
+        let root = match (req.root, caller) {
+            (0, Caller::Process(own)) => own,
+            (0, _) => Pid::KERNEL,
+            (root, _) => Pid(root),
         };
         let max_depth = (req.max_depth != 0).then_some(req.max_depth);
         let batch = match req.batch_size as usize {

@@ -440,3 +440,35 @@ async fn a_data_dir_that_is_a_file_is_a_usage_error() {
         "the file was touched"
     );
 }
+
+#[tokio::test]
+async fn a_skill_file_that_links_out_of_its_directory_is_skipped_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let secret = base.join("secret.md");
+    std::fs::write(
+        &secret,
+        "---\nname: linked\ndescription: the secret's first line\n---\nsecret\n",
+    )
+    .unwrap();
+    let skills = base.join("skills");
+    std::fs::create_dir_all(skills.join("linked")).unwrap();
+    std::os::unix::fs::symlink(&secret, skills.join("linked/SKILL.md")).unwrap();
+    let mut settings = hivekernel_tests::test_settings();
+    settings.skills = vec![skills];
+    let (kernel, _) = hivekernel_tests::kernel_with(settings).await;
+    let (listed, problems) = kernel
+        .skill_listing(hivekernel_kernel::Caller::Admin)
+        .unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
+    let problem = problems
+        .iter()
+        .find(|p| p.path.ends_with("linked/SKILL.md"))
+        .unwrap_or_else(|| panic!("no problem: {problems:?}"));
+    assert!(problem.skipped);
+    assert!(
+        problem.message.contains("symbolic link") && !problem.message.contains("secret"),
+        "{problem:?}"
+    );
+    kernel.shutdown().await;
+}

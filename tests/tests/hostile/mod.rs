@@ -15,6 +15,7 @@
 //!   flood in a test process of its own, so its peak memory is the
 //!   flood's alone).
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
+//! - `approval`: approval globs against calls that change only case.
 //! - `cluster_auth`: who may join a cluster's NATS: credentials against a
 //!   real `nats-server`, wrong ones refused unquoted, an open server refused.
 //! - `dashboard`: a stolen session cookie, a page on another port or
@@ -30,6 +31,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod approval;
 mod cluster_auth;
 mod config;
 mod dashboard;
