@@ -111,9 +111,9 @@ try {
     await page.waitForFunction(() => /answer: count the open tickets/.test(document.querySelector('#exec-result')?.textContent || ''));
   });
 
-  await step('an action without the CSRF token is refused', async () => {
+  await step('an action without the session key is refused', async () => {
     const refused = await post(page, 'Kill', { pid: scout, reason: 'forged' }, null);
-    expect(refused.status === 403, `status ${refused.status}: ${refused.body}`);
+    expect(refused.status === 401 && /X-CSRF-Token/.test(refused.body), `status ${refused.status}: ${refused.body}`);
     expect(JSON.parse(cli('ps', '--json')).some((p) => p.pid === scout), 'the forged kill killed');
   });
 
