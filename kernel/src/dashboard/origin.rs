@@ -87,6 +87,8 @@ fn known(name: &str, hosts: &[String]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use axum::http::HeaderValue;
 
     use super::*;
