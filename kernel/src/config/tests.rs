@@ -2233,3 +2233,25 @@ fn a_bad_cluster_section_is_refused_field_by_field() {
         &["expected a sequence"],
     );
 }
+
+#[test]
+fn dashboard_hosts_are_names_without_ports() {
+    let config = Fixture::new()
+        .load(r#"{"kernel": {"dashboard": {"hosts": ["Kernel.Example", "ops-1.internal"]}}}"#)
+        .unwrap();
+    assert_eq!(
+        config.kernel.dashboard.hosts,
+        ["kernel.example", "ops-1.internal"]
+    );
+    let found = issues(
+        r#"{"kernel": {"dashboard": {"hosts": ["ok.example", "evil.example:80", "", "a b"]}}}"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.dashboard.hosts[1]",
+        &["\"evil.example:80\" is not a host name", "no port"],
+    );
+    assert_issue(&found, "kernel.dashboard.hosts[2]", &["is not a host name"]);
+    assert_issue(&found, "kernel.dashboard.hosts[3]", &["is not a host name"]);
+    assert_eq!(found.len(), 3, "{found:#?}");
+}
