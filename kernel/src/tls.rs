@@ -351,12 +351,13 @@ fn read_pem(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
             path: path.to_owned(),
             problem: format!("larger than {MAX_PEM_BYTES} bytes: not a PEM file"),
         },
-        FileProblem::NotRegular(_) | FileProblem::Interface(_)
-        | FileProblem::Shared { .. } => TlsError::Invalid {
-            what,
-            path: path.to_owned(),
-            problem: problem.to_string(),
-        },
+        FileProblem::NotRegular(_) | FileProblem::Interface(_) | FileProblem::Shared { .. } => {
+            TlsError::Invalid {
+                what,
+                path: path.to_owned(),
+                problem: problem.to_string(),
+            }
+        }
     })
 }
 
