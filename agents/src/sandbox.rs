@@ -7,23 +7,38 @@
 //!
 //! ```text
 //! kernel ──> helper (outside) ──> helper (init) ──> the command ──> ...
-//!            new PID namespace    PID 1 there      Landlock, no capabilities
+//!            new PID namespace    PID 1 there      own /proc, Landlock,
+//!                                                  no capabilities
 //! ```
 //!
 //! - **The outside helper** makes a new PID namespace (as root; otherwise in
 //!   a new user namespace that maps the kernel's user to itself; when
 //!   neither is allowed it falls back to being a child subreaper), starts
 //!   the init helper in it, waits for it, and exits the way the command did.
+//!   In a user namespace it hands `CAP_SYS_ADMIN` there on to the init
+//!   helper (an ambient capability), which needs it to mount `/proc`.
 //!   With a lifeline (`shell_exec`), the kernel holds the helper's stdin: when
 //!   it closes, because the call timed out or was cancelled or the kernel
 //!   died, the helper kills the init helper and with it everything.
-//! - **The init helper** is PID 1 of the namespace. It confines itself with
-//!   Landlock, drops every capability (bounding set included, so a kernel
-//!   running as root hands none on), starts the command and reaps orphans.
+//! - **The init helper** is PID 1 of the namespace. It makes a mount
+//!   namespace of its own (every mount private, so nothing mounted there
+//!   reaches the host) and mounts a fresh procfs on `/proc`: the command
+//!   sees the processes of its namespace only, not the host's and their
+//!   command lines. Then it confines itself with Landlock, drops every
+//!   capability (bounding set included, so a kernel running as root hands
+//!   none on), starts the command and reaps orphans.
 //!   When the command exits, the init helper exits, and the Linux kernel
 //!   kills every process left in the namespace: a `setsid`, a double fork or
 //!   a daemon cannot outlive the command. Without a namespace the helpers
 //!   are child subreapers and kill what was reparented to them instead.
+//!
+//! A host that cannot give a command a `/proc` of its own (no namespaces,
+//! or procfs cannot be mounted in them, as in some containers) falls short
+//! the way a host without Landlock does ([`Support::shortfall`]): the
+//! callers refuse to run commands there unless config accepts it, rather
+//! than let them read every process's command line, where a token given
+//! as an argument would be. A warning in the log would not reach the
+//! operator before an agent had read the token.
 //!
 //! Both helpers shrug off SIGTERM, SIGINT and SIGHUP, so that a stop sent to
 //! the process group reaches the command and leaves it its grace time;
@@ -66,11 +81,14 @@ pub struct Policy {
     pub hidden: Vec<PathBuf>,
     /// End the command when the helper's stdin reaches its end.
     pub lifeline: bool,
+    /// Mount a `/proc` of the command's own PID namespace, in a mount
+    /// namespace of its own; the command does not start when that fails.
+    pub own_proc: bool,
 }
 
 impl Policy {
-    /// Landlock on, the system paths read-only, `own` read-write, what
-    /// `keep_out` names kept out. Every path is made absolute here, against
+    /// Landlock on, a `/proc` of the command's own, the system paths
+    /// read-only, `own` read-write, what `keep_out` names kept out. Every path is made absolute here, against
     /// the kernel's directory, since the helper runs in another.
     pub fn confined(own: &[&Path], extra: &Grants, keep_out: &KeepOut) -> Policy {
         fn all<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<PathBuf> {
@@ -89,6 +107,7 @@ impl Policy {
             forbidden: all(keep_out.forbidden.iter().map(PathBuf::as_path)),
             hidden: all(keep_out.hidden.iter().map(PathBuf::as_path)),
             lifeline: false,
+            own_proc: true,
         }
     }
 }
@@ -123,6 +142,9 @@ pub struct Support {
     /// Landlock keeps commands from signalling processes outside their
     /// sandbox (Linux 6.12+).
     pub signal_scoping: bool,
+    /// Commands get a `/proc` of their own PID namespace (a namespace, and
+    /// procfs mountable in it), not the host's.
+    pub own_proc: bool,
 }
 
 impl Support {
@@ -138,6 +160,14 @@ impl Support {
             return Some(
                 "this host gives neither a PID namespace (not root, user namespaces disabled) \
                  nor Landlock signal scoping (Linux 6.12+), so a command could signal the kernel",
+            );
+        }
+        if !self.own_proc {
+            return Some(
+                "this host cannot give a command a /proc of its own (that needs a PID and a mount \
+                 namespace, so root or user namespaces, and procfs mountable in them), so a \
+                 command could read every process's command line, tokens given as arguments \
+                 included",
             );
         }
         None
@@ -167,6 +197,10 @@ impl std::fmt::Display for Support {
             Containment::PidNamespace => ", PID namespace",
             Containment::UserNamespace => ", user and PID namespace",
             Containment::Subreaper => ", child subreaper (no namespace)",
+        })?;
+        f.write_str(match self.own_proc {
+            true => ", own /proc",
+            false => ", the host's /proc",
         })?;
         if self.signal_scoping {
             f.write_str(", signal scoping")?;
@@ -258,5 +292,35 @@ impl Sandbox {
                 crate::text::cut_str(said.trim(), 300)
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_without_a_proc_of_the_commands_own_falls_short() {
+        let mut support = Support {
+            landlock: Some("fully enforced".to_owned()),
+            containment: Containment::UserNamespace,
+            signal_scoping: true,
+            own_proc: true,
+        };
+        assert_eq!(support.shortfall(), None);
+        assert_eq!(
+            support.to_string(),
+            "Landlock fully enforced, user and PID namespace, own /proc, signal scoping"
+        );
+        support.own_proc = false;
+        let why = support.shortfall().unwrap_or_default();
+        assert!(
+            why.contains("/proc of its own") && why.contains("command line"),
+            "{why}"
+        );
+        // Without a namespace there is none, whatever Landlock scopes.
+        support.containment = Containment::Subreaper;
+        assert!(support.shortfall().is_some());
+        assert!(Policy::confined(&[], &Grants::default(), &KeepOut::default()).own_proc);
     }
 }

@@ -49,7 +49,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use hivekernel_agents::{Priority, ProcessState, RestartPolicy, Role, Strategy, Tier, Visibility};
 
 pub use error::CliError;
@@ -678,7 +678,9 @@ pub struct ClientArgs {
     /// else http://127.0.0.1:50051]
     #[arg(long, value_name = "ADDR", env = "HIVEKERNEL_ADDR")]
     pub addr: Option<String>,
-    /// Bearer token [default: the contents of <DATA_DIR>/admin.token]
+    /// Bearer token. Every user of this machine can read a command line
+    /// (ps, /proc/PID/cmdline): prefer --token-file or HIVEKERNEL_TOKEN
+    /// [default: the contents of <DATA_DIR>/admin.token]
     #[arg(
         long,
         value_name = "TOKEN",
@@ -686,6 +688,15 @@ pub struct ClientArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// A file holding the bearer token (surrounding whitespace ignored)
+    /// [default: <DATA_DIR>/admin.token]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "HIVEKERNEL_TOKEN_FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
     /// The kernel's data directory, where it writes admin.token and kernel.addr.
     #[arg(
         long,
@@ -1052,8 +1063,14 @@ pub fn main() -> i32 {
         .build();
     match runtime {
         Ok(runtime) => runtime.block_on(async {
-            let args = Cli::parse();
+            let mut matches = Cli::command().get_matches();
+            let token_in_argv = client::token_in_argv(&matches);
+            let args = Cli::from_arg_matches_mut(&mut matches)
+                .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
             crate::logging::init(&args);
+            if token_in_argv {
+                eprintln!("{}", client::TOKEN_IN_ARGV);
+            }
             match run(args).await {
                 Ok(()) => 0,
                 Err(err) => {
@@ -1302,6 +1319,28 @@ mod tests {
                 .join(doc);
             assert!(path.is_file(), "{} is named in --help", path.display());
         }
+    }
+
+    #[test]
+    fn a_token_is_warned_of_only_when_on_the_command_line() -> Result<(), clap::Error> {
+        let parse = |args: &[&str]| {
+            Cli::command().try_get_matches_from(std::iter::once("hivekernel").chain(args.to_vec()))
+        };
+        let warned = |args: &[&str]| parse(args).map(|m| client::token_in_argv(&m));
+        assert!(warned(&["ps", "--token", "x"])?);
+        assert!(warned(&["cron", "ls", "--token=x"])?);
+        assert!(!warned(&["ps"])?);
+        assert!(!warned(&["ps", "--token-file", "t"])?);
+        assert!(!warned(&["config", "check", "c.json"])?);
+        // `token revoke TOKEN` names a token to revoke, not one to use.
+        assert!(!warned(&["token", "revoke", "ci"])?);
+        let both = parse(&["ps", "--token", "x", "--token-file", "t"]).err();
+        assert_eq!(
+            both.map(|err| err.kind()),
+            Some(clap::error::ErrorKind::ArgumentConflict)
+        );
+        assert!(!client::TOKEN_IN_ARGV.contains('\n'));
+        Ok(())
     }
 
     #[test]

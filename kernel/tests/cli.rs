@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{CONFIG, Kernel, find, hivekernel, write_config};
+use crate::support::{CONFIG, Kernel, find, hivekernel, hivekernel_with, write_config};
 
 #[test]
 fn config_check_accepts_a_valid_config() {
@@ -519,6 +519,72 @@ fn failures_map_to_exit_codes() {
     let nobody = format!("127.0.0.1:{port}");
     let down = hivekernel(&["ps", "--addr", &nobody, "--token", "x"]);
     assert!(down.failed(3).contains("cannot connect"), "{down:#?}");
+}
+
+#[test]
+fn a_token_file_works_and_a_token_on_the_command_line_is_warned_of() {
+    let kernel = Kernel::start();
+    let token = kernel.token();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hk.token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let file = file.to_str().unwrap();
+    // A data directory without admin.token: the token comes from the file or nowhere.
+    let empty = dir.path().to_str().unwrap();
+    let client = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = args.to_vec();
+        all.extend(["--addr", &kernel.addr, "--data-dir", empty]);
+        hivekernel_with(&all, env)
+    };
+    let warned = |run: &crate::support::Run| run.stderr.lines().any(|l| l.starts_with("warning:"));
+
+    let by_flag = client(&["ps", "--json", "--token-file", file], &[]);
+    assert!(find(by_flag.json().as_array().unwrap(), 1).is_some());
+    assert!(!warned(&by_flag), "{by_flag:#?}");
+    let by_env = client(&["ps", "--json"], &[("HIVEKERNEL_TOKEN_FILE", file)]);
+    assert!(find(by_env.json().as_array().unwrap(), 1).is_some());
+
+    let absent = dir.path().join("absent.token");
+    let missing = client(&["ps", "--token-file", absent.to_str().unwrap()], &[]);
+    let stderr = missing.failed(2);
+    assert!(
+        stderr.contains("no token file at") && stderr.contains("absent.token"),
+        "{missing:#?}"
+    );
+    std::fs::write(dir.path().join("blank.token"), "\n").unwrap();
+    let blank = dir.path().join("blank.token");
+    let empty_file = client(&["ps", "--token-file", blank.to_str().unwrap()], &[]);
+    assert!(
+        empty_file.failed(2).contains("blank.token") && empty_file.stderr.contains("is empty"),
+        "{empty_file:#?}"
+    );
+    let both = client(&["ps", "--token", "x", "--token-file", file], &[]);
+    assert_eq!(both.code, 2, "{both:#?}");
+    assert!(both.stderr.contains("cannot be used with"), "{both:#?}");
+
+    // On the command line it works, and says once, without the token,
+    // that others can read it.
+    let by_argv = client(&["ps", "--json", "--token", &token], &[]);
+    assert!(find(by_argv.json().as_array().unwrap(), 1).is_some());
+    let warnings: Vec<&str> = by_argv
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{by_argv:#?}");
+    assert!(
+        warnings[0].contains("/proc/PID/cmdline") && warnings[0].contains("--token-file"),
+        "{by_argv:#?}"
+    );
+    assert!(!by_argv.stderr.contains(&token), "{by_argv:#?}");
+    // A refused token is warned of all the same, and not shown either.
+    let wrong = client(&["ps", "--token", "o1.not-the-token"], &[]);
+    assert!(wrong.failed(1).contains("warning:"), "{wrong:#?}");
+    assert!(!wrong.stderr.contains("o1.not-the-token"), "{wrong:#?}");
+    // From the environment it is not on the command line: no warning.
+    let by_env = client(&["ps", "--json"], &[("HIVEKERNEL_TOKEN", &token)]);
+    assert!(find(by_env.json().as_array().unwrap(), 1).is_some());
+    assert!(!warned(&by_env), "{by_env:#?}");
 }
 
 #[test]

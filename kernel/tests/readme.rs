@@ -103,6 +103,24 @@ fn captured(line: &str) -> Option<(&str, &str)> {
     (valid && command.starts_with("hivekernel ")).then_some((name, command))
 }
 
+/// `NAME=value` before a command: a variable set for that command alone.
+fn assignment(word: &str) -> Option<(&str, &str)> {
+    let (name, value) = word.split_once('=')?;
+    let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+    valid.then_some((name, value))
+}
+
+/// The command after the variables set for it.
+fn without_assignments(line: &str) -> &str {
+    let mut rest = line;
+    while let Some((word, after)) = rest.split_once(' ')
+        && assignment(word).is_some()
+    {
+        rest = after.trim_start();
+    }
+    rest
+}
+
 /// Why an example is not run here, if it is not.
 fn skipped(command: &str) -> Option<&'static str> {
     let first = command.split_whitespace().next().unwrap_or_default();
@@ -154,7 +172,7 @@ fn every_readme_example_runs_as_written_in_order() {
     );
     assert!(
         run.iter()
-            .all(|c| c.starts_with("hivekernel ") || captured(c).is_some()),
+            .all(|c| without_assignments(c).starts_with("hivekernel ") || captured(c).is_some()),
         "{run:#?}"
     );
 
@@ -196,22 +214,28 @@ fn every_readme_example_runs_as_written_in_order() {
             Some((var, command)) => (Some(var), command),
             None => (None, line.as_str()),
         };
-        let args: Vec<String> = words(command)
-            .into_iter()
-            .map(|word| match word.strip_prefix('$') {
-                Some(name) => vars
-                    .iter()
-                    .find(|(var, _)| var == name)
-                    .map_or(word.clone(), |(_, value)| value.clone()),
-                None => word,
-            })
+        let expand = |word: &str| match word.strip_prefix('$') {
+            Some(name) => vars
+                .iter()
+                .find(|(var, _)| var == name)
+                .map_or(word.to_owned(), |(_, value)| value.clone()),
+            None => word.to_owned(),
+        };
+        let mut args: Vec<String> = words(command).iter().map(|word| expand(word)).collect();
+        let env: Vec<(String, String)> = args
+            .iter()
+            .map_while(|word| assignment(word))
+            .map(|(name, value)| (name.to_owned(), expand(value)))
             .collect();
+        args.drain(..env.len());
         let mut child = Command::new(crate::support::binary())
             .args(&args[1..])
             .current_dir(dir.path())
             .env_remove("HIVEKERNEL_ADDR")
             .env_remove("HIVEKERNEL_TOKEN")
+            .env_remove("HIVEKERNEL_TOKEN_FILE")
             .env_remove("HIVEKERNEL_DATA_DIR")
+            .envs(env)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -261,4 +285,12 @@ fn examples_are_read_like_sh_reads_them() {
     );
     assert_eq!(words(&commands[0]), ["hivekernel", "a", "b c", "d # e"]);
     assert_eq!(words("a '' b"), ["a", "", "b"]);
+    assert_eq!(
+        without_assignments("HIVEKERNEL_TOKEN=$ro A=1 hivekernel ps"),
+        "hivekernel ps"
+    );
+    assert_eq!(
+        without_assignments("ro=$(hivekernel x)"),
+        "ro=$(hivekernel x)"
+    );
 }

@@ -189,18 +189,19 @@ fn ps_over_tls_trusts_the_ca_given_or_the_one_the_kernel_wrote() {
     assert_eq!(names(&kernel.cli(&["ps", "--json"])), listed);
     // A bare host:port with a CA is https.
     let bare = kernel.addr.trim_start_matches("https://");
-    let run = crate::support::hivekernel(&[
-        "ps",
-        "--json",
-        "--addr",
-        bare,
-        "--tls-ca",
-        ca,
-        "--data-dir",
-        "/nonexistent",
-        "--token",
-        &kernel.token(),
-    ]);
+    let run = crate::support::hivekernel_with(
+        &[
+            "ps",
+            "--json",
+            "--addr",
+            bare,
+            "--tls-ca",
+            ca,
+            "--data-dir",
+            "/nonexistent",
+        ],
+        &[("HIVEKERNEL_TOKEN", &kernel.token())],
+    );
     assert_eq!(names(&run), listed);
 }
 
@@ -208,15 +209,10 @@ fn ps_over_tls_trusts_the_ca_given_or_the_one_the_kernel_wrote() {
 fn a_plain_text_client_cannot_talk_to_a_tls_kernel() {
     let (kernel, _pki) = start(Pki::server_flags);
     let plain = kernel.addr.replace("https://", "http://");
-    let run = crate::support::hivekernel(&[
-        "ps",
-        "--addr",
-        &plain,
-        "--token",
-        &kernel.token(),
-        "--data-dir",
-        "/nonexistent",
-    ]);
+    let run = crate::support::hivekernel_with(
+        &["ps", "--addr", &plain, "--data-dir", "/nonexistent"],
+        &[("HIVEKERNEL_TOKEN", &kernel.token())],
+    );
     let line = one_error_line(&run, 3);
     assert!(line.contains(&plain), "{line}");
     assert!(line.contains("if the kernel serves TLS"), "{line}");

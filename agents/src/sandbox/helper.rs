@@ -1,6 +1,7 @@
 //! The helper's side: what runs when the kernel's executable is started as
 //! `hivekernel __sandbox POLICY PROGRAM ARGV0 [ARGS...]` (and, from there,
-//! `__sandbox-init` with the same arguments, or `__sandbox-probe`).
+//! `__sandbox-init` with the same arguments, or `__sandbox-probe`, which
+//! starts `__sandbox-probe-proc` in the namespace it made).
 //!
 //! Call [`dispatch`] first thing in `main`, before any thread is started:
 //! a new user namespace can only be made by a single-threaded process.
@@ -29,6 +30,9 @@ pub const OUTSIDE: &str = "__sandbox";
 pub const INIT: &str = "__sandbox-init";
 /// First argument of the probe.
 pub const PROBE: &str = "__sandbox-probe";
+/// First argument of the probe's child, which tries to mount a `/proc` of
+/// its own in the namespace the probe made.
+const PROBE_PROC: &str = "__sandbox-probe-proc";
 /// Exit code when the sandbox could not be set up (the command never ran).
 pub const FAILED: i32 = 125;
 
@@ -44,6 +48,12 @@ pub fn dispatch() -> Option<i32> {
         OUTSIDE => true,
         INIT => false,
         PROBE => return Some(probe()),
+        PROBE_PROC => {
+            return Some(match own_proc() {
+                Ok(()) => 0,
+                Err(problem) => fail(&problem),
+            });
+        }
         _ => return None,
     };
     let rest: Vec<OsString> = args.collect();
@@ -155,6 +165,7 @@ fn fail(problem: &str) -> i32 {
 /// The outside helper: contain, start the init helper, wait, end the same way.
 fn run_outside(invocation: Invocation) -> i32 {
     let containment = contain();
+    hand_on_mount_capability(containment);
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     shield();
     let (mut report, report_writer) = match std::io::pipe() {
@@ -255,6 +266,12 @@ fn run_init(invocation: Invocation) -> i32 {
         let _ = rustix::io::write(std::io::stdin().as_fd(), ending.encode().as_bytes());
         ending.code()
     };
+    // Before Landlock, which grants `/proc` as the directory it opens then.
+    if invocation.policy.own_proc
+        && let Err(problem) = own_proc()
+    {
+        return fail(&problem);
+    }
     if invocation.policy.landlock {
         match confine(&invocation.policy) {
             Ok(Some(_)) => {}
@@ -336,6 +353,18 @@ fn outside_is_gone() -> bool {
 /// Answers what this host supports, as JSON on stdout.
 fn probe() -> i32 {
     let containment = contain();
+    let own_proc = containment != Containment::Subreaper && {
+        hand_on_mount_capability(containment);
+        // A child, since only a process in the new PID namespace can mount
+        // its procfs (this one stays in the old namespace).
+        std::process::Command::new("/proc/self/exe")
+            .arg(PROBE_PROC)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
     // Asked for on its own and as a hard requirement, so that `Ok` means enforced.
     let signal_scoping = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
@@ -351,6 +380,7 @@ fn probe() -> i32 {
         landlock: landlock.ok().flatten(),
         containment,
         signal_scoping,
+        own_proc,
     };
     match serde_json::to_string(&support) {
         Ok(json) => {
@@ -380,6 +410,49 @@ fn contain() -> Containment {
         return Containment::UserNamespace;
     }
     Containment::Subreaper
+}
+
+/// In a new user namespace, hands `CAP_SYS_ADMIN` there (held since the
+/// `unshare`) on to the next program as an ambient capability, so that the
+/// init helper, which runs as the same user and so would start with none,
+/// can make its mount namespace and mount its `/proc`; it drops it with
+/// every other capability before the command starts. Root needs nothing.
+fn hand_on_mount_capability(containment: Containment) {
+    use rustix::thread::CapabilitySet;
+    if containment != Containment::UserNamespace {
+        return;
+    }
+    // A failure shows where the capability is needed, as that mount's error.
+    let _ = rustix::thread::capabilities(None).and_then(|mut sets| {
+        sets.inheritable |= CapabilitySet::SYS_ADMIN;
+        rustix::thread::set_capabilities(None, sets)?;
+        rustix::thread::configure_capability_in_ambient_set(CapabilitySet::SYS_ADMIN, true)
+    });
+}
+
+/// A mount namespace for this process, with every mount in it private (so
+/// no mount made here reaches the host's namespace, nor one made there
+/// this one), and a fresh procfs on `/proc` for the PID namespace this
+/// process is PID 1 of: it and what it starts see their own processes only.
+fn own_proc() -> Result<(), String> {
+    use nix::sched::{CloneFlags, unshare};
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    if rustix::process::getpid().as_raw_nonzero().get() != 1 {
+        return Err(
+            "no PID namespace of its own to mount a /proc for: it would show the host's processes"
+                .to_owned(),
+        );
+    }
+    unshare(CloneFlags::CLONE_NEWNS)
+        .map_err(|err| format!("cannot make a mount namespace: {err}"))?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(|err| format!("cannot make the mounts private: {err}"))?;
+    let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    rustix::mount::mount("proc", "/proc", "proc", flags, None::<&std::ffi::CStr>)
+        .map_err(|err| format!("cannot mount a /proc for the sandbox's PID namespace: {err}"))
 }
 
 /// Confines this process (and what it starts) by `policy`; `Ok(None)`:

@@ -15,6 +15,7 @@ use tonic::{Code, Request, Status};
 
 use super::{CliError, ClientArgs, Target};
 use crate::error::error_chain;
+use crate::files::{FileProblem, read_capped};
 use crate::tls::{self, TRUST_FILE};
 
 /// Where the kernel listens unless told otherwise.
@@ -44,7 +45,11 @@ impl Session {
         // Connect before reading the token: when the kernel is down, "cannot
         // connect" is the real problem even if the token file is missing too.
         let (channel, addr, secure) = connect_channel(args).await?;
-        let (token, token_hint) = load_token(args.token.as_deref(), &args.data_dir)?;
+        let (token, token_hint) = load_token(
+            args.token.as_deref(),
+            args.token_file.as_deref(),
+            &args.data_dir,
+        )?;
         let client = KernelClient::with_interceptor(channel, Bearer::new(&token)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         Ok(Session {
@@ -241,8 +246,68 @@ fn connect_error(addr: &str, cause: String, secure: bool) -> CliError {
     }
 }
 
-/// The token and a hint naming where it came from, for when the kernel refuses it.
-fn load_token(flag: Option<&str>, data_dir: &Path) -> Result<(String, String), CliError> {
+/// What is said, on stderr, when `--token` is given on the command line.
+pub(super) const TOKEN_IN_ARGV: &str = "warning: every user of this machine can read a command's \
+    arguments (ps, /proc/PID/cmdline), --token's included; pass it with --token-file, \
+    HIVEKERNEL_TOKEN, or the data directory's admin.token instead";
+
+/// Whether `--token` was given on the command line (not by `HIVEKERNEL_TOKEN`).
+pub(super) fn token_in_argv(matches: &clap::ArgMatches) -> bool {
+    let mut matches = matches;
+    while let Some((_, sub)) = matches.subcommand() {
+        matches = sub;
+    }
+    // `try_contains_id` first: `value_source` of an id the command does not
+    // have is a programming error to clap.
+    matches!(matches.try_contains_id("token"), Ok(true))
+        && matches.value_source("token") == Some(clap::parser::ValueSource::CommandLine)
+}
+
+/// The most a token file may hold: a token is a few dozen bytes.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// The token in `path` (`--token-file`), surrounding whitespace trimmed.
+fn read_token_file(path: &Path) -> Result<String, CliError> {
+    let flag = "--token-file (or HIVEKERNEL_TOKEN_FILE)";
+    let bytes = read_capped(path, MAX_TOKEN_FILE_BYTES).map_err(|problem| match problem {
+        FileProblem::Io(err) if err.kind() == io::ErrorKind::NotFound => {
+            CliError::Usage(format!("no token file at {} ({flag})", path.display()))
+        }
+        problem => CliError::Usage(format!(
+            "cannot read the token file {} ({flag}): {problem}",
+            path.display()
+        )),
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        CliError::Usage(format!(
+            "the token file {} ({flag}) is not UTF-8 text",
+            path.display()
+        ))
+    })?;
+    match text.trim() {
+        "" => Err(CliError::Usage(format!(
+            "the token file {} ({flag}) is empty",
+            path.display()
+        ))),
+        token => Ok(token.to_owned()),
+    }
+}
+
+/// The token and a hint naming where it came from, for when the kernel
+/// refuses it: `--token`, else `--token-file`, else the data directory's.
+fn load_token(
+    flag: Option<&str>,
+    file: Option<&Path>,
+    data_dir: &Path,
+) -> Result<(String, String), CliError> {
+    if let Some(path) = file {
+        let hint = format!(
+            "the token came from {} (--token-file or HIVEKERNEL_TOKEN_FILE); \
+             pass the one in the kernel's data directory (admin.token)",
+            path.display()
+        );
+        return Ok((read_token_file(path)?, hint));
+    }
     if let Some(token) = flag {
         let token = token.trim();
         if token.is_empty() {
@@ -257,12 +322,12 @@ fn load_token(flag: Option<&str>, data_dir: &Path) -> Result<(String, String), C
     let path = data_dir.join("admin.token");
     let fix = "start the kernel with `hivekernel start CONFIG` (it writes this file), \
                point --data-dir (or HIVEKERNEL_DATA_DIR) at the kernel's data directory, \
-               or pass --token";
+               or pass --token-file";
     match std::fs::read_to_string(&path) {
         Ok(text) if !text.trim().is_empty() => {
             let hint = format!(
                 "the token came from {}; point --data-dir at the running kernel's data directory, \
-                 or pass --token",
+                 or pass --token-file",
                 path.display()
             );
             Ok((text.trim().to_owned(), hint))
@@ -332,7 +397,7 @@ mod tests {
     #[test]
     fn token_comes_from_the_flag_or_the_data_dir() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let missing = load_token(None, dir.path())
+        let missing = load_token(None, None, dir.path())
             .err()
             .map(|e| (e.exit_code(), e.to_string()));
         let (code, text) = missing.unwrap_or_default();
@@ -343,9 +408,54 @@ mod tests {
         );
 
         std::fs::write(dir.path().join("admin.token"), "abc\n")?;
-        assert_eq!(load_token(None, dir.path())?.0, "abc");
-        assert_eq!(load_token(Some("xyz"), dir.path())?.0, "xyz");
-        assert!(load_token(Some(" "), dir.path()).is_err());
+        assert_eq!(load_token(None, None, dir.path())?.0, "abc");
+        assert_eq!(load_token(Some("xyz"), None, dir.path())?.0, "xyz");
+        assert!(load_token(Some(" "), None, dir.path()).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_token_file_is_read_trimmed_and_each_problem_names_it()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("hk.token");
+        std::fs::write(&file, "  o1-secret\n")?;
+        let (token, hint) = load_token(None, Some(&file), dir.path())?;
+        assert_eq!(token, "o1-secret");
+        assert!(
+            hint.contains("hk.token") && !hint.contains("o1-secret"),
+            "{hint}"
+        );
+
+        let problem = |path: &Path| {
+            load_token(None, Some(path), dir.path())
+                .err()
+                .map(|e| (e.exit_code(), e.to_string()))
+                .unwrap_or_default()
+        };
+        let (code, text) = problem(&dir.path().join("absent"));
+        assert_eq!(code, 2);
+        assert!(
+            text.starts_with("no token file at ") && text.contains("absent"),
+            "{text}"
+        );
+        std::fs::write(&file, " \n")?;
+        let (code, text) = problem(&file);
+        assert_eq!(code, 2);
+        assert!(
+            text.contains("hk.token") && text.contains("is empty"),
+            "{text}"
+        );
+        std::fs::write(&file, "x".repeat(5000))?;
+        let (code, text) = problem(&file);
+        assert_eq!(code, 2);
+        assert!(
+            text.contains("hk.token") && text.contains("larger than 4096"),
+            "{text}"
+        );
+        assert!(!text.contains("xxx"), "{text}");
+        let (_, text) = problem(dir.path());
+        assert!(text.contains("a directory, not a regular file"), "{text}");
         Ok(())
     }
 
@@ -355,6 +465,7 @@ mod tests {
         let mut args = ClientArgs {
             addr: None,
             token: None,
+            token_file: None,
             data_dir: dir.path().to_owned(),
             tls_ca: None,
             tls_cert: None,

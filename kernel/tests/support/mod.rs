@@ -50,14 +50,21 @@ impl Run {
 
 /// Runs the binary with `args`, ignoring any HIVEKERNEL_* connection settings in the environment.
 pub fn hivekernel(args: &[&str]) -> Run {
+    hivekernel_with(args, &[])
+}
+
+/// [`hivekernel`] with the variables `env` set.
+pub fn hivekernel_with(args: &[&str], env: &[(&str, &str)]) -> Run {
     let output = Command::new(binary())
         .args(args)
         .env_remove("HIVEKERNEL_ADDR")
         .env_remove("HIVEKERNEL_TOKEN")
+        .env_remove("HIVEKERNEL_TOKEN_FILE")
         .env_remove("HIVEKERNEL_DATA_DIR")
         .env_remove("HIVEKERNEL_TLS_CA")
         .env_remove("HIVEKERNEL_TLS_CERT")
         .env_remove("HIVEKERNEL_TLS_KEY")
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .output()

@@ -311,6 +311,86 @@ async fn the_admin_token_the_store_and_files_outside_the_workspace_are_out_of_re
     sh.kernel.shutdown().await;
 }
 
+/// A process outside the sandbox, killed when dropped.
+struct Outside(std::process::Child);
+
+impl Outside {
+    /// `sleep`, with `name` for its command line (as `--token VALUE` would be
+    /// in an operator's `hivekernel events --follow`).
+    fn named(name: &str) -> Outside {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("sleep")
+            .arg0(name)
+            .arg("300")
+            .spawn()
+            .unwrap();
+        Outside(child)
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_command_sees_its_own_processes_only_and_no_other_command_line() {
+    let sh = Shell::start().await;
+    let secret = format!("hk-secret-marker-{}", std::process::id());
+    let _outside = Outside::named(&secret);
+    // From here, the marker is there to be found (the check can see it).
+    wait_until("the marker to start", Duration::from_secs(10), || async {
+        !running_with(&secret).is_empty()
+    })
+    .await;
+
+    let out = sh
+        .run(json!({"command": "cat /proc/*/cmdline | tr '\\0' ' '"}))
+        .await
+        .unwrap();
+    // Not `{out}`: a failure would print every command line of the host.
+    assert!(
+        out.starts_with("exit code: 0\n"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
+    assert!(
+        !out.contains(&secret),
+        "the command read the marker's command line"
+    );
+    assert!(out.contains("cat /proc/"), "{}", &out[..out.len().min(200)]);
+
+    // The listing holds the sandbox's processes: the init helper (PID 1),
+    // the shell, `ls`.
+    let out = sh.run(json!({"command": "ls /proc"})).await.unwrap();
+    let pids: Vec<u32> = out
+        .lines()
+        .skip(1)
+        .filter_map(|name| name.parse().ok())
+        .collect();
+    assert!(pids.contains(&1) && pids.len() <= 4, "{out}");
+    assert!(out.lines().any(|name| name == "self"), "{out}");
+
+    // Tools that read /proc work, and see the same.
+    let out = sh
+        .run(json!({"command": "grep -E '^(Pid|NSpid):' /proc/self/status && ps -e -o pid=,args="}))
+        .await
+        .unwrap();
+    assert!(out.starts_with("exit code: 0\nPid:"), "{out}");
+    assert!(!out.contains(&secret), "ps showed the marker");
+    let listed: Vec<&str> = out.lines().skip(3).collect();
+    assert!(
+        listed.len() <= 4
+            && listed
+                .iter()
+                .any(|line| line.trim_start().starts_with("1 ")),
+        "{out}"
+    );
+    sh.kernel.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_broad_grant_still_leaves_out_the_data_directory_and_other_workspaces() {
     // The whole root is granted read-only: the data directory and the

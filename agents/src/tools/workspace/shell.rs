@@ -6,9 +6,12 @@
 //! the paths config grants, and read and write only its own workspace (the
 //! data directory and the other workspaces stay out of reach even inside a
 //! broader grant); it has no capabilities; and it runs in a PID namespace of
-//! its own, so nothing it starts, `setsid` and daemons included, outlives
-//! the command. A host without Landlock refuses the tool unless config says
-//! `tool_agent.shell.unsandboxed: true` (then only the containment applies).
+//! its own, with a `/proc` of its own, so nothing it starts, `setsid` and
+//! daemons included, outlives the command, and it sees no other process or
+//! its command line. A host that cannot give all of that (no Landlock, no
+//! namespaces) refuses the tool unless config says
+//! `tool_agent.shell.unsandboxed: true` (then the command gets what the host
+//! can give).
 //!
 //! stdin is closed. The kernel holds the helper's stdin as a lifeline: on
 //! timeout, or when the call is cancelled, it is closed and the helper
@@ -57,8 +60,9 @@ const LIFELINE_GRACE: Duration = Duration::from_secs(2);
 /// How `shell_exec` confines its commands (`tool_agent.shell`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShellSettings {
-    /// Run commands without Landlock where the host has none (they are
-    /// still contained); without it such a host refuses the tool.
+    /// Run commands where the host cannot confine them fully (no Landlock,
+    /// no `/proc` of their own), with what it does give; without it such a
+    /// host refuses the tool.
     pub unsandboxed: bool,
     /// Paths granted on top of the system ones and the workspace.
     pub grants: Grants,
@@ -101,11 +105,16 @@ impl ShellExec {
             .await
             .as_ref()
             .map_err(|problem| ToolError::new(format!("shell_exec cannot run: {problem}")))?;
+        let confined =
+            Policy::confined(&[workspace], &self.settings.grants, &self.settings.keep_out);
         let mut policy = match (support.shortfall(), self.settings.unsandboxed) {
-            (None, _) => {
-                Policy::confined(&[workspace], &self.settings.grants, &self.settings.keep_out)
-            }
-            (Some(_), true) => Policy::default(),
+            (None, _) => confined,
+            // What the host does give, it still gets.
+            (Some(_), true) => Policy {
+                landlock: support.landlock.is_some(),
+                own_proc: support.own_proc,
+                ..confined
+            },
             (Some(why), false) => {
                 return Err(ToolError::new(format!(
                     "shell_exec is refused: {why}; an operator who accepts that sets \
@@ -204,10 +213,10 @@ async fn probe(sandbox: &Sandbox, unsandboxed: bool) -> Result<Support, String> 
                 tracing::info!(sandbox = %support, "shell_exec runs commands in the sandbox")
             }
             (Some(why), true) => {
-                tracing::warn!(sandbox = %support, why, "shell_exec runs commands unconfined (tool_agent.shell.unsandboxed)")
+                tracing::warn!(sandbox = %support, why, "shell_exec runs commands with what this host gives (tool_agent.shell.unsandboxed)")
             }
             (Some(why), false) => {
-                tracing::warn!(sandbox = %support, why, "shell_exec refuses to run; tool_agent.shell.unsandboxed: true would run commands unconfined")
+                tracing::warn!(sandbox = %support, why, "shell_exec refuses to run; tool_agent.shell.unsandboxed: true would run commands with what this host gives")
             }
         },
         Err(problem) => tracing::warn!(%problem, "shell_exec cannot probe its sandbox"),

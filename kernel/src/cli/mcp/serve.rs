@@ -824,6 +824,7 @@ mod tests {
             ClientArgs {
                 addr: None,
                 token: None,
+                token_file: None,
                 data_dir: ".".into(),
                 tls_ca: None,
                 tls_cert: None,
