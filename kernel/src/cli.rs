@@ -690,12 +690,7 @@ pub struct ClientArgs {
     pub token: Option<String>,
     /// A file holding the bearer token (surrounding whitespace ignored)
     /// [default: <DATA_DIR>/admin.token]
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "HIVEKERNEL_TOKEN_FILE",
-        conflicts_with = "token"
-    )]
+    #[arg(long, value_name = "PATH", env = "HIVEKERNEL_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// The kernel's data directory, where it writes admin.token and kernel.addr.
     #[arg(

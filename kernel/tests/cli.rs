@@ -560,7 +560,16 @@ fn a_token_file_works_and_a_token_on_the_command_line_is_warned_of() {
     );
     let both = client(&["ps", "--token", "x", "--token-file", file], &[]);
     assert_eq!(both.code, 2, "{both:#?}");
-    assert!(both.stderr.contains("cannot be used with"), "{both:#?}");
+    assert!(both.stderr.contains("give one of them"), "{both:#?}");
+    // A token exported in the shell does not stand in the way of a file.
+    let exported = client(
+        &["ps", "--json", "--token-file", file],
+        &[("HIVEKERNEL_TOKEN", "o1.an-old-token")],
+    );
+    assert!(
+        find(exported.json().as_array().unwrap(), 1).is_some(),
+        "{exported:#?}"
+    );
 
     // On the command line it works, and says once, without the token,
     // that others can read it.

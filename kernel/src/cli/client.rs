@@ -263,6 +263,33 @@ pub(super) fn token_in_argv(matches: &clap::ArgMatches) -> bool {
         && matches.value_source("token") == Some(clap::parser::ValueSource::CommandLine)
 }
 
+/// Which of `--token` and `--token-file` to use when both have a value:
+/// the one on the command line when the other comes from the environment
+/// (`HIVEKERNEL_TOKEN` exported in a shell does not stand in the way of
+/// `--token-file`); both on the command line, or both from the
+/// environment, is a usage error.
+fn one_token_source<'a>(
+    flag: Option<&'a str>,
+    file: Option<&'a Path>,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<(Option<&'a str>, Option<&'a Path>), CliError> {
+    let (Some(token), Some(path)) = (flag, file) else {
+        return Ok((flag, file));
+    };
+    let token_from_env = env("HIVEKERNEL_TOKEN").is_some_and(|value| value == token);
+    let file_from_env = env("HIVEKERNEL_TOKEN_FILE").is_some_and(|value| value == path.as_os_str());
+    match (token_from_env, file_from_env) {
+        (true, false) => Ok((None, file)),
+        (false, true) => Ok((flag, None)),
+        (false, false) => Err(CliError::Usage(
+            "--token and --token-file both name a token: give one of them".to_owned(),
+        )),
+        (true, true) => Err(CliError::Usage(
+            "HIVEKERNEL_TOKEN and HIVEKERNEL_TOKEN_FILE are both set: unset one of them".to_owned(),
+        )),
+    }
+}
+
 /// The most a token file may hold: a token is a few dozen bytes.
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
@@ -300,6 +327,7 @@ fn load_token(
     file: Option<&Path>,
     data_dir: &Path,
 ) -> Result<(String, String), CliError> {
+    let (flag, file) = one_token_source(flag, file, |name| std::env::var_os(name))?;
     if let Some(path) = file {
         let hint = format!(
             "the token came from {} (--token-file or HIVEKERNEL_TOKEN_FILE); \
@@ -412,6 +440,42 @@ mod tests {
         assert_eq!(load_token(Some("xyz"), None, dir.path())?.0, "xyz");
         assert!(load_token(Some(" "), None, dir.path()).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn the_command_line_s_token_source_wins_over_the_environment_s() {
+        let file = Path::new("/run/hk/token");
+        let env = |token: Option<&str>, file: Option<&str>| {
+            let token = token.map(std::ffi::OsString::from);
+            let file = file.map(std::ffi::OsString::from);
+            move |name: &str| match name {
+                "HIVEKERNEL_TOKEN" => token.clone(),
+                "HIVEKERNEL_TOKEN_FILE" => file.clone(),
+                _ => None,
+            }
+        };
+        // HIVEKERNEL_TOKEN exported, --token-file given.
+        let (flag, path) = one_token_source(Some("t0"), Some(file), env(Some("t0"), None)).unwrap();
+        assert_eq!((flag, path), (None, Some(file)));
+        // HIVEKERNEL_TOKEN_FILE exported, --token given.
+        let (flag, path) =
+            one_token_source(Some("t1"), Some(file), env(None, Some("/run/hk/token"))).unwrap();
+        assert_eq!((flag, path), (Some("t1"), None));
+        // Both on the command line, or both exported.
+        let both = one_token_source(Some("t1"), Some(file), env(None, None)).unwrap_err();
+        assert!(both.to_string().contains("give one of them"), "{both}");
+        let exported = one_token_source(
+            Some("t1"),
+            Some(file),
+            env(Some("t1"), Some("/run/hk/token")),
+        )
+        .unwrap_err();
+        assert!(exported.to_string().contains("unset one"), "{exported}");
+        // One alone is taken as it is.
+        assert_eq!(
+            one_token_source(None, Some(file), env(None, None)).unwrap(),
+            (None, Some(file))
+        );
     }
 
     #[test]
