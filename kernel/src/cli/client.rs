@@ -400,6 +400,8 @@ impl Interceptor for Bearer {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
