@@ -224,7 +224,8 @@ impl Syscalls for KernelSyscalls {
                 refused(format!("{tool} was denied by {}: {reason}", resolution.by))
             }
             Decision::TimedOut => refused(format!(
-                "{tool} needs a person's approval, and nobody gave it within {} seconds;                  it did not run",
+                "{tool} needs a person's approval, and nobody gave it within {} seconds; \
+                 it did not run",
                 rule.timeout_seconds
             )),
             Decision::Answered { .. } | Decision::Withdrawn => {
