@@ -511,10 +511,11 @@ fn error_event(status: &Status) -> Event {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    /// A header map of `pairs`, in order.
+    pub(in crate::dashboard) fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (key, value) in pairs {
             map.append(*key, HeaderValue::from_static(value));

@@ -92,14 +92,7 @@ mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (key, value) in pairs {
-            map.append(*key, HeaderValue::from_static(value));
-        }
-        map
-    }
+    use crate::dashboard::api::tests::headers;
 
     #[test]
     fn the_dashboard_answers_to_addresses_localhost_and_listed_names() {
