@@ -87,6 +87,20 @@ pub fn argument_text(tool: &str, arguments: &serde_json::Value) -> String {
     arguments.to_string()
 }
 
+/// The most distinct rules one piece of work may be asked under (its
+/// requesters' along the chain, together): more is refused rather than
+/// forgotten, since a rule forgotten is an approval skipped.
+pub const MAX_CARRIED_RULES: usize = 256;
+
+/// Adds to `into` each rule of `more` it does not hold yet.
+pub fn join(into: &mut Vec<ApprovalRule>, more: &[ApprovalRule]) {
+    for rule in more {
+        if !into.contains(rule) {
+            into.push(rule.clone());
+        }
+    }
+}
+
 /// The first rule of `rules` that covers the call, if any.
 pub fn first_covering<'a>(
     rules: &'a [ApprovalRule],

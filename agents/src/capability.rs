@@ -42,6 +42,10 @@ named_enum!(
         ApproveRequests = "approve_requests",
         /// Create, edit and delete skills in the kernel's store (`skill_manage`).
         ManageSkills = "manage_skills",
+        /// Save or change a skill every agent sees (`global` visibility)
+        /// without a person's approval: without it, such a write waits in
+        /// the inbox for a person to approve it.
+        PublishSkills = "publish_skills",
     }
 );
 
@@ -181,6 +185,7 @@ mod tests {
                 Capability::McpTools,
                 Capability::ApproveRequests,
                 Capability::ManageSkills,
+                Capability::PublishSkills,
             ] {
                 assert!(!set.contains(risky), "{role} gets {risky} by default");
             }

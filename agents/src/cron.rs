@@ -98,6 +98,11 @@ pub struct CronSpec {
     /// See [`Missed`].
     #[serde(default)]
     pub missed: Missed,
+    /// The approval rules its firings run under: those of whoever added
+    /// it, set by the kernel (whatever the caller puts here is replaced;
+    /// see [`crate::Task::approvals`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<crate::approval::ApprovalRule>,
 }
 
 fn enabled() -> bool {
@@ -189,6 +194,7 @@ mod tests {
                 enabled: true,
                 overlap: Overlap::Allow,
                 missed: Missed::RunOnce,
+                approvals: Vec::new(),
             },
             owner: Pid(4),
             source: CronSource::Api,

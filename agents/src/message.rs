@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::approval::ApprovalRule;
 use crate::process::Pid;
 use crate::trace::TraceContext;
 
@@ -64,6 +65,13 @@ pub struct Message {
     /// The work it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
+    /// The approval rules of whoever asked for it, along the chain of
+    /// requests that led to it: the sender's own, and those the sender's
+    /// work was asked under. While the receiver handles it, its tool calls
+    /// need the approvals these rules ask for as well as its own, so no
+    /// process causes, through another, a call it could not make itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRule>,
 }
 
 /// A unit of work sent with `execute_task` or `delegate_async`.
@@ -80,6 +88,13 @@ pub struct Task {
     /// The work it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
+    /// The approval rules of whoever asked for it, along the chain of
+    /// requests that led to it: the sender's own, and those the sender's
+    /// work was asked under. While the receiver handles it, its tool calls
+    /// need the approvals these rules ask for as well as its own, so no
+    /// process causes, through another, a call it could not make itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRule>,
 }
 
 /// The answer to a task: its output, or why it failed.

@@ -105,6 +105,10 @@ pub struct Outgoing {
     pub priority: Priority,
     /// Dropped (and reported as an event) if still undelivered after this long.
     pub ttl: Option<Duration>,
+    /// The approval rules it is sent under: set by the kernel (whatever
+    /// the sender puts here is replaced), see [`crate::Message::approvals`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<crate::approval::ApprovalRule>,
 }
 
 impl Outgoing {
@@ -116,6 +120,7 @@ impl Outgoing {
             payload: payload.into(),
             priority: Priority::Normal,
             ttl: None,
+            approvals: Vec::new(),
         }
     }
 }
@@ -131,6 +136,10 @@ pub struct TaskSpec {
     pub params: BTreeMap<String, String>,
     /// Reply deadline; `None` takes the target's `timeout_seconds`.
     pub timeout: Option<Duration>,
+    /// The approval rules it is asked under: set by the kernel (whatever
+    /// the requester puts here is replaced), see [`crate::Task::approvals`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<crate::approval::ApprovalRule>,
 }
 
 impl TaskSpec {
@@ -141,6 +150,7 @@ impl TaskSpec {
             description: description.into(),
             params: BTreeMap::new(),
             timeout: None,
+            approvals: Vec::new(),
         }
     }
 }
@@ -352,12 +362,16 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
 
     /// Creates, edits or deletes a skill in the kernel's store (the
     /// `manage_skills` capability); returns the version written once
-    /// committed. The default refuses.
+    /// committed. A write that leaves a skill `global` may wait for a
+    /// person's approval (without `publish_skills`); `checkpoint` is the
+    /// waiting turn's, as for [`Syscalls::approve_tool`]. The default
+    /// refuses.
     async fn manage_skill(
         &self,
         write: crate::skill::SkillWrite,
+        checkpoint: Checkpoint<'_>,
     ) -> Result<crate::skill::SkillVersion, SyscallError> {
-        let _ = write;
+        let _ = (write, checkpoint);
         Err(no_store("skills"))
     }
 

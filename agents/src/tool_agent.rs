@@ -55,6 +55,7 @@ mod context;
 mod mcp;
 mod prompt;
 mod skills;
+mod untrusted;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -75,6 +75,10 @@ pub struct InboxRequest {
     /// The trace of the work that asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceId>,
+    /// The approval rules the asking turn was asked under, kept so that
+    /// the turn, resumed after a restart, still obeys them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked_under: Vec<hivekernel_agents::approval::ApprovalRule>,
 }
 
 /// How a request was resolved.

@@ -23,6 +23,7 @@ use crate::store::{self, Store, Write};
 mod acl;
 mod across;
 pub(crate) mod artifacts;
+mod asked;
 mod builder;
 mod census;
 mod cluster;

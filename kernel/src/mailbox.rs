@@ -63,6 +63,8 @@ pub(crate) struct Resume {
     pub(crate) origin: Option<crate::trace::Origin>,
     /// The trace it belongs to.
     pub(crate) trace: Option<TraceContext>,
+    /// The approval rules it was asked under.
+    pub(crate) approvals: Vec<hivekernel_agents::approval::ApprovalRule>,
 }
 
 /// An item with its delivery bookkeeping.
@@ -475,6 +477,7 @@ mod tests {
             request_id: None,
             via: None,
             trace: None,
+            approvals: Vec::new(),
         };
         Envelope::new(MessageId(id), Item::Message(body), ttl)
     }

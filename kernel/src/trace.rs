@@ -15,6 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use hivekernel_agents::approval::ApprovalRule;
 use hivekernel_agents::{Pid, RequestId, TraceContext, TraceId};
 
 use crate::otel::Span;
@@ -35,6 +36,9 @@ struct Work {
     /// stream) at its first model or MCP call, or at its end: its id, 0
     /// once taken (see runner.rs).
     handover: Option<Arc<AtomicU64>>,
+    /// The approval rules the work was asked under (see
+    /// [`hivekernel_agents::Task::approvals`]).
+    approvals: Vec<ApprovalRule>,
 }
 
 impl Work {
@@ -44,6 +48,7 @@ impl Work {
         origin: Option<Origin>,
         resume: Option<u64>,
         handover: Option<Arc<AtomicU64>>,
+        approvals: Vec<ApprovalRule>,
     ) -> Work {
         Work {
             trace,
@@ -52,6 +57,7 @@ impl Work {
             origin,
             resume: Cell::new(resume),
             handover,
+            approvals,
         }
     }
 }
@@ -81,28 +87,46 @@ pub(crate) fn scope_in<F: Future>(
     opened: (Span, Option<TraceContext>),
     work: F,
 ) -> impl Future<Output = F::Output> {
-    scope_turn(opened, None, None, work)
+    scope_turn(opened, None, None, Vec::new(), work)
 }
 
 /// [`scope_in`] for a message's turn that hands its message over at its
-/// first model or MCP call ([`handover`]).
+/// first model or MCP call ([`handover`]), under the `approvals` the
+/// message carries.
 pub(crate) fn scope_message<F: Future>(
     (span, trace): (Span, Option<TraceContext>),
     handover: Option<Arc<AtomicU64>>,
+    approvals: Vec<ApprovalRule>,
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(Work::new(span, trace, None, None, handover), work)
+    CURRENT.scope(
+        Work::new(span, trace, None, None, handover, approvals),
+        work,
+    )
 }
 
 /// [`scope`] for a turn that answers `origin`, resuming inbox request
-/// `resume` when it is one that waited across a kernel restart.
+/// `resume` when it is one that waited across a kernel restart, under the
+/// `approvals` of whoever asked for it.
 pub(crate) fn scope_turn<F: Future>(
     (span, trace): (Span, Option<TraceContext>),
     origin: Option<Origin>,
     resume: Option<u64>,
+    approvals: Vec<ApprovalRule>,
     work: F,
 ) -> impl Future<Output = F::Output> {
-    CURRENT.scope(Work::new(span, trace, origin, resume, None), work)
+    CURRENT.scope(
+        Work::new(span, trace, origin, resume, None, approvals),
+        work,
+    )
+}
+
+/// The approval rules the work running now was asked under (none outside
+/// any work, or when whoever asked has none).
+pub(crate) fn approvals() -> Vec<ApprovalRule> {
+    CURRENT
+        .try_with(|work| work.approvals.clone())
+        .unwrap_or_default()
 }
 
 /// The `delegate_async` request the work running now answers.

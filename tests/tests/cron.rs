@@ -34,6 +34,7 @@ fn spec(name: &str, target: Pid, description: &str) -> CronSpec {
         enabled: true,
         overlap: Overlap::Skip,
         missed: Missed::Skip,
+        approvals: Vec::new(),
     }
 }
 

@@ -342,6 +342,7 @@ async fn without_a_roles_section_a_task_may_not_spawn_shell_fetch_or_schedule() 
         enabled: true,
         overlap: Overlap::Skip,
         missed: Missed::Skip,
+        approvals: Vec::new(),
     };
     let err = kernel
         .add_cron(Caller::Process(task), entry)

@@ -481,10 +481,13 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     for says in ["is not saved", "name:", "description:", "colour"] {
         assert!(results[2].contains(says), "{says}: {}", results[2]);
     }
-    // The next model call already lists it.
+    // The next model call already lists it, as written by an agent.
     let second = system_message(&requests[1]);
     assert!(
-        second.contains("- release: Cut a release of the service."),
+        second.contains(&format!(
+            "- release: <agent-written by=\"process {queen_a} (queen-a)\">Cut a release of the \
+             service."
+        )),
         "{second}"
     );
 
@@ -539,6 +542,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
                 old: "2. Run the release pipeline.".into(),
                 new: "2. Run the release pipeline.\n3. Announce it.".into(),
             }),
+            None,
         )
         .await
         .unwrap();
@@ -549,6 +553,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
             edit(hivekernel_agents::skill::Rewrite::Whole(
                 "no frontmatter".into(),
             )),
+            None,
         )
         .await
         .unwrap_err();
@@ -574,6 +579,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         .manage_skill(
             Caller::Process(queen_b),
             create("release", SkillVisibility::Private),
+            None,
         )
         .await
         .unwrap();
@@ -585,6 +591,7 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         .manage_skill(
             Caller::Process(worker),
             create("scratch", SkillVisibility::Private),
+            None,
         )
         .await
         .unwrap();
@@ -596,12 +603,12 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         reason: None,
     };
     let outsider = kernel
-        .manage_skill(Caller::Process(queen_b), delete("scratch"))
+        .manage_skill(Caller::Process(queen_b), delete("scratch"), None)
         .await
         .unwrap_err();
     assert_eq!(outsider.kind(), ErrorKind::NotFound, "{outsider}");
     let cleaned = kernel
-        .manage_skill(Caller::Process(queen_a), delete("scratch"))
+        .manage_skill(Caller::Process(queen_a), delete("scratch"), None)
         .await
         .unwrap();
     assert_eq!((cleaned.owner, cleaned.by), (worker, queen_a));

@@ -109,6 +109,7 @@ impl Tool for ScheduleCron {
             enabled: true,
             overlap: args.overlap,
             missed: args.missed,
+            approvals: Vec::new(),
         };
         let entry = ctx
             .process

@@ -24,7 +24,8 @@ impl Tool for SkillManage {
     fn description(&self) -> &'static str {
         "Save a procedure as a skill (a SKILL.md: YAML frontmatter with name and description, then \
          Markdown steps), or edit or delete one you saved. Checked against the Agent Skills format; \
-         a refusal lists every problem. Skills from the config cannot be changed."
+         a refusal lists every problem. Skills from the config cannot be changed. A global skill \
+         (seen by every agent) may wait for a person's approval."
     }
 
     fn capability(&self) -> Option<Capability> {
@@ -71,7 +72,7 @@ impl Tool for SkillManage {
         let version = ctx
             .process
             .syscalls
-            .manage_skill(write)
+            .manage_skill(write, ctx.checkpoint)
             .await
             .map_err(refused)?;
         Ok(match version.action {

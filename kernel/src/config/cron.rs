@@ -179,5 +179,6 @@ fn entry(
         enabled: raw.enabled.unwrap_or(true),
         overlap,
         missed,
+        approvals: Vec::new(),
     })
 }

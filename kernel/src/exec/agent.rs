@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use hivekernel_agents::approval::{ApprovalRule, MAX_CARRIED_RULES, join};
 use hivekernel_agents::{
     Message, MessageId, Pid, ProcessContext, RequestId, Runtime, RuntimeError, Task, TaskReply,
 };
@@ -116,6 +117,10 @@ pub(crate) struct ExecProc {
     pub(crate) spec: LaunchSpec,
     /// Its current OS process.
     pub(crate) os: Mutex<Os>,
+    /// The approval rules of every task and message handed to it in this
+    /// run: its requests carry them (kernel/asked.rs), since which of its
+    /// requests serves which task cannot be told.
+    asked_under: Mutex<Vec<ApprovalRule>>,
 }
 
 impl ExecProc {
@@ -130,6 +135,7 @@ impl ExecProc {
             send_order: tokio::sync::Mutex::new(()),
             spec,
             os: Mutex::new(Os::new()),
+            asked_under: Mutex::default(),
         }
     }
 
@@ -233,6 +239,11 @@ impl ExecProc {
         }
     }
 
+    /// The approval rules of the work it was handed in this run.
+    pub(crate) fn asked_under(&self) -> Vec<ApprovalRule> {
+        self.asked_under.lock().clone()
+    }
+
     /// Ends the attach stream for good: the process has exited. What is
     /// still out is never answered: tasks fail, messages stay where they are
     /// kept.
@@ -329,6 +340,15 @@ impl ExecProc {
         answer: Answer,
         rx: oneshot::Receiver<T>,
     ) -> Result<T, oneshot::error::RecvError> {
+        let approvals = crate::trace::approvals();
+        if !approvals.is_empty() {
+            let mut held = self.asked_under.lock();
+            // One past the most a request may carry is enough for its
+            // requests to be refused as carrying too many.
+            if held.len() <= MAX_CARRIED_RULES {
+                join(&mut held, &approvals);
+            }
+        }
         self.pending.lock().insert(
             key,
             Pending {

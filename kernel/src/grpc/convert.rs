@@ -188,6 +188,8 @@ pub(crate) fn outgoing(caller: Caller, req: pb::SendMessageRequest) -> Result<Ou
         payload: req.payload,
         priority,
         ttl: optional_millis(req.ttl_ms),
+        // The kernel sets them from the caller (kernel/asked.rs).
+        approvals: Vec::new(),
     })
 }
 
@@ -198,6 +200,7 @@ pub(crate) fn task_spec(req: pb::ExecuteTaskRequest) -> Result<TaskSpec, Status>
         description: req.description,
         params: req.params.into_iter().collect(),
         timeout: optional_millis(req.timeout_ms),
+        approvals: Vec::new(),
     })
 }
 

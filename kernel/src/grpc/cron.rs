@@ -24,6 +24,7 @@ pub(super) fn spec(caller: Caller, spec: pb::CronSpec) -> Result<CronSpec, Statu
         template: Some(spec.template),
         description: spec.description,
         enabled: !spec.disabled,
+        approvals: Vec::new(),
     })
 }
 

@@ -90,7 +90,7 @@ pub(super) async fn manage(
     request: pb::ManageSkillRequest,
 ) -> Result<pb::SkillVersion, Status> {
     let write = write(request).map_err(Status::invalid_argument)?;
-    let version = kernel.manage_skill(caller, write).await?;
+    let version = kernel.manage_skill(caller, write, None).await?;
     Ok(version_pb(version))
 }
 

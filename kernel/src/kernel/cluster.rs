@@ -732,15 +732,16 @@ impl Kernel {
         let copy = remote
             .route
             .copy_to
-            .map(|parent| (parent, message.payload.clone()));
+            .map(|parent| (parent, message.payload.clone(), message.approvals.clone()));
         let op = Op::Deliver {
             message,
             from: Some(from),
             via: remote.route.via,
         };
         let id = self.forward(&remote.node, op, FORWARDED_SEND).await?;
-        if let Some((parent, payload)) = copy {
-            self.copy_to_parent(parent, from, payload, None, crate::trace::current());
+        if let Some((parent, payload, approvals)) = copy {
+            let carried = (crate::trace::current(), approvals);
+            self.copy_to_parent(parent, from, payload, None, carried);
         }
         Ok(id)
     }
@@ -775,7 +776,7 @@ impl Kernel {
         let copy = remote
             .route
             .copy_to
-            .map(|parent| (parent, task.description.clone()));
+            .map(|parent| (parent, task.description.clone(), task.approvals.clone()));
         // Waited for before it goes: the answer may come before the
         // forward's own.
         if let Some(cluster) = self.inner.cluster() {
@@ -795,9 +796,9 @@ impl Kernel {
             }
             return Err(err);
         }
-        if let Some((parent, description)) = copy {
-            let trace = crate::trace::current();
-            self.copy_to_parent(parent, requester, description, Some(request_id), trace);
+        if let Some((parent, description, approvals)) = copy {
+            let carried = (crate::trace::current(), approvals);
+            self.copy_to_parent(parent, requester, description, Some(request_id), carried);
         }
         Ok(request_id)
     }
@@ -887,15 +888,15 @@ impl Kernel {
         let copy = remote
             .route
             .copy_to
-            .map(|parent| (parent, task.description.clone()));
+            .map(|parent| (parent, task.description.clone(), task.approvals.clone()));
         let op = Op::Task {
             task,
             from: Some(from),
         };
         let executed: rpc::Executed = self.forward(&remote.node, op, wait).await?;
-        if let Some((parent, description)) = copy {
-            let trace = crate::trace::current();
-            self.copy_to_parent(parent, from, description, Some(executed.0), trace);
+        if let Some((parent, description, approvals)) = copy {
+            let carried = (crate::trace::current(), approvals);
+            self.copy_to_parent(parent, from, description, Some(executed.0), carried);
         }
         Ok(executed)
     }

@@ -464,6 +464,7 @@ impl Kernel {
                 trace_id,
                 ..TraceContext::new_root()
             });
+            let approvals = request.asked_under.clone();
             self.refile_request(request);
             let (Some(proc), Some(checkpoint)) = (proc, row.checkpoint) else {
                 self.withdraw_request(row.id, KERNEL_RESTART);
@@ -478,6 +479,7 @@ impl Kernel {
                 checkpoint,
                 origin,
                 trace,
+                approvals,
             };
             let env = Envelope::new(
                 MessageId(self.next_id()),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::Capability;
+use hivekernel_agents::approval::ApprovalRule;
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
     Message, MessageId, Outgoing, Pid, Priority, RequestId, Task, TaskReply, TaskSpec,
@@ -38,9 +39,12 @@ struct Target {
 
 impl Kernel {
     /// Fire-and-forget: puts a message in `message.to`'s mailbox.
-    pub async fn send_message(&self, caller: Caller, message: Outgoing) -> Result<MessageId> {
+    /// The message carries the approval rules the caller works under
+    /// (kernel/asked.rs).
+    pub async fn send_message(&self, caller: Caller, mut message: Outgoing) -> Result<MessageId> {
         let result = async {
             self.require(caller, Capability::SendMessage, "send messages")?;
+            message.approvals = self.asked_under(caller.pid())?;
             if let Some(remote) = self.elsewhere(caller, message.to).await? {
                 return self.send_elsewhere(caller.pid(), remote, message).await;
             }
@@ -81,15 +85,20 @@ impl Kernel {
             request_id: None,
             via: target.route.via,
             trace: Some(crate::trace::for_new_item()),
+            approvals: message.approvals,
         };
         let Some(proc) = target.proc else {
             self.to_kernel(body);
             return Ok(id);
         };
-        let copy = target
-            .route
-            .copy_to
-            .map(|parent| (parent, body.payload.clone(), body.trace));
+        let copy = target.route.copy_to.map(|parent| {
+            (
+                parent,
+                body.payload.clone(),
+                body.trace,
+                body.approvals.clone(),
+            )
+        });
         // Committed before it enters the mailbox: the runner cannot take it,
         // nor remove it from the store, before it is there; and a send
         // answered with an error was never delivered.
@@ -99,8 +108,8 @@ impl Kernel {
             self.message_done(id, durable);
             return Err(err);
         }
-        if let Some((parent, payload, trace)) = copy {
-            self.copy_to_parent(parent, from, payload, None, trace);
+        if let Some((parent, payload, trace, approvals)) = copy {
+            self.copy_to_parent(parent, from, payload, None, (trace, approvals));
         }
         Ok(id)
     }
@@ -160,11 +169,14 @@ impl Kernel {
     }
 
     /// Request/reply: runs a task on `task.to` and waits for its reply.
+    /// The task carries the approval rules the caller works under
+    /// (kernel/asked.rs).
     pub async fn execute_task(
         &self,
         caller: Caller,
-        task: TaskSpec,
+        mut task: TaskSpec,
     ) -> Result<(RequestId, TaskReply)> {
+        task.approvals = self.asked_under(caller.pid())?;
         let to = task.to;
         if let Caller::Process(me) = caller
             && me == to
@@ -207,8 +219,9 @@ impl Kernel {
 
     /// Sends a task and returns at once; the reply lands in the caller's
     /// mailbox as a `task_response` naming the returned request id.
-    pub async fn delegate_async(&self, caller: Caller, task: TaskSpec) -> Result<RequestId> {
+    pub async fn delegate_async(&self, caller: Caller, mut task: TaskSpec) -> Result<RequestId> {
         let requester = caller.pid();
+        task.approvals = self.asked_under(requester)?;
         if let Some(remote) = self.elsewhere(caller, task.to).await? {
             return self.delegate_elsewhere(requester, remote, task).await;
         }
@@ -250,7 +263,7 @@ impl Kernel {
         let copy = target
             .route
             .copy_to
-            .map(|parent| (parent, spec.description.clone()));
+            .map(|parent| (parent, spec.description.clone(), spec.approvals.clone()));
         let trace = crate::trace::for_new_item();
         let task = Task {
             request_id,
@@ -258,6 +271,7 @@ impl Kernel {
             description: spec.description,
             params: spec.params,
             trace: Some(trace),
+            approvals: spec.approvals,
         };
         let store = &self.inner.store();
         let recorded = match &reply {
@@ -283,20 +297,22 @@ impl Kernel {
             }
             return Err(err);
         }
-        if let Some((parent, description)) = copy {
-            self.copy_to_parent(parent, from, description, Some(request_id), Some(trace));
+        if let Some((parent, description, approvals)) = copy {
+            let carried = (Some(trace), approvals);
+            self.copy_to_parent(parent, from, description, Some(request_id), carried);
         }
         Ok((request_id, timeout, recorded))
     }
 
-    /// A low-priority copy of sibling traffic for the siblings' parent.
+    /// A low-priority copy of sibling traffic for the siblings' parent,
+    /// in the original's trace and under its approval rules.
     pub(super) fn copy_to_parent(
         &self,
         parent: Pid,
         from: Pid,
         payload: String,
         request_id: Option<RequestId>,
-        trace: Option<hivekernel_agents::TraceContext>,
+        (trace, approvals): (Option<hivekernel_agents::TraceContext>, Vec<ApprovalRule>),
     ) {
         let copy = Message {
             id: MessageId(self.next_id()),
@@ -308,6 +324,7 @@ impl Kernel {
             request_id,
             via: None,
             trace,
+            approvals,
         };
         self.deliver_system(copy);
     }
@@ -564,6 +581,8 @@ fn task_response(worker: Pid, requester: Pid, request_id: RequestId, reply: &Tas
         via: None,
         // The answer continues the task's trace.
         trace: crate::trace::current(),
+        // An answer asks for nothing.
+        approvals: Vec::new(),
     }
 }
 

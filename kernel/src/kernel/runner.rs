@@ -140,8 +140,11 @@ fn handle(
 ) -> Work {
     let (id, durable) = (env.id, env.durable);
     match env.item {
-        Item::Task { task, reply, .. } => {
+        Item::Task {
+            mut task, reply, ..
+        } => {
             let opened = work_span(&kernel, &proc, task.trace, "task");
+            let approvals = std::mem::take(&mut task.approvals);
             // A waiting turn keeps the request it answers, for a restart.
             let origin = match reply {
                 ReplyTo::Mailbox(from) => Some(Origin {
@@ -156,25 +159,30 @@ fn handle(
                 opened,
                 origin,
                 None,
+                approvals,
                 handle_task(kernel, proc, runtime, task, reply),
             ))
         }
         Item::Resume(resume) => {
             let (origin, request) = (resume.origin, resume.request);
             let opened = work_span(&kernel, &proc, resume.trace, "resume");
+            let approvals = resume.approvals.clone();
             Box::pin(scope_turn(
                 opened,
                 origin,
                 Some(request),
+                approvals,
                 handle_resume(kernel, proc, runtime, *resume),
             ))
         }
-        Item::Message(message) => {
+        Item::Message(mut message) => {
             let opened = work_span(&kernel, &proc, message.trace, "message");
             let handover = deferred(&kernel, runtime.as_ref(), id, durable);
+            let approvals = std::mem::take(&mut message.approvals);
             Box::pin(scope_message(
                 opened,
                 handover.clone(),
+                approvals,
                 handle_message(kernel, proc, runtime, message, (id, durable), handover),
             ))
         }

@@ -13,6 +13,7 @@ use crate::reload::{Change, Outcome};
 use crate::skills::{Listed, Problem, Sources};
 
 mod manage;
+mod publish;
 
 impl Kernel {
     /// The skills `caller` may use, sorted by name: for a process, what it

@@ -41,6 +41,7 @@ impl Kernel {
     /// With a store, it answers once the child's spawn request is committed,
     /// so a child whose PID was answered comes back after a crash.
     pub async fn spawn(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        let request = asked_under(caller, request);
         self.spawn_at(caller, request, None).await
     }
 
@@ -67,6 +68,7 @@ impl Kernel {
     /// caller writes later (its conversation, a message naming the child),
     /// so whatever of the caller survives a crash finds the child back too.
     pub(crate) async fn spawn_queued(&self, caller: Caller, request: SpawnRequest) -> Result<Pid> {
+        let request = asked_under(caller, request);
         let birth = Birth::New {
             acknowledged: false,
         };
@@ -762,6 +764,16 @@ fn skill_dirs(
 
 /// A child's approval rules: its parent's, its role's and its own, each
 /// once, in that order; `None` when there are none.
+/// `request` with the approval rules the caller's work was asked under
+/// added to its own (kernel/asked.rs): a child spawned for a requester
+/// works under the requester's rules too.
+fn asked_under(caller: Caller, mut request: SpawnRequest) -> SpawnRequest {
+    if let Caller::Process(_) = caller {
+        hivekernel_agents::approval::join(&mut request.approval, &crate::trace::approvals());
+    }
+    request
+}
+
 fn approval_rules(
     parent: Option<&Vec<ApprovalRule>>,
     role: Vec<ApprovalRule>,

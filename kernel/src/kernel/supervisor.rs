@@ -661,6 +661,7 @@ impl Kernel {
             request_id: None,
             via: None,
             trace,
+            approvals: Vec::new(),
         };
         self.deliver_system(message);
     }

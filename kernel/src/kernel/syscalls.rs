@@ -189,10 +189,15 @@ impl Syscalls for KernelSyscalls {
                 .get(self.pid)
                 .and_then(|entry| entry.proc.approvals.clone())
         };
+        // Its own rules, then those of whoever asked for the work it does
+        // (kernel/asked.rs).
         let Some(rule) = rules
             .as_deref()
             .and_then(|rules| approval::first_covering(rules, tool, arguments))
             .cloned()
+            .or_else(|| {
+                approval::first_covering(&crate::trace::approvals(), tool, arguments).cloned()
+            })
         else {
             return Ok(());
         };
@@ -303,8 +308,12 @@ impl Syscalls for KernelSyscalls {
     async fn manage_skill(
         &self,
         write: hivekernel_agents::skill::SkillWrite,
+        checkpoint: hivekernel_agents::syscalls::Checkpoint<'_>,
     ) -> Result<hivekernel_agents::skill::SkillVersion, SyscallError> {
-        Ok(self.kernel()?.manage_skill(self.caller(), write).await?)
+        Ok(self
+            .kernel()?
+            .manage_skill(self.caller(), write, checkpoint)
+            .await?)
     }
 
     async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {

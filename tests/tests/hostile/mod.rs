@@ -27,6 +27,8 @@
 //! - `model`: a model endpoint that answers without end (an endless stream
 //!   of tool-call arguments, an endless body), with 5,000 tool calls, and
 //!   an MCP server listing megabytes of tools.
+//! - `skills`: a saved skill as a way into every agent's prompt: a
+//!   `global` one waits for a person, and prompts fence what agents wrote.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
 #![allow(clippy::unwrap_used)]
@@ -40,4 +42,5 @@ mod memory;
 mod model;
 mod props;
 mod shell;
+mod skills;
 mod tool_args;

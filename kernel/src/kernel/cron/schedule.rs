@@ -324,10 +324,12 @@ impl Kernel {
     }
 
     /// Adds an entry owned by the caller; a process may only aim it at
-    /// itself or its descendants.
-    pub async fn add_cron(&self, caller: Caller, spec: CronSpec) -> Result<CronInfo> {
+    /// itself or its descendants. Its firings carry the approval rules the
+    /// caller works under (kernel/asked.rs).
+    pub async fn add_cron(&self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
         let result = async {
             self.require(caller, Capability::ManageCron, "add cron entries")?;
+            spec.approvals = self.asked_under(caller.pid())?;
             self.add_cron_checked(caller, spec).await
         };
         self.report_denial(caller, "add_cron", result.await)
@@ -953,6 +955,8 @@ impl Kernel {
         }
         let kernel = self.clone();
         let name = name.to_owned();
+        // Under the rules of whoever added it.
+        let approvals = spec.approvals.clone();
         // Each firing is a trace of its own: its run, and all it causes.
         let opened = match self.inner.traces() {
             Some(traces) => {
@@ -964,9 +968,12 @@ impl Kernel {
                 Some(hivekernel_agents::TraceContext::new_root()),
             ),
         };
-        self.inner
-            .tracker()
-            .spawn(crate::trace::scope_in(opened, async move {
+        self.inner.tracker().spawn(crate::trace::scope_turn(
+            opened,
+            None,
+            None,
+            approvals,
+            async move {
                 if let Some(cluster) = lease
                     && !kernel
                         .leased(&cluster, (owner, spec.target, &name), slot, generation, why)
@@ -992,7 +999,8 @@ impl Kernel {
                 if state.ended(&name, generation) {
                     kernel.record_run(&mut state, &name, run);
                 }
-            }));
+            },
+        ));
         Fired::Started
     }
 

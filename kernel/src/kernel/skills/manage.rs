@@ -1,7 +1,8 @@
 //! `skill_manage` through the kernel's checks: a process holding
 //! `manage_skills` creates skills of its own and edits or deletes those it
 //! or a descendant of it saved; an operator edits or deletes any saved
-//! skill. Every write is checked by every rule of the Agent Skills format
+//! skill. A process without `publish_skills` that would leave a skill
+//! `global` waits for a person's approval first (skills/publish.rs). Every write is checked by every rule of the Agent Skills format
 //! and refused with every problem found; it lands in the store with a new
 //! version (`skills history`) and a `skill_changed` event. Skills from the
 //! config's directories are never changed here.
@@ -11,8 +12,9 @@ use std::time::SystemTime;
 
 use hivekernel_agents::skill::{
     self, MAX_FILE_BYTES, Rewrite, Saved, Severity, SkillAction, SkillChange, SkillVersion,
-    SkillWrite, Strictness,
+    SkillVisibility, SkillWrite, Strictness,
 };
+use hivekernel_agents::syscalls::Checkpoint;
 use hivekernel_agents::{Capability, Pid};
 
 use crate::error::{KernelError, Result, shown};
@@ -33,10 +35,17 @@ impl Kernel {
     /// docs). Returns the version written, once committed; the commit, the
     /// kernel's view of the skill and the event land together even when
     /// the caller stops waiting. A refused write changes nothing.
-    pub async fn manage_skill(&self, caller: Caller, write: SkillWrite) -> Result<SkillVersion> {
+    /// `checkpoint` is the calling turn's, kept with an approval request
+    /// the write waits for (see [`Kernel::ask_person`]).
+    pub async fn manage_skill(
+        &self,
+        caller: Caller,
+        write: SkillWrite,
+        checkpoint: Checkpoint<'_>,
+    ) -> Result<SkillVersion> {
         let result = async {
             self.require(caller, Capability::ManageSkills, "manage skills")?;
-            self.manage_skill_checked(caller, write).await
+            self.manage_skill_checked(caller, write, checkpoint).await
         };
         self.report_denial(caller, "skill_manage", result.await)
     }
@@ -45,6 +54,7 @@ impl Kernel {
         &self,
         caller: Caller,
         write: SkillWrite,
+        checkpoint: Checkpoint<'_>,
     ) -> Result<SkillVersion> {
         let SkillWrite {
             name,
@@ -107,6 +117,12 @@ impl Kernel {
             }
         };
         let skill = content.as_deref().map(|c| checked(&name, c)).transpose()?;
+        if let (Caller::Process(pid), Some(content)) = (caller, content.as_deref())
+            && visibility == SkillVisibility::Global
+        {
+            self.approve_publish(pid, &name, action, content, checkpoint)
+                .await?;
+        }
         let (owner, owner_name, lineage, base) = match &held {
             Some(held) => {
                 let saved = held.saved();
