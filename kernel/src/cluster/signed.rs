@@ -169,17 +169,35 @@ impl Signed {
     }
 
     /// Every change from the bucket's history on, each value checked:
-    /// forged ones are left out (said in the log).
+    /// forged ones are left out (said in the log), but for the last of
+    /// the history, which comes as the removal of an empty key so that
+    /// the watcher knows it has caught up.
     pub(crate) async fn watch_with_history(
         &self,
         keys: &str,
     ) -> Result<BoxStream<'static, Result<kv::Entry, kv::WatcherError>>, kv::WatchError> {
         let watch = self.store.watch_with_history(keys).await?;
         let (seal, bucket) = (self.seal.clone(), self.bucket);
+        let mut caught_up = false;
         Ok(watch
             .filter_map(move |change| {
                 let kept = match change {
-                    Ok(entry) => seal.open_entry(bucket, entry).ok().map(Ok),
+                    Ok(entry) => {
+                        let last_of_history = !caught_up && entry.delta == 0;
+                        caught_up |= entry.delta == 0;
+                        match seal.open_entry(bucket, entry) {
+                            Ok(entry) => Some(Ok(entry)),
+                            // The last of the history still tells the watcher
+                            // it has caught up: passed on as the removal of no key.
+                            Err(entry) if last_of_history => Some(Ok(kv::Entry {
+                                key: String::new(),
+                                value: Bytes::new(),
+                                operation: Operation::Delete,
+                                ..*entry
+                            })),
+                            Err(_) => None,
+                        }
+                    }
                     Err(err) => Some(Err(err)),
                 };
                 std::future::ready(kept)
