@@ -140,6 +140,9 @@ pub enum Command {
     Llm(LlmCommand),
     /// Model calls, tokens, cost and token budgets per process and per subtree.
     Usage(UsageArgs),
+    /// Make things a cluster needs (docs/CLUSTER.md).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// The nodes of the cluster this kernel is a node of: name, epoch,
     /// address, load, labels (docs/CLUSTER.md).
     Nodes {
@@ -522,6 +525,11 @@ pub struct StartArgs {
     /// `kernel.cluster.insecure`): only where no untrusted host can reach them.
     #[arg(long)]
     pub insecure_cluster: bool,
+    /// The cluster secret every node signs what it publishes with, instead
+    /// of `kernel.cluster.secret_file` (`hivekernel cluster secret FILE`
+    /// makes one; the same file on every node, mode 600).
+    #[arg(long, value_name = "FILE")]
+    pub cluster_secret: Option<PathBuf>,
 }
 
 /// `hivekernel skills ...`.
@@ -606,6 +614,18 @@ pub enum LlmCommand {
         /// One JSON object: the server's list and each model's findings.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `hivekernel cluster ...`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Write a new cluster secret (32 random bytes, hex) to FILE, mode 600,
+    /// for `kernel.cluster.secret_file`; copy it to every node. An existing
+    /// file is not overwritten.
+    Secret {
+        /// Where to write it.
+        file: PathBuf,
     },
 }
 
@@ -1144,6 +1164,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Get(args)) => artifacts::get(args).await,
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Cluster(ClusterCommand::Secret { file }) => nodes::new_secret(&file),
         Command::Nodes { json, client } => nodes::run(json, &client).await,
         Command::Backup { dest, local } => backup::backup(dest, local).await,
         Command::Restore { src, local } => backup::restore(src, local).await,
@@ -1185,6 +1206,7 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
         cluster: args.cluster,
         node: args.node,
         insecure_cluster: args.insecure_cluster,
+        cluster_secret: args.cluster_secret,
     };
     daemon::run(options).await.map_err(CliError::Start)
 }
@@ -1207,7 +1229,13 @@ async fn config_check(path: &std::path::Path, model: Option<&str>) -> Result<(),
     text.push_str(&grants.agent_lines());
     let (models, unset) = config.model_lines();
     text.push_str(&models);
-    for warning in grants.warnings().into_iter().chain(unset) {
+    let unsigned = config
+        .kernel
+        .cluster
+        .as_ref()
+        .filter(|cluster| cluster.secret_file.is_none())
+        .map(|_| crate::cluster::UNSIGNED_WARNING.to_owned());
+    for warning in grants.warnings().into_iter().chain(unset).chain(unsigned) {
         eprintln!("warning: {warning}");
     }
     output::print(&text)

@@ -10,7 +10,9 @@
 //! (blocks taken by compare-and-set), the directory of which node holds
 //! which process (`directory`), requests between nodes (`rpc`), which
 //! node runs each config agent (`declared`), cron slot leases (`cron`)
-//! and the mail of processes that may move (`mail`).
+//! and the mail of processes that may move (`mail`). With a cluster
+//! secret, what a node publishes is signed and what it reads checked
+//! (`seal`; the buckets through `signed`).
 //! Every race between nodes is a
 //! compare-and-set in a key-value bucket; nothing here is consensus of its own.
 //!
@@ -27,6 +29,8 @@ mod loans;
 mod mail;
 mod pids;
 pub mod rpc;
+mod seal;
+mod signed;
 mod specs;
 
 use std::collections::{BTreeMap, HashMap};
@@ -58,6 +62,9 @@ use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
 use rpc::Refusal;
+use seal::{Fresh, Seal};
+pub use seal::{MIN_SECRET_BYTES, new_secret, read_secret};
+use signed::{Checked, Signed};
 pub use specs::{KeptSpec, SpecKey};
 
 /// The bucket of node records, by node name.
@@ -74,6 +81,13 @@ pub(crate) const CLAIM_AGE: Duration = Duration::from_secs(24 * 3600);
 const LOSSES_QUEUED: usize = 64;
 /// How long one request to NATS may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// What a node without `kernel.cluster.secret_file` says at start, and
+/// `config check` of its config.
+pub const UNSIGNED_WARNING: &str = "kernel.cluster.secret_file is not set: nodes do not \
+    sign what they publish, so anyone holding NATS credentials for the cluster's subjects \
+    can act as any node (run commands on every node, stop nodes); make one with \
+    `hivekernel cluster secret FILE` and give every node the same file (docs/CLUSTER.md, \
+    \"Signed messages\")";
 
 /// Why joining or a cluster operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -258,10 +272,12 @@ pub struct Cluster {
     epoch: u64,
     client: async_nats::Client,
     js: Context,
-    nodes: kv::Store,
-    claims: kv::Store,
+    /// Signs what this node publishes, checks what others did.
+    seal: Seal,
+    nodes: Signed,
+    claims: Signed,
     /// Which node runs each config agent (`declared`).
-    declared: kv::Store,
+    declared: Signed,
     /// This node's claims on config agents: key to what it wrote last, at
     /// which revision.
     claimed: Mutex<HashMap<String, (Holding, u64)>>,
@@ -277,13 +293,13 @@ pub struct Cluster {
     /// Acknowledged messages to processes that may move (`HK_MAIL`).
     mail: Mailroom,
     /// Spawn specs of processes that may move (`hk_specs`).
-    specs: kv::Store,
+    specs: Signed,
     /// Every node's events (`HK_EVENTS`).
     events: jetstream::stream::Stream,
     /// API cron entries that follow their target (`hk_cron`).
-    crons: kv::Store,
+    crons: Signed,
     /// Token budgets lent to children on other nodes (`hk_loans`).
-    loans: kv::Store,
+    loans: Signed,
     /// What children on loan here spent, waiting to be written there.
     loan_reports: loans::Reports,
     /// The specs this node wrote last.
@@ -331,21 +347,48 @@ impl Cluster {
         pid_floor: u64,
         events_kept: u64,
     ) -> Result<Arc<Cluster>, ClusterError> {
+        let secret = match &settings.secret_file {
+            Some(file) => Some(read_secret(file).map_err(|problem| ClusterError::Access {
+                setting: "kernel.cluster.secret_file".to_owned(),
+                problem,
+            })?),
+            None => None,
+        };
+        let seal = Seal::new(&settings.node, secret.as_deref());
         let client = access::connect(&settings).await?;
         access::warn_if_insecure(&settings);
+        if !seal.signs() {
+            tracing::warn!(node = %settings.node, "cluster: {UNSIGNED_WARNING}");
+        }
         let mut js = jetstream::new(client.clone());
         js.set_timeout(REQUEST_TIMEOUT);
         let replicas = settings.replicas;
-        let nodes = bucket(&js, NODES, replicas, Duration::ZERO).await?;
+        let signed = |store, name| Signed::new(store, name, seal.clone());
+        let nodes = signed(bucket(&js, NODES, replicas, Duration::ZERO).await?, NODES);
         let counters = bucket(&js, COUNTERS, replicas, Duration::ZERO).await?;
-        let claims = bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?;
-        let listings = bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?;
-        let declared = bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?;
+        let claims = signed(bucket(&js, CLAIMS, replicas, CLAIM_AGE).await?, CLAIMS);
+        let listings = signed(
+            bucket(&js, DIRECTORY, replicas, Duration::ZERO).await?,
+            DIRECTORY,
+        );
+        let declared = signed(
+            bucket(&js, declared::DECLARED, replicas, Duration::ZERO).await?,
+            declared::DECLARED,
+        );
         let mail = Mailroom::open(&js, replicas).await?;
-        let specs = bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?;
+        let specs = signed(
+            bucket(&js, specs::SPECS, replicas, Duration::ZERO).await?,
+            specs::SPECS,
+        );
         let events = events::open(&js, replicas, events_kept).await?;
-        let crons = bucket(&js, crons::CRONS, replicas, Duration::ZERO).await?;
-        let loans = bucket(&js, loans::LOANS, replicas, Duration::ZERO).await?;
+        let crons = signed(
+            bucket(&js, crons::CRONS, replicas, Duration::ZERO).await?,
+            crons::CRONS,
+        );
+        let loans = signed(
+            bucket(&js, loans::LOANS, replicas, Duration::ZERO).await?,
+            loans::LOANS,
+        );
         let epoch = increment(&counters, "epoch", 1, 1).await?.1;
         let pids = Arc::new(PidBlocks::new(counters, pid_floor));
         pids.fill().await?;
@@ -374,6 +417,7 @@ impl Cluster {
             epoch,
             client,
             js,
+            seal,
             nodes,
             claims,
             declared,
@@ -482,6 +526,12 @@ impl Cluster {
     /// This node's epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Messages and bucket values refused since the join: not signed with
+    /// the cluster secret, replayed or stale (docs/CLUSTER.md, "Signed messages").
+    pub fn refused(&self) -> u64 {
+        self.seal.refused_count()
     }
 
     /// The cluster-wide PID space, as this node takes from it.
@@ -594,8 +644,11 @@ impl Cluster {
             kind: hivekernel_agents::ErrorKind::Unavailable,
             message: format!("cluster: node {node} does not answer: {why}"),
         };
+        let (payload, mac) = self
+            .seal
+            .seal_op(&[b"rpc", node.as_bytes()], &rpc::encode(&request));
         let asked = async_nats::Request::new()
-            .payload(rpc::encode(&request))
+            .payload(payload)
             .timeout(Some(wait));
         // A node lost before it answers never will: said at once.
         let mut departures = self.departures.subscribe();
@@ -628,7 +681,52 @@ impl Cluster {
             ),
             _ => unavailable(err.to_string()),
         })?;
-        rpc::decode_answer(node, &answer.payload)
+        let opened = self
+            .seal
+            .open(&[b"answer", &mac], &answer.payload, Fresh::Now, || {
+                format!("an answer from node {node}")
+            })
+            .map_err(|why| unavailable(format!("its answer was refused: {why}")))?;
+        if self.seal.signs() && opened.node != node {
+            let why = seal::Forged::WrongNode {
+                claimed: node.to_owned(),
+                signer: opened.node,
+            };
+            self.seal
+                .refused(&format!("an answer from node {node}"), &why);
+            return Err(unavailable(format!("its answer was refused: {why}")));
+        }
+        rpc::decode_answer(node, &opened.body)
+    }
+
+    /// The request in `payload`, sent to this node, if a node signed it
+    /// (as the node it names) within the window and it was not seen
+    /// before; with what its answer is bound to. `None`: it was refused
+    /// (counted and logged), and is not answered.
+    pub fn open_request(&self, payload: &Bytes) -> Option<(Asked, Result<rpc::Request, Refusal>)> {
+        let what = "an operation from another node";
+        let opened = self
+            .seal
+            .open(
+                &[b"rpc", self.settings.node.as_bytes()],
+                payload,
+                Fresh::Now,
+                || what.to_owned(),
+            )
+            .ok()?;
+        let request = rpc::decode_request(&opened.body);
+        if let Ok(request) = &request
+            && self.seal.signs()
+            && request.from_node != opened.node
+        {
+            let why = seal::Forged::WrongNode {
+                claimed: request.from_node.clone(),
+                signer: opened.node,
+            };
+            self.seal.refused(what, &why);
+            return None;
+        }
+        Some((Asked(opened.mac), request))
     }
 
     /// The requests other nodes send this one (subscribed at join; taken
@@ -648,10 +746,11 @@ impl Cluster {
     /// Sends `answer` to the node waiting on `reply`; one larger than the
     /// servers take goes as a refusal saying so, so the asker is not left
     /// waiting out its deadline.
-    pub async fn answer(&self, reply: async_nats::Subject, answer: Bytes) {
+    pub async fn answer(&self, reply: async_nats::Subject, asked: &Asked, answer: Bytes) {
         let most = self.client.server_info().max_payload;
-        let answer = if most > 0 && answer.len() > most {
-            rpc::refused(Refusal::new(
+        let sealed = self.seal.seal(&[b"answer", &asked.0], &answer);
+        let answer = if most > 0 && sealed.len() > most {
+            let refusal = rpc::refused(Refusal::new(
                 hivekernel_agents::ErrorKind::ResourceExhausted,
                 format!(
                     "cluster: node {}'s answer is {} bytes, more than the {most} a NATS \
@@ -659,9 +758,10 @@ impl Cluster {
                     self.settings.node,
                     answer.len()
                 ),
-            ))
+            ));
+            self.seal.seal(&[b"answer", &asked.0], &refusal)
         } else {
-            answer
+            sealed
         };
         if let Err(err) = self.client.publish(reply, answer).await {
             tracing::debug!(error = %err, "cluster: an answer to another node was not sent");
@@ -718,6 +818,7 @@ impl Cluster {
             let revision = *self.revision.lock();
             if let Err(err) = self
                 .nodes
+                .raw()
                 .delete_expect_revision(&self.settings.node, Some(revision))
                 .await
             {
@@ -821,12 +922,19 @@ impl Cluster {
     /// An unanswered read counts as still this node's: the next heartbeat asks again.
     async fn own_revision(&self) -> Option<u64> {
         let current = *self.revision.lock();
-        let Ok(entry) = self.nodes.entry(&self.settings.node).await else {
+        let Ok(entry) = self.nodes.raw().entry(&self.settings.node).await else {
             return Some(current);
         };
         let entry = entry.filter(|entry| entry.operation == Operation::Put)?;
+        let entry = match self.nodes.check(entry) {
+            Checked::Genuine(entry) => entry,
+            // Written by no node: the next heartbeat writes over it.
+            Checked::Forged { revision } => return Some(revision),
+        };
         let record: NodeRecord = serde_json::from_slice(&entry.value).ok()?;
-        (record.epoch == self.epoch).then_some(entry.revision)
+        // An earlier epoch's record put back (a replay, signed or not) is
+        // no later start of this name: the next heartbeat writes over it.
+        (record.epoch <= self.epoch).then_some(entry.revision)
     }
 
     /// Waits until this node knows afresh that it is a member: a heartbeat
@@ -916,6 +1024,21 @@ impl Cluster {
                 match view.others.get_mut(&entry.key) {
                     // Replayed by a watch made again: nothing changed.
                     Some(seen) if seen.revision == entry.revision => {}
+                    // A signed record older than the one seen, put back
+                    // by someone else: it says nothing of the node.
+                    Some(seen)
+                        if self.seal.signs()
+                            && record
+                                .as_ref()
+                                .is_ok_and(|record| older(record, &seen.record)) =>
+                    {
+                        seen.revision = entry.revision;
+                        tracing::warn!(
+                            node = %entry.key,
+                            "cluster: an older record of this node was written again \
+                             (replayed by a holder of NATS credentials?); ignored"
+                        );
+                    }
                     // Changed: the node is alive, whatever its record says.
                     Some(seen) => {
                         seen.revision = entry.revision;
@@ -985,11 +1108,7 @@ impl Cluster {
         };
         for (node, epoch, silent) in quiet {
             let claim = format!("lost.{node}.{epoch}");
-            let claimed = match self
-                .claims
-                .create(&claim, Bytes::from(self.settings.node.clone()))
-                .await
-            {
+            let claimed = match self.claims.create(&claim, &self.settings.node).await {
                 Ok(_) => {
                     tracing::warn!(
                     lost = %node,
@@ -1045,6 +1164,10 @@ impl crate::events::ProcessTap for Cluster {
     }
 }
 
+/// What the answer to a request is bound to: the request's signature.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked([u8; 32]);
+
 /// A node declared lost, and the processes the directory listed for it
 /// then: the kernel takes over those that may move.
 #[derive(Debug)]
@@ -1057,8 +1180,17 @@ pub struct Loss {
     pub claimed: bool,
 }
 
+/// Whether `record` is older than `seen`, its node's record seen last:
+/// an earlier epoch, or the same one refreshed no later. A node's own
+/// writes only go forward, so a signed record that goes back is one
+/// written again by someone else.
+fn older(record: &NodeRecord, seen: &NodeRecord) -> bool {
+    record.epoch < seen.epoch
+        || (record.epoch == seen.epoch && record.heartbeat_unix_ms <= seen.heartbeat_unix_ms)
+}
+
 /// Removes `node`'s record if it is still epoch `epoch`'s.
-async fn retire(nodes: &kv::Store, node: &str, epoch: u64) -> Result<(), ClusterError> {
+async fn retire(nodes: &Signed, node: &str, epoch: u64) -> Result<(), ClusterError> {
     let entry = nodes
         .entry(node)
         .await
@@ -1072,6 +1204,7 @@ async fn retire(nodes: &kv::Store, node: &str, epoch: u64) -> Result<(), Cluster
         return Ok(());
     }
     nodes
+        .raw()
         .delete_expect_revision(node, Some(entry.revision))
         .await
         .map_err(|err| ClusterError::jetstream("removing a lost node's record", err))
@@ -1310,8 +1443,8 @@ pub(crate) async fn increment(
 /// the same name that still changes refuses; one that stays unchanged for
 /// `ttl_ms` is a crashed node's, claimed lost and replaced.
 async fn register(
-    nodes: &kv::Store,
-    claims: &kv::Store,
+    nodes: &Signed,
+    claims: &Signed,
     own: &NodeRecord,
     ttl_ms: u64,
 ) -> Result<u64, ClusterError> {
@@ -1355,9 +1488,7 @@ async fn register(
             });
         }
         // Unchanged for the TTL: its node is gone. Claimed like any loss.
-        let _ = claims
-            .create(format!("lost.{key}.{epoch}"), Bytes::from(key.to_owned()))
-            .await;
+        let _ = claims.create(format!("lost.{key}.{epoch}"), key).await;
         match nodes.update(key, encode(own), current.revision).await {
             Ok(revision) => return Ok(revision),
             Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => continue,
@@ -1424,6 +1555,21 @@ mod tests {
             last_watched: now,
             gap: Duration::from_millis(200),
         }
+    }
+
+    #[test]
+    fn a_record_going_back_is_older() {
+        let record = |epoch, heartbeat_unix_ms| NodeRecord {
+            epoch,
+            heartbeat_unix_ms,
+            ..NodeRecord::default()
+        };
+        let seen = record(5, 1_000);
+        assert!(older(&record(4, 9_000), &seen));
+        assert!(older(&record(5, 1_000), &seen));
+        assert!(older(&record(5, 999), &seen));
+        assert!(!older(&record(5, 1_001), &seen));
+        assert!(!older(&record(6, 0), &seen));
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct StartOptions {
     /// `--insecure-cluster`: join NATS servers that let the node in
     /// without credentials (`kernel.cluster.insecure`).
     pub insecure_cluster: bool,
+    /// `--cluster-secret`: the cluster secret file, replacing
+    /// `kernel.cluster.secret_file`.
+    pub cluster_secret: Option<std::path::PathBuf>,
 }
 
 /// Why the kernel did not start or did not stop cleanly.
@@ -406,11 +409,17 @@ fn cluster_settings(
             settings
         }
         (None, Some(config)) => config,
-        (None, None) if options.node.is_some() || options.insecure_cluster => {
+        (None, None)
+            if options.node.is_some()
+                || options.insecure_cluster
+                || options.cluster_secret.is_some() =>
+        {
             let flag = if options.node.is_some() {
                 "--node names this kernel's node"
-            } else {
+            } else if options.insecure_cluster {
                 "--insecure-cluster is about this kernel's NATS servers"
+            } else {
+                "--cluster-secret is what this kernel's node signs with"
             };
             return Err(StartError::Usage(format!(
                 "{flag} in a cluster: give --cluster nats://HOST:PORT (or kernel.cluster) too"
@@ -422,6 +431,11 @@ fn cluster_settings(
         cluster.node = node.clone();
     }
     cluster.insecure |= options.insecure_cluster;
+    if let Some(file) = &options.cluster_secret {
+        crate::cluster::read_secret(file)
+            .map_err(|why| StartError::Usage(format!("--cluster-secret: {why}")))?;
+        cluster.secret_file = Some(file.clone());
+    }
     // `--cluster` may bring credentials the config's files then double.
     let servers_at = match options.cluster {
         Some(_) => "--cluster",

@@ -67,6 +67,9 @@ pub struct Census {
     pub inbox_pending: Vec<(&'static str, u64)>,
     /// Writes queued for the store and not yet committed.
     pub store_queue: u64,
+    /// Messages and bucket values from the cluster's NATS that no node
+    /// signed (or replayed, or stale), refused since start.
+    pub cluster_refused: u64,
 }
 
 /// [`Metrics::hot`]: `messages_routed_total` by type, and tasks by outcome.
@@ -127,6 +130,7 @@ pub struct Metrics {
     event_subscribers: IntGauge,
     inbox_pending: IntGaugeVec,
     store_queue: IntGauge,
+    cluster_refused: IntCounter,
     /// Children of the families counted for every message and task,
     /// resolved once: a family's lookup hashes its label values under a
     /// lock, which the route path should not pay per item.
@@ -293,6 +297,11 @@ impl Metrics {
             store_queue: reg.gauge(
                 "store_queue_writes",
                 "Writes queued for the store, not yet committed.",
+            ),
+            cluster_refused: reg.counter(
+                "cluster_refused_total",
+                "Messages and bucket values on the cluster's NATS refused: not signed with \
+                 the cluster secret, replayed or stale.",
             ),
             hot,
             tools: Bounded::default(),
@@ -488,6 +497,10 @@ impl Metrics {
                 .set(gauge(count));
         }
         self.store_queue.set(gauge(census.store_queue));
+        // Counted by the cluster; the family follows it at each scrape.
+        let counted = self.cluster_refused.get();
+        self.cluster_refused
+            .inc_by(census.cluster_refused.saturating_sub(counted));
         let mut text = String::with_capacity(16 << 10);
         if let Err(err) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text) {
             // Only a family with mismatched label counts fails, which

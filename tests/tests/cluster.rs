@@ -2,7 +2,8 @@
 //! daemons joined through a real 3-server NATS cluster with JetStream on
 //! loopback. They see each other with their load, hand out PIDs from one
 //! space, declare a killed node lost, fence a paused one, refuse a second
-//! node under a live name, and carry on when a NATS server dies.
+//! node under a live name, and carry on when a NATS server dies. They
+//! share a cluster secret, so all of it runs signed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -47,12 +48,35 @@ fn config(cluster: Option<Value>) -> String {
     .to_string()
 }
 
-/// A node started from `config` in a fresh directory under `root`, with `extra` arguments.
+/// The cluster secret of every node these tests start (docs/CLUSTER.md,
+/// "Signed messages"): they run as a cluster should, signed.
+const SECRET: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+/// A node started from `config` in a fresh directory under `root`, with
+/// `extra` arguments; a config with `kernel.cluster` gets the cluster
+/// secret (`secret_file`, in that directory).
 fn node(bin: &Path, root: &Path, name: &str, config: &str, extra: &[&str]) -> Binary {
     let dir = root.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.json"), config).unwrap();
+    write_config(&dir, config);
     Binary::start_with(bin, &dir, extra)
+}
+
+/// Writes `config` to `dir/config.json` (`dir` made first), with the
+/// cluster secret when it has `kernel.cluster` and says nothing of one
+/// (`"secret_file": null`: unsigned).
+fn write_config(dir: &Path, config: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config: Value = serde_json::from_str(config).unwrap();
+    if let Some(cluster) = config["kernel"]["cluster"].as_object_mut()
+        && !cluster.contains_key("secret_file")
+    {
+        let secret = dir.join("cluster.secret");
+        std::fs::write(&secret, SECRET).unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        cluster.insert("secret_file".into(), json!("cluster.secret"));
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
 }
 
 /// A node of `nats` named `name`, timed for tests, from the flags.
@@ -62,6 +86,23 @@ fn flagged(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Binary {
         "heartbeat_ms": HEARTBEAT_MS,
         "node_ttl_ms": TTL_MS
     });
+    flagged_as(bin, root, nats, name, timing)
+}
+
+/// [`flagged`] without the cluster secret: for tests that send requests
+/// as a peer node would, which a signed node drops unanswered
+/// (hostile/cluster_forgery.rs).
+fn flagged_unsigned(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Binary {
+    let timing = json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": HEARTBEAT_MS,
+        "node_ttl_ms": TTL_MS,
+        "secret_file": null
+    });
+    flagged_as(bin, root, nats, name, timing)
+}
+
+fn flagged_as(bin: &Path, root: &Path, nats: &NatsCluster, name: &str, timing: Value) -> Binary {
     let urls = nats.urls();
     node(
         bin,
@@ -267,8 +308,7 @@ fn exit_code(kernel: &mut Binary, limit: Duration) -> Option<i32> {
 
 /// A `hivekernel start` expected to fail: its exit code and stderr.
 fn start_fails(bin: &Path, dir: &Path, config: &str, extra: &[&str]) -> (Option<i32>, String) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("config.json"), config).unwrap();
+    write_config(dir, config);
     let out = Command::new(bin)
         .arg("start")
         .arg(dir.join("config.json"))
@@ -732,9 +772,10 @@ fn the_tree_spans_the_nodes_and_every_node_reads_all_of_it() {
     let bin = binary();
     let nats = NatsCluster::start(1);
     let root = tempfile::tempdir().unwrap();
-    let a = flagged(&bin, root.path(), &nats, "a");
-    let mut b = flagged(&bin, root.path(), &nats, "b");
-    let mut c = flagged(&bin, root.path(), &nats, "c");
+    // Unsigned: requests are sent below as a peer node would send them.
+    let a = flagged_unsigned(&bin, root.path(), &nats, "a");
+    let mut b = flagged_unsigned(&bin, root.path(), &nats, "b");
+    let mut c = flagged_unsigned(&bin, root.path(), &nats, "c");
     wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
 
     let lead = spawn(&b, 1, "lead-b", "lead");
@@ -1457,8 +1498,9 @@ fn supervision_across_nodes_waits_out_the_delay_and_ignores_earlier_runs() {
     let nats = NatsCluster::start(1);
     let root = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let a = flagged(&bin, root.path(), &nats, "a");
-    let b = flagged(&bin, root.path(), &nats, "b");
+    // Unsigned: a `fail` is sent below as node b would send it.
+    let a = flagged_unsigned(&bin, root.path(), &nats, "a");
+    let b = flagged_unsigned(&bin, root.path(), &nats, "b");
     wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
     let permanent = |backoff_ms: Vec<u64>| {
         Some(pb::RestartSpec {
@@ -3919,7 +3961,12 @@ fn every_nodes_events_come_in_one_order_from_any_node() {
     follow_until("c's spawn after a stray entry", &|seen| {
         has(seen, "c", on_c, "spawned")
     });
-    assert!(c.log().contains("is not an event"), "{}", c.log());
+    assert!(
+        c.log()
+            .contains("was refused: not signed with the cluster secret"),
+        "{}",
+        c.log()
+    );
 
     // An event deleted from the stream (by an operator) is a `pruned`
     // marker where it was; a replay whose last event was deleted still ends.

@@ -24,6 +24,36 @@ pub(super) async fn run(json: bool, client: &ClientArgs) -> Result<(), CliError>
     }
 }
 
+/// `cluster secret FILE`: a new cluster secret, written to a file created
+/// with mode 600 (an existing one is left as it is: it may be the
+/// cluster's, which every node holds).
+pub(super) fn new_secret(file: &std::path::Path) -> Result<(), CliError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let secret = crate::cluster::new_secret().map_err(CliError::Refused)?;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(|err| match err.kind() {
+            std::io::ErrorKind::AlreadyExists => CliError::Usage(format!(
+                "{} exists already: a cluster secret is never overwritten (every node holds \
+                 the same one); remove it first to make a new one",
+                file.display()
+            )),
+            _ => CliError::Usage(format!("cannot create {}: {err}", file.display())),
+        })?;
+    out.write_all(format!("{secret}\n").as_bytes())
+        .and_then(|()| out.sync_all())
+        .map_err(|err| CliError::Refused(format!("cannot write {}: {err}", file.display())))?;
+    output::print(&format!(
+        "wrote a cluster secret to {} (mode 600): copy it to every node, and set \
+         kernel.cluster.secret_file to it\n",
+        file.display()
+    ))
+}
+
 /// NODE EPOCH ADDRESS PROCS RUNNING CPU AGE HEARTBEAT LABELS; the node
 /// that answered marked with `*`.
 fn table(nodes: &[Node], now: u64) -> String {

@@ -9,7 +9,6 @@
 //! cluster) is claimed under its target, `t<pid>`, by whichever node
 //! holds it, so the node that takes it over never fires a slot again.
 
-use bytes::Bytes;
 use hivekernel_agents::Pid;
 
 use super::declared::key;
@@ -47,8 +46,7 @@ impl Cluster {
         slot_ms: u64,
     ) -> Result<Lease, ClusterError> {
         let key = marker(&self.settings.node, owner, name, slot_ms);
-        let node = Bytes::from(self.settings.node.clone());
-        let written = match self.claims.create(&key, node).await {
+        let written = match self.claims.create(&key, &self.settings.node).await {
             Ok(revision) => Some(revision),
             Err(err) if err.kind() == CreateErrorKind::AlreadyExists => None,
             Err(err) => {
@@ -58,9 +56,12 @@ impl Cluster {
                 ));
             }
         };
-        Ok(match last_after_settling(&self.claims, &key).await? {
+        Ok(match last_after_settling(self.claims.raw(), &key).await? {
             Some((last, _)) if Some(last) == written => Lease::Won,
-            Some((_, holder)) => Lease::Taken(String::from_utf8_lossy(&holder).into_owned()),
+            Some((_, holder)) => Lease::Taken(match self.claims.open_value(&key, &holder) {
+                Some(holder) => String::from_utf8_lossy(&holder).into_owned(),
+                None => "? (a marker no node signed)".to_owned(),
+            }),
             // Aged out between the write and the read: a slot a day old.
             None => Lease::Taken(String::new()),
         })

@@ -123,7 +123,7 @@ impl Cluster {
     ) -> Result<Vec<(Pid, KeptCron)>, ClusterError> {
         let what = || format!("reading {CRONS}");
         let mut wanted = Vec::new();
-        for key in super::all_keys(&self.crons, CRONS).await? {
+        for key in super::all_keys(self.crons.raw(), CRONS).await? {
             let target = key
                 .split_once('.')
                 .and_then(|(pid, _)| pid.parse::<u64>().ok())

@@ -137,7 +137,7 @@ impl Cluster {
         // Two nodes may both have won the write (see `settled`): the one
         // whose write stayed runs the agent.
         let won = match won {
-            Some(revision) if super::settled(&self.declared, &key, revision).await? => {
+            Some(revision) if super::settled(self.declared.raw(), &key, revision).await? => {
                 Some(revision)
             }
             _ => None,

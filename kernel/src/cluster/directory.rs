@@ -22,6 +22,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::signed::Signed;
+
 /// Writes to the bucket in flight at once.
 const IN_FLIGHT: usize = 256;
 /// How long a failed write waits before it is tried again.
@@ -196,7 +198,7 @@ type Pending = HashMap<Pid, Vec<oneshot::Sender<()>>>;
 
 /// This node's part of the directory: its writer and its mirror.
 pub(crate) struct Directory {
-    store: kv::Store,
+    store: Signed,
     node: String,
     epoch: u64,
     mirror: RwLock<Mirror>,
@@ -221,7 +223,7 @@ impl std::fmt::Debug for Directory {
 }
 
 impl Directory {
-    pub(super) fn new(store: kv::Store, node: String, epoch: u64) -> Self {
+    pub(super) fn new(store: Signed, node: String, epoch: u64) -> Self {
         Directory {
             store,
             node,
@@ -429,6 +431,7 @@ impl Directory {
             // An empty bucket replays nothing.
             if self
                 .store
+                .raw()
                 .status()
                 .await
                 .is_ok_and(|status| status.values() == 0)

@@ -16,6 +16,7 @@ use async_nats::jetstream::{self, Context, stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
+use super::seal::{Forged, Fresh, Seal};
 use super::{Cluster, ClusterError, open_stream};
 use crate::events::{Backlog, Event, Missed, Subscription};
 
@@ -53,6 +54,8 @@ pub struct Published {
 /// A subscriber's read of the stream, from the sequence it started at.
 pub struct EventFeed {
     messages: pull::Ordered,
+    /// Checks that a node signed each event, as the node it is filed under.
+    seal: Seal,
     /// The first sequence not read yet. An ordered consumer that is made
     /// again before it delivered anything (a reconnect, a new stream
     /// leader) starts over from the stream's oldest: what comes before
@@ -95,12 +98,25 @@ impl EventFeed {
             .strip_prefix("hk.events.")
             .unwrap_or_default()
             .to_owned();
-        let event = serde_json::from_slice::<Event>(&message.payload)
-            .map(|mut event| {
-                event.seq = seq;
-                event
-            })
-            .map_err(|err| format!("message {seq} of {EVENTS} is not an event: {err}"));
+        let stored = message.info().map_or(0, |info| stored_ms(&info.published));
+        let id = message_id(message.headers.as_ref());
+        let event = open_event(
+            &self.seal,
+            &message.subject,
+            &id,
+            &node,
+            &message.payload,
+            stored,
+        )
+        .map_err(|why| format!("message {seq} of {EVENTS} was refused: {why}"))
+        .and_then(|body| {
+            serde_json::from_slice::<Event>(&body)
+                .map(|mut event| {
+                    event.seq = seq;
+                    event
+                })
+                .map_err(|err| format!("message {seq} of {EVENTS} is not an event: {err}"))
+        });
         Some(Ok(Published {
             seq,
             newest,
@@ -108,6 +124,48 @@ impl EventFeed {
             event,
         }))
     }
+}
+
+/// The payload of event message `payload` on `subject` under message id
+/// `id`, filed under `node` and stored at `stored_ms`, if `node` signed
+/// it within the window of its storing.
+fn open_event(
+    seal: &Seal,
+    subject: &str,
+    id: &str,
+    node: &str,
+    payload: &Bytes,
+    stored_ms: u64,
+) -> Result<Bytes, Forged> {
+    let what = || format!("an event on {subject}");
+    let opened = seal.open(
+        &[b"event", subject.as_bytes(), id.as_bytes()],
+        payload,
+        Fresh::Stored(stored_ms),
+        what,
+    )?;
+    if seal.signs() && opened.node != node {
+        let why = Forged::WrongNode {
+            claimed: node.to_owned(),
+            signer: opened.node,
+        };
+        seal.refused(&what(), &why);
+        return Err(why);
+    }
+    Ok(opened.body)
+}
+
+/// When the stream stored a message, in Unix ms.
+pub(crate) fn stored_ms(at: &async_nats::datetime::DateTime) -> u64 {
+    u64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+/// A stored message's id (`Nats-Msg-Id`), or empty.
+pub(crate) fn message_id(headers: Option<&async_nats::HeaderMap>) -> String {
+    headers
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|id| id.as_str().to_owned())
+        .unwrap_or_default()
 }
 
 /// The stream's first and last sequence numbers now (while it is empty,
@@ -235,6 +293,7 @@ impl Cluster {
             .map_err(|err| ClusterError::jetstream(&what(), err))?;
         Ok(EventFeed {
             messages,
+            seal: self.seal.clone(),
             next: start.max(1),
         })
     }
@@ -398,12 +457,14 @@ impl Cluster {
                     continue;
                 }
             };
-            let publish = PublishMessage::build()
-                .payload(Bytes::from(payload))
-                .message_id(format!(
-                    "{}.{}.{}",
-                    self.settings.node, self.epoch, event.seq
-                ));
+            let id = format!("{}.{}.{}", self.settings.node, self.epoch, event.seq);
+            // Signed with its subject and id: a copy published again
+            // carries the same id, which the stream stores once within
+            // its duplicate window, and past that its time is stale.
+            let payload = self
+                .seal
+                .seal(&[b"event", subject.as_bytes(), id.as_bytes()], &payload);
+            let publish = PublishMessage::build().payload(payload).message_id(id);
             match self.js.send_publish(subject.to_owned(), publish).await {
                 Ok(ack) => acks.push(Some(ack)),
                 Err(err) => {

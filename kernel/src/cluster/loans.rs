@@ -205,7 +205,7 @@ impl Cluster {
     /// The children the cluster keeps a loan to, whichever node made it.
     pub(crate) async fn children_on_loan(&self) -> Result<Vec<Pid>, ClusterError> {
         let mut children = Vec::new();
-        for key in super::all_keys(&self.loans, LOANS).await? {
+        for key in super::all_keys(self.loans.raw(), LOANS).await? {
             match key.parse::<u64>() {
                 Ok(child) => children.push(Pid(child)),
                 Err(_) => tracing::warn!(key, "cluster: a key in {LOANS} names no PID; left out"),

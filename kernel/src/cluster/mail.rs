@@ -19,11 +19,11 @@ use std::time::Duration;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{self, DeleteMessageErrorKind, RawMessageErrorKind};
 use async_nats::jetstream::{self, Context};
-use bytes::Bytes;
 use hivekernel_agents::{Message, MessageId, Pid};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::seal::Fresh;
 use super::{Cluster, ClusterError, open_stream};
 
 /// The stream of mail.
@@ -174,6 +174,13 @@ impl Cluster {
     ) -> Result<(u64, bool), ClusterError> {
         let payload = serde_json::to_vec(letter)
             .map_err(|err| ClusterError::JetStream(format!("encoding a message: {err}")))?;
+        // Signed with its subject and id: a copy published again carries
+        // the same id, which the stream stores once within its duplicate
+        // window, and past that its time is stale.
+        let subject = subject(to);
+        let payload = self
+            .seal
+            .seal(&[b"mail", subject.as_bytes(), key.as_bytes()], &payload);
         let most = self.client.server_info().max_payload;
         if most > 0 && payload.len() > most {
             return Err(ClusterError::TooLarge(format!(
@@ -183,9 +190,7 @@ impl Cluster {
                 payload.len()
             )));
         }
-        let publish = PublishMessage::build()
-            .payload(Bytes::from(payload))
-            .message_id(key);
+        let publish = PublishMessage::build().payload(payload).message_id(key);
         let what = || {
             format!(
                 "keeping message {} to process {to} in {MAIL}",
@@ -197,7 +202,7 @@ impl Cluster {
         for _ in 0..2 {
             let sent = self
                 .js
-                .send_publish(subject(to), publish.clone())
+                .send_publish(subject.clone(), publish.clone())
                 .await
                 .map_err(|err| ClusterError::jetstream(&what(), err))?;
             match sent.await {
@@ -324,7 +329,19 @@ impl Cluster {
                 }
             };
             from = message.sequence + 1;
-            let letter = serde_json::from_slice(&message.payload).map_err(|err| err.to_string());
+            let id = super::events::message_id(Some(&message.headers));
+            let letter = self
+                .seal
+                .open(
+                    &[b"mail", subject.as_bytes(), id.as_bytes()],
+                    &message.payload,
+                    Fresh::Stored(super::events::stored_ms(&message.time)),
+                    || format!("a message on {subject} in {MAIL}"),
+                )
+                .map_err(|why| format!("refused: {why}"))
+                .and_then(|opened| {
+                    serde_json::from_slice(&opened.body).map_err(|err| err.to_string())
+                });
             found.push((message.sequence, letter));
         }
         Ok(found)

@@ -148,7 +148,7 @@ impl Cluster {
             }
         };
         // Two nodes may both have won the write (see `settled`).
-        if !super::settled(&self.specs, &key, won).await? {
+        if !super::settled(self.specs.raw(), &key, won).await? {
             return Ok(false);
         }
         self.written.0.lock().insert(pid, won);

@@ -10,7 +10,8 @@
 //!     "heartbeat_ms": 1000,
 //!     "node_ttl_ms": 5000,
 //!     "nkey_file": "nats/node-a.nk",
-//!     "tls_ca": "nats/ca.pem"
+//!     "tls_ca": "nats/ca.pem",
+//!     "secret_file": "nats/cluster.secret"
 //!   }
 //! }
 //! ```
@@ -18,7 +19,8 @@
 //! How a node signs in to NATS: `user:password@` or `token@` in the
 //! server URLs, a credentials file (`creds_file`) or an nkey seed
 //! (`nkey_file`), one of these; and a client certificate (`tls_cert`,
-//! `tls_key`) beside or instead. Every file is read and checked here.
+//! `tls_key`) beside or instead. And the cluster secret nodes sign what
+//! they publish with (`secret_file`). Every file is read and checked here.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -67,6 +69,10 @@ pub struct ClusterSettings {
     /// Join a NATS server that lets the node in without credentials
     /// (`--insecure-cluster`): only on a network that only trusted hosts reach.
     pub insecure: bool,
+    /// The cluster secret (at least 32 random bytes, the same file on
+    /// every node, mode 600) every node signs what it publishes with;
+    /// `None`: nothing is signed, and NATS credentials act as any node.
+    pub secret_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ClusterSettings {
@@ -85,6 +91,7 @@ impl std::fmt::Debug for ClusterSettings {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("insecure", &self.insecure)
+            .field("secret_file", &self.secret_file)
             .finish()
     }
 }
@@ -110,6 +117,7 @@ impl ClusterSettings {
             tls_cert: None,
             tls_key: None,
             insecure: false,
+            secret_file: None,
         }
     }
 
@@ -159,6 +167,7 @@ struct RawCluster {
     tls_cert: Option<String>,
     tls_key: Option<String>,
     insecure: bool,
+    secret_file: Option<String>,
 }
 
 /// Why `name` cannot name a node or a label, if it cannot: node names
@@ -417,6 +426,12 @@ fn access(
     settings.tls_ca = path(&raw.tls_ca, "tls_ca");
     settings.tls_cert = path(&raw.tls_cert, "tls_cert");
     settings.tls_key = path(&raw.tls_key, "tls_key");
+    settings.secret_file = path(&raw.secret_file, "secret_file");
+    if let Some(file) = &settings.secret_file
+        && let Err(problem) = crate::cluster::read_secret(file)
+    {
+        issues.push(ConfigIssue::new(at("secret_file"), problem));
+    }
     if let Some(file) = &settings.creds_file
         && let Err(problem) = nats::read_creds(file)
     {

@@ -2062,6 +2062,56 @@ fn a_node_signs_in_to_nats_with_files_beside_the_config() {
 }
 
 #[test]
+fn the_cluster_secret_is_a_private_file_of_32_bytes_at_least() {
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = Fixture::new();
+    let private = |relative: &str, text: &str, mode: u32| {
+        let path = fixture.write(relative, text);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    };
+    let secret = private(
+        "configs/nats/cluster.secret",
+        &format!("{}\n", "ab".repeat(32)),
+        0o600,
+    );
+    private("configs/open.secret", &"ab".repeat(32), 0o640);
+    private(
+        "configs/short.secret",
+        "0123456789abcdef0123456789abcde\n",
+        0o600,
+    );
+    let cluster = |file: &str| {
+        format!(
+            r#"{{"kernel": {{"cluster": {{"servers": ["nats://10.0.0.1:4222"], "node": "a",
+                "insecure": true, "secret_file": "{file}"}}}}, "agents": []}}"#
+        )
+    };
+    let config = fixture.load(&cluster("nats/cluster.secret")).unwrap();
+    assert_eq!(config.kernel.cluster.unwrap().secret_file, Some(secret));
+    let issues = fixture.issues(&cluster("open.secret"));
+    assert_issue(
+        &issues,
+        "kernel.cluster.secret_file",
+        &["mode 640", "chmod 600"],
+    );
+    let issues = fixture.issues(&cluster("short.secret"));
+    assert_issue(
+        &issues,
+        "kernel.cluster.secret_file",
+        &["holds 31 bytes, at least 32", "hivekernel cluster secret"],
+    );
+    let issues = fixture.issues(&cluster("missing.secret"));
+    assert_issue(
+        &issues,
+        "kernel.cluster.secret_file",
+        &["cannot read cluster secret file"],
+    );
+    let text = format!("{issues:?}");
+    assert!(!text.contains("abab"), "{text}");
+}
+
+#[test]
 fn a_bad_way_to_sign_in_to_nats_is_refused_at_its_setting() {
     let fixture = Fixture::new();
     fixture.write(

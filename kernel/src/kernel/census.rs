@@ -59,6 +59,7 @@ impl Kernel {
             event_subscribers: self.inner.events().subscribers() as u64,
             inbox_pending,
             store_queue: self.inner.store().queued() as u64,
+            cluster_refused: self.inner.cluster().map_or(0, |cluster| cluster.refused()),
         }
     }
 }

@@ -287,10 +287,14 @@ impl Kernel {
                 };
                 // A message without a reply subject asks nothing.
                 let Some(reply) = message.reply else { continue };
-                let request = match rpc::decode_request(&message.payload) {
+                // One no node signed is dropped unanswered (and logged).
+                let Some((asked, request)) = cluster.open_request(&message.payload) else {
+                    continue;
+                };
+                let request = match request {
                     Ok(request) => request,
                     Err(refusal) => {
-                        cluster.answer(reply, refused(refusal)).await;
+                        cluster.answer(reply, &asked, refused(refusal)).await;
                         continue;
                     }
                 };
@@ -309,7 +313,7 @@ impl Kernel {
                             cluster.node()
                         ),
                     );
-                    cluster.answer(reply, refused(busy)).await;
+                    cluster.answer(reply, &asked, refused(busy)).await;
                     continue;
                 };
                 let Some(inner) = weak.upgrade() else { return };
@@ -317,7 +321,7 @@ impl Kernel {
                 let cluster = cluster.clone();
                 tracker.spawn(async move {
                     let answer = kernel.answer(&cluster, request).await;
-                    cluster.answer(reply, answer).await;
+                    cluster.answer(reply, &asked, answer).await;
                     drop(permit);
                 });
             }

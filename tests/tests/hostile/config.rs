@@ -248,6 +248,7 @@ fn start_options(config: &Path, data_dir: &Path) -> StartOptions {
         cluster: None,
         node: None,
         insecure_cluster: false,
+        cluster_secret: None,
     }
 }
 

@@ -18,6 +18,9 @@
 //! - `approval`: approval globs against calls that change only case.
 //! - `cluster_auth`: who may join a cluster's NATS: credentials against a
 //!   real `nats-server`, wrong ones refused unquoted, an open server refused.
+//! - `cluster_forgery`: what a holder of the cluster's NATS credentials
+//!   without its secret publishes (an operation, a replayed one, a loss
+//!   claim, an event) is refused by real nodes.
 //! - `dashboard`: a stolen session cookie, a page on another port or
 //!   host name, logins that would crowd out the operator's session (the
 //!   browser case in Chromium).
@@ -35,6 +38,7 @@
 
 mod approval;
 mod cluster_auth;
+mod cluster_forgery;
 mod config;
 mod dashboard;
 mod grpc;
