@@ -27,16 +27,18 @@ impl Kernel {
     pub(crate) fn asked_under(&self, from: Pid) -> Result<Vec<ApprovalRule>> {
         let mut rules = crate::trace::approvals();
         if from != Pid::KERNEL {
-            let own = self
-                .inner
-                .table()
-                .read()
-                .get(from)
-                .and_then(|entry| entry.proc.approvals.clone());
+            // One read of the table; the exec runtime only for its own.
+            let (own, exec) = match self.inner.table().read().get(from) {
+                Some(entry) => (
+                    entry.proc.approvals.clone(),
+                    &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME,
+                ),
+                None => (None, false),
+            };
             if let Some(own) = own {
                 join(&mut rules, &own);
             }
-            if let Some(exec) = self.inner.runtimes().exec().and_then(|rt| rt.get(from)) {
+            if exec && let Some(exec) = self.inner.runtimes().exec().and_then(|rt| rt.get(from)) {
                 join(&mut rules, &exec.asked_under());
             }
         }
