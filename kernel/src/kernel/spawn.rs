@@ -3,6 +3,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
+use hivekernel_agents::approval::join;
 use hivekernel_agents::{
     ApprovalRule, Capabilities, Capability, Limits, Pid, ProcessContext, RestartPolicy,
     RestartSpec, Role, Runtime, SpawnRequest, Strategy, Tier, Workspace, check_name,
@@ -769,7 +770,7 @@ fn skill_dirs(
 /// works under the requester's rules too.
 fn asked_under(caller: Caller, mut request: SpawnRequest) -> SpawnRequest {
     if let Caller::Process(_) = caller {
-        hivekernel_agents::approval::join(&mut request.approval, &crate::trace::approvals());
+        join(&mut request.approval, &crate::trace::approvals());
     }
     request
 }
@@ -780,10 +781,7 @@ fn approval_rules(
     own: &[ApprovalRule],
 ) -> Option<Arc<Vec<ApprovalRule>>> {
     let mut rules: Vec<ApprovalRule> = parent.cloned().unwrap_or_default();
-    for rule in role.into_iter().chain(own.iter().cloned()) {
-        if !rules.contains(&rule) {
-            rules.push(rule);
-        }
-    }
+    join(&mut rules, &role);
+    join(&mut rules, own);
     (!rules.is_empty()).then(|| Arc::new(rules))
 }
