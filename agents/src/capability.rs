@@ -46,18 +46,23 @@ named_enum!(
         /// without a person's approval: without it, such a write waits in
         /// the inbox for a person to approve it.
         PublishSkills = "publish_skills",
+        /// Give its children a model the config does not name (in
+        /// `llm.models`, `llm.default_model`, orchestrate's `worker_model`,
+        /// an agent or a template); without it a child gets one of those,
+        /// or a model on its own line.
+        AnyModel = "any_model",
     }
 );
 
 impl Capability {
-    fn bit(self) -> u16 {
-        1 << (self as u16)
+    fn bit(self) -> u32 {
+        1 << (self as u32)
     }
 }
 
 /// A set of capabilities.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Capabilities(u16);
+pub struct Capabilities(u32);
 
 impl Capabilities {
     /// No capability.

@@ -131,6 +131,12 @@ pub struct Limits {
     /// Model calls it may make per minute; `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm_calls_per_minute: Option<u32>,
+    /// Bytes of artifacts, memory and skills its subtree (it and every
+    /// descendant, alive or gone) may keep in the store; `None`: it counts
+    /// toward its nearest ancestor's quota only. A quota further up still
+    /// applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_storage_bytes: Option<u64>,
 }
 
 /// Requested limits: `None` inherits from the parent (narrowed where needed).
@@ -154,6 +160,9 @@ pub struct LimitOverrides {
     /// See [`Limits::llm_calls_per_minute`].
     #[serde(default)]
     pub llm_calls_per_minute: Option<u32>,
+    /// See [`Limits::max_storage_bytes`].
+    #[serde(default)]
+    pub max_storage_bytes: Option<u64>,
 }
 
 /// Everything needed to create a process; the kernel validates it against the parent.

@@ -41,13 +41,13 @@ mod skills;
 pub use sandbox::{ExecSettings, LogRotation};
 pub(crate) use sandbox::{check_grants, lexical};
 mod storage;
-pub use storage::{ArtifactSettings, MemorySettings, TranscriptSettings};
+pub use storage::{ArtifactSettings, MemorySettings, StorageSettings, TranscriptSettings};
 mod supervision;
 pub use supervision::Grants;
 mod tls;
 mod validate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -187,6 +187,11 @@ pub struct ModelNames {
     /// One served model every logical name is sent as, whatever `models`
     /// says (`--model`, `HIVEKERNEL_LLM_MODEL`).
     pub serve_all: Option<String>,
+    /// Every logical model the config names: `models`, the default,
+    /// orchestrate's `worker_model`, its agents' and templates'. A process
+    /// gives its children one of these (or one on its own line) unless it
+    /// holds `any_model`.
+    pub configured: BTreeSet<String>,
 }
 
 impl ModelNames {
@@ -213,6 +218,21 @@ impl ModelNames {
     /// price is its own or its served id's).
     pub fn priced_as<'a>(&'a self, model: &'a str) -> &'a str {
         self.serve_all.as_deref().unwrap_or(model)
+    }
+
+    /// Whether the config names logical `model` (see [`ModelNames::configured`]).
+    pub fn is_configured(&self, model: &str) -> bool {
+        self.configured.contains(model)
+            || self.models.contains_key(model)
+            || self.default_model.as_deref() == Some(model)
+    }
+
+    /// Whether both send every logical name to the same served model (the
+    /// names the config's agents use come and go with the agents).
+    pub fn sends_like(&self, other: &ModelNames) -> bool {
+        self.models == other.models
+            && self.default_model == other.default_model
+            && self.serve_all == other.serve_all
     }
 }
 
@@ -256,6 +276,8 @@ pub struct KernelSettings {
     pub event_log_limit: u64,
     /// Defaults per role (the `roles` section); a role not listed has none.
     pub roles: HashMap<Role, RoleSettings>,
+    /// Storage quotas on the store and on subtrees (`kernel.storage`).
+    pub storage: StorageSettings,
     /// Size limits on artifacts (`kernel.artifacts`).
     pub artifacts: ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
@@ -368,6 +390,7 @@ impl Default for KernelSettings {
             event_log_limit: crate::store::DEFAULT_EVENT_LOG_LIMIT,
             workspace: None,
             roles: HashMap::new(),
+            storage: Default::default(),
             artifacts: Default::default(),
             memory: Default::default(),
             transcripts: Default::default(),
@@ -565,6 +588,15 @@ fn load_sections(
     }
     let templates = cron::templates(templates, issues);
     cron::agent_entries(&mut agents, &entries, &templates, issues);
+    let named = agents
+        .iter()
+        .chain(&templates)
+        .map(|agent| agent.model.as_str());
+    let named = named.chain(tools.orchestrate.worker_model.as_deref());
+    kernel.models.configured = named
+        .filter(|model| !model.is_empty())
+        .map(str::to_owned)
+        .collect();
     Some(Config {
         path: path.to_path_buf(),
         kernel,

@@ -47,6 +47,7 @@ mod runner;
 mod skills;
 mod spawn;
 pub(crate) mod state;
+mod storage;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
 mod tree;

@@ -23,6 +23,7 @@
 mod artifacts;
 pub mod backup;
 mod memory;
+mod quota;
 mod recover;
 mod schema;
 mod skills;
@@ -44,6 +45,7 @@ use crate::transcript::Entry;
 
 pub(crate) use artifacts::{ArtifactWrite, StoredArtifact, Viewer, in_lineage, lineage};
 pub(crate) use memory::MemoryWrite;
+pub(crate) use quota::{Quota, SubtreeQuota};
 pub use recover::{
     Recovered, StoredCron, StoredHistory, StoredInbox, StoredMessage, StoredProcess, StoredRequest,
     StoredUsage,

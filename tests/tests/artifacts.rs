@@ -576,3 +576,130 @@ async fn the_grpc_service_stores_lists_reads_and_deletes_with_proper_codes() {
     hive.kernel.shutdown().await;
     served.stopped().await;
 }
+
+/// A `SKILL.md` of about `bytes` bytes.
+fn skill_text(name: &str, bytes: usize) -> String {
+    format!(
+        "---\nname: {name}\ndescription: Fill the store.\n---\n{}\n",
+        "s".repeat(bytes)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
+    use hivekernel_agents::skill::{SkillChange, SkillVisibility, SkillWrite};
+    use hivekernel_agents::{Capabilities, Capability, NewMemory};
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = test_settings();
+    settings.storage.max_bytes_per_subtree = 100_000;
+    let leads = Capabilities::role_default(Role::Lead).with(Capability::ManageSkills);
+    settings.roles.insert(
+        Role::Lead,
+        hivekernel_kernel::config::RoleSettings {
+            capabilities: Some(leads),
+            ..Default::default()
+        },
+    );
+    let hive = Durable::start(dir.path(), settings).await;
+    let kernel = &hive.kernel;
+    let lead = spawn_probe(kernel, Pid::KERNEL, "lead", Role::Lead).await;
+    let worker = spawn_probe(kernel, lead, "worker", Role::Worker).await;
+    let store = |pid: Pid, name: &'static str, bytes: usize| {
+        kernel.store_artifact(
+            Caller::Process(pid),
+            None,
+            NewArtifact::text(name, "x".repeat(bytes)),
+        )
+    };
+    let quota_refusal = |err: KernelError| {
+        let why = err.to_string();
+        assert!(
+            why.contains(&format!("storage quota of process {lead} (lead)"))
+                && why.contains("kernel.storage.max_bytes_per_subtree (100000 bytes)"),
+            "{why}"
+        );
+    };
+    // 30 kB of memory (the worker's), 40 kB of skill (its text, kept as the
+    // skill and as its newest version), 20 kB of artifact: 90 kB, so 12 kB
+    // more of any kind is refused.
+    for key in ["a", "b"] {
+        let entry = NewMemory {
+            text: "m".repeat(15_000),
+            key: Some(key.into()),
+            tags: Vec::new(),
+        };
+        kernel
+            .memory_store(Caller::Process(worker), entry)
+            .await
+            .unwrap();
+    }
+    let create = |name: &str, bytes| SkillWrite {
+        name: name.into(),
+        owner: None,
+        change: SkillChange::Create {
+            content: skill_text(name, bytes),
+            visibility: SkillVisibility::Subtree,
+        },
+        reason: None,
+    };
+    kernel
+        .manage_skill(Caller::Process(lead), create("fill", 19_900), None)
+        .await
+        .unwrap();
+    store(worker, "a", 20_000).await.unwrap();
+    // Each kind is refused past the quota, naming it.
+    let artifact = store(lead, "b", 12_000).await;
+    quota_refusal(artifact.unwrap_err());
+    let memory = kernel
+        .memory_store(
+            Caller::Process(lead),
+            NewMemory {
+                text: "m".repeat(12_000),
+                key: None,
+                tags: Vec::new(),
+            },
+        )
+        .await;
+    quota_refusal(memory.unwrap_err());
+    let skill = kernel
+        .manage_skill(Caller::Process(lead), create("more", 6_000), None)
+        .await;
+    quota_refusal(skill.unwrap_err());
+    // Replacing an entry with one no larger is always allowed.
+    let same = NewMemory {
+        text: "n".repeat(15_000),
+        key: Some("a".into()),
+        tags: Vec::new(),
+    };
+    kernel
+        .memory_store(Caller::Process(worker), same)
+        .await
+        .unwrap();
+    // The worker forgets its memory and exits: its artifact stays and counts.
+    for key in ["a", "b"] {
+        kernel
+            .memory_forget(Caller::Process(worker), key)
+            .await
+            .unwrap();
+    }
+    kernel.kill(Caller::Admin, worker, "done").await.unwrap();
+    store(lead, "c", 25_000).await.unwrap();
+    // 40 kB skill + 20 kB gone worker's artifact + 25 kB: 85 kB, so 20 kB more is refused.
+    let over = store(lead, "d", 20_000).await;
+    quota_refusal(over.unwrap_err());
+    // A deleted skill keeps only its last text in the history, and frees the rest.
+    let delete = SkillWrite {
+        name: "fill".into(),
+        owner: None,
+        change: SkillChange::Delete,
+        reason: None,
+    };
+    kernel
+        .manage_skill(Caller::Process(lead), delete, None)
+        .await
+        .unwrap();
+    store(lead, "d", 20_000).await.unwrap();
+    // Other subtrees are not held by this one's quota.
+    let other = spawn_probe(kernel, Pid::KERNEL, "other", Role::Lead).await;
+    store(other, "e", 90_000).await.unwrap();
+}

@@ -33,7 +33,10 @@ async fn fixture() -> Fixture {
     };
     let capture = Arc::new(Capture::wrapping(Arc::new(probe)));
     runtimes.register("capture", capture.clone());
-    let kernel = hivekernel_tests::start(Kernel::builder(test_settings()).runtimes(runtimes)).await;
+    // The model the tests give children, as a config would name it.
+    let mut settings = test_settings();
+    settings.models.configured.insert("small".into());
+    let kernel = hivekernel_tests::start(Kernel::builder(settings).runtimes(runtimes)).await;
     Fixture {
         lead: captured_with(
             &kernel,

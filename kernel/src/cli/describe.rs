@@ -190,6 +190,10 @@ fn text(p: &ProcessInfo, children: &[ProcessInfo], cron: &[CronEntry], now: u64)
                 "llm_calls_per_minute".to_owned(),
                 optional(u64::from(limits.llm_calls_per_minute)),
             ],
+            [
+                "max_storage_bytes".to_owned(),
+                optional(limits.max_storage_bytes),
+            ],
         ];
         indent(&mut out, &output::aligned(&rows));
     }

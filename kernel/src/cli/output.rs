@@ -282,6 +282,7 @@ fn limits_json(limits: &Limits) -> Value {
         "spawns_per_minute": (limits.spawns_per_minute > 0).then_some(limits.spawns_per_minute),
         "llm_calls_per_minute": (limits.llm_calls_per_minute > 0)
             .then_some(limits.llm_calls_per_minute),
+        "max_storage_bytes": (limits.max_storage_bytes > 0).then_some(limits.max_storage_bytes),
     })
 }
 

@@ -309,6 +309,8 @@ pub(super) fn llm(
         models: raw.models,
         default_model: raw.default_model,
         serve_all: None,
+        // Filled once the agents are read.
+        configured: Default::default(),
     };
     let config = LlmConfig {
         provider,

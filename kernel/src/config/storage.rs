@@ -1,8 +1,10 @@
-//! `kernel.artifacts`, `kernel.memory` and `kernel.transcripts`, both
-//! phases: size limits on what processes keep in the store.
+//! `kernel.storage`, `kernel.artifacts`, `kernel.memory` and
+//! `kernel.transcripts`, both phases: size limits on what processes keep in
+//! the store.
 //!
 //! ```json
 //! "kernel": {
+//!   "storage": { "max_bytes": 8589934592, "max_bytes_per_subtree": 1073741824 },
 //!   "artifacts": { "max_bytes": 1048576, "max_bytes_per_owner": 67108864 },
 //!   "memory": { "max_entry_bytes": 16384, "max_bytes_per_agent": 1048576, "max_results": 20 },
 //!   "transcripts": { "enabled": true, "keep_after_exit": false, "max_age_hours": 168,
@@ -17,6 +19,28 @@ use serde_json::Value;
 use super::ConfigIssue;
 use super::parse::section;
 use super::validate::in_range;
+
+/// Storage quotas (`kernel.storage`): on the whole store, and on each
+/// subtree below PID 1, over the artifacts, memory and skills its
+/// processes keep (alive or gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageSettings {
+    /// Most bytes the store file may hold in use; a write of artifacts,
+    /// memory or skills that would pass it is refused.
+    pub max_bytes: u64,
+    /// The quota of a subtree whose root, a child of PID 1, sets no
+    /// `max_storage_bytes` of its own.
+    pub max_bytes_per_subtree: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        StorageSettings {
+            max_bytes: 8 << 30,
+            max_bytes_per_subtree: 1 << 30,
+        }
+    }
+}
 
 /// Size limits on artifacts (`kernel.artifacts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +120,24 @@ impl Default for TranscriptSettings {
 const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
 /// Ceiling on any per-owner or per-agent total.
 const MAX_TOTAL_BYTES: u64 = 1 << 40;
+
+/// `kernel.storage` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawStorage {
+    max_bytes: u64,
+    max_bytes_per_subtree: u64,
+}
+
+impl Default for RawStorage {
+    fn default() -> Self {
+        let defaults = StorageSettings::default();
+        RawStorage {
+            max_bytes: defaults.max_bytes,
+            max_bytes_per_subtree: defaults.max_bytes_per_subtree,
+        }
+    }
+}
 
 /// `kernel.artifacts` as written.
 #[derive(Debug, Deserialize)]
@@ -208,6 +250,27 @@ pub(super) fn transcripts(
         max_bytes_total: raw.max_bytes_total,
         max_text_bytes: usize::try_from(raw.max_text_bytes).unwrap_or(usize::MAX),
         memory_entries: usize::try_from(raw.memory_entries).unwrap_or(usize::MAX),
+    }
+}
+
+/// Parses and checks `kernel.storage`.
+pub(super) fn storage(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> StorageSettings {
+    let raw = section::<RawStorage>(value, "kernel.storage", issues).value;
+    in_range(
+        raw.max_bytes,
+        1 << 20..=MAX_TOTAL_BYTES,
+        "kernel.storage.max_bytes",
+        issues,
+    );
+    in_range(
+        raw.max_bytes_per_subtree,
+        1..=MAX_TOTAL_BYTES,
+        "kernel.storage.max_bytes_per_subtree",
+        issues,
+    );
+    StorageSettings {
+        max_bytes: raw.max_bytes,
+        max_bytes_per_subtree: raw.max_bytes_per_subtree,
     }
 }
 

@@ -190,6 +190,7 @@ impl<'a> Context<'a> {
             event_log_limit: k.event_log_limit,
             // Filled from the `roles` section.
             roles: Default::default(),
+            storage: super::storage::storage(k.storage.as_ref(), issues),
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
             transcripts: super::storage::transcripts(k.transcripts.as_ref(), issues),
@@ -694,6 +695,13 @@ fn check_limits(
                 ),
             );
         }
+    }
+    if limits.max_storage_bytes == Some(0) {
+        push(
+            "max_storage_bytes",
+            "must be at least 1, got 0 (leave it out for kernel.storage.max_bytes_per_subtree)"
+                .to_owned(),
+        );
     }
     if let Some(timeout) = limits.timeout_seconds {
         if timeout == 0 {

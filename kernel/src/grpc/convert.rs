@@ -163,6 +163,7 @@ fn limit_overrides(limits: pb::Limits) -> LimitOverrides {
         max_tokens_total: set(limits.max_tokens_total),
         spawns_per_minute: set(limits.spawns_per_minute),
         llm_calls_per_minute: set(limits.llm_calls_per_minute),
+        max_storage_bytes: set(limits.max_storage_bytes),
     }
 }
 
@@ -389,6 +390,7 @@ fn limits(limits: Limits) -> pb::Limits {
         max_tokens_total: limits.max_tokens_total.unwrap_or(0),
         spawns_per_minute: limits.spawns_per_minute.unwrap_or(0),
         llm_calls_per_minute: limits.llm_calls_per_minute.unwrap_or(0),
+        max_storage_bytes: limits.max_storage_bytes.unwrap_or(0),
     }
 }
 

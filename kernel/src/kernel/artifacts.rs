@@ -98,6 +98,7 @@ impl Kernel {
             let line = table.lineage(owner).ok_or(KernelError::NotFound(owner))?;
             (entry.proc.ctx.name.to_string(), lineage(&line))
         };
+        let quota = self.storage_quota(&line);
         let visibility = artifact.visibility.unwrap_or_default();
         let at_ms = unix_ms(SystemTime::now());
         let id = ArtifactId(self.next_id());
@@ -112,6 +113,7 @@ impl Kernel {
             content: artifact.content,
             at_ms,
             max_owner_bytes: limits.max_bytes_per_owner,
+            quota,
         };
         let (id, created_ms) = match store
             .commit_applied(Write::Artifact(Box::new(write)))

@@ -149,6 +149,7 @@ impl Inner {
             max_tokens_total: None,
             spawns_per_minute: None,
             llm_calls_per_minute: None,
+            max_storage_bytes: None,
         };
         let ctx = ProcessContext {
             pid: Pid::KERNEL,

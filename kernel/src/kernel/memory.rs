@@ -63,11 +63,19 @@ impl Kernel {
             )));
         }
         let store = self.durable_store("memory")?;
+        let pid = caller.pid();
+        let line = {
+            let table = self.inner.table().read();
+            table.lineage(pid).ok_or(KernelError::NotFound(pid))?
+        };
+        let line = crate::store::lineage(&line);
         let at_ms = unix_ms(SystemTime::now());
         let id = self.next_id();
         let write = MemoryWrite {
             id,
-            pid: caller.pid(),
+            pid,
+            quota: self.storage_quota(&line),
+            lineage: line,
             key: key.clone(),
             text: text.clone(),
             tags: joined,

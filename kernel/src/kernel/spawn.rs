@@ -153,6 +153,7 @@ impl Kernel {
         {
             request.model = default.clone();
         }
+        self.check_model_choice(caller, &request.model)?;
         let supervision = self.supervision_for(&request)?;
         // On a node of a cluster, a process its supervisor would start
         // again (not `temporary`) may move after a loss: its spec and
@@ -640,6 +641,51 @@ fn shared_str(value: &str, parent: &Arc<str>) -> Arc<str> {
     }
 }
 
+impl Kernel {
+    /// A process gives its child a model the config names or one on its
+    /// own line (its own, its ancestors'), unless it holds `any_model`: a
+    /// name it makes up would reach the provider, the prices and the
+    /// metrics' labels.
+    fn check_model_choice(&self, caller: Caller, model: &str) -> Result<()> {
+        let Caller::Process(me) = caller else {
+            return Ok(());
+        };
+        let names = &self.inner.settings().models;
+        if model.is_empty() || names.is_configured(model) {
+            return Ok(());
+        }
+        let (free, on_line) = {
+            let table = self.inner.table().read();
+            let free = table
+                .get(me)
+                .is_some_and(|entry| entry.proc.caps.contains(Capability::AnyModel));
+            let line = table.lineage(me).unwrap_or_default();
+            let on_line = line
+                .iter()
+                .filter_map(|pid| table.get(*pid))
+                .any(|entry| &*entry.proc.ctx.model == model);
+            (free, on_line)
+        };
+        if free || on_line {
+            return Ok(());
+        }
+        let mut named: Vec<&str> = names.configured.iter().map(String::as_str).collect();
+        named.extend(names.models.keys().map(String::as_str));
+        named.extend(names.default_model.as_deref());
+        named.sort_unstable();
+        named.dedup();
+        let named = match named.is_empty() {
+            true => "none".to_owned(),
+            false => named.join(", "),
+        };
+        Err(KernelError::PermissionDenied(format!(
+            "process {me} may not give a child the model {}: it is not one the config names \
+             ({named}) nor one on its own line; name one of those, or grant its role any_model",
+            crate::error::shown(model)
+        )))
+    }
+}
+
 /// [`shared_str`] for a tool list.
 fn shared_tools(tools: Vec<String>, parent: &Arc<[String]>) -> Arc<[String]> {
     static NONE: LazyLock<Arc<[String]>> = LazyLock::new(|| Arc::from(Vec::new()));
@@ -715,6 +761,16 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
             r.llm_calls_per_minute,
             parent.llm_calls_per_minute,
         )?,
+        max_storage_bytes: match r.max_storage_bytes {
+            Some(0) => {
+                return Err(KernelError::InvalidArgument(
+                    "limit max_storage_bytes must be at least 1 (leave it out to count toward \
+                     the nearest ancestor's quota)"
+                        .into(),
+                ));
+            }
+            requested => requested,
+        },
         max_children: pick("max_children", r.max_children, parent.max_children, 0)?,
         max_depth: pick(
             "max_depth",

@@ -4,6 +4,7 @@
 use hivekernel_agents::{ArtifactId, ArtifactInfo, Pid, Visibility};
 use rusqlite::{OptionalExtension, Row, Transaction};
 
+use super::quota::Quota;
 use super::{Applied, Store, StoreError, from_sql_u64, to_sql_u64};
 
 /// An artifact to write.
@@ -22,6 +23,8 @@ pub(crate) struct ArtifactWrite {
     pub(crate) at_ms: u64,
     /// Most bytes the owner's artifacts may total, this one included.
     pub(crate) max_owner_bytes: u64,
+    /// The storage quotas on the owner's line and the store's ceiling.
+    pub(crate) quota: Quota,
 }
 
 /// An artifact as read back, with the lineage its visibility is judged by.
@@ -57,18 +60,27 @@ pub(crate) fn in_lineage(lineage: &str, pid: Pid) -> bool {
 
 pub(super) fn put(tx: &Transaction<'_>, write: &ArtifactWrite) -> rusqlite::Result<Applied> {
     let size = write.content.len() as u64;
-    let others: i64 = tx
+    let (all, replaced): (i64, i64) = tx
         .prepare_cached(
-            "SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE owner_pid = ?1 AND name <> ?2",
+            "SELECT COALESCE(SUM(size), 0), COALESCE(SUM(size) FILTER (WHERE name = ?2), 0)
+             FROM artifacts WHERE owner_pid = ?1",
         )?
-        .query_row((to_sql_u64(write.owner.0), &write.name), |row| row.get(0))?;
-    let total = from_sql_u64(others).saturating_add(size);
+        .query_row((to_sql_u64(write.owner.0), &write.name), |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?;
+    let replaced = from_sql_u64(replaced);
+    let total = from_sql_u64(all)
+        .saturating_sub(replaced)
+        .saturating_add(size);
     if total > write.max_owner_bytes {
         return Ok(Applied::Refused(format!(
             "artifacts of process {} would total {total} bytes, over \
              kernel.artifacts.max_bytes_per_owner ({} bytes); delete some first",
             write.owner, write.max_owner_bytes
         )));
+    }
+    if let Some(why) = write.quota.refusal(tx, size, replaced)? {
+        return Ok(Applied::Refused(why));
     }
     let (id, created_ms): (i64, i64) = tx
         .prepare_cached(

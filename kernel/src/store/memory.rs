@@ -5,6 +5,7 @@
 use hivekernel_agents::{MemoryEntry, MemoryHit, Pid};
 use rusqlite::{OptionalExtension, Row, Transaction};
 
+use super::quota::Quota;
 use super::{Applied, Store, StoreError, from_sql_u64, to_sql_u64};
 
 /// An entry to write into `pid`'s namespace.
@@ -13,6 +14,8 @@ pub(crate) struct MemoryWrite {
     /// The id it gets unless it replaces the entry with the same key.
     pub(crate) id: u64,
     pub(crate) pid: Pid,
+    /// `/1/.../pid/`: the subtree quotas it counts against.
+    pub(crate) lineage: String,
     pub(crate) key: Option<String>,
     pub(crate) text: String,
     /// Space-separated.
@@ -22,23 +25,32 @@ pub(crate) struct MemoryWrite {
     pub(crate) at_ms: u64,
     /// Most bytes the namespace may hold, this entry included.
     pub(crate) max_bytes: u64,
+    /// The storage quotas on the line and the store's ceiling.
+    pub(crate) quota: Quota,
 }
 
 pub(super) fn put(tx: &Transaction<'_>, write: &MemoryWrite) -> rusqlite::Result<Applied> {
     let pid = to_sql_u64(write.pid.0);
-    let others: i64 = tx
+    let (all, replaced): (i64, i64) = tx
         .prepare_cached(
-            "SELECT COALESCE(SUM(size), 0) FROM memory
-             WHERE pid = ?1 AND (?2 IS NULL OR key IS NULL OR key <> ?2)",
+            "SELECT COALESCE(SUM(size), 0),
+                    COALESCE(SUM(size) FILTER (WHERE ?2 IS NOT NULL AND key = ?2), 0)
+             FROM memory WHERE pid = ?1",
         )?
-        .query_row((pid, &write.key), |row| row.get(0))?;
-    let total = from_sql_u64(others).saturating_add(write.size);
+        .query_row((pid, &write.key), |row| Ok((row.get(0)?, row.get(1)?)))?;
+    let replaced = from_sql_u64(replaced);
+    let total = from_sql_u64(all)
+        .saturating_sub(replaced)
+        .saturating_add(write.size);
     if total > write.max_bytes {
         return Ok(Applied::Refused(format!(
             "the memory of process {} would hold {total} bytes, over \
              kernel.memory.max_bytes_per_agent ({} bytes)",
             write.pid, write.max_bytes
         )));
+    }
+    if let Some(why) = write.quota.refusal(tx, write.size, replaced)? {
+        return Ok(Applied::Refused(why));
     }
     let at = to_sql_u64(write.at_ms);
     let size = to_sql_u64(write.size);
@@ -49,9 +61,11 @@ pub(super) fn put(tx: &Transaction<'_>, write: &MemoryWrite) -> rusqlite::Result
             .optional()?;
         if let Some((id, created_ms)) = existing {
             tx.prepare_cached(
-                "UPDATE memory SET text = ?2, tags = ?3, size = ?4, updated_ms = ?5 WHERE id = ?1",
+                "UPDATE memory SET text = ?2, tags = ?3, size = ?4, updated_ms = ?5,
+                                   lineage = ?6
+                 WHERE id = ?1",
             )?
-            .execute((id, &write.text, &write.tags, size, at))?;
+            .execute((id, &write.text, &write.tags, size, at, &write.lineage))?;
             return Ok(Applied::Stored {
                 id: from_sql_u64(id),
                 created_ms: from_sql_u64(created_ms),
@@ -59,8 +73,8 @@ pub(super) fn put(tx: &Transaction<'_>, write: &MemoryWrite) -> rusqlite::Result
         }
     }
     tx.prepare_cached(
-        "INSERT INTO memory (id, pid, key, text, tags, size, created_ms, updated_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+        "INSERT INTO memory (id, pid, key, text, tags, size, created_ms, updated_ms, lineage)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)",
     )?
     .execute((
         to_sql_u64(write.id),
@@ -70,6 +84,7 @@ pub(super) fn put(tx: &Transaction<'_>, write: &MemoryWrite) -> rusqlite::Result
         &write.tags,
         size,
         at,
+        &write.lineage,
     ))?;
     Ok(Applied::Stored {
         id: write.id,

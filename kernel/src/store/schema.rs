@@ -266,6 +266,19 @@ pub(super) const MIGRATIONS: &[&str] = &[
          samples    INTEGER NOT NULL,
          updated_ms INTEGER NOT NULL
      ) STRICT;",
+    // 14: storage quotas per subtree: every kind they cover knows its
+    // owner's line, indexed so a subtree's bytes are one range scan per
+    // table. Memory stored before has no line (it counts toward the
+    // store's ceiling only until rewritten); a skill's history takes the
+    // line of its owner's skills.
+    "ALTER TABLE memory ADD COLUMN lineage TEXT NOT NULL DEFAULT '';
+     ALTER TABLE skill_version ADD COLUMN lineage TEXT NOT NULL DEFAULT '';
+     UPDATE skill_version SET lineage = COALESCE(
+         (SELECT s.lineage FROM skill s WHERE s.owner_pid = skill_version.owner_pid LIMIT 1), '');
+     CREATE INDEX artifacts_by_lineage ON artifacts (lineage, size);
+     CREATE INDEX memory_by_lineage ON memory (lineage, size);
+     CREATE INDEX skill_by_lineage ON skill (lineage);
+     CREATE INDEX skill_version_by_lineage ON skill_version (lineage);",
 ];
 
 /// The schema version this build writes.
@@ -294,8 +307,28 @@ pub(super) fn open(path: &Path, synchronous: Synchronous) -> Result<Connection, 
     conn.pragma_update(None, "synchronous", synchronous.pragma())
         .map_err(err("cannot set synchronous"))?;
     migrate(&mut conn, path)?;
+    reclaimable(&conn, path)?;
     Ok(conn)
 }
+
+/// Makes the file give back the space of deleted rows
+/// (`auto_vacuum = INCREMENTAL`; the writer runs `incremental_vacuum`). A
+/// database made before that is rebuilt once, here, with `VACUUM`.
+fn reclaimable(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |what| move |e| sqlite_error(path, what, e);
+    let mode: i64 = conn
+        .query_row("PRAGMA auto_vacuum", [], |row| row.get(0))
+        .map_err(err("cannot read auto_vacuum"))?;
+    if mode == AUTO_VACUUM_INCREMENTAL {
+        return Ok(());
+    }
+    tracing::info!(path = %path.display(), "store: rebuilding the database once so deleted data gives its space back");
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+        .map_err(err("cannot switch to incremental vacuum"))
+}
+
+/// `PRAGMA auto_vacuum`'s value for `INCREMENTAL`.
+const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 
 /// Creates the database at `path`, whole or not at all, on the cold-start
 /// path of every new data directory.
@@ -323,8 +356,11 @@ fn create(path: &Path) -> Result<(), StoreError> {
     }
     let err = |what| move |e| sqlite_error(path, what, e);
     let mut conn = Connection::open(&building).map_err(err("cannot create"))?;
-    conn.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
-        .map_err(err("cannot create"))?;
+    // auto_vacuum holds only when set before the first table.
+    conn.execute_batch(
+        "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA auto_vacuum = INCREMENTAL;",
+    )
+    .map_err(err("cannot create"))?;
     migrate(&mut conn, path)?;
     switch_to_wal(&conn, path)?;
     conn.close()

@@ -7,6 +7,7 @@ use hivekernel_agents::Pid;
 use hivekernel_agents::skill::{SkillAction, SkillVersion, SkillVisibility};
 use rusqlite::{OptionalExtension, Transaction};
 
+use super::quota::Quota;
 use super::{Applied, Store, StoreError, from_sql_u64, to_sql_u64};
 
 /// Versions kept per skill; older ones leave the history.
@@ -32,6 +33,8 @@ pub(crate) struct SkillPut {
     pub(crate) base: Option<u64>,
     /// Most skills the owner may have, this one included.
     pub(crate) max_per_owner: u64,
+    /// The storage quotas on the owner's line and the store's ceiling.
+    pub(crate) quota: Quota,
 }
 
 /// A saved skill as the store keeps it.
@@ -50,11 +53,16 @@ pub struct StoredSkill {
 
 pub(super) fn put(tx: &Transaction<'_>, put: &SkillPut) -> rusqlite::Result<Applied> {
     let owner = to_sql_u64(put.owner.0);
-    let current: Option<i64> = tx
-        .prepare_cached("SELECT version FROM skill WHERE owner_pid = ?1 AND name = ?2")?
-        .query_row((owner, &put.name), |row| row.get(0))
+    let current: Option<(i64, i64)> = tx
+        .prepare_cached(
+            "SELECT version, octet_length(content) FROM skill WHERE owner_pid = ?1 AND name = ?2",
+        )?
+        .query_row((owner, &put.name), |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
-    let current = current.map(from_sql_u64);
+    let (current, held) = match current {
+        Some((version, bytes)) => (Some(from_sql_u64(version)), from_sql_u64(bytes)),
+        None => (None, 0),
+    };
     if current != put.base {
         return Ok(Applied::Refused(match current {
             Some(version) if put.base.is_none() => format!(
@@ -79,6 +87,11 @@ pub(super) fn put(tx: &Transaction<'_>, put: &SkillPut) -> rusqlite::Result<Appl
                 put.owner
             )));
         }
+    }
+    // The text is kept twice: as the skill and as its newest version.
+    let adding = put.content.as_ref().map_or(0, |text| 2 * text.len() as u64);
+    if let Some(why) = put.quota.refusal(tx, adding, held)? {
+        return Ok(Applied::Refused(why));
     }
     // Versions go on after a delete: a name used again continues its history.
     let last: Option<i64> = tx
@@ -115,8 +128,8 @@ pub(super) fn put(tx: &Transaction<'_>, put: &SkillPut) -> rusqlite::Result<Appl
     }
     tx.prepare_cached(
         "INSERT INTO skill_version (owner_pid, name, version, owner_name, action, by_pid,
-                                    by_name, visibility, reason, content, at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                    by_name, visibility, reason, content, at_ms, lineage)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute((
         owner,
@@ -130,15 +143,18 @@ pub(super) fn put(tx: &Transaction<'_>, put: &SkillPut) -> rusqlite::Result<Appl
         &put.reason,
         &put.content,
         to_sql_u64(put.at_ms),
+        &put.lineage,
     ))?;
+    // A deleted skill keeps the version it was deleted at and the text
+    // before it (enough to bring it back); a live one its last versions.
+    let keep_from = match (&put.content, current) {
+        (None, Some(last)) => last,
+        _ => version.saturating_sub(KEPT_VERSIONS) + 1,
+    };
     tx.prepare_cached(
-        "DELETE FROM skill_version WHERE owner_pid = ?1 AND name = ?2 AND version <= ?3",
+        "DELETE FROM skill_version WHERE owner_pid = ?1 AND name = ?2 AND version < ?3",
     )?
-    .execute((
-        owner,
-        &put.name,
-        to_sql_u64(version.saturating_sub(KEPT_VERSIONS)),
-    ))?;
+    .execute((owner, &put.name, to_sql_u64(keep_from)))?;
     Ok(Applied::Stored {
         id: version,
         created_ms: put.at_ms,

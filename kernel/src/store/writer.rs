@@ -18,6 +18,12 @@ use super::{
 const PRUNE_EVERY: u64 = 10_000;
 /// Longest the writer sleeps with nothing to write.
 const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(60);
+/// Free pages the file may hold before the writer gives them back.
+const RECLAIM_FROM_PAGES: i64 = 256;
+/// Most free pages given back at once (more wait for the next round).
+const RECLAIM_PAGES: i64 = 8192;
+/// Least time between two looks at the free pages, unless a batch deleted.
+const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs until the store is closed and its queue is empty.
 pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
@@ -32,6 +38,7 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
             None
         }
     };
+    let mut reclaimed_at = std::time::Instant::now();
     loop {
         let (ops, lazy, closed, waited) = {
             let mut queue = shared.queue.lock();
@@ -88,7 +95,9 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
             false => [ops, lazy],
         };
         let mut reaped = Vec::new();
+        let mut deleted = false;
         for ops in batches.into_iter().filter(|ops| !ops.is_empty()) {
+            deleted |= ops.iter().any(|op| frees(&op.write));
             if let Some(tally) = &mut transcripts {
                 reaped.extend(tally.count(ops.iter().map(|op| &op.write), &settings));
             }
@@ -107,6 +116,12 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
         {
             tracing::warn!(error = %err, "store: transcripts not pruned");
         }
+        if deleted || reclaimed_at.elapsed() >= RECLAIM_EVERY {
+            reclaimed_at = std::time::Instant::now();
+            if let Err(err) = reclaim(&conn) {
+                tracing::warn!(error = %err, "store: free space not given back");
+            }
+        }
         if closed && {
             let queue = shared.queue.lock();
             queue.ops.is_empty() && queue.lazy.is_empty()
@@ -118,6 +133,30 @@ pub(super) fn run(mut conn: Connection, shared: &Arc<Shared>) {
     if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)") {
         tracing::warn!(error = %err, "store: checkpoint at close failed");
     }
+}
+
+/// Whether `write` deletes data whose space should go back soon.
+fn frees(write: &Write) -> bool {
+    match write {
+        Write::ArtifactDeleted(_) | Write::MemoryForget { .. } => true,
+        Write::Skill(put) => put.content.is_none(),
+        _ => false,
+    }
+}
+
+/// Gives the file's free pages back to the file system once there are
+/// enough of them: `incremental_vacuum` moves them to the end and cuts
+/// them off, and a checkpoint carries the cut into the file itself.
+fn reclaim(conn: &Connection) -> rusqlite::Result<()> {
+    let free: i64 = conn.query_row("PRAGMA freelist_count", [], |row| row.get(0))?;
+    if free < RECLAIM_FROM_PAGES {
+        return Ok(());
+    }
+    // The pragma frees a page per step: stepped to its end.
+    let mut vacuum = conn.prepare(&format!("PRAGMA incremental_vacuum({RECLAIM_PAGES})"))?;
+    let mut steps = vacuum.query([])?;
+    while steps.next()?.is_some() {}
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
 /// Deletes the events older than the newest `event_log_limit`.

@@ -16,6 +16,7 @@
 //!   flood's alone).
 //! - `config`: malformed startup configs through the parser and `hivekernel start`.
 //! - `approval`: approval globs against calls that change only case.
+//! - `child_models`: a model name a process makes up for its child.
 //! - `cluster_auth`: who may join a cluster's NATS: credentials against a
 //!   real `nats-server`, wrong ones refused unquoted, an open server refused.
 //! - `cluster_forgery`: what a holder of the cluster's NATS credentials
@@ -32,11 +33,15 @@
 //!   an MCP server listing megabytes of tools.
 //! - `skills`: a saved skill as a way into every agent's prompt: a
 //!   `global` one waits for a person, and prompts fence what agents wrote.
+//! - `storage`: filling the disk with one process token: a subtree's
+//!   quota holds after its children exit, the store's ceiling holds, and
+//!   deleted data gives its space back.
 //! - `props`: property tests: config, cron and tool arguments never panic.
 
 #![allow(clippy::unwrap_used)]
 
 mod approval;
+mod child_models;
 mod cluster_auth;
 mod cluster_forgery;
 mod config;
@@ -47,4 +52,5 @@ mod model;
 mod props;
 mod shell;
 mod skills;
+mod storage;
 mod tool_args;

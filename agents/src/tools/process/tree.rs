@@ -89,7 +89,8 @@ impl Tool for SpawnChild {
                         "max_children": { "type": "integer", "minimum": 0 },
                         "max_depth": { "type": "integer", "minimum": 0 },
                         "timeout_seconds": { "type": "integer", "minimum": 1, "maximum": super::MAX_TIMEOUT_SECONDS },
-                        "max_concurrent_tasks": { "type": "integer", "minimum": 1 }
+                        "max_concurrent_tasks": { "type": "integer", "minimum": 1 },
+                        "max_storage_bytes": { "type": "integer", "minimum": 1, "description": "Bytes of artifacts, memory and skills the child's subtree may keep (within yours)." }
                     },
                     "additionalProperties": false,
                     "description": "Limits, each at most yours (default: inherited)."

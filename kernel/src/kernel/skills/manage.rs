@@ -134,6 +134,7 @@ impl Kernel {
         let put = SkillPut {
             owner,
             owner_name,
+            quota: self.storage_quota(&lineage),
             lineage,
             name,
             visibility,
