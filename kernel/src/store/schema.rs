@@ -553,6 +553,53 @@ mod tests {
     }
 
     #[test]
+    fn a_database_made_before_quotas_is_rebuilt_to_give_space_back_and_keeps_its_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        // As a kernel of schema 13 left it: no auto_vacuum, no lines on history.
+        let before = SCHEMA_VERSION - 1;
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch("PRAGMA journal_mode = WAL;")
+            .expect("wal");
+        for sql in &MIGRATIONS[..before as usize] {
+            conn.execute_batch(sql).expect("old schema");
+        }
+        conn.pragma_update(None, "user_version", before)
+            .expect("version");
+        conn.execute_batch(
+            "INSERT INTO skill VALUES (5, 'fill', 'lead', '/1/5/', 'subtree', 2, 'text', 0, 0);
+             INSERT INTO skill_version VALUES (5, 'fill', 1, 'lead', 'create', 5, 'lead',
+                                               'subtree', NULL, 'old', 0);
+             INSERT INTO skill_version VALUES (9, 'gone', 1, 'w', 'delete', 9, 'w',
+                                               'subtree', NULL, NULL, 0);",
+        )
+        .expect("rows");
+        drop(conn);
+
+        let conn = open(&path, Synchronous::Normal).expect("migrate");
+        let mode: i64 = conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .expect("auto_vacuum");
+        assert_eq!(mode, AUTO_VACUUM_INCREMENTAL);
+        let lines: Vec<(i64, String)> = conn
+            .prepare("SELECT owner_pid, lineage FROM skill_version ORDER BY owner_pid")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(lines, [(5, "/1/5/".to_owned()), (9, String::new())]);
+        let memory_line: String = conn
+            .query_row(
+                "SELECT name FROM pragma_table_info('memory') WHERE name = 'lineage'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("memory has a line");
+        assert_eq!(memory_line, "lineage");
+    }
+
+    #[test]
     fn a_database_from_a_newer_kernel_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
