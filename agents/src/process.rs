@@ -134,9 +134,9 @@ pub struct Limits {
     /// Bytes of artifacts, memory and skills its subtree (it and every
     /// descendant, alive or gone) may keep in the store; `None`: it counts
     /// toward its nearest ancestor's quota only. A quota further up still
-    /// applies.
+    /// applies. (Non-zero, so that it costs every process 8 bytes, not 16.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_storage_bytes: Option<u64>,
+    pub max_storage_bytes: Option<std::num::NonZeroU64>,
 }
 
 /// Requested limits: `None` inherits from the parent (narrowed where needed).

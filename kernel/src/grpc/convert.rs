@@ -390,7 +390,9 @@ fn limits(limits: Limits) -> pb::Limits {
         max_tokens_total: limits.max_tokens_total.unwrap_or(0),
         spawns_per_minute: limits.spawns_per_minute.unwrap_or(0),
         llm_calls_per_minute: limits.llm_calls_per_minute.unwrap_or(0),
-        max_storage_bytes: limits.max_storage_bytes.unwrap_or(0),
+        max_storage_bytes: limits
+            .max_storage_bytes
+            .map_or(0, std::num::NonZeroU64::get),
     }
 }
 

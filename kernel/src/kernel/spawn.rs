@@ -762,14 +762,14 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
             parent.llm_calls_per_minute,
         )?,
         max_storage_bytes: match r.max_storage_bytes {
-            Some(0) => {
-                return Err(KernelError::InvalidArgument(
+            None => None,
+            Some(bytes) => Some(std::num::NonZeroU64::new(bytes).ok_or_else(|| {
+                KernelError::InvalidArgument(
                     "limit max_storage_bytes must be at least 1 (leave it out to count toward \
                      the nearest ancestor's quota)"
                         .into(),
-                ));
-            }
-            requested => requested,
+                )
+            })?),
         },
         max_children: pick("max_children", r.max_children, parent.max_children, 0)?,
         max_depth: pick(

@@ -31,6 +31,7 @@ impl Kernel {
                 let pid = pids[depth];
                 let entry = table.get(pid);
                 let own = entry.and_then(|entry| entry.proc.limits.max_storage_bytes);
+                let own = own.map(std::num::NonZeroU64::get);
                 let (max_bytes, setting) = match own {
                     Some(max) => (max, "max_storage_bytes"),
                     None if depth == 1 => (
