@@ -237,7 +237,7 @@ impl Kernel {
     }
 
     /// `pid`'s line from PID 1; just `pid` when it is gone from the table.
-    fn lineage_of(&self, pid: Pid) -> Vec<Pid> {
+    pub(super) fn lineage_of(&self, pid: Pid) -> Vec<Pid> {
         self.inner
             .table()
             .read()

@@ -64,11 +64,7 @@ impl Kernel {
         }
         let store = self.durable_store("memory")?;
         let pid = caller.pid();
-        let line = {
-            let table = self.inner.table().read();
-            table.lineage(pid).ok_or(KernelError::NotFound(pid))?
-        };
-        let line = crate::store::lineage(&line);
+        let line = crate::store::lineage(&self.lineage_of(pid));
         let at_ms = unix_ms(SystemTime::now());
         let id = self.next_id();
         let write = MemoryWrite {

@@ -97,10 +97,13 @@ pub(super) fn subtree_bytes(tx: &Transaction<'_>, lineage: &str) -> rusqlite::Re
 
 /// Bytes of the store file in use (free pages left out).
 pub(super) fn store_bytes(tx: &Transaction<'_>) -> rusqlite::Result<u64> {
-    let pages: i64 = tx.query_row("PRAGMA page_count", [], |row| row.get(0))?;
-    let free: i64 = tx.query_row("PRAGMA freelist_count", [], |row| row.get(0))?;
-    let size: i64 = tx.query_row("PRAGMA page_size", [], |row| row.get(0))?;
-    Ok(from_sql_u64(pages.saturating_sub(free)).saturating_mul(from_sql_u64(size)))
+    let bytes: i64 = tx
+        .prepare_cached(
+            "SELECT (page_count - freelist_count) * page_size
+             FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()",
+        )?
+        .query_row([], |row| row.get(0))?;
+    Ok(from_sql_u64(bytes))
 }
 
 /// The first string after every string that starts with `lineage` (which

@@ -20,8 +20,8 @@ const PRUNE_EVERY: u64 = 10_000;
 const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Free pages the file may hold before the writer gives them back.
 const RECLAIM_FROM_PAGES: i64 = 256;
-/// Most free pages given back at once (more wait for the next round).
-const RECLAIM_PAGES: i64 = 8192;
+/// Gives back at most 8192 free pages at once (more wait for the next round).
+const RECLAIM: &str = "PRAGMA incremental_vacuum(8192)";
 /// Least time between two looks at the free pages, unless a batch deleted.
 const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -153,7 +153,7 @@ fn reclaim(conn: &Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     // The pragma frees a page per step: stepped to its end.
-    let mut vacuum = conn.prepare(&format!("PRAGMA incremental_vacuum({RECLAIM_PAGES})"))?;
+    let mut vacuum = conn.prepare_cached(RECLAIM)?;
     let mut steps = vacuum.query([])?;
     while steps.next()?.is_some() {}
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
