@@ -125,12 +125,14 @@ pub struct Limits {
     /// it draws on its nearest ancestor's budget, or is unlimited without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_total: Option<u64>,
-    /// Children it may spawn per minute; `None`: no limit.
+    /// Children it may spawn per minute; `None`: no limit. (Non-zero,
+    /// as the quota below: 8 bytes less in every process, which keeps a
+    /// process's shared state in its allocator size class.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spawns_per_minute: Option<u32>,
+    pub spawns_per_minute: Option<std::num::NonZeroU32>,
     /// Model calls it may make per minute; `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llm_calls_per_minute: Option<u32>,
+    pub llm_calls_per_minute: Option<std::num::NonZeroU32>,
     /// Bytes of artifacts, memory and skills its subtree (it and every
     /// descendant, alive or gone) may keep in the store; `None`: it counts
     /// toward its nearest ancestor's quota only. A quota further up still

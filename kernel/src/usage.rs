@@ -3,6 +3,7 @@
 //! Most processes never call a model or spawn, so their meter is allocated
 //! on first use: an idle process pays one word and a flag.
 
+use std::num::NonZeroU32;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -112,8 +113,12 @@ impl Meter {
 
     /// Takes one model call from the `per_minute` allowance, if there is
     /// one; answers the level left, to keep.
-    pub(crate) fn take_llm_call(&self, per_minute: Option<u32>, what: &str) -> Result<Option<f64>> {
-        let Some(per_minute) = per_minute else {
+    pub(crate) fn take_llm_call(
+        &self,
+        per_minute: Option<NonZeroU32>,
+        what: &str,
+    ) -> Result<Option<f64>> {
+        let Some(per_minute) = per_minute.map(NonZeroU32::get) else {
             return Ok(None);
         };
         self.counters()
@@ -126,8 +131,12 @@ impl Meter {
 
     /// Takes one spawn from the `per_minute` allowance, if there is one;
     /// answers the level left, to keep.
-    pub(crate) fn take_spawn(&self, per_minute: Option<u32>, what: &str) -> Result<Option<f64>> {
-        let Some(per_minute) = per_minute else {
+    pub(crate) fn take_spawn(
+        &self,
+        per_minute: Option<NonZeroU32>,
+        what: &str,
+    ) -> Result<Option<f64>> {
+        let Some(per_minute) = per_minute.map(NonZeroU32::get) else {
             return Ok(None);
         };
         self.counters()

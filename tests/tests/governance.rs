@@ -553,7 +553,11 @@ async fn limits_in_a_request_never_exceed_the_parents() {
         .await
         .unwrap();
     let info = kernel.get_process(Caller::Admin, inherit).await.unwrap();
-    assert_eq!(info.limits.llm_calls_per_minute, Some(10), "inherited");
+    assert_eq!(
+        info.limits.llm_calls_per_minute,
+        std::num::NonZeroU32::new(10),
+        "inherited"
+    );
     let mut zero = request(lead, "z", Role::Worker, "probe");
     zero.limits.max_tokens_total = Some(0);
     let err = kernel.spawn(Caller::Admin, zero).await.unwrap_err();

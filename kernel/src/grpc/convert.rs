@@ -388,8 +388,12 @@ fn limits(limits: Limits) -> pb::Limits {
         timeout_seconds: limits.timeout_seconds,
         max_concurrent_tasks: limits.max_concurrent_tasks,
         max_tokens_total: limits.max_tokens_total.unwrap_or(0),
-        spawns_per_minute: limits.spawns_per_minute.unwrap_or(0),
-        llm_calls_per_minute: limits.llm_calls_per_minute.unwrap_or(0),
+        spawns_per_minute: limits
+            .spawns_per_minute
+            .map_or(0, std::num::NonZeroU32::get),
+        llm_calls_per_minute: limits
+            .llm_calls_per_minute
+            .map_or(0, std::num::NonZeroU32::get),
         max_storage_bytes: limits
             .max_storage_bytes
             .map_or(0, std::num::NonZeroU64::get),

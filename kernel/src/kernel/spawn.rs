@@ -726,20 +726,25 @@ fn narrow_limits(parent: &Limits, request: &SpawnRequest) -> Result<Limits> {
         }
     }
     let r = &request.limits;
-    let rate = |field: &'static str, requested: Option<u32>, allowed: Option<u32>| match (
-        requested, allowed,
-    ) {
-        (None, allowed) => Ok(allowed),
-        (Some(0), _) => Err(KernelError::InvalidArgument(format!(
-            "limit {field} must be at least 1 (leave it out for the parent's)"
-        ))),
-        (Some(v), Some(max)) if v > max => Err(KernelError::LimitExceedsParent {
-            field,
-            requested: v.into(),
-            allowed: max.into(),
-        }),
-        (Some(v), _) => Ok(Some(v)),
-    };
+    let rate =
+        |field: &'static str, requested: Option<u32>, allowed: Option<std::num::NonZeroU32>| {
+            let Some(requested) = requested else {
+                return Ok(allowed);
+            };
+            let Some(requested) = std::num::NonZeroU32::new(requested) else {
+                return Err(KernelError::InvalidArgument(format!(
+                    "limit {field} must be at least 1 (leave it out for the parent's)"
+                )));
+            };
+            match allowed {
+                Some(max) if requested > max => Err(KernelError::LimitExceedsParent {
+                    field,
+                    requested: requested.get().into(),
+                    allowed: max.get().into(),
+                }),
+                _ => Ok(Some(requested)),
+            }
+        };
     Ok(Limits {
         max_tokens_total: match r.max_tokens_total {
             Some(0) => {
