@@ -144,8 +144,12 @@ pub enum Command {
     #[command(subcommand)]
     Cluster(ClusterCommand),
     /// The nodes of the cluster this kernel is a node of: name, epoch,
-    /// address, load, labels (docs/CLUSTER.md).
+    /// address, load, labels (docs/CLUSTER.md); `nodes forget NAME` frees
+    /// the name of a node that is gone.
+    #[command(args_conflicts_with_subcommands = true)]
     Nodes {
+        #[command(subcommand)]
+        command: Option<NodesCommand>,
         /// One JSON array, exact numbers.
         #[arg(long)]
         json: bool,
@@ -615,6 +619,48 @@ pub enum LlmCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `hivekernel nodes ...`.
+#[derive(Debug, Subcommand)]
+pub enum NodesCommand {
+    /// Free the name of a node that is gone, so that its next start need
+    /// not wait (or, when NATS's replicas disagree, cannot be refused):
+    /// reached through NATS, with no node running. Refused while the node
+    /// still beats or beat within its TTL; else that start of it is
+    /// claimed lost, as a node that judged it would, and its record removed.
+    Forget {
+        /// The node's name.
+        name: String,
+        /// A startup config whose `kernel.cluster` reaches the NATS
+        /// servers (credentials, TLS, the cluster secret).
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+/// How a command that is not a node reaches the cluster's NATS servers,
+/// over (or instead of) a config's `kernel.cluster`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Cluster")]
+pub struct ClusterArgs {
+    /// The NATS servers (comma-separated nats://HOST:PORT), instead of
+    /// the config's `kernel.cluster.servers`; credentials go in the URLs.
+    #[arg(
+        long,
+        value_name = "URLS",
+        env = "HIVEKERNEL_CLUSTER",
+        hide_env_values = true
+    )]
+    pub cluster: Option<String>,
+    /// Reach NATS servers that let anyone in without credentials.
+    #[arg(long)]
+    pub insecure_cluster: bool,
+    /// The cluster secret, instead of `kernel.cluster.secret_file`.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_secret: Option<PathBuf>,
 }
 
 /// `hivekernel cluster ...`.
@@ -1165,7 +1211,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Artifacts(ArtifactsCommand::Rm(args)) => artifacts::rm(args).await,
         Command::Usage(args) => usage::usage(args).await,
         Command::Cluster(ClusterCommand::Secret { file }) => nodes::new_secret(&file),
-        Command::Nodes { json, client } => nodes::run(json, &client).await,
+        Command::Nodes {
+            command:
+                Some(NodesCommand::Forget {
+                    name,
+                    config,
+                    cluster,
+                }),
+            ..
+        } => nodes::forget(&name, config, cluster).await,
+        Command::Nodes { json, client, .. } => nodes::run(json, &client).await,
         Command::Backup { dest, local } => backup::backup(dest, local).await,
         Command::Restore { src, local } => backup::restore(src, local).await,
         Command::Completion { shell } => {

@@ -25,6 +25,7 @@ mod declared;
 mod departures;
 mod directory;
 mod events;
+mod forget;
 mod loans;
 mod mail;
 mod pids;
@@ -57,6 +58,7 @@ pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub use events::{Bounds, EventFeed, Published, Subscribe};
+pub use forget::{ForgetError, Forgotten, forget};
 pub use loans::KeptLoan;
 use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
@@ -66,6 +68,18 @@ use seal::{Fresh, Seal};
 pub use seal::{MIN_SECRET_BYTES, new_secret, read_secret};
 use signed::{Checked, Signed};
 pub use specs::{KeptSpec, SpecKey};
+
+/// Bits of a message or request id that count within one start of a
+/// node; the bits above are the start's epoch.
+const ID_BITS: u32 = 40;
+
+/// The first message and request id of the node start `epoch`: each
+/// start of every node draws from its own range of 2^40 ids (about 10^12),
+/// so ids never collide across nodes, and a message that moves keeps its
+/// id. (Up to epoch 8191 an id also stays exact as a JSON number.)
+pub(crate) fn first_id(epoch: u64) -> u64 {
+    (epoch << ID_BITS) | 1
+}
 
 /// The bucket of node records, by node name.
 const NODES: &str = "hk_nodes";
@@ -185,6 +199,12 @@ pub struct NodeRecord {
     pub started_unix_ms: u64,
     /// When it last refreshed the record (Unix ms, by its own clock).
     pub heartbeat_unix_ms: u64,
+    /// Heartbeats it has written in this start: only the node itself
+    /// writes its record, and each write counts one more, so a count that
+    /// grew is proof of life that no rewrite of an old record (a lagging
+    /// replica, a replay) can give.
+    #[serde(default)]
+    pub beat: u64,
     /// Its load at that heartbeat.
     pub load: Load,
     /// How often it refreshes the record.
@@ -400,6 +420,7 @@ impl Cluster {
             labels: settings.labels.clone(),
             started_unix_ms: now,
             heartbeat_unix_ms: now,
+            beat: 0,
             load: Load::default(),
             heartbeat_ms: settings.heartbeat_ms,
             node_ttl_ms: settings.node_ttl_ms,
@@ -853,6 +874,7 @@ impl Cluster {
                 let mut view = self.view.lock();
                 view.own.load = load;
                 view.own.heartbeat_unix_ms = unix_ms(SystemTime::now());
+                view.own.beat += 1;
                 view.own.clone()
             };
             let revision = *self.revision.lock();
@@ -922,7 +944,8 @@ impl Cluster {
     /// An unanswered read counts as still this node's: the next heartbeat asks again.
     async fn own_revision(&self) -> Option<u64> {
         let current = *self.revision.lock();
-        let Ok(entry) = self.nodes.raw().entry(&self.settings.node).await else {
+        // From the leader: a lagging replica may not hold the record yet.
+        let Ok(entry) = self.nodes.latest_raw(&self.settings.node).await else {
             return Some(current);
         };
         let entry = entry.filter(|entry| entry.operation == Operation::Put)?;
@@ -1450,8 +1473,8 @@ async fn register(
 ) -> Result<u64, ClusterError> {
     let key = own.node.as_str();
     let read = |err| ClusterError::jetstream("reading the node records", err);
-    loop {
-        let current = nodes.entry(key).await.map_err(read)?;
+    'judging: loop {
+        let current = nodes.latest(key).await.map_err(read)?;
         let Some(current) = current.filter(|entry| entry.operation == Operation::Put) else {
             match nodes.create(key, encode(own)).await {
                 Ok(revision) => return Ok(revision),
@@ -1470,31 +1493,94 @@ async fn register(
         );
         // Judged by the longer of the two TTLs, as any loss is.
         let ttl_ms = ttl_ms.max(earlier.as_ref().map_or(0, |r| r.node_ttl_ms));
-        let deadline = Instant::now() + Duration::from_millis(ttl_ms);
-        let mut alive = false;
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis((ttl_ms / 10).max(50))).await;
-            let now = nodes.entry(key).await.map_err(read)?;
-            if now.as_ref().is_none_or(|e| e.revision != current.revision) {
-                alive = now.is_some_and(|e| e.operation == Operation::Put);
-                break;
+        let taken = || ClusterError::NameTaken {
+            node: key.to_owned(),
+            epoch,
+            address: address.clone(),
+        };
+        let mut revision = match watch_record(nodes, key, earlier.as_ref(), &current, ttl_ms).await
+        {
+            Judged::Beating => return Err(taken()),
+            // Removed or taken meanwhile: judged again as it stands now.
+            Judged::Changed => continue,
+            Judged::Silent { revision } => revision,
+        };
+        // No beat for the TTL: its node is gone. Claimed like any loss.
+        let _ = claims.create(format!("lost.{key}.{epoch}"), key).await;
+        loop {
+            match nodes.update(key, encode(own), revision).await {
+                Ok(revision) => return Ok(revision),
+                Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {}
+                Err(err) => return Err(ClusterError::jetstream("registering the node", err)),
+            }
+            // Written since it was read: a beat would be its node's.
+            let now = nodes.latest(key).await.map_err(read)?;
+            match judge(earlier.as_ref(), now.as_ref()) {
+                Judged::Beating => return Err(taken()),
+                Judged::Changed => continue 'judging,
+                Judged::Silent { revision: now } => revision = now,
             }
         }
-        if alive {
-            return Err(ClusterError::NameTaken {
-                node: key.to_owned(),
-                epoch,
-                address,
-            });
-        }
-        // Unchanged for the TTL: its node is gone. Claimed like any loss.
-        let _ = claims.create(format!("lost.{key}.{epoch}"), key).await;
-        match nodes.update(key, encode(own), current.revision).await {
-            Ok(revision) => return Ok(revision),
-            Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => continue,
-            Err(err) => return Err(ClusterError::jetstream("registering the node", err)),
+    }
+}
+
+/// What watching a node's record showed.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    /// Its node wrote a heartbeat: it is alive.
+    Beating,
+    /// It was removed, or another start of the name wrote it.
+    Changed,
+    /// No heartbeat came; the record's revision as last read.
+    Silent { revision: u64 },
+}
+
+/// `now`, a read of a record first read as `earlier`: alive only if its
+/// heartbeat count grew. A record written again with the same count (a
+/// replay, or a revision no node wrote) is no sign of life.
+fn judge(earlier: Option<&NodeRecord>, now: Option<&kv::Entry>) -> Judged {
+    let Some(now) = now.filter(|entry| entry.operation == Operation::Put) else {
+        return Judged::Changed;
+    };
+    let seen = earlier.map_or((0, 0, 0), |r| (r.epoch, r.beat, r.heartbeat_unix_ms));
+    match serde_json::from_slice::<NodeRecord>(&now.value) {
+        Ok(record) if record.epoch != seen.0 => Judged::Changed,
+        // Records of older nodes count no beats: their heartbeat time moves.
+        Ok(record) if (record.beat, record.heartbeat_unix_ms) > (seen.1, seen.2) => Judged::Beating,
+        _ => Judged::Silent {
+            revision: now.revision,
+        },
+    }
+}
+
+/// Watches `key`'s record, read as `first` (`earlier` parsed), for
+/// `ttl_ms` ([`judge`] at each look). Read from the stream's leader, so a
+/// replica that lags cannot make it seem to change; a read that fails is
+/// asked again at the next look.
+async fn watch_record(
+    nodes: &Signed,
+    key: &str,
+    earlier: Option<&NodeRecord>,
+    first: &kv::Entry,
+    ttl_ms: u64,
+) -> Judged {
+    let mut revision = first.revision;
+    let deadline = Instant::now() + Duration::from_millis(ttl_ms);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis((ttl_ms / 10).max(50))).await;
+        let now = match nodes.latest(key).await {
+            Ok(now) => now,
+            Err(err) => {
+                tracing::debug!(node = key, error = %err, "cluster: node record unread; asking again");
+                continue;
+            }
+        };
+        match judge(earlier, now.as_ref()) {
+            Judged::Silent { revision: now } => revision = now,
+            judged => return judged,
         }
     }
+    Judged::Silent { revision }
 }
 
 fn encode(record: &NodeRecord) -> Bytes {

@@ -393,6 +393,51 @@ fn settings(config: &Config, options: &StartOptions) -> Result<KernelSettings, S
     Ok(settings)
 }
 
+/// The cluster a command that is no node reaches (`nodes forget`): the
+/// `kernel.cluster` of `config` when given, with the flags over it, checked
+/// as `start` checks it.
+pub fn cluster_of(
+    config: Option<&std::path::Path>,
+    servers: Option<String>,
+    insecure_cluster: bool,
+    cluster_secret: Option<PathBuf>,
+) -> Result<crate::config::ClusterSettings, StartError> {
+    let from_config = match config {
+        Some(path) => Config::load(path, &RuntimeRegistry::builtin().known())?
+            .kernel
+            .cluster
+            .clone(),
+        None => None,
+    };
+    if servers.is_none() && from_config.is_none() {
+        return Err(StartError::Usage(match config {
+            Some(path) => format!(
+                "{} has no kernel.cluster: give --cluster nats://HOST:PORT",
+                path.display()
+            ),
+            None => "no cluster to reach: give --cluster nats://HOST:PORT, or --config FILE \
+                     with kernel.cluster"
+                .to_owned(),
+        }));
+    }
+    let options = StartOptions {
+        config: config.map(PathBuf::from).unwrap_or_default(),
+        listen: None,
+        data_dir: None,
+        insecure_remote: false,
+        tls: TlsFlags::default(),
+        metrics_listen: None,
+        model: None,
+        dashboard: None,
+        cluster: servers,
+        node: Some("operator".to_owned()),
+        insecure_cluster,
+        cluster_secret,
+    };
+    cluster_settings(from_config, &options)?
+        .ok_or_else(|| StartError::Usage("no cluster to reach".to_owned()))
+}
+
 /// `kernel.cluster` with `--cluster` and `--node` over it.
 fn cluster_settings(
     config: Option<crate::config::ClusterSettings>,

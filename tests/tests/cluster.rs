@@ -610,6 +610,176 @@ fn a_restarted_node_takes_over_its_crashed_record() {
     assert_eq!(pids(&a), greeter);
 }
 
+/// Only a node writes its own record, and each heartbeat counts one more
+/// beat: a record written again as it stood (a lagging replica's answer,
+/// a replay by a holder of NATS credentials) is no sign of life. A
+/// crashed node whose record keeps being rewritten starts again after
+/// the TTL instead of being refused as "taken by a live node" for good.
+#[test]
+fn a_record_rewritten_without_a_beat_does_not_lock_its_node_out() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = flagged(&bin, root.path(), &nats, "a");
+    let first = nodes(&a)[0]["epoch"].as_u64().unwrap();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    // The dead start's record, put back as it is every 100 ms.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(nats.client(0)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rewrites = Arc::new(AtomicUsize::new(0));
+    let rewriter = {
+        let (stop, rewrites) = (stop.clone(), rewrites.clone());
+        rt.spawn(async move {
+            let js = async_nats::jetstream::new(client);
+            let bucket = js.get_key_value("hk_nodes").await.unwrap();
+            let value = bucket.get("a").await.unwrap().unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                bucket.put("a", value.clone()).await.unwrap();
+                rewrites.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let dir = root.path().join("a");
+    let started = Instant::now();
+    let a = Binary::start_with(&bin, &dir, &["--cluster", &nats.urls(), "--node", "a"]);
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(rewriter).unwrap();
+    assert!(
+        rewrites.load(Ordering::Relaxed) >= 5,
+        "the record was rewritten only {} times",
+        rewrites.load(Ordering::Relaxed)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(TTL_MS / 2));
+    let seen = nodes(&a);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0]["epoch"].as_u64().unwrap() > first, "{seen:?}");
+    assert!(!a.log().contains("taken by a live node"), "{}", a.log());
+}
+
+/// `nodes forget NAME`, through NATS with no node asked: refused while
+/// the node beats; for a node gone, its start is claimed lost and its
+/// record removed, so the name starts again without waiting out the TTL.
+#[test]
+fn nodes_forget_frees_a_gone_nodes_name_and_never_a_live_ones() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+    let epoch = nodes(&a)
+        .iter()
+        .find(|n| n["name"] == "a")
+        .and_then(|n| n["epoch"].as_u64())
+        .unwrap();
+    let forget = |name: &str| {
+        let config = root.path().join("a/config.json");
+        let out = Command::new(&bin)
+            .args(["nodes", "forget", name, "--config"])
+            .arg(&config)
+            .args(["--cluster", &nats.urls()])
+            .current_dir(root.path().join("a"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // A live node: refused, and nothing changes.
+    let (code, _, stderr) = forget("b");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node \"b\" is alive"), "{stderr}");
+    // No such node.
+    let (code, _, stderr) = forget("zz");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("no record"), "{stderr}");
+    // Neither is bad input taken quietly.
+    let out = Command::new(&bin)
+        .args(["nodes", "forget", "a"])
+        .env_remove("HIVEKERNEL_CLUSTER")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--cluster"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // a, paused: b judges it after the TTL... but a forget just after
+    // the pause is refused by the heartbeat's age alone.
+    signal(&a, "STOP");
+    let (code, _, stderr) = forget("a");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("last heartbeat was"), "{stderr}");
+    signal(&a, "CONT");
+    drop(b);
+    // b gone too; a killed: nobody judges a, and its record stays.
+    wait_for_nodes(&a, &["a"], Duration::from_secs(10));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(TTL_MS + 200));
+    let (code, stdout, stderr) = forget("a");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("forgot node a (epoch {epoch}")),
+        "{stdout}"
+    );
+    // The claim a's old start would find, should it run on.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let claimed = rt.block_on(async {
+        let js = async_nats::jetstream::new(nats.client(0).await.unwrap());
+        let claims = js.get_key_value("hk_claims").await.unwrap();
+        claims.get(format!("lost.a.{epoch}")).await.unwrap()
+    });
+    assert!(claimed.is_some(), "no claim of a's loss");
+    // Its next start registers at once.
+    let a = Binary::start_with(
+        &bin,
+        &root.path().join("a"),
+        &["--cluster", &nats.urls(), "--node", "a"],
+    );
+    assert!(!a.log().contains("waiting up to the TTL"), "{}", a.log());
+    assert!(nodes(&a)[0]["epoch"].as_u64().unwrap() > epoch);
+}
+
+/// Message ids are unique across the cluster: sends entering at either
+/// node, to processes on either, never share an id (each start of a
+/// node draws from its own range), so no receiver that deduplicates or
+/// acknowledges by id mistakes one message for another.
+#[test]
+fn message_ids_are_unique_across_the_nodes() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let on_a = spawned_pid(&spawn_on(&a, 1, "echo-a", "a", &[]));
+    let on_b = spawned_pid(&spawn_on(&a, 1, "echo-b", "b", &[]));
+    let mut ids = BTreeSet::new();
+    for kernel in [&a, &b] {
+        for target in [on_a, on_b] {
+            for i in 0..3 {
+                let out = kernel.cli(&["send", &target.to_string(), &format!("m{i}")]);
+                let id: u64 = out.trim().parse().unwrap_or_else(|_| panic!("{out}"));
+                assert!(ids.insert(id), "id {id} given twice: {ids:?}");
+            }
+        }
+    }
+    assert_eq!(ids.len(), 12);
+}
+
 #[test]
 fn bad_cluster_settings_are_refused_with_what_is_wrong() {
     let bin = binary();

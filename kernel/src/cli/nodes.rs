@@ -115,3 +115,32 @@ fn node_json(node: &Node) -> Value {
         "this_node": node.this_node,
     })
 }
+
+/// `nodes forget NAME`: frees a gone node's name, through NATS.
+pub(super) async fn forget(
+    name: &str,
+    config: Option<std::path::PathBuf>,
+    cluster: super::ClusterArgs,
+) -> Result<(), CliError> {
+    let settings = crate::daemon::cluster_of(
+        config.as_deref(),
+        cluster.cluster,
+        cluster.insecure_cluster,
+        cluster.cluster_secret,
+    )
+    .map_err(|err| match err {
+        crate::daemon::StartError::Config(err) => CliError::Config(err),
+        other => CliError::Usage(other.to_string()),
+    })?;
+    match crate::cluster::forget(&settings, name).await {
+        Ok(gone) => output::print(&format!(
+            "forgot node {name} (epoch {}, serving at {}, silent for {:.1} s): it can start \
+             again at once; that start of it, should it run on, finds itself declared lost \
+             and stops\n",
+            gone.epoch,
+            gone.address,
+            gone.silent.as_secs_f64()
+        )),
+        Err(err) => Err(CliError::Refused(err.to_string())),
+    }
+}

@@ -33,6 +33,8 @@ pub(crate) const MAIL: &str = "HK_MAIL";
 const NOT_DELETED: u64 = 10057;
 /// How long a failed delete waits before it is tried again.
 const RETRY: Duration = Duration::from_millis(200);
+/// The longest wait between two tries of a delete that failed.
+const DROP_RETRY_MAX: Duration = Duration::from_secs(10);
 /// At most this many messages are read back for one process at its start,
 /// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
 const MAX_QUEUED: usize = 100_000;
@@ -283,10 +285,14 @@ impl Cluster {
         failed.map(Err)
     }
 
-    /// Drops envelope `id` from the stream in the background (it expired,
-    /// or its process exited before taking it); false when it is not kept
-    /// in the stream. A copy that stood down, or a node that is no member
-    /// any more, leaves it there.
+    /// Drops envelope `id` from the stream in the background (it was
+    /// acknowledged, it expired, or its process exited before taking it);
+    /// false when it is not kept in the stream. A copy that stood down, or
+    /// a node that is no member any more, leaves it there. A delete that
+    /// fails (a NATS server down, a leader being elected) is tried again,
+    /// backing off up to [`DROP_RETRY_MAX`], until it goes through or the
+    /// node stops or is fenced: one given up would come back as a message
+    /// already handled at the agent's next start.
     pub(crate) fn drop_mail(&self, id: MessageId) -> bool {
         let Some((to, seq)) = self.mail.held.lock().remove(&id) else {
             return false;
@@ -295,10 +301,27 @@ impl Cluster {
             return true;
         }
         let stream = self.mail.stream.clone();
+        let (cancel, mut fenced) = (self.cancel.clone(), self.fenced.subscribe());
         self.tracker.spawn(async move {
-            if let Err(err) = delete(&stream, seq).await {
-                tracing::warn!(seq, error = %err, "cluster: a dropped message stays in {MAIL}");
+            let mut wait = RETRY;
+            for tries in 1u32.. {
+                let Err(err) = delete(&stream, seq).await else {
+                    if tries > 1 {
+                        tracing::info!(seq, tries, "cluster: a dropped message left {MAIL} at last");
+                    }
+                    return;
+                };
+                if tries == 1 {
+                    tracing::warn!(seq, error = %err, "cluster: dropping a message from {MAIL} failed; trying again");
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    _ = fenced.wait_for(Option::is_some) => break,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(DROP_RETRY_MAX);
             }
+            tracing::warn!(seq, "cluster: a dropped message stays in {MAIL}: it comes again at its agent's next start");
         });
         true
     }

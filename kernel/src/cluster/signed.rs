@@ -96,6 +96,65 @@ impl Signed {
         }))
     }
 
+    /// [`Signed::entry`] as the stream's leader holds it: a direct get
+    /// (what `entry` does) may be answered by any replica, one of which
+    /// can lag behind the others, so two reads in a row may go back in
+    /// time. For judging whether a record still changes.
+    pub(crate) async fn latest(
+        &self,
+        key: impl AsRef<str>,
+    ) -> Result<Option<kv::Entry>, kv::EntryError> {
+        Ok(self.latest_raw(key).await?.map(|entry| {
+            match self.seal.open_entry(self.bucket, entry) {
+                Ok(entry) => entry,
+                Err(entry) => kv::Entry {
+                    value: Bytes::new(),
+                    operation: Operation::Delete,
+                    ..*entry
+                },
+            }
+        }))
+    }
+
+    /// [`Signed::latest`] unchecked: the entry as the leader holds it.
+    pub(crate) async fn latest_raw(
+        &self,
+        key: impl AsRef<str>,
+    ) -> Result<Option<kv::Entry>, kv::EntryError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let key = key.as_ref();
+        let subject = format!("{}{key}", self.store.prefix);
+        let message = match self
+            .store
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(message) => message,
+            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(err) => return Err(kv::EntryError::with_source(kv::EntryErrorKind::Other, err)),
+        };
+        let operation = match message
+            .headers
+            .get("KV-Operation")
+            .map(|value| value.as_str())
+        {
+            Some("DEL") => Operation::Delete,
+            Some("PURGE") => Operation::Purge,
+            _ => Operation::Put,
+        };
+        Ok(Some(kv::Entry {
+            bucket: self.store.name.clone(),
+            key: key.to_owned(),
+            value: message.payload,
+            revision: message.sequence,
+            delta: 0,
+            created: message.time,
+            operation,
+            seen_current: false,
+        }))
+    }
+
     /// The value of `key`, if a node wrote it.
     pub(crate) async fn get(&self, key: impl AsRef<str>) -> Result<Option<Bytes>, kv::EntryError> {
         Ok(self

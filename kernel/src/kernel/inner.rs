@@ -134,7 +134,18 @@ impl Inner {
         };
         // A crash skips at most a block: PIDs are seen by people, keep their jump small.
         let pids = Counter::new(store::Counter::Pid, start(store::Counter::Pid, 2), 1 << 10);
-        let ids = Counter::new(store::Counter::Id, start(store::Counter::Id, 1), 1 << 16);
+        // On a node of a cluster, ids start in this start's own range
+        // (its epoch, which no other start of any node shares), so they
+        // are unique cluster-wide and a message keeps its id wherever it
+        // moves; ids this node kept from earlier starts lie below it.
+        let first_id = cluster
+            .as_ref()
+            .map_or(1, |cluster| crate::cluster::first_id(cluster.epoch()));
+        let ids = Counter::new(
+            store::Counter::Id,
+            start(store::Counter::Id, first_id),
+            1 << 16,
+        );
         let first_seq = start(store::Counter::EventSeq, 1);
         // PID 1's subtree is the whole kernel: its usage carries on.
         let kernel_usage = Meter::default();
