@@ -92,6 +92,55 @@ pub fn argument_text(tool: &str, arguments: &serde_json::Value) -> String {
 /// forgotten, since a rule forgotten is an approval skipped.
 pub const MAX_CARRIED_RULES: usize = 256;
 
+/// The approval rules a piece of work carries from whoever asked for it
+/// (a message's, a task's): most carry none, so they take one pointer
+/// (a `Vec` would add three words to every message and task, which are
+/// moved at every step of their delivery), and a copy shares them.
+/// Reads as a slice; (de)serialized as a list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carried(Option<std::sync::Arc<Vec<ApprovalRule>>>);
+
+impl Carried {
+    /// No rules.
+    pub const NONE: Carried = Carried(None);
+
+    /// Whether it carries no rule.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The rules, as a list of their own.
+    pub fn to_vec(&self) -> Vec<ApprovalRule> {
+        self.0.as_deref().cloned().unwrap_or_default()
+    }
+}
+
+impl From<Vec<ApprovalRule>> for Carried {
+    fn from(rules: Vec<ApprovalRule>) -> Self {
+        Carried((!rules.is_empty()).then(|| std::sync::Arc::new(rules)))
+    }
+}
+
+impl std::ops::Deref for Carried {
+    type Target = [ApprovalRule];
+
+    fn deref(&self) -> &[ApprovalRule] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl Serialize for Carried {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Carried {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<ApprovalRule>::deserialize(deserializer).map(Carried::from)
+    }
+}
+
 /// Adds to `into` each rule of `more` it does not hold yet.
 pub fn join(into: &mut Vec<ApprovalRule>, more: &[ApprovalRule]) {
     for rule in more {

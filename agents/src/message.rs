@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::approval::ApprovalRule;
+use crate::approval::Carried;
 use crate::process::Pid;
 use crate::trace::TraceContext;
 
@@ -70,8 +70,8 @@ pub struct Message {
     /// work was asked under. While the receiver handles it, its tool calls
     /// need the approvals these rules ask for as well as its own, so no
     /// process causes, through another, a call it could not make itself.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approvals: Vec<ApprovalRule>,
+    #[serde(default, skip_serializing_if = "Carried::is_empty")]
+    pub approvals: Carried,
 }
 
 /// A unit of work sent with `execute_task` or `delegate_async`.
@@ -93,8 +93,8 @@ pub struct Task {
     /// work was asked under. While the receiver handles it, its tool calls
     /// need the approvals these rules ask for as well as its own, so no
     /// process causes, through another, a call it could not make itself.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approvals: Vec<ApprovalRule>,
+    #[serde(default, skip_serializing_if = "Carried::is_empty")]
+    pub approvals: Carried,
 }
 
 /// The answer to a task: its output, or why it failed.

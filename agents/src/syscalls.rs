@@ -107,8 +107,8 @@ pub struct Outgoing {
     pub ttl: Option<Duration>,
     /// The approval rules it is sent under: set by the kernel (whatever
     /// the sender puts here is replaced), see [`crate::Message::approvals`].
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approvals: Vec<crate::approval::ApprovalRule>,
+    #[serde(default, skip_serializing_if = "crate::approval::Carried::is_empty")]
+    pub approvals: crate::approval::Carried,
 }
 
 impl Outgoing {
@@ -120,7 +120,7 @@ impl Outgoing {
             payload: payload.into(),
             priority: Priority::Normal,
             ttl: None,
-            approvals: Vec::new(),
+            approvals: crate::approval::Carried::NONE,
         }
     }
 }
@@ -138,8 +138,8 @@ pub struct TaskSpec {
     pub timeout: Option<Duration>,
     /// The approval rules it is asked under: set by the kernel (whatever
     /// the requester puts here is replaced), see [`crate::Task::approvals`].
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approvals: Vec<crate::approval::ApprovalRule>,
+    #[serde(default, skip_serializing_if = "crate::approval::Carried::is_empty")]
+    pub approvals: crate::approval::Carried,
 }
 
 impl TaskSpec {
@@ -150,7 +150,7 @@ impl TaskSpec {
             description: description.into(),
             params: BTreeMap::new(),
             timeout: None,
-            approvals: Vec::new(),
+            approvals: crate::approval::Carried::NONE,
         }
     }
 }

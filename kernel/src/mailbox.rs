@@ -64,7 +64,7 @@ pub(crate) struct Resume {
     /// The trace it belongs to.
     pub(crate) trace: Option<TraceContext>,
     /// The approval rules it was asked under.
-    pub(crate) approvals: Vec<hivekernel_agents::approval::ApprovalRule>,
+    pub(crate) approvals: hivekernel_agents::approval::Carried,
 }
 
 /// An item with its delivery bookkeeping.
@@ -477,7 +477,7 @@ mod tests {
             request_id: None,
             via: None,
             trace: None,
-            approvals: Vec::new(),
+            approvals: hivekernel_agents::approval::Carried::NONE,
         };
         Envelope::new(MessageId(id), Item::Message(body), ttl)
     }

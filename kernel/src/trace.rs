@@ -15,7 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use hivekernel_agents::approval::ApprovalRule;
+use hivekernel_agents::approval::Carried;
 use hivekernel_agents::{Pid, RequestId, TraceContext, TraceId};
 
 use crate::otel::Span;
@@ -38,7 +38,7 @@ struct Work {
     handover: Option<Arc<AtomicU64>>,
     /// The approval rules the work was asked under (see
     /// [`hivekernel_agents::Task::approvals`]).
-    approvals: Vec<ApprovalRule>,
+    approvals: Carried,
 }
 
 impl Work {
@@ -48,7 +48,7 @@ impl Work {
         origin: Option<Origin>,
         resume: Option<u64>,
         handover: Option<Arc<AtomicU64>>,
-        approvals: Vec<ApprovalRule>,
+        approvals: Carried,
     ) -> Work {
         Work {
             trace,
@@ -87,7 +87,7 @@ pub(crate) fn scope_in<F: Future>(
     opened: (Span, Option<TraceContext>),
     work: F,
 ) -> impl Future<Output = F::Output> {
-    scope_turn(opened, None, None, Vec::new(), work)
+    scope_turn(opened, None, None, Carried::NONE, work)
 }
 
 /// [`scope_in`] for a message's turn that hands its message over at its
@@ -96,7 +96,7 @@ pub(crate) fn scope_in<F: Future>(
 pub(crate) fn scope_message<F: Future>(
     (span, trace): (Span, Option<TraceContext>),
     handover: Option<Arc<AtomicU64>>,
-    approvals: Vec<ApprovalRule>,
+    approvals: Carried,
     work: F,
 ) -> impl Future<Output = F::Output> {
     CURRENT.scope(
@@ -112,7 +112,7 @@ pub(crate) fn scope_turn<F: Future>(
     (span, trace): (Span, Option<TraceContext>),
     origin: Option<Origin>,
     resume: Option<u64>,
-    approvals: Vec<ApprovalRule>,
+    approvals: Carried,
     work: F,
 ) -> impl Future<Output = F::Output> {
     CURRENT.scope(
@@ -123,7 +123,7 @@ pub(crate) fn scope_turn<F: Future>(
 
 /// The approval rules the work running now was asked under (none outside
 /// any work, or when whoever asked has none).
-pub(crate) fn approvals() -> Vec<ApprovalRule> {
+pub(crate) fn approvals() -> Carried {
     CURRENT
         .try_with(|work| work.approvals.clone())
         .unwrap_or_default()

@@ -190,7 +190,7 @@ pub(crate) fn outgoing(caller: Caller, req: pb::SendMessageRequest) -> Result<Ou
         priority,
         ttl: optional_millis(req.ttl_ms),
         // The kernel sets them from the caller (kernel/asked.rs).
-        approvals: Vec::new(),
+        approvals: hivekernel_agents::approval::Carried::NONE,
     })
 }
 
@@ -201,7 +201,7 @@ pub(crate) fn task_spec(req: pb::ExecuteTaskRequest) -> Result<TaskSpec, Status>
         description: req.description,
         params: req.params.into_iter().collect(),
         timeout: optional_millis(req.timeout_ms),
-        approvals: Vec::new(),
+        approvals: hivekernel_agents::approval::Carried::NONE,
     })
 }
 

@@ -15,7 +15,7 @@
 //! the rest of its run.
 
 use hivekernel_agents::Pid;
-use hivekernel_agents::approval::{ApprovalRule, MAX_CARRIED_RULES, join};
+use hivekernel_agents::approval::{Carried, MAX_CARRIED_RULES, join};
 
 use crate::error::{KernelError, Result};
 use crate::kernel::Kernel;
@@ -24,8 +24,12 @@ impl Kernel {
     /// The approval rules work that `from` asks for now is asked under
     /// (see the module docs); refused when they would be more than
     /// [`MAX_CARRIED_RULES`].
-    pub(crate) fn asked_under(&self, from: Pid) -> Result<Vec<ApprovalRule>> {
-        let mut rules = crate::trace::approvals();
+    pub(crate) fn asked_under(&self, from: Pid) -> Result<Carried> {
+        let carried = crate::trace::approvals();
+        if from == Pid::KERNEL {
+            return Ok(carried);
+        }
+        let mut rules = carried.to_vec();
         if from != Pid::KERNEL {
             // One read of the table; the exec runtime only for its own.
             let (own, exec) = match self.inner.table().read().get(from) {
@@ -49,6 +53,6 @@ impl Kernel {
                 rules.len()
             )));
         }
-        Ok(rules)
+        Ok(rules.into())
     }
 }

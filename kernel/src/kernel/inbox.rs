@@ -122,7 +122,7 @@ impl Kernel {
                         .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
                     on_timeout,
                     trace: crate::trace::current_id(),
-                    asked_under: crate::trace::approvals(),
+                    asked_under: crate::trace::approvals().to_vec(),
                 };
                 self.file_request(request, checkpoint).await
             }

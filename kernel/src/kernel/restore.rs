@@ -464,7 +464,7 @@ impl Kernel {
                 trace_id,
                 ..TraceContext::new_root()
             });
-            let approvals = request.asked_under.clone();
+            let approvals = hivekernel_agents::approval::Carried::from(request.asked_under.clone());
             self.refile_request(request);
             let (Some(proc), Some(checkpoint)) = (proc, row.checkpoint) else {
                 self.withdraw_request(row.id, KERNEL_RESTART);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::Capability;
-use hivekernel_agents::approval::ApprovalRule;
+use hivekernel_agents::approval::Carried;
 use hivekernel_agents::message::kinds;
 use hivekernel_agents::{
     Message, MessageId, Outgoing, Pid, Priority, RequestId, Task, TaskReply, TaskSpec,
@@ -312,7 +312,7 @@ impl Kernel {
         from: Pid,
         payload: String,
         request_id: Option<RequestId>,
-        (trace, approvals): (Option<hivekernel_agents::TraceContext>, Vec<ApprovalRule>),
+        (trace, approvals): (Option<hivekernel_agents::TraceContext>, Carried),
     ) {
         let copy = Message {
             id: MessageId(self.next_id()),
@@ -582,7 +582,7 @@ fn task_response(worker: Pid, requester: Pid, request_id: RequestId, reply: &Tas
         // The answer continues the task's trace.
         trace: crate::trace::current(),
         // An answer asks for nothing.
-        approvals: Vec::new(),
+        approvals: Carried::NONE,
     }
 }
 

@@ -661,7 +661,7 @@ impl Kernel {
             request_id: None,
             via: None,
             trace,
-            approvals: Vec::new(),
+            approvals: hivekernel_agents::approval::Carried::NONE,
         };
         self.deliver_system(message);
     }

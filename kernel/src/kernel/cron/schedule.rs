@@ -329,7 +329,7 @@ impl Kernel {
     pub async fn add_cron(&self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
         let result = async {
             self.require(caller, Capability::ManageCron, "add cron entries")?;
-            spec.approvals = self.asked_under(caller.pid())?;
+            spec.approvals = self.asked_under(caller.pid())?.to_vec();
             self.add_cron_checked(caller, spec).await
         };
         self.report_denial(caller, "add_cron", result.await)
@@ -956,7 +956,7 @@ impl Kernel {
         let kernel = self.clone();
         let name = name.to_owned();
         // Under the rules of whoever added it.
-        let approvals = spec.approvals.clone();
+        let approvals = hivekernel_agents::approval::Carried::from(spec.approvals.clone());
         // Each firing is a trace of its own: its run, and all it causes.
         let opened = match self.inner.traces() {
             Some(traces) => {
