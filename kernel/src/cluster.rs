@@ -58,6 +58,7 @@ pub use departures::Away;
 use directory::Directory;
 pub use directory::{Listing, Listings, ReadFn};
 pub use events::{Bounds, EventFeed, Published, Subscribe};
+pub(crate) use forget::FORGOTTEN_BY;
 pub use forget::{ForgetError, Forgotten, forget};
 pub use loans::KeptLoan;
 use mail::Mailroom;
@@ -937,6 +938,19 @@ impl Cluster {
         };
         Ok((entry.operation == Operation::Put)
             .then(|| String::from_utf8_lossy(&entry.value).into_owned()))
+    }
+
+    /// The node that claimed `node`'s start `epoch` lost, if one did
+    /// (an operator's `nodes forget` claims as `operator`); `None` also
+    /// when the claims cannot be read.
+    pub(crate) async fn loss_claimant(&self, node: &str, epoch: u64) -> Option<String> {
+        let entry = self
+            .claims
+            .entry(format!("lost.{node}.{epoch}"))
+            .await
+            .ok()??;
+        (entry.operation == Operation::Put)
+            .then(|| String::from_utf8_lossy(&entry.value).into_owned())
     }
 
     /// The revision of this node's record when it is still this node's

@@ -127,6 +127,9 @@ pub(crate) enum Counter {
     EventsPrunedThrough,
     /// Transcript entry and turn ids.
     Transcript,
+    /// Not handed out: the epoch of this data directory's latest start
+    /// as a node of a cluster (0: never one).
+    NodeEpoch,
 }
 
 impl Counter {
@@ -137,6 +140,7 @@ impl Counter {
             Counter::EventSeq => "next_event_seq",
             Counter::EventsPrunedThrough => "events_pruned_through",
             Counter::Transcript => "next_transcript_id",
+            Counter::NodeEpoch => "node_epoch",
         }
     }
 }

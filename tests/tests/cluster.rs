@@ -753,6 +753,54 @@ fn nodes_forget_frees_a_gone_nodes_name_and_never_a_live_ones() {
     assert!(nodes(&a)[0]["epoch"].as_u64().unwrap() > epoch);
 }
 
+/// A `temporary` process that another node reported ended when it judged
+/// its node lost stays dead when that node starts again with its data
+/// directory: its `exited` event was published already, and nothing of
+/// it runs again.
+#[test]
+fn a_temporary_process_declared_dead_stays_dead_when_its_node_returns() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let mut a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&b, &["a", "b"], Duration::from_secs(10));
+    let temporary = spawned_pid(&spawn_on(&a, 1, "short", "a", &["--restart", "temporary"]));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // b judges the loss: the temporary process ended with its node.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ended = events_of(&b, "exited")
+            .iter()
+            .any(|(pid, _)| *pid == temporary);
+        if ended {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let a = Binary::start_with(
+        &bin,
+        &root.path().join("a"),
+        &["--cluster", &nats.urls(), "--node", "a"],
+    );
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let all = everyone(&a);
+    assert!(!all.contains_key(&temporary), "{all:?}\n{}", a.log());
+    assert!(
+        a.log().contains("declared this node's earlier start lost"),
+        "{}",
+        a.log()
+    );
+    // One `exited` event of it in the cluster: b's, not another from a.
+    let exits = events_of(&a, "exited")
+        .into_iter()
+        .filter(|(pid, _)| *pid == temporary)
+        .count();
+    assert_eq!(exits, 1, "{}", a.log());
+}
+
 /// Message ids are unique across the cluster: sends entering at either
 /// node, to processes on either, never share an id (each start of a
 /// node draws from its own range), so no receiver that deduplicates or

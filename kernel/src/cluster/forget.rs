@@ -18,6 +18,10 @@ use super::{
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
 
+/// Who a loss claimed by `nodes forget` names as its claimant: no node,
+/// so none reported the forgotten start's processes ended.
+pub(crate) const FORGOTTEN_BY: &str = "operator";
+
 /// A start of a node that was forgotten.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Forgotten {
@@ -120,7 +124,7 @@ pub async fn forget(settings: &ClusterSettings, name: &str) -> Result<Forgotten,
     if let Ok(claims) = js.get_key_value(CLAIMS).await {
         let claims = Signed::new(claims, CLAIMS, seal);
         let claim = format!("lost.{name}.{}", record.epoch);
-        if let Err(err) = claims.create(&claim, "operator").await
+        if let Err(err) = claims.create(&claim, FORGOTTEN_BY).await
             && err.kind() != kv::CreateErrorKind::AlreadyExists
         {
             return Err(ClusterError::jetstream("claiming the node lost", err).into());

@@ -29,7 +29,9 @@ use crate::kernel::spawn::Birth;
 use crate::kernel::supervisor::EXIT_KILLED;
 use crate::kernel::{Caller, Kernel};
 use crate::mailbox::{Envelope, Item, ReplyTo, Resume};
-use crate::store::{BucketKind, Recovered, StoredInbox, StoredProcess, StoredUsage, Write};
+use crate::store::{
+    BucketKind, Counter, Recovered, StoredInbox, StoredProcess, StoredUsage, Write,
+};
 use crate::trace::Origin;
 
 /// Roots whose keys a restarted node takes back at once.
@@ -79,12 +81,29 @@ impl Kernel {
     /// Every process alive before the restart that is not back yet (the
     /// config agents are) and whose spawn request the store kept, spawned
     /// again as the PID it had, parents before children. Answers why each
-    /// one that could not come back did not.
-    async fn respawn(&self, processes: &[StoredProcess]) -> (usize, HashMap<Pid, String>) {
+    /// one that could not come back did not, and which of those another
+    /// node reported ended already.
+    ///
+    /// On a node of a cluster whose previous start (`earlier_epoch`) another
+    /// node declared lost, its `temporary` processes stay dead: that node
+    /// reported them ended (`node_lost`) when it judged the loss.
+    async fn respawn(
+        &self,
+        processes: &[StoredProcess],
+        earlier_epoch: u64,
+    ) -> (usize, HashMap<Pid, String>, HashSet<Pid>) {
         let mut back = 0;
         let mut failed = HashMap::new();
+        let mut reported = HashSet::new();
         let restore_temporary = self.inner.settings().restore_temporary;
         let cluster = self.inner.cluster();
+        let lost_by = match cluster {
+            Some(cluster) if earlier_epoch != 0 && earlier_epoch != cluster.epoch() => cluster
+                .loss_claimant(cluster.node(), earlier_epoch)
+                .await
+                .filter(|by| by != cluster.node() && by != crate::cluster::FORGOTTEN_BY),
+            _ => None,
+        };
         // On a node of a cluster a tree is this node's while its root's
         // key says so (another node may have taken it over): every root's
         // key is taken back at once, before the first spawn.
@@ -133,11 +152,19 @@ impl Kernel {
                     continue;
                 }
             };
-            if !restore_temporary
-                && self
-                    .supervision_for(&request)
-                    .is_ok_and(|(spec, _)| spec.policy == RestartPolicy::Temporary)
-            {
+            let temporary = self
+                .supervision_for(&request)
+                .is_ok_and(|(spec, _)| spec.policy == RestartPolicy::Temporary);
+            if temporary && let Some(by) = &lost_by {
+                tracing::info!(%pid, name = %process.name, by = %by, "temporary process stays dead: node {by} declared this node's earlier start lost and reported it ended");
+                failed.insert(
+                    pid,
+                    format!("temporary, and node {by} declared this node's earlier start lost"),
+                );
+                reported.insert(pid);
+                continue;
+            }
+            if temporary && !restore_temporary {
                 failed.insert(
                     pid,
                     "temporary, and kernel.restore_temporary is false".to_owned(),
@@ -197,7 +224,7 @@ impl Kernel {
                 }
             }
         }
-        (back, failed)
+        (back, failed, reported)
     }
 
     /// Everyone back carries on with the usage, budget, restart history and
@@ -263,7 +290,14 @@ impl Kernel {
     /// messages and requests.
     pub(crate) async fn restore(&self, recovered: Recovered) -> Restored {
         let mut restored = Restored::default();
-        let (back, failed) = self.respawn(&recovered.processes).await;
+        if let Some(cluster) = self.inner.cluster() {
+            self.inner.store().submit(Write::Reserve {
+                counter: Counter::NodeEpoch,
+                until: cluster.epoch(),
+            });
+        }
+        let earlier_epoch = recovered.next(Counter::NodeEpoch);
+        let (back, failed, reported) = self.respawn(&recovered.processes, earlier_epoch).await;
         restored.processes = back;
         self.carry_kept(&recovered);
         self.reopen_loans().await;
@@ -286,6 +320,11 @@ impl Kernel {
             .filter(|p| !alive.contains(&p.pid))
         {
             restored.ended += 1;
+            // Its end was published by the node that judged the loss,
+            // which told its parent too.
+            if reported.contains(&process.pid) {
+                continue;
+            }
             let reason = match failed.get(&process.pid) {
                 Some(why) => Arc::from(format!("{KERNEL_RESTART}: did not come back: {why}")),
                 None => plain.clone(),

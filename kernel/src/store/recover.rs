@@ -117,6 +117,9 @@ pub struct Recovered {
     pub events_pruned_through: u64,
     /// The next transcript entry or turn id.
     pub next_transcript_id: u64,
+    /// The epoch of this data directory's latest start as a node of a
+    /// cluster; 0 when it never was one.
+    pub node_epoch: u64,
     /// Processes alive at the last stop (or waiting to be restarted), parents
     /// before children.
     pub processes: Vec<StoredProcess>,
@@ -166,6 +169,7 @@ impl Recovered {
             Counter::EventSeq => self.next_event_seq,
             Counter::EventsPrunedThrough => self.events_pruned_through,
             Counter::Transcript => self.next_transcript_id,
+            Counter::NodeEpoch => self.node_epoch,
         }
     }
 }
@@ -209,6 +213,8 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
     let next_transcript_id = counter(Counter::Transcript.key())?
         .max(max("SELECT max(last_id) FROM transcript_chunk")? + 1)
         .max(1);
+
+    let node_epoch = counter(Counter::NodeEpoch.key())?;
 
     // A log pruned before the mark was kept: everything below its oldest event.
     let events_pruned_through = match counter(Counter::EventsPrunedThrough.key())? {
@@ -411,6 +417,7 @@ fn read(conn: &Connection) -> rusqlite::Result<Recovered> {
         next_event_seq,
         events_pruned_through,
         next_transcript_id,
+        node_epoch,
         processes,
         zombies,
         declared,
