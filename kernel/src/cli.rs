@@ -510,30 +510,13 @@ pub struct StartArgs {
     /// Do not serve the web dashboard.
     #[arg(long, conflicts_with = "dashboard")]
     pub no_dashboard: bool,
-    /// Run as a node of a cluster on these NATS servers (comma-separated
-    /// nats://HOST:PORT), instead of the config's `kernel.cluster.servers`
-    /// (docs/CLUSTER.md). Credentials go in the URLs
-    /// (nats://USER:PASSWORD@HOST:PORT), never shown.
-    #[arg(
-        long,
-        value_name = "URLS",
-        env = "HIVEKERNEL_CLUSTER",
-        hide_env_values = true
-    )]
-    pub cluster: Option<String>,
     /// This node's name in the cluster, instead of `kernel.cluster.node`
     /// [default: the host name]
     #[arg(long, value_name = "NAME", env = "HIVEKERNEL_NODE")]
     pub node: Option<String>,
-    /// Join NATS servers that let this node in without credentials (as
-    /// `kernel.cluster.insecure`): only where no untrusted host can reach them.
-    #[arg(long)]
-    pub insecure_cluster: bool,
-    /// The cluster secret every node signs what it publishes with, instead
-    /// of `kernel.cluster.secret_file` (`hivekernel cluster secret FILE`
-    /// makes one; the same file on every node, mode 600).
-    #[arg(long, value_name = "FILE")]
-    pub cluster_secret: Option<PathBuf>,
+    /// Run as a node of a cluster (docs/CLUSTER.md).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// `hivekernel skills ...`.
@@ -641,13 +624,16 @@ pub enum NodesCommand {
     },
 }
 
-/// How a command that is not a node reaches the cluster's NATS servers,
-/// over (or instead of) a config's `kernel.cluster`.
+/// How a node (`start`), or a command that is none (`nodes forget`),
+/// reaches the cluster's NATS servers, over (or instead of) the config's
+/// `kernel.cluster`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Cluster")]
 pub struct ClusterArgs {
-    /// The NATS servers (comma-separated nats://HOST:PORT), instead of
-    /// the config's `kernel.cluster.servers`; credentials go in the URLs.
+    /// The cluster's NATS servers (comma-separated nats://HOST:PORT),
+    /// instead of the config's `kernel.cluster.servers` (docs/CLUSTER.md);
+    /// for `start`, it makes the kernel a node. Credentials go in the
+    /// URLs (nats://USER:PASSWORD@HOST:PORT), never shown.
     #[arg(
         long,
         value_name = "URLS",
@@ -655,10 +641,13 @@ pub struct ClusterArgs {
         hide_env_values = true
     )]
     pub cluster: Option<String>,
-    /// Reach NATS servers that let anyone in without credentials.
+    /// Reach NATS servers that let anyone in without credentials (as
+    /// `kernel.cluster.insecure`): only where no untrusted host can reach them.
     #[arg(long)]
     pub insecure_cluster: bool,
-    /// The cluster secret, instead of `kernel.cluster.secret_file`.
+    /// The cluster secret every node signs what it publishes with, instead
+    /// of `kernel.cluster.secret_file` (`hivekernel cluster secret FILE`
+    /// makes one; the same file on every node, mode 600).
     #[arg(long, value_name = "FILE")]
     pub cluster_secret: Option<PathBuf>,
 }
@@ -1258,10 +1247,10 @@ async fn start(args: StartArgs) -> Result<(), CliError> {
             }),
             (None, false) => None,
         },
-        cluster: args.cluster,
+        cluster: args.cluster.cluster,
         node: args.node,
-        insecure_cluster: args.insecure_cluster,
-        cluster_secret: args.cluster_secret,
+        insecure_cluster: args.cluster.insecure_cluster,
+        cluster_secret: args.cluster.cluster_secret,
     };
     daemon::run(options).await.map_err(CliError::Start)
 }

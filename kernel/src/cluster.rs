@@ -368,14 +368,7 @@ impl Cluster {
         pid_floor: u64,
         events_kept: u64,
     ) -> Result<Arc<Cluster>, ClusterError> {
-        let secret = match &settings.secret_file {
-            Some(file) => Some(read_secret(file).map_err(|problem| ClusterError::Access {
-                setting: "kernel.cluster.secret_file".to_owned(),
-                problem,
-            })?),
-            None => None,
-        };
-        let seal = Seal::new(&settings.node, secret.as_deref());
+        let seal = seal_of(&settings)?;
         let client = access::connect(&settings).await?;
         access::warn_if_insecure(&settings);
         if !seal.signs() {
@@ -930,27 +923,27 @@ impl Cluster {
     /// pace (a read that hangs on a server gone silent is asked again at
     /// the next one).
     async fn claimed_lost(&self) -> Result<Option<String>, ()> {
-        let claim = format!("lost.{}.{}", self.settings.node, self.epoch);
         let within = Duration::from_millis(self.settings.heartbeat_ms);
-        let read = tokio::time::timeout(within, self.claims.entry(claim)).await;
-        let Some(entry) = read.map_err(drop)?.map_err(drop)? else {
-            return Ok(None);
-        };
-        Ok((entry.operation == Operation::Put)
-            .then(|| String::from_utf8_lossy(&entry.value).into_owned()))
+        let read = self.claimant(&self.settings.node, self.epoch);
+        tokio::time::timeout(within, read)
+            .await
+            .map_err(drop)?
+            .map_err(drop)
     }
 
     /// The node that claimed `node`'s start `epoch` lost, if one did
     /// (an operator's `nodes forget` claims as `operator`); `None` also
     /// when the claims cannot be read.
     pub(crate) async fn loss_claimant(&self, node: &str, epoch: u64) -> Option<String> {
-        let entry = self
-            .claims
-            .entry(format!("lost.{node}.{epoch}"))
-            .await
-            .ok()??;
-        (entry.operation == Operation::Put)
-            .then(|| String::from_utf8_lossy(&entry.value).into_owned())
+        self.claimant(node, epoch).await.ok().flatten()
+    }
+
+    /// Who holds the claim of `node`'s start `epoch`'s loss, if anyone.
+    async fn claimant(&self, node: &str, epoch: u64) -> Result<Option<String>, kv::EntryError> {
+        let entry = self.claims.entry(format!("lost.{node}.{epoch}")).await?;
+        Ok(entry
+            .filter(|entry| entry.operation == Operation::Put)
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))
     }
 
     /// The revision of this node's record when it is still this node's
@@ -1595,6 +1588,19 @@ async fn watch_record(
         }
     }
     Judged::Silent { revision }
+}
+
+/// What a node of `settings` signs with: the cluster secret of
+/// `secret_file`, read and checked, or none.
+fn seal_of(settings: &ClusterSettings) -> Result<Seal, ClusterError> {
+    let secret = match &settings.secret_file {
+        Some(file) => Some(read_secret(file).map_err(|problem| ClusterError::Access {
+            setting: "kernel.cluster.secret_file".to_owned(),
+            problem,
+        })?),
+        None => None,
+    };
+    Ok(Seal::new(&settings.node, secret.as_deref()))
 }
 
 fn encode(record: &NodeRecord) -> Bytes {

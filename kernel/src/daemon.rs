@@ -430,7 +430,8 @@ pub fn cluster_of(
         model: None,
         dashboard: None,
         cluster: servers,
-        node: Some("operator".to_owned()),
+        // What it writes, it signs as the operator, not as a node.
+        node: Some(crate::cluster::FORGOTTEN_BY.to_owned()),
         insecure_cluster,
         cluster_secret,
     };

@@ -9,11 +9,9 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::{self, kv};
 use kv::Operation;
 
-use super::seal::Seal;
 use super::signed::Signed;
 use super::{
-    CLAIMS, ClusterError, Judged, NODES, NodeRecord, REQUEST_TIMEOUT, access, read_secret,
-    watch_record,
+    CLAIMS, ClusterError, Judged, NODES, NodeRecord, REQUEST_TIMEOUT, access, seal_of, watch_record,
 };
 use crate::config::ClusterSettings;
 use crate::event::unix_ms;
@@ -73,14 +71,7 @@ pub enum ForgetError {
 /// is within its TTL; else its start is claimed lost and its record
 /// removed (compare-and-set on the revision watched).
 pub async fn forget(settings: &ClusterSettings, name: &str) -> Result<Forgotten, ForgetError> {
-    let secret = match &settings.secret_file {
-        Some(file) => Some(read_secret(file).map_err(|problem| ClusterError::Access {
-            setting: "kernel.cluster.secret_file".to_owned(),
-            problem,
-        })?),
-        None => None,
-    };
-    let seal = Seal::new(&settings.node, secret.as_deref());
+    let seal = seal_of(settings)?;
     let client = access::connect(settings).await?;
     let mut js = jetstream::new(client.clone());
     js.set_timeout(REQUEST_TIMEOUT);

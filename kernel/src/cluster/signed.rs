@@ -84,16 +84,24 @@ impl Signed {
         &self,
         key: impl AsRef<str>,
     ) -> Result<Option<kv::Entry>, kv::EntryError> {
-        Ok(self.store.entry(key.as_ref()).await?.map(|entry| {
-            match self.seal.open_entry(self.bucket, entry) {
-                Ok(entry) => entry,
-                Err(entry) => kv::Entry {
-                    value: Bytes::new(),
-                    operation: Operation::Delete,
-                    ..*entry
-                },
-            }
-        }))
+        Ok(self
+            .store
+            .entry(key.as_ref())
+            .await?
+            .map(|entry| self.opened(entry)))
+    }
+
+    /// `entry` with its value's payload when a node signed it; a forged
+    /// value as removed (at its revision, with no value).
+    fn opened(&self, entry: kv::Entry) -> kv::Entry {
+        match self.seal.open_entry(self.bucket, entry) {
+            Ok(entry) => entry,
+            Err(entry) => kv::Entry {
+                value: Bytes::new(),
+                operation: Operation::Delete,
+                ..*entry
+            },
+        }
     }
 
     /// [`Signed::entry`] as the stream's leader holds it: a direct get
@@ -104,16 +112,7 @@ impl Signed {
         &self,
         key: impl AsRef<str>,
     ) -> Result<Option<kv::Entry>, kv::EntryError> {
-        Ok(self.latest_raw(key).await?.map(|entry| {
-            match self.seal.open_entry(self.bucket, entry) {
-                Ok(entry) => entry,
-                Err(entry) => kv::Entry {
-                    value: Bytes::new(),
-                    operation: Operation::Delete,
-                    ..*entry
-                },
-            }
-        }))
+        Ok(self.latest_raw(key).await?.map(|entry| self.opened(entry)))
     }
 
     /// [`Signed::latest`] unchecked: the entry as the leader holds it.

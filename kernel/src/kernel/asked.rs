@@ -30,21 +30,19 @@ impl Kernel {
             return Ok(carried);
         }
         let mut rules = carried.to_vec();
-        if from != Pid::KERNEL {
-            // One read of the table; the exec runtime only for its own.
-            let (own, exec) = match self.inner.table().read().get(from) {
-                Some(entry) => (
-                    entry.proc.approvals.clone(),
-                    &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME,
-                ),
-                None => (None, false),
-            };
-            if let Some(own) = own {
-                join(&mut rules, &own);
-            }
-            if exec && let Some(exec) = self.inner.runtimes().exec().and_then(|rt| rt.get(from)) {
-                join(&mut rules, &exec.asked_under());
-            }
+        // One read of the table; the exec runtime only for its own.
+        let (own, exec) = match self.inner.table().read().get(from) {
+            Some(entry) => (
+                entry.proc.approvals.clone(),
+                &*entry.proc.runtime_name == crate::exec::EXEC_RUNTIME,
+            ),
+            None => (None, false),
+        };
+        if let Some(own) = own {
+            join(&mut rules, &own);
+        }
+        if exec && let Some(exec) = self.inner.runtimes().exec().and_then(|rt| rt.get(from)) {
+            join(&mut rules, &exec.asked_under());
         }
         if rules.len() > MAX_CARRIED_RULES {
             return Err(KernelError::LimitExceeded(format!(
