@@ -974,7 +974,7 @@ impl Cluster {
     /// only a member may do until its next heartbeat says whether it
     /// still is one.
     pub(crate) async fn still_member(&self) -> bool {
-        let fresh = Duration::from_millis(self.settings.node_ttl_ms) / 2;
+        let fresh = self.fresh_for();
         let mut confirmed = self.confirmed.subscribe();
         loop {
             if self.fenced.borrow().is_some() || self.cancel.is_cancelled() {
@@ -987,6 +987,49 @@ impl Cluster {
                 () = self.cancel.cancelled() => return false,
                 changed = confirmed.changed() => if changed.is_err() { return false },
             }
+        }
+    }
+
+    /// How long a heartbeat's confirmation holds: half the TTL, so a node
+    /// stops acting well before another may declare it lost.
+    fn fresh_for(&self) -> Duration {
+        Duration::from_millis(self.settings.node_ttl_ms) / 2
+    }
+
+    /// Whether this node knows afresh, now, that it is a member (what
+    /// [`Cluster::still_member`] waits for), without waiting: one clock
+    /// read.
+    pub(crate) fn member_now(&self) -> bool {
+        self.fenced.borrow().is_none()
+            && !self.cancel.is_cancelled()
+            && self.confirmed.borrow().elapsed() < self.fresh_for()
+    }
+
+    /// Whether this node may answer a request now: at once while it knows
+    /// afresh that it is a member; otherwise (it was paused, or cut off
+    /// from NATS) once its next heartbeat says it still is one, waiting at
+    /// most its TTL. `Err` says why not, for the caller, who should ask
+    /// another node.
+    pub(crate) async fn standing(&self) -> Result<(), String> {
+        if self.member_now() {
+            return Ok(());
+        }
+        let node = &self.settings.node;
+        let ttl = Duration::from_millis(self.settings.node_ttl_ms);
+        match tokio::time::timeout(ttl, self.still_member()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(match self.fenced.borrow().as_deref() {
+                Some(why) => format!(
+                    "node {node} is no longer a member of its cluster ({why}); ask another node"
+                ),
+                None => format!("node {node} is leaving its cluster; ask another node"),
+            }),
+            Err(_) => Err(format!(
+                "node {node} cannot confirm that it is still a member of its cluster \
+                 (no heartbeat through for {} ms: NATS unreachable, or this node was \
+                 paused); ask another node",
+                self.confirmed.borrow().elapsed().as_millis()
+            )),
         }
     }
 

@@ -42,6 +42,7 @@ use hivekernel_agents::sandbox::{Grants, KeepOut, Sandbox};
 use hivekernel_agents::{ExecCommand, Pid, ProcessContext};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
 
 pub(crate) use agent::ExecAgent;
 pub(crate) use agent::ExecProc;
@@ -71,6 +72,9 @@ pub struct ExecRuntime {
     /// When their logs are rotated (`kernel.exec.log`).
     rotation: LogRotation,
     procs: Mutex<FxHashMap<Pid, Arc<ExecProc>>>,
+    /// Cancelled once the node is fenced ([`ExecRuntime::halt`]): every OS
+    /// process is killed at once, and nothing starts again.
+    halt: CancellationToken,
 }
 
 /// How `exec` processes are confined (`kernel.exec` with `sandbox: true`).
@@ -109,6 +113,7 @@ impl ExecRuntime {
             sandbox: None,
             rotation: LogRotation::DEFAULT,
             procs: Mutex::default(),
+            halt: CancellationToken::new(),
         }
     }
 
@@ -214,6 +219,21 @@ impl ExecRuntime {
         for watcher in watchers {
             watcher.await;
         }
+    }
+
+    /// Kills every OS process at once, for a node fenced out of its
+    /// cluster (docs/CLUSTER.md, "Losing a node"): their processes run on
+    /// another node now, and each moment more here is work done twice.
+    /// Each group gets SIGKILL without a grace period (one under way is cut
+    /// short), its watcher reports no exit, and nothing starts again: the
+    /// stop that follows finds them gone. Returns how many were running.
+    pub(crate) fn halt(&self) -> usize {
+        self.halt.cancel();
+        let procs = self.procs.lock();
+        for pid in procs.keys() {
+            self.auth.revoke(*pid);
+        }
+        procs.len()
     }
 
     /// Stops the OS process of `pid`, an exec process about to be

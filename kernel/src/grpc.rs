@@ -34,6 +34,7 @@ pub use local::{Answer, LocalService};
 pub(crate) use measure::code_name;
 mod service;
 mod skills;
+mod standing;
 mod status;
 mod streams;
 mod tokens;
@@ -111,6 +112,8 @@ pub async fn serve_with_tls(
         .layer(InterceptorLayer::new(move |request| {
             authenticate(&auth, request)
         }))
+        // After authentication: a stranger learns nothing of the node's standing.
+        .layer(standing::StandingLayer(kernel.cluster().cloned()))
         .layer(decode::DecodeErrorsLayer)
         .add_service(health_service)
         .add_service(

@@ -556,6 +556,168 @@ fn a_killed_node_is_declared_lost_and_a_paused_one_is_fenced() {
     wait_for_nodes(&b, &["a", "b"], limit);
 }
 
+/// A node paused past its TTL, whose processes another node took over,
+/// acts on nothing once it runs again: the calls queued at its port while
+/// it was stopped are refused UNAVAILABLE, naming why (not answered as
+/// the processes that moved, not spawned), and its `exec` agents' OS
+/// processes are killed at once when it learns of its loss, not after the
+/// stop's grace period, so the old copy stops as soon as it can be told.
+#[test]
+fn a_paused_node_answers_nothing_once_resumed_and_kills_its_exec_agents_at_once() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let pids_file = root.path().join("stubborn.pids");
+    // An agent that ignores SIGTERM: only SIGKILL ends it.
+    let script = format!(
+        "trap '' TERM; echo $$ >> {}; while true; do sleep 0.1; done",
+        pids_file.display()
+    );
+    let restart = json!({ "policy": "permanent", "backoff_ms": [200, 1000] });
+    let config = json!({
+        "kernel": {
+            "listen": "127.0.0.1:0",
+            // Longer than the test waits: a stop that gave the agent its
+            // grace period would fail it.
+            "shutdown_grace_ms": 30_000,
+            "dashboard": { "enabled": false },
+            "cluster": {
+                "servers": ["nats://127.0.0.1:1"],
+                "heartbeat_ms": HEARTBEAT_MS,
+                "node_ttl_ms": TTL_MS
+            }
+        },
+        "agents": [
+            { "name": "porter", "role": "agent", "runtime": "echo", "restart": restart },
+            {
+                "name": "stubborn", "role": "agent", "runtime": "exec",
+                "command": ["sh", "-c", script], "restart": restart
+            }
+        ]
+    })
+    .to_string();
+    let started = |count: usize| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = std::fs::read_to_string(&pids_file).unwrap_or_default();
+            let pids: Vec<i32> = text.lines().filter_map(|l| l.parse().ok()).collect();
+            if pids.len() >= count {
+                return pids;
+            }
+            assert!(Instant::now() < deadline, "{count} starts: {pids:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Whatever happens, no agent outlives the test (the kernels are
+    // killed with SIGKILL at its end, and it ignores SIGTERM).
+    struct Reap(PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for pid in std::fs::read_to_string(&self.0).unwrap_or_default().lines() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .status();
+            }
+        }
+    }
+    let _reap = Reap(pids_file.clone());
+    let on = |all: &std::collections::BTreeMap<u64, (String, String)>, at: &str| {
+        all.values()
+            .filter(|(name, node)| (name == "porter" || name == "stubborn") && node == at)
+            .count()
+            == 2
+    };
+    // b starts first and claims both agents.
+    let mut b = member(&bin, root.path(), &nats, "b", &config);
+    wait_for_ps(&b, "agents on b", |all| on(all, "b"));
+    let first = started(1)[0];
+    let a = member(&bin, root.path(), &nats, "a", &config);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+
+    // Paused past its TTL: a takes both agents over.
+    signal(&b, "STOP");
+    wait_for_ps(&a, "agents on a", |all| on(all, "a"));
+    let second = started(2)[1];
+    assert_ne!(first, second);
+
+    // Calls queued at b's port while it is stopped.
+    let task = b
+        .command(&["exec", "porter", "from the paused node"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let spawned = b
+        .command(&[
+            "spawn",
+            "--parent",
+            "1",
+            "--name",
+            "latecomer",
+            "--runtime",
+            "echo",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&b, "CONT");
+    let resumed = Instant::now();
+
+    for (what, call) in [("exec", task), ("spawn", spawned)] {
+        let out = call.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{what}: {stdout}\n{stderr}\n{}",
+            b.log()
+        );
+        assert!(
+            stderr.contains("unavailable: node b is no longer a member of its cluster"),
+            "{what}: {stderr}"
+        );
+        assert!(!stdout.contains("from the paused node"), "{stdout}");
+    }
+    // The old OS process is killed as b learns of its loss.
+    let deadline = resumed + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{first}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{first}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old agent still runs\n{}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "the old exec agent was gone {:?} after its node resumed",
+        resumed.elapsed()
+    );
+    assert_eq!(
+        exit_code(&mut b, Duration::from_secs(10)),
+        Some(3),
+        "{}",
+        b.log()
+    );
+    assert!(b.log().contains("exec processes killed"), "{}", b.log());
+    // Nothing was spawned, and the agent a runs is the one that answers.
+    assert!(
+        !everyone(&a).values().any(|(name, _)| name == "latecomer"),
+        "{:?}",
+        everyone(&a)
+    );
+    assert!(a.cli(&["exec", "porter", "after"]).contains("after"));
+    assert!(Path::new(&format!("/proc/{second}")).exists());
+}
+
 #[test]
 fn a_second_node_under_a_live_name_is_refused() {
     let bin = binary();

@@ -106,10 +106,10 @@ impl Session {
             return connect_error(&self.addr, cause, self.secure);
         }
         match status.code() {
-            Code::Unavailable => CliError::Connect {
+            // Said by the kernel: it is reached, and cannot serve now.
+            Code::Unavailable => CliError::Unavailable {
                 addr: self.addr.clone(),
-                cause: message,
-                hint: NOT_RUNNING,
+                message,
             },
             Code::Unauthenticated => CliError::Unauthenticated {
                 message,

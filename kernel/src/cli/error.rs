@@ -27,6 +27,17 @@ pub enum CliError {
         /// The likely fix.
         hint: &'static str,
     },
+    /// The kernel answered that it cannot serve now (UNAVAILABLE: it is
+    /// stopping, its cluster is out of reach, or its node is not a member
+    /// of it now): try again, or another node (exit 3, as a connection
+    /// that failed).
+    #[error("unavailable: {message} (answered by {addr})")]
+    Unavailable {
+        /// The address that answered.
+        addr: String,
+        /// The kernel's message.
+        message: String,
+    },
     /// The kernel refused the token (exit 1).
     #[error("unauthenticated: {message}; {hint}")]
     Unauthenticated {
@@ -47,12 +58,13 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// 1 refused or not found; 2 usage or config; 3 cannot connect.
+    /// 1 refused or not found; 2 usage or config; 3 cannot connect, or
+    /// the kernel cannot serve now.
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage(_) | CliError::Config(_) => 2,
             CliError::Start(err) => err.exit_code(),
-            CliError::Connect { .. } => 3,
+            CliError::Connect { .. } | CliError::Unavailable { .. } => 3,
             CliError::Unauthenticated { .. }
             | CliError::Refused(_)
             | CliError::TaskFailed(_)

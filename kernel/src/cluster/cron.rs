@@ -45,6 +45,9 @@ impl Cluster {
         name: &str,
         slot_ms: u64,
     ) -> Result<Lease, ClusterError> {
+        // A node that may have been declared lost fires nothing: the node
+        // that took its processes over does.
+        self.standing().await.map_err(ClusterError::JetStream)?;
         let key = marker(&self.settings.node, owner, name, slot_ms);
         let written = match self.claims.create(&key, &self.settings.node).await {
             Ok(revision) => Some(revision),

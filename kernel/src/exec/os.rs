@@ -239,7 +239,7 @@ impl Launch {
         // wrote READY=1 or STOPPING=1 to it would speak for the kernel.
         cmd.env_remove(crate::command::NOTIFY_SOCKET_ENV);
         let mut os = proc.os.lock();
-        if !os.startable(*generation) {
+        if !os.startable(*generation) || runtime.halt.is_cancelled() {
             return Ok(());
         }
         let token = runtime
@@ -326,6 +326,7 @@ async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Durat
         tokio::select! {
             status = child.wait() => break Some(status),
             () = stop.cancelled() => break None,
+            () = runtime.halt.cancelled() => break None,
             _ = rotation.tick(), if runtime.rotation.max_bytes > 0 => {
                 let (log, limits) = (proc.spec.log_path.clone(), runtime.rotation);
                 let rotated =
@@ -345,12 +346,19 @@ async fn watch(on_exit: OnExit, watched: Watched, mut child: Child, grace: Durat
         }
     };
     let Some(status) = own else {
-        signal(Signal::TERM);
-        if tokio::time::timeout(grace, child.wait()).await.is_err() {
-            tracing::warn!(pid = %proc.pid, grace_ms = grace.as_millis() as u64, "exec process ignored SIGTERM; sending SIGKILL");
-            signal(Signal::KILL);
-            let _ = child.wait().await;
+        // Halted (its node fenced): its process runs elsewhere now, and
+        // gets no grace, even when the halt comes during one.
+        if !runtime.halt.is_cancelled() {
+            signal(Signal::TERM);
+            tokio::select! {
+                ended = tokio::time::timeout(grace, child.wait()) => if ended.is_err() {
+                    tracing::warn!(pid = %proc.pid, grace_ms = grace.as_millis() as u64, "exec process ignored SIGTERM; sending SIGKILL");
+                },
+                () = runtime.halt.cancelled() => {}
+            }
         }
+        signal(Signal::KILL);
+        let _ = child.wait().await;
         signal(Signal::KILL);
         settle(group).await;
         return;

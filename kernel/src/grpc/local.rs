@@ -34,6 +34,9 @@ const FRAME_HEADER: usize = 5;
 #[derive(Clone)]
 pub struct LocalService {
     server: KernelServer<KernelService>,
+    /// The node's cluster: calls wait for its standing as gRPC calls do
+    /// (the standing layer, `standing.rs`).
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl std::fmt::Debug for LocalService {
@@ -52,6 +55,7 @@ impl LocalService {
     ) -> Self {
         let limit = super::max_request_bytes(&kernel);
         LocalService {
+            cluster: kernel.cluster().cloned(),
             server: KernelServer::new(KernelService::new(kernel, drain, reload))
                 .max_decoding_message_size(limit),
         }
@@ -68,6 +72,9 @@ impl LocalService {
     ) -> Result<Answer, Status> {
         let path = format!("{SERVICE_PATH}{method}");
         check_scope(caller, &path)?;
+        if let Some(cluster) = &self.cluster {
+            cluster.standing().await.map_err(Status::unavailable)?;
+        }
         let mut framed = BytesMut::with_capacity(FRAME_HEADER + request.len());
         framed.extend_from_slice(&[0]);
         let len = u32::try_from(request.len())

@@ -263,6 +263,7 @@ impl Kernel {
             }),
         );
         self.fail_unanswered(&cluster);
+        self.halt_when_fenced(&cluster);
         let Some(requests) = cluster.requests() else {
             return;
         };
@@ -328,6 +329,26 @@ impl Kernel {
         });
     }
 
+    /// Kills the `exec` processes' OS processes the moment this node is
+    /// fenced, before the stop that follows (which gives them a grace
+    /// period): another node runs their processes now.
+    fn halt_when_fenced(&self, cluster: &Cluster) {
+        let Some(exec) = self.inner.runtimes().exec().cloned() else {
+            return;
+        };
+        let mut fenced = cluster.fenced();
+        let shutdown = self.inner.shutdown().clone();
+        self.inner.tracker().spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                seen = fenced.wait_for(Option::is_some) => if seen.is_ok() {
+                    let killed = exec.halt();
+                    tracing::warn!(killed, "fenced: exec processes killed");
+                }
+            }
+        });
+    }
+
     /// Reports failed, once, every `delegate_async` request sent to a
     /// node that leaves the view before answering, until shutdown.
     fn fail_unanswered(&self, cluster: &Arc<Cluster>) {
@@ -386,6 +407,10 @@ impl Kernel {
             request.op,
             Op::Get { .. } | Op::Transcript { .. } | Op::ExecLog { .. }
         );
+        // Nor does this node while it cannot tell whether it is one.
+        if let Err(why) = cluster.standing().await {
+            return refused(Refusal::new(ErrorKind::Unavailable, why));
+        }
         if acts && !cluster.is_live(&request.from_node, request.epoch) {
             return refused(Refusal::new(
                 ErrorKind::FailedPrecondition,
@@ -702,11 +727,9 @@ impl Kernel {
         if cluster.still_member().await {
             return Ok(());
         }
-        Err(KernelError::FailedPrecondition(format!(
-            "process {} runs on another node now: node {} left the cluster, or was \
-             declared lost",
+        Err(KernelError::FailedPrecondition(moved_away(
             proc.ctx.pid,
-            cluster.node()
+            cluster.node(),
         )))
     }
 
@@ -976,6 +999,13 @@ fn listing(table: &ProcessTable, pid: Pid, node: &str, epoch: u64) -> Option<Lis
         token: None,
         moves: entry.proc.mail_in_cluster,
     })
+}
+
+/// Why process `pid` on `node` may not act: it runs on another node now.
+pub(super) fn moved_away(pid: Pid, node: &str) -> String {
+    format!(
+        "process {pid} runs on another node now: node {node} left the cluster, or was declared lost"
+    )
 }
 
 #[cfg(test)]

@@ -221,7 +221,14 @@ async fn handle_task(
     let started = Instant::now();
     let (request_id, from) = (task.request_id, task.from);
     let limit = Duration::from_secs(proc.limits.timeout_seconds.max(1));
-    let work = AssertUnwindSafe(runtime.execute(&proc.ctx, task)).catch_unwind();
+    let standing = standing(&kernel, &proc);
+    let work = AssertUnwindSafe(async {
+        if let Some(standing) = standing {
+            standing.await?;
+        }
+        runtime.execute(&proc.ctx, task).await
+    })
+    .catch_unwind();
     let (outcome, reply) = match reply {
         // Stop working as soon as a blocked requester gives up.
         ReplyTo::Waiter(mut tx) => {
@@ -388,6 +395,13 @@ async fn handle_message(
     handover: Option<Arc<AtomicU64>>,
 ) -> Result<(), Fatal> {
     let pid = proc.ctx.pid;
+    if let Some(standing) = standing(&kernel, &proc)
+        && standing.await.is_err()
+    {
+        // Its node is no member now: the message stays in the cluster's
+        // stream for the node that runs the process.
+        return Ok(());
+    }
     let _running = CountGuard::enter(&proc.running);
     let acknowledged = runtime.acknowledges_messages();
     let deferred = handover.map(|pending| Deferred {
@@ -444,6 +458,32 @@ async fn handle_message(
             format!("runtime panicked: {}", panic_text(panic.as_ref())),
         )),
     }
+}
+
+/// For a process that may move, on a node that does not know afresh that
+/// it is still a member of its cluster (it was paused, or cut off from
+/// NATS): the wait for the next heartbeat's verdict, `Err` when the node is
+/// no member (the process runs elsewhere now), before anything is handed
+/// to the process (docs/CLUSTER.md, "Losing a node"). `None`, after one
+/// clock read, in the common case.
+fn standing(
+    kernel: &Weak<Inner>,
+    proc: &ProcShared,
+) -> Option<futures::future::BoxFuture<'static, Result<(), String>>> {
+    if !proc.mail_in_cluster {
+        return None;
+    }
+    let cluster = kernel.upgrade()?.cluster()?.clone();
+    if cluster.member_now() {
+        return None;
+    }
+    let pid = proc.ctx.pid;
+    Some(Box::pin(async move {
+        if cluster.still_member().await {
+            return Ok(());
+        }
+        Err(super::cluster::moved_away(pid, cluster.node()))
+    }))
 }
 
 /// A message whose hand-over waits for its turn to act: taken as the turn
