@@ -58,6 +58,7 @@ mod transcript;
 pub use transcript::Recording;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
+pub use cluster::{Snapshots, Unanswered};
 pub use declared::Placed;
 use inner::{Inner, Parts};
 pub use mcp::McpToolInfo;
@@ -217,6 +218,12 @@ impl Kernel {
     /// are gone; on a node of a cluster, those other nodes hold are asked
     /// of them.
     pub async fn infos(&self, pids: &[Pid]) -> Vec<ProcessInfo> {
+        self.snapshots(pids).await.infos
+    }
+
+    /// [`Kernel::infos`], naming the nodes that held some of `pids` and
+    /// did not answer for them.
+    pub async fn snapshots(&self, pids: &[Pid]) -> Snapshots {
         if let Some(cluster) = self.inner.cluster() {
             return self.cluster_infos(cluster, pids).await;
         }
@@ -227,10 +234,13 @@ impl Kernel {
                 .filter_map(|pid| table.get(*pid).map(|e| e.info(*pid)))
                 .collect()
         };
-        infos
-            .into_iter()
-            .map(|info| self.with_log_path(info))
-            .collect()
+        Snapshots {
+            infos: infos
+                .into_iter()
+                .map(|info| self.with_log_path(info))
+                .collect(),
+            unanswered: Vec::new(),
+        }
     }
 
     /// Snapshots of `root`'s whole subtree, parents before children.

@@ -718,6 +718,61 @@ fn a_paused_node_answers_nothing_once_resumed_and_kills_its_exec_agents_at_once(
     assert!(Path::new(&format!("/proc/{second}")).exists());
 }
 
+/// `ps` over the cluster while a node is paused (within its TTL, so it is
+/// still a member): the listing comes within the read's wait, not the
+/// node's TTL, without that node's processes, and says on stderr which
+/// node did not answer and how many processes it left out.
+#[test]
+fn ps_names_the_node_that_did_not_answer() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let timing = json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": 500,
+        "node_ttl_ms": 20_000
+    });
+    let a = flagged_as(&bin, root.path(), &nats, "a", timing.clone());
+    let b = flagged_as(&bin, root.path(), &nats, "b", timing);
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let far = spawned_pid(&spawn_on(&a, 1, "far", "b", &[]));
+    wait_for_ps(&a, "far listed", |all| all.contains_key(&far));
+
+    signal(&b, "STOP");
+    let asked = Instant::now();
+    let out = a.command(&["ps", "--json"]).output().unwrap();
+    let took = asked.elapsed();
+    signal(&b, "CONT");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let shown: Value = serde_json::from_str(&stdout).unwrap();
+    let pids: Vec<u64> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert!(!pids.contains(&far), "{pids:?}");
+    assert!(
+        stderr.contains("warning: node b did not answer; 1 process of it not shown")
+            && stderr.contains("does not answer"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(5), "ps took {took:?}");
+
+    // Answering again: listed, and no warning.
+    let out = a.command(&["ps", "--json"]).output().unwrap();
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("\"pid\": {far}")));
+}
+
 #[test]
 fn a_second_node_under_a_live_name_is_refused() {
     let bin = binary();

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hivekernel_proto::v1::{
     KillRequest, ListProcessesRequest, ProcessInfo, RestartProcessRequest, RestartSpec,
-    Role as PbRole, SpawnRequest, Strategy as PbStrategy, WaitChildRequest,
+    Role as PbRole, SpawnRequest, Strategy as PbStrategy, UnansweredNode, WaitChildRequest,
 };
 use serde_json::json;
 
@@ -27,14 +27,37 @@ pub(super) async fn list(session: &mut Session, root: u64) -> Result<Vec<Process
         .map_err(|status| session.error(status))?
         .into_inner();
     let mut procs = Vec::new();
+    let mut unanswered: Vec<UnansweredNode> = Vec::new();
     while let Some(batch) = stream
         .message()
         .await
         .map_err(|status| session.error(status))?
     {
         procs.extend(batch.processes);
+        for gap in batch.unanswered {
+            match unanswered.iter_mut().find(|seen| seen.node == gap.node) {
+                Some(seen) => seen.processes = seen.processes.saturating_add(gap.processes),
+                None => unanswered.push(gap),
+            }
+        }
+    }
+    // On stderr: what is listed stays as it is (a table, JSON) for whatever reads it.
+    for gap in &unanswered {
+        eprintln!("{}", unanswered_warning(gap));
     }
     Ok(procs)
+}
+
+/// The warning for a node that did not answer for its processes.
+fn unanswered_warning(gap: &UnansweredNode) -> String {
+    let count = match gap.processes {
+        1 => "1 process".to_owned(),
+        n => format!("{n} processes"),
+    };
+    format!(
+        "warning: node {} did not answer; {count} of it not shown ({})",
+        gap.node, gap.error
+    )
 }
 
 /// Spawns one process and prints its PID.

@@ -46,16 +46,25 @@ pub(crate) fn process_batches(
     let tracker = kernel.tracker().clone();
     tracker.spawn(async move {
         for chunk in pids.chunks(batch_size) {
-            let processes: Vec<_> = kernel
-                .infos(chunk)
-                .await
+            let read = kernel.snapshots(chunk).await;
+            let processes: Vec<_> = read.infos.into_iter().map(convert::process_info).collect();
+            let unanswered: Vec<_> = read
+                .unanswered
                 .into_iter()
-                .map(convert::process_info)
+                .map(|gap| pb::UnansweredNode {
+                    node: gap.node,
+                    error: gap.error,
+                    processes: u32::try_from(gap.processes).unwrap_or(u32::MAX),
+                })
                 .collect();
-            if processes.is_empty() {
+            if processes.is_empty() && unanswered.is_empty() {
                 continue;
             }
-            if !send(&tx, Ok(pb::ProcessBatch { processes }), &stop).await {
+            let batch = pb::ProcessBatch {
+                processes,
+                unanswered,
+            };
+            if !send(&tx, Ok(batch), &stop).await {
                 return;
             }
         }

@@ -125,7 +125,7 @@ impl Kernel {
     /// Snapshots of `pids` in their order, skipping those gone: this
     /// node's from its table, the others' from the nodes holding them
     /// (each asked once per [`rpc::MAX_GET`] PIDs, the nodes at once).
-    pub(super) async fn cluster_infos(&self, cluster: &Cluster, pids: &[Pid]) -> Vec<ProcessInfo> {
+    pub(super) async fn cluster_infos(&self, cluster: &Cluster, pids: &[Pid]) -> Snapshots {
         let mut infos: Vec<Option<ProcessInfo>> = self.local_infos(pids);
         let mut wanted: HashMap<String, Vec<Pid>> = HashMap::new();
         {
@@ -139,7 +139,10 @@ impl Kernel {
             }
         }
         if wanted.is_empty() {
-            return infos.into_iter().flatten().collect();
+            return Snapshots {
+                infos: infos.into_iter().flatten().collect(),
+                unanswered: Vec::new(),
+            };
         }
         let asks: Vec<(String, Vec<Pid>)> = wanted
             .into_iter()
@@ -149,27 +152,44 @@ impl Kernel {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let answers: Vec<Vec<ProcessInfo>> = futures::stream::iter(asks)
-            .map(|(node, pids)| async move {
-                read_from(cluster, &node, pids).await.unwrap_or_else(|err| {
-                    tracing::warn!(%node, error = %err, "cluster: processes of a node not read");
-                    Vec::new()
+        let answers: Vec<std::result::Result<Vec<ProcessInfo>, Unanswered>> =
+            futures::stream::iter(asks)
+                .map(|(node, pids)| async move {
+                    let held = pids.len();
+                    read_from(cluster, &node, pids).await.map_err(|err| {
+                        tracing::warn!(%node, error = %err, "cluster: processes of a node not read");
+                        Unanswered {
+                            node,
+                            error: err.to_string(),
+                            processes: held,
+                        }
+                    })
                 })
-            })
-            .buffer_unordered(GETS_AT_ONCE)
-            .collect()
-            .await;
-        let mut got: HashMap<Pid, ProcessInfo> = answers
-            .into_iter()
-            .flatten()
-            .map(|info| (info.pid, info))
-            .collect();
+                .buffer_unordered(GETS_AT_ONCE)
+                .collect()
+                .await;
+        let mut got: HashMap<Pid, ProcessInfo> = HashMap::new();
+        let mut unanswered: Vec<Unanswered> = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(read) => got.extend(read.into_iter().map(|info| (info.pid, info))),
+                // A node asked in several chunks is named once.
+                Err(gap) => match unanswered.iter_mut().find(|seen| seen.node == gap.node) {
+                    Some(seen) => seen.processes += gap.processes,
+                    None => unanswered.push(gap),
+                },
+            }
+        }
+        unanswered.sort_by(|a, b| a.node.cmp(&b.node));
         for (pid, info) in pids.iter().zip(infos.iter_mut()) {
             if info.is_none() {
                 *info = got.remove(pid);
             }
         }
-        infos.into_iter().flatten().collect()
+        Snapshots {
+            infos: infos.into_iter().flatten().collect(),
+            unanswered,
+        }
     }
 
     /// Snapshots of those of `pids` this node holds, `None` for the
@@ -951,6 +971,31 @@ fn held<T: serde::Serialize>(result: Result<T>) -> Bytes {
 /// Snapshots of those of `pids` that `node` holds, asked again for the
 /// rest while its answers are cut short by their size; only the PIDs
 /// asked are taken from its answers.
+/// Snapshots of processes, and the nodes that held some of those asked
+/// for and did not answer.
+#[derive(Debug, Default)]
+pub struct Snapshots {
+    /// In the order asked, those gone (or unread) left out.
+    pub infos: Vec<ProcessInfo>,
+    /// By node name.
+    pub unanswered: Vec<Unanswered>,
+}
+
+/// A node that did not answer for its processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unanswered {
+    pub node: String,
+    /// Why, as this node saw it.
+    pub error: String,
+    /// How many of the processes asked for it held.
+    pub processes: usize,
+}
+
+/// How long a read of another node's processes waits for its answer: a
+/// node that answers at all does within milliseconds, and a listing
+/// should not wait a paused node's TTL out.
+const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn read_from(cluster: &Cluster, node: &str, pids: Vec<Pid>) -> Result<Vec<ProcessInfo>> {
     let asked: HashSet<Pid> = pids.iter().copied().collect();
     let mut infos = Vec::new();
@@ -958,7 +1003,7 @@ async fn read_from(cluster: &Cluster, node: &str, pids: Vec<Pid>) -> Result<Vec<
     while !pids.is_empty() {
         let before = pids.len();
         let got: rpc::Got = cluster
-            .call(node, Op::Get { pids })
+            .call_within(node, Op::Get { pids }, READ_WAIT)
             .await
             .map_err(KernelError::Remote)?;
         let answered = got.processes.len();
