@@ -153,6 +153,9 @@ pub struct CronInfo {
     /// config declares it (`spec.enabled` is the switch).
     #[serde(default)]
     pub switched: bool,
+    /// On a node of a cluster, the node that keeps and fires it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[cfg(test)]
@@ -205,6 +208,7 @@ mod tests {
             running: false,
             history: Vec::new(),
             switched: false,
+            node: Some("b".into()),
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["action"], "spawn");

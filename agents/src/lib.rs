@@ -62,6 +62,8 @@ pub use process::{
 pub use runtime::{ProcessContext, Runtime, RuntimeError, RuntimeFactory, Workspace};
 pub use skill::{Skill, SkillEntry, SkillSelector};
 pub use supervision::{RestartPolicy, RestartSpec, Strategy};
-pub use syscalls::{ErrorKind, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport};
+pub use syscalls::{
+    ErrorKind, Killed, Outgoing, SyscallError, Syscalls, TaskSpec, ToolCallReport, Unreached,
+};
 pub use trace::{SpanId, TraceContext, TraceId};
 pub use transcript::{InputSource, TurnRecord};

@@ -92,6 +92,82 @@ impl SyscallError {
     }
 }
 
+/// What a kill ended: the PIDs that exited, leaves first, and the parts of
+/// the subtree that could not be reached (on a node that did not answer),
+/// which may still run. Travels as the bare list of PIDs when every part
+/// was reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "KilledForm", into = "KilledForm")]
+pub struct Killed {
+    /// The PIDs that exited, leaves first.
+    pub exited: Vec<Pid>,
+    /// What could not be reached.
+    pub unreached: Vec<Unreached>,
+}
+
+/// A process of a killed subtree that could not be reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unreached {
+    /// The process.
+    pub pid: Pid,
+    /// The node holding it.
+    pub node: String,
+    /// Why it could not be reached.
+    pub error: String,
+}
+
+/// How [`Killed`] travels.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum KilledForm {
+    Exited(Vec<Pid>),
+    Partly {
+        exited: Vec<Pid>,
+        unreached: Vec<Unreached>,
+    },
+}
+
+impl From<KilledForm> for Killed {
+    fn from(form: KilledForm) -> Killed {
+        match form {
+            KilledForm::Exited(exited) => Killed {
+                exited,
+                unreached: Vec::new(),
+            },
+            KilledForm::Partly { exited, unreached } => Killed { exited, unreached },
+        }
+    }
+}
+
+impl From<Killed> for KilledForm {
+    fn from(killed: Killed) -> KilledForm {
+        if killed.unreached.is_empty() {
+            KilledForm::Exited(killed.exited)
+        } else {
+            KilledForm::Partly {
+                exited: killed.exited,
+                unreached: killed.unreached,
+            }
+        }
+    }
+}
+
+impl Killed {
+    /// All of these exited, and nothing was out of reach.
+    pub fn all(exited: Vec<Pid>) -> Killed {
+        Killed {
+            exited,
+            unreached: Vec::new(),
+        }
+    }
+
+    /// Adds what `other` ended and could not reach.
+    pub fn extend(&mut self, other: Killed) {
+        self.exited.extend(other.exited);
+        self.unreached.extend(other.unreached);
+    }
+}
+
 /// A message to send; `kind` defaults to `message` and priority to normal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outgoing {
@@ -180,8 +256,10 @@ pub trait Syscalls: Send + Sync + fmt::Debug {
     /// Spawn a child of this process (`request.parent` is ignored).
     async fn spawn_child(&self, request: SpawnRequest) -> Result<Pid, SyscallError>;
 
-    /// Kill a descendant and its subtree; returns the PIDs that exited, leaves first.
-    async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError>;
+    /// Kill a descendant and its subtree; returns the PIDs that exited,
+    /// leaves first, and the parts of the subtree on a node that did not
+    /// answer.
+    async fn kill(&self, pid: Pid, reason: &str) -> Result<Killed, SyscallError>;
 
     /// Kill a descendant and collect its exit record, in the background:
     /// for cleanup on paths that cannot wait (a dropped future). Failures

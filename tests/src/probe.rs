@@ -124,7 +124,7 @@ impl Runtime for Probe {
                 let pid = pid_arg(words.next())?;
                 sys.kill(pid, "probe kill")
                     .await
-                    .map(|pids| format!("{pids:?}"))
+                    .map(|killed| format!("{:?}", killed.exited))
                     .map_err(|e| e.to_string())
             }
             "exit" => {

@@ -773,6 +773,60 @@ fn ps_names_the_node_that_did_not_answer() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("\"pid\": {far}")));
 }
 
+/// A kill whose subtree crosses a node that does not answer (killed,
+/// not yet declared lost) ends every part it can reach at once, the
+/// grandchild on a third node included, and says which processes it
+/// could not reach (exit 3, the rest listed as killed).
+#[test]
+fn a_kill_across_a_dead_middle_node_ends_what_it_reaches_and_names_the_rest() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    // A long TTL: the middle node stays in the view, not yet lost, while
+    // the kill runs.
+    let timing = json!({
+        "servers": ["nats://127.0.0.1:1"],
+        "heartbeat_ms": 500,
+        "node_ttl_ms": 30_000
+    });
+    let a = flagged_as(&bin, root.path(), &nats, "a", timing.clone());
+    let mut b = flagged_as(&bin, root.path(), &nats, "b", timing.clone());
+    let c = flagged_as(&bin, root.path(), &nats, "c", timing);
+    wait_for_nodes(&a, &["a", "b", "c"], Duration::from_secs(10));
+    let top = spawned_pid(&spawn_on(&a, 1, "top", "a", &[]));
+    let middle = spawned_pid(&spawn_on(&a, top, "middle", "b", &[]));
+    let leaf = spawned_pid(&spawn_on(&a, middle, "leaf", "c", &[]));
+    wait_for_ps(&a, "the tree listed", |all| all.contains_key(&leaf));
+
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let asked = Instant::now();
+    let out = a.command(&["kill", &top.to_string()]).output().unwrap();
+    let took = asked.elapsed();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{stdout}\n{stderr}\n{}",
+        a.log()
+    );
+    let killed: Vec<u64> = stdout.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(killed, vec![leaf, top], "{stderr}");
+    assert!(
+        stderr.contains(&format!("process {middle} on node b"))
+            && stderr.contains("not reached, and may still run"),
+        "{stderr}"
+    );
+    // The leaf ended at once, long before b's loss would have ended it.
+    assert!(took < Duration::from_secs(10), "kill took {took:?}");
+    let on_c = everyone(&c);
+    assert!(!on_c.contains_key(&leaf), "{on_c:?}\n{}", c.log());
+    assert!(!everyone(&a).contains_key(&top));
+}
+
 #[test]
 fn a_second_node_under_a_live_name_is_refused() {
     let bin = binary();
@@ -3581,11 +3635,14 @@ fn cron_entries_run_where_their_agent_runs_and_move_with_it() {
         }
     };
 
-    // On a, which runs ticker (the first to start claims it); b has no entry.
+    // On a, which runs ticker (the first to start claims it); b holds no
+    // entry, and lists a's.
     let on_a = wait_for_runs(&a, 0, "no runs on a");
     let ticker = placed(&b, &["ticker"])["ticker"][0].0;
     assert_eq!(on_a["target"], ticker);
-    assert!(tick(&b).is_none(), "{:?}", tick(&b));
+    assert_eq!(on_a["node"], "a");
+    let seen_from_b = tick(&b).unwrap();
+    assert_eq!(seen_from_b["node"], "a", "{seen_from_b}");
 
     a.child.kill().unwrap();
     a.child.wait().unwrap();
@@ -4497,6 +4554,77 @@ fn cron_runs_of(kernel: &Binary, pid: u64) -> Vec<String> {
         .lines()
         .map(|line| event_key(line).1)
         .collect()
+}
+
+/// An operator's cron entries reach every node from any node: one aimed
+/// at a process on another node is added there (and runs there); `cron
+/// ls` lists every node's entries, each with its node; `disable` and `rm`
+/// of a name another node holds act there; a node that does not answer is
+/// named.
+#[test]
+fn cron_entries_are_reached_on_every_node_from_any_node() {
+    let bin = binary();
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let a = flagged(&bin, root.path(), &nats, "a");
+    let b = flagged(&bin, root.path(), &nats, "b");
+    wait_for_nodes(&a, &["a", "b"], Duration::from_secs(10));
+    let ticker = spawned_pid(&spawn_on(&a, 1, "ticker", "b", &[]));
+    let target = ticker.to_string();
+    let added = a.cli(&[
+        "cron",
+        "add",
+        "--target",
+        &target,
+        "tick",
+        "* * * * * *",
+        "tick",
+    ]);
+    assert!(added.contains("tick") && added.contains(" b "), "{added}");
+    let wait_for_run = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cron_runs_of(&a, ticker).iter().any(|node| node == "b") {
+            assert!(Instant::now() < deadline, "no run on b\n{}", b.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for_run();
+
+    let tick_of = |kernel: &Binary| {
+        let listed = kernel.json(&["cron", "ls", "--json"]);
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["name"] == "tick")
+            .cloned()
+    };
+    for kernel in [&a, &b] {
+        let tick = tick_of(kernel).expect("tick listed");
+        assert_eq!(tick["node"], "b", "{tick}");
+        assert_eq!(tick["target"], ticker, "{tick}");
+    }
+    let table = a.cli(&["cron", "ls"]);
+    assert!(table.lines().next().unwrap().contains("NODE"), "{table}");
+
+    a.cli(&["cron", "disable", "tick"]);
+    assert_eq!(tick_of(&b).unwrap()["enabled"], false);
+    a.cli(&["cron", "rm", "tick"]);
+    assert!(tick_of(&a).is_none() && tick_of(&b).is_none());
+    let out = a.command(&["cron", "rm", "tick"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no cron entry named"));
+
+    // b paused: a lists its own entries and names b.
+    signal(&b, "STOP");
+    let out = a.command(&["cron", "ls"]).output().unwrap();
+    signal(&b, "CONT");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: node b did not answer; its cron entries are not shown"),
+        "{stderr}"
+    );
 }
 
 /// An operator's cron entry aimed at a permanent spawned process follows

@@ -655,7 +655,7 @@ async fn an_agent_that_ignores_sigterm_is_killed_after_the_grace_period() {
         .kill(Caller::Admin, Pid(pid), "")
         .await
         .unwrap();
-    assert_eq!(killed, [Pid(pid)]);
+    assert_eq!(killed.exited, [Pid(pid)]);
     assert!(
         started.elapsed() >= Duration::from_millis(500),
         "SIGKILL came before the grace period: {:?}",

@@ -282,6 +282,8 @@ async fn kill_takes_the_subtree_leaves_first_and_tells_the_parent() {
     let mut events = kernel.subscribe(None).live;
 
     let killed = kernel.kill(Caller::Admin, top, "test").await.unwrap();
+    assert!(killed.unreached.is_empty());
+    let killed = killed.exited;
     assert_eq!(killed, vec![leaf1, leaf2, mid, side, top]);
     // Nothing below top is left; top is a zombie for its parent to collect.
     for pid in [leaf1, leaf2, mid, side] {

@@ -87,6 +87,11 @@ impl Session {
         }
     }
 
+    /// The address of the kernel this session talks to.
+    pub(super) fn addr(&self) -> &str {
+        &self.addr
+    }
+
     /// The CLI error for a failed call.
     pub(super) fn error(&self, status: Status) -> CliError {
         let message = if status.message().is_empty() {

@@ -88,16 +88,22 @@ async fn add(args: CronAddArgs) -> Result<(), CliError> {
     }
 }
 
-/// Every cron entry the caller may see.
+/// Every cron entry the caller may see; on a node of a cluster, every
+/// node's, with a warning on stderr for each node that did not answer.
 pub(super) async fn entries(session: &mut Session) -> Result<Vec<CronEntry>, CliError> {
-    let entries = session
+    let listed = session
         .client
         .list_cron(ListCronRequest {})
         .await
         .map_err(|status| session.error(status))?
-        .into_inner()
-        .entries;
-    Ok(entries)
+        .into_inner();
+    for gap in &listed.unanswered {
+        eprintln!(
+            "warning: node {} did not answer; its cron entries are not shown ({})",
+            gap.node, gap.error
+        );
+    }
+    Ok(listed.entries)
 }
 
 /// Adds `spec`; the entry as the kernel keeps it.
@@ -114,9 +120,33 @@ pub(super) async fn add_entry(
     Ok(entry)
 }
 
-/// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry;
-/// NEXT and LAST relative to now (`in 5m00s`, `2h10m ago`).
+/// NAME SCHEDULE ACTION TARGET NEXT LAST STATUS RUNS, one line per entry,
+/// and NODE on a node of a cluster; NEXT and LAST relative to now (`in
+/// 5m00s`, `2h10m ago`).
 fn table(entries: &[CronEntry]) -> String {
+    let rows = rows(entries);
+    if entries.iter().all(|entry| entry.node.is_empty()) {
+        return output::aligned(&rows);
+    }
+    let with_node: Vec<[String; 9]> = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let node = match i {
+                0 => "NODE".to_owned(),
+                i => entries[i - 1].node.clone(),
+            };
+            let [name, schedule, action, target, next, last, status, runs] = row;
+            [
+                name, schedule, action, target, node, next, last, status, runs,
+            ]
+        })
+        .collect();
+    output::aligned(&with_node)
+}
+
+/// [`table`]'s rows, its header first, without NODE.
+fn rows(entries: &[CronEntry]) -> Vec<[String; 8]> {
     let now = human::now_ms();
     let mut rows = vec![
         [
@@ -151,7 +181,7 @@ fn table(entries: &[CronEntry]) -> String {
             entry.runs.to_string(),
         ]);
     }
-    output::aligned(&rows)
+    rows
 }
 
 pub(super) fn entry_json(entry: &CronEntry) -> Value {
@@ -187,6 +217,7 @@ pub(super) fn entry_json(entry: &CronEntry) -> Value {
         "runs": entry.runs,
         "running": entry.running,
         "switched": entry.switched,
+        "node": (!entry.node.is_empty()).then_some(&entry.node),
         "history": history,
     })
 }

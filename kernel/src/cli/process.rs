@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use hivekernel_proto::v1::{
-    KillRequest, ListProcessesRequest, ProcessInfo, RestartProcessRequest, RestartSpec,
-    Role as PbRole, SpawnRequest, Strategy as PbStrategy, UnansweredNode, WaitChildRequest,
+    KillRequest, KillResponse, ListProcessesRequest, ProcessInfo, RestartProcessRequest,
+    RestartSpec, Role as PbRole, SpawnRequest, Strategy as PbStrategy, UnansweredNode,
+    WaitChildRequest,
 };
 use serde_json::json;
 
@@ -210,28 +211,50 @@ fn exec_cwd(command: &[String], cwd: Option<std::path::PathBuf>) -> Result<Strin
     })
 }
 
-/// Kills a subtree and prints the PIDs that exited, leaves first, one per line.
+/// Kills a subtree and prints the PIDs that exited, leaves first, one per
+/// line; processes of it on a node that did not answer are named after
+/// them, and make it fail as unavailable (exit 3): they may still run.
 pub(super) async fn kill(args: KillArgs) -> Result<(), CliError> {
     let mut session = Session::connect(&args.client).await?;
     let pid = session.pid(&args.pid).await?;
     let killed = kill_subtree(&mut session, pid, args.reason.unwrap_or_default()).await?;
-    let text: String = killed.iter().map(|pid| format!("{pid}\n")).collect();
-    output::print(&text)
+    let text: String = killed.killed.iter().map(|pid| format!("{pid}\n")).collect();
+    output::print(&text)?;
+    if killed.unreached.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = killed
+        .unreached
+        .iter()
+        .map(|gone| {
+            format!(
+                "process {} on node {} ({})",
+                gone.pid, gone.node, gone.error
+            )
+        })
+        .collect();
+    Err(CliError::Unavailable {
+        addr: session.addr().to_owned(),
+        message: format!(
+            "not reached, and may still run: {}; the rest of the subtree was killed",
+            named.join("; ")
+        ),
+    })
 }
 
-/// Kills `pid` and its subtree; the PIDs that exited, leaves first.
+/// Kills `pid` and its subtree: the PIDs that exited, leaves first, and
+/// what could not be reached.
 pub(super) async fn kill_subtree(
     session: &mut Session,
     pid: u64,
     reason: String,
-) -> Result<Vec<u64>, CliError> {
+) -> Result<KillResponse, CliError> {
     let killed = session
         .client
         .kill(KillRequest { pid, reason })
         .await
         .map_err(|status| session.error(status))?
-        .into_inner()
-        .killed;
+        .into_inner();
     Ok(killed)
 }
 

@@ -188,6 +188,27 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
     },
+    /// An operator's cron entry aimed at a process the node holds (the
+    /// asking node checked the operator's rights); answers its
+    /// [`hivekernel_agents::cron::CronInfo`].
+    CronAdd {
+        spec: Box<hivekernel_agents::cron::CronSpec>,
+    },
+    /// The node's cron entries, every one; answers a list of
+    /// [`hivekernel_agents::cron::CronInfo`].
+    CronList,
+    /// An operator's change of the node's cron entry `name`; answers the
+    /// entry after it (none after a removal).
+    Cron { name: String, change: CronChange },
+}
+
+/// What [`Op::Cron`] does to an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CronChange {
+    Remove,
+    Enable(bool),
+    Run,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -195,7 +216,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// What [`Op::Kill`] answers.
-pub type Killed = Vec<Pid>;
+pub use hivekernel_agents::Killed;
 /// The OS command of an `exec` process as it travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command {

@@ -69,5 +69,6 @@ pub(super) fn entry(info: CronInfo) -> pb::CronEntry {
             .collect(),
         created_unix_ms: info.created_unix_ms,
         switched: info.switched,
+        node: info.node.unwrap_or_default(),
     }
 }

@@ -126,7 +126,16 @@ impl KernelRpc for KernelService {
         let pid = convert::required_pid("pid", req.pid)?;
         let killed = self.kernel.kill(caller, pid, &req.reason).await?;
         Ok(Response::new(pb::KillResponse {
-            killed: killed.into_iter().map(|pid| pid.0).collect(),
+            killed: killed.exited.into_iter().map(|pid| pid.0).collect(),
+            unreached: killed
+                .unreached
+                .into_iter()
+                .map(|gone| pb::UnreachedProcess {
+                    pid: gone.pid.0,
+                    node: gone.node,
+                    error: gone.error,
+                })
+                .collect(),
         }))
     }
 
@@ -371,9 +380,17 @@ impl KernelRpc for KernelService {
 
     async fn list_cron(&self, request: Request<pb::ListCronRequest>) -> Rpc<pb::ListCronResponse> {
         let caller = caller(&request)?;
-        let entries = self.kernel.list_cron(caller);
+        let (entries, unanswered) = self.kernel.cron_entries(caller).await;
         Ok(Response::new(pb::ListCronResponse {
             entries: entries.into_iter().map(cron::entry).collect(),
+            unanswered: unanswered
+                .into_iter()
+                .map(|gap| pb::UnansweredNode {
+                    node: gap.node,
+                    error: gap.error,
+                    processes: 0,
+                })
+                .collect(),
         }))
     }
 

@@ -17,7 +17,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use hivekernel_agents::message::kinds;
-use hivekernel_agents::{ApprovalRule, Capabilities, ExitRecord, Limits, Message, Pid, Role, Tier};
+use hivekernel_agents::{
+    ApprovalRule, Capabilities, ExitRecord, Killed, Limits, Message, Pid, Role, Tier, Unreached,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Pool;
@@ -635,34 +637,125 @@ impl Kernel {
     /// Kills, on the nodes holding them, the children of this node's
     /// processes that an exit here took with it, and their subtrees
     /// there; each with the reason its ancestor's exit gave.
-    /// Answers the PIDs that exited there, leaves first.
-    pub(super) async fn kill_elsewhere(&self, orphans: Vec<(Pid, Arc<str>)>) -> Vec<Pid> {
-        let kills = orphans.into_iter().map(|(pid, reason)| async move {
-            // The directory itself when the mirror has not listed it yet.
-            let node = match self.holder(pid).await {
-                Ok(Some(Holder::There(listing))) => listing.node,
-                Ok(_) => return Vec::new(),
-                Err(err) => {
-                    tracing::warn!(%pid, error = %err, "cluster: a child on another node outlived its parent's exit");
-                    return Vec::new();
-                }
-            };
-            let op = Op::Kill {
-                pid,
-                reason: reason.to_string(),
-                orphaned: true,
-            };
-            match self.forward::<Vec<Pid>>(&node, op, FORWARDED_KILL).await {
-                Ok(killed) => killed,
-                // Ended meanwhile.
-                Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => Vec::new(),
-                Err(err) => {
-                    tracing::warn!(%pid, %node, error = %err, "cluster: a child on another node outlived its parent's exit");
-                    Vec::new()
+    /// Answers the PIDs that exited there, leaves first, and what could
+    /// not be reached: a child whose node does not answer (dead, paused,
+    /// cut off) is named, with the part of its subtree on that node, and
+    /// the parts below it on other nodes, which the mirror shows, are
+    /// killed directly.
+    pub(super) fn kill_elsewhere(
+        &self,
+        orphans: Vec<(Pid, Arc<str>)>,
+    ) -> futures::future::BoxFuture<'_, Killed> {
+        Box::pin(async move {
+            let kills = orphans
+                .into_iter()
+                .map(|(pid, reason)| self.kill_orphan(pid, reason));
+            let mut killed = Killed::default();
+            for part in futures::future::join_all(kills).await {
+                killed.extend(part);
+            }
+            killed
+        })
+    }
+
+    /// [`Kernel::kill_elsewhere`] of one child, `pid`.
+    async fn kill_orphan(&self, pid: Pid, reason: Arc<str>) -> Killed {
+        // The directory itself when the mirror has not listed it yet.
+        let node = match self.holder(pid).await {
+            Ok(Some(Holder::There(listing))) => listing.node,
+            // Below a process on a node that did not answer, one of this
+            // node's own.
+            Ok(Some(Holder::Here)) => {
+                return self
+                    .kill_here(Caller::Admin, pid, &reason, true)
+                    .await
+                    .unwrap_or_default();
+            }
+            Ok(None) => return Killed::default(),
+            Err(err) => {
+                tracing::warn!(%pid, error = %err, "cluster: a child on another node outlived its parent's exit");
+                return Killed::default();
+            }
+        };
+        let op = Op::Kill {
+            pid,
+            reason: reason.to_string(),
+            orphaned: true,
+        };
+        let error = match self.forward::<Killed>(&node, op, FORWARDED_KILL).await {
+            Ok(killed) => return killed,
+            // Ended meanwhile.
+            Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => {
+                return Killed::default();
+            }
+            Err(err) => err.to_string(),
+        };
+        tracing::warn!(%pid, %node, %error, "cluster: a child on a node that does not answer outlives its parent's exit");
+        // What of its subtree lives on that node is out of reach too; what
+        // lives below that, elsewhere, is ended from here.
+        let (unreached, beyond) = self.beyond(pid, &node);
+        let mut killed = Killed {
+            exited: Vec::new(),
+            unreached: unreached
+                .into_iter()
+                .map(|pid| Unreached {
+                    pid,
+                    node: node.clone(),
+                    error: error.clone(),
+                })
+                .collect(),
+        };
+        if !beyond.is_empty() {
+            let inherited: Arc<str> = Arc::from(format!(
+                "{reason} (its ancestor {pid} on node {node} could not be reached)"
+            ));
+            let orphans = beyond
+                .into_iter()
+                .map(|pid| (pid, inherited.clone()))
+                .collect();
+            // Leaves first: the parts out of reach are named after those
+            // below them ended.
+            let mut below = self.kill_elsewhere(orphans).await;
+            below.unreached.append(&mut killed.unreached);
+            killed = below;
+        }
+        killed
+    }
+
+    /// `pid`'s subtree as the mirror shows it, split at node `node`: the
+    /// processes of it that node holds (`pid` first), and the topmost of
+    /// those below them that another node holds (this one included).
+    fn beyond(&self, pid: Pid, node: &str) -> (Vec<Pid>, Vec<Pid>) {
+        let Some(cluster) = self.inner.cluster() else {
+            return (vec![pid], Vec::new());
+        };
+        let listings = cluster.listings();
+        let mut on_node = vec![pid];
+        let mut elsewhere = Vec::new();
+        let mut next = 0;
+        while let Some(&parent) = on_node.get(next) {
+            next += 1;
+            for child in listings.children(parent) {
+                match listings.get(child) {
+                    Some(listing) if listing.node == node => on_node.push(child),
+                    Some(_) => elsewhere.push(child),
+                    None => {}
                 }
             }
-        });
-        futures::future::join_all(kills).await.concat()
+        }
+        // Children the mirror lists of this node's own processes are not
+        // in it: this node's table has them.
+        drop(listings);
+        {
+            let table = self.inner.table().read();
+            for (child, entry) in table.iter() {
+                if entry.is_alive() && on_node.contains(&entry.ppid) && !elsewhere.contains(&child)
+                {
+                    elsewhere.push(child);
+                }
+            }
+        }
+        (on_node, elsewhere)
     }
 }
 

@@ -15,8 +15,9 @@ use tokio::sync::Semaphore;
 
 use super::lanes::Posting;
 use super::tree::Tree;
-use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
+use crate::cluster::rpc::{self, Answer, CronChange, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
+use crate::cron::CronInfo;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
@@ -31,6 +32,8 @@ const SERVED_AT_ONCE: usize = 256;
 const GETS_AT_ONCE: usize = 8;
 /// How long a forwarded kill may take (a large subtree ends leaves first).
 pub(super) const FORWARDED_KILL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a forwarded cron change may take (it commits to the store).
+pub(super) const FORWARDED_CRON: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a forwarded spawn may take (it waits for its listing).
 pub(super) const FORWARDED_SPAWN: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a forwarded message may take to be taken in.
@@ -425,7 +428,7 @@ impl Kernel {
     async fn answer(&self, cluster: &Cluster, request: rpc::Request) -> Bytes {
         let acts = !matches!(
             request.op,
-            Op::Get { .. } | Op::Transcript { .. } | Op::ExecLog { .. }
+            Op::Get { .. } | Op::Transcript { .. } | Op::ExecLog { .. } | Op::CronList
         );
         // Nor does this node while it cannot tell whether it is one.
         if let Err(why) = cluster.standing().await {
@@ -509,6 +512,26 @@ impl Kernel {
                 reason,
                 orphaned,
             } => held(self.kill_here(Caller::Admin, pid, &reason, orphaned).await),
+            // An operator's, checked by the asking node.
+            Op::CronAdd { spec } => {
+                let added = self.add_cron_checked(Caller::Admin, *spec).await;
+                held(added.map(|info| self.on_this_node(info)))
+            }
+            Op::CronList => held::<Vec<CronInfo>>(Ok(self.cron_here(Caller::Admin))),
+            Op::Cron { name, change } => {
+                let changed = match change {
+                    CronChange::Remove => self
+                        .remove_cron_checked(Caller::Admin, &name)
+                        .await
+                        .map(|()| None),
+                    CronChange::Enable(enabled) => self
+                        .set_cron_enabled_checked(Caller::Admin, &name, enabled)
+                        .await
+                        .map(Some),
+                    CronChange::Run => self.run_cron_checked(Caller::Admin, &name).await.map(Some),
+                };
+                held(changed.map(|info| info.map(|info| self.on_this_node(info))))
+            }
             Op::Lend {
                 parent,
                 child,
@@ -994,7 +1017,7 @@ pub struct Unanswered {
 /// How long a read of another node's processes waits for its answer: a
 /// node that answers at all does within milliseconds, and a listing
 /// should not wait a paused node's TTL out.
-const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn read_from(cluster: &Cluster, node: &str, pids: Vec<Pid>) -> Result<Vec<ProcessInfo>> {
     let asked: HashSet<Pid> = pids.iter().copied().collect();

@@ -14,12 +14,13 @@
 //! recorded as skipped.
 //!
 //! Layout: `schedule` (the entries and the timer
-//! task), `run` (the actions).
+//! task), `run` (the actions), `elsewhere` (entries on other nodes).
 
 use hivekernel_agents::Pid;
 
 use crate::crontab;
 
+mod elsewhere;
 mod run;
 mod schedule;
 

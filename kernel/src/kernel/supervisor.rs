@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use hivekernel_agents::Capability;
 use hivekernel_agents::message::kinds;
-use hivekernel_agents::{ExitRecord, Message, Pid, Priority};
+use hivekernel_agents::{ExitRecord, Killed, Message, Pid, Priority};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -217,7 +217,7 @@ impl Kernel {
     }
     /// Kills `pid` and its subtree, leaves first, and waits until none of them runs.
     /// Returns the PIDs that exited, leaves first.
-    pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Vec<Pid>> {
+    pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Killed> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "kill processes")?;
             if let Some(node) = self.holding(caller, pid, "kill").await? {
@@ -251,7 +251,7 @@ impl Kernel {
         caller: Caller,
         pid: Pid,
         reason: &str,
-    ) -> Result<Vec<Pid>> {
+    ) -> Result<Killed> {
         self.kill_here(caller, pid, reason, false).await
     }
 
@@ -264,7 +264,7 @@ impl Kernel {
         pid: Pid,
         reason: &str,
         orphaned: bool,
-    ) -> Result<Vec<Pid>> {
+    ) -> Result<Killed> {
         // An orphan's reason grew on the way: its ancestor's node checked it.
         if !orphaned {
             self.inner.settings().limits.check_reason(reason)?;
@@ -281,7 +281,7 @@ impl Kernel {
         };
         // Leaves first: the parts of its subtree on other nodes end before
         // anything here does.
-        let mut killed_elsewhere = Vec::new();
+        let mut killed_elsewhere = Killed::default();
         if self.inner.cluster().is_some() {
             let elsewhere = {
                 let table = self.inner.table().read();
@@ -324,7 +324,7 @@ impl Kernel {
         };
         // Leaves first: those elsewhere ended before any here.
         let mut killed = killed_elsewhere;
-        killed.extend(exits.exited.iter().map(|e| e.pid));
+        killed.exited.extend(exits.exited.iter().map(|e| e.pid));
         self.finish_exits(exits).await;
         Ok(killed)
     }

@@ -50,7 +50,11 @@ impl Syscalls for KernelSyscalls {
         Ok(self.kernel()?.spawn_queued(self.caller(), request).await?)
     }
 
-    async fn kill(&self, pid: Pid, reason: &str) -> Result<Vec<Pid>, SyscallError> {
+    async fn kill(
+        &self,
+        pid: Pid,
+        reason: &str,
+    ) -> Result<hivekernel_agents::Killed, SyscallError> {
         Ok(self.kernel()?.kill(self.caller(), pid, reason).await?)
     }
 

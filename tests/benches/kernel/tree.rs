@@ -100,7 +100,7 @@ async fn kill_tree(leads: usize, workers: usize, busy: bool) -> f64 {
         .expect("kill the tree");
     let ns = nanos_since(start);
     assert_eq!(
-        killed.len(),
+        killed.exited.len(),
         1 + leads + leads * workers,
         "whole tree killed"
     );

@@ -168,7 +168,14 @@ impl Tool for KillChild {
             .kill(Pid(args.pid), args.reason.as_deref().unwrap_or_default())
             .await
             .map_err(refused)?;
-        Ok(format!("killed {}", to_json(&killed)?))
+        let mut said = format!("killed {}", to_json(&killed.exited)?);
+        if !killed.unreached.is_empty() {
+            said.push_str(&format!(
+                "; not reached (their node did not answer; they may still run): {}",
+                to_json(&killed.unreached)?
+            ));
+        }
+        Ok(said)
     }
 }
 

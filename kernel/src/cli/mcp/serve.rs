@@ -540,7 +540,16 @@ impl Bridge {
         self.answer(&context, async |session| {
             let pid = params.process.pid(session).await?;
             let killed = kill_subtree(session, pid, params.reason.unwrap_or_default()).await?;
-            Ok(json_result(&json!({ "killed": killed })))
+            let mut answer = json!({ "killed": killed.killed });
+            if !killed.unreached.is_empty() {
+                let unreached: Vec<_> = killed
+                    .unreached
+                    .iter()
+                    .map(|gone| json!({ "pid": gone.pid, "node": gone.node, "error": gone.error }))
+                    .collect();
+                answer["unreached"] = json!(unreached);
+            }
+            Ok(json_result(&answer))
         })
         .await
     }

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap};
+use crate::cluster::rpc::CronChange;
 use crate::crontab;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
@@ -150,6 +151,7 @@ impl Entry {
             runs: self.runs,
             running: self.running > 0,
             history: self.history.iter().cloned().collect(),
+            node: None,
         }
     }
 
@@ -330,13 +332,20 @@ impl Kernel {
         let result = async {
             self.require(caller, Capability::ManageCron, "add cron entries")?;
             spec.approvals = self.asked_under(caller.pid())?.to_vec();
+            if let Some(node) = self.cron_target_elsewhere(caller, spec.target).await? {
+                return self.forward_cron_add(&node, spec).await;
+            }
             self.add_cron_checked(caller, spec).await
         };
         self.report_denial(caller, "add_cron", result.await)
     }
 
     /// [`Kernel::add_cron`], once the caller holds the capability.
-    async fn add_cron_checked(&self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
+    pub(in crate::kernel) async fn add_cron_checked(
+        &self,
+        caller: Caller,
+        mut spec: CronSpec,
+    ) -> Result<CronInfo> {
         self.check_running()?;
         // gRPC and the tools send an empty template for none.
         spec.template = spec.template.filter(|t| !t.is_empty());
@@ -414,13 +423,26 @@ impl Kernel {
     pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
         let result = async {
             self.require(caller, Capability::ManageCron, "remove cron entries")?;
-            self.remove_cron_checked(caller, name).await
+            match self.remove_cron_checked(caller, name).await {
+                Err(KernelError::NoSuchCron(_))
+                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
+                {
+                    self.forward_cron(&node, name, CronChange::Remove)
+                        .await
+                        .map(drop)
+                }
+                done => done,
+            }
         };
         self.report_denial(caller, "remove_cron", result.await)
     }
 
     /// [`Kernel::remove_cron`], once the caller holds the capability.
-    async fn remove_cron_checked(&self, caller: Caller, name: &str) -> Result<()> {
+    pub(in crate::kernel) async fn remove_cron_checked(
+        &self,
+        caller: Caller,
+        name: &str,
+    ) -> Result<()> {
         let kernel = self.clone();
         let name = name.to_owned();
         // In a task the kernel owns, like `add_cron`.
@@ -470,13 +492,22 @@ impl Kernel {
                 Capability::ManageCron,
                 "enable or disable cron entries",
             )?;
-            self.set_cron_enabled_checked(caller, name, enabled).await
+            match self.set_cron_enabled_checked(caller, name, enabled).await {
+                Err(KernelError::NoSuchCron(_))
+                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
+                {
+                    self.forward_cron(&node, name, CronChange::Enable(enabled))
+                        .await?
+                        .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
+                }
+                done => done,
+            }
         };
         self.report_denial(caller, "set_cron_enabled", result.await)
     }
 
     /// [`Kernel::set_cron_enabled`], once the caller holds the capability.
-    async fn set_cron_enabled_checked(
+    pub(in crate::kernel) async fn set_cron_enabled_checked(
         &self,
         caller: Caller,
         name: &str,
@@ -546,6 +577,27 @@ impl Kernel {
     pub async fn run_cron_now(&self, caller: Caller, name: &str) -> Result<CronInfo> {
         let result = async {
             self.require(caller, Capability::ManageCron, "run cron entries")?;
+            match self.run_cron_checked(caller, name).await {
+                Err(KernelError::NoSuchCron(_))
+                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
+                {
+                    self.forward_cron(&node, name, CronChange::Run)
+                        .await?
+                        .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
+                }
+                done => done,
+            }
+        };
+        self.report_denial(caller, "run_cron", result.await)
+    }
+
+    /// [`Kernel::run_cron_now`], once the caller holds the capability.
+    pub(in crate::kernel) async fn run_cron_checked(
+        &self,
+        caller: Caller,
+        name: &str,
+    ) -> Result<CronInfo> {
+        {
             self.check_running()?;
             owned(&self.inner.cron().state.lock(), caller, name)?;
             // In a task the kernel owns: a caller that gives up cannot leave
@@ -577,8 +629,7 @@ impl Kernel {
             });
             task.await
                 .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron run failed".into())))
-        };
-        self.report_denial(caller, "run_cron", result.await)
+        }
     }
 
     /// Entries the caller owns (every entry for the operator), by name.

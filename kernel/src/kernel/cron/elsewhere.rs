@@ -1,0 +1,179 @@
+//! Cron across the nodes of a cluster (docs/CLUSTER.md, "Events and
+//! cron"): an entry lives on the node that runs its target, and an
+//! operator reaches it from any node. `cron add` aimed at a process on
+//! another node is added there; `cron ls` lists every node's entries, each
+//! with its node, and names the nodes that did not answer; `cron rm`,
+//! `enable`, `disable` and `run` of a name this node does not hold act on
+//! the node that does.
+
+use futures::StreamExt as _;
+use hivekernel_agents::Pid;
+
+use super::{CronInfo, CronSpec};
+use crate::cluster::rpc::{CronChange, Op};
+use crate::error::{KernelError, Result};
+use crate::kernel::cluster::{FORWARDED_CRON, Holder, READ_WAIT, Unanswered};
+use crate::kernel::{Caller, Kernel};
+
+/// Nodes asked at once for their entries.
+const LISTS_AT_ONCE: usize = 16;
+
+impl Kernel {
+    /// The node holding `target` when it is another node's and `caller`
+    /// may act there (an operator); a process aiming an entry at a process
+    /// on another node is refused, naming where it runs.
+    pub(super) async fn cron_target_elsewhere(
+        &self,
+        caller: Caller,
+        target: Pid,
+    ) -> Result<Option<String>> {
+        if self.inner.cluster().is_none() || self.inner.table().read().get(target).is_some() {
+            return Ok(None);
+        }
+        let Some(Holder::There(listing)) = self.holder(target).await? else {
+            return Ok(None);
+        };
+        if !caller.sees_all() {
+            return Err(KernelError::FailedPrecondition(format!(
+                "process {target} runs on node {}: a process's cron entries aim at \
+                 processes on its own node (an operator may add this one)",
+                listing.node
+            )));
+        }
+        Ok(Some(listing.node))
+    }
+
+    /// Adds `spec` on `node`, which holds its target.
+    pub(super) async fn forward_cron_add(&self, node: &str, spec: CronSpec) -> Result<CronInfo> {
+        let op = Op::CronAdd {
+            spec: Box::new(spec),
+        };
+        self.forward(node, op, FORWARDED_CRON).await
+    }
+
+    /// Applies `change` to entry `name` on `node`, which holds it: the
+    /// entry after it (none after a removal).
+    pub(super) async fn forward_cron(
+        &self,
+        node: &str,
+        name: &str,
+        change: CronChange,
+    ) -> Result<Option<CronInfo>> {
+        let op = Op::Cron {
+            name: name.to_owned(),
+            change,
+        };
+        self.forward(node, op, FORWARDED_CRON).await
+    }
+
+    /// The other node holding entry `name`, for an operator, when this one
+    /// does not; refused when several do (names are each node's own).
+    pub(super) async fn cron_elsewhere(
+        &self,
+        caller: Caller,
+        name: &str,
+    ) -> Result<Option<String>> {
+        if !caller.sees_all() || self.inner.cluster().is_none() {
+            return Ok(None);
+        }
+        let (entries, unanswered) = self.cron_of_others().await;
+        let mut holders: Vec<String> = entries
+            .into_iter()
+            .filter(|info| info.spec.name == name)
+            .filter_map(|info| info.node)
+            .collect();
+        holders.dedup();
+        match holders.len() {
+            0 if !unanswered.is_empty() => {
+                let silent: Vec<&str> = unanswered.iter().map(|gap| gap.node.as_str()).collect();
+                Err(KernelError::ClusterUnavailable(format!(
+                    "no cron entry named {name:?} here or on the nodes that answered; \
+                     node {} did not answer",
+                    silent.join(", ")
+                )))
+            }
+            0 => Ok(None),
+            1 => Ok(holders.pop()),
+            _ => Err(KernelError::FailedPrecondition(format!(
+                "cron entry {name:?} is on nodes {}: ask the node whose entry it is \
+                 (--addr)",
+                holders.join(", ")
+            ))),
+        }
+    }
+
+    /// Every entry `caller` may see: this node's, and for an operator
+    /// every other node's too, each with its node, by name; and the nodes
+    /// that did not answer.
+    pub async fn cron_entries(&self, caller: Caller) -> (Vec<CronInfo>, Vec<Unanswered>) {
+        let mut entries = self.cron_here(caller);
+        if !caller.sees_all() || self.inner.cluster().is_none() {
+            return (entries, Vec::new());
+        }
+        let (others, unanswered) = self.cron_of_others().await;
+        entries.extend(others);
+        entries.sort_by(|a, b| (&a.spec.name, &a.node).cmp(&(&b.spec.name, &b.node)));
+        (entries, unanswered)
+    }
+
+    /// `info` of an entry of this node, naming it.
+    pub(crate) fn on_this_node(&self, mut info: CronInfo) -> CronInfo {
+        info.node = self
+            .inner
+            .cluster()
+            .map(|cluster| cluster.node().to_owned());
+        info
+    }
+
+    /// This node's entries `caller` may see, each with this node's name
+    /// on a node of a cluster.
+    pub(crate) fn cron_here(&self, caller: Caller) -> Vec<CronInfo> {
+        self.list_cron(caller)
+            .into_iter()
+            .map(|info| self.on_this_node(info))
+            .collect()
+    }
+
+    /// The entries of every other live node, and those that did not answer.
+    async fn cron_of_others(&self) -> (Vec<CronInfo>, Vec<Unanswered>) {
+        let Some(cluster) = self.inner.cluster() else {
+            return (Vec::new(), Vec::new());
+        };
+        let others: Vec<String> = cluster
+            .nodes()
+            .into_iter()
+            .filter(|node| !node.this)
+            .map(|node| node.record.node)
+            .collect();
+        let answers: Vec<(String, std::result::Result<Vec<CronInfo>, String>)> =
+            futures::stream::iter(others)
+                .map(|node| async move {
+                    let listed = cluster
+                        .call_within::<Vec<CronInfo>>(&node, Op::CronList, READ_WAIT)
+                        .await
+                        .map_err(|refusal| refusal.message);
+                    (node, listed)
+                })
+                .buffer_unordered(LISTS_AT_ONCE)
+                .collect()
+                .await;
+        let mut entries = Vec::new();
+        let mut unanswered = Vec::new();
+        for (node, listed) in answers {
+            match listed {
+                Ok(listed) => entries.extend(listed.into_iter().map(|mut info| {
+                    // Named by the node that answered, whatever it wrote.
+                    info.node = Some(node.clone());
+                    info
+                })),
+                Err(error) => unanswered.push(Unanswered {
+                    node,
+                    error,
+                    processes: 0,
+                }),
+            }
+        }
+        unanswered.sort_by(|a, b| a.node.cmp(&b.node));
+        (entries, unanswered)
+    }
+}
