@@ -827,6 +827,125 @@ fn a_kill_across_a_dead_middle_node_ends_what_it_reaches_and_names_the_rest() {
     assert!(!everyone(&a).contains_key(&top));
 }
 
+/// The NATS server leading `HK_MAIL` dies (kill -9) while an `exec`
+/// agent acknowledges the messages sent to it: the deletes that fail are
+/// tried again until they go through, so the stream is left empty and
+/// the agent, started again, gets none of them a second time. Sends to
+/// it are refused while the stream has no leader; the outage is printed.
+#[test]
+fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
+    let Some(python) = hivekernel_tests::exec::python() else {
+        return;
+    };
+    const SENT: usize = 30;
+    let bin = binary();
+    let mut nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
+    let config = config_of(json!([{
+        "name": "scribe", "role": "agent", "runtime": "exec",
+        "command": [python, agent],
+        // Slow: messages queue, and are acknowledged while the stream
+        // has no leader.
+        "env": { "PYTHONUNBUFFERED": "1", "ECHO_DELAY_MS": "300" },
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
+    }]));
+    let a = member(&bin, root.path(), &nats, "a", &config);
+    let info = a.json(&["describe", "scribe", "--json"]);
+    let log = PathBuf::from(info["log_path"].as_str().unwrap_or_else(|| panic!("{info}")));
+    let attached = |kernel: &Binary, runs: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.matches("attached as scribe").count() >= runs {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{text}\n{}", kernel.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    attached(&a, 1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mail = |nats: &NatsCluster, i: usize| {
+        rt.block_on(async {
+            let client = nats.client(i).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            let mut stream = js.get_stream("HK_MAIL").await.unwrap();
+            let info = stream.info().await.unwrap();
+            let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+            (info.state.messages, leader)
+        })
+    };
+    let (_, leader) = mail(&nats, 0);
+    let leader = leader.expect("HK_MAIL has a leader");
+    let leader = (0..3).find(|&i| nats.name(i) == leader).unwrap();
+    let other = (leader + 1) % 3;
+
+    let mut refused_for = Duration::ZERO;
+    for i in 0..SENT {
+        if i == SENT / 3 {
+            nats.kill(leader);
+        }
+        let payload = format!("note-{i:03}");
+        let first = Instant::now();
+        loop {
+            let out = a.command(&["send", "scribe", &payload]).output().unwrap();
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                first.elapsed() < Duration::from_secs(30),
+                "{payload} refused for 30 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        refused_for = refused_for.max(first.elapsed());
+    }
+    eprintln!("sends to the agent refused for up to {refused_for:?} after the HK_MAIL leader died");
+    // Each handled once, and each taken out of the stream at last.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let handled = (0..SENT)
+            .filter(|i| text.contains(&format!(": note-{i:03}")))
+            .count();
+        let (left, _) = mail(&nats, other);
+        if handled == SENT && left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{handled} of {SENT} handled, {left} left in HK_MAIL\n{}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        a.log().contains("dropping a message from HK_MAIL failed; trying again"),
+        "no delete failed: the test did not test the retry\n{}",
+        a.log()
+    );
+    nats.restart(leader);
+
+    // Started again: none of them comes back.
+    let mut a = a;
+    signal(&a, "TERM");
+    assert_eq!(exit_code(&mut a, Duration::from_secs(15)), Some(0), "{}", a.log());
+    let a = Binary::start_with(
+        &bin,
+        &root.path().join("a"),
+        &["--cluster", &nats.urls(), "--node", "a"],
+    );
+    attached(&a, 2);
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = std::fs::read_to_string(&log).unwrap();
+    for i in 0..SENT {
+        let times = text.matches(&format!(": note-{i:03}")).count();
+        assert_eq!(times, 1, "note-{i:03} handled {times} times\n{text}\n{}", a.log());
+    }
+}
+
 #[test]
 fn a_second_node_under_a_live_name_is_refused() {
     let bin = binary();
