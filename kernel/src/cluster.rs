@@ -477,6 +477,10 @@ impl Cluster {
         cluster
             .tracker
             .spawn(async move { beating.heartbeat().await });
+        let dropping = cluster.clone();
+        cluster
+            .tracker
+            .spawn(async move { dropping.retry_drops().await });
         let reporting = cluster.clone();
         cluster
             .tracker

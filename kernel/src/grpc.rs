@@ -113,7 +113,7 @@ pub async fn serve_with_tls(
             authenticate(&auth, request)
         }))
         // After authentication: a stranger learns nothing of the node's standing.
-        .layer(standing::StandingLayer(kernel.cluster().cloned()))
+        .layer(standing::StandingLayer(kernel.clone()))
         .layer(decode::DecodeErrorsLayer)
         .add_service(health_service)
         .add_service(

@@ -58,6 +58,7 @@ mod transcript;
 pub use transcript::Recording;
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
+pub(crate) use cluster::moved_away;
 pub use cluster::{Snapshots, Unanswered};
 pub use declared::Placed;
 use inner::{Inner, Parts};

@@ -852,7 +852,11 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     }]));
     let a = member(&bin, root.path(), &nats, "a", &config);
     let info = a.json(&["describe", "scribe", "--json"]);
-    let log = PathBuf::from(info["log_path"].as_str().unwrap_or_else(|| panic!("{info}")));
+    let log = PathBuf::from(
+        info["log_path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{info}")),
+    );
     let attached = |kernel: &Binary, runs: usize| {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -882,15 +886,19 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     let other = (leader + 1) % 3;
 
     let mut refused_for = Duration::ZERO;
+    let mut acked: Vec<String> = Vec::new();
     for i in 0..SENT {
         if i == SENT / 3 {
             nats.kill(leader);
         }
-        let payload = format!("note-{i:03}");
         let first = Instant::now();
-        loop {
+        for attempt in 0.. {
+            // A fresh payload per try: a refused send may have been kept
+            // all the same (its answer lost), and then is handled too.
+            let payload = format!("note-{i:03}-{attempt}");
             let out = a.command(&["send", "scribe", &payload]).output().unwrap();
             if out.status.success() {
+                acked.push(payload);
                 break;
             }
             assert!(
@@ -907,8 +915,9 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let handled = (0..SENT)
-            .filter(|i| text.contains(&format!(": note-{i:03}")))
+        let handled = acked
+            .iter()
+            .filter(|payload| text.contains(&format!(": {payload}\n")))
             .count();
         let (left, _) = mail(&nats, other);
         if handled == SENT && left == 0 {
@@ -922,7 +931,8 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(
-        a.log().contains("dropping a message from HK_MAIL failed; trying again"),
+        a.log()
+            .contains("dropping a message from HK_MAIL failed; trying again"),
         "no delete failed: the test did not test the retry\n{}",
         a.log()
     );
@@ -931,7 +941,12 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     // Started again: none of them comes back.
     let mut a = a;
     signal(&a, "TERM");
-    assert_eq!(exit_code(&mut a, Duration::from_secs(15)), Some(0), "{}", a.log());
+    assert_eq!(
+        exit_code(&mut a, Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        a.log()
+    );
     let a = Binary::start_with(
         &bin,
         &root.path().join("a"),
@@ -940,10 +955,250 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     attached(&a, 2);
     std::thread::sleep(Duration::from_millis(1500));
     let text = std::fs::read_to_string(&log).unwrap();
-    for i in 0..SENT {
-        let times = text.matches(&format!(": note-{i:03}")).count();
-        assert_eq!(times, 1, "note-{i:03} handled {times} times\n{text}\n{}", a.log());
+    for payload in &acked {
+        let times = text.matches(&format!(": {payload}\n")).count();
+        assert_eq!(
+            times,
+            1,
+            "{payload} handled {times} times\n{text}\n{}",
+            a.log()
+        );
     }
+}
+
+/// Faults on a schedule, as an outside check would run them, on three
+/// NATS servers and three nodes, while a sender sends sequenced messages
+/// to a config agent (`exec`, acknowledging each) through whichever node
+/// is up: kill -9 of the node running the agent (started again later),
+/// kill -9 of the NATS server leading `HK_MAIL` (started again), and a
+/// pause past the TTL of the node running the agent (which must answer
+/// nothing when it resumes, and exits fenced). A checker then reads
+/// every node's log of the agent: no acknowledged message is lost, none
+/// is handled more than twice (those the agent's node had handled and not
+/// yet taken out of the stream when it went come again: at least once),
+/// and every node is back in the cluster.
+#[test]
+fn a_schedule_of_faults_loses_no_acknowledged_message() {
+    let Some(python) = hivekernel_tests::exec::python() else {
+        return;
+    };
+    let bin = binary();
+    let mut nats = NatsCluster::start(3);
+    let root = tempfile::tempdir().unwrap();
+    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
+    let config = config_of(json!([{
+        "name": "scribe", "role": "agent", "runtime": "exec",
+        "command": [python, agent],
+        "env": { "PYTHONUNBUFFERED": "1", "ECHO_DELAY_MS": "20" },
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
+    }]));
+    let names = ["a", "b", "c"];
+    let urls = nats.urls();
+    let start = |name: &str| -> Binary {
+        let dir = root.path().join(name);
+        if !dir.exists() {
+            write_config(&dir, &config);
+        }
+        Binary::start_with(&bin, &dir, &["--cluster", &urls, "--node", name])
+    };
+    let mut nodes: Vec<Option<Binary>> = names.iter().map(|name| Some(start(name))).collect();
+    wait_for_nodes(nodes[0].as_ref().unwrap(), &names, Duration::from_secs(10));
+    // Where the agent runs now, as any running node sees it.
+    let running_scribe = |nodes: &[Option<Binary>], except: Option<usize>| -> Option<usize> {
+        let asker = (0..3).find(|&i| Some(i) != except && nodes[i].is_some())?;
+        let all = everyone(nodes[asker].as_ref().unwrap());
+        let (_, (_, node)) = all.iter().find(|(_, (name, _))| name == "scribe")?;
+        names.iter().position(|name| name == node)
+    };
+
+    let mut acked: Vec<String> = Vec::new();
+    let mut down: Option<(usize, Instant)> = None;
+    let mut nats_down: Option<(usize, Instant)> = None;
+    let mut paused: Option<(usize, Instant, std::process::Child)> = None;
+    let mut faults = 0;
+    let began = Instant::now();
+    let mut next = 0;
+    let mut seq = 0;
+    while began.elapsed() < Duration::from_secs(24) {
+        let at = began.elapsed();
+        // The schedule.
+        if at > Duration::from_secs(2) && faults == 0 {
+            let i = running_scribe(&nodes, None).expect("scribe placed");
+            let mut gone = nodes[i].take().unwrap();
+            gone.child.kill().unwrap();
+            gone.child.wait().unwrap();
+            down = Some((i, Instant::now()));
+            faults += 1;
+        }
+        if let Some((i, since)) = down
+            && since.elapsed() > Duration::from_secs(4)
+        {
+            nodes[i] = Some(start(names[i]));
+            down = None;
+        }
+        if at > Duration::from_secs(8) && faults == 1 {
+            let leader = rt_mail_leader(&nats);
+            nats.kill(leader);
+            nats_down = Some((leader, Instant::now()));
+            faults += 1;
+        }
+        if let Some((i, since)) = nats_down
+            && since.elapsed() > Duration::from_secs(4)
+        {
+            nats.restart(i);
+            nats_down = None;
+        }
+        if at > Duration::from_secs(15) && faults == 2 && down.is_none() {
+            let i = running_scribe(&nodes, None).expect("scribe placed");
+            signal(nodes[i].as_ref().unwrap(), "STOP");
+            // A send queued at its port while it is stopped.
+            let queued = nodes[i]
+                .as_ref()
+                .unwrap()
+                .command(&["send", "scribe", "from-the-paused-node"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            paused = Some((i, Instant::now(), queued));
+            faults += 1;
+        }
+        let resume = paused
+            .as_ref()
+            .is_some_and(|(_, since, _)| since.elapsed() > Duration::from_millis(TTL_MS + 1_500));
+        if resume && let Some((i, _, queued)) = paused.take() {
+            let mut node = nodes[i].take().unwrap();
+            signal(&node, "CONT");
+            let out = queued.wait_with_output().unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(3),
+                "a paused node answered: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                exit_code(&mut node, Duration::from_secs(10)),
+                Some(3),
+                "{}",
+                node.log()
+            );
+            drop(node);
+            nodes[i] = Some(start(names[i]));
+        }
+        // One send, through the next node that is up and not paused.
+        let paused_now = paused.as_ref().map(|(i, _, _)| *i);
+        let up: Vec<usize> = (0..3)
+            .filter(|&i| nodes[i].is_some() && Some(i) != paused_now)
+            .collect();
+        let via = up[next % up.len()];
+        next += 1;
+        // A fresh payload per try: a refused send may have been kept
+        // all the same (its answer lost), and then is handled too.
+        let payload = format!("m-{seq:05}");
+        seq += 1;
+        let out = nodes[via]
+            .as_ref()
+            .unwrap()
+            .command(&["send", "scribe", &payload])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            acked.push(payload);
+        }
+    }
+    for i in 0..3 {
+        if nodes[i].is_none() {
+            nodes[i] = Some(start(names[i]));
+        }
+    }
+    if let Some((i, _)) = nats_down {
+        nats.restart(i);
+    }
+    assert!(acked.len() > 100, "only {} sends acknowledged", acked.len());
+
+    // The checker: every acknowledged message handled, few twice.
+    let handled = || -> std::collections::HashMap<String, usize> {
+        let mut seen = std::collections::HashMap::new();
+        for name in names {
+            let logs = root.path().join(name).join("data").join("logs");
+            for file in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+                let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+                for line in text.lines() {
+                    if let Some(payload) = line.rsplit(": ").next()
+                        && payload.starts_with("m-")
+                        && line.contains(" message ")
+                    {
+                        *seen.entry(payload.to_owned()).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        seen
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let seen = handled();
+        let lost: Vec<&String> = acked.iter().filter(|p| !seen.contains_key(*p)).collect();
+        if lost.is_empty() {
+            break seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged messages never handled: {:?}",
+            lost.len(),
+            acked.len(),
+            &lost[..lost.len().min(20)]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let twice: Vec<(&String, &usize)> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    if let Some((payload, _)) = twice.first() {
+        for name in names {
+            let logs = root.path().join(name).join("data").join("logs");
+            for file in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+                let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+                for line in text.lines().filter(|line| line.ends_with(payload.as_str())) {
+                    eprintln!("{name} {}: {line}", file.path().display());
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} acknowledged, all handled; {} handled more than once: {twice:?}",
+        acked.len(),
+        twice.len()
+    );
+    // At least once: what the agent's node handled and had not yet taken
+    // out of the stream when it was killed or paused comes again where the
+    // agent starts next (more while the stream still settles after its
+    // leader's loss, and under load: 2 to 14% of them so far); the agent
+    // moved twice, so none comes a third time.
+    assert_eq!(faults, 3);
+    assert!(
+        seen.values().all(|times| *times <= 2),
+        "handled three times or more: {:?}",
+        seen.iter().filter(|(_, n)| **n > 2).collect::<Vec<_>>()
+    );
+    wait_for_nodes(nodes[0].as_ref().unwrap(), &names, Duration::from_secs(15));
+}
+
+/// The index of the NATS server leading `HK_MAIL`.
+fn rt_mail_leader(nats: &NatsCluster) -> usize {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(async {
+        let client = nats.client(0).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream("HK_MAIL").await.unwrap();
+        let info = stream.info().await.unwrap();
+        info.cluster
+            .as_ref()
+            .and_then(|c| c.leader.clone())
+            .expect("HK_MAIL has a leader")
+    });
+    (0..nats.servers())
+        .find(|&i| nats.name(i) == leader)
+        .unwrap()
 }
 
 #[test]

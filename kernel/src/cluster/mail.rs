@@ -14,6 +14,7 @@
 //! its copy.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
@@ -33,8 +34,13 @@ pub(crate) const MAIL: &str = "HK_MAIL";
 const NOT_DELETED: u64 = 10057;
 /// How long a failed delete waits before it is tried again.
 const RETRY: Duration = Duration::from_millis(200);
-/// The longest wait between two tries of a delete that failed.
-const DROP_RETRY_MAX: Duration = Duration::from_secs(10);
+/// The longest wait between two tries of the deletes that failed: once
+/// the stream answers again, what waits goes through within this.
+const DROP_RETRY_MAX: Duration = Duration::from_secs(2);
+/// Most failed deletes waiting to be tried again; past that, the oldest is
+/// given up (its message comes again at its agent's next start: at least
+/// once).
+const DROPS_WAITING: usize = 100_000;
 /// At most this many messages are read back for one process at its start,
 /// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
 const MAX_QUEUED: usize = 100_000;
@@ -66,6 +72,10 @@ pub(crate) struct Mailroom {
     stream: stream::Stream,
     held: Mutex<HashMap<MessageId, (Pid, u64)>>,
     left: Mutex<HashSet<Pid>>,
+    /// Deletes that failed, by sequence, oldest first, for the one task
+    /// that tries them again ([`Cluster::retry_drops`]).
+    drops: Mutex<std::collections::VecDeque<u64>>,
+    dropped: tokio::sync::Notify,
 }
 
 impl Mailroom {
@@ -85,6 +95,8 @@ impl Mailroom {
             stream: open_stream(js, replicas, config).await?,
             held: Mutex::new(HashMap::new()),
             left: Mutex::new(HashSet::new()),
+            drops: Mutex::new(std::collections::VecDeque::new()),
+            dropped: tokio::sync::Notify::new(),
         })
     }
 }
@@ -289,41 +301,86 @@ impl Cluster {
     /// acknowledged, it expired, or its process exited before taking it);
     /// false when it is not kept in the stream. A copy that stood down, or
     /// a node that is no member any more, leaves it there. A delete that
-    /// fails (a NATS server down, a leader being elected) is tried again,
-    /// backing off up to [`DROP_RETRY_MAX`], until it goes through or the
+    /// fails (a NATS server down, a leader being elected) joins the queue
+    /// [`Cluster::retry_drops`] works through until it goes through or the
     /// node stops or is fenced: one given up would come back as a message
     /// already handled at the agent's next start.
-    pub(crate) fn drop_mail(&self, id: MessageId) -> bool {
+    pub(crate) fn drop_mail(self: &Arc<Self>, id: MessageId) -> bool {
         let Some((to, seq)) = self.mail.held.lock().remove(&id) else {
             return false;
         };
         if self.mail.left.lock().contains(&to) || self.fenced.borrow().is_some() {
             return true;
         }
-        let stream = self.mail.stream.clone();
-        let (cancel, mut fenced) = (self.cancel.clone(), self.fenced.subscribe());
+        let cluster = self.clone();
         self.tracker.spawn(async move {
-            let mut wait = RETRY;
-            for tries in 1u32.. {
-                let Err(err) = delete(&stream, seq).await else {
-                    if tries > 1 {
-                        tracing::info!(seq, tries, "cluster: a dropped message left {MAIL} at last");
-                    }
-                    return;
-                };
-                if tries == 1 {
-                    tracing::warn!(seq, error = %err, "cluster: dropping a message from {MAIL} failed; trying again");
-                }
-                tokio::select! {
-                    () = cancel.cancelled() => break,
-                    _ = fenced.wait_for(Option::is_some) => break,
-                    () = tokio::time::sleep(wait) => {}
-                }
-                wait = (wait * 2).min(DROP_RETRY_MAX);
+            if let Err(err) = delete(&cluster.mail.stream, seq).await {
+                tracing::warn!(seq, error = %err, "cluster: dropping a message from {MAIL} failed; trying again");
+                cluster.drop_later(seq);
             }
-            tracing::warn!(seq, "cluster: a dropped message stays in {MAIL}: it comes again at its agent's next start");
         });
         true
+    }
+
+    /// Queues the delete of `seq` for [`Cluster::retry_drops`].
+    fn drop_later(&self, seq: u64) {
+        let given_up = {
+            let mut drops = self.mail.drops.lock();
+            drops.push_back(seq);
+            (drops.len() > DROPS_WAITING).then(|| drops.pop_front())
+        };
+        if let Some(Some(seq)) = given_up {
+            tracing::warn!(
+                seq,
+                "cluster: too many deletes from {MAIL} waiting; a dropped message stays there and comes again at its agent's next start"
+            );
+        }
+        self.mail.dropped.notify_one();
+    }
+
+    /// Tries the deletes that failed again, oldest first, until the node
+    /// stops or is fenced: while the stream does not answer, the oldest
+    /// every while (backing off from 200 ms to [`DROP_RETRY_MAX`]); once
+    /// it does, the rest at once, one after the other.
+    pub(crate) async fn retry_drops(&self) {
+        let mut fenced = self.fenced.subscribe();
+        let mut wait = RETRY;
+        let mut tries = 0u32;
+        loop {
+            let next = self.mail.drops.lock().front().copied();
+            let Some(seq) = next else {
+                tokio::select! {
+                    () = self.cancel.cancelled() => break,
+                    _ = fenced.wait_for(Option::is_some) => break,
+                    () = self.mail.dropped.notified() => continue,
+                }
+            };
+            tokio::select! {
+                () = self.cancel.cancelled() => break,
+                _ = fenced.wait_for(Option::is_some) => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+            tries += 1;
+            match delete(&self.mail.stream, seq).await {
+                Ok(_) => {
+                    self.mail.drops.lock().pop_front();
+                    tracing::info!(seq, tries, "cluster: a dropped message left {MAIL} at last");
+                    // The stream answers: the rest go at once.
+                    (wait, tries) = (Duration::ZERO, 0);
+                }
+                Err(err) => {
+                    tracing::debug!(seq, error = %err, "cluster: dropping a message from {MAIL} failed again");
+                    wait = (wait * 2).clamp(RETRY, DROP_RETRY_MAX);
+                }
+            }
+        }
+        let left = self.mail.drops.lock().len();
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "cluster: dropped messages stay in {MAIL}: they come again at their agents' next start"
+            );
+        }
     }
 
     /// The messages waiting for `pid` in the stream, oldest first, each
@@ -373,8 +430,20 @@ impl Cluster {
 
 /// Deletes message `seq` of the mail stream: true when this call deleted
 /// it, false when it was not there.
+/// How long a delete may take before it counts as failed (it may still
+/// go through; its retry then finds the message gone): short, so that a
+/// delete sent to a stream leader that died joins the retries at once,
+/// rather than after the client's timeout, and goes through as soon as
+/// a new leader answers.
+const DELETE_WAIT: Duration = Duration::from_secs(1);
+
 async fn delete(stream: &stream::Stream, seq: u64) -> Result<bool, ClusterError> {
-    match stream.delete_message(seq).await {
+    let Ok(deleted) = tokio::time::timeout(DELETE_WAIT, stream.delete_message(seq)).await else {
+        return Err(ClusterError::JetStream(format!(
+            "deleting message {seq} of {MAIL}: no answer within {DELETE_WAIT:?}"
+        )));
+    };
+    match deleted {
         Ok(deleted) => Ok(deleted),
         Err(err) => match err.kind() {
             DeleteMessageErrorKind::JetStream(js) if js.error_code().0 == NOT_DELETED => Ok(false),

@@ -11,22 +11,27 @@
 //! UNAVAILABLE, naming why, when the node is not a member, so the client
 //! asks another node. Health checks and reflection pass: they act as no
 //! process.
+//!
+//! A call of one of the node's own processes (its token: an `exec` agent)
+//! that may move waits for the verdict however long it takes (NATS out
+//! for a leader election): it is paused, as its deliveries are, rather
+//! than refused, which would end the agent. One that does not move passes:
+//! it runs on here whatever the cluster says.
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::{BoxFuture, Either};
 use tonic::Status;
 use tonic::codegen::{Service, http};
 
-use crate::cluster::Cluster;
+use crate::kernel::{Caller, Kernel};
 
 /// The path prefix of the methods the layer guards.
 const GUARDED: &str = "/hivekernel.";
 
 /// Wraps the server's services with [`Standing`] (a no-op outside a cluster).
-#[derive(Debug, Clone)]
-pub(super) struct StandingLayer(pub(super) Option<Arc<Cluster>>);
+#[derive(Clone)]
+pub(super) struct StandingLayer(pub(super) Kernel);
 
 impl<S> tower::Layer<S> for StandingLayer {
     type Service = Standing<S>;
@@ -34,15 +39,15 @@ impl<S> tower::Layer<S> for StandingLayer {
     fn layer(&self, inner: S) -> Standing<S> {
         Standing {
             inner,
-            cluster: self.0.clone(),
+            kernel: self.0.clone(),
         }
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Standing<S> {
     inner: S,
-    cluster: Option<Arc<Cluster>>,
+    kernel: Kernel,
 }
 
 impl<S, B, R> Service<http::Request<B>> for Standing<S>
@@ -61,17 +66,30 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let cluster = match &self.cluster {
+        let cluster = match self.kernel.cluster() {
             Some(cluster) if request.uri().path().starts_with(GUARDED) && !cluster.member_now() => {
                 cluster.clone()
             }
             _ => return Either::Left(self.inner.call(request)),
         };
+        // The caller, as the authentication layer put it there.
+        let own = match request.extensions().get::<Caller>() {
+            Some(Caller::Process(pid)) if !self.kernel.moves_from_here(*pid) => {
+                return Either::Left(self.inner.call(request));
+            }
+            Some(Caller::Process(pid)) => Some(*pid),
+            _ => None,
+        };
         // The service made ready is the one that must take the call.
         let fresh = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, fresh);
         Either::Right(Box::pin(async move {
-            match cluster.standing().await {
+            let standing = match own {
+                Some(_) if cluster.still_member().await => Ok(()),
+                Some(pid) => Err(crate::kernel::moved_away(pid, cluster.node())),
+                None => cluster.standing().await,
+            };
+            match standing {
                 Ok(()) => ready.call(request).await,
                 Err(why) => Ok(Status::unavailable(why).into_http()),
             }

@@ -749,7 +749,7 @@ impl Kernel {
 
     /// Whether this node runs `pid` and it may move to another node (its
     /// mail is the cluster's).
-    pub(super) fn moves_from_here(&self, pid: Pid) -> bool {
+    pub(crate) fn moves_from_here(&self, pid: Pid) -> bool {
         self.inner
             .table()
             .read()
@@ -1070,7 +1070,7 @@ fn listing(table: &ProcessTable, pid: Pid, node: &str, epoch: u64) -> Option<Lis
 }
 
 /// Why process `pid` on `node` may not act: it runs on another node now.
-pub(super) fn moved_away(pid: Pid, node: &str) -> String {
+pub(crate) fn moved_away(pid: Pid, node: &str) -> String {
     format!(
         "process {pid} runs on another node now: node {node} left the cluster, or was declared lost"
     )
