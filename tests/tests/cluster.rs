@@ -870,19 +870,16 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     };
     attached(&a, 1);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mail = |nats: &NatsCluster, i: usize| {
+    // Messages left in the stream, as server `i` answers.
+    let left_in_mail = |nats: &NatsCluster, i: usize| {
         rt.block_on(async {
             let client = nats.client(i).await.unwrap();
             let js = async_nats::jetstream::new(client);
             let mut stream = js.get_stream("HK_MAIL").await.unwrap();
-            let info = stream.info().await.unwrap();
-            let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
-            (info.state.messages, leader)
+            stream.info().await.unwrap().state.messages
         })
     };
-    let (_, leader) = mail(&nats, 0);
-    let leader = leader.expect("HK_MAIL has a leader");
-    let leader = (0..3).find(|&i| nats.name(i) == leader).unwrap();
+    let leader = rt_mail_leader(&nats);
     let other = (leader + 1) % 3;
 
     let mut refused_for = Duration::ZERO;
@@ -919,7 +916,7 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
             .iter()
             .filter(|payload| text.contains(&format!(": {payload}\n")))
             .count();
-        let (left, _) = mail(&nats, other);
+        let left = left_in_mail(&nats, other);
         if handled == SENT && left == 0 {
             break;
         }

@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use super::lanes::Posting;
 use super::tree::Tree;
-use crate::cluster::rpc::{self, Answer, CronChange, Op, Refusal, refused};
+use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
 use crate::cron::CronInfo;
 use crate::error::{KernelError, Result};
@@ -519,18 +519,7 @@ impl Kernel {
             }
             Op::CronList => held::<Vec<CronInfo>>(Ok(self.cron_here(Caller::Admin))),
             Op::Cron { name, change } => {
-                let changed = match change {
-                    CronChange::Remove => self
-                        .remove_cron_checked(Caller::Admin, &name)
-                        .await
-                        .map(|()| None),
-                    CronChange::Enable(enabled) => self
-                        .set_cron_enabled_checked(Caller::Admin, &name, enabled)
-                        .await
-                        .map(Some),
-                    CronChange::Run => self.run_cron_checked(Caller::Admin, &name).await.map(Some),
-                };
-                held(changed.map(|info| info.map(|info| self.on_this_node(info))))
+                held(self.change_cron_here(Caller::Admin, &name, change).await)
             }
             Op::Lend {
                 parent,

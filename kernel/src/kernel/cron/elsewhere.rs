@@ -51,6 +51,44 @@ impl Kernel {
         self.forward(node, op, FORWARDED_CRON).await
     }
 
+    /// Applies `change` to entry `name` as `caller`: here, or, when this
+    /// node holds no entry of that name and the caller is an operator, on
+    /// the node that does. The entry after it (none after a removal).
+    pub(super) async fn change_cron(
+        &self,
+        caller: Caller,
+        name: &str,
+        change: CronChange,
+    ) -> Result<Option<CronInfo>> {
+        match self.change_cron_here(caller, name, change).await {
+            Err(KernelError::NoSuchCron(_))
+                if let Some(node) = self.cron_elsewhere(caller, name).await? =>
+            {
+                self.forward_cron(&node, name, change).await
+            }
+            done => done,
+        }
+    }
+
+    /// Applies `change` to this node's entry `name` as `caller`, who holds
+    /// the capability: the entry after it, naming this node.
+    pub(in crate::kernel) async fn change_cron_here(
+        &self,
+        caller: Caller,
+        name: &str,
+        change: CronChange,
+    ) -> Result<Option<CronInfo>> {
+        let changed = match change {
+            CronChange::Remove => self.remove_cron_checked(caller, name).await.map(|()| None),
+            CronChange::Enable(enabled) => self
+                .set_cron_enabled_checked(caller, name, enabled)
+                .await
+                .map(Some),
+            CronChange::Run => self.run_cron_checked(caller, name).await.map(Some),
+        };
+        changed.map(|info| info.map(|info| self.on_this_node(info)))
+    }
+
     /// Applies `change` to entry `name` on `node`, which holds it: the
     /// entry after it (none after a removal).
     pub(super) async fn forward_cron(

@@ -423,26 +423,15 @@ impl Kernel {
     pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
         let result = async {
             self.require(caller, Capability::ManageCron, "remove cron entries")?;
-            match self.remove_cron_checked(caller, name).await {
-                Err(KernelError::NoSuchCron(_))
-                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
-                {
-                    self.forward_cron(&node, name, CronChange::Remove)
-                        .await
-                        .map(drop)
-                }
-                done => done,
-            }
+            self.change_cron(caller, name, CronChange::Remove)
+                .await
+                .map(drop)
         };
         self.report_denial(caller, "remove_cron", result.await)
     }
 
     /// [`Kernel::remove_cron`], once the caller holds the capability.
-    pub(in crate::kernel) async fn remove_cron_checked(
-        &self,
-        caller: Caller,
-        name: &str,
-    ) -> Result<()> {
+    pub(super) async fn remove_cron_checked(&self, caller: Caller, name: &str) -> Result<()> {
         let kernel = self.clone();
         let name = name.to_owned();
         // In a task the kernel owns, like `add_cron`.
@@ -492,22 +481,15 @@ impl Kernel {
                 Capability::ManageCron,
                 "enable or disable cron entries",
             )?;
-            match self.set_cron_enabled_checked(caller, name, enabled).await {
-                Err(KernelError::NoSuchCron(_))
-                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
-                {
-                    self.forward_cron(&node, name, CronChange::Enable(enabled))
-                        .await?
-                        .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
-                }
-                done => done,
-            }
+            self.change_cron(caller, name, CronChange::Enable(enabled))
+                .await?
+                .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
         };
         self.report_denial(caller, "set_cron_enabled", result.await)
     }
 
     /// [`Kernel::set_cron_enabled`], once the caller holds the capability.
-    pub(in crate::kernel) async fn set_cron_enabled_checked(
+    pub(super) async fn set_cron_enabled_checked(
         &self,
         caller: Caller,
         name: &str,
@@ -577,59 +559,46 @@ impl Kernel {
     pub async fn run_cron_now(&self, caller: Caller, name: &str) -> Result<CronInfo> {
         let result = async {
             self.require(caller, Capability::ManageCron, "run cron entries")?;
-            match self.run_cron_checked(caller, name).await {
-                Err(KernelError::NoSuchCron(_))
-                    if let Some(node) = self.cron_elsewhere(caller, name).await? =>
-                {
-                    self.forward_cron(&node, name, CronChange::Run)
-                        .await?
-                        .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
-                }
-                done => done,
-            }
+            self.change_cron(caller, name, CronChange::Run)
+                .await?
+                .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
         };
         self.report_denial(caller, "run_cron", result.await)
     }
 
     /// [`Kernel::run_cron_now`], once the caller holds the capability.
-    pub(in crate::kernel) async fn run_cron_checked(
-        &self,
-        caller: Caller,
-        name: &str,
-    ) -> Result<CronInfo> {
-        {
-            self.check_running()?;
-            owned(&self.inner.cron().state.lock(), caller, name)?;
-            // In a task the kernel owns: a caller that gives up cannot leave
-            // a run counted that never started.
-            let kernel = self.clone();
-            let name = name.to_owned();
-            let task = self.inner.tracker().spawn(async move {
-                let now = kernel.cron_now_ms();
-                match kernel.fire(&name, now, Firing::Asked).await {
-                    Fired::Started => {}
-                    Fired::Busy => {
-                        return Err(KernelError::FailedPrecondition(format!(
-                            "cron entry {name:?} is running already (its overlap policy is skip)"
-                        )));
-                    }
-                    Fired::Gone => return Err(KernelError::NoSuchCron(name)),
-                    Fired::NotRecorded(why) => {
-                        return Err(KernelError::FailedPrecondition(format!(
-                            "cron entry {name:?} not run: the store did not record it ({why})"
-                        )));
-                    }
+    pub(super) async fn run_cron_checked(&self, caller: Caller, name: &str) -> Result<CronInfo> {
+        self.check_running()?;
+        owned(&self.inner.cron().state.lock(), caller, name)?;
+        // In a task the kernel owns: a caller that gives up cannot leave
+        // a run counted that never started.
+        let kernel = self.clone();
+        let name = name.to_owned();
+        let task = self.inner.tracker().spawn(async move {
+            let now = kernel.cron_now_ms();
+            match kernel.fire(&name, now, Firing::Asked).await {
+                Fired::Started => {}
+                Fired::Busy => {
+                    return Err(KernelError::FailedPrecondition(format!(
+                        "cron entry {name:?} is running already (its overlap policy is skip)"
+                    )));
                 }
-                let state = kernel.inner.cron().state.lock();
-                state
-                    .entries
-                    .get(&name)
-                    .map(Entry::info)
-                    .ok_or(KernelError::NoSuchCron(name))
-            });
-            task.await
-                .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron run failed".into())))
-        }
+                Fired::Gone => return Err(KernelError::NoSuchCron(name)),
+                Fired::NotRecorded(why) => {
+                    return Err(KernelError::FailedPrecondition(format!(
+                        "cron entry {name:?} not run: the store did not record it ({why})"
+                    )));
+                }
+            }
+            let state = kernel.inner.cron().state.lock();
+            state
+                .entries
+                .get(&name)
+                .map(Entry::info)
+                .ok_or(KernelError::NoSuchCron(name))
+        });
+        task.await
+            .unwrap_or_else(|_| Err(KernelError::FailedPrecondition("cron run failed".into())))
     }
 
     /// Entries the caller owns (every entry for the operator), by name.
