@@ -971,8 +971,9 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
 /// pause past the TTL of the node running the agent (which must answer
 /// nothing when it resumes, and exits fenced). A checker then reads
 /// every node's log of the agent: no acknowledged message is lost, none
-/// is handled more than twice (those the agent's node had handled and not
-/// yet taken out of the stream when it went come again: at least once),
+/// is handled more than twice, and few twice (those the agent's node had
+/// handled and not yet taken out of the stream when it went come again:
+/// at least once, at most 16 and one more per loss),
 /// and every node is back in the cluster.
 #[test]
 fn a_schedule_of_faults_loses_no_acknowledged_message() {
@@ -1172,10 +1173,17 @@ fn a_schedule_of_faults_loses_no_acknowledged_message() {
     );
     // At least once: what the agent's node handled and had not yet taken
     // out of the stream when it was killed or paused comes again where the
-    // agent starts next (more while the stream still settles after its
-    // leader's loss, and under load: 2 to 14% of them so far); the agent
+    // agent starts next. A node hands its agents no more acknowledged mail
+    // while 16 deletes wait for the stream (its leader lost), so each of
+    // the two losses hands at most that many, and the one message the
+    // agent had taken and not yet acknowledged, over again; the agent
     // moved twice, so none comes a third time.
     assert_eq!(faults, 3);
+    assert!(
+        twice.len() <= 2 * (16 + 2),
+        "{} handled twice: more than two node losses leave in the stream",
+        twice.len()
+    );
     assert!(
         seen.values().all(|times| *times <= 2),
         "handled three times or more: {:?}",

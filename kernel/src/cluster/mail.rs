@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
@@ -41,6 +42,13 @@ const DROP_RETRY_MAX: Duration = Duration::from_secs(2);
 /// given up (its message comes again at its agent's next start: at least
 /// once).
 const DROPS_WAITING: usize = 100_000;
+/// Most deletes of messages their agents acknowledged that may wait for
+/// the stream's answer before this node hands its movable processes no
+/// more acknowledged mail ([`Cluster::deletes_caught_up`]): each is a
+/// message handled that comes again where its process starts next if this
+/// node is lost before the delete goes through, so this bounds what a
+/// stream outage followed by the node's loss hands over twice.
+pub(crate) const MOST_UNCONFIRMED: usize = 16;
 /// At most this many messages are read back for one process at its start,
 /// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
 const MAX_QUEUED: usize = 100_000;
@@ -76,6 +84,11 @@ pub(crate) struct Mailroom {
     /// that tries them again ([`Cluster::retry_drops`]).
     drops: Mutex<std::collections::VecDeque<u64>>,
     dropped: tokio::sync::Notify,
+    /// Deletes of acknowledged messages sent and not yet answered, with
+    /// those waiting in `drops`.
+    unconfirmed: std::sync::atomic::AtomicUsize,
+    /// Told each time an unconfirmed delete goes through or is given up.
+    confirmed: tokio::sync::Notify,
 }
 
 impl Mailroom {
@@ -97,6 +110,8 @@ impl Mailroom {
             left: Mutex::new(HashSet::new()),
             drops: Mutex::new(std::collections::VecDeque::new()),
             dropped: tokio::sync::Notify::new(),
+            unconfirmed: std::sync::atomic::AtomicUsize::new(0),
+            confirmed: tokio::sync::Notify::new(),
         })
     }
 }
@@ -313,13 +328,50 @@ impl Cluster {
             return true;
         }
         let cluster = self.clone();
+        self.mail.unconfirmed.fetch_add(1, Ordering::AcqRel);
         self.tracker.spawn(async move {
-            if let Err(err) = delete(&cluster.mail.stream, seq).await {
-                tracing::warn!(seq, error = %err, "cluster: dropping a message from {MAIL} failed; trying again");
-                cluster.drop_later(seq);
+            match delete(&cluster.mail.stream, seq).await {
+                Ok(_) => cluster.confirm_drop(),
+                Err(err) => {
+                    tracing::warn!(seq, error = %err, "cluster: dropping a message from {MAIL} failed; trying again");
+                    cluster.drop_later(seq);
+                }
             }
         });
         true
+    }
+
+    /// One unconfirmed delete went through or was given up.
+    fn confirm_drop(&self) {
+        self.mail.unconfirmed.fetch_sub(1, Ordering::AcqRel);
+        self.mail.confirmed.notify_waiters();
+    }
+
+    /// Whether more deletes of acknowledged messages wait for the stream
+    /// than [`MOST_UNCONFIRMED`] (one atomic load).
+    pub(crate) fn deletes_behind(&self) -> bool {
+        self.mail.unconfirmed.load(Ordering::Acquire) >= MOST_UNCONFIRMED
+    }
+
+    /// Waits until fewer than [`MOST_UNCONFIRMED`] deletes of acknowledged
+    /// messages wait for the stream (it answers again after an outage), or
+    /// the node stops or is fenced. While the stream takes no delete,
+    /// a message handed to its agent would be handled, and not taken out
+    /// of the stream, and come again at the agent's next start if this
+    /// node is lost: waiting keeps it in the stream unhandled instead.
+    pub(crate) async fn deletes_caught_up(&self) {
+        let mut fenced = self.fenced.subscribe();
+        loop {
+            let confirmed = self.mail.confirmed.notified();
+            if !self.deletes_behind() {
+                return;
+            }
+            tokio::select! {
+                () = confirmed => {}
+                () = self.cancel.cancelled() => return,
+                _ = fenced.wait_for(Option::is_some) => return,
+            }
+        }
     }
 
     /// Queues the delete of `seq` for [`Cluster::retry_drops`].
@@ -330,6 +382,7 @@ impl Cluster {
             (drops.len() > DROPS_WAITING).then(|| drops.pop_front())
         };
         if let Some(Some(seq)) = given_up {
+            self.confirm_drop();
             tracing::warn!(
                 seq,
                 "cluster: too many deletes from {MAIL} waiting; a dropped message stays there and comes again at its agent's next start"
@@ -364,6 +417,7 @@ impl Cluster {
             match delete(&self.mail.stream, seq).await {
                 Ok(_) => {
                     self.mail.drops.lock().pop_front();
+                    self.confirm_drop();
                     tracing::info!(seq, tries, "cluster: a dropped message left {MAIL} at last");
                     // The stream answers: the rest go at once.
                     (wait, tries) = (Duration::ZERO, 0);

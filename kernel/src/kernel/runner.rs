@@ -395,6 +395,13 @@ async fn handle_message(
     handover: Option<Arc<AtomicU64>>,
 ) -> Result<(), Fatal> {
     let pid = proc.ctx.pid;
+    let acknowledged = runtime.acknowledges_messages();
+    if durable
+        && acknowledged
+        && let Some(caught_up) = deletes_lagging(&kernel, id)
+    {
+        caught_up.await;
+    }
     if let Some(standing) = standing(&kernel, &proc)
         && standing.await.is_err()
     {
@@ -403,7 +410,6 @@ async fn handle_message(
         return Ok(());
     }
     let _running = CountGuard::enter(&proc.running);
-    let acknowledged = runtime.acknowledges_messages();
     let deferred = handover.map(|pending| Deferred {
         kernel: kernel.clone(),
         pid,
@@ -484,6 +490,24 @@ fn standing(
         }
         Err(super::cluster::moved_away(pid, cluster.node()))
     }))
+}
+
+/// For a message kept in the cluster's mail stream, to an agent that
+/// acknowledges its messages, on a node whose deletes of acknowledged
+/// messages lag behind (the stream takes none: an outage): the wait until
+/// they catch up, so that a node lost meanwhile leaves its messages in
+/// the stream unhandled rather than handled and not taken out
+/// ([`crate::cluster::Cluster::deletes_caught_up`]). `None`, after one
+/// atomic load, in the common case.
+fn deletes_lagging(
+    kernel: &Weak<Inner>,
+    id: MessageId,
+) -> Option<futures::future::BoxFuture<'static, ()>> {
+    let cluster = kernel.upgrade()?.cluster()?.clone();
+    if !cluster.deletes_behind() || !cluster.holds_mail(id) {
+        return None;
+    }
+    Some(Box::pin(async move { cluster.deletes_caught_up().await }))
 }
 
 /// A message whose hand-over waits for its turn to act: taken as the turn
