@@ -51,13 +51,23 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
     let bin = tokio::task::spawn_blocking(crate::cold::binary)
         .await
         .expect("locate the hivekernel binary");
+    let root = tempfile::tempdir().expect("temp dir");
+    let window = sizes.rpc_window;
+    // The reference: the same config on a kernel alone, measured before
+    // the cluster starts.
+    let (alone, alone_kept) = {
+        let mut solo = start_node(&bin, root.path(), None, "alone").await;
+        let echo = spawn_echo(&mut solo.client, "echo", pb::Role::Worker, 0).await;
+        let alone = sends(solo.client.clone(), echo, window).await;
+        let keeper = find(&mut solo.client, "keeper").await.expect("keeper");
+        (alone, sends(solo.client.clone(), keeper.0, window).await)
+    };
     let nats = tokio::task::spawn_blocking(|| NatsCluster::start(3))
         .await
         .expect("start NATS");
-    let root = tempfile::tempdir().expect("temp dir");
     let mut nodes = Vec::new();
     for name in NAMES {
-        nodes.push(start_node(&bin, root.path(), &nats, name).await);
+        nodes.push(start_node(&bin, root.path(), Some(&nats), name).await);
     }
     // An echo agent on a and one on b, each spawned through its own node.
     let near = spawn_echo(&mut nodes[0].client, "near", pb::Role::Worker, 0).await;
@@ -65,15 +75,21 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
 
     let asks = (sizes.asks / 10).max(20);
     let floor = nats_round_trips(&nats, asks).await;
+    let kept_floor = jetstream_keeps(&nats, window, false).await;
+    let taken_floor = jetstream_keeps(&nats, window, true).await;
     let client = nodes[0].client.clone();
     let same = round_trips(client.clone(), near, asks).await;
     let cross = round_trips(client.clone(), far, asks).await;
-    let window = sizes.rpc_window;
     let sends_same = sends(client.clone(), near, window).await;
     let sends_cross = sends(client, far, window).await;
-    let sends_kept = match keeper_from_afar(&nodes).await {
-        Some((pid, asker)) => Some(sends(nodes[asker].client.clone(), pid, window).await),
-        None => None,
+    let (sends_kept_here, sends_kept) = match keeper(&nodes).await {
+        Some((pid, holder)) => {
+            let here = sends(nodes[holder].client.clone(), pid, window).await;
+            let asker = (holder + 1) % nodes.len();
+            let afar = sends(nodes[asker].client.clone(), pid, window).await;
+            (Some(here), Some(afar))
+        }
+        None => (None, None),
     };
     let spawns = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window, None, false).await;
     let spawns_apart = spawn_everywhere(&nodes, sizes.spawn[0] / 10, window, None, true).await;
@@ -102,8 +118,9 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             cross.0,
             Some(floor.0),
         )
+        .target(Target::at_most(2.0 * same.0, Unit::Nanos))
         .note(format!(
-            "{asked}; {:.2}x the same-node p50",
+            "{asked}; {:.2}x the same-node p50 (target: at most 2x)",
             cross.0 / same.0
         )),
         Row::new(
@@ -120,6 +137,22 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             cross.1,
             Some(floor.1),
         ),
+        Row::new(
+            "cluster",
+            format!("cluster: SendMessage, {SENDERS} clients, a kernel alone"),
+            Unit::PerSec,
+            alone,
+            None,
+        )
+        .note("the reference: one kernel without a cluster, to a spawned echo agent"),
+        Row::new(
+            "cluster",
+            format!("cluster: SendMessage, {SENDERS} clients, a kernel alone, to a config agent"),
+            Unit::PerSec,
+            alone_kept,
+            None,
+        )
+        .note("each kept in the kernel's store before it is acknowledged"),
         Row::new(
             "cluster",
             format!("cluster: SendMessage, {SENDERS} clients, to the node asked"),
@@ -139,6 +172,55 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
             sends_cross / sends_same
         )),
     ];
+    rows.extend([
+        Row::new(
+            "cluster",
+            format!("cluster: JetStream, {SENDERS} publishers, to a 3-replica file stream"),
+            Unit::PerSec,
+            kept_floor,
+            None,
+        )
+        .note(format!(
+            "no kernel: each publish awaited until the stream stored it (a kept send's least \
+             cost); {:.2}x a kernel alone's config agent",
+            kept_floor / alone_kept
+        )),
+        Row::new(
+            "cluster",
+            format!("cluster: JetStream, {SENDERS} publishers, each taken by one deleter"),
+            Unit::PerSec,
+            taken_floor,
+            None,
+        )
+        .note(format!(
+            "no kernel: as above, each message then deleted by its sequence, one after the \
+             other, as one process's handover does; messages deleted per second; {:.2}x a \
+             kernel alone's config agent",
+            taken_floor / alone_kept
+        )),
+    ]);
+    // A movable process's rate: at least half a kernel alone's.
+    let half_alone = Target::at_least(alone_kept / 2.0, Unit::PerSec);
+    if let Some(kept) = sends_kept_here {
+        rows.push(
+            Row::new(
+                "cluster",
+                format!(
+                    "cluster: SendMessage, {SENDERS} clients, to a config agent on the node asked"
+                ),
+                Unit::PerSec,
+                kept,
+                None,
+            )
+            .target(half_alone)
+            .note(format!(
+                "each kept in HK_MAIL (a quorum write) before it is acknowledged, and deleted \
+                 from it before it is handed over; {:.2}x a kernel alone's config agent \
+                 (target: at least 0.5x)",
+                kept / alone_kept
+            )),
+        );
+    }
     if let Some(kept) = sends_kept {
         rows.push(
             Row::new(
@@ -225,33 +307,39 @@ pub(crate) async fn run(sizes: &Sizes) -> Vec<Row> {
     rows
 }
 
-/// Starts node `name` of `nats` with a permanent echo config agent, and a client of it.
-async fn start_node(bin: &Path, root: &Path, nats: &NatsCluster, name: &str) -> Node {
+/// Starts node `name` of `nats` (or a kernel alone) with a permanent echo
+/// config agent, and a client of it.
+async fn start_node(bin: &Path, root: &Path, nats: Option<&NatsCluster>, name: &str) -> Node {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).expect("a node's directory");
+    let mut kernel = json!({
+        "listen": "127.0.0.1:0",
+        "shutdown_grace_ms": 0,
+        "max_children": 100_000,
+        "dashboard": { "enabled": false },
+    });
+    if let Some(nats) = nats {
+        kernel["cluster"] = json!({
+            "servers": (0..nats.servers()).map(|i| nats.url(i)).collect::<Vec<_>>(),
+            "heartbeat_ms": HEARTBEAT_MS,
+            "node_ttl_ms": TTL_MS
+        });
+    }
     let config = json!({
-        "kernel": {
-            "listen": "127.0.0.1:0",
-            "shutdown_grace_ms": 0,
-            "max_children": 100_000,
-            "dashboard": { "enabled": false },
-            "cluster": {
-                "servers": (0..nats.servers()).map(|i| nats.url(i)).collect::<Vec<_>>(),
-                "heartbeat_ms": HEARTBEAT_MS,
-                "node_ttl_ms": TTL_MS
-            }
-        },
+        "kernel": kernel,
         "agents": [{
             "name": "keeper", "role": "agent", "runtime": "echo",
             "restart": { "policy": "permanent", "backoff_ms": [BACKOFF_MS, 1000] }
         }]
     });
     std::fs::write(dir.join("config.json"), config.to_string()).expect("a node's config");
-    let (bin, name) = (bin.to_owned(), name.to_owned());
-    let binary =
-        tokio::task::spawn_blocking(move || Binary::start_with(&bin, &dir, &["--node", &name]))
-            .await
-            .expect("start a node");
+    let (bin, args) = (bin.to_owned(), nats.map(|_| ["--node".to_owned(), name.to_owned()]));
+    let binary = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().flatten().map(String::as_str).collect();
+        Binary::start_with(&bin, &dir, &args)
+    })
+    .await
+    .expect("start a node");
     let client = client_of(&binary).await;
     Node { binary, client }
 }
@@ -314,6 +402,76 @@ async fn round_trips(client: KernelRpc, pid: u64, n: usize) -> (f64, f64) {
 }
 
 /// p50 and p99 of `n` request/reply round trips over `nats`.
+/// Messages per second kept in a 3-replica file stream (acknowledged,
+/// with a message id) by [`SENDERS`] tasks on one client for `window`:
+/// what keeping a message in `HK_MAIL` costs at least. With `taken`, one
+/// more task deletes each by its sequence, one after the other, as a
+/// handover does, and the rate is of messages deleted within `window`
+/// (the publishers held to at most 1,024 ahead, a mailbox's default).
+async fn jetstream_keeps(nats: &NatsCluster, window: Duration, taken: bool) -> f64 {
+    const AHEAD: usize = 1024;
+    let client = nats.client(0).await.expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let name = format!("BENCH_{taken}");
+    let stream = js
+        .get_or_create_stream(async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("bench.{name}.>")],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("create the bench stream");
+    let start = Instant::now();
+    let deadline = start + window;
+    let (seqs, mut to_take) = tokio::sync::mpsc::channel::<u64>(AHEAD);
+    let deleted = Arc::new(AtomicU64::new(0));
+    let deleter = {
+        let deleted = deleted.clone();
+        tokio::spawn(async move {
+            while let Some(seq) = to_take.recv().await
+                && Instant::now() < deadline
+            {
+                stream.delete_message(seq).await.expect("delete");
+                deleted.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let sent = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..SENDERS)
+        .map(|i| {
+            let (js, sent, seqs, name) = (js.clone(), sent.clone(), seqs.clone(), name.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    n += 1;
+                    let publish = async_nats::jetstream::message::PublishMessage::build()
+                        .payload("x".into())
+                        .message_id(format!("{i}.{n}"));
+                    let ack = js
+                        .send_publish(format!("bench.{name}.{i}"), publish)
+                        .await
+                        .expect("publish")
+                        .await
+                        .expect("a stored publish");
+                    if taken && seqs.send(ack.sequence).await.is_err() {
+                        break;
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    drop(seqs);
+    for task in tasks {
+        task.await.expect("a publisher");
+    }
+    deleter.await.expect("the deleter");
+    let done = if taken { &deleted } else { &sent };
+    done.load(Ordering::Relaxed) as f64 / window.as_secs_f64()
+}
+
 async fn nats_round_trips(nats: &NatsCluster, n: usize) -> (f64, f64) {
     let asker = nats.client(0).await.expect("connect to NATS");
     let answerer = nats.client(1).await.expect("connect to NATS");
@@ -436,19 +594,22 @@ async fn spawn_everywhere(
     spawned.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// The PID of config agent `keeper`, and a node other than the one that
-/// runs it.
-async fn keeper_from_afar(nodes: &[Node]) -> Option<(u64, usize)> {
-    let mut client = nodes[0].client.clone();
-    let keeper = client
+/// The PID of process `name` and the node that runs it.
+async fn find(client: &mut KernelRpc, name: &str) -> Option<(u64, String)> {
+    let found = client
         .find_process(pb::FindProcessRequest {
-            target: "keeper".to_owned(),
+            target: name.to_owned(),
         })
         .await
         .ok()?
         .into_inner();
-    let holder = NAMES.iter().position(|name| *name == keeper.node)?;
-    Some((keeper.pid, (holder + 1) % nodes.len()))
+    Some((found.pid, found.node))
+}
+
+/// The PID of config agent `keeper`, and the index of the node that runs it.
+async fn keeper(nodes: &[Node]) -> Option<(u64, usize)> {
+    let (pid, node) = find(&mut nodes[0].client.clone(), "keeper").await?;
+    Some((pid, NAMES.iter().position(|name| *name == node)?))
 }
 
 /// `kill -9` of the node running the permanent config agent `keeper`, to
