@@ -15,6 +15,7 @@
 //! - [`syscalls`]: the [`Syscalls`] trait and its error type.
 //! - [`runtime`]: the [`Runtime`] and [`RuntimeFactory`] traits and the per-process context.
 //! - [`echo`]: the `echo` runtime, which answers every task with its description.
+//! - [`http`]: the HTTP client builder (rustls with ring) every outbound call uses.
 //! - [`text`]: cutting text to a size, with one marker.
 //! - [`transcript`]: what a runtime records in its process's transcript.
 //! - [`trace`]: trace context (W3C shape) carried by tasks and messages.
@@ -30,6 +31,7 @@ pub mod artifact;
 pub mod capability;
 pub mod cron;
 pub mod echo;
+pub mod http;
 pub mod json;
 pub mod llm;
 pub mod mcp;

@@ -292,14 +292,14 @@ pub(crate) const CLIENT_CA: &str = "TLS client CA";
 pub(crate) const CA: &str = "TLS CA";
 const CLIENT_CERT: &str = "TLS client certificate";
 
-/// Reads a PEM file holding one or more certificates; returns its bytes.
 /// HTTPS clients (to MCP servers, to an OTLP collector) go through rustls
 /// with ring, the provider the control plane's TLS already uses; installed
 /// once per process (a provider already installed is kept).
 pub(crate) fn install_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    hivekernel_agents::http::install_tls_provider();
 }
 
+/// Reads a PEM file holding one or more certificates; returns its bytes.
 pub(crate) fn read_certs(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
     let bytes = read_pem(path, what)?;
     let invalid = |problem: String| TlsError::Invalid {

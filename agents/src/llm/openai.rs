@@ -255,7 +255,7 @@ impl OpenAiProvider {
                 "api_key must be non-empty and contain no control characters".into(),
             ));
         }
-        let client = reqwest::Client::builder()
+        let client = crate::http::client_builder()
             .user_agent(concat!("hivekernel/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmError::Config(format!("cannot build the HTTP client: {e}")))?;

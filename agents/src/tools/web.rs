@@ -110,7 +110,7 @@ impl WebFetch {
 
     fn client(&self) -> &Result<reqwest::Client, String> {
         self.client.get_or_init(|| {
-            reqwest::Client::builder()
+            crate::http::client_builder()
                 .user_agent(self.settings.user_agent.as_str())
                 .redirect(reqwest::redirect::Policy::none())
                 .no_proxy()
@@ -167,7 +167,7 @@ impl Guard {
     /// allow, follows no redirect and uses no proxy, with `timeout` per
     /// request.
     pub fn client(&self, timeout: Duration) -> Result<reqwest::Client, String> {
-        reqwest::Client::builder()
+        crate::http::client_builder()
             .user_agent(concat!("hivekernel/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
