@@ -1117,7 +1117,15 @@ pub fn main() -> i32 {
             let token_in_argv = client::token_in_argv(&matches);
             let args = Cli::from_arg_matches_mut(&mut matches)
                 .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
-            crate::logging::init(&args);
+            let config = match &args.command {
+                Command::Start(start) => Some(start.config.as_path()),
+                _ => None,
+            };
+            crate::logging::init(
+                args.log_level.as_deref(),
+                args.log_format.as_deref(),
+                config,
+            );
             if token_in_argv {
                 eprintln!("{}", client::TOKEN_IN_ARGV);
             }

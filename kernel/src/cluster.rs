@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ClusterSettings;
+pub use crate::config::{MIN_SECRET_BYTES, read_secret};
 use crate::event::unix_ms;
 pub use cron::Lease;
 pub use crons::KeptCron;
@@ -65,8 +66,8 @@ use mail::Mailroom;
 pub(crate) use mail::{Letter, Queued};
 pub(crate) use pids::PidBlocks;
 use rpc::Refusal;
+pub use seal::new_secret;
 use seal::{Fresh, Seal};
-pub use seal::{MIN_SECRET_BYTES, new_secret, read_secret};
 use signed::{Checked, Signed};
 pub use specs::{KeptSpec, SpecKey};
 

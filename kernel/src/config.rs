@@ -19,7 +19,9 @@
 
 mod approval;
 mod cluster;
-pub use cluster::{ClusterSettings, host_name, node_name_problem, parse_servers};
+pub use cluster::{
+    ClusterSettings, MIN_SECRET_BYTES, host_name, node_name_problem, parse_servers, read_secret,
+};
 mod connections;
 pub use connections::ConnectionSettings;
 mod cron;

@@ -12,19 +12,14 @@ use std::path::Path;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{Cli, Command};
 use crate::config::{LogFormat, LogSettings};
 
-/// Installs the global subscriber for this command line.
-pub fn init(cli: &Cli) {
-    let configured = match &cli.command {
-        Command::Start(args) => configured(&args.config),
-        _ => LogSettings::default(),
-    };
-    let level = cli.log_level.clone().unwrap_or(configured.level);
-    let format = cli
-        .log_format
-        .as_deref()
+/// Installs the global subscriber: `level` and `format` as the command
+/// line gives them, else as the config at `config` sets them (`start`).
+pub fn init(level: Option<&str>, format: Option<&str>, config: Option<&Path>) {
+    let configured = config.map(configured).unwrap_or_default();
+    let level = level.map_or(configured.level, str::to_owned);
+    let format = format
         .and_then(|format| format.parse().ok())
         .unwrap_or(configured.format);
     let filter = match std::env::var("RUST_LOG") {

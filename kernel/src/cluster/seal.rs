@@ -37,8 +37,6 @@ use crate::event::unix_ms;
 /// How far a message's time may be from the receiver's clock, or from
 /// when the stream stored it.
 pub(crate) const WINDOW_MS: u64 = 30_000;
-/// The fewest bytes a cluster secret holds.
-pub const MIN_SECRET_BYTES: usize = 32;
 /// Most operations remembered as seen: past it the oldest are forgotten,
 /// and anything signed no later than they were refused (too old to tell).
 const REMEMBERED: usize = 1 << 17;
@@ -441,30 +439,6 @@ fn unhex(text: &str) -> Option<[u8; 32]> {
         *out.get_mut(i)? = u8::from_str_radix(pair, 16).ok()?;
     }
     Some(out)
-}
-
-/// The cluster secret in the file at `path`: a regular file only its
-/// owner may read, of at least [`MIN_SECRET_BYTES`] (a final line end
-/// is not counted). The error never quotes the file.
-pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let mut bytes = crate::files::read_private(path, 64 * 1024).map_err(|problem| {
-        format!(
-            "cannot read cluster secret file {}: {problem}",
-            path.display()
-        )
-    })?;
-    while bytes.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
-        bytes.pop();
-    }
-    if bytes.len() < MIN_SECRET_BYTES {
-        return Err(format!(
-            "cluster secret file {} holds {} bytes, at least {MIN_SECRET_BYTES} random ones \
-             needed (`hivekernel cluster secret FILE` makes one)",
-            path.display(),
-            bytes.len()
-        ));
-    }
-    Ok(bytes)
 }
 
 /// 32 random bytes, hex, as a cluster secret file holds them.

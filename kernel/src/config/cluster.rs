@@ -428,7 +428,7 @@ fn access(
     settings.tls_key = path(&raw.tls_key, "tls_key");
     settings.secret_file = path(&raw.secret_file, "secret_file");
     if let Some(file) = &settings.secret_file
-        && let Err(problem) = crate::cluster::read_secret(file)
+        && let Err(problem) = read_secret(file)
     {
         issues.push(ConfigIssue::new(at("secret_file"), problem));
     }
@@ -464,4 +464,31 @@ fn access(
         issues.push(ConfigIssue::new(at(field), err.to_string()));
     }
     settings
+}
+
+/// The fewest bytes a cluster secret holds.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// The cluster secret in the file at `path`: a regular file only its
+/// owner may read, of at least [`MIN_SECRET_BYTES`] (a final line end
+/// is not counted). The error never quotes the file.
+pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut bytes = crate::files::read_private(path, 64 * 1024).map_err(|problem| {
+        format!(
+            "cannot read cluster secret file {}: {problem}",
+            path.display()
+        )
+    })?;
+    while bytes.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "cluster secret file {} holds {} bytes, at least {MIN_SECRET_BYTES} random ones \
+             needed (`hivekernel cluster secret FILE` makes one)",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
 }

@@ -13,11 +13,11 @@ use hivekernel_agents::{
 };
 use tokio::sync::Semaphore;
 
+use super::cron::CronInfo;
 use super::lanes::Posting;
 use super::tree::Tree;
 use crate::cluster::rpc::{self, Answer, Op, Refusal, refused};
 use crate::cluster::{Cluster, Listing, Load, NodeInfo};
-use crate::cron::CronInfo;
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
 use crate::kernel::{Caller, Kernel};
