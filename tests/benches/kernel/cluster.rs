@@ -333,7 +333,10 @@ async fn start_node(bin: &Path, root: &Path, nats: Option<&NatsCluster>, name: &
         }]
     });
     std::fs::write(dir.join("config.json"), config.to_string()).expect("a node's config");
-    let (bin, args) = (bin.to_owned(), nats.map(|_| ["--node".to_owned(), name.to_owned()]));
+    let (bin, args) = (
+        bin.to_owned(),
+        nats.map(|_| ["--node".to_owned(), name.to_owned()]),
+    );
     let binary = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().flatten().map(String::as_str).collect();
         Binary::start_with(&bin, &dir, &args)
