@@ -89,6 +89,9 @@ pub(crate) struct Mailroom {
     unconfirmed: std::sync::atomic::AtomicUsize,
     /// Told each time an unconfirmed delete goes through or is given up.
     confirmed: tokio::sync::Notify,
+    /// Whether mail is held back for those deletes now (said once in the
+    /// log as it starts and once as it ends).
+    holding: std::sync::atomic::AtomicBool,
 }
 
 impl Mailroom {
@@ -112,6 +115,7 @@ impl Mailroom {
             dropped: tokio::sync::Notify::new(),
             unconfirmed: std::sync::atomic::AtomicUsize::new(0),
             confirmed: tokio::sync::Notify::new(),
+            holding: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -364,7 +368,18 @@ impl Cluster {
         loop {
             let confirmed = self.mail.confirmed.notified();
             if !self.deletes_behind() {
+                if self.mail.holding.swap(false, Ordering::AcqRel) {
+                    tracing::info!(
+                        "cluster: deletes from {MAIL} caught up; acknowledged mail handed to agents again"
+                    );
+                }
                 return;
+            }
+            if !self.mail.holding.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    waiting = MOST_UNCONFIRMED,
+                    "cluster: deletes from {MAIL} unanswered; agents that acknowledge their messages get no more until they go through"
+                );
             }
             tokio::select! {
                 () = confirmed => {}
