@@ -861,15 +861,9 @@ fn acknowledged_messages_stay_handled_when_the_mail_leader_dies() {
     let bin = binary();
     let mut nats = NatsCluster::start(3);
     let root = tempfile::tempdir().unwrap();
-    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
-    let config = config_of(json!([{
-        "name": "scribe", "role": "agent", "runtime": "exec",
-        "command": [python, agent],
-        // Slow: messages queue, and are acknowledged while the stream
-        // has no leader.
-        "env": { "PYTHONUNBUFFERED": "1", "ECHO_DELAY_MS": "300" },
-        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
-    }]));
+    // Slow: messages queue, and are acknowledged while the stream has no
+    // leader.
+    let config = scribe_config(&python, 300);
     let a = member(&bin, root.path(), &nats, "a", &config);
     let info = a.json(&["describe", "scribe", "--json"]);
     let log = PathBuf::from(
@@ -1003,13 +997,7 @@ fn a_schedule_of_faults_loses_no_acknowledged_message() {
     let bin = binary();
     let mut nats = NatsCluster::start(3);
     let root = tempfile::tempdir().unwrap();
-    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
-    let config = config_of(json!([{
-        "name": "scribe", "role": "agent", "runtime": "exec",
-        "command": [python, agent],
-        "env": { "PYTHONUNBUFFERED": "1", "ECHO_DELAY_MS": "20" },
-        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
-    }]));
+    let config = scribe_config(&python, 20);
     let names = ["a", "b", "c"];
     let urls = nats.urls();
     let start = |name: &str| -> Binary {
@@ -1210,6 +1198,18 @@ fn a_schedule_of_faults_loses_no_acknowledged_message() {
         seen.iter().filter(|(_, n)| **n > 2).collect::<Vec<_>>()
     );
     wait_for_nodes(nodes[0].as_ref().unwrap(), &names, Duration::from_secs(15));
+}
+
+/// A config with the permanent `exec` config agent `scribe`: the Python
+/// SDK's echo agent, acknowledging each message after `delay_ms`.
+fn scribe_config(python: &Path, delay_ms: u64) -> String {
+    let agent = hivekernel_tests::exec::python_examples().join("echo_agent.py");
+    config_of(json!([{
+        "name": "scribe", "role": "agent", "runtime": "exec",
+        "command": [python, agent],
+        "env": { "PYTHONUNBUFFERED": "1", "ECHO_DELAY_MS": delay_ms.to_string() },
+        "restart": { "policy": "permanent", "backoff_ms": [200, 1000] }
+    }]))
 }
 
 /// The index of the NATS server leading `HK_MAIL`.

@@ -13,9 +13,9 @@
 //! deletes it and hands it over; the other is told it was gone and drops
 //! its copy.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
@@ -48,7 +48,7 @@ const DROPS_WAITING: usize = 100_000;
 /// message handled that comes again where its process starts next if this
 /// node is lost before the delete goes through, so this bounds what a
 /// stream outage followed by the node's loss hands over twice.
-pub(crate) const MOST_UNCONFIRMED: usize = 16;
+const MOST_UNCONFIRMED: usize = 16;
 /// At most this many messages are read back for one process at its start,
 /// more than any mailbox holds (`kernel.mailbox_capacity` is at most 100,000).
 const MAX_QUEUED: usize = 100_000;
@@ -82,16 +82,16 @@ pub(crate) struct Mailroom {
     left: Mutex<HashSet<Pid>>,
     /// Deletes that failed, by sequence, oldest first, for the one task
     /// that tries them again ([`Cluster::retry_drops`]).
-    drops: Mutex<std::collections::VecDeque<u64>>,
+    drops: Mutex<VecDeque<u64>>,
     dropped: tokio::sync::Notify,
     /// Deletes of acknowledged messages sent and not yet answered, with
     /// those waiting in `drops`.
-    unconfirmed: std::sync::atomic::AtomicUsize,
+    unconfirmed: AtomicUsize,
     /// Told each time an unconfirmed delete goes through or is given up.
     confirmed: tokio::sync::Notify,
     /// Whether mail is held back for those deletes now (said once in the
     /// log as it starts and once as it ends).
-    holding: std::sync::atomic::AtomicBool,
+    holding: AtomicBool,
 }
 
 impl Mailroom {
@@ -111,11 +111,11 @@ impl Mailroom {
             stream: open_stream(js, replicas, config).await?,
             held: Mutex::new(HashMap::new()),
             left: Mutex::new(HashSet::new()),
-            drops: Mutex::new(std::collections::VecDeque::new()),
+            drops: Mutex::new(VecDeque::new()),
             dropped: tokio::sync::Notify::new(),
-            unconfirmed: std::sync::atomic::AtomicUsize::new(0),
+            unconfirmed: AtomicUsize::new(0),
             confirmed: tokio::sync::Notify::new(),
-            holding: std::sync::atomic::AtomicBool::new(false),
+            holding: AtomicBool::new(false),
         })
     }
 }
@@ -351,8 +351,8 @@ impl Cluster {
         self.mail.confirmed.notify_waiters();
     }
 
-    /// Whether more deletes of acknowledged messages wait for the stream
-    /// than [`MOST_UNCONFIRMED`] (one atomic load).
+    /// Whether [`MOST_UNCONFIRMED`] or more deletes of acknowledged
+    /// messages wait for the stream (one atomic load).
     pub(crate) fn deletes_behind(&self) -> bool {
         self.mail.unconfirmed.load(Ordering::Acquire) >= MOST_UNCONFIRMED
     }
@@ -497,8 +497,6 @@ impl Cluster {
     }
 }
 
-/// Deletes message `seq` of the mail stream: true when this call deleted
-/// it, false when it was not there.
 /// How long a delete may take before it counts as failed (it may still
 /// go through; its retry then finds the message gone): short, so that a
 /// delete sent to a stream leader that died joins the retries at once,
@@ -506,6 +504,8 @@ impl Cluster {
 /// a new leader answers.
 const DELETE_WAIT: Duration = Duration::from_secs(1);
 
+/// Deletes message `seq` of the mail stream: true when this call deleted
+/// it, false when it was not there.
 async fn delete(stream: &stream::Stream, seq: u64) -> Result<bool, ClusterError> {
     let Ok(deleted) = tokio::time::timeout(DELETE_WAIT, stream.delete_message(seq)).await else {
         return Err(ClusterError::JetStream(format!(

@@ -503,10 +503,12 @@ fn deletes_lagging(
     kernel: &Weak<Inner>,
     id: MessageId,
 ) -> Option<futures::future::BoxFuture<'static, ()>> {
-    let cluster = kernel.upgrade()?.cluster()?.clone();
+    let inner = kernel.upgrade()?;
+    let cluster = inner.cluster()?;
     if !cluster.deletes_behind() || !cluster.holds_mail(id) {
         return None;
     }
+    let cluster = cluster.clone();
     Some(Box::pin(async move { cluster.deletes_caught_up().await }))
 }
 
