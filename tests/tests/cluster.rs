@@ -4094,15 +4094,34 @@ enum Gone {
 
 fn messages_follow_their_agent(gone: Gone) {
     use hivekernel_tests::llm_server::{LlmServer, Scripted, last_message};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const SENT: usize = 24;
+    /// Turns a `tool_agent` runs at once (the default).
+    const TURNS_AT_ONCE: usize = 4;
     let bin = binary();
     let nats = NatsCluster::start(3);
     let root = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // Each turn takes 250 ms, so messages queue behind it.
-    let llm = rt.block_on(LlmServer::answering(|_| {
-        Scripted::content("noted").after(Duration::from_millis(250))
+    // Each turn takes 250 ms, so messages queue behind it. Killed, a's
+    // first turns (four at a time) wait for their answers until a dies:
+    // a turn hands its message over just before its model call leaves,
+    // and a node killed in between loses that message (docs/CLUSTER.md,
+    // "Known limits"), so a is killed only once every turn it began has
+    // called the model and it begins no more.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let llm = rt.block_on(LlmServer::answering({
+        let asked = asked.clone();
+        move |_| {
+            let first = asked.fetch_add(1, Ordering::SeqCst) < TURNS_AT_ONCE;
+            let wait = if gone == Gone::Killed && first {
+                Duration::from_secs(60)
+            } else {
+                Duration::from_millis(250)
+            };
+            Scripted::content("noted").after(wait)
+        }
     }));
     let mut config: Value = serde_json::from_str(&config_of(json!([{
         "name": "sink",
@@ -4146,6 +4165,15 @@ fn messages_follow_their_agent(gone: Gone) {
     let taken_over = |kernel: &Binary| kernel.log().contains("config agent taken over");
     match gone {
         Gone::Killed => {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while llm.request_count() < TURNS_AT_ONCE {
+                assert!(
+                    Instant::now() < deadline,
+                    "no {TURNS_AT_ONCE} turns on a\n{}",
+                    a.log()
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             a.child.kill().unwrap();
             a.child.wait().unwrap();
         }
