@@ -94,7 +94,7 @@ impl std::fmt::Debug for Options {
 
 /// The dashboard as an axum service, its streams ending when `drain` is
 /// cancelled.
-pub fn router(options: Options, drain: CancellationToken) -> Result<Router, String> {
+pub fn router(options: Options, drain: CancellationToken) -> Router {
     let Options {
         kernel,
         auth,
@@ -108,7 +108,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
     let hosts = kernel.settings().dashboard.hosts.clone();
     let dashboard = Arc::new(Dashboard {
         service: LocalService::new(kernel, drain, reload),
-        schema: json::Schema::load()?,
+        schema: json::Schema::default(),
         sessions: session::Sessions::new(auth),
         cookie: format!("hivekernel-{}", addr.port()),
         secure: tls.is_some(),
@@ -116,7 +116,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
         node,
         hosts,
     });
-    Ok(Router::new()
+    Router::new()
         .route("/", get(api::asset))
         .route("/assets/{file}", get(api::asset))
         .route("/api/session", get(api::session))
@@ -129,7 +129,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Result<Router, Stri
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(dashboard.clone(), guard))
         .layer(middleware::from_fn(security_headers))
-        .with_state(dashboard))
+        .with_state(dashboard)
 }
 
 /// Serves the dashboard on `listener` until `shutdown` resolves; its live
@@ -143,7 +143,7 @@ pub async fn serve(
     let tls = options.tls.clone();
     let gate =
         crate::gate::GateSettings::http(&options.kernel.settings().connections, "the dashboard");
-    let app = router(options, drain.clone()).map_err(std::io::Error::other)?;
+    let app = router(options, drain.clone());
     let stop = async move {
         shutdown.await;
         drain.cancel();

@@ -309,7 +309,11 @@ fn method(state: &Shared, name: &str, watched: bool) -> Result<MethodDescriptor,
             hivekernel_agents::text::shown(name)
         )))
     };
-    let method = state.schema.method(name).ok_or_else(unknown)?;
+    let method = state
+        .schema
+        .method(name)
+        .map_err(|err| Refusal(Status::internal(err)))?
+        .ok_or_else(unknown)?;
     let allowed = if watched {
         WATCHED.contains(&name)
     } else {

@@ -4,6 +4,8 @@
 //! defaults too, so a page reads `mailboxLen: 0` rather than nothing.
 //! Read from the same descriptors the server's reflection serves.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 use hivekernel_proto::v1 as pb;
 use prost::Message as _;
@@ -44,29 +46,44 @@ impl<'a> From<&'a pb::Event> for EventJson<'a> {
     }
 }
 
-/// The service's methods and their message types.
-#[derive(Debug, Clone)]
+/// The service's methods and their message types, read from the
+/// descriptors built with the proto crate on the first call that needs
+/// them: decoding them takes about a millisecond, which a kernel's start
+/// does not wait for.
+#[derive(Debug, Default)]
 pub struct Schema {
-    pool: DescriptorPool,
+    pool: OnceLock<Result<DescriptorPool, String>>,
 }
 
 impl Schema {
-    /// Reads the descriptors built with the proto crate.
+    /// The schema, its descriptors read at once (the dashboard reads them
+    /// on its first call instead: [`Schema::default`]).
     pub fn load() -> Result<Schema, String> {
-        let pool = DescriptorPool::decode(hivekernel_proto::FILE_DESCRIPTOR_SET)
-            .map_err(|err| format!("the built-in descriptors do not decode: {err}"))?;
-        if pool.get_service_by_name(SERVICE).is_none() {
-            return Err(format!("the built-in descriptors have no {SERVICE}"));
-        }
-        Ok(Schema { pool })
+        let schema = Schema::default();
+        schema.pool()?;
+        Ok(schema)
     }
 
-    /// The method called `name` (`GetProcess`).
-    pub fn method(&self, name: &str) -> Option<MethodDescriptor> {
-        self.pool
-            .get_service_by_name(SERVICE)?
-            .methods()
-            .find(|method| method.name() == name)
+    /// The descriptors, decoded on first use.
+    fn pool(&self) -> Result<&DescriptorPool, String> {
+        let pool = self.pool.get_or_init(|| {
+            let pool = DescriptorPool::decode(hivekernel_proto::FILE_DESCRIPTOR_SET)
+                .map_err(|err| format!("the built-in descriptors do not decode: {err}"))?;
+            if pool.get_service_by_name(SERVICE).is_none() {
+                return Err(format!("the built-in descriptors have no {SERVICE}"));
+            }
+            Ok(pool)
+        });
+        pool.as_ref().map_err(Clone::clone)
+    }
+
+    /// The method called `name` (`GetProcess`), if there is one; an error
+    /// when the built-in descriptors do not read.
+    pub fn method(&self, name: &str) -> Result<Option<MethodDescriptor>, String> {
+        let Some(service) = self.pool()?.get_service_by_name(SERVICE) else {
+            return Ok(None);
+        };
+        Ok(service.methods().find(|method| method.name() == name))
     }
 
     /// `json`, a request of `method`, encoded; the error names the field.
@@ -128,7 +145,7 @@ mod tests {
     #[test]
     fn requests_read_the_canonical_names_and_refuse_unknown_fields() {
         let schema = Schema::load().unwrap();
-        let method = schema.method("Kill").unwrap();
+        let method = schema.method("Kill").unwrap().unwrap();
         let encoded = schema
             .request(&method, br#"{"pid": 12, "reason": "done"}"#)
             .unwrap();
@@ -144,13 +161,13 @@ mod tests {
         assert!(err.contains("KillRequest"), "{err}");
         assert!(schema.request(&method, b"{} trailing").is_err());
         assert!(schema.request(&method, b" ").is_ok());
-        assert!(schema.method("NoSuchMethod").is_none());
+        assert!(schema.method("NoSuchMethod").unwrap().is_none());
     }
 
     #[test]
     fn answers_write_every_field_with_numbers_and_enum_names() {
         let schema = Schema::load().unwrap();
-        let method = schema.method("GetProcess").unwrap();
+        let method = schema.method("GetProcess").unwrap().unwrap();
         let info = pb::ProcessInfo {
             pid: 7,
             name: "queen".to_owned(),
@@ -170,7 +187,7 @@ mod tests {
     #[test]
     fn an_event_is_written_as_the_descriptors_would_write_it() {
         let schema = Schema::load().unwrap();
-        let method = schema.method("SubscribeEvents").unwrap();
+        let method = schema.method("SubscribeEvents").unwrap().unwrap();
         for event in [
             pb::Event {
                 seq: 1 << 40,
