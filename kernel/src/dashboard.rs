@@ -103,7 +103,7 @@ pub fn router(options: Options, drain: CancellationToken) -> Router {
         tls,
     } = options;
     let body_limit = crate::grpc::max_request_bytes(&kernel);
-    let auth = auth.with_operators(kernel.operator_tokens());
+    let auth = auth.with_operators(kernel.tokens().registry());
     let node = kernel.cluster().map(|cluster| cluster.node().to_owned());
     let hosts = kernel.settings().dashboard.hosts.clone();
     let dashboard = Arc::new(Dashboard {

@@ -93,7 +93,7 @@ pub async fn serve_with_tls(
     let (mut health, health_service) = tonic_health::server::health_reporter();
     set_health(&mut health, ServingStatus::Serving).await;
 
-    let auth = auth.with_operators(kernel.operator_tokens());
+    let auth = auth.with_operators(kernel.tokens().registry());
     let drain = CancellationToken::new();
     let connections = kernel.settings().connections;
     let mut server = Server::builder();

@@ -23,6 +23,7 @@ use crate::store::{self, Store, Write};
 mod acl;
 mod across;
 pub(crate) mod artifacts;
+pub use artifacts::ArtifactsHandle;
 mod asked;
 mod builder;
 mod census;
@@ -30,13 +31,16 @@ mod cluster;
 pub(crate) mod cron;
 mod declared;
 mod exec;
+pub use exec::ExecHandle;
 mod inbox;
 mod inner;
 mod lanes;
 mod llm;
+pub use llm::LlmHandle;
 mod mail;
 mod mcp;
 pub(crate) mod memory;
+pub use memory::MemoryHandle;
 mod moved;
 mod placement;
 mod reload;
@@ -45,24 +49,25 @@ mod restore;
 mod router;
 mod runner;
 mod skills;
+pub use skills::SkillsHandle;
 mod spawn;
 pub(crate) mod state;
 mod storage;
 pub(crate) mod supervisor;
 pub(crate) mod syscalls;
 mod tree;
-pub use inbox::{MAX_INBOX_TEXT, MAX_SHOWN_ARGUMENTS};
+pub use inbox::{InboxHandle, MAX_INBOX_TEXT, MAX_SHOWN_ARGUMENTS};
 mod tokens;
-pub use tokens::{MAX_TOKEN_LIFETIME, NewToken};
+pub use tokens::{MAX_TOKEN_LIFETIME, NewToken, TokensHandle};
 mod transcript;
-pub use transcript::Recording;
+pub use transcript::{Recording, TranscriptsHandle};
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 pub(crate) use cluster::moved_away;
 pub use cluster::{Snapshots, Unanswered};
 pub use declared::Placed;
 use inner::{Inner, Parts};
-pub use mcp::McpToolInfo;
+pub use mcp::{McpHandle, McpToolInfo};
 pub use placement::Placement;
 pub use restore::{KERNEL_RESTART, Restored};
 
@@ -79,7 +84,7 @@ impl Kernel {
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner::new(weak, parts));
         let kernel = Kernel { inner };
         kernel.start_reaper();
-        kernel.start_cron_timer();
+        kernel.cron().start_timer();
         kernel
     }
 
@@ -179,7 +184,7 @@ impl Kernel {
         if self.inner.cluster().is_none() {
             let info = self.inner.table().read().get(pid).map(|e| e.info(pid));
             return match info {
-                Some(info) => Ok(self.with_log_path(info)),
+                Some(info) => Ok(self.exec().with_log_path(info)),
                 None => Err(KernelError::NotFound(pid)),
             };
         }
@@ -238,7 +243,7 @@ impl Kernel {
         Snapshots {
             infos: infos
                 .into_iter()
-                .map(|info| self.with_log_path(info))
+                .map(|info| self.exec().with_log_path(info))
                 .collect(),
             unanswered: Vec::new(),
         }

@@ -102,7 +102,8 @@ pub fn everything() -> McpServerSpec {
 pub async fn wait_for_state(kernel: &Kernel, name: &str, state: &str, limit: Duration) {
     crate::wait_until(&format!("MCP server {name} {state}"), limit, || async {
         kernel
-            .mcp_servers()
+            .mcp()
+            .servers()
             .iter()
             .any(|s| s.name == name && s.state == state)
     })

@@ -505,7 +505,8 @@ async fn tokens_survive_a_restart_and_ids_are_never_reused() {
     };
     let (kept, secret) = first
         .kernel
-        .create_token(Caller::Admin, keep)
+        .tokens()
+        .create(Caller::Admin, keep)
         .await
         .unwrap();
     let gone = NewToken {
@@ -515,12 +516,14 @@ async fn tokens_survive_a_restart_and_ids_are_never_reused() {
     };
     let (gone, _) = first
         .kernel
-        .create_token(Caller::Admin, gone)
+        .tokens()
+        .create(Caller::Admin, gone)
         .await
         .unwrap();
     first
         .kernel
-        .revoke_token(Caller::Admin, "old")
+        .tokens()
+        .revoke(Caller::Admin, "old")
         .await
         .unwrap();
     first.kernel.shutdown().await;
@@ -532,13 +535,14 @@ async fn tokens_survive_a_restart_and_ids_are_never_reused() {
         .get_process(pb::GetProcessRequest { pid: 1 })
         .await
         .unwrap();
-    let all = second.kernel.list_tokens(Caller::Admin, true).unwrap();
+    let all = second.kernel.tokens().list(Caller::Admin, true).unwrap();
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].id, kept.id);
     assert!(all[1].revoked_ms.is_some(), "{all:?}");
     let (next, _) = second
         .kernel
-        .create_token(
+        .tokens()
+        .create(
             Caller::Admin,
             NewToken {
                 name: Some("old".into()),

@@ -79,7 +79,8 @@ async fn each_visibility_is_seen_by_exactly_its_readers() {
     for (visibility, readers) in matrix {
         let name = format!("{visibility}.txt");
         let info = kernel
-            .store_artifact(
+            .artifacts()
+            .store(
                 Caller::Process(t.owner),
                 None,
                 text(&name, "secret", visibility),
@@ -89,7 +90,7 @@ async fn each_visibility_is_seen_by_exactly_its_readers() {
         assert_eq!((info.owner, info.owner_name.as_str()), (t.owner, "owner"));
         assert_eq!(info.content_type, "text/plain");
         for ((who, caller), reads) in viewers.iter().zip(readers) {
-            let got = kernel.get_artifact(*caller, info.id).await;
+            let got = kernel.artifacts().get(*caller, info.id).await;
             match (&got, reads) {
                 (Ok(artifact), true) => assert_eq!(artifact.content, b"secret"),
                 (Err(KernelError::ArtifactNotFound(id)), false) => assert_eq!(*id, info.id),
@@ -98,7 +99,7 @@ async fn each_visibility_is_seen_by_exactly_its_readers() {
                 }
                 _ => panic!("{visibility} read by {who}: {got:?}"),
             }
-            let listed = kernel.list_artifacts(*caller, None, None).await.unwrap();
+            let listed = kernel.artifacts().list(*caller, None, None).await.unwrap();
             let lists = listed.iter().any(|a| a.id == info.id);
             assert_eq!(
                 lists,
@@ -109,7 +110,8 @@ async fn each_visibility_is_seen_by_exactly_its_readers() {
     }
     // Subtree visibility outlives the owner: the line was recorded when it stored.
     let subtree = kernel
-        .list_artifacts(Caller::Admin, Some(t.owner), None)
+        .artifacts()
+        .list(Caller::Admin, Some(t.owner), None)
         .await
         .unwrap()
         .into_iter()
@@ -117,12 +119,14 @@ async fn each_visibility_is_seen_by_exactly_its_readers() {
         .unwrap();
     kernel.kill(Caller::Admin, t.owner, "done").await.unwrap();
     let artifact = kernel
-        .get_artifact(Caller::Process(t.parent), subtree.id)
+        .artifacts()
+        .get(Caller::Process(t.parent), subtree.id)
         .await
         .unwrap();
     assert_eq!(artifact.info.owner_name, "owner");
     let err = kernel
-        .get_artifact(Caller::Process(t.sibling), subtree.id)
+        .artifacts()
+        .get(Caller::Process(t.sibling), subtree.id)
         .await
         .unwrap_err();
     assert_eq!(err, KernelError::ArtifactNotFound(subtree.id));
@@ -137,11 +141,13 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
     let t = tree(kernel).await;
     let owner = Caller::Process(t.owner);
     let first = kernel
-        .store_artifact(owner, None, text("plan", "v1", Visibility::Global))
+        .artifacts()
+        .store(owner, None, text("plan", "v1", Visibility::Global))
         .await
         .unwrap();
     let second = kernel
-        .store_artifact(
+        .artifacts()
+        .store(
             owner,
             None,
             NewArtifact {
@@ -154,17 +160,23 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
     assert_eq!(second.id, first.id, "same owner, same name: same artifact");
     assert_eq!(second.created_at_unix_ms, first.created_at_unix_ms);
     assert_eq!(second.content_type, "application/json");
-    let got = kernel.get_artifact(Caller::Admin, first.id).await.unwrap();
+    let got = kernel
+        .artifacts()
+        .get(Caller::Admin, first.id)
+        .await
+        .unwrap();
     assert_eq!(got.content, b"{\"v\":2}");
     assert_eq!(got.info.visibility, Visibility::Subtree);
     let all = kernel
-        .list_artifacts(Caller::Admin, None, None)
+        .artifacts()
+        .list(Caller::Admin, None, None)
         .await
         .unwrap();
     assert_eq!(all.len(), 1, "{all:?}");
     // Another owner's "plan" is another artifact.
     let theirs = kernel
-        .store_artifact(
+        .artifacts()
+        .store(
             Caller::Process(t.sibling),
             None,
             text("plan", "x", Visibility::Global),
@@ -175,12 +187,14 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
 
     // A process stores only as itself; the admin for anyone.
     let err = kernel
-        .store_artifact(owner, Some(t.parent), text("x", "y", Visibility::User))
+        .artifacts()
+        .store(owner, Some(t.parent), text("x", "y", Visibility::User))
         .await
         .unwrap_err();
     assert!(matches!(err, KernelError::PermissionDenied(_)), "{err}");
     let for_child = kernel
-        .store_artifact(
+        .artifacts()
+        .store(
             Caller::Admin,
             Some(t.child),
             text("note", "n", Visibility::Private),
@@ -192,7 +206,8 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
         (t.child, "child")
     );
     let mine = kernel
-        .store_artifact(Caller::Admin, None, text("ops", "o", Visibility::Private))
+        .artifacts()
+        .store(Caller::Admin, None, text("ops", "o", Visibility::Private))
         .await
         .unwrap();
     assert_eq!(
@@ -201,7 +216,8 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
     );
     assert_eq!(
         kernel
-            .get_artifact(Caller::Admin, mine.id)
+            .artifacts()
+            .get(Caller::Admin, mine.id)
             .await
             .unwrap()
             .content,
@@ -212,7 +228,8 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
     // Deleting: not a sibling (it can see it, so it is told why); the
     // owner's ancestors whatever the visibility; the admin anything.
     let err = kernel
-        .delete_artifact(Caller::Process(t.sibling), first.id)
+        .artifacts()
+        .delete(Caller::Process(t.sibling), first.id)
         .await
         .unwrap_err();
     assert_eq!(
@@ -221,28 +238,33 @@ async fn storing_a_name_again_replaces_it_and_deleting_follows_the_tree() {
         "subtree: the sibling cannot see it"
     );
     let err = kernel
-        .delete_artifact(Caller::Process(t.owner), theirs.id)
+        .artifacts()
+        .delete(Caller::Process(t.owner), theirs.id)
         .await
         .unwrap_err();
     assert!(matches!(err, KernelError::PermissionDenied(_)), "{err}");
     kernel
-        .delete_artifact(Caller::Process(t.owner), for_child.id)
+        .artifacts()
+        .delete(Caller::Process(t.owner), for_child.id)
         .await
         .unwrap();
     kernel
-        .delete_artifact(Caller::Process(t.parent), first.id)
+        .artifacts()
+        .delete(Caller::Process(t.parent), first.id)
         .await
         .unwrap();
     kernel
-        .delete_artifact(Caller::Admin, theirs.id)
+        .artifacts()
+        .delete(Caller::Admin, theirs.id)
         .await
         .unwrap();
     for id in [first.id, theirs.id, for_child.id] {
-        let err = kernel.get_artifact(Caller::Admin, id).await.unwrap_err();
+        let err = kernel.artifacts().get(Caller::Admin, id).await.unwrap_err();
         assert_eq!(err, KernelError::ArtifactNotFound(id));
     }
     let err = kernel
-        .delete_artifact(Caller::Admin, ArtifactId(987_654))
+        .artifacts()
+        .delete(Caller::Admin, ArtifactId(987_654))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
@@ -265,7 +287,8 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
     let sixteen = "x".repeat(16);
 
     let err = kernel
-        .store_artifact(me, None, NewArtifact::text("big", "x".repeat(17)))
+        .artifacts()
+        .store(me, None, NewArtifact::text("big", "x".repeat(17)))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
@@ -276,22 +299,26 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
     );
     assert!(
         kernel
-            .list_artifacts(me, None, None)
+            .artifacts()
+            .list(me, None, None)
             .await
             .unwrap()
             .is_empty()
     );
 
     kernel
-        .store_artifact(me, None, NewArtifact::text("a", sixteen.clone()))
+        .artifacts()
+        .store(me, None, NewArtifact::text("a", sixteen.clone()))
         .await
         .unwrap();
     kernel
-        .store_artifact(me, None, NewArtifact::text("b", sixteen.clone()))
+        .artifacts()
+        .store(me, None, NewArtifact::text("b", sixteen.clone()))
         .await
         .unwrap();
     let err = kernel
-        .store_artifact(me, None, NewArtifact::text("c", sixteen.clone()))
+        .artifacts()
+        .store(me, None, NewArtifact::text("c", sixteen.clone()))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
@@ -301,7 +328,8 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
         "{err}"
     );
     let names: Vec<String> = kernel
-        .list_artifacts(me, None, None)
+        .artifacts()
+        .list(me, None, None)
         .await
         .unwrap()
         .into_iter()
@@ -311,11 +339,13 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
     assert!(!names.contains(&"c".to_owned()));
     // Replacing counts the new size instead of the old one.
     kernel
-        .store_artifact(me, None, NewArtifact::text("b", "y".repeat(8)))
+        .artifacts()
+        .store(me, None, NewArtifact::text("b", "y".repeat(8)))
         .await
         .unwrap();
     kernel
-        .store_artifact(me, None, NewArtifact::text("c", "z".repeat(16)))
+        .artifacts()
+        .store(me, None, NewArtifact::text("c", "z".repeat(16)))
         .await
         .unwrap();
 
@@ -331,7 +361,11 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
             "content type",
         ),
     ] {
-        let err = kernel.store_artifact(me, None, artifact).await.unwrap_err();
+        let err = kernel
+            .artifacts()
+            .store(me, None, artifact)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
         assert!(err.to_string().contains(needle), "{err}");
     }
@@ -342,13 +376,15 @@ async fn size_limits_refuse_a_store_and_change_nothing() {
 async fn a_kernel_without_a_store_refuses_artifacts_clearly() {
     let (kernel, _) = hivekernel_tests::kernel().await;
     let err = kernel
-        .store_artifact(Caller::Admin, None, NewArtifact::text("a", "b"))
+        .artifacts()
+        .store(Caller::Admin, None, NewArtifact::text("a", "b"))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
     assert!(err.to_string().contains("no store"), "{err}");
     let err = kernel
-        .list_artifacts(Caller::Admin, None, None)
+        .artifacts()
+        .list(Caller::Admin, None, None)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
@@ -411,7 +447,8 @@ async fn the_tools_store_list_and_read_as_the_calling_process() {
     // Binary content is described, not shown.
     let binary = hive
         .kernel
-        .store_artifact(
+        .artifacts()
+        .store(
             Caller::Admin,
             Some(lead.pid),
             NewArtifact {
@@ -605,7 +642,7 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
     let lead = spawn_probe(kernel, Pid::KERNEL, "lead", Role::Lead).await;
     let worker = spawn_probe(kernel, lead, "worker", Role::Worker).await;
     let store = |pid: Pid, name: &'static str, bytes: usize| {
-        kernel.store_artifact(
+        kernel.artifacts().store(
             Caller::Process(pid),
             None,
             NewArtifact::text(name, "x".repeat(bytes)),
@@ -629,7 +666,8 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
             tags: Vec::new(),
         };
         kernel
-            .memory_store(Caller::Process(worker), entry)
+            .memory()
+            .store(Caller::Process(worker), entry)
             .await
             .unwrap();
     }
@@ -643,7 +681,8 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
         reason: None,
     };
     kernel
-        .manage_skill(Caller::Process(lead), create("fill", 19_900), None)
+        .skills()
+        .manage(Caller::Process(lead), create("fill", 19_900), None)
         .await
         .unwrap();
     store(worker, "a", 20_000).await.unwrap();
@@ -651,7 +690,8 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
     let artifact = store(lead, "b", 12_000).await;
     quota_refusal(artifact.unwrap_err());
     let memory = kernel
-        .memory_store(
+        .memory()
+        .store(
             Caller::Process(lead),
             NewMemory {
                 text: "m".repeat(12_000),
@@ -662,7 +702,8 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
         .await;
     quota_refusal(memory.unwrap_err());
     let skill = kernel
-        .manage_skill(Caller::Process(lead), create("more", 6_000), None)
+        .skills()
+        .manage(Caller::Process(lead), create("more", 6_000), None)
         .await;
     quota_refusal(skill.unwrap_err());
     // Replacing an entry with one no larger is always allowed.
@@ -672,13 +713,15 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
         tags: Vec::new(),
     };
     kernel
-        .memory_store(Caller::Process(worker), same)
+        .memory()
+        .store(Caller::Process(worker), same)
         .await
         .unwrap();
     // The worker forgets its memory and exits: its artifact stays and counts.
     for key in ["a", "b"] {
         kernel
-            .memory_forget(Caller::Process(worker), key)
+            .memory()
+            .forget(Caller::Process(worker), key)
             .await
             .unwrap();
     }
@@ -695,7 +738,8 @@ async fn a_subtree_quota_counts_artifacts_memory_and_skills_alive_or_gone() {
         reason: None,
     };
     kernel
-        .manage_skill(Caller::Process(lead), delete, None)
+        .skills()
+        .manage(Caller::Process(lead), delete, None)
         .await
         .unwrap();
     store(lead, "d", 20_000).await.unwrap();

@@ -60,7 +60,8 @@ async fn daemon(kernel: &Kernel, name: &str) -> Pid {
 /// Each request's calibrated estimate with the server's count of it.
 async fn estimates(kernel: &Kernel, pid: Pid) -> Vec<(u64, u64)> {
     let page = kernel
-        .transcript(
+        .transcripts()
+        .read(
             Caller::Admin,
             pid,
             Query {

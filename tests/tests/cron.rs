@@ -91,7 +91,8 @@ async fn declaring(
 
 fn info(kernel: &Kernel, name: &str) -> CronInfo {
     kernel
-        .list_cron(Caller::Admin)
+        .cron()
+        .list(Caller::Admin)
         .into_iter()
         .find(|i| i.spec.name == name)
         .unwrap_or_else(|| panic!("no cron entry {name}"))
@@ -121,15 +122,16 @@ async fn an_entry_runs_its_task_at_every_slot_and_keeps_the_answers() {
     let (runtimes, _) = registry();
     let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
-    let start = kernel.cron_now_ms();
+    let start = kernel.cron().now_ms();
     let added = kernel
-        .add_cron(Caller::Admin, spec("tick", agent, "tock"))
+        .cron()
+        .add(Caller::Admin, spec("tick", agent, "tock"))
         .await
         .unwrap();
     assert_eq!(added.next_run_unix_ms, Some((start / 10_000 + 1) * 10_000));
 
     pass(35_000).await;
-    let now = kernel.cron_now_ms();
+    let now = kernel.cron().now_ms();
     let tick = info(&kernel, "tick");
     assert_eq!(tick.runs, slots(start, now), "{tick:?}");
     assert!(
@@ -149,14 +151,18 @@ async fn a_slot_that_comes_while_the_last_run_goes_on_is_skipped_unless_overlap_
     let kernel = hivekernel_tests::start(Kernel::builder(settings()).runtimes(runtimes)).await;
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     let mut slow = spec("slow", agent, "sleep 25000");
-    kernel.add_cron(Caller::Admin, slow.clone()).await.unwrap();
+    kernel
+        .cron()
+        .add(Caller::Admin, slow.clone())
+        .await
+        .unwrap();
     slow.name = "slow-overlapping".into();
     slow.overlap = Overlap::Allow;
-    kernel.add_cron(Caller::Admin, slow).await.unwrap();
+    kernel.cron().add(Caller::Admin, slow).await.unwrap();
 
     // From the first slot: +10 and +20 come while its run (25 s) goes on.
     let first = info(&kernel, "slow").next_run_unix_ms.unwrap();
-    let wait = first.saturating_sub(kernel.cron_now_ms()) + 26_000;
+    let wait = first.saturating_sub(kernel.cron().now_ms()) + 26_000;
     pass(wait).await;
 
     let skip = info(&kernel, "slow");
@@ -172,12 +178,13 @@ async fn slots_missed_while_down_are_skipped_or_run_once_and_entries_survive() {
     let dir = tempfile::tempdir().unwrap();
     let (first, agent, _, _) = durable(dir.path(), None).await;
     first
-        .add_cron(Caller::Admin, spec("skipper", agent, "s"))
+        .cron()
+        .add(Caller::Admin, spec("skipper", agent, "s"))
         .await
         .unwrap();
     let mut once = spec("catcher", agent, "c");
     once.missed = Missed::RunOnce;
-    first.add_cron(Caller::Admin, once).await.unwrap();
+    first.cron().add(Caller::Admin, once).await.unwrap();
     pass(12_000).await;
     assert!(info(&first, "catcher").runs >= 1);
     let last = info(&first, "catcher").last_run_unix_ms.unwrap();
@@ -224,7 +231,8 @@ async fn a_slot_fired_before_a_crash_is_not_fired_again_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let (first, agent, _, _) = durable(dir.path(), None).await;
     first
-        .add_cron(Caller::Admin, spec("long", agent, "sleep 100000"))
+        .cron()
+        .add(Caller::Admin, spec("long", agent, "sleep 100000"))
         .await
         .unwrap();
     // Waiting on the store lets the paused clock jump: take the slot that
@@ -317,25 +325,28 @@ async fn bad_entries_are_refused_and_change_nothing() {
         ),
     ];
     for (spec, caller, says) in cases {
-        let err = kernel.add_cron(caller, spec.clone()).await.unwrap_err();
+        let err = kernel.cron().add(caller, spec.clone()).await.unwrap_err();
         assert!(err.to_string().contains(says), "{spec:?}: {err}");
     }
-    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert!(kernel.cron().list(Caller::Admin).is_empty());
 
     // A process may schedule for its descendants; names are unique.
     kernel
-        .add_cron(Caller::Process(agent), spec("mine", child, "x"))
+        .cron()
+        .add(Caller::Process(agent), spec("mine", child, "x"))
         .await
         .unwrap();
     let dup = kernel
-        .add_cron(Caller::Admin, spec("mine", agent, "y"))
+        .cron()
+        .add(Caller::Admin, spec("mine", agent, "y"))
         .await
         .unwrap_err();
     assert!(dup.to_string().contains("already exists"), "{dup}");
-    assert_eq!(kernel.list_cron(Caller::Process(agent)).len(), 1);
-    assert!(kernel.list_cron(Caller::Process(other)).is_empty());
+    assert_eq!(kernel.cron().list(Caller::Process(agent)).len(), 1);
+    assert!(kernel.cron().list(Caller::Process(other)).is_empty());
     let denied = kernel
-        .remove_cron(Caller::Process(other), "mine")
+        .cron()
+        .remove(Caller::Process(other), "mine")
         .await
         .unwrap_err();
     assert!(
@@ -343,15 +354,17 @@ async fn bad_entries_are_refused_and_change_nothing() {
         "{denied}"
     );
     let missing = kernel
-        .remove_cron(Caller::Admin, "ghost")
+        .cron()
+        .remove(Caller::Admin, "ghost")
         .await
         .unwrap_err();
     assert!(matches!(missing, KernelError::NoSuchCron(_)), "{missing}");
     kernel
-        .remove_cron(Caller::Process(agent), "mine")
+        .cron()
+        .remove(Caller::Process(agent), "mine")
         .await
         .unwrap();
-    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert!(kernel.cron().list(Caller::Admin).is_empty());
     kernel.shutdown().await;
 }
 
@@ -382,7 +395,7 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
     .await
     .unwrap();
     assert!(scheduled.starts_with("scheduled nightly"), "{scheduled}");
-    let entries = kernel.list_cron(Caller::Admin);
+    let entries = kernel.cron().list(Caller::Admin);
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].owner, process.pid);
     assert_eq!(entries[0].spec.target, process.pid);
@@ -414,7 +427,7 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
         let err = call("schedule_cron", args.clone()).await.unwrap_err();
         assert!(err.to_string().contains(says), "{args}: {err}");
     }
-    assert_eq!(kernel.list_cron(Caller::Admin).len(), 1);
+    assert_eq!(kernel.cron().list(Caller::Admin).len(), 1);
 
     assert_eq!(
         call("remove_cron", json!({"name": "nightly"}))
@@ -422,7 +435,7 @@ async fn the_cron_tools_schedule_list_and_remove_as_the_calling_process() {
             .unwrap(),
         "removed nightly"
     );
-    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert!(kernel.cron().list(Caller::Admin).is_empty());
     let gone = call("remove_cron", json!({"name": "nightly"}))
         .await
         .unwrap_err();
@@ -444,7 +457,7 @@ async fn the_spawn_action_runs_a_fresh_agent_from_a_template_and_reaps_it() {
     let mut entry = spec("audit", lead, "all clear");
     entry.action = CronAction::Spawn;
     entry.template = Some("checker".into());
-    kernel.add_cron(Caller::Admin, entry).await.unwrap();
+    kernel.cron().add(Caller::Admin, entry).await.unwrap();
 
     pass(25_000).await;
     let audit = info(&kernel, "audit");
@@ -471,16 +484,16 @@ async fn a_name_changes_hands_cleanly_and_only_its_latest_entry_fires() {
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     // Two adds of one name at once: exactly one wins.
     let (a, b) = tokio::join!(
-        kernel.add_cron(Caller::Admin, spec("x", agent, "first")),
-        kernel.add_cron(Caller::Admin, spec("x", agent, "second")),
+        kernel.cron().add(Caller::Admin, spec("x", agent, "first")),
+        kernel.cron().add(Caller::Admin, spec("x", agent, "second")),
     );
     assert_eq!(a.is_ok() as u8 + b.is_ok() as u8, 1, "{a:?} {b:?}");
     // Removed and added again with another schedule before its slot: the
     // old slot must neither fire nor linger.
-    kernel.remove_cron(Caller::Admin, "x").await.unwrap();
+    kernel.cron().remove(Caller::Admin, "x").await.unwrap();
     let mut again = spec("x", agent, "third");
     again.expression = "0 0 * * * *".into();
-    let added = kernel.add_cron(Caller::Admin, again).await.unwrap();
+    let added = kernel.cron().add(Caller::Admin, again).await.unwrap();
     pass(25_000).await;
     let x = info(&kernel, "x");
     assert_eq!(x.spec.description, "third");
@@ -500,12 +513,14 @@ async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() 
     let agent = spawn_probe(&kernel, Pid::KERNEL, "agent", Role::Agent).await;
     let other = spawn_probe(&kernel, Pid::KERNEL, "other", Role::Agent).await;
     kernel
-        .add_cron(Caller::Admin, spec("tick", agent, "tock"))
+        .cron()
+        .add(Caller::Admin, spec("tick", agent, "tock"))
         .await
         .unwrap();
 
     let off = kernel
-        .set_cron_enabled(Caller::Admin, "tick", false)
+        .cron()
+        .set_enabled(Caller::Admin, "tick", false)
         .await
         .unwrap();
     assert!(!off.spec.enabled && !off.switched, "{off:?}");
@@ -514,7 +529,7 @@ async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() 
     assert_eq!(info(&kernel, "tick").runs, 0, "a disabled entry fired");
 
     // Run now: enabled or not, once, and the schedule stays off.
-    let started = kernel.run_cron_now(Caller::Admin, "tick").await.unwrap();
+    let started = kernel.cron().run_now(Caller::Admin, "tick").await.unwrap();
     assert!(started.running, "{started:?}");
     pass(1_000).await;
     let tick = info(&kernel, "tick");
@@ -523,27 +538,31 @@ async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() 
     assert_eq!(tick.next_run_unix_ms, None);
 
     let on = kernel
-        .set_cron_enabled(Caller::Admin, "tick", true)
+        .cron()
+        .set_enabled(Caller::Admin, "tick", true)
         .await
         .unwrap();
-    assert!(on.spec.enabled && on.next_run_unix_ms.unwrap() > kernel.cron_now_ms());
+    assert!(on.spec.enabled && on.next_run_unix_ms.unwrap() > kernel.cron().now_ms());
     // Switching to what it is already changes nothing.
     let again = kernel
-        .set_cron_enabled(Caller::Admin, "tick", true)
+        .cron()
+        .set_enabled(Caller::Admin, "tick", true)
         .await
         .unwrap();
     assert_eq!(again.next_run_unix_ms, on.next_run_unix_ms);
 
     // A process changes only its own entries.
     kernel
-        .add_cron(Caller::Process(agent), spec("own", agent, "mine"))
+        .cron()
+        .add(Caller::Process(agent), spec("own", agent, "mine"))
         .await
         .unwrap();
     for result in [
         kernel
-            .set_cron_enabled(Caller::Process(other), "own", false)
+            .cron()
+            .set_enabled(Caller::Process(other), "own", false)
             .await,
-        kernel.run_cron_now(Caller::Process(other), "own").await,
+        kernel.cron().run_now(Caller::Process(other), "own").await,
     ] {
         assert!(
             matches!(result, Err(KernelError::PermissionDenied(_))),
@@ -552,11 +571,12 @@ async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() 
     }
     assert!(info(&kernel, "own").spec.enabled);
     let off = kernel
-        .set_cron_enabled(Caller::Process(agent), "own", false)
+        .cron()
+        .set_enabled(Caller::Process(agent), "own", false)
         .await
         .unwrap();
     assert!(!off.spec.enabled);
-    let missing = kernel.run_cron_now(Caller::Admin, "nope").await;
+    let missing = kernel.cron().run_now(Caller::Admin, "nope").await;
     assert!(
         matches!(missing, Err(KernelError::NoSuchCron(_))),
         "{missing:?}"
@@ -565,9 +585,9 @@ async fn an_entry_is_switched_off_and_on_and_run_now_by_whoever_may_change_it() 
     // While a run of an entry that skips overlaps goes on, run now is refused.
     let mut slow = spec("slow", agent, "sleep 5000");
     slow.enabled = false;
-    kernel.add_cron(Caller::Admin, slow).await.unwrap();
-    kernel.run_cron_now(Caller::Admin, "slow").await.unwrap();
-    let busy = kernel.run_cron_now(Caller::Admin, "slow").await;
+    kernel.cron().add(Caller::Admin, slow).await.unwrap();
+    kernel.cron().run_now(Caller::Admin, "slow").await.unwrap();
+    let busy = kernel.cron().run_now(Caller::Admin, "slow").await;
     match busy {
         Err(KernelError::FailedPrecondition(why)) => assert!(why.contains("running"), "{why}"),
         other => panic!("{other:?}"),
@@ -587,12 +607,13 @@ async fn a_config_entry_switched_by_hand_stays_so_across_restarts_until_the_conf
     };
     let (first, agent, _, _) = declaring(dir.path(), None, declared("report")).await;
     let off = first
-        .set_cron_enabled(Caller::Admin, "nightly", false)
+        .cron()
+        .set_enabled(Caller::Admin, "nightly", false)
         .await
         .unwrap();
     assert!(!off.spec.enabled && off.switched && off.next_run_unix_ms.is_none());
     // Still the config's to remove.
-    let removed = first.remove_cron(Caller::Admin, "nightly").await;
+    let removed = first.cron().remove(Caller::Admin, "nightly").await;
     assert!(
         matches!(removed, Err(KernelError::FailedPrecondition(_))),
         "{removed:?}"
@@ -607,12 +628,14 @@ async fn a_config_entry_switched_by_hand_stays_so_across_restarts_until_the_conf
     assert_eq!(kept.next_run_unix_ms, None);
     // Back to as declared by hand: no switch left.
     let on = second
-        .set_cron_enabled(Caller::Admin, "nightly", true)
+        .cron()
+        .set_enabled(Caller::Admin, "nightly", true)
         .await
         .unwrap();
     assert!(on.spec.enabled && !on.switched && on.next_run_unix_ms.is_some());
     second
-        .set_cron_enabled(Caller::Admin, "nightly", false)
+        .cron()
+        .set_enabled(Caller::Admin, "nightly", false)
         .await
         .unwrap();
     second.shutdown().await;

@@ -501,7 +501,7 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
     let me = Caller::Process(pid);
     let mut private = NewArtifact::text("diary", "dear diary");
     private.visibility = Some(Visibility::Private);
-    let diary = kernel.store_artifact(me, None, private).await.unwrap();
+    let diary = kernel.artifacts().store(me, None, private).await.unwrap();
     let worker = kernel
         .spawn(Caller::Admin, probe_request(pid, "worker", Role::Worker))
         .await
@@ -509,7 +509,8 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
     let mut shared = NewArtifact::text("report", "for my parent");
     shared.visibility = Some(Visibility::Subtree);
     let report = kernel
-        .store_artifact(Caller::Process(worker), None, shared)
+        .artifacts()
+        .store(Caller::Process(worker), None, shared)
         .await
         .unwrap();
     let note = NewMemory {
@@ -517,22 +518,23 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
         key: Some("release".into()),
         tags: vec!["schedule".into()],
     };
-    let remembered = kernel.memory_store(me, note).await.unwrap();
+    let remembered = kernel.memory().store(me, note).await.unwrap();
     kernel.shutdown().await;
 
     let Up { kernel, agents, .. } = durable(dir.path(), &server, &[keeper()]).await;
     let again = agents[0];
     assert_eq!(again, pid, "a config agent comes back with its PID");
 
-    let got = kernel.get_artifact(me, diary.id).await.unwrap();
+    let got = kernel.artifacts().get(me, diary.id).await.unwrap();
     assert_eq!(got.content, b"dear diary");
     assert_eq!(got.info, diary);
     // The worker did not come back; its artifact did, and its parent still reads it.
-    let got = kernel.get_artifact(me, report.id).await.unwrap();
+    let got = kernel.artifacts().get(me, report.id).await.unwrap();
     assert_eq!(got.info.owner, worker);
     assert_eq!(got.content, b"for my parent");
     let hits = kernel
-        .memory_recall(me, "release train", None)
+        .memory()
+        .recall(me, "release train", None)
         .await
         .unwrap();
     assert_eq!(hits.len(), 1, "{hits:?}");
@@ -540,7 +542,8 @@ async fn a_config_agent_keeps_its_artifacts_and_memory_across_a_restart() {
 
     // Ids keep growing across the restart.
     let later = kernel
-        .store_artifact(me, None, NewArtifact::text("later", "x"))
+        .artifacts()
+        .store(me, None, NewArtifact::text("later", "x"))
         .await
         .unwrap();
     assert!(later.id > report.id, "{later:?}");
@@ -654,7 +657,8 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
         tags: vec![],
     };
     kernel
-        .memory_store(Caller::Process(pid), note)
+        .memory()
+        .store(Caller::Process(pid), note)
         .await
         .unwrap();
     kill_and_collect(&kernel, pid).await;
@@ -679,7 +683,8 @@ async fn a_reaped_config_agent_comes_back_with_its_memory_usage_and_spent_budget
     );
     assert_eq!(info.budget.unwrap().remaining, 120);
     let hits = kernel
-        .memory_recall(Caller::Process(pid), "deploy key", None)
+        .memory()
+        .recall(Caller::Process(pid), "deploy key", None)
         .await
         .unwrap();
     assert_eq!(hits.len(), 1, "its memory outlived the reaping: {hits:?}");

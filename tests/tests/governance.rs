@@ -345,14 +345,15 @@ async fn without_a_roles_section_a_task_may_not_spawn_shell_fetch_or_schedule() 
         approvals: Vec::new(),
     };
     let err = kernel
-        .add_cron(Caller::Process(task), entry)
+        .cron()
+        .add(Caller::Process(task), entry)
         .await
         .unwrap_err();
     assert!(
         err.to_string().contains("lacks capability manage_cron"),
         "{err}"
     );
-    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert!(kernel.cron().list(Caller::Admin).is_empty());
     assert_eq!(pids(&kernel).await, before, "nothing was spawned");
     let info = kernel.get_process(Caller::Admin, task).await.unwrap();
     assert_eq!(

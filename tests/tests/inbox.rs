@@ -86,10 +86,10 @@ async fn spawn_agent(kernel: &Kernel, name: &str, tools: &[&str]) -> Pid {
 /// The one pending request, once there is one.
 async fn pending(kernel: &Kernel) -> Arc<InboxRequest> {
     wait_until("a pending request", Duration::from_secs(20), || async {
-        !kernel.inbox(Caller::Admin).is_empty()
+        !kernel.inbox().pending(Caller::Admin).is_empty()
     })
     .await;
-    let mut requests = kernel.inbox(Caller::Admin);
+    let mut requests = kernel.inbox().pending(Caller::Admin);
     assert_eq!(requests.len(), 1, "{requests:?}");
     requests.remove(0)
 }
@@ -128,7 +128,8 @@ async fn an_approved_call_runs_after_the_agent_waits_for_it() {
     assert_eq!(server.requests().len(), 1, "the model waits too");
 
     kernel
-        .resolve_request(
+        .inbox()
+        .resolve(
             Caller::Admin,
             request.id,
             Decision::Approved { note: "ok".into() },
@@ -141,7 +142,8 @@ async fn an_approved_call_runs_after_the_agent_waits_for_it() {
 
     // Resolved once: a second decision and an unknown id are refused.
     let again = kernel
-        .resolve_request(
+        .inbox()
+        .resolve(
             Caller::Admin,
             request.id,
             Decision::Denied {
@@ -157,7 +159,8 @@ async fn an_approved_call_runs_after_the_agent_waits_for_it() {
         "{again}"
     );
     let unknown = kernel
-        .resolve_request(
+        .inbox()
+        .resolve(
             Caller::Admin,
             999,
             Decision::Approved {
@@ -225,7 +228,8 @@ async fn a_denied_or_timed_out_call_never_runs_and_the_model_is_told_why() {
         reason: "not on prod".into(),
     };
     kernel
-        .resolve_request(Caller::Admin, request.id, denied)
+        .inbox()
+        .resolve(Caller::Admin, request.id, denied)
         .await
         .unwrap();
     assert_eq!(task.await.unwrap().unwrap(), "gave up");
@@ -250,7 +254,7 @@ async fn a_denied_or_timed_out_call_never_runs_and_the_model_is_told_why() {
     assert_eq!(run_task(&kernel, agent, "third").await.unwrap(), "fine");
     let results = tool_results(&server.requests()[5]);
     assert!(results[0].contains("harmless"), "{results:?}");
-    assert!(kernel.inbox(Caller::Admin).is_empty());
+    assert!(kernel.inbox().pending(Caller::Admin).is_empty());
     let workspace = dir.path().join("ops");
     assert!(!workspace.join("denied-ran").exists() && !workspace.join("timed-out-ran").exists());
     kernel.shutdown().await;
@@ -340,7 +344,7 @@ async fn ask_human_is_answered_through_the_cli_and_a_killed_asker_withdraws() {
     let outcome = task.await.unwrap().unwrap_err();
     assert!(outcome.contains("exited"), "{outcome}");
     wait_until("the request withdrawn", Duration::from_secs(10), || async {
-        kernel.inbox(Caller::Admin).is_empty()
+        kernel.inbox().pending(Caller::Admin).is_empty()
     })
     .await;
     let withdrawn = kernel.subscribe(Some(0)).replay.iter().any(|event| {
@@ -568,7 +572,8 @@ async fn the_notify_webhook_hears_of_each_request_and_a_failing_one_holds_nothin
         "{body}"
     );
     kernel
-        .resolve_request(
+        .inbox()
+        .resolve(
             Caller::Admin,
             request.id,
             Decision::Approved {
@@ -618,7 +623,8 @@ async fn the_notify_webhook_hears_of_each_request_and_a_failing_one_holds_nothin
         .count();
     assert_eq!(broken, 2);
     kernel
-        .resolve_request(
+        .inbox()
+        .resolve(
             Caller::Admin,
             request.id,
             Decision::Approved {

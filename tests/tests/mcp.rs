@@ -79,7 +79,7 @@ fn args(value: Value) -> serde_json::Map<String, Value> {
 async fn a_stdio_server_s_tools_are_listed_and_called() {
     let kernel = kernel_with(mcp_settings(), vec![everything()], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let info = kernel.mcp_servers().pop().unwrap();
+    let info = kernel.mcp().servers().pop().unwrap();
     assert_eq!((info.transport, info.restarts), ("stdio", 0));
     assert!(info.tools >= 10, "{info:?}");
     assert!(info.os_pid.is_some_and(mcp::alive), "{info:?}");
@@ -88,7 +88,7 @@ async fn a_stdio_server_s_tools_are_listed_and_called() {
         "{info:?}"
     );
 
-    let tools = kernel.mcp_server_tools("everything").unwrap();
+    let tools = kernel.mcp().server_tools("everything").unwrap();
     let echo = tools.iter().find(|t| t.name == "echo").unwrap();
     assert_eq!(echo.exposed, "mcp__everything__echo");
     assert!(echo.input_schema.contains("message"), "{echo:?}");
@@ -99,7 +99,8 @@ async fn a_stdio_server_s_tools_are_listed_and_called() {
         let kernel = kernel.clone();
         async move {
             kernel
-                .mcp_call(Caller::Admin, "everything", tool, args(value))
+                .mcp()
+                .call(Caller::Admin, "everything", tool, args(value))
                 .await
         }
     };
@@ -121,7 +122,8 @@ async fn a_stdio_server_s_tools_are_listed_and_called() {
     assert_eq!(unknown.kind(), ErrorKind::InvalidArgument);
     assert!(unknown.to_string().contains("echo"), "{unknown}");
     let unknown_server = kernel
-        .mcp_call(Caller::Admin, "nowhere", "echo", args(json!({})))
+        .mcp()
+        .call(Caller::Admin, "nowhere", "echo", args(json!({})))
         .await
         .unwrap_err();
     assert_eq!(unknown_server.kind(), ErrorKind::NotFound);
@@ -136,7 +138,7 @@ async fn a_stdio_server_s_tools_are_listed_and_called() {
         !mcp::alive(pid),
         "shutdown left MCP server process {pid} running"
     );
-    assert_eq!(kernel.mcp_servers()[0].state, "stopped");
+    assert_eq!(kernel.mcp().servers()[0].state, "stopped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,9 +153,10 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
     spec.restart.max_restarts = 2;
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    assert_eq!(kernel.mcp_servers()[0].transport, "http");
+    assert_eq!(kernel.mcp().servers()[0].transport, "http");
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -167,7 +170,8 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
     // keeps trying, past its restart intensity too (at the longest backoff).
     http.kill().await;
     let gone = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -183,11 +187,11 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
         "{gone}"
     );
     wait_until("the HTTP server marked unavailable", READY, || async {
-        kernel.mcp_servers()[0].state == "unavailable"
+        kernel.mcp().servers()[0].state == "unavailable"
     })
     .await;
     wait_until("retries past the restart intensity", READY, || async {
-        kernel.mcp_servers()[0].restarts > 4
+        kernel.mcp().servers()[0].restarts > 4
     })
     .await;
     let port: u16 = http
@@ -201,7 +205,8 @@ async fn a_streamable_http_server_is_marked_unavailable_while_gone_and_retried()
     let _back = mcp::HttpEverything::start_on(port).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -380,7 +385,8 @@ async fn mcp_tools_pass_the_same_checks_as_built_in_ones() {
 
     // A process calls only what its tool list selects.
     let ok = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Process(lead),
             "everything",
             "echo",
@@ -390,7 +396,8 @@ async fn mcp_tools_pass_the_same_checks_as_built_in_ones() {
         .unwrap();
     assert_eq!(ok.text, "Echo: m");
     let err = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Process(lead),
             "everything",
             "get-sum",
@@ -411,14 +418,15 @@ async fn mcp_tools_pass_the_same_checks_as_built_in_ones() {
 async fn a_server_killed_mid_call_fails_the_call_and_comes_back() {
     let kernel = kernel_with(mcp_settings(), vec![everything()], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let first = kernel.mcp_servers()[0].os_pid.unwrap();
+    let first = kernel.mcp().servers()[0].os_pid.unwrap();
 
     let started = Instant::now();
     let long = tokio::spawn({
         let kernel = kernel.clone();
         async move {
             kernel
-                .mcp_call(
+                .mcp()
+                .call(
                     Caller::Admin,
                     "everything",
                     "trigger-long-running-operation",
@@ -442,15 +450,16 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back() {
     assert!(err.to_string().contains("everything"), "{err}");
 
     wait_until("a restarted server", READY, || async {
-        let info = kernel.mcp_servers().pop().unwrap();
+        let info = kernel.mcp().servers().pop().unwrap();
         info.state == "ready" && info.restarts == 1
     })
     .await;
-    let second = kernel.mcp_servers()[0].os_pid.unwrap();
+    let second = kernel.mcp().servers()[0].os_pid.unwrap();
     assert_ne!(first, second);
     assert!(!mcp::alive(first));
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -473,7 +482,7 @@ async fn a_server_that_never_answers_its_handshake_is_restarted_then_given_up() 
     spec.restart.max_restarts = 2;
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "mute", "failed", Duration::from_secs(30)).await;
-    let info = kernel.mcp_servers().pop().unwrap();
+    let info = kernel.mcp().servers().pop().unwrap();
     assert_eq!(info.restarts, 2);
     assert!(
         info.last_error
@@ -495,7 +504,8 @@ async fn a_server_that_never_answers_its_handshake_is_restarted_then_given_up() 
     );
     // A call to a failed server says so at once.
     let err = kernel
-        .mcp_call(Caller::Admin, "mute", "anything", args(json!({})))
+        .mcp()
+        .call(Caller::Admin, "mute", "anything", args(json!({})))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
@@ -535,7 +545,8 @@ async fn a_server_that_floods_its_output_costs_neither_memory_nor_the_session() 
     .await;
     wait_for_state(&kernel, "flood", "ready", READY).await;
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "flood",
             "echo",
@@ -544,7 +555,7 @@ async fn a_server_that_floods_its_output_costs_neither_memory_nor_the_session() 
         .await
         .unwrap();
     assert_eq!(echoed.text, "Echo: still here");
-    assert_eq!(kernel.mcp_servers()[0].restarts, 0);
+    assert_eq!(kernel.mcp().servers()[0].restarts, 0);
     let log = data.path().join("logs/mcp-flood.log");
     let kept = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0)
         + std::fs::metadata(data.path().join("logs/mcp-flood.log.1"))
@@ -574,10 +585,11 @@ async fn a_hung_server_is_found_by_a_ping_after_a_timed_out_call_and_restarted()
     spec.startup_timeout = Duration::from_secs(5);
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let hung = kernel.mcp_servers()[0].os_pid.unwrap();
+    let hung = kernel.mcp().servers()[0].os_pid.unwrap();
     signal(hung, "-STOP");
     let err = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -588,18 +600,19 @@ async fn a_hung_server_is_found_by_a_ping_after_a_timed_out_call_and_restarted()
     assert_eq!(err.kind(), ErrorKind::DeadlineExceeded, "{err}");
     assert!(err.to_string().contains("timeout_seconds"), "{err}");
     wait_until("the hung server replaced", READY, || async {
-        let info = kernel.mcp_servers().pop().unwrap();
+        let info = kernel.mcp().servers().pop().unwrap();
         info.state == "ready" && info.restarts == 1
     })
     .await;
-    let info = kernel.mcp_servers().pop().unwrap();
+    let info = kernel.mcp().servers().pop().unwrap();
     assert!(
         info.last_error.as_deref().unwrap_or("").contains("hung"),
         "{info:?}"
     );
     assert!(!mcp::alive(hung), "the stopped server was killed");
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -618,10 +631,11 @@ async fn shutdown_is_not_kept_waiting_by_a_hung_server() {
     spec.startup_timeout = Duration::from_secs(60);
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let hung = kernel.mcp_servers()[0].os_pid.unwrap();
+    let hung = kernel.mcp().servers()[0].os_pid.unwrap();
     signal(hung, "-STOP");
     kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -646,23 +660,26 @@ async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
     spec.restart.policy = hivekernel_agents::RestartPolicy::Temporary;
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let first = kernel.mcp_servers()[0].os_pid.unwrap();
+    let first = kernel.mcp().servers()[0].os_pid.unwrap();
 
     let refused = kernel
-        .restart_mcp_server(Caller::Process(Pid(1)), "everything")
+        .mcp()
+        .restart_server(Caller::Process(Pid(1)), "everything")
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("only the admin"), "{refused}");
     let unknown = kernel
-        .restart_mcp_server(Caller::Admin, "nope")
+        .mcp()
+        .restart_server(Caller::Admin, "nope")
         .await
         .unwrap_err();
     assert!(unknown.to_string().contains("nope"), "{unknown}");
-    assert_eq!(kernel.mcp_servers()[0].os_pid, Some(first));
+    assert_eq!(kernel.mcp().servers()[0].os_pid, Some(first));
 
     // A ready server: closed, started again, ready by the time it answers.
     let restarted = kernel
-        .restart_mcp_server(Caller::Admin, "everything")
+        .mcp()
+        .restart_server(Caller::Admin, "everything")
         .await
         .unwrap();
     assert_eq!((restarted.state, restarted.restarts), ("ready", 1));
@@ -678,7 +695,8 @@ async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
     signal(second, "-KILL");
     wait_for_state(&kernel, "everything", "failed", READY).await;
     let failed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -688,12 +706,14 @@ async fn mcp_restart_starts_a_server_again_even_one_that_failed_for_good() {
         .unwrap_err();
     assert!(failed.to_string().contains("failed for good"), "{failed}");
     let back = kernel
-        .restart_mcp_server(Caller::Admin, "everything")
+        .mcp()
+        .restart_server(Caller::Admin, "everything")
         .await
         .unwrap();
     assert_eq!((back.state, back.restarts), ("ready", 2));
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -721,15 +741,16 @@ async fn a_call_during_a_stdio_server_s_restart_waits_for_it() {
     spec.restart.backoff_ms = [2000, 2000];
     let kernel = kernel_with(mcp_settings(), vec![spec], None).await;
     wait_for_state(&kernel, "everything", "ready", READY).await;
-    let first = kernel.mcp_servers()[0].os_pid.unwrap();
+    let first = kernel.mcp().servers()[0].os_pid.unwrap();
     signal(first, "-KILL");
     wait_until("the server restarting", READY, || async {
-        kernel.mcp_servers()[0].state == "restarting"
+        kernel.mcp().servers()[0].state == "restarting"
     })
     .await;
     // Made while it restarts: answered by the new server, not refused.
     let echoed = kernel
-        .mcp_call(
+        .mcp()
+        .call(
             Caller::Admin,
             "everything",
             "echo",
@@ -738,7 +759,7 @@ async fn a_call_during_a_stdio_server_s_restart_waits_for_it() {
         .await
         .unwrap();
     assert_eq!(echoed.text, "Echo: patient");
-    let info = kernel.mcp_servers().pop().unwrap();
+    let info = kernel.mcp().servers().pop().unwrap();
     assert_eq!((info.state, info.restarts), ("ready", 1));
     kernel.shutdown().await;
 }

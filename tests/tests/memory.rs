@@ -26,7 +26,8 @@ fn note(text: &str) -> NewMemory {
 
 async fn remember(kernel: &Kernel, pid: Pid, entry: NewMemory) -> u64 {
     kernel
-        .memory_store(Caller::Process(pid), entry)
+        .memory()
+        .store(Caller::Process(pid), entry)
         .await
         .unwrap()
         .id
@@ -34,7 +35,8 @@ async fn remember(kernel: &Kernel, pid: Pid, entry: NewMemory) -> u64 {
 
 async fn recall(kernel: &Kernel, pid: Pid, query: &str) -> Vec<MemoryHit> {
     kernel
-        .memory_recall(Caller::Process(pid), query, None)
+        .memory()
+        .recall(Caller::Process(pid), query, None)
         .await
         .unwrap_or_else(|err| panic!("recall {query:?}: {err}"))
 }
@@ -108,7 +110,8 @@ async fn recall_ranks_by_relevance_within_the_callers_namespace() {
 
     // The limit caps the answer; no words lists the newest first.
     let one = kernel
-        .memory_recall(Caller::Process(me), "deploy", Some(1))
+        .memory()
+        .recall(Caller::Process(me), "deploy", Some(1))
         .await
         .unwrap();
     assert_eq!(one.len(), 1);
@@ -117,7 +120,8 @@ async fn recall_ranks_by_relevance_within_the_callers_namespace() {
     assert_eq!(newest.len(), 4);
     assert!(newest.iter().all(|h| h.score == 0.0));
     let err = kernel
-        .memory_recall(Caller::Process(me), "x", Some(0))
+        .memory()
+        .recall(Caller::Process(me), "x", Some(0))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
@@ -164,7 +168,8 @@ async fn hostile_queries_are_words_never_fts_syntax() {
     ];
     for query in hostile {
         let hits = kernel
-            .memory_recall(Caller::Process(me), query, None)
+            .memory()
+            .recall(Caller::Process(me), query, None)
             .await
             .unwrap_or_else(|err| panic!("{query:?}: {err}"));
         let has_words = query.chars().any(char::is_alphanumeric);
@@ -182,7 +187,8 @@ async fn hostile_queries_are_words_never_fts_syntax() {
 
     let big = "word ".repeat(10_000);
     let hits = kernel
-        .memory_recall(Caller::Process(me), &big, None)
+        .memory()
+        .recall(Caller::Process(me), &big, None)
         .await
         .unwrap();
     assert_eq!(hits.len(), 1);
@@ -206,7 +212,8 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
     let other = spawn_probe(kernel, Pid::KERNEL, "other", Role::Agent).await;
 
     let err = kernel
-        .memory_store(Caller::Process(me), note(&"x".repeat(65)))
+        .memory()
+        .store(Caller::Process(me), note(&"x".repeat(65)))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
@@ -223,7 +230,8 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
     let first = remember(kernel, me, keyed(&format!("alpha {}", "a".repeat(50)))).await;
     remember(kernel, me, note(&format!("beta {}", "b".repeat(35)))).await;
     let err = kernel
-        .memory_store(Caller::Process(me), note("gamma is one too many"))
+        .memory()
+        .store(Caller::Process(me), note("gamma is one too many"))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ResourceExhausted);
@@ -252,7 +260,8 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
         remember(kernel, other, note(&format!("gamma {i}"))).await;
     }
     let hits = kernel
-        .memory_recall(Caller::Process(other), "gamma", Some(50))
+        .memory()
+        .recall(Caller::Process(other), "gamma", Some(50))
         .await
         .unwrap();
     assert_eq!(hits.len(), 3);
@@ -269,7 +278,8 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
         ),
     ] {
         let err = kernel
-            .memory_store(Caller::Process(me), entry)
+            .memory()
+            .store(Caller::Process(me), entry)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument);
@@ -282,13 +292,15 @@ async fn the_per_agent_limit_refuses_and_keys_replace_entries() {
 async fn a_kernel_without_a_store_refuses_memory_clearly() {
     let (kernel, _) = hivekernel_tests::kernel().await;
     let err = kernel
-        .memory_store(Caller::Admin, note("x"))
+        .memory()
+        .store(Caller::Admin, note("x"))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
     assert!(err.to_string().contains("no store"), "{err}");
     let err = kernel
-        .memory_recall(Caller::Admin, "x", None)
+        .memory()
+        .recall(Caller::Admin, "x", None)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FailedPrecondition);
@@ -388,14 +400,16 @@ async fn an_entry_is_forgotten_by_key_in_the_callers_namespace_only() {
     );
     let err = hive
         .kernel
-        .memory_forget(Caller::Process(me.pid), "staging")
+        .memory()
+        .forget(Caller::Process(me.pid), "staging")
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     for bad_key in ["".to_owned(), "k".repeat(129), "a\u{7}b".to_owned()] {
         let err = hive
             .kernel
-            .memory_forget(Caller::Process(me.pid), &bad_key)
+            .memory()
+            .forget(Caller::Process(me.pid), &bad_key)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad_key:?}: {err}");
@@ -415,7 +429,8 @@ async fn the_memory_of_a_reaped_process_is_deleted_with_it() {
     let worker = hive.captured(lead.pid, "worker", Role::Worker).await;
     remember(&hive.kernel, worker.pid, note("Scratch notes of a worker.")).await;
     hive.kernel
-        .memory_store(Caller::Admin, note("The admin's own note."))
+        .memory()
+        .store(Caller::Admin, note("The admin's own note."))
         .await
         .unwrap();
     // The lead stays a zombie for PID 1 to collect; the worker is reaped at once.
@@ -495,7 +510,8 @@ async fn a_tool_agent_remembers_and_stores_an_artifact_through_the_model_loop() 
     let hits = recall(&kernel, scribe, "prefers").await;
     assert_eq!(texts(&hits), ["The user prefers short answers."]);
     let listed = kernel
-        .list_artifacts(Caller::Admin, Some(scribe), None)
+        .artifacts()
+        .list(Caller::Admin, Some(scribe), None)
         .await
         .unwrap();
     assert_eq!(listed.len(), 1);

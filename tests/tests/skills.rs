@@ -113,7 +113,8 @@ async fn kernel(skills: &Skills, llm: &LlmServer) -> (Kernel, Pid, Pid) {
 
 fn names(kernel: &Kernel, pid: Pid) -> Vec<String> {
     kernel
-        .skills_for(Caller::Process(pid))
+        .skills()
+        .for_caller(Caller::Process(pid))
         .unwrap()
         .iter()
         .map(|entry| entry.skill.name.clone())
@@ -263,7 +264,7 @@ async fn each_process_sees_what_its_tool_list_and_its_tree_give_it() {
 
     // The operator's view: every skill, the shadowed one marked, and the
     // skipped ones with their file and field.
-    let (listed, problems) = kernel.skill_listing(Caller::Admin).unwrap();
+    let (listed, problems) = kernel.skills().listing(Caller::Admin).unwrap();
     let rows: Vec<(String, bool, Vec<String>)> = listed
         .iter()
         .map(|l| (l.entry.skill.name.clone(), l.shadowed, l.scope.clone()))
@@ -291,14 +292,15 @@ async fn each_process_sees_what_its_tool_list_and_its_tree_give_it() {
         "{problems:?}"
     );
     assert!(
-        kernel.skill_listing(Caller::Process(ops)).is_err(),
+        kernel.skills().listing(Caller::Process(ops)).is_err(),
         "a process lists only its own skills"
     );
 
-    let winner = kernel.skill(Caller::Admin, "deploy", None).unwrap();
+    let winner = kernel.skills().get(Caller::Admin, "deploy", None).unwrap();
     assert!(winner.skill.dir.starts_with(&skills.team));
     let hidden = kernel
-        .skill(Caller::Process(worker), "deploy", None)
+        .skills()
+        .get(Caller::Process(worker), "deploy", None)
         .unwrap_err();
     assert_eq!(hidden.kind(), ErrorKind::NotFound);
     assert!(hidden.to_string().contains("\"deploy\""), "{hidden}");
@@ -536,7 +538,8 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         reason: Some("share it".into()),
     };
     let edited = kernel
-        .manage_skill(
+        .skills()
+        .manage(
             Caller::Process(queen_a),
             edit(hivekernel_agents::skill::Rewrite::Replace {
                 old: "2. Run the release pipeline.".into(),
@@ -548,7 +551,8 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         .unwrap();
     assert_eq!(edited.version, 2);
     let refused = kernel
-        .manage_skill(
+        .skills()
+        .manage(
             Caller::Process(queen_a),
             edit(hivekernel_agents::skill::Rewrite::Whole(
                 "no frontmatter".into(),
@@ -561,7 +565,10 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     // Global now: the other swarm sees it, and may keep a release of its
     // own, which it then sees instead (the nearest owner wins).
     let owner_of = |pid: Pid| {
-        let seen = kernel.skill(Caller::Process(pid), "release", None).unwrap();
+        let seen = kernel
+            .skills()
+            .get(Caller::Process(pid), "release", None)
+            .unwrap();
         seen.source.saved().unwrap().owner
     };
     assert_eq!(owner_of(queen_b), queen_a);
@@ -576,7 +583,8 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     };
     use hivekernel_agents::skill::SkillVisibility;
     kernel
-        .manage_skill(
+        .skills()
+        .manage(
             Caller::Process(queen_b),
             create("release", SkillVisibility::Private),
             None,
@@ -588,7 +596,8 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     // A worker's private skill: hidden from its leader, who may still
     // delete it; the other swarm can do neither.
     kernel
-        .manage_skill(
+        .skills()
+        .manage(
             Caller::Process(worker),
             create("scratch", SkillVisibility::Private),
             None,
@@ -603,18 +612,21 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
         reason: None,
     };
     let outsider = kernel
-        .manage_skill(Caller::Process(queen_b), delete("scratch"), None)
+        .skills()
+        .manage(Caller::Process(queen_b), delete("scratch"), None)
         .await
         .unwrap_err();
     assert_eq!(outsider.kind(), ErrorKind::NotFound, "{outsider}");
     let cleaned = kernel
-        .manage_skill(Caller::Process(queen_a), delete("scratch"), None)
+        .skills()
+        .manage(Caller::Process(queen_a), delete("scratch"), None)
         .await
         .unwrap();
     assert_eq!((cleaned.owner, cleaned.by), (worker, queen_a));
 
     let history = kernel
-        .skill_history(Caller::Admin, "release", Some(queen_a), true)
+        .skills()
+        .history(Caller::Admin, "release", Some(queen_a), true)
         .await
         .unwrap();
     let rows: Vec<(u64, String, Pid, String)> = history
@@ -669,7 +681,8 @@ async fn a_skill_an_agent_saves_is_seen_by_its_swarm_and_not_by_another() {
     kernel.shutdown().await;
     let (kernel, queen_a, _) = saving_kernel(&skills, &llm, data.path()).await;
     let seen = kernel
-        .skill(Caller::Process(queen_a), "release", None)
+        .skills()
+        .get(Caller::Process(queen_a), "release", None)
         .unwrap();
     assert!(
         seen.skill.body.contains("3. Announce it."),

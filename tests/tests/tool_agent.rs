@@ -275,7 +275,11 @@ async fn a_delegated_result_arrives_later_and_the_daemon_uses_it() {
                 max_bytes: 1 << 20,
                 ..Default::default()
             };
-            let page = kernel.transcript(Caller::Admin, boss, query).await.unwrap();
+            let page = kernel
+                .transcripts()
+                .read(Caller::Admin, boss, query)
+                .await
+                .unwrap();
             let answers = page.entries.iter().filter(|e| {
                 matches!(
                     e.kind,

@@ -432,7 +432,11 @@ async fn admin_entries(
         max_bytes: usize::MAX,
         ..Default::default()
     };
-    Ok(kernel.transcript(Caller::Admin, pid, query).await?.entries)
+    Ok(kernel
+        .transcripts()
+        .read(Caller::Admin, pid, query)
+        .await?
+        .entries)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,7 +107,7 @@ impl Reloader {
                 .iter()
                 .any(|(agent, _)| !agent.skills.is_empty());
         if had_skills || !sources.is_empty() {
-            report.skills = vec![self.kernel.reload_skills(sources).await];
+            report.skills = vec![self.kernel.skills().reload(sources).await];
         }
         running.settings.skills = settings.skills.clone();
         report.agents = self.apply_agents(&mut running, &config, &old_roles).await;
@@ -116,7 +116,7 @@ impl Reloader {
             .iter()
             .flat_map(|(agent, pid)| cron::declared(*pid, &agent.cron))
             .collect();
-        report.cron = self.kernel.reload_cron(declared).await;
+        report.cron = self.kernel.cron().reload(declared).await;
         Ok(report)
     }
 

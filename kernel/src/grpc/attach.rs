@@ -36,7 +36,9 @@ pub(crate) fn attach(
     let Attached {
         mut deliveries,
         replaced,
-    } = kernel.attach(caller, pid, request.get_ref().auto_ack)?;
+    } = kernel
+        .exec()
+        .attach(caller, pid, request.get_ref().auto_ack)?;
     let (tx, rx) = mpsc::channel(BUFFER);
     let stop = stop.clone();
     let forward = async move {
@@ -77,7 +79,9 @@ pub(crate) fn complete_task(
     } else {
         Err(req.error)
     };
-    kernel.complete_task(caller, RequestId(req.request_id), reply)?;
+    kernel
+        .exec()
+        .complete_task(caller, RequestId(req.request_id), reply)?;
     Ok(Response::new(pb::CompleteTaskResponse {}))
 }
 
@@ -93,7 +97,7 @@ pub(crate) fn ack_messages(
         .into_iter()
         .map(MessageId)
         .collect();
-    let acknowledged = kernel.ack_messages(caller, &ids)?;
+    let acknowledged = kernel.exec().ack_messages(caller, &ids)?;
     Ok(Response::new(pb::AckMessagesResponse { acknowledged }))
 }
 

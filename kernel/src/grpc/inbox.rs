@@ -17,7 +17,7 @@ const CHANGE_BUFFER: usize = 64;
 
 pub(super) fn list(kernel: &Kernel, caller: Caller) -> pb::ListRequestsResponse {
     pb::ListRequestsResponse {
-        requests: kernel.inbox(caller).iter().map(request).collect(),
+        requests: kernel.inbox().pending(caller).iter().map(request).collect(),
     }
 }
 
@@ -40,7 +40,7 @@ pub(super) async fn resolve(
             )));
         }
     };
-    let resolved = kernel.resolve_request(caller, req.id, decision).await?;
+    let resolved = kernel.inbox().resolve(caller, req.id, decision).await?;
     Ok(request(&resolved))
 }
 
@@ -51,7 +51,7 @@ pub(super) fn watch(
     stop: Stop,
 ) -> ReceiverStream<Result<pb::InboxChange, Status>> {
     let (tx, rx) = mpsc::channel(CHANGE_BUFFER);
-    let (pending, mut changes) = kernel.watch_inbox(caller);
+    let (pending, mut changes) = kernel.inbox().watch(caller);
     let kernel = kernel.clone();
     kernel.tracker().clone().spawn(async move {
         for asked in &pending {
@@ -79,14 +79,14 @@ pub(super) fn watch(
                 received = changes.recv() => received,
             };
             let item = match received {
-                Ok(Change::Asked(asked)) if kernel.sees_request(caller, &asked) => {
+                Ok(Change::Asked(asked)) if kernel.inbox().sees(caller, &asked) => {
                     pb::InboxChange {
                         change: "asked".into(),
                         request: Some(request(&asked)),
                         ..Default::default()
                     }
                 }
-                Ok(Change::Resolved(done, how)) if kernel.sees_request(caller, &done) => {
+                Ok(Change::Resolved(done, how)) if kernel.inbox().sees(caller, &done) => {
                     pb::InboxChange {
                         change: "resolved".into(),
                         request: Some(request(&done)),

@@ -11,7 +11,7 @@ pub(super) const MAX_ARGUMENTS_BYTES: usize = 1 << 20;
 
 pub(super) fn servers(kernel: &Kernel) -> pb::ListMcpServersResponse {
     pb::ListMcpServersResponse {
-        servers: kernel.mcp_servers().into_iter().map(server).collect(),
+        servers: kernel.mcp().servers().into_iter().map(server).collect(),
     }
 }
 
@@ -23,7 +23,7 @@ pub(super) async fn restart(
     if name.is_empty() {
         return Err(Status::invalid_argument("server must not be empty"));
     }
-    Ok(server(kernel.restart_mcp_server(caller, name).await?))
+    Ok(server(kernel.mcp().restart_server(caller, name).await?))
 }
 
 fn server(info: ServerInfo) -> pb::McpServer {
@@ -43,7 +43,7 @@ fn server(info: ServerInfo) -> pb::McpServer {
 }
 
 pub(super) fn tools(kernel: &Kernel, server: &str) -> Result<pb::ListMcpToolsResponse, Status> {
-    let tools = kernel.mcp_server_tools(server)?;
+    let tools = kernel.mcp().server_tools(server)?;
     Ok(pb::ListMcpToolsResponse {
         tools: tools.into_iter().map(tool).collect(),
     })
@@ -93,7 +93,8 @@ pub(super) async fn call(
         }
     };
     let output = kernel
-        .mcp_call(caller, &request.server, &request.tool, arguments)
+        .mcp()
+        .call(caller, &request.server, &request.tool, arguments)
         .await?;
     Ok(pb::CallMcpToolResponse {
         text: output.text,

@@ -262,7 +262,7 @@ impl KernelRpc for KernelService {
             .parse()
             .map_err(|why: String| Status::invalid_argument(format!("by: {why}")))?;
         let since = Some(request.since_day).filter(|day| !day.is_empty());
-        let rows = self.kernel.usage_report(caller, by, since).await?;
+        let rows = self.kernel.llm().usage_report(caller, by, since).await?;
         Ok(Response::new(convert::usage_report(rows)))
     }
 
@@ -341,7 +341,7 @@ impl KernelRpc for KernelService {
     async fn add_cron(&self, request: Request<pb::CronSpec>) -> Rpc<pb::CronEntry> {
         let caller = caller(&request)?;
         let spec = cron::spec(caller, request.into_inner())?;
-        let info = self.kernel.add_cron(caller, spec).await?;
+        let info = self.kernel.cron().add(caller, spec).await?;
         Ok(Response::new(cron::entry(info)))
     }
 
@@ -351,7 +351,8 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::RemoveCronResponse> {
         let caller = caller(&request)?;
         self.kernel
-            .remove_cron(caller, &request.get_ref().name)
+            .cron()
+            .remove(caller, &request.get_ref().name)
             .await?;
         Ok(Response::new(pb::RemoveCronResponse {}))
     }
@@ -364,7 +365,8 @@ impl KernelRpc for KernelService {
         let request = request.get_ref();
         let info = self
             .kernel
-            .set_cron_enabled(caller, &request.name, request.enabled)
+            .cron()
+            .set_enabled(caller, &request.name, request.enabled)
             .await?;
         Ok(Response::new(cron::entry(info)))
     }
@@ -373,14 +375,15 @@ impl KernelRpc for KernelService {
         let caller = caller(&request)?;
         let info = self
             .kernel
-            .run_cron_now(caller, &request.get_ref().name)
+            .cron()
+            .run_now(caller, &request.get_ref().name)
             .await?;
         Ok(Response::new(cron::entry(info)))
     }
 
     async fn list_cron(&self, request: Request<pb::ListCronRequest>) -> Rpc<pb::ListCronResponse> {
         let caller = caller(&request)?;
-        let (entries, unanswered) = self.kernel.cron_entries(caller).await;
+        let (entries, unanswered) = self.kernel.cron().entries(caller).await;
         Ok(Response::new(pb::ListCronResponse {
             entries: entries.into_iter().map(cron::entry).collect(),
             unanswered: unanswered
@@ -420,14 +423,18 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::ArtifactInfo> {
         let caller = caller(&request)?;
         let (owner, artifact) = convert::new_artifact(request.into_inner())?;
-        let info = self.kernel.store_artifact(caller, owner, artifact).await?;
+        let info = self
+            .kernel
+            .artifacts()
+            .store(caller, owner, artifact)
+            .await?;
         Ok(Response::new(convert::artifact_info(info)))
     }
 
     async fn get_artifact(&self, request: Request<pb::GetArtifactRequest>) -> Rpc<pb::Artifact> {
         let caller = caller(&request)?;
         let id = ArtifactId(convert::required_id("id", request.get_ref().id)?);
-        let artifact = self.kernel.get_artifact(caller, id).await?;
+        let artifact = self.kernel.artifacts().get(caller, id).await?;
         Ok(Response::new(convert::artifact(artifact)))
     }
 
@@ -439,7 +446,7 @@ impl KernelRpc for KernelService {
         let req = request.into_inner();
         let owner = (req.owner != 0).then_some(Pid(req.owner));
         let limit = (req.limit != 0).then_some(req.limit as usize);
-        let listed = self.kernel.list_artifacts(caller, owner, limit).await?;
+        let listed = self.kernel.artifacts().list(caller, owner, limit).await?;
         Ok(Response::new(pb::ListArtifactsResponse {
             artifacts: listed.into_iter().map(convert::artifact_info).collect(),
         }))
@@ -451,7 +458,7 @@ impl KernelRpc for KernelService {
     ) -> Rpc<pb::DeleteArtifactResponse> {
         let caller = caller(&request)?;
         let id = ArtifactId(convert::required_id("id", request.get_ref().id)?);
-        self.kernel.delete_artifact(caller, id).await?;
+        self.kernel.artifacts().delete(caller, id).await?;
         Ok(Response::new(pb::DeleteArtifactResponse {}))
     }
 
@@ -470,7 +477,7 @@ impl KernelRpc for KernelService {
         let req = request.get_ref();
         let pid = convert::required_pid("pid", req.pid)?;
         let query = transcript::query(req)?;
-        let page = self.kernel.transcript(caller, pid, query).await?;
+        let page = self.kernel.transcripts().read(caller, pid, query).await?;
         Ok(Response::new(transcript::page(page)))
     }
 
@@ -620,7 +627,8 @@ impl KernelRpc for KernelService {
         let from = (!req.tail).then_some(req.offset);
         let chunk = self
             .kernel
-            .exec_log(caller, pid, from, req.max_bytes)
+            .exec()
+            .log(caller, pid, from, req.max_bytes)
             .await?;
         Ok(Response::new(pb::LogChunk {
             text: chunk.text,
@@ -638,7 +646,7 @@ impl KernelRpc for KernelService {
         let caller = caller(&request)?;
         let req = request.get_ref();
         let pid = convert::required_pid("pid", req.pid)?;
-        let live = self.kernel.watch_transcript(caller, pid).await?;
+        let live = self.kernel.transcripts().watch(caller, pid).await?;
         let query = transcript::watch_query(req);
         Ok(Response::new(transcript::watch(
             &self.kernel,

@@ -13,7 +13,7 @@ use crate::skills::Listed;
 
 pub(super) fn list(kernel: &Kernel, caller: Caller) -> Result<pb::ListSkillsResponse, Status> {
     if !caller.sees_all() {
-        let seen = kernel.skills_for(caller)?;
+        let seen = kernel.skills().for_caller(caller)?;
         return Ok(pb::ListSkillsResponse {
             skills: seen
                 .iter()
@@ -22,7 +22,7 @@ pub(super) fn list(kernel: &Kernel, caller: Caller) -> Result<pb::ListSkillsResp
             problems: Vec::new(),
         });
     }
-    let (listed, problems) = kernel.skill_listing(caller)?;
+    let (listed, problems) = kernel.skills().listing(caller)?;
     Ok(pb::ListSkillsResponse {
         skills: listed
             .into_iter()
@@ -50,7 +50,9 @@ pub(super) fn get(
     caller: Caller,
     request: &pb::GetSkillRequest,
 ) -> Result<pb::Skill, Status> {
-    let entry = kernel.skill(caller, &request.name, owner(request.owner))?;
+    let entry = kernel
+        .skills()
+        .get(caller, &request.name, owner(request.owner))?;
     Ok(pb::Skill {
         info: Some(info(&entry, Vec::new(), false)),
         body: entry.skill.body.clone(),
@@ -90,7 +92,7 @@ pub(super) async fn manage(
     request: pb::ManageSkillRequest,
 ) -> Result<pb::SkillVersion, Status> {
     let write = write(request).map_err(Status::invalid_argument)?;
-    let version = kernel.manage_skill(caller, write, None).await?;
+    let version = kernel.skills().manage(caller, write, None).await?;
     Ok(version_pb(version))
 }
 
@@ -100,7 +102,8 @@ pub(super) async fn history(
     request: &pb::SkillHistoryRequest,
 ) -> Result<pb::SkillHistoryResponse, Status> {
     let versions = kernel
-        .skill_history(caller, &request.name, owner(request.owner), request.content)
+        .skills()
+        .history(caller, &request.name, owner(request.owner), request.content)
         .await?;
     Ok(pb::SkillHistoryResponse {
         versions: versions.into_iter().map(version_pb).collect(),

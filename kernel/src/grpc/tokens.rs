@@ -32,7 +32,7 @@ pub(super) async fn create(
         expires_in: (req.expires_in_seconds > 0)
             .then(|| Duration::from_secs(req.expires_in_seconds)),
     };
-    let (token, secret) = kernel.create_token(caller, new).await?;
+    let (token, secret) = kernel.tokens().create(caller, new).await?;
     Ok(pb::CreateTokenResponse {
         token: Some(operator_token(&token)),
         secret,
@@ -44,7 +44,7 @@ pub(super) fn list(
     caller: Caller,
     req: &pb::ListTokensRequest,
 ) -> Result<pb::ListTokensResponse, Status> {
-    let tokens = kernel.list_tokens(caller, req.all)?;
+    let tokens = kernel.tokens().list(caller, req.all)?;
     Ok(pb::ListTokensResponse {
         tokens: tokens.iter().map(operator_token).collect(),
     })
@@ -60,7 +60,9 @@ pub(super) async fn revoke(
             "token must name a token (its name or id)",
         ));
     }
-    Ok(operator_token(&kernel.revoke_token(caller, which).await?))
+    Ok(operator_token(
+        &kernel.tokens().revoke(caller, which).await?,
+    ))
 }
 
 fn operator_token(token: &OperatorToken) -> pb::OperatorToken {

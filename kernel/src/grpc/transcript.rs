@@ -130,7 +130,7 @@ pub(super) fn watch(
         if !catch_up(&reader, &tx, &stop, caller, pid, query, &mut last).await {
             return;
         }
-        if let Some((node, epoch)) = reader.recorded_elsewhere(pid).await {
+        if let Some((node, epoch)) = reader.transcripts().recorded_elsewhere(pid).await {
             follow_there(&reader, &tx, &stop, caller, pid, (&node, epoch), &mut last).await;
             return;
         }
@@ -156,7 +156,7 @@ pub(super) fn watch(
                     Err(RecvError::Closed) => return,
                 },
                 _ = check.tick() => {
-                    if reader.has_exited(pid) {
+                    if reader.transcripts().has_exited(pid) {
                         // What it recorded before it exited, then the end.
                         let _ = catch_up(&reader, &tx, &stop, caller, pid, query_after(last), &mut last).await;
                         return;
@@ -191,7 +191,7 @@ async fn follow_there(
             _ = poll.tick() => {}
         }
         // Asked before the read, so the read holds what it recorded last.
-        let recording = kernel.recording_there(pid, node, epoch).await;
+        let recording = kernel.transcripts().recording_there(pid, node, epoch).await;
         // Its new node numbers its entries afresh: nothing of it follows.
         if recording == Recording::Moved {
             return;
@@ -226,7 +226,7 @@ async fn catch_up(
     last: &mut u64,
 ) -> bool {
     loop {
-        let page = match kernel.transcript(caller, pid, query).await {
+        let page = match kernel.transcripts().read(caller, pid, query).await {
             Ok(page) => page,
             // Nothing kept of a process that is gone: nothing to send.
             Err(crate::KernelError::NotFound(_)) => return true,

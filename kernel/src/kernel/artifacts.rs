@@ -43,26 +43,42 @@ pub const MAX_LISTED_ARTIFACTS: usize = 1000;
 /// The content type of an artifact stored without one.
 pub const DEFAULT_CONTENT_TYPE: &str = "text/plain";
 
+/// Artifacts through the kernel ([`Kernel::artifacts`]): storing, reading,
+/// listing and deleting them as the caller may.
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactsHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's artifacts.
+    pub fn artifacts(&self) -> ArtifactsHandle<'_> {
+        ArtifactsHandle { kernel: self }
+    }
+}
+
+impl<'k> ArtifactsHandle<'k> {
     /// Stores `artifact` as `owner`'s (the caller when `None`; only the
     /// admin may name another process), replacing `owner`'s artifact of the
     /// same name; returns once committed. A refused store changes nothing.
-    pub async fn store_artifact(
-        &self,
+    pub async fn store(
+        self,
         caller: Caller,
         owner: Option<Pid>,
         artifact: NewArtifact,
     ) -> Result<ArtifactInfo> {
         let result = async {
-            self.require(caller, Capability::WriteArtifact, "store artifacts")?;
-            self.store_artifact_checked(caller, owner, artifact).await
+            self.kernel
+                .require(caller, Capability::WriteArtifact, "store artifacts")?;
+            self.store_checked(caller, owner, artifact).await
         };
-        self.report_denial(caller, "store_artifact", result.await)
+        self.kernel
+            .report_denial(caller, "store_artifact", result.await)
     }
 
-    /// [`Kernel::store_artifact`], once the caller holds the capability.
-    async fn store_artifact_checked(
-        &self,
+    /// [`ArtifactsHandle::store`], once the caller holds the capability.
+    async fn store_checked(
+        self,
         caller: Caller,
         owner: Option<Pid>,
         artifact: NewArtifact,
@@ -75,7 +91,7 @@ impl Kernel {
                 given.to_owned()
             }
         };
-        let limits = self.inner.settings().artifacts;
+        let limits = self.kernel.inner.settings().artifacts;
         let size = artifact.content.len() as u64;
         if size > limits.max_bytes {
             return Err(KernelError::LimitExceeded(format!(
@@ -93,15 +109,15 @@ impl Kernel {
             )));
         }
         let (owner_name, line) = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let entry = table.get(owner).ok_or(KernelError::NotFound(owner))?;
             let line = table.lineage(owner).ok_or(KernelError::NotFound(owner))?;
             (entry.proc.ctx.name.to_string(), lineage(&line))
         };
-        let quota = self.storage_quota(&line);
+        let quota = self.kernel.storage_quota(&line);
         let visibility = artifact.visibility.unwrap_or_default();
         let at_ms = unix_ms(SystemTime::now());
-        let id = ArtifactId(self.next_id());
+        let id = ArtifactId(self.kernel.next_id());
         let write = ArtifactWrite {
             id,
             owner,
@@ -137,7 +153,7 @@ impl Kernel {
     }
 
     /// An artifact the caller may read, with its content.
-    pub async fn get_artifact(&self, caller: Caller, id: ArtifactId) -> Result<Artifact> {
+    pub async fn get(self, caller: Caller, id: ArtifactId) -> Result<Artifact> {
         let store = self.artifact_store()?;
         let stored = store
             .artifact(id, true)
@@ -169,8 +185,8 @@ impl Kernel {
     /// The artifacts the caller may see, newest first, at most `limit`
     /// (and at most [`MAX_LISTED_ARTIFACTS`]); only `owner`'s when given.
     /// The admin sees every artifact, private ones included.
-    pub async fn list_artifacts(
-        &self,
+    pub async fn list(
+        self,
         caller: Caller,
         owner: Option<Pid>,
         limit: Option<usize>,
@@ -180,7 +196,7 @@ impl Kernel {
             Caller::Admin | Caller::Operator { .. } => Viewer::Admin,
             Caller::Process(pid) => Viewer::Process {
                 pid,
-                lineage: lineage(&self.lineage_of(pid)),
+                lineage: lineage(&self.kernel.lineage_of(pid)),
             },
         };
         let limit = limit
@@ -191,16 +207,18 @@ impl Kernel {
 
     /// Deletes an artifact: the admin any, a process one that it or a
     /// descendant of it owns (whatever its visibility).
-    pub async fn delete_artifact(&self, caller: Caller, id: ArtifactId) -> Result<()> {
+    pub async fn delete(self, caller: Caller, id: ArtifactId) -> Result<()> {
         let result = async {
-            self.require(caller, Capability::WriteArtifact, "delete artifacts")?;
-            self.delete_artifact_checked(caller, id).await
+            self.kernel
+                .require(caller, Capability::WriteArtifact, "delete artifacts")?;
+            self.delete_checked(caller, id).await
         };
-        self.report_denial(caller, "delete_artifact", result.await)
+        self.kernel
+            .report_denial(caller, "delete_artifact", result.await)
     }
 
-    /// [`Kernel::delete_artifact`], once the caller holds the capability.
-    async fn delete_artifact_checked(&self, caller: Caller, id: ArtifactId) -> Result<()> {
+    /// [`ArtifactsHandle::delete`], once the caller holds the capability.
+    async fn delete_checked(self, caller: Caller, id: ArtifactId) -> Result<()> {
         let store = self.artifact_store()?;
         let stored = store
             .artifact(id, false)
@@ -224,29 +242,20 @@ impl Kernel {
     }
 
     /// Whether process `pid` may read `stored` (see the module docs).
-    fn may_see(&self, pid: Pid, stored: &StoredArtifact) -> bool {
+    fn may_see(self, pid: Pid, stored: &StoredArtifact) -> bool {
         let owner = stored.info.owner;
         match stored.info.visibility {
             _ if owner == pid => true,
             Visibility::Global => true,
             Visibility::Subtree => {
-                in_lineage(&stored.lineage, pid) || self.lineage_of(pid).contains(&owner)
+                in_lineage(&stored.lineage, pid) || self.kernel.lineage_of(pid).contains(&owner)
             }
             Visibility::User | Visibility::Private => false,
         }
     }
 
-    /// `pid`'s line from PID 1; just `pid` when it is gone from the table.
-    pub(super) fn lineage_of(&self, pid: Pid) -> Vec<Pid> {
-        self.inner
-            .table()
-            .read()
-            .lineage(pid)
-            .unwrap_or_else(|| vec![pid])
-    }
-
-    fn artifact_store(&self) -> Result<&Store> {
-        self.durable_store("artifacts")
+    fn artifact_store(self) -> Result<&'k Store> {
+        self.kernel.durable_store("artifacts")
     }
 }
 

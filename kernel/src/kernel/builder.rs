@@ -178,7 +178,7 @@ impl KernelBuilder {
     /// under a paused tokio clock) that run one kernel after another in the
     /// same process: the second then sees the slots the first saw pass.
     pub fn cron_clock_of(mut self, earlier: &Kernel) -> Self {
-        self.cron_anchor = Some(earlier.cron_clock_anchor());
+        self.cron_anchor = Some(earlier.cron().clock_anchor());
         self
     }
 
@@ -242,7 +242,7 @@ impl KernelBuilder {
             cluster,
             skills,
         });
-        kernel.start_mcp();
+        kernel.mcp().start();
         kernel.serve_cluster();
         // What comes back may sit under a parent on another node, or have
         // children there: read the cluster's tree first.
@@ -256,7 +256,7 @@ impl KernelBuilder {
             );
         }
         if recovered.is_some() {
-            kernel.reclaim_exec_orphans();
+            kernel.exec().reclaim_orphans();
         }
         let mut pids = Vec::with_capacity(agents.len());
         let mut here = Vec::with_capacity(agents.len());
@@ -297,15 +297,15 @@ impl KernelBuilder {
             .flat_map(|(agent, pid)| cron::declared(*pid, &agent.cron))
             .collect();
         let cron_problems = if durable || !declared_cron.is_empty() {
-            kernel.start_cron(stored_cron, declared_cron).await
+            kernel.cron().start(stored_cron, declared_cron).await
         } else {
             Vec::new()
         };
-        kernel.cron_started();
+        kernel.cron().started();
         // A config agent this node claimed from a node that is gone (or
         // that released it) brings the API entries aimed at it; its own
         // from before are in the store, and stay as they are.
-        kernel.take_crons(&pids).await;
+        kernel.cron().take(&pids).await;
         // After the cron's start, which would otherwise replace the entries
         // of an agent taken over meanwhile.
         kernel.keep_declared(agents);

@@ -231,7 +231,7 @@ impl Kernel {
         drop(others);
         infos
             .into_iter()
-            .map(|info| info.map(|info| self.with_log_path(info)))
+            .map(|info| info.map(|info| self.exec().with_log_path(info)))
             .collect()
     }
 }
@@ -514,12 +514,12 @@ impl Kernel {
             } => held(self.kill_here(Caller::Admin, pid, &reason, orphaned).await),
             // An operator's, checked by the asking node.
             Op::CronAdd { spec } => {
-                let added = self.add_cron_checked(Caller::Admin, *spec).await;
-                held(added.map(|info| self.on_this_node(info)))
+                let added = self.cron().add_checked(Caller::Admin, *spec).await;
+                held(added.map(|info| self.cron().on_this_node(info)))
             }
-            Op::CronList => held::<Vec<CronInfo>>(Ok(self.cron_here(Caller::Admin))),
+            Op::CronList => held::<Vec<CronInfo>>(Ok(self.cron().here(Caller::Admin))),
             Op::Cron { name, change } => {
-                held(self.change_cron_here(Caller::Admin, &name, change).await)
+                held(self.cron().change_here(Caller::Admin, &name, change).await)
             }
             Op::Lend {
                 parent,
@@ -600,15 +600,18 @@ impl Kernel {
             } => held(self.adopt(lost, epoch, members).await),
             Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
             // Read here only: a forwarded read is never forwarded again.
-            Op::Transcript { pid, query } => {
-                held(self.transcript_here(Caller::Admin, pid, query).await)
-            }
+            Op::Transcript { pid, query } => held(
+                self.transcripts()
+                    .read_here(Caller::Admin, pid, query)
+                    .await,
+            ),
             Op::ExecLog {
                 pid,
                 from,
                 max_bytes,
             } => held(
-                self.exec_log_here(Caller::Admin, pid, from, max_bytes)
+                self.exec()
+                    .log_here(Caller::Admin, pid, from, max_bytes)
                     .await,
             ),
         }

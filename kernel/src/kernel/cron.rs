@@ -13,12 +13,17 @@
 //! default) a slot that comes while the previous run is still going is
 //! recorded as skipped.
 //!
+//! The kernel's cron is reached through [`Kernel::cron`], a handle whose
+//! methods are cron's whole API; its state ([`Cron`]) is private to this
+//! module.
+//!
 //! Layout: `schedule` (the entries and the timer
 //! task), `run` (the actions), `elsewhere` (entries on other nodes).
 
 use hivekernel_agents::Pid;
 
 use crate::crontab;
+use crate::kernel::Kernel;
 
 mod elsewhere;
 mod run;
@@ -31,9 +36,24 @@ pub use run::CRON_MESSAGE;
 pub(crate) use schedule::Cron;
 pub use schedule::{MAX_CRON_NAME_BYTES, MAX_CRON_PER_PROCESS};
 
+/// Cron through the kernel ([`Kernel::cron`]): adding, changing, listing
+/// and running entries, and what the kernel's start, reloads and moves of
+/// processes ask of it.
+#[derive(Debug, Clone, Copy)]
+pub struct CronHandle<'k> {
+    kernel: &'k Kernel,
+}
+
+impl Kernel {
+    /// The kernel's cron.
+    pub fn cron(&self) -> CronHandle<'_> {
+        CronHandle { kernel: self }
+    }
+}
+
 /// The first time `expression` fires strictly after `after_ms` (Unix ms),
 /// `None` when it never fires again; or why the expression is refused, as
-/// the config check and `add_cron` say it.
+/// the config check and [`CronHandle::add`] say it.
 pub fn next_fire(expression: &str, after_ms: u64) -> Result<Option<u64>, String> {
     crontab::parse(expression).map(|schedule| crontab::next_after(&schedule, after_ms))
 }

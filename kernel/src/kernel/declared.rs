@@ -159,7 +159,7 @@ impl Kernel {
     /// node runs.
     async fn stand_down(&self, name: &str, pid: Pid) {
         tracing::warn!(%pid, agent = name, "config agent runs on another node; this node's copy stops");
-        self.forget_cron(pid);
+        self.cron().forget(pid);
         // Its queued messages are the other copy's: left in the stream.
         if let Some(cluster) = self.inner.cluster() {
             cluster.leave_mail_of(pid);
@@ -294,9 +294,9 @@ impl Kernel {
                     }
                 }
                 self.deliver_letters(letters);
-                self.adopt_cron(pid, &agent.cron).await;
+                self.cron().adopt(pid, &agent.cron).await;
                 // And the API entries aimed at it, from its last node.
-                self.take_crons(&[pid]).await;
+                self.cron().take(&[pid]).await;
             }
             // Claimed but not running: it stays this node's until this node
             // goes, as an agent that exited for good under its supervisor does.

@@ -37,21 +37,36 @@ pub struct LogChunk {
     pub size: u64,
 }
 
+/// `exec` agents through the kernel ([`Kernel::exec`]): attaching,
+/// acknowledging, answering tasks, their logs, and launching and stopping their
+/// OS processes.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
-    fn exec_runtime(&self) -> Result<&Arc<ExecRuntime>> {
-        self.inner.runtimes().exec().ok_or_else(|| {
+    /// The kernel's `exec` agents.
+    pub fn exec(&self) -> ExecHandle<'_> {
+        ExecHandle { kernel: self }
+    }
+}
+
+impl<'k> ExecHandle<'k> {
+    fn runtime(self) -> Result<&'k Arc<ExecRuntime>> {
+        self.kernel.inner.runtimes().exec().ok_or_else(|| {
             KernelError::FailedPrecondition("this kernel has no exec runtime".into())
         })
     }
 
     /// The exec process `caller` is, refusing anyone else.
-    fn exec_caller(&self, caller: Caller, what: &str) -> Result<Arc<ExecProc>> {
+    fn caller(self, caller: Caller, what: &str) -> Result<Arc<ExecProc>> {
         let Caller::Process(pid) = caller else {
             return Err(KernelError::PermissionDenied(format!(
                 "only an exec process's own token may {what}; the admin token acts as the kernel"
             )));
         };
-        self.exec_runtime()?.get(pid).ok_or_else(|| {
+        self.runtime()?.get(pid).ok_or_else(|| {
             KernelError::FailedPrecondition(format!("process {pid} is not a running exec process"))
         })
     }
@@ -59,8 +74,8 @@ impl Kernel {
     /// Opens the attach stream of `pid` for `caller`, which must be that
     /// process. A newer stream replaces an older one. With `auto_ack`, a
     /// message is done with once it is on the stream; without, once
-    /// [`Kernel::ack_messages`] says so.
-    pub fn attach(&self, caller: Caller, pid: Pid, auto_ack: bool) -> Result<Attached> {
+    /// [`ExecHandle::ack_messages`] says so.
+    pub fn attach(self, caller: Caller, pid: Pid, auto_ack: bool) -> Result<Attached> {
         if let Caller::Process(me) = caller
             && me != pid
         {
@@ -68,7 +83,7 @@ impl Kernel {
                 "process {me} may only attach to itself, not to {pid}"
             )));
         }
-        let proc = self.exec_caller(caller, "attach")?;
+        let proc = self.caller(caller, "attach")?;
         Ok(proc.attach(auto_ack))
     }
 
@@ -76,21 +91,21 @@ impl Kernel {
     /// is done with, and leaves the store. Returns how many were waiting for
     /// an acknowledgement; the others (acknowledged already, not the
     /// caller's) are ignored.
-    pub fn ack_messages(&self, caller: Caller, ids: &[MessageId]) -> Result<u32> {
+    pub fn ack_messages(self, caller: Caller, ids: &[MessageId]) -> Result<u32> {
         if ids.len() > MAX_ACKS {
             return Err(KernelError::InvalidArgument(format!(
                 "message_ids has {} entries, at most {MAX_ACKS}",
                 ids.len()
             )));
         }
-        let proc = self.exec_caller(caller, "acknowledge messages")?;
+        let proc = self.caller(caller, "acknowledge messages")?;
         let acknowledged = ids.iter().filter(|id| proc.acknowledge(**id)).count();
         Ok(acknowledged as u32)
     }
 
     /// Answers task `request_id` of `caller`, an exec process.
     pub fn complete_task(
-        &self,
+        self,
         caller: Caller,
         request_id: RequestId,
         reply: TaskReply,
@@ -99,8 +114,12 @@ impl Kernel {
             Ok(output) => ("output", output),
             Err(error) => ("error", error),
         };
-        self.inner.settings().limits.check_payload(field, text)?;
-        let proc = self.exec_caller(caller, "answer its tasks")?;
+        self.kernel
+            .inner
+            .settings()
+            .limits
+            .check_payload(field, text)?;
+        let proc = self.caller(caller, "answer its tasks")?;
         if proc.complete(request_id, reply) {
             Ok(())
         } else {
@@ -113,11 +132,11 @@ impl Kernel {
 
     /// Fills in the log path of an `exec` process.
     pub(crate) fn with_log_path(
-        &self,
+        self,
         mut info: hivekernel_agents::ProcessInfo,
     ) -> hivekernel_agents::ProcessInfo {
         if info.runtime == EXEC_RUNTIME {
-            let path = log_path(&self.inner.settings().data_dir, info.pid, &info.name);
+            let path = log_path(&self.kernel.inner.settings().data_dir, info.pid, &info.name);
             // Absolute, so it means the same to a client in any directory.
             let path = std::path::absolute(&path).unwrap_or(path);
             info.log_path = Some(path.display().to_string());
@@ -132,15 +151,15 @@ impl Kernel {
     /// starts at the beginning again. The same readers as the transcript:
     /// a process reads its own and its descendants'. The log of a process
     /// another node of a cluster holds is read there (`exec_log`).
-    pub async fn exec_log(
-        &self,
+    pub async fn log(
+        self,
         caller: Caller,
         pid: Pid,
         from: Option<u64>,
         max_bytes: u64,
     ) -> Result<LogChunk> {
-        if self.inner.table().read().get(pid).is_none()
-            && let Some(node) = self.holding(caller, pid, "read the log of").await?
+        if self.kernel.inner.table().read().get(pid).is_none()
+            && let Some(node) = self.kernel.holding(caller, pid, "read the log of").await?
         {
             let max_bytes = match max_bytes {
                 0 => DEFAULT_LOG_READ,
@@ -152,25 +171,29 @@ impl Kernel {
                 from,
                 max_bytes,
             };
-            return self.forward(&node, op, FORWARDED_SEND).await;
+            return self.kernel.forward(&node, op, FORWARDED_SEND).await;
         }
-        self.exec_log_here(caller, pid, from, max_bytes).await
+        self.log_here(caller, pid, from, max_bytes).await
     }
 
-    /// [`Kernel::exec_log`] of a process this node holds, never asking
+    /// [`ExecHandle::log`] of a process this node holds, never asking
     /// another (what a node answers another's `exec_log` with).
-    pub(super) async fn exec_log_here(
-        &self,
+    pub(super) async fn log_here(
+        self,
         caller: Caller,
         pid: Pid,
         from: Option<u64>,
         max_bytes: u64,
     ) -> Result<LogChunk> {
         // Its log file is on the disk of the node holding it.
-        if !self.may_read_own(caller, pid, super::transcript::Record::Log)? {
+        if !self
+            .kernel
+            .transcripts()
+            .may_read_own(caller, pid, super::transcript::Record::Log)?
+        {
             return Err(KernelError::NotFound(pid));
         }
-        let info = self.get_process(caller, pid).await?;
+        let info = self.kernel.get_process(caller, pid).await?;
         let Some(path) = info.log_path else {
             return Err(KernelError::InvalidArgument(format!(
                 "process {pid} runs {} rather than exec: it has no log file (its transcript \
@@ -190,11 +213,11 @@ impl Kernel {
     /// Ends the OS processes a kernel before this one on the same data
     /// directory left running when it was killed (see
     /// [`crate::exec::reclaim_orphans`]); before any exec process starts.
-    pub(crate) fn reclaim_exec_orphans(&self) {
-        if self.inner.runtimes().exec().is_none() {
+    pub(crate) fn reclaim_orphans(self) {
+        if self.kernel.inner.runtimes().exec().is_none() {
             return;
         }
-        let logs = self.inner.settings().data_dir.join("logs");
+        let logs = self.kernel.inner.settings().data_dir.join("logs");
         let groups = crate::exec::reclaim_orphans(&logs);
         if groups > 0 {
             tracing::warn!(
@@ -205,26 +228,26 @@ impl Kernel {
     }
 
     /// Ends the OS processes of the exec processes among `pids` (see [`ExecRuntime::stop`]).
-    pub(crate) async fn stop_exec(&self, pids: impl Iterator<Item = Pid>) {
-        if let Some(exec) = self.inner.runtimes().exec() {
+    pub(crate) async fn stop(self, pids: impl Iterator<Item = Pid>) {
+        if let Some(exec) = self.kernel.inner.runtimes().exec() {
             exec.stop(pids).await;
         }
     }
 
     /// The next start of exec process `pid`'s OS process, at its restart;
     /// `None` when it is not an exec process.
-    pub(crate) fn relaunch_exec(&self, pid: Pid) -> Option<Launch> {
-        self.inner.runtimes().exec()?.relaunch(pid)
+    pub(crate) fn relaunch(self, pid: Pid) -> Option<Launch> {
+        self.kernel.inner.runtimes().exec()?.relaunch(pid)
     }
 
     /// Starts the OS process of a process just spawned or restarted; if it
     /// cannot start, the process exits with [`EXIT_CANNOT_START`] and the
     /// reason, and its restart policy decides what follows.
-    pub(crate) async fn launch_exec(&self, launch: Launch) {
+    pub(crate) async fn launch(self, launch: Launch) {
         let (pid, generation) = (launch.proc.pid, launch.generation);
-        let grace = Duration::from_millis(self.settings().shutdown_grace_ms);
+        let grace = Duration::from_millis(self.kernel.settings().shutdown_grace_ms);
         // Holds the kernel weakly, like a runner: a process never keeps it alive.
-        let kernel = self.downgrade();
+        let kernel = self.kernel.downgrade();
         let on_exit: OnExit = Box::new(move |code, reason| {
             Box::pin(async move {
                 if let Some(inner) = kernel.upgrade() {
@@ -234,22 +257,23 @@ impl Kernel {
                 }
             })
         });
-        if let Err(why) = launch.start(self.tracker(), grace, on_exit) {
+        if let Err(why) = launch.start(self.kernel.tracker(), grace, on_exit) {
             tracing::warn!(%pid, reason = %why, "exec process did not start");
             if launch.failed() {
-                self.exit_exec(pid, generation, EXIT_CANNOT_START, why)
+                self.kernel
+                    .exit_exec(pid, generation, EXIT_CANNOT_START, why)
                     .await;
             }
             return;
         }
         // Its new token's digest, in its listing, so every node honours it.
-        if let Some(cluster) = self.inner.cluster() {
+        if let Some(cluster) = self.kernel.inner.cluster() {
             drop(cluster.publish(pid));
         }
     }
 }
 
-/// What [`Kernel::exec_log`] reads; a log not written yet is empty.
+/// What [`ExecHandle::log`] reads; a log not written yet is empty.
 fn read_log(path: &std::path::Path, from: Option<u64>, max: u64) -> Result<LogChunk> {
     use std::io::{Read, Seek, SeekFrom};
     let mut file = match std::fs::File::open(path) {

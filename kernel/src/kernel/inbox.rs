@@ -32,6 +32,21 @@ pub const MAX_SHOWN_ARGUMENTS: usize = 2048;
 /// Most bytes of a question, a note, a reason or an answer.
 pub const MAX_INBOX_TEXT: usize = 8192;
 
+/// The inbox through the kernel ([`Kernel::inbox`]): asking a person and
+/// waiting, resolving, listing and watching requests, and what a restart
+/// files again or withdraws.
+#[derive(Debug, Clone, Copy)]
+pub struct InboxHandle<'k> {
+    kernel: &'k Kernel,
+}
+
+impl Kernel {
+    /// The kernel's inbox.
+    pub fn inbox(&self) -> InboxHandle<'_> {
+        InboxHandle { kernel: self }
+    }
+}
+
 /// Withdraws a request when the wait for it ends early (the asking task
 /// dropped: its process killed). A kernel that is stopping keeps it, for
 /// the next start to resume.
@@ -46,6 +61,7 @@ impl Drop for Withdraw<'_> {
         if self.armed && !self.kernel.is_stopping() {
             let _ = self
                 .kernel
+                .inbox()
                 .settle(self.id, Decision::Withdrawn, "kernel".into());
         }
     }
@@ -76,20 +92,20 @@ enum TakenUp {
     Gone,
 }
 
-impl Kernel {
+impl InboxHandle<'_> {
     /// Files `ask` for `pid` and waits for its resolution: a person's, or
     /// the timeout's after `timeout`. `checkpoint` is the waiting turn's,
     /// kept with the request so a restart can resume the turn; a resumed
     /// turn's first call takes up the request it waited for instead.
-    pub(crate) async fn ask_person(
-        &self,
+    pub(crate) async fn ask(
+        self,
         pid: Pid,
         ask: Ask,
         timeout: Duration,
         on_timeout: OnTimeout,
         checkpoint: Option<String>,
     ) -> Result<Resolution> {
-        self.check_running()?;
+        self.kernel.check_running()?;
         if let Ask::Question { question, choices } = &ask {
             let longest = choices.iter().map(String::len).max().unwrap_or(0);
             if question.len().max(longest) > MAX_INBOX_TEXT {
@@ -99,7 +115,7 @@ impl Kernel {
             }
         }
         let (proc, name) = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             (entry.proc.clone(), entry.proc.ctx.name.to_string())
         };
@@ -113,7 +129,7 @@ impl Kernel {
             TakenUp::Gone => {
                 let now = unix_ms(SystemTime::now());
                 let request = InboxRequest {
-                    id: self.next_id(),
+                    id: self.kernel.next_id(),
                     pid,
                     name,
                     ask,
@@ -124,7 +140,7 @@ impl Kernel {
                     trace: crate::trace::current_id(),
                     asked_under: crate::trace::approvals().to_vec(),
                 };
-                self.file_request(request, checkpoint).await
+                self.file(request, checkpoint).await
             }
         };
         let left = request
@@ -132,7 +148,7 @@ impl Kernel {
             .saturating_sub(unix_ms(SystemTime::now()));
         let _waiting = CountGuard::enter(&proc.waiting);
         let mut withdraw = Withdraw {
-            kernel: self,
+            kernel: self.kernel,
             id: request.id,
             armed: true,
         };
@@ -157,8 +173,8 @@ impl Kernel {
 
     /// Keeps `request` in the store with the waiting turn's `checkpoint`,
     /// then files it, with its event.
-    async fn file_request(
-        &self,
+    async fn file(
+        self,
         request: InboxRequest,
         checkpoint: Option<String>,
     ) -> (Arc<InboxRequest>, oneshot::Receiver<Resolution>) {
@@ -167,7 +183,7 @@ impl Kernel {
         // the row must not outlive the wait, or a restart would resume a
         // turn that already ended.
         let mut unfiled = Unfiled {
-            kernel: self,
+            kernel: self.kernel,
             id,
             armed: true,
         };
@@ -183,6 +199,7 @@ impl Kernel {
                 // Kept before anyone can see it, so a resolution never
                 // reaches the store ahead of the request.
                 if let Err(err) = self
+                    .kernel
                     .inner
                     .store()
                     .commit(Write::InboxPut(Box::new(row)))
@@ -201,8 +218,8 @@ impl Kernel {
             Ask::Question { question, .. } => (None, question.clone()),
         };
         let (kind, deadline_ms) = (request.ask.kind().to_owned(), request.deadline_ms);
-        let filed = self.inner.inbox().ask(request);
-        self.inner.events().emit(
+        let filed = self.kernel.inner.inbox().ask(request);
+        self.kernel.inner.events().emit(
             pid,
             EventKind::ApprovalRequested {
                 id,
@@ -212,7 +229,7 @@ impl Kernel {
                 deadline_ms,
             },
         );
-        if let Some(notifier) = self.inner.notifier() {
+        if let Some(notifier) = self.kernel.inner.notifier() {
             let body = serde_json::json!({ "type": "inbox_request", "request": &*filed.0 });
             if let Err(failed) = notifier.notify(id, pid, body) {
                 let kind = EventKind::NotifyFailed {
@@ -220,7 +237,7 @@ impl Kernel {
                     error: failed.error,
                     attempts: failed.attempts,
                 };
-                self.inner.events().emit(pid, kind);
+                self.kernel.inner.events().emit(pid, kind);
             }
         }
         filed
@@ -229,14 +246,14 @@ impl Kernel {
     /// A resumed turn takes up request `id`, pending since before a
     /// restart, when it asks exactly the same again (a decision is never
     /// applied to a call nobody saw); withdrawn otherwise.
-    fn take_up(&self, id: u64, ask: &Ask) -> TakenUp {
-        match self.inner.inbox().take_up(id) {
+    fn take_up(self, id: u64, ask: &Ask) -> TakenUp {
+        match self.kernel.inner.inbox().take_up(id) {
             Some((request, Ok(answer))) if request.ask == *ask => TakenUp::Waiting(request, answer),
             Some((request, Err(resolution))) if request.ask == *ask => {
                 TakenUp::Resolved((*resolution).clone())
             }
             Some((_, Ok(_))) => {
-                self.withdraw_request(id, "kernel");
+                self.withdraw(id, "kernel");
                 TakenUp::Gone
             }
             Some((_, Err(_))) | None => TakenUp::Gone,
@@ -245,20 +262,20 @@ impl Kernel {
 
     /// Files again a request kept from before a restart, for its resumed
     /// turn to take up.
-    pub(crate) fn refile_request(&self, request: InboxRequest) {
-        self.inner.inbox().refile(request);
+    pub(crate) fn refile(self, request: InboxRequest) {
+        self.kernel.inner.inbox().refile(request);
     }
 
     /// Withdraws request `id` when nobody waits for it any more (a resumed
     /// turn that ended without taking it up, a process that did not come
     /// back), as `by` says.
-    pub(crate) fn withdraw_request(&self, id: u64, by: &str) {
+    pub(crate) fn withdraw(self, id: u64, by: &str) {
         let _ = self.settle(id, Decision::Withdrawn, by.to_owned());
     }
 
     /// Resolves `id` as `decision` by `by`, with its event.
     fn settle(
-        &self,
+        self,
         id: u64,
         decision: Decision,
         by: String,
@@ -269,9 +286,9 @@ impl Kernel {
             by,
             at_ms: unix_ms(SystemTime::now()),
         };
-        let request = self.inner.inbox().resolve(id, resolution.clone())?;
-        self.inner.store().submit(Write::InboxDone(id));
-        self.inner.events().emit(
+        let request = self.kernel.inner.inbox().resolve(id, resolution.clone())?;
+        self.kernel.inner.store().submit(Write::InboxDone(id));
+        self.kernel.inner.events().emit(
             request.pid,
             EventKind::ApprovalResolved {
                 id,
@@ -287,13 +304,14 @@ impl Kernel {
     /// approval, answer or deny a question. The admin and operate-scope
     /// tokens may resolve any; a process only its descendants', holding
     /// `approve_requests`.
-    pub async fn resolve_request(
-        &self,
+    pub async fn resolve(
+        self,
         caller: Caller,
         id: u64,
         decision: Decision,
     ) -> Result<Arc<InboxRequest>> {
         let request = self
+            .kernel
             .inner
             .inbox()
             .get(id)
@@ -344,15 +362,20 @@ impl Kernel {
     }
 
     /// Refuses `caller` a resolution of `request` it may not make.
-    fn may_resolve(&self, caller: Caller, request: &InboxRequest) -> Result<()> {
+    fn may_resolve(self, caller: Caller, request: &InboxRequest) -> Result<()> {
         let checked = match caller {
             Caller::Process(me) => {
-                self.require(
+                self.kernel.require(
                     caller,
                     Capability::ApproveRequests,
                     "resolve inbox requests",
                 )?;
-                let below = self.inner.table().read().is_ancestor(me, request.pid);
+                let below = self
+                    .kernel
+                    .inner
+                    .table()
+                    .read()
+                    .is_ancestor(me, request.pid);
                 if below {
                     Ok(())
                 } else {
@@ -368,41 +391,45 @@ impl Kernel {
             )),
             _ => Ok(()),
         };
-        self.report_denial(caller, "resolve_request", checked)
+        self.kernel
+            .report_denial(caller, "resolve_request", checked)
     }
 
     /// The pending requests `caller` may see, oldest first: every one for
     /// the admin and operator tokens; a process's own and its descendants'.
-    pub fn inbox(&self, caller: Caller) -> Vec<Arc<InboxRequest>> {
-        let pending = self.inner.inbox().pending();
-        self.visible_requests(caller, pending)
+    pub fn pending(self, caller: Caller) -> Vec<Arc<InboxRequest>> {
+        let pending = self.kernel.inner.inbox().pending();
+        self.visible(caller, pending)
     }
 
     /// The requests `caller` may see now, and every change after them.
-    pub fn watch_inbox(
-        &self,
-        caller: Caller,
-    ) -> (Vec<Arc<InboxRequest>>, broadcast::Receiver<Change>) {
-        let (pending, changes) = self.inner.inbox().watch();
-        (self.visible_requests(caller, pending), changes)
+    pub fn watch(self, caller: Caller) -> (Vec<Arc<InboxRequest>>, broadcast::Receiver<Change>) {
+        let (pending, changes) = self.kernel.inner.inbox().watch();
+        (self.visible(caller, pending), changes)
     }
 
     /// Whether `caller` may see `request`.
-    pub fn sees_request(&self, caller: Caller, request: &InboxRequest) -> bool {
+    pub fn sees(self, caller: Caller, request: &InboxRequest) -> bool {
         match caller {
             Caller::Process(me) => {
-                me == request.pid || self.inner.table().read().is_ancestor(me, request.pid)
+                me == request.pid
+                    || self
+                        .kernel
+                        .inner
+                        .table()
+                        .read()
+                        .is_ancestor(me, request.pid)
             }
             _ => true,
         }
     }
 
-    fn visible_requests(
-        &self,
+    fn visible(
+        self,
         caller: Caller,
         mut requests: Vec<Arc<InboxRequest>>,
     ) -> Vec<Arc<InboxRequest>> {
-        requests.retain(|request| self.sees_request(caller, request));
+        requests.retain(|request| self.sees(caller, request));
         requests
     }
 }

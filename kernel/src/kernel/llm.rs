@@ -21,20 +21,34 @@ use crate::store::usage::{UsageBy, UsageRow};
 use crate::store::{BucketKind, Write};
 use crate::transcript::EntryKind as TranscriptKind;
 
+/// Model calls through the kernel ([`Kernel::llm`]): a process's chat requests,
+/// what they cost and are charged, and the usage report.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's model calls.
+    pub fn llm(&self) -> LlmHandle<'_> {
+        LlmHandle { kernel: self }
+    }
+}
+
+impl LlmHandle<'_> {
     /// One model call for process `pid`; its usage is recorded against `pid`.
     pub(crate) async fn chat(
-        &self,
+        self,
         pid: Pid,
         request: &ChatRequest,
     ) -> Result<ChatResponse, LlmError> {
-        let Some(llm) = self.inner.llm() else {
+        let Some(llm) = self.kernel.inner.llm() else {
             return Err(LlmError::Refused(
                 "this kernel has no model provider configured".into(),
             ));
         };
         let proc = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             match table.get(pid) {
                 Some(entry) if entry.is_alive() => entry.proc.clone(),
                 _ => {
@@ -43,17 +57,19 @@ impl Kernel {
             }
         };
         let refused = |err: KernelError| {
-            self.report(Caller::Process(pid), "llm_call", &err);
+            self.kernel.report(Caller::Process(pid), "llm_call", &err);
             match err {
                 KernelError::BudgetExceeded(why) => LlmError::BudgetExceeded(why),
                 other => LlmError::Refused(other.to_string()),
             }
         };
-        self.still_acting(&proc)
+        self.kernel
+            .still_acting(&proc)
             .await
             .map_err(|err| LlmError::Refused(err.to_string()))?;
         // The turn acts from here: its message leaves the cluster's stream.
-        self.hand_over_turn(pid)
+        self.kernel
+            .hand_over_turn(pid)
             .await
             .map_err(|err| LlmError::Refused(err.to_string()))?;
         let what = format!("process {pid} may not call a model now");
@@ -61,7 +77,7 @@ impl Kernel {
             .usage
             .take_llm_call(proc.limits.llm_calls_per_minute, &what)
             .map_err(refused)?;
-        self.keep_bucket(pid, BucketKind::LlmCalls, level);
+        self.kernel.keep_bucket(pid, BucketKind::LlmCalls, level);
         let left = proc.budget.as_ref().map(|pool| pool.check(pid));
         // The answer may not take more than is left.
         let capped = left
@@ -74,7 +90,7 @@ impl Kernel {
                 ..request.clone()
             });
         let request = capped.as_ref().unwrap_or(request);
-        let transcripts = self.inner.transcripts();
+        let transcripts = self.kernel.inner.transcripts();
         let estimated = hivekernel_agents::llm::estimate_request_tokens(request);
         let calibrated = estimated as f64 * self.token_ratio_of(&proc.ctx.model);
         transcripts.record_request(
@@ -84,11 +100,11 @@ impl Kernel {
             calibrated.round() as u64,
             &request.messages,
         );
-        let traces = self.inner.traces();
+        let traces = self.kernel.inner.traces();
         let mut span = traces
             .map(|traces| traces.chat(crate::trace::current(), llm.name(), request, pid))
             .unwrap_or_default();
-        let call = Call::new(self, pid, proc.ctx.model.clone());
+        let call = Call::new(self.kernel, pid, proc.ctx.model.clone());
         let answer = llm.call(request, &call).await;
         let (started, attempts) = call.end();
         if let Some(traces) = traces {
@@ -111,7 +127,7 @@ impl Kernel {
         } else {
             (0, None)
         };
-        if let Some(metrics) = self.inner.metrics() {
+        if let Some(metrics) = self.kernel.inner.metrics() {
             metrics.llm_call(
                 &proc.ctx.model,
                 proc.ctx.role,
@@ -121,7 +137,7 @@ impl Kernel {
                 answer.is_ok(),
             );
         }
-        self.inner.events().emit(
+        self.kernel.inner.events().emit(
             pid,
             EventKind::LlmCall {
                 model: proc.ctx.model.clone(),
@@ -166,17 +182,22 @@ impl Kernel {
 
     /// Learns how the server counts `model`'s tokens from a request it
     /// counted as `counted` prompt tokens, keeping the ratio when it moved.
-    fn calibrate(&self, model: &str, estimated: u64, counted: u64) {
-        let settings = self.inner.settings();
+    fn calibrate(self, model: &str, estimated: u64, counted: u64) {
+        let settings = self.kernel.inner.settings();
         let served = settings.models.served(model);
-        if let Some(ratio) = self.inner.calibration().observe(served, estimated, counted) {
+        if let Some(ratio) = self
+            .kernel
+            .inner
+            .calibration()
+            .observe(served, estimated, counted)
+        {
             tracing::debug!(
                 model = served,
                 ratio = ratio.ratio,
                 samples = ratio.samples,
                 "token estimate calibrated"
             );
-            self.inner.store().submit(Write::TokenRatio {
+            self.kernel.inner.store().submit(Write::TokenRatio {
                 model: served.to_owned(),
                 ratio,
             });
@@ -185,9 +206,9 @@ impl Kernel {
 
     /// Server tokens per estimated token for `pid`'s model (1 when not
     /// learned yet, or `pid` is gone).
-    pub(crate) fn token_ratio(&self, pid: Pid) -> f64 {
+    pub(crate) fn token_ratio(self, pid: Pid) -> f64 {
         let model = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             match table.get(pid) {
                 Some(entry) => entry.proc.ctx.model.clone(),
                 None => return 1.0,
@@ -197,9 +218,10 @@ impl Kernel {
     }
 
     /// Server tokens per estimated token for logical `model`.
-    fn token_ratio_of(&self, model: &str) -> f64 {
-        let settings = self.inner.settings();
-        self.inner
+    fn token_ratio_of(self, model: &str) -> f64 {
+        let settings = self.kernel.inner.settings();
+        self.kernel
+            .inner
             .calibration()
             .ratio(settings.models.served(model))
     }
@@ -208,7 +230,7 @@ impl Kernel {
     /// (`YYYY-MM-DD`; none: all kept). The operator's: a process may not
     /// read what the whole kernel spends.
     pub async fn usage_report(
-        &self,
+        self,
         caller: Caller,
         by: UsageBy,
         since: Option<String>,
@@ -226,19 +248,19 @@ impl Kernel {
                 hivekernel_agents::text::shown(day)
             )));
         }
-        let store = self.durable_store("usage over time")?;
+        let store = self.kernel.durable_store("usage over time")?;
         Ok(store.usage_report(by, since).await?)
     }
 
     /// Records a tool call `pid`'s runtime made, as a `tool_call` event
     /// and in its transcript.
-    pub(crate) fn tool_called(&self, pid: Pid, report: ToolCallReport) {
-        if let Some(traces) = self.inner.traces() {
+    pub(crate) fn tool_called(self, pid: Pid, report: ToolCallReport) {
+        if let Some(traces) = self.kernel.inner.traces() {
             traces.tool_called(crate::trace::current(), pid, &report);
         }
         let ok = report.error.is_none();
         let duration_ms = u64::try_from(report.duration.as_millis()).unwrap_or(u64::MAX);
-        self.inner.transcripts().record(
+        self.kernel.inner.transcripts().record(
             pid,
             TranscriptKind::ToolResult {
                 call_id: report.call_id,
@@ -254,31 +276,31 @@ impl Kernel {
             duration_ms,
             error: report.error.map(|error| cut(error, EVENT_ERROR_BYTES)),
         };
-        self.inner.events().emit(pid, kind);
+        self.kernel.inner.events().emit(pid, kind);
     }
 
     /// Adds what `pid`'s runtime records to its transcript.
-    pub(crate) fn record(&self, pid: Pid, record: TurnRecord) {
+    pub(crate) fn record(self, pid: Pid, record: TurnRecord) {
         let kind = match record {
             TurnRecord::Input { source, text } => TranscriptKind::Input { source, text },
             TurnRecord::Answer(text) => TranscriptKind::Answer { text },
             TurnRecord::Failed(error) => TranscriptKind::Failed { error },
         };
-        self.inner.transcripts().record(pid, kind);
+        self.kernel.inner.transcripts().record(pid, kind);
     }
 
     /// Counts one call's usage for the process, its budget and its ancestors'
     /// subtrees, and queues it for the store in one transaction; answers the
     /// call's cost and, with a store, the commit to wait for.
     fn charge(
-        &self,
+        self,
         proc: &ProcShared,
         usage: Usage,
     ) -> (
         u64,
         Option<impl Future<Output = Result<(), crate::store::StoreError>> + use<>>,
     ) {
-        let settings = self.inner.settings();
+        let settings = self.kernel.inner.settings();
         let cost = settings
             .prices
             .get(settings.models.priced_as(&proc.ctx.model))
@@ -288,13 +310,13 @@ impl Kernel {
             pool.charge(usage.total());
             // On loan from another node: that node hears of it.
             if let Some(root) = pool.on_loan_root()
-                && let Some(cluster) = self.inner.cluster()
+                && let Some(cluster) = self.kernel.inner.cluster()
             {
                 cluster.report_loan(root.owner(), root.spent());
             }
         }
         // Snapshots only for a kernel that keeps them.
-        let store = &self.inner.store();
+        let store = &self.kernel.inner.store();
         let durable = store.is_durable();
         let mut writes: Vec<Write> = match durable {
             true => vec![
@@ -312,7 +334,7 @@ impl Kernel {
             false => Vec::new(),
         };
         {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let mut at = table.get(proc.ctx.pid).map(|entry| entry.ppid);
             while let Some(ppid) = at {
                 let Some(entry) = table.get(ppid) else {

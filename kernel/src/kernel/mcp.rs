@@ -26,19 +26,35 @@ pub struct McpToolInfo {
     pub left_out: Option<String>,
 }
 
+/// The MCP servers through the kernel ([`Kernel::mcp`]): their state and tools,
+/// restarts, and calls as the caller may.
+#[derive(Debug, Clone, Copy)]
+pub struct McpHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's MCP servers.
+    pub fn mcp(&self) -> McpHandle<'_> {
+        McpHandle { kernel: self }
+    }
+}
+
+impl McpHandle<'_> {
     /// Starts the supervisors of the enabled MCP servers; they stop with
     /// the kernel's shutdown token, after its processes.
-    pub(super) fn start_mcp(&self) {
-        let weak = self.downgrade();
+    pub(super) fn start(self) {
+        let weak = self.kernel.downgrade();
         let report: Report = Arc::new(move |pid, kind| {
             if let Some(inner) = weak.upgrade() {
                 inner.events().emit(pid, kind);
             }
         });
-        self.inner
-            .mcp()
-            .start(self.inner.tracker(), self.inner.shutdown(), &report);
+        self.kernel.inner.mcp().start(
+            self.kernel.inner.tracker(),
+            self.kernel.inner.shutdown(),
+            &report,
+        );
     }
 
     /// Restarts MCP server `name` now (admin only): a ready server is
@@ -46,24 +62,24 @@ impl Kernel {
     /// that failed for good starts again with its intensity window cleared.
     /// Not counted against its intensity. Answers once the new start is
     /// ready (waiting up to its startup timeout), with its state.
-    pub async fn restart_mcp_server(&self, caller: Caller, name: &str) -> Result<ServerInfo> {
+    pub async fn restart_server(self, caller: Caller, name: &str) -> Result<ServerInfo> {
         if caller.scope() < crate::caller::Scope::Admin {
             return Err(KernelError::PermissionDenied(
                 "only the admin scope may restart an MCP server".into(),
             ));
         }
-        self.check_running()?;
-        self.inner.mcp().restart(name).await
+        self.kernel.check_running()?;
+        self.kernel.inner.mcp().restart(name).await
     }
 
     /// Every configured MCP server and its state.
-    pub fn mcp_servers(&self) -> Vec<ServerInfo> {
-        self.inner.mcp().infos()
+    pub fn servers(self) -> Vec<ServerInfo> {
+        self.kernel.inner.mcp().infos()
     }
 
     /// The tools MCP server `name` lists, those offered to agents first.
-    pub fn mcp_server_tools(&self, name: &str) -> Result<Vec<McpToolInfo>> {
-        let catalog = self.inner.mcp().catalog(name)?;
+    pub fn server_tools(self, name: &str) -> Result<Vec<McpToolInfo>> {
+        let catalog = self.kernel.inner.mcp().catalog(name)?;
         let offered = catalog.tools.iter().map(|tool| McpToolInfo {
             name: tool.name.clone(),
             exposed: tool.schema.name.clone(),
@@ -84,56 +100,63 @@ impl Kernel {
     /// Checks the MCP entries of a spawn's tool list: well formed, a
     /// configured server, and a tool it offers when its tools are known
     /// (a server still starting is checked at each call instead).
-    pub(crate) fn check_mcp_tools(&self, tools: &[String]) -> Result<()> {
+    pub(crate) fn check_tools(self, tools: &[String]) -> Result<()> {
         for entry in tools {
             let Some(selector) = McpSelector::parse(entry) else {
                 continue;
             };
             let selector = selector.map_err(KernelError::InvalidArgument)?;
-            self.inner.mcp().check(&selector)?;
+            self.kernel.inner.mcp().check(&selector)?;
         }
         Ok(())
     }
 
     /// The tools of `server` for `caller`'s turn: what the server offers now
     /// (waiting while it starts, up to its startup timeout).
-    pub async fn mcp_tools(&self, caller: Caller, server: &str) -> Result<McpTools> {
-        let granted = self.mcp_grant(caller, server, None);
-        self.report_denial(caller, "mcp_tools", granted)?;
-        self.inner.mcp().tools(server).await
+    pub async fn tools(self, caller: Caller, server: &str) -> Result<McpTools> {
+        let granted = self.grant(caller, server, None);
+        self.kernel.report_denial(caller, "mcp_tools", granted)?;
+        self.kernel.inner.mcp().tools(server).await
     }
 
     /// Calls `tool` of `server` for `caller`, within the server's deadline.
-    pub async fn mcp_call(
-        &self,
+    pub async fn call(
+        self,
         caller: Caller,
         server: &str,
         tool: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
     ) -> Result<McpOutput> {
-        self.check_running()?;
-        let granted = self.mcp_grant(caller, server, Some(tool));
-        self.report_denial(caller, "mcp_call", granted)?;
+        self.kernel.check_running()?;
+        let granted = self.grant(caller, server, Some(tool));
+        self.kernel.report_denial(caller, "mcp_call", granted)?;
         if let Caller::Process(pid) = caller {
-            let proc = self.inner.table().read().get(pid).map(|e| e.proc.clone());
+            let proc = self
+                .kernel
+                .inner
+                .table()
+                .read()
+                .get(pid)
+                .map(|e| e.proc.clone());
             if let Some(proc) = proc {
-                self.still_acting(&proc).await?;
-                self.check_running()?;
-                self.hand_over_turn(pid).await?;
+                self.kernel.still_acting(&proc).await?;
+                self.kernel.check_running()?;
+                self.kernel.hand_over_turn(pid).await?;
             }
         }
-        self.inner.mcp().call(server, tool, arguments).await
+        self.kernel.inner.mcp().call(server, tool, arguments).await
     }
 
     /// Refuses a process that lacks `mcp_tools`, or whose tool list selects
     /// nothing of `server` (with `tool`: not that tool).
-    fn mcp_grant(&self, caller: Caller, server: &str, tool: Option<&str>) -> Result<()> {
+    fn grant(self, caller: Caller, server: &str, tool: Option<&str>) -> Result<()> {
         let Caller::Process(pid) = caller else {
             return Ok(());
         };
-        self.require(caller, Capability::McpTools, "use MCP tools")?;
+        self.kernel
+            .require(caller, Capability::McpTools, "use MCP tools")?;
         let tools = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let Some(entry) = table.get(pid) else {
                 return Err(KernelError::NotFound(pid));
             };

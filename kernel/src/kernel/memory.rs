@@ -38,10 +38,24 @@ pub const MAX_QUERY_WORDS: usize = 32;
 /// Longest word searched for, in characters; longer ones are cut.
 const MAX_WORD_CHARS: usize = 64;
 
+/// Memory through the kernel ([`Kernel::memory`]): storing, forgetting and
+/// recalling notes as the caller may.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's memory.
+    pub fn memory(&self) -> MemoryHandle<'_> {
+        MemoryHandle { kernel: self }
+    }
+}
+
+impl MemoryHandle<'_> {
     /// Remembers `entry` in the caller's namespace, replacing the entry
     /// with the same key; returns once committed. A refused store changes nothing.
-    pub async fn memory_store(&self, caller: Caller, entry: NewMemory) -> Result<MemoryEntry> {
+    pub async fn store(self, caller: Caller, entry: NewMemory) -> Result<MemoryEntry> {
         let NewMemory { text, key, tags } = entry;
         if text.trim().is_empty() || text.contains('\0') {
             return Err(KernelError::InvalidArgument(
@@ -55,22 +69,22 @@ impl Kernel {
         let tags = check_tags(tags)?;
         let joined = tags.join(" ");
         let size = (text.len() + key.as_ref().map_or(0, String::len) + joined.len()) as u64;
-        let limits = self.inner.settings().memory;
+        let limits = self.kernel.inner.settings().memory;
         if size > limits.max_entry_bytes {
             return Err(KernelError::LimitExceeded(format!(
                 "memory entry is {size} bytes, over kernel.memory.max_entry_bytes ({} bytes)",
                 limits.max_entry_bytes
             )));
         }
-        let store = self.durable_store("memory")?;
+        let store = self.kernel.durable_store("memory")?;
         let pid = caller.pid();
-        let line = crate::store::lineage(&self.lineage_of(pid));
+        let line = crate::store::lineage(&self.kernel.lineage_of(pid));
         let at_ms = unix_ms(SystemTime::now());
-        let id = self.next_id();
+        let id = self.kernel.next_id();
         let write = MemoryWrite {
             id,
             pid,
-            quota: self.storage_quota(&line),
+            quota: self.kernel.storage_quota(&line),
             lineage: line,
             key: key.clone(),
             text: text.clone(),
@@ -95,14 +109,14 @@ impl Kernel {
     }
 
     /// Deletes the caller's entry under `key`; returns once committed.
-    pub async fn memory_forget(&self, caller: Caller, key: &str) -> Result<()> {
+    pub async fn forget(self, caller: Caller, key: &str) -> Result<()> {
         if key.is_empty() {
             return Err(KernelError::InvalidArgument(
                 "memory key must not be empty".into(),
             ));
         }
         check_key(key)?;
-        let store = self.durable_store("memory")?;
+        let store = self.kernel.durable_store("memory")?;
         let write = Write::MemoryForget {
             pid: caller.pid(),
             key: key.to_owned(),
@@ -117,13 +131,13 @@ impl Kernel {
     /// The caller's entries that best match `query`, best first, at most
     /// `limit` ([`DEFAULT_RECALL_LIMIT`] when `None`, never more than
     /// `kernel.memory.max_results`); the newest entries when `query` has no words.
-    pub async fn memory_recall(
-        &self,
+    pub async fn recall(
+        self,
         caller: Caller,
         query: &str,
         limit: Option<usize>,
     ) -> Result<Vec<MemoryHit>> {
-        let most = self.inner.settings().memory.max_results as usize;
+        let most = self.kernel.inner.settings().memory.max_results as usize;
         let limit = match limit {
             Some(0) => {
                 return Err(KernelError::InvalidArgument(
@@ -133,7 +147,7 @@ impl Kernel {
             Some(n) => n.min(most),
             None => DEFAULT_RECALL_LIMIT.min(most),
         };
-        let store = self.durable_store("memory")?;
+        let store = self.kernel.durable_store("memory")?;
         Ok(store.recall(caller.pid(), fts_query(query), limit).await?)
     }
 }

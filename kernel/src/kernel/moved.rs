@@ -399,7 +399,7 @@ impl Kernel {
         }
         tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
         // Their API cron entries run here from now on.
-        self.take_crons(&started).await;
+        self.cron().take(&started).await;
     }
 
     /// Offers `tree` of lost node `node` to the live node with the fewest

@@ -504,9 +504,9 @@ impl Kernel {
                 ..TraceContext::new_root()
             });
             let approvals = hivekernel_agents::approval::Carried::from(request.asked_under.clone());
-            self.refile_request(request);
+            self.inbox().refile(request);
             let (Some(proc), Some(checkpoint)) = (proc, row.checkpoint) else {
-                self.withdraw_request(row.id, KERNEL_RESTART);
+                self.inbox().withdraw(row.id, KERNEL_RESTART);
                 restored.withdrawn += 1;
                 continue;
             };
@@ -531,7 +531,7 @@ impl Kernel {
                     answering.extend(origin.map(|o| o.request_id));
                 }
                 Err(_) => {
-                    self.withdraw_request(row.id, KERNEL_RESTART);
+                    self.inbox().withdraw(row.id, KERNEL_RESTART);
                     restored.withdrawn += 1;
                 }
             }

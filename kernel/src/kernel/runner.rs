@@ -560,7 +560,7 @@ impl Drop for Unclaimed {
         if let Some(inner) = self.kernel.upgrade() {
             let kernel = Kernel { inner };
             if !kernel.is_stopping() {
-                kernel.withdraw_request(self.request, "kernel");
+                kernel.inbox().withdraw(self.request, "kernel");
             }
         }
     }

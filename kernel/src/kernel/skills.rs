@@ -15,16 +15,30 @@ use crate::skills::{Listed, Problem, Sources};
 mod manage;
 mod publish;
 
+/// Skills through the kernel ([`Kernel::skills`]): what a caller sees, one
+/// skill, its history, and the writes of `skill_manage`.
+#[derive(Debug, Clone, Copy)]
+pub struct SkillsHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's skills.
+    pub fn skills(&self) -> SkillsHandle<'_> {
+        SkillsHandle { kernel: self }
+    }
+}
+
+impl SkillsHandle<'_> {
     /// The skills `caller` may use, sorted by name: for a process, what it
     /// sees and its tool list selects; for an operator, what a process
     /// with `skills` and no directories of its own would see.
-    pub fn skills_for(&self, caller: Caller) -> Result<Catalogue> {
+    pub fn for_caller(self, caller: Caller) -> Result<Catalogue> {
         let Caller::Process(pid) = caller else {
-            return Ok(self.inner.skills().catalogue(None));
+            return Ok(self.kernel.inner.skills().catalogue(None));
         };
         let (dirs, tools, line) = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             let line = table.lineage(pid).unwrap_or_else(|| vec![pid]);
             (
@@ -40,7 +54,11 @@ impl Kernel {
         if selectors.is_empty() {
             return Ok(std::sync::Arc::from([]));
         }
-        let seen = self.inner.skills().seen_by(dirs.as_ref(), pid, &line);
+        let seen = self
+            .kernel
+            .inner
+            .skills()
+            .seen_by(dirs.as_ref(), pid, &line);
         if selectors.contains(&SkillSelector::All) {
             return Ok(seen);
         }
@@ -53,9 +71,9 @@ impl Kernel {
 
     /// Every loaded skill (shadowed ones too, marked), and what was wrong
     /// with the skills directories when they were loaded. Operators only.
-    pub fn skill_listing(&self, caller: Caller) -> Result<(Vec<Listed>, Vec<Problem>)> {
+    pub fn listing(self, caller: Caller) -> Result<(Vec<Listed>, Vec<Problem>)> {
         self.require_operator(caller, "list every skill")?;
-        Ok(self.inner.skills().listing())
+        Ok(self.kernel.inner.skills().listing())
     }
 
     /// Skill `name` as `caller` would use it: for a process, the one it
@@ -63,17 +81,17 @@ impl Kernel {
     /// else the config skill no other shadows (the kernel directories'
     /// winner, or when only agents' directories hold it, the first of them
     /// in config order), else the newest saved one.
-    pub fn skill(&self, caller: Caller, name: &str, owner: Option<Pid>) -> Result<SkillEntry> {
+    pub fn get(self, caller: Caller, name: &str, owner: Option<Pid>) -> Result<SkillEntry> {
         check_name(name)?;
         if let Caller::Process(_) = caller {
-            let seen = self.skills_for(caller)?;
+            let seen = self.for_caller(caller)?;
             return seen
                 .iter()
                 .find(|entry| entry.skill.name == name)
                 .cloned()
                 .ok_or_else(|| unknown_skill(name, caller.pid()));
         }
-        let skills = self.inner.skills();
+        let skills = self.kernel.inner.skills();
         let config = owner.is_none().then(|| skills.config_skill(name)).flatten();
         if let Some(entry) = config {
             return Ok(entry);
@@ -89,7 +107,7 @@ impl Kernel {
 
     /// Loads the skills directories again (a config reload), off the async
     /// threads; reports the count and each problem.
-    pub(crate) async fn reload_skills(&self, sources: Sources) -> Change {
+    pub(crate) async fn reload(self, sources: Sources) -> Change {
         let loaded =
             tokio::task::spawn_blocking(move || crate::skills::Loaded::read(sources)).await;
         let loaded = match loaded {
@@ -99,7 +117,7 @@ impl Kernel {
                     .detail(format!("the skills directories were not read: {err}"));
             }
         };
-        let (count, problems) = self.inner.skills().replace(loaded);
+        let (count, problems) = self.kernel.inner.skills().replace(loaded);
         let skipped = problems.iter().filter(|p| p.skipped).count();
         let mut change = Change::new("skills", None, Outcome::Updated);
         change = change.detail(format!(
@@ -109,7 +127,7 @@ impl Kernel {
         change
     }
 
-    fn require_operator(&self, caller: Caller, action: &str) -> Result<()> {
+    fn require_operator(self, caller: Caller, action: &str) -> Result<()> {
         if caller.sees_all() {
             return Ok(());
         }

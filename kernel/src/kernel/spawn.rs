@@ -129,7 +129,7 @@ impl Kernel {
                 "role kernel is reserved for PID 1".into(),
             ));
         }
-        self.check_mcp_tools(&request.tools)?;
+        self.mcp().check_tools(&request.tools)?;
         // A working directory is read-granted to a sandboxed command and
         // created if missing: the admin's to choose, not a process's.
         if let Caller::Process(me) = caller
@@ -263,7 +263,7 @@ impl Kernel {
             Box::pin(self.confirm_child(parent, pid)).await;
         }
         if let Some(launch) = launch {
-            self.launch_exec(launch).await;
+            self.exec().launch(launch).await;
         }
         Ok(pid)
     }

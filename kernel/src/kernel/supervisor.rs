@@ -570,7 +570,7 @@ impl Kernel {
                     .iter()
                     .map(|e| e.pid)
                     .filter(|pid| !paused.contains(pid));
-                kernel.stop_exec(ended).await;
+                kernel.exec().stop(ended).await;
                 for gone in retiring {
                     gone.await;
                 }
@@ -923,7 +923,7 @@ impl Kernel {
                 );
             }
             Item::Resume(resume) => {
-                self.withdraw_request(resume.request, "kernel");
+                self.inbox().withdraw(resume.request, "kernel");
                 if let Some(origin) = resume.origin {
                     self.deliver_reply(
                         pid,

@@ -84,15 +84,15 @@ impl Syscalls for KernelSyscalls {
     }
 
     async fn schedule_cron(&self, spec: CronSpec) -> Result<CronInfo, SyscallError> {
-        Ok(self.kernel()?.add_cron(self.caller(), spec).await?)
+        Ok(self.kernel()?.cron().add(self.caller(), spec).await?)
     }
 
     async fn list_cron(&self) -> Result<Vec<CronInfo>, SyscallError> {
-        Ok(self.kernel()?.list_cron(self.caller()))
+        Ok(self.kernel()?.cron().list(self.caller()))
     }
 
     async fn remove_cron(&self, name: &str) -> Result<(), SyscallError> {
-        Ok(self.kernel()?.remove_cron(self.caller(), name).await?)
+        Ok(self.kernel()?.cron().remove(self.caller(), name).await?)
     }
 
     fn tool_called(&self, report: ToolCallReport) {
@@ -101,28 +101,28 @@ impl Syscalls for KernelSyscalls {
             // request up (no rule covers the call now): nobody waits for
             // it, and another restart must not run the call again.
             if let Some(id) = crate::trace::take_resume() {
-                kernel.withdraw_request(id, "kernel");
+                kernel.inbox().withdraw(id, "kernel");
             }
-            kernel.tool_called(self.pid, report);
+            kernel.llm().tool_called(self.pid, report);
         }
     }
 
     fn record(&self, record: TurnRecord) {
         if let Ok(kernel) = self.kernel() {
-            kernel.record(self.pid, record);
+            kernel.llm().record(self.pid, record);
         }
     }
 
     fn token_ratio(&self) -> f64 {
         self.kernel()
-            .map_or(1.0, |kernel| kernel.token_ratio(self.pid))
+            .map_or(1.0, |kernel| kernel.llm().token_ratio(self.pid))
     }
 
     async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let kernel = self
             .kernel()
             .map_err(|_| LlmError::Refused("the kernel is shutting down".into()))?;
-        kernel.chat(self.pid, request).await
+        kernel.llm().chat(self.pid, request).await
     }
 
     async fn send_message(&self, message: Outgoing) -> Result<MessageId, SyscallError> {
@@ -162,7 +162,8 @@ impl Syscalls for KernelSyscalls {
         };
         let resolution = self
             .kernel()?
-            .ask_person(
+            .inbox()
+            .ask(
                 self.pid,
                 ask,
                 question.timeout,
@@ -214,7 +215,8 @@ impl Syscalls for KernelSyscalls {
         };
         let timeout = Duration::from_secs(rule.timeout_seconds);
         let resolution = kernel
-            .ask_person(
+            .inbox()
+            .ask(
                 self.pid,
                 ask,
                 timeout,
@@ -267,31 +269,33 @@ impl Syscalls for KernelSyscalls {
     async fn store_artifact(&self, artifact: NewArtifact) -> Result<ArtifactInfo, SyscallError> {
         Ok(self
             .kernel()?
-            .store_artifact(self.caller(), None, artifact)
+            .artifacts()
+            .store(self.caller(), None, artifact)
             .await?)
     }
 
     async fn get_artifact(&self, id: ArtifactId) -> Result<Artifact, SyscallError> {
-        Ok(self.kernel()?.get_artifact(self.caller(), id).await?)
+        Ok(self.kernel()?.artifacts().get(self.caller(), id).await?)
     }
 
     async fn list_artifacts(&self, owner: Option<Pid>) -> Result<Vec<ArtifactInfo>, SyscallError> {
         Ok(self
             .kernel()?
-            .list_artifacts(self.caller(), owner, None)
+            .artifacts()
+            .list(self.caller(), owner, None)
             .await?)
     }
 
     async fn delete_artifact(&self, id: ArtifactId) -> Result<(), SyscallError> {
-        Ok(self.kernel()?.delete_artifact(self.caller(), id).await?)
+        Ok(self.kernel()?.artifacts().delete(self.caller(), id).await?)
     }
 
     async fn memory_store(&self, entry: NewMemory) -> Result<MemoryEntry, SyscallError> {
-        Ok(self.kernel()?.memory_store(self.caller(), entry).await?)
+        Ok(self.kernel()?.memory().store(self.caller(), entry).await?)
     }
 
     async fn memory_forget(&self, key: &str) -> Result<(), SyscallError> {
-        Ok(self.kernel()?.memory_forget(self.caller(), key).await?)
+        Ok(self.kernel()?.memory().forget(self.caller(), key).await?)
     }
 
     async fn memory_recall(
@@ -301,12 +305,13 @@ impl Syscalls for KernelSyscalls {
     ) -> Result<Vec<MemoryHit>, SyscallError> {
         Ok(self
             .kernel()?
-            .memory_recall(self.caller(), query, limit)
+            .memory()
+            .recall(self.caller(), query, limit)
             .await?)
     }
 
     async fn skills(&self) -> Result<hivekernel_agents::skill::Catalogue, SyscallError> {
-        Ok(self.kernel()?.skills_for(self.caller())?)
+        Ok(self.kernel()?.skills().for_caller(self.caller())?)
     }
 
     async fn manage_skill(
@@ -316,12 +321,13 @@ impl Syscalls for KernelSyscalls {
     ) -> Result<hivekernel_agents::skill::SkillVersion, SyscallError> {
         Ok(self
             .kernel()?
-            .manage_skill(self.caller(), write, checkpoint)
+            .skills()
+            .manage(self.caller(), write, checkpoint)
             .await?)
     }
 
     async fn mcp_tools(&self, server: &str) -> Result<McpTools, SyscallError> {
-        Ok(self.kernel()?.mcp_tools(self.caller(), server).await?)
+        Ok(self.kernel()?.mcp().tools(self.caller(), server).await?)
     }
 
     async fn mcp_call(
@@ -332,7 +338,8 @@ impl Syscalls for KernelSyscalls {
     ) -> Result<McpOutput, SyscallError> {
         Ok(self
             .kernel()?
-            .mcp_call(self.caller(), server, tool, arguments)
+            .mcp()
+            .call(self.caller(), server, tool, arguments)
             .await?)
     }
 }

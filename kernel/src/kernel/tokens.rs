@@ -28,21 +28,32 @@ pub struct NewToken {
     pub expires_in: Option<Duration>,
 }
 
+/// Operator tokens through the kernel ([`Kernel::tokens`]): the registry the
+/// authentication layer reads, and creating, listing and revoking tokens as the
+/// admin.
+#[derive(Debug, Clone, Copy)]
+pub struct TokensHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's operator tokens.
+    pub fn tokens(&self) -> TokensHandle<'_> {
+        TokensHandle { kernel: self }
+    }
+}
+
+impl TokensHandle<'_> {
     /// The operator tokens, as the authentication layer reads them.
-    pub fn operator_tokens(&self) -> OperatorTokens {
-        self.inner.tokens().0.clone()
+    pub fn registry(self) -> OperatorTokens {
+        self.kernel.inner.tokens().0.clone()
     }
 
     /// Creates an operator token: its record, and the token string, which
     /// is shown this once and kept nowhere.
-    pub async fn create_token(
-        &self,
-        caller: Caller,
-        new: NewToken,
-    ) -> Result<(OperatorToken, String)> {
+    pub async fn create(self, caller: Caller, new: NewToken) -> Result<(OperatorToken, String)> {
         require_admin(caller, "create tokens")?;
-        self.check_running()?;
+        self.kernel.check_running()?;
         if new
             .expires_in
             .is_some_and(|d| d.is_zero() || d > MAX_TOKEN_LIFETIME)
@@ -52,44 +63,45 @@ impl Kernel {
                 MAX_TOKEN_LIFETIME.as_secs() / 86_400
             )));
         }
-        let (tokens, changes) = self.inner.tokens();
+        let (tokens, changes) = self.kernel.inner.tokens();
         let _one_at_a_time = changes.lock().await;
         let now = unix_ms(SystemTime::now());
         let expires_ms = new
             .expires_in
             .map(|d| now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
         let (token, secret) = tokens.mint(new.name.as_deref(), new.scope, expires_ms, now)?;
-        self.keep_token(caller, &token, "created").await?;
+        self.keep(caller, &token, "created").await?;
         Ok((token, secret))
     }
 
     /// Every operator token, oldest first; only active ones unless `all`.
-    pub fn list_tokens(&self, caller: Caller, all: bool) -> Result<Vec<OperatorToken>> {
+    pub fn list(self, caller: Caller, all: bool) -> Result<Vec<OperatorToken>> {
         require_admin(caller, "list tokens")?;
         let now = unix_ms(SystemTime::now());
-        Ok(self.inner.tokens().0.list(all, now))
+        Ok(self.kernel.inner.tokens().0.list(all, now))
     }
 
     /// Revokes the token named (or numbered) `which`: from the next call on,
     /// it is refused.
-    pub async fn revoke_token(&self, caller: Caller, which: &str) -> Result<OperatorToken> {
+    pub async fn revoke(self, caller: Caller, which: &str) -> Result<OperatorToken> {
         require_admin(caller, "revoke tokens")?;
-        self.check_running()?;
-        let (tokens, changes) = self.inner.tokens();
+        self.kernel.check_running()?;
+        let (tokens, changes) = self.kernel.inner.tokens();
         let _one_at_a_time = changes.lock().await;
         let token = tokens.revoked(which, unix_ms(SystemTime::now()))?;
-        self.keep_token(caller, &token, "revoked").await?;
+        self.keep(caller, &token, "revoked").await?;
         Ok(token)
     }
 
     /// Commits `token` to the store, then puts it in the registry and says so.
-    async fn keep_token(&self, caller: Caller, token: &OperatorToken, action: &str) -> Result<()> {
-        self.inner
+    async fn keep(self, caller: Caller, token: &OperatorToken, action: &str) -> Result<()> {
+        self.kernel
+            .inner
             .store()
             .commit(Write::Token(Box::new(token.clone())))
             .await?;
-        self.inner.tokens().0.put(token.clone())?;
-        self.inner.events().emit(
+        self.kernel.inner.tokens().0.put(token.clone())?;
+        self.kernel.inner.events().emit(
             Pid::KERNEL,
             EventKind::Token {
                 action: action.to_owned(),

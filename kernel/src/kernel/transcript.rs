@@ -15,36 +15,48 @@ use crate::transcript::{Entry, Page, Query};
 /// much: its answer is one NATS message (1 MiB by default).
 const REMOTE_PAGE_BYTES: usize = 256 << 10;
 
+/// Transcripts through the kernel ([`Kernel::transcripts`]): reading and
+/// watching them as the caller may, here or on the node that keeps them.
+#[derive(Debug, Clone, Copy)]
+pub struct TranscriptsHandle<'k> {
+    kernel: &'k Kernel,
+}
+
 impl Kernel {
+    /// The kernel's transcripts.
+    pub fn transcripts(&self) -> TranscriptsHandle<'_> {
+        TranscriptsHandle { kernel: self }
+    }
+}
+
+impl TranscriptsHandle<'_> {
     /// `pid`'s transcript entries matching `query`, oldest first. A process
     /// may read its own transcript and its descendants'; the admin reads
     /// every one, kept transcripts of reaped processes too. One another
     /// node of a cluster holds is read there (`transcript`), in pages of
     /// at most [`REMOTE_PAGE_BYTES`].
-    pub async fn transcript(&self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
-        if self.inner.table().read().get(pid).is_none()
-            && let Some(node) = self.holding(caller, pid, "read the transcript of").await?
+    pub async fn read(self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
+        if self.kernel.inner.table().read().get(pid).is_none()
+            && let Some(node) = self
+                .kernel
+                .holding(caller, pid, "read the transcript of")
+                .await?
         {
             let query = Query {
                 max_bytes: query.max_bytes.min(REMOTE_PAGE_BYTES),
                 ..query
             };
             let op = Op::Transcript { pid, query };
-            return self.forward(&node, op, FORWARDED_SEND).await;
+            return self.kernel.forward(&node, op, FORWARDED_SEND).await;
         }
-        self.transcript_here(caller, pid, query).await
+        self.read_here(caller, pid, query).await
     }
 
-    /// [`Kernel::transcript`] as this node keeps it, never asking another
+    /// [`TranscriptsHandle::read`] as this node keeps it, never asking another
     /// (what a node answers another's `transcript` with).
-    pub(super) async fn transcript_here(
-        &self,
-        caller: Caller,
-        pid: Pid,
-        query: Query,
-    ) -> Result<Page> {
+    pub(super) async fn read_here(self, caller: Caller, pid: Pid, query: Query) -> Result<Page> {
         let known = self.may_read_own(caller, pid, Record::Transcript)?;
-        let page = self.inner.transcripts().read(pid, query).await?;
+        let page = self.kernel.inner.transcripts().read(pid, query).await?;
         if !known && page.entries.is_empty() && query.after_id == 0 {
             return Err(KernelError::NotFound(pid));
         }
@@ -52,26 +64,22 @@ impl Kernel {
     }
 
     /// Entries recorded from now on (of every process: the reader filters),
-    /// after the checks of [`Kernel::transcript`] (a process gone with
+    /// after the checks of [`TranscriptsHandle::read`] (a process gone with
     /// nothing kept is NOT_FOUND). Subscribed before what is kept is read,
     /// so nothing falls between the two. A process another node holds
-    /// records there: its watcher reads it in pages ([`Kernel::recorded_elsewhere`]).
-    pub async fn watch_transcript(
-        &self,
-        caller: Caller,
-        pid: Pid,
-    ) -> Result<broadcast::Receiver<Arc<Entry>>> {
-        let here = self.inner.table().read().get(pid).is_some();
+    /// records there: its watcher reads it in pages ([`TranscriptsHandle::recorded_elsewhere`]).
+    pub async fn watch(self, caller: Caller, pid: Pid) -> Result<broadcast::Receiver<Arc<Entry>>> {
+        let here = self.kernel.inner.table().read().get(pid).is_some();
         if here {
             self.may_read_own(caller, pid, Record::Transcript)?;
         }
-        let live = self.inner.transcripts().subscribe();
+        let live = self.kernel.inner.transcripts().subscribe();
         if !here {
             let first = Query {
                 limit: 1,
                 ..Query::default()
             };
-            self.transcript(caller, pid, first).await?;
+            self.read(caller, pid, first).await?;
         }
         Ok(live)
     }
@@ -79,8 +87,8 @@ impl Kernel {
     /// The node, and its epoch, where `pid` records its transcript when
     /// another node of the cluster holds it (read from the directory
     /// itself when the mirror does not list it yet).
-    pub async fn recorded_elsewhere(&self, pid: Pid) -> Option<(String, u64)> {
-        match self.holder(pid).await {
+    pub async fn recorded_elsewhere(self, pid: Pid) -> Option<(String, u64)> {
+        match self.kernel.holder(pid).await {
             Ok(Some(Holder::There(listing))) => Some((listing.node, listing.epoch)),
             _ => None,
         }
@@ -90,8 +98,8 @@ impl Kernel {
     /// of it began, still records there; else whether it exited (or is
     /// gone), or moved (its new node numbers its entries afresh).
     /// A directory that cannot be read says it still records there.
-    pub async fn recording_there(&self, pid: Pid, node: &str, epoch: u64) -> Recording {
-        let Some(cluster) = self.inner.cluster() else {
+    pub async fn recording_there(self, pid: Pid, node: &str, epoch: u64) -> Recording {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Recording::Ended;
         };
         match cluster.locate(pid).await {
@@ -104,16 +112,16 @@ impl Kernel {
 
     /// Whether `pid` will record nothing more: it has exited for good (a
     /// zombie, or gone). A process waiting to be restarted has not.
-    pub fn has_exited(&self, pid: Pid) -> bool {
-        let table = self.inner.table().read();
+    pub fn has_exited(self, pid: Pid) -> bool {
+        let table = self.kernel.inner.table().read();
         table.get(pid).is_none_or(|entry| !entry.is_alive())
     }
 
     /// Refuses a process caller `pid`'s transcript or log unless it is its
     /// own or a descendant's; answers whether `pid` is in the process table.
-    pub(super) fn may_read_own(&self, caller: Caller, pid: Pid, what: Record) -> Result<bool> {
+    pub(super) fn may_read_own(self, caller: Caller, pid: Pid, what: Record) -> Result<bool> {
         let checked = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let known = table.get(pid).is_some();
             match caller {
                 Caller::Admin | Caller::Operator { .. } => Ok(known),
@@ -126,7 +134,7 @@ impl Kernel {
                 ))),
             }
         };
-        self.report_denial(caller, what.action(), checked)
+        self.kernel.report_denial(caller, what.action(), checked)
     }
 }
 

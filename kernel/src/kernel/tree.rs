@@ -9,6 +9,17 @@ use crate::cluster::{Listing, Listings};
 use crate::process::ProcessTable;
 use crate::router::{Lineage, Link};
 
+impl super::Kernel {
+    /// `pid`'s line from PID 1; just `pid` when it is gone from the table.
+    pub(super) fn lineage_of(&self, pid: Pid) -> Vec<Pid> {
+        self.inner
+            .table()
+            .read()
+            .lineage(pid)
+            .unwrap_or_else(|| vec![pid])
+    }
+}
+
 /// One read of the tree: hold it briefly (it holds the table's read lock
 /// and the directory mirror's).
 pub(super) struct Tree<'a> {

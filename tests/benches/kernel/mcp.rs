@@ -118,7 +118,8 @@ async fn start(spec: McpServerSpec) -> (Kernel, Pid) {
 async fn through_kernel(kernel: &Kernel, caller: Pid, arguments: Map<String, Value>) -> Duration {
     let start = Instant::now();
     let output = kernel
-        .mcp_call(Caller::Process(caller), SERVER, TOOL, arguments)
+        .mcp()
+        .call(Caller::Process(caller), SERVER, TOOL, arguments)
         .await;
     let took = start.elapsed();
     let output = output.expect("echo through the kernel");
@@ -266,7 +267,8 @@ async fn crash(sizes: &Sizes, program: &str, spec: McpServerSpec) -> Row {
         loop {
             let arguments = template.clone();
             let answer = kernel
-                .mcp_call(Caller::Process(caller), SERVER, TOOL, arguments)
+                .mcp()
+                .call(Caller::Process(caller), SERVER, TOOL, arguments)
                 .await;
             if answer.is_ok_and(|output| !output.is_error && output.text == ECHOED) {
                 break;
@@ -311,7 +313,8 @@ async fn crash(sizes: &Sizes, program: &str, spec: McpServerSpec) -> Row {
 /// The kernel's server as `mcp ls` shows it.
 fn server(kernel: &Kernel) -> ServerInfo {
     kernel
-        .mcp_servers()
+        .mcp()
+        .servers()
         .into_iter()
         .find(|info| info.name == SERVER)
         .expect("the configured server")

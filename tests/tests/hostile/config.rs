@@ -459,7 +459,8 @@ async fn a_skill_file_that_links_out_of_its_directory_is_skipped_unread() {
     settings.skills = vec![skills];
     let (kernel, _) = hivekernel_tests::kernel_with(settings).await;
     let (listed, problems) = kernel
-        .skill_listing(hivekernel_kernel::Caller::Admin)
+        .skills()
+        .listing(hivekernel_kernel::Caller::Admin)
         .unwrap();
     assert!(listed.is_empty(), "{listed:?}");
     let problem = problems

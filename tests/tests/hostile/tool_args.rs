@@ -143,7 +143,7 @@ async fn every_tool_refuses_malformed_arguments_by_name_and_changes_nothing() {
     assert!(calls > 200, "only {calls} calls");
     // Only the accepted spawns changed the tree.
     assert_eq!(kernel.live_count(), live + spawned);
-    assert!(kernel.list_cron(Caller::Admin).is_empty());
+    assert!(kernel.cron().list(Caller::Admin).is_empty());
     // No file tool wrote anything (the workspace, if created, is empty).
     let written: Vec<_> = std::fs::read_dir(&ws)
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())

@@ -9,28 +9,31 @@
 use futures::StreamExt as _;
 use hivekernel_agents::Pid;
 
+use super::CronHandle;
 use super::{CronInfo, CronSpec};
 use crate::cluster::rpc::{CronChange, Op};
 use crate::error::{KernelError, Result};
+use crate::kernel::Caller;
 use crate::kernel::cluster::{FORWARDED_CRON, Holder, READ_WAIT, Unanswered};
-use crate::kernel::{Caller, Kernel};
 
 /// Nodes asked at once for their entries.
 const LISTS_AT_ONCE: usize = 16;
 
-impl Kernel {
+impl CronHandle<'_> {
     /// The node holding `target` when it is another node's and `caller`
     /// may act there (an operator); a process aiming an entry at a process
     /// on another node is refused, naming where it runs.
-    pub(super) async fn cron_target_elsewhere(
-        &self,
+    pub(super) async fn target_elsewhere(
+        self,
         caller: Caller,
         target: Pid,
     ) -> Result<Option<String>> {
-        if self.inner.cluster().is_none() || self.inner.table().read().get(target).is_some() {
+        if self.kernel.inner.cluster().is_none()
+            || self.kernel.inner.table().read().get(target).is_some()
+        {
             return Ok(None);
         }
-        let Some(Holder::There(listing)) = self.holder(target).await? else {
+        let Some(Holder::There(listing)) = self.kernel.holder(target).await? else {
             return Ok(None);
         };
         if !caller.sees_all() {
@@ -44,27 +47,27 @@ impl Kernel {
     }
 
     /// Adds `spec` on `node`, which holds its target.
-    pub(super) async fn forward_cron_add(&self, node: &str, spec: CronSpec) -> Result<CronInfo> {
+    pub(super) async fn forward_add(self, node: &str, spec: CronSpec) -> Result<CronInfo> {
         let op = Op::CronAdd {
             spec: Box::new(spec),
         };
-        self.forward(node, op, FORWARDED_CRON).await
+        self.kernel.forward(node, op, FORWARDED_CRON).await
     }
 
     /// Applies `change` to entry `name` as `caller`: here, or, when this
     /// node holds no entry of that name and the caller is an operator, on
     /// the node that does. The entry after it (none after a removal).
-    pub(super) async fn change_cron(
-        &self,
+    pub(super) async fn change(
+        self,
         caller: Caller,
         name: &str,
         change: CronChange,
     ) -> Result<Option<CronInfo>> {
-        match self.change_cron_here(caller, name, change).await {
+        match self.change_here(caller, name, change).await {
             Err(KernelError::NoSuchCron(_))
-                if let Some(node) = self.cron_elsewhere(caller, name).await? =>
+                if let Some(node) = self.elsewhere(caller, name).await? =>
             {
-                self.forward_cron(&node, name, change).await
+                self.forward_change(&node, name, change).await
             }
             done => done,
         }
@@ -72,27 +75,27 @@ impl Kernel {
 
     /// Applies `change` to this node's entry `name` as `caller`, who holds
     /// the capability: the entry after it, naming this node.
-    pub(in crate::kernel) async fn change_cron_here(
-        &self,
+    pub(in crate::kernel) async fn change_here(
+        self,
         caller: Caller,
         name: &str,
         change: CronChange,
     ) -> Result<Option<CronInfo>> {
         let changed = match change {
-            CronChange::Remove => self.remove_cron_checked(caller, name).await.map(|()| None),
+            CronChange::Remove => self.remove_checked(caller, name).await.map(|()| None),
             CronChange::Enable(enabled) => self
-                .set_cron_enabled_checked(caller, name, enabled)
+                .set_enabled_checked(caller, name, enabled)
                 .await
                 .map(Some),
-            CronChange::Run => self.run_cron_checked(caller, name).await.map(Some),
+            CronChange::Run => self.run_checked(caller, name).await.map(Some),
         };
         changed.map(|info| info.map(|info| self.on_this_node(info)))
     }
 
     /// Applies `change` to entry `name` on `node`, which holds it: the
     /// entry after it (none after a removal).
-    pub(super) async fn forward_cron(
-        &self,
+    pub(super) async fn forward_change(
+        self,
         node: &str,
         name: &str,
         change: CronChange,
@@ -101,20 +104,16 @@ impl Kernel {
             name: name.to_owned(),
             change,
         };
-        self.forward(node, op, FORWARDED_CRON).await
+        self.kernel.forward(node, op, FORWARDED_CRON).await
     }
 
     /// The other node holding entry `name`, for an operator, when this one
     /// does not; refused when several do (names are each node's own).
-    pub(super) async fn cron_elsewhere(
-        &self,
-        caller: Caller,
-        name: &str,
-    ) -> Result<Option<String>> {
-        if !caller.sees_all() || self.inner.cluster().is_none() {
+    pub(super) async fn elsewhere(self, caller: Caller, name: &str) -> Result<Option<String>> {
+        if !caller.sees_all() || self.kernel.inner.cluster().is_none() {
             return Ok(None);
         }
-        let (entries, unanswered) = self.cron_of_others().await;
+        let (entries, unanswered) = self.of_others().await;
         let mut holders: Vec<String> = entries
             .into_iter()
             .filter(|info| info.spec.name == name)
@@ -143,20 +142,21 @@ impl Kernel {
     /// Every entry `caller` may see: this node's, and for an operator
     /// every other node's too, each with its node, by name; and the nodes
     /// that did not answer.
-    pub async fn cron_entries(&self, caller: Caller) -> (Vec<CronInfo>, Vec<Unanswered>) {
-        let mut entries = self.cron_here(caller);
-        if !caller.sees_all() || self.inner.cluster().is_none() {
+    pub async fn entries(self, caller: Caller) -> (Vec<CronInfo>, Vec<Unanswered>) {
+        let mut entries = self.here(caller);
+        if !caller.sees_all() || self.kernel.inner.cluster().is_none() {
             return (entries, Vec::new());
         }
-        let (others, unanswered) = self.cron_of_others().await;
+        let (others, unanswered) = self.of_others().await;
         entries.extend(others);
         entries.sort_by(|a, b| (&a.spec.name, &a.node).cmp(&(&b.spec.name, &b.node)));
         (entries, unanswered)
     }
 
     /// `info` of an entry of this node, naming it.
-    pub(crate) fn on_this_node(&self, mut info: CronInfo) -> CronInfo {
+    pub(crate) fn on_this_node(self, mut info: CronInfo) -> CronInfo {
         info.node = self
+            .kernel
             .inner
             .cluster()
             .map(|cluster| cluster.node().to_owned());
@@ -165,16 +165,16 @@ impl Kernel {
 
     /// This node's entries `caller` may see, each with this node's name
     /// on a node of a cluster.
-    pub(crate) fn cron_here(&self, caller: Caller) -> Vec<CronInfo> {
-        self.list_cron(caller)
+    pub(crate) fn here(self, caller: Caller) -> Vec<CronInfo> {
+        self.list(caller)
             .into_iter()
             .map(|info| self.on_this_node(info))
             .collect()
     }
 
     /// The entries of every other live node, and those that did not answer.
-    async fn cron_of_others(&self) -> (Vec<CronInfo>, Vec<Unanswered>) {
-        let Some(cluster) = self.inner.cluster() else {
+    async fn of_others(self) -> (Vec<CronInfo>, Vec<Unanswered>) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return (Vec::new(), Vec::new());
         };
         let others: Vec<String> = cluster

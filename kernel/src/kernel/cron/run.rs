@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hivekernel_agents::{Outgoing, TaskSpec};
 
+use super::CronHandle;
 use super::{CronAction, CronSpec, OUTPUT_PREVIEW};
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::Caller;
 
 /// Message kind of the `message` action.
 pub const CRON_MESSAGE: &str = "cron";
@@ -14,9 +15,9 @@ pub const CRON_MESSAGE: &str = "cron";
 /// Numbers the agents the `spawn` action starts.
 static SPAWNED: AtomicU64 = AtomicU64::new(1);
 
-impl Kernel {
+impl CronHandle<'_> {
     /// Runs `spec`'s action once; `Ok` carries the answer, `Err` why it failed.
-    pub(super) async fn run_cron(&self, spec: &CronSpec) -> Result<String, String> {
+    pub(super) async fn run(self, spec: &CronSpec) -> Result<String, String> {
         let task = || {
             let mut task = TaskSpec::new(spec.target, spec.description.clone());
             task.params.insert("cron".into(), spec.name.clone());
@@ -25,6 +26,7 @@ impl Kernel {
         match spec.action {
             CronAction::Execute => {
                 let (_, reply) = self
+                    .kernel
                     .execute_task(Caller::Admin, task())
                     .await
                     .map_err(|e| e.to_string())?;
@@ -33,7 +35,8 @@ impl Kernel {
             CronAction::Message => {
                 let mut message = Outgoing::new(spec.target, spec.description.clone());
                 message.kind = CRON_MESSAGE.to_owned();
-                self.send_message(Caller::Admin, message)
+                self.kernel
+                    .send_message(Caller::Admin, message)
                     .await
                     .map(|id| format!("message {} delivered", id.0))
                     .map_err(|e| e.to_string())
@@ -44,12 +47,12 @@ impl Kernel {
 
     /// Spawns a fresh agent from the template, runs the task, then kills and collects it.
     async fn run_from_template(
-        &self,
+        self,
         spec: &CronSpec,
         mut task: TaskSpec,
     ) -> Result<String, String> {
         let template = spec.template.as_deref().unwrap_or_default();
-        let Some(mut request) = self.inner.cron().template(template) else {
+        let Some(mut request) = self.kernel.inner.cron().template(template) else {
             return Err(format!("template {template:?} is not in the config"));
         };
         request.parent = spec.target;
@@ -58,12 +61,15 @@ impl Kernel {
             SPAWNED.fetch_add(1, Ordering::Relaxed)
         );
         let pid = self
+            .kernel
             .spawn(Caller::Admin, request)
             .await
             .map_err(|e| format!("cannot spawn from template {template:?}: {e}"))?;
         task.to = pid;
-        let outcome = self.execute_task(Caller::Admin, task).await;
-        self.dismiss(Caller::Admin, pid, "cron run finished").await;
+        let outcome = self.kernel.execute_task(Caller::Admin, task).await;
+        self.kernel
+            .dismiss(Caller::Admin, pid, "cron run finished")
+            .await;
         let (_, reply) = outcome.map_err(|e| e.to_string())?;
         reply
     }

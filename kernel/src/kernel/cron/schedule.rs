@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap};
+use super::{CronHandle, CronInfo, CronRun, CronSource, CronSpec, HISTORY, Missed, Overlap};
 use crate::cluster::rpc::CronChange;
 use crate::crontab;
 use crate::error::{KernelError, Result};
@@ -227,7 +227,7 @@ enum Firing {
     Asked,
 }
 
-/// What [`Kernel::fire`] did.
+/// What [`CronHandle::fire`] did.
 #[derive(Debug)]
 enum Fired {
     Started,
@@ -313,46 +313,48 @@ impl Cron {
     }
 }
 
-impl Kernel {
+impl CronHandle<'_> {
     /// Wall time as cron sees it (Unix ms).
-    pub fn cron_now_ms(&self) -> u64 {
-        self.inner.cron().clock.now_ms()
+    pub fn now_ms(self) -> u64 {
+        self.kernel.inner.cron().clock.now_ms()
     }
 
     /// The anchor of this kernel's cron clock (wall time at a tokio instant),
     /// for a kernel started after it in the same process to read the same time.
-    pub(crate) fn cron_clock_anchor(&self) -> (u64, Instant) {
-        self.inner.cron().clock.anchor()
+    pub(crate) fn clock_anchor(self) -> (u64, Instant) {
+        self.kernel.inner.cron().clock.anchor()
     }
 
     /// Adds an entry owned by the caller; a process may only aim it at
     /// itself or its descendants. Its firings carry the approval rules the
     /// caller works under (kernel/asked.rs).
-    pub async fn add_cron(&self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
+    pub async fn add(self, caller: Caller, mut spec: CronSpec) -> Result<CronInfo> {
         let result = async {
-            self.require(caller, Capability::ManageCron, "add cron entries")?;
-            spec.approvals = self.asked_under(caller.pid())?.to_vec();
-            if let Some(node) = self.cron_target_elsewhere(caller, spec.target).await? {
-                return self.forward_cron_add(&node, spec).await;
+            self.kernel
+                .require(caller, Capability::ManageCron, "add cron entries")?;
+            spec.approvals = self.kernel.asked_under(caller.pid())?.to_vec();
+            if let Some(node) = self.target_elsewhere(caller, spec.target).await? {
+                return self.forward_add(&node, spec).await;
             }
-            self.add_cron_checked(caller, spec).await
+            self.add_checked(caller, spec).await
         };
-        self.report_denial(caller, "add_cron", result.await)
+        self.kernel.report_denial(caller, "add_cron", result.await)
     }
 
-    /// [`Kernel::add_cron`], once the caller holds the capability.
-    pub(in crate::kernel) async fn add_cron_checked(
-        &self,
+    /// [`CronHandle::add`], once the caller holds the capability.
+    pub(in crate::kernel) async fn add_checked(
+        self,
         caller: Caller,
         mut spec: CronSpec,
     ) -> Result<CronInfo> {
-        self.check_running()?;
+        self.kernel.check_running()?;
         // gRPC and the tools send an empty template for none.
         spec.template = spec.template.filter(|t| !t.is_empty());
-        let schedule = self.check_cron(caller, &spec)?;
+        let schedule = self.check(caller, &spec)?;
         let owner = caller.pid();
         if owner != Pid::KERNEL {
             let owned = self
+                .kernel
                 .inner
                 .cron()
                 .state
@@ -369,8 +371,8 @@ impl Kernel {
         }
         // In a task the kernel owns: a caller that gives up (a cancelled RPC)
         // cannot leave the store and memory out of step.
-        let kernel = self.clone();
-        let task = self.inner.tracker().spawn(async move {
+        let kernel = self.kernel.clone();
+        let task = self.kernel.inner.tracker().spawn(async move {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             if kernel
                 .inner
@@ -385,12 +387,12 @@ impl Kernel {
                     spec.name
                 )));
             }
-            let created_ms = kernel.cron_now_ms();
+            let created_ms = kernel.cron().now_ms();
             let generation = kernel.inner.cron().generation();
             let entry = Entry::added(spec, schedule, owner, created_ms, generation);
             // Kept in the cluster first when it follows its target: a
             // failed write there changes nothing here.
-            let follows = kernel.cron_follows(entry.spec.target);
+            let follows = kernel.cron().follows(entry.spec.target);
             if let Some(cluster) = &follows {
                 cluster
                     .keep_cron(owner, &entry.spec, created_ms)
@@ -420,22 +422,24 @@ impl Kernel {
     }
 
     /// Removes an entry the caller owns (the operator may remove any added through the API).
-    pub async fn remove_cron(&self, caller: Caller, name: &str) -> Result<()> {
+    pub async fn remove(self, caller: Caller, name: &str) -> Result<()> {
         let result = async {
-            self.require(caller, Capability::ManageCron, "remove cron entries")?;
-            self.change_cron(caller, name, CronChange::Remove)
+            self.kernel
+                .require(caller, Capability::ManageCron, "remove cron entries")?;
+            self.change(caller, name, CronChange::Remove)
                 .await
                 .map(drop)
         };
-        self.report_denial(caller, "remove_cron", result.await)
+        self.kernel
+            .report_denial(caller, "remove_cron", result.await)
     }
 
-    /// [`Kernel::remove_cron`], once the caller holds the capability.
-    pub(super) async fn remove_cron_checked(&self, caller: Caller, name: &str) -> Result<()> {
-        let kernel = self.clone();
+    /// [`CronHandle::remove`], once the caller holds the capability.
+    pub(super) async fn remove_checked(self, caller: Caller, name: &str) -> Result<()> {
+        let kernel = self.kernel.clone();
         let name = name.to_owned();
-        // In a task the kernel owns, like `add_cron`.
-        let task = self.inner.tracker().spawn(async move {
+        // In a task the kernel owns, like [`CronHandle::add`].
+        let task = self.kernel.inner.tracker().spawn(async move {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             let target = {
                 let state = kernel.inner.cron().state.lock();
@@ -455,7 +459,7 @@ impl Kernel {
                 .store()
                 .commit(Write::CronRemove(name.clone()))
                 .await?;
-            if let Some(cluster) = kernel.cron_follows(target)
+            if let Some(cluster) = kernel.cron().follows(target)
                 && let Err(err) = cluster.drop_cron(target, &name).await
             {
                 tracing::warn!(cron = name, error = %err, "cluster: a removed cron entry stays in the cluster; it comes back if its target moves");
@@ -469,37 +473,33 @@ impl Kernel {
     /// Switches an entry the caller owns (the operator: any) on or off. An
     /// API entry is changed as if added so; a config entry keeps the
     /// switch, across restarts too, until the config changes it.
-    pub async fn set_cron_enabled(
-        &self,
-        caller: Caller,
-        name: &str,
-        enabled: bool,
-    ) -> Result<CronInfo> {
+    pub async fn set_enabled(self, caller: Caller, name: &str, enabled: bool) -> Result<CronInfo> {
         let result = async {
-            self.require(
+            self.kernel.require(
                 caller,
                 Capability::ManageCron,
                 "enable or disable cron entries",
             )?;
-            self.change_cron(caller, name, CronChange::Enable(enabled))
+            self.change(caller, name, CronChange::Enable(enabled))
                 .await?
                 .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
         };
-        self.report_denial(caller, "set_cron_enabled", result.await)
+        self.kernel
+            .report_denial(caller, "set_cron_enabled", result.await)
     }
 
-    /// [`Kernel::set_cron_enabled`], once the caller holds the capability.
-    pub(super) async fn set_cron_enabled_checked(
-        &self,
+    /// [`CronHandle::set_enabled`], once the caller holds the capability.
+    pub(super) async fn set_enabled_checked(
+        self,
         caller: Caller,
         name: &str,
         enabled: bool,
     ) -> Result<CronInfo> {
-        self.check_running()?;
-        let kernel = self.clone();
+        self.kernel.check_running()?;
+        let kernel = self.kernel.clone();
         let name = name.to_owned();
-        // In a task the kernel owns, like `add_cron`.
-        let task = self.inner.tracker().spawn(async move {
+        // In a task the kernel owns, like [`CronHandle::add`].
+        let task = self.kernel.inner.tracker().spawn(async move {
             // Under the admin lock nothing but runs changes the entry meanwhile.
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
             let (spec, switched, put, api) = {
@@ -526,7 +526,7 @@ impl Kernel {
             // nothing (a write to disk that fails after the cluster's
             // leaves the switch there, for the target's next node only).
             if let Some((owner, created_ms)) = api
-                && let Some(cluster) = kernel.cron_follows(spec.target)
+                && let Some(cluster) = kernel.cron().follows(spec.target)
             {
                 cluster
                     .keep_cron(owner, &spec, created_ms)
@@ -536,7 +536,7 @@ impl Kernel {
             kernel.inner.store().commit(put).await?;
             let info = {
                 let mut state = kernel.inner.cron().state.lock();
-                let now = kernel.cron_now_ms();
+                let now = kernel.cron().now_ms();
                 let entry = state
                     .entries
                     .get_mut(&name)
@@ -556,27 +556,28 @@ impl Kernel {
 
     /// Fires an entry the caller owns (the operator: any) now, enabled or
     /// not, leaving its schedule as it is; the run is recorded as any other.
-    pub async fn run_cron_now(&self, caller: Caller, name: &str) -> Result<CronInfo> {
+    pub async fn run_now(self, caller: Caller, name: &str) -> Result<CronInfo> {
         let result = async {
-            self.require(caller, Capability::ManageCron, "run cron entries")?;
-            self.change_cron(caller, name, CronChange::Run)
+            self.kernel
+                .require(caller, Capability::ManageCron, "run cron entries")?;
+            self.change(caller, name, CronChange::Run)
                 .await?
                 .ok_or_else(|| KernelError::NoSuchCron(name.to_owned()))
         };
-        self.report_denial(caller, "run_cron", result.await)
+        self.kernel.report_denial(caller, "run_cron", result.await)
     }
 
-    /// [`Kernel::run_cron_now`], once the caller holds the capability.
-    pub(super) async fn run_cron_checked(&self, caller: Caller, name: &str) -> Result<CronInfo> {
-        self.check_running()?;
-        owned(&self.inner.cron().state.lock(), caller, name)?;
+    /// [`CronHandle::run_now`], once the caller holds the capability.
+    pub(super) async fn run_checked(self, caller: Caller, name: &str) -> Result<CronInfo> {
+        self.kernel.check_running()?;
+        owned(&self.kernel.inner.cron().state.lock(), caller, name)?;
         // In a task the kernel owns: a caller that gives up cannot leave
         // a run counted that never started.
-        let kernel = self.clone();
+        let kernel = self.kernel.clone();
         let name = name.to_owned();
-        let task = self.inner.tracker().spawn(async move {
-            let now = kernel.cron_now_ms();
-            match kernel.fire(&name, now, Firing::Asked).await {
+        let task = self.kernel.inner.tracker().spawn(async move {
+            let now = kernel.cron().now_ms();
+            match kernel.cron().fire(&name, now, Firing::Asked).await {
                 Fired::Started => {}
                 Fired::Busy => {
                     return Err(KernelError::FailedPrecondition(format!(
@@ -602,8 +603,8 @@ impl Kernel {
     }
 
     /// Entries the caller owns (every entry for the operator), by name.
-    pub fn list_cron(&self, caller: Caller) -> Vec<CronInfo> {
-        let state = self.inner.cron().state.lock();
+    pub fn list(self, caller: Caller) -> Vec<CronInfo> {
+        let state = self.kernel.inner.cron().state.lock();
         let mut infos: Vec<CronInfo> = state
             .entries
             .values()
@@ -618,13 +619,13 @@ impl Kernel {
     /// `declared` (owner, spec), and settles slots missed while down. Call
     /// once, after the config agents are back; returns what could not be
     /// loaded.
-    pub(crate) async fn start_cron(
-        &self,
+    pub(crate) async fn start(
+        self,
         stored: Vec<StoredCron>,
         declared: Vec<(Pid, CronSpec)>,
     ) -> Vec<String> {
         let mut problems = Vec::new();
-        let now = self.cron_now_ms();
+        let now = self.now_ms();
         let mut kept: HashMap<String, StoredCron> =
             stored.into_iter().map(|s| (s.name.clone(), s)).collect();
         let mut entries = Vec::new();
@@ -640,7 +641,7 @@ impl Kernel {
                     {
                         stored.switched = None;
                     }
-                    self.inner.store().submit(Write::CronPut {
+                    self.kernel.inner.store().submit(Write::CronPut {
                         name: spec.name.clone(),
                         spec: serde_json::to_string(&spec).unwrap_or_default(),
                         owner,
@@ -660,7 +661,7 @@ impl Kernel {
             match (stored.source.as_str(), spec) {
                 // A config entry no longer in the config goes with it.
                 ("config", _) => {
-                    self.inner.store().submit(Write::CronRemove(name));
+                    self.kernel.inner.store().submit(Write::CronRemove(name));
                 }
                 (_, Ok((spec, schedule))) => {
                     let owner = stored.owner;
@@ -668,6 +669,7 @@ impl Kernel {
                     let gone = |pid: Pid| {
                         pid != Pid::KERNEL
                             && !self
+                                .kernel
                                 .inner
                                 .table()
                                 .read()
@@ -681,13 +683,13 @@ impl Kernel {
                         ));
                         // Its key in the cluster too, unless another node
                         // took the target over and wrote it since.
-                        if let Some(cluster) = self.inner.cluster().cloned() {
+                        if let Some(cluster) = self.kernel.inner.cluster().cloned() {
                             let (target, name) = (spec.target, name.clone());
-                            self.inner.tracker().spawn(async move {
+                            self.kernel.inner.tracker().spawn(async move {
                                 cluster.drop_stale_cron(target, &name).await;
                             });
                         }
-                        self.inner.store().submit(Write::CronRemove(name));
+                        self.kernel.inner.store().submit(Write::CronRemove(name));
                         continue;
                     }
                     entries.push((spec, schedule, owner, CronSource::Api, Some(stored)));
@@ -698,7 +700,7 @@ impl Kernel {
 
         let mut missed_now = Vec::new();
         {
-            let mut state = self.inner.cron().state.lock();
+            let mut state = self.kernel.inner.cron().state.lock();
             for (spec, schedule, owner, source, previous) in entries {
                 let name = spec.name.clone();
                 let (created_ms, last_fire_ms, runs, history, switched) = match previous {
@@ -723,7 +725,7 @@ impl Kernel {
                     running: 0,
                     runs,
                     history: history.into(),
-                    generation: self.inner.cron().generation(),
+                    generation: self.kernel.inner.cron().generation(),
                     switched,
                 });
                 // Never a slot at or before the last one fired, whatever the clock says.
@@ -744,7 +746,7 @@ impl Kernel {
         for (name, slot) in missed_now {
             self.fire(&name, slot, Firing::Missed).await;
         }
-        self.inner.cron().wake.notify_one();
+        self.kernel.inner.cron().wake.notify_one();
         problems
     }
 
@@ -752,18 +754,18 @@ impl Kernel {
     /// spec): new ones are added, changed ones replaced (keeping their
     /// history and last slot), those no longer declared removed. Reports
     /// each entry, by name. In a kernel-owned task under the cron's admin
-    /// lock, like `add_cron`.
-    pub(crate) async fn reload_cron(&self, declared: Vec<(Pid, CronSpec)>) -> Vec<Change> {
-        self.declare_cron(declared, true).await
+    /// lock, like [`CronHandle::add`].
+    pub(crate) async fn reload(self, declared: Vec<(Pid, CronSpec)>) -> Vec<Change> {
+        self.declare(declared, true).await
     }
 
     /// Makes the config's entries `declared` (owner, spec) as a reload
     /// does; with `prune`, the config entries not among them are removed.
-    async fn declare_cron(&self, declared: Vec<(Pid, CronSpec)>, prune: bool) -> Vec<Change> {
-        let kernel = self.clone();
-        let task = self.inner.tracker().spawn(async move {
+    async fn declare(self, declared: Vec<(Pid, CronSpec)>, prune: bool) -> Vec<Change> {
+        let kernel = self.kernel.clone();
+        let task = self.kernel.inner.tracker().spawn(async move {
             let _admin = kernel.inner.cron().admin.clone().lock_owned().await;
-            let now = kernel.cron_now_ms();
+            let now = kernel.cron().now_ms();
             let mut changes = Vec::new();
             let mut writes = Vec::new();
             // Read before the cron lock: it is never held while taking the table's.
@@ -795,7 +797,11 @@ impl Kernel {
                 }
                 for ((owner, spec), alive) in declared.into_iter().zip(alive) {
                     let entry = Declared { owner, spec, alive };
-                    changes.push(kernel.reload_entry(&mut state, entry, now, &mut writes));
+                    changes.push(
+                        kernel
+                            .cron()
+                            .reload_entry(&mut state, entry, now, &mut writes),
+                    );
                 }
             }
             kernel.inner.cron().wake.notify_one();
@@ -812,7 +818,7 @@ impl Kernel {
 
     /// One declared entry of a reload: added, replaced or left alone.
     fn reload_entry(
-        &self,
+        self,
         state: &mut State,
         declared: Declared,
         now: u64,
@@ -836,7 +842,7 @@ impl Kernel {
             _ => {}
         }
         if let Some(template) = &spec.template
-            && self.inner.cron().template(template).is_none()
+            && self.kernel.inner.cron().template(template).is_none()
         {
             return failed(format!(
                 "template {template:?} is not loaded: templates change only when the kernel \
@@ -872,7 +878,7 @@ impl Kernel {
             running: 0,
             runs,
             history,
-            generation: self.inner.cron().generation(),
+            generation: self.kernel.inner.cron().generation(),
             switched: None,
         };
         writes.push(entry.put());
@@ -884,11 +890,11 @@ impl Kernel {
 
     /// Fires whatever is due, then sleeps until the next slot or a change.
     /// The task holds the kernel only while it works, never while it sleeps.
-    pub(crate) fn start_cron_timer(&self) {
-        let weak = self.downgrade();
-        let shutdown = self.inner.shutdown().clone();
-        let wake = self.inner.cron().wake.clone();
-        self.inner.tracker().spawn(async move {
+    pub(crate) fn start_timer(self) {
+        let weak = self.kernel.downgrade();
+        let shutdown = self.kernel.inner.shutdown().clone();
+        let wake = self.kernel.inner.cron().wake.clone();
+        self.kernel.inner.tracker().spawn(async move {
             loop {
                 let notified = wake.notified();
                 tokio::pin!(notified);
@@ -899,14 +905,14 @@ impl Kernel {
                     if kernel.is_stopping() {
                         return;
                     }
-                    let now = kernel.cron_now_ms();
+                    let now = kernel.cron().now_ms();
                     let due: Vec<(u64, String)> = {
                         let state = kernel.inner.cron().state.lock();
                         let due = state.due.iter().take_while(|(slot, _)| *slot <= now);
                         due.cloned().collect()
                     };
                     for (slot, name) in &due {
-                        kernel.fire(name, *slot, Firing::Slot).await;
+                        kernel.cron().fire(name, *slot, Firing::Slot).await;
                     }
                     if !due.is_empty() {
                         continue;
@@ -927,9 +933,9 @@ impl Kernel {
 
     /// Fires `name` for `slot`: reschedules it, then (unless the overlap
     /// policy skips it) commits the slot and starts the action.
-    async fn fire(&self, name: &str, slot: u64, why: Firing) -> Fired {
+    async fn fire(self, name: &str, slot: u64, why: Firing) -> Fired {
         let (spec, generation, owner) = {
-            let mut state = self.inner.cron().state.lock();
+            let mut state = self.kernel.inner.cron().state.lock();
             let current = state.entries.get(name).and_then(|e| e.next_ms);
             // A slot of an entry since removed or replaced: drop it, never fire it.
             if why == Firing::Slot && current != Some(slot) {
@@ -944,7 +950,7 @@ impl Kernel {
             if busy && why == Firing::Asked {
                 return Fired::Busy;
             }
-            state.reschedule(name, slot.max(self.cron_now_ms()));
+            state.reschedule(name, slot.max(self.now_ms()));
             let Some(entry) = state.entries.get_mut(name) else {
                 return Fired::Gone;
             };
@@ -965,7 +971,7 @@ impl Kernel {
         // On a node of a cluster a slot is one node's to fire: it is
         // claimed first, off the timer (the claim waits on NATS).
         let lease = match why {
-            Firing::Slot | Firing::Missed => self.inner.cluster().cloned(),
+            Firing::Slot | Firing::Missed => self.kernel.inner.cluster().cloned(),
             Firing::Asked => None,
         };
         if lease.is_none()
@@ -973,12 +979,12 @@ impl Kernel {
         {
             return Fired::NotRecorded(why);
         }
-        let kernel = self.clone();
+        let kernel = self.kernel.clone();
         let name = name.to_owned();
         // Under the rules of whoever added it.
         let approvals = hivekernel_agents::approval::Carried::from(spec.approvals.clone());
         // Each firing is a trace of its own: its run, and all it causes.
-        let opened = match self.inner.traces() {
+        let opened = match self.kernel.inner.traces() {
             Some(traces) => {
                 let (span, trace) = traces.cron(&spec.name, slot);
                 (span, Some(trace))
@@ -988,7 +994,7 @@ impl Kernel {
                 Some(hivekernel_agents::TraceContext::new_root()),
             ),
         };
-        self.inner.tracker().spawn(crate::trace::scope_turn(
+        self.kernel.inner.tracker().spawn(crate::trace::scope_turn(
             opened,
             None,
             None,
@@ -996,13 +1002,14 @@ impl Kernel {
             async move {
                 if let Some(cluster) = lease
                     && !kernel
+                        .cron()
                         .leased(&cluster, (owner, spec.target, &name), slot, generation, why)
                         .await
                 {
                     return;
                 }
                 let started = Instant::now();
-                let outcome = kernel.run_cron(&spec).await;
+                let outcome = kernel.cron().run(&spec).await;
                 if let Err(why) = &outcome {
                     crate::trace::fail("cron_failed", why);
                 }
@@ -1017,7 +1024,7 @@ impl Kernel {
                 let mut state = kernel.inner.cron().state.lock();
                 // Only the entry that fired counts the run, not one that replaced it.
                 if state.ended(&name, generation) {
-                    kernel.record_run(&mut state, &name, run);
+                    kernel.cron().record_run(&mut state, &name, run);
                 }
             },
         ));
@@ -1028,7 +1035,7 @@ impl Kernel {
     /// fires at most once; when the store refuses, the run (of entry
     /// `generation`) ends there and the error says why.
     async fn commit_slot(
-        &self,
+        self,
         name: &str,
         slot: u64,
         generation: u64,
@@ -1037,24 +1044,29 @@ impl Kernel {
             name: name.to_owned(),
             at_ms: slot,
         };
-        let Err(err) = self.inner.store().commit(fired).await else {
+        let Err(err) = self.kernel.inner.store().commit(fired).await else {
             return Ok(());
         };
         tracing::error!(cron = %name, error = %err, "store: cron slot not recorded; not running it");
-        self.inner.cron().state.lock().ended(name, generation);
+        self.kernel
+            .inner
+            .cron()
+            .state
+            .lock()
+            .ended(name, generation);
         Err(err.to_string())
     }
 
     /// Adds a run to `name`'s history, in memory, in the store and as an event.
-    fn record_run(&self, state: &mut State, name: &str, run: CronRun) {
+    fn record_run(self, state: &mut State, name: &str, run: CronRun) {
         let Some(entry) = state.entries.get_mut(name) else {
             return;
         };
-        self.inner.store().submit(Write::CronRun {
+        self.kernel.inner.store().submit(Write::CronRun {
             name: name.to_owned(),
             run: run.clone(),
         });
-        self.inner.events().emit(
+        self.kernel.inner.events().emit(
             entry.spec.target,
             crate::events::EventKind::CronRun {
                 name: Arc::from(name),
@@ -1066,7 +1078,7 @@ impl Kernel {
     }
 
     /// Checks a spec and parses its expression.
-    fn check_cron(&self, caller: Caller, spec: &CronSpec) -> Result<Schedule> {
+    fn check(self, caller: Caller, spec: &CronSpec) -> Result<Schedule> {
         let bad = |what: String| Err(KernelError::InvalidArgument(what));
         if spec.name.trim().is_empty()
             || spec.name.len() > MAX_CRON_NAME_BYTES
@@ -1079,16 +1091,17 @@ impl Kernel {
         }
         let schedule = crontab::parse(&spec.expression)
             .or_else(|why| bad(format!("cron expression: {why}")))?;
-        let limits = &self.inner.settings().limits;
+        let limits = &self.kernel.inner.settings().limits;
         limits.check_payload("description", &spec.description)?;
         match (spec.action, &spec.template) {
             (super::CronAction::Spawn, None) => {
                 return bad("cron action spawn needs a template".into());
             }
             (super::CronAction::Spawn, Some(template))
-                if self.inner.cron().template(template).is_none() =>
+                if self.kernel.inner.cron().template(template).is_none() =>
             {
-                let known: Vec<String> = self.inner.cron().templates.keys().cloned().collect();
+                let known: Vec<String> =
+                    self.kernel.inner.cron().templates.keys().cloned().collect();
                 return bad(format!(
                     "unknown template {template:?} (known: {})",
                     if known.is_empty() {
@@ -1104,7 +1117,7 @@ impl Kernel {
             _ => {}
         }
         let target = spec.target;
-        let table = self.inner.table().read();
+        let table = self.kernel.inner.table().read();
         let entry = table.get(target).ok_or(KernelError::NotFound(target))?;
         if !entry.is_alive() {
             return Err(KernelError::FailedPrecondition(format!(

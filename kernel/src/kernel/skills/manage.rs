@@ -17,9 +17,10 @@ use hivekernel_agents::skill::{
 use hivekernel_agents::syscalls::Checkpoint;
 use hivekernel_agents::{Capability, Pid};
 
+use super::SkillsHandle;
 use crate::error::{KernelError, Result, shown};
 use crate::events::{EventKind, unix_ms};
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::Caller;
 use crate::skills::SavedSkill;
 use crate::store::{Applied, SkillPut, Write, lineage};
 
@@ -30,28 +31,30 @@ pub(crate) const MAX_SAVED_PER_OWNER: u64 = 100;
 /// Longest `reason` kept with a version, in bytes (cut at a character).
 const MAX_REASON_BYTES: usize = 500;
 
-impl Kernel {
+impl SkillsHandle<'_> {
     /// Creates, edits or deletes a saved skill for `caller` (see the module
     /// docs). Returns the version written, once committed; the commit, the
     /// kernel's view of the skill and the event land together even when
     /// the caller stops waiting. A refused write changes nothing.
     /// `checkpoint` is the calling turn's, kept with an approval request
-    /// the write waits for (see [`Kernel::ask_person`]).
-    pub async fn manage_skill(
-        &self,
+    /// the write waits for (see `InboxHandle::ask`).
+    pub async fn manage(
+        self,
         caller: Caller,
         write: SkillWrite,
         checkpoint: Checkpoint<'_>,
     ) -> Result<SkillVersion> {
         let result = async {
-            self.require(caller, Capability::ManageSkills, "manage skills")?;
-            self.manage_skill_checked(caller, write, checkpoint).await
+            self.kernel
+                .require(caller, Capability::ManageSkills, "manage skills")?;
+            self.manage_checked(caller, write, checkpoint).await
         };
-        self.report_denial(caller, "skill_manage", result.await)
+        self.kernel
+            .report_denial(caller, "skill_manage", result.await)
     }
 
-    async fn manage_skill_checked(
-        &self,
+    async fn manage_checked(
+        self,
         caller: Caller,
         write: SkillWrite,
         checkpoint: Checkpoint<'_>,
@@ -63,7 +66,7 @@ impl Kernel {
             reason,
         } = write;
         check_name(&name)?;
-        self.durable_store("saved skills")?;
+        self.kernel.durable_store("saved skills")?;
         let reason = reason.map(|r| hivekernel_agents::text::cut(r, MAX_REASON_BYTES));
         let (me, my_name, line) = self.who_changes(caller)?;
         // The skill changed (none for a create), the action, the new text
@@ -85,7 +88,13 @@ impl Kernel {
                 // own, or a descendant's it sees): edit that instead. A
                 // skill it only sees (an ancestor's, a global one) it may
                 // override with its own, which is nearer.
-                if let Some(seen) = self.inner.skills().saved().read().find(&name, me, &line)
+                if let Some(seen) = self
+                    .kernel
+                    .inner
+                    .skills()
+                    .saved()
+                    .read()
+                    .find(&name, me, &line)
                     && seen.changeable_by(me)
                 {
                     let saved = seen.saved();
@@ -134,7 +143,7 @@ impl Kernel {
         let put = SkillPut {
             owner,
             owner_name,
-            quota: self.storage_quota(&lineage),
+            quota: self.kernel.storage_quota(&lineage),
             lineage,
             name,
             visibility,
@@ -150,11 +159,12 @@ impl Kernel {
         // Owned by the kernel's tracker, so a caller that stops waiting (a
         // client gone, a process killed mid-call) cannot leave a committed
         // change out of the kernel's view or without its event.
-        let kernel = self.clone();
+        let kernel = self.kernel.clone();
         let landed = self
+            .kernel
             .inner
             .tracker()
-            .spawn(async move { kernel.land_skill(caller, me, put, skill).await });
+            .spawn(async move { kernel.skills().land(caller, me, put, skill).await });
         landed.await.map_err(|err| {
             if err.is_cancelled() {
                 KernelError::ShuttingDown
@@ -166,14 +176,14 @@ impl Kernel {
 
     /// Commits `put`, then puts what it wrote in the kernel's view (`skill`,
     /// the parsed new text; `None` for a delete) and emits the event.
-    async fn land_skill(
-        &self,
+    async fn land(
+        self,
         caller: Caller,
         me: Pid,
         put: SkillPut,
         skill: Option<hivekernel_agents::Skill>,
     ) -> Result<SkillVersion> {
-        let store = self.durable_store("saved skills")?;
+        let store = self.kernel.durable_store("saved skills")?;
         let version = match store
             .commit_applied(Write::Skill(Box::new(put.clone())))
             .await?
@@ -187,7 +197,7 @@ impl Kernel {
             }
         };
         {
-            let mut saved = self.inner.skills().saved().write();
+            let mut saved = self.kernel.inner.skills().saved().write();
             match skill {
                 Some(skill) => saved.put(SavedSkill::new(
                     skill,
@@ -204,7 +214,7 @@ impl Kernel {
                 None => saved.remove(&put.name, put.owner, version),
             }
         }
-        self.inner.events().emit(
+        self.kernel.inner.events().emit(
             me,
             EventKind::SkillChanged {
                 name: put.name.clone(),
@@ -234,8 +244,8 @@ impl Kernel {
 
     /// The kept versions of saved skill `name` (only `owner`'s when given),
     /// oldest first, with their text when `content`. Operators only.
-    pub async fn skill_history(
-        &self,
+    pub async fn history(
+        self,
         caller: Caller,
         name: &str,
         owner: Option<Pid>,
@@ -247,10 +257,10 @@ impl Kernel {
             ));
         }
         check_name(name)?;
-        let store = self.durable_store("saved skills")?;
+        let store = self.kernel.durable_store("saved skills")?;
         let versions = store.skill_history(name.to_owned(), owner, content).await?;
         if versions.is_empty() {
-            if let Some(entry) = self.inner.skills().config_skill(name) {
+            if let Some(entry) = self.kernel.inner.skills().config_skill(name) {
                 return Err(KernelError::NoSuchSkill(format!(
                     "skill {name:?} comes from the config ({}) and has no history here; \
                      only skills saved with skill_manage are versioned",
@@ -270,12 +280,12 @@ impl Kernel {
 
     /// Who is making a change: the process, or PID 1 for an operator; its
     /// name and its line from PID 1.
-    fn who_changes(&self, caller: Caller) -> Result<(Pid, String, Vec<Pid>)> {
+    fn who_changes(self, caller: Caller) -> Result<(Pid, String, Vec<Pid>)> {
         let me = caller.pid();
         if me == Pid::KERNEL {
             return Ok((me, caller.who(), vec![me]));
         }
-        let table = self.inner.table().read();
+        let table = self.kernel.inner.table().read();
         let entry = table.get(me).ok_or(KernelError::NotFound(me))?;
         let line = table.lineage(me).ok_or(KernelError::NotFound(me))?;
         Ok((me, entry.proc.ctx.name.to_string(), line))
@@ -283,8 +293,8 @@ impl Kernel {
 
     /// Refuses a new saved skill named like a config skill: the config's
     /// would hide it wherever both are seen.
-    fn refuse_config_name(&self, name: &str) -> Result<()> {
-        match self.inner.skills().config_skill(name) {
+    fn refuse_config_name(self, name: &str) -> Result<()> {
+        match self.kernel.inner.skills().config_skill(name) {
             Some(entry) => Err(KernelError::InvalidArgument(format!(
                 "skill {name:?} comes from the config ({}); a saved skill of that name would be \
                  hidden by it, so pick another name",
@@ -300,7 +310,7 @@ impl Kernel {
     /// caller sees but may not change names its owner; one it neither sees
     /// nor may change does not exist for it.
     fn changeable(
-        &self,
+        self,
         caller: Caller,
         owner: Option<Pid>,
         name: &str,
@@ -309,7 +319,7 @@ impl Kernel {
     ) -> Result<SavedSkill> {
         // What the caller sees of the name, when it may change none of them.
         let seen = {
-            let saved = self.inner.skills().saved().read();
+            let saved = self.kernel.inner.skills().saved().read();
             match saved.changeable(name, owner, me, line) {
                 Ok(Some(held)) => return Ok(held.clone()),
                 Ok(None) => saved.find(name, me, line).map(|s| s.saved().clone()),
@@ -331,7 +341,7 @@ impl Kernel {
             )));
         }
         if owner.is_none()
-            && let Some(entry) = self.inner.skills().config_skill(name)
+            && let Some(entry) = self.kernel.inner.skills().config_skill(name)
         {
             return Err(KernelError::PermissionDenied(format!(
                 "skill {name:?} comes from the config ({}); only skills saved with \

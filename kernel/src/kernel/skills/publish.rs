@@ -15,20 +15,21 @@ use hivekernel_agents::syscalls::Checkpoint;
 use hivekernel_agents::text::cut_str;
 use hivekernel_agents::{Capability, OnTimeout, Pid};
 
+use super::SkillsHandle;
 use crate::error::{KernelError, Result, shown};
 use crate::inbox::{Ask, Decision};
-use crate::kernel::{Caller, Kernel, MAX_SHOWN_ARGUMENTS};
+use crate::kernel::{Caller, MAX_SHOWN_ARGUMENTS};
 
 /// How long a write that publishes a skill waits for a person.
 pub(crate) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(600);
 
-impl Kernel {
+impl SkillsHandle<'_> {
     /// Returns once `pid` may leave skill `name` `global` with `content`
     /// (its `action`): at once when it holds `publish_skills`, else once a
     /// person approves; a denial or the timeout is PERMISSION_DENIED,
     /// saying so.
     pub(super) async fn approve_publish(
-        &self,
+        self,
         pid: Pid,
         name: &str,
         action: SkillAction,
@@ -37,6 +38,7 @@ impl Kernel {
     ) -> Result<()> {
         let caller = Caller::Process(pid);
         if self
+            .kernel
             .require(caller, Capability::PublishSkills, "publish skills")
             .is_ok()
         {
@@ -54,7 +56,9 @@ impl Kernel {
         };
         tracing::info!(%pid, skill = %name, "a global skill waits for a person's approval");
         let resolution = self
-            .ask_person(
+            .kernel
+            .inbox()
+            .ask(
                 pid,
                 ask,
                 PUBLISH_TIMEOUT,

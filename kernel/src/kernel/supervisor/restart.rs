@@ -286,7 +286,7 @@ impl Kernel {
     async fn revived(&self, pid: Pid, launch: Option<Launch>) -> u32 {
         self.keep_history(std::iter::once(pid), false);
         if let Some(launch) = launch {
-            self.launch_exec(launch).await;
+            self.exec().launch(launch).await;
         }
         let table = self.inner.table().read();
         table.get(pid).map_or(0, |e| e.restarts())
@@ -432,7 +432,7 @@ impl Kernel {
         }
         self.keep_history(group.pids.iter().copied(), false);
         for launch in launches {
-            self.launch_exec(launch).await;
+            self.exec().launch(launch).await;
         }
         self.finish_exits(exits).await;
     }
@@ -461,7 +461,7 @@ impl Kernel {
     /// restarted.
     fn revive(&self, entry: &mut Entry) -> std::result::Result<(u32, Option<Launch>), String> {
         let old = &entry.proc;
-        if let Some(launch) = self.relaunch_exec(old.ctx.pid) {
+        if let Some(launch) = self.exec().relaunch(old.ctx.pid) {
             return Ok((restarted(entry), Some(launch)));
         }
         let factory = self

@@ -11,10 +11,10 @@ use std::time::Duration;
 use cron::Schedule;
 use hivekernel_agents::Pid;
 
-use super::{CronRun, CronSource, CronSpec, Entry, Firing, Missed};
+use super::{CronHandle, CronRun, CronSource, CronSpec, Entry, Firing, Missed};
 use crate::cluster::{CLAIM_AGE, Cluster, KeptCron, Lease};
 use crate::crontab;
-use crate::kernel::{Caller, Kernel};
+use crate::kernel::Caller;
 use crate::reload::Outcome;
 use crate::store::Write;
 
@@ -27,7 +27,7 @@ const LOOKBACK: [Duration; 3] = [
     CLAIM_AGE,
 ];
 
-impl Kernel {
+impl CronHandle<'_> {
     /// Whether this node fires slot `slot` of entry `name` of `owner` (of
     /// `generation`): it won the slot's claim and recorded the slot.
     /// Otherwise its run ends here: a slot another node fired is recorded
@@ -35,7 +35,7 @@ impl Kernel {
     /// move), one whose claim failed as failed; either way the slot has
     /// passed for the entry.
     pub(super) async fn leased(
-        &self,
+        self,
         cluster: &Cluster,
         (owner, target, name): (Pid, Pid, &str),
         slot: u64,
@@ -43,7 +43,7 @@ impl Kernel {
         why: Firing,
     ) -> bool {
         // An entry that follows its target is claimed under it.
-        let follows = self.cron_follows(target).map(|_| target);
+        let follows = self.follows(target).map(|_| target);
         let (status, output) = match cluster.lease_slot((owner, follows), name, slot).await {
             Ok(Lease::Won) => return self.commit_slot(name, slot, generation).await.is_ok(),
             Ok(Lease::Taken(_)) if why == Firing::Missed => (None, String::new()),
@@ -56,11 +56,11 @@ impl Kernel {
                 format!("not fired: the slot could not be claimed in the cluster: {err}"),
             ),
         };
-        self.inner.store().submit(Write::CronFired {
+        self.kernel.inner.store().submit(Write::CronFired {
             name: name.to_owned(),
             at_ms: slot,
         });
-        let mut state = self.inner.cron().state.lock();
+        let mut state = self.kernel.inner.cron().state.lock();
         if state.ended(name, generation)
             && let Some(status) = status
         {
@@ -79,8 +79,8 @@ impl Kernel {
     /// `now_ms` on a kernel alone; on a node of a cluster the latest slot
     /// that passed, so that it is claimed as the same slot whichever node
     /// looks (the node that ran the entry may have fired it).
-    pub(super) fn missed_slot(&self, schedule: &Schedule, since_ms: u64, now_ms: u64) -> u64 {
-        if self.inner.cluster().is_none() {
+    pub(super) fn missed_slot(self, schedule: &Schedule, since_ms: u64, now_ms: u64) -> u64 {
+        if self.kernel.inner.cluster().is_none() {
             return now_ms;
         }
         latest_slot(schedule, since_ms, now_ms).unwrap_or(now_ms)
@@ -90,20 +90,20 @@ impl Kernel {
     /// entries `entries`, which follow it. A `run_once` entry fires its
     /// latest slot of the last day now, unless a node fired it already (the
     /// claim tells): its node may have gone before it could.
-    pub(crate) async fn adopt_cron(&self, pid: Pid, entries: &[CronSpec]) {
+    pub(crate) async fn adopt(self, pid: Pid, entries: &[CronSpec]) {
         if entries.is_empty() {
             return;
         }
         let declared = crate::kernel::cron::declared(pid, entries).collect();
-        for change in self.declare_cron(declared, false).await {
+        for change in self.declare(declared, false).await {
             if change.outcome == Outcome::Failed {
                 tracing::warn!(cron = %change.name, %pid, detail = %change.detail, "cron entry of a config agent taken over not loaded");
             }
         }
-        let now = self.cron_now_ms();
+        let now = self.now_ms();
         let since = now.saturating_sub(CLAIM_AGE.as_millis() as u64);
         let missed: Vec<(String, u64)> = {
-            let state = self.inner.cron().state.lock();
+            let state = self.kernel.inner.cron().state.lock();
             entries
                 .iter()
                 .filter(|spec| spec.missed == Missed::RunOnce)
@@ -128,8 +128,8 @@ impl Kernel {
     /// runs it): the agent's config entries, and the API entries aimed at
     /// it (kept in `hk_cron`, where the other node read them), which go
     /// with it.
-    pub(crate) fn forget_cron(&self, pid: Pid) {
-        let mut state = self.inner.cron().state.lock();
+    pub(crate) fn forget(self, pid: Pid) {
+        let mut state = self.kernel.inner.cron().state.lock();
         let names: Vec<String> = state
             .entries
             .values()
@@ -141,18 +141,18 @@ impl Kernel {
             .collect();
         for name in names {
             state.remove(&name);
-            self.inner.store().submit(Write::CronRemove(name));
+            self.kernel.inner.store().submit(Write::CronRemove(name));
         }
     }
 }
 
-impl Kernel {
+impl CronHandle<'_> {
     /// The cluster, when an API entry aimed at `target` follows it: a
     /// process this node runs that may move (docs/CLUSTER.md, "Events and
     /// cron").
-    pub(super) fn cron_follows(&self, target: Pid) -> Option<Arc<Cluster>> {
-        let cluster = self.inner.cluster()?;
-        self.moves_from_here(target).then(|| cluster.clone())
+    pub(super) fn follows(self, target: Pid) -> Option<Arc<Cluster>> {
+        let cluster = self.kernel.inner.cluster()?;
+        self.kernel.moves_from_here(target).then(|| cluster.clone())
     }
 
     /// Takes on the API entries the cluster keeps for `targets`, processes
@@ -163,16 +163,16 @@ impl Kernel {
     /// this node's cron to have started. An entry here already is left as
     /// it is; one whose name another entry here has, or that does not
     /// pass the checks of an add, is left out, said in the log.
-    pub(crate) async fn take_crons(&self, targets: &[Pid]) {
-        let Some(cluster) = self.inner.cluster().cloned() else {
+    pub(crate) async fn take(self, targets: &[Pid]) {
+        let Some(cluster) = self.kernel.inner.cluster().cloned() else {
             return;
         };
         if targets.is_empty() {
             return;
         }
-        let mut ready = self.inner.cron().ready.subscribe();
+        let mut ready = self.kernel.inner.cron().ready.subscribe();
         tokio::select! {
-            () = self.inner.stop_begun().cancelled() => return,
+            () = self.kernel.inner.stop_begun().cancelled() => return,
             started = ready.wait_for(|ready| *ready) => if started.is_err() { return },
         }
         let wanted: HashSet<Pid> = targets.iter().copied().collect();
@@ -186,8 +186,8 @@ impl Kernel {
         if kept.is_empty() {
             return;
         }
-        let admin = self.inner.cron().admin.clone().lock_owned().await;
-        let now = self.cron_now_ms();
+        let admin = self.kernel.inner.cron().admin.clone().lock_owned().await;
+        let now = self.now_ms();
         let mut taken = Vec::new();
         for (target, kept) in kept {
             let KeptCron {
@@ -197,11 +197,12 @@ impl Kernel {
                 ..
             } = kept;
             let name = spec.name.clone();
-            if spec.target != target || self.cron_follows(target).is_none() {
+            if spec.target != target || self.follows(target).is_none() {
                 tracing::warn!(cron = name, %target, aimed_at = %spec.target, "cluster: a cron entry in hk_cron is not for a process that moved here; left out");
                 continue;
             }
             let here = self
+                .kernel
                 .inner
                 .cron()
                 .state
@@ -222,24 +223,24 @@ impl Kernel {
             } else {
                 Caller::Process(owner)
             };
-            let schedule = match self.check_cron(as_owner, &spec) {
+            let schedule = match self.check(as_owner, &spec) {
                 Ok(schedule) => schedule,
                 Err(err) => {
                     tracing::warn!(cron = name, error = %err, "cluster: a cron entry taken over is refused here; left out");
                     continue;
                 }
             };
-            let generation = self.inner.cron().generation();
+            let generation = self.kernel.inner.cron().generation();
             let entry = Entry::added(spec, schedule, owner, created_ms, generation);
             // Written again as this node's: the key names who holds it.
             if let Err(err) = cluster.keep_cron(owner, &entry.spec, created_ms).await {
                 tracing::warn!(cron = name, error = %err, "cluster: a cron entry taken over not written back");
             }
-            if let Err(err) = self.inner.store().commit(entry.put()).await {
+            if let Err(err) = self.kernel.inner.store().commit(entry.put()).await {
                 tracing::error!(cron = name, error = %err, "store: a cron entry taken over not recorded; it runs until this node stops");
             }
             let catch_up = entry.spec.missed == Missed::RunOnce && entry.enabled();
-            let mut state = self.inner.cron().state.lock();
+            let mut state = self.kernel.inner.cron().state.lock();
             state.insert(entry);
             state.reschedule(&name, now);
             if catch_up && let Some(entry) = state.entries.get(&name) {
@@ -251,15 +252,15 @@ impl Kernel {
             tracing::info!(cron = name, %target, "cluster: cron entry taken over with its target");
         }
         drop(admin);
-        self.inner.cron().wake.notify_one();
+        self.kernel.inner.cron().wake.notify_one();
         for (name, slot) in taken {
             self.fire(&name, slot, Firing::Missed).await;
         }
     }
 
     /// Marks this node's cron as started: entries taken over may join it.
-    pub(crate) fn cron_started(&self) {
-        self.inner.cron().ready.send_replace(true);
+    pub(crate) fn started(self) {
+        self.kernel.inner.cron().ready.send_replace(true);
     }
 }
 
