@@ -1034,6 +1034,21 @@ fn a_schedule_of_faults_loses_no_acknowledged_message() {
         names.iter().position(|name| name == node)
     };
 
+    // Whether a node other than `i` that answers lists no node `i` now.
+    let declared_lost = |nodes: &[Option<Binary>], i: usize| -> bool {
+        (0..3)
+            .filter(|&j| j != i)
+            .filter_map(|j| nodes[j].as_ref())
+            .any(|other| {
+                let out = other.command(&["nodes", "--json"]).output().unwrap();
+                out.status.success()
+                    && serde_json::from_slice::<Value>(&out.stdout)
+                        .ok()
+                        .and_then(|seen| seen.as_array().cloned())
+                        .is_some_and(|seen| !seen.iter().any(|n| n["name"] == names[i]))
+            })
+    };
+
     let mut acked: Vec<String> = Vec::new();
     let mut down: Option<(usize, Instant)> = None;
     let mut nats_down: Option<(usize, Instant)> = None;
@@ -1090,9 +1105,20 @@ fn a_schedule_of_faults_loses_no_acknowledged_message() {
             paused = Some((i, Instant::now(), queued));
             faults += 1;
         }
-        let resume = paused
-            .as_ref()
-            .is_some_and(|(_, since, _)| since.elapsed() > Duration::from_millis(TTL_MS + 1_500));
+        // Resumed once past its TTL and once another node has declared it
+        // lost (under load that can take longer than the TTL): a node
+        // nobody declared lost is still a member, and may answer.
+        let resume = paused.as_ref().is_some_and(|(i, since, _)| {
+            if since.elapsed() <= Duration::from_millis(TTL_MS + 1_500) {
+                return false;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "node {} paused for 30 s and still listed",
+                names[*i]
+            );
+            declared_lost(&nodes, *i)
+        });
         if resume && let Some((i, _, queued)) = paused.take() {
             let mut node = nodes[i].take().unwrap();
             signal(&node, "CONT");
