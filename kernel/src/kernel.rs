@@ -64,7 +64,7 @@ pub use transcript::{Recording, TranscriptsHandle};
 
 pub use builder::{AgentRefused, Declared, KernelBuilder, Started};
 pub(crate) use cluster::moved_away;
-pub use cluster::{Snapshots, Unanswered};
+pub use cluster::{NodeHandle, Snapshots, Unanswered};
 pub use declared::Placed;
 use inner::{Inner, Parts};
 pub use mcp::{McpHandle, McpToolInfo};
@@ -188,9 +188,9 @@ impl Kernel {
                 None => Err(KernelError::NotFound(pid)),
             };
         }
-        match self.local_infos(&[pid]).pop().flatten() {
+        match self.node().local_infos(&[pid]).pop().flatten() {
             Some(info) => Ok(info),
-            None => self.remote_info(pid).await,
+            None => self.node().remote_info(pid).await,
         }
     }
 
@@ -213,7 +213,7 @@ impl Kernel {
         if self.inner.cluster().is_none() {
             return Err(KernelError::NotFound(root));
         }
-        match self.holder(root).await? {
+        match self.node().holder(root).await? {
             // Listed a moment ago, not mirrored yet: nothing below it yet.
             Some(_) => Ok(vec![root]),
             None => Err(KernelError::NotFound(root)),
@@ -231,7 +231,7 @@ impl Kernel {
     /// did not answer for them.
     pub async fn snapshots(&self, pids: &[Pid]) -> Snapshots {
         if let Some(cluster) = self.inner.cluster() {
-            return self.cluster_infos(cluster, pids).await;
+            return self.node().cluster_infos(cluster, pids).await;
         }
         // Alone: one vector, reused in place (100k snapshots are tens of MB).
         let infos: Vec<ProcessInfo> = {

@@ -74,7 +74,7 @@ where
         };
         // The caller, as the authentication layer put it there.
         let own = match request.extensions().get::<Caller>() {
-            Some(Caller::Process(pid)) if !self.kernel.moves_from_here(*pid) => {
+            Some(Caller::Process(pid)) if !self.kernel.node().moves_from_here(*pid) => {
                 return Either::Left(self.inner.call(request));
             }
             Some(Caller::Process(pid)) => Some(*pid),

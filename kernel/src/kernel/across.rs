@@ -26,9 +26,10 @@ use crate::budget::Pool;
 use crate::cluster::rpc::Op;
 use crate::cluster::{Cluster, KeptLoan};
 use crate::error::{KernelError, Result};
+use crate::kernel::Caller;
+use crate::kernel::cluster::NodeHandle;
 use crate::kernel::cluster::{FORWARDED_KILL, FORWARDED_SEND, FORWARDED_SPAWN, Holder};
 use crate::kernel::spawn::{Birth, alive_parent};
-use crate::kernel::{Caller, Kernel};
 use crate::process::{Children, ProcessTable};
 
 /// When a repay is told to the lending node: at once, then again while it
@@ -67,7 +68,7 @@ pub(crate) struct ParentGrant {
     pub(crate) node: Arc<str>,
 }
 
-impl Kernel {
+impl<'k> NodeHandle<'k> {
     /// On the node holding `parent`: holds a child slot of `parent` for
     /// `child`, which another node spawns (once: a child coming back
     /// after its node's loss holds it already), and lends what the child
@@ -79,14 +80,14 @@ impl Kernel {
     /// loan it opened, if it opened one: the owner of the budget lent
     /// from, and the amount.
     fn lend(
-        &self,
+        self,
         parent: Pid,
         child: Pid,
         held: bool,
         tokens: Option<u64>,
     ) -> Result<(ParentGrant, Option<(Pid, u64)>)> {
-        let mut table = self.inner.table().write();
-        self.check_running()?;
+        let mut table = self.kernel.inner.table().write();
+        self.kernel.check_running()?;
         alive_parent(parent, table.get(parent))?;
         if table.get(child).is_some() {
             return Err(KernelError::FailedPrecondition(format!(
@@ -103,7 +104,7 @@ impl Kernel {
             )));
         }
         let lender = entry.proc.budget.clone();
-        let has_loan = self.inner.loans().lock().contains_key(&child);
+        let has_loan = self.kernel.inner.loans().lock().contains_key(&child);
         if let Some(pool) = &lender
             && tokens.is_none()
             && !has_loan
@@ -129,7 +130,7 @@ impl Kernel {
         let (loaned, opened) = match (&lender, tokens) {
             (Some(lender), Some(amount)) if !has_loan => {
                 let loan = Pool::allocate(child, amount, Some(lender))?;
-                self.inner.loans().lock().insert(child, loan);
+                self.kernel.inner.loans().lock().insert(child, loan);
                 (true, Some((lender.owner(), amount)))
             }
             (Some(_), _) => (has_loan, None),
@@ -159,25 +160,25 @@ impl Kernel {
         Ok((grant, opened))
     }
 
-    /// [`Kernel::lend`], with a loan it opens kept in the cluster
+    /// [`NodeHandle::lend`], with a loan it opens kept in the cluster
     /// (`hk_loans`) before the child's node hears of it. A loan that
     /// cannot be kept is refused, and nothing is held for the child. A
     /// child coming back whose loan this node does not hold (it started
     /// again, and has not read its records yet) gets it from its record.
     pub(super) async fn lend_kept(
-        &self,
+        self,
         parent: Pid,
         child: Pid,
         held: bool,
         tokens: Option<u64>,
     ) -> Result<ParentGrant> {
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return self
                 .lend(parent, child, held, tokens)
                 .map(|(grant, _)| grant);
         };
-        if held && tokens.is_some() && !self.inner.loans().lock().contains_key(&child) {
-            let _records = self.inner.loan_records().lock().await;
+        if held && tokens.is_some() && !self.kernel.inner.loans().lock().contains_key(&child) {
+            let _records = self.kernel.inner.loan_records().lock().await;
             match cluster.loan(child).await {
                 Ok(Some(kept)) => self.match_record(cluster, child, kept, true).await,
                 Ok(None) => {}
@@ -219,16 +220,16 @@ impl Kernel {
     /// charge is, then removed from the cluster. A loan this node does
     /// not hold (it started again, and has not read its records yet) is
     /// charged from its record.
-    pub(super) async fn repaid(&self, child: Pid, used: u64) {
-        let loan = self.inner.loans().lock().remove(&child);
+    pub(super) async fn repaid(self, child: Pid, used: u64) {
+        let loan = self.kernel.inner.loans().lock().remove(&child);
         if let Some(loan) = loan {
             self.charge_loan(child, &loan, used).await;
             return;
         }
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
-        let _records = self.inner.loan_records().lock().await;
+        let _records = self.kernel.inner.loan_records().lock().await;
         match cluster.loan(child).await {
             Ok(Some(kept)) if kept.repaid => self.match_record(cluster, child, kept, false).await,
             Ok(_) => {}
@@ -242,14 +243,14 @@ impl Kernel {
     /// the rest back, keeps what the budgets above it spent, and only
     /// then removes its record: a crash in between charges it again at
     /// the next start, never not at all.
-    async fn charge_loan(&self, child: Pid, loan: &Pool, used: u64) {
+    async fn charge_loan(self, child: Pid, loan: &Pool, used: u64) {
         loan.charge(used.min(loan.allocated()));
         loan.close();
         if let Err(err) = self.keep_budgets(loan.lender_owner()).await {
             tracing::warn!(%child, error = %err, "what a loan used was charged but not kept; its record stays, to be charged at the next start");
             return;
         }
-        if let Some(cluster) = self.inner.cluster() {
+        if let Some(cluster) = self.kernel.inner.cluster() {
             cluster.close_loan(child).await;
         }
     }
@@ -258,12 +259,12 @@ impl Kernel {
     /// (its node lost: it does not move, or it had exited) is charged what
     /// its node last reported it spent, or whole when nothing can be
     /// read: a budget is not overdrawn.
-    pub(super) async fn settle_loan(&self, child: Pid) {
-        let loan = self.inner.loans().lock().remove(&child);
+    pub(super) async fn settle_loan(self, child: Pid) {
+        let loan = self.kernel.inner.loans().lock().remove(&child);
         let Some(loan) = loan else {
             return;
         };
-        let reported = match self.inner.cluster() {
+        let reported = match self.kernel.inner.cluster() {
             Some(cluster) => cluster.loan(child).await,
             None => Ok(None),
         };
@@ -280,9 +281,9 @@ impl Kernel {
 
     /// After this node's restart: the loans it made to children on
     /// other nodes (by its name: those of its former epochs), from their
-    /// records ([`Kernel::match_record`]).
-    pub(super) async fn reopen_loans(&self) {
-        let Some(cluster) = self.inner.cluster() else {
+    /// records ([`NodeHandle::match_record`]).
+    pub(super) async fn reopen_loans(self) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let children = match cluster.children_on_loan().await {
@@ -294,7 +295,7 @@ impl Kernel {
         };
         for child in children {
             // Read under the lock: a repay may come meanwhile.
-            let _records = self.inner.loan_records().lock().await;
+            let _records = self.kernel.inner.loan_records().lock().await;
             match cluster.loan(child).await {
                 Ok(Some(kept)) => self.match_record(cluster, child, kept, false).await,
                 Ok(None) => {}
@@ -312,8 +313,8 @@ impl Kernel {
     /// kept to move) is lent again from its lender's budget, whatever that
     /// has left (it had it then); one whose child is gone is charged what
     /// it last reported; one whose lender did not come back is removed.
-    async fn match_record(&self, cluster: &Cluster, child: Pid, kept: KeptLoan, asked: bool) {
-        if kept.node != cluster.node() || self.inner.loans().lock().contains_key(&child) {
+    async fn match_record(self, cluster: &Cluster, child: Pid, kept: KeptLoan, asked: bool) {
+        if kept.node != cluster.node() || self.kernel.inner.loans().lock().contains_key(&child) {
             return;
         }
         let lender = self.own_budget(kept.lender);
@@ -334,13 +335,13 @@ impl Kernel {
         if kept.repaid || !lives {
             self.charge_loan(child, &loan, kept.spent).await;
         } else {
-            self.inner.loans().lock().insert(child, loan);
+            self.kernel.inner.loans().lock().insert(child, loan);
         }
     }
 
     /// The budget `pid` owns, if it runs here and owns one.
-    fn own_budget(&self, pid: Pid) -> Option<Arc<Pool>> {
-        let table = self.inner.table().read();
+    fn own_budget(self, pid: Pid) -> Option<Arc<Pool>> {
+        let table = self.kernel.inner.table().read();
         let proc = &table.get(pid)?.proc;
         proc.budget
             .clone()
@@ -351,7 +352,7 @@ impl Kernel {
     /// budget of `amount` while it ran on another node (lost since): the
     /// loan, from the same `lender`, is its budget here.
     pub(super) fn loan_back(
-        &self,
+        self,
         pid: Pid,
         birth: Birth,
         amount: u64,
@@ -361,7 +362,7 @@ impl Kernel {
         if !matches!(birth, Birth::Restored(_)) {
             return None;
         }
-        let mut loans = self.inner.loans().lock();
+        let mut loans = self.kernel.inner.loans().lock();
         let loan = loans.get(&pid)?;
         if loan.allocated() != amount || loan.lender_owner() != Some(lender.owner()) {
             return None;
@@ -372,10 +373,10 @@ impl Kernel {
     /// On the node a child on loan moved to, before it takes a message:
     /// its budget carries on from what its former node last reported it
     /// spent, kept in this node's store. Moved to its parent's node, the
-    /// loan is its budget here ([`Kernel::loan_back`]), charged that, and
+    /// loan is its budget here ([`NodeHandle::loan_back`]), charged that, and
     /// the cluster no longer keeps it.
-    pub(super) async fn carry_loan(&self, child: Pid) {
-        let Some(cluster) = self.inner.cluster() else {
+    pub(super) async fn carry_loan(self, child: Pid) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let Some(pool) = self.own_budget(child) else {
@@ -408,14 +409,14 @@ impl Kernel {
     /// was lent from spent, as a model call's charge does, so a restart of
     /// this node does not give it back.
     async fn keep_budgets(
-        &self,
+        self,
         owner: Option<Pid>,
     ) -> std::result::Result<(), crate::store::StoreError> {
-        if !self.inner.store().is_durable() {
+        if !self.kernel.inner.store().is_durable() {
             return Ok(());
         }
         let writes: Vec<crate::store::Write> = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let mut owner = owner;
             let mut writes = Vec::new();
             while let Some(pid) = owner {
@@ -430,22 +431,22 @@ impl Kernel {
             }
             writes
         };
-        self.inner.store().commit_all(writes).await
+        self.kernel.inner.store().commit_all(writes).await
     }
 
     /// On the parent's node: the spawn of `child` failed, so nothing of
     /// its loan was spent, and the cluster no longer keeps it.
-    pub(super) async fn cancel_loan(&self, child: Pid) {
+    pub(super) async fn cancel_loan(self, child: Pid) {
         if self.forget_loan(child)
-            && let Some(cluster) = self.inner.cluster()
+            && let Some(cluster) = self.kernel.inner.cluster()
         {
             cluster.close_loan(child).await;
         }
     }
 
     /// Gives the loan to `child` back whole, here only; whether there was one.
-    fn forget_loan(&self, child: Pid) -> bool {
-        let loan = self.inner.loans().lock().remove(&child);
+    fn forget_loan(self, child: Pid) -> bool {
+        let loan = self.kernel.inner.loans().lock().remove(&child);
         loan.inspect(|loan| loan.close()).is_some()
     }
 
@@ -454,10 +455,10 @@ impl Kernel {
     /// record (so a lending node down now charges it at its next start),
     /// then to that node, asked again 1 s and 4 s later while it does not
     /// answer. In the background, so a slow node holds up no exit.
-    pub(super) fn repay_loans(&self, repays: Vec<(Pid, Arc<Pool>)>) {
-        let kernel = self.clone();
-        let shutdown = self.inner.shutdown().clone();
-        self.inner.tracker().spawn(async move {
+    pub(super) fn repay_loans(self, repays: Vec<(Pid, Arc<Pool>)>) {
+        let kernel = self.kernel.clone();
+        let shutdown = self.kernel.inner.shutdown().clone();
+        self.kernel.inner.tracker().spawn(async move {
             let asks = repays.iter().map(|(child, pool)| {
                 let kernel = &kernel;
                 let shutdown = &shutdown;
@@ -484,7 +485,7 @@ impl Kernel {
                             () = tokio::time::sleep(wait) => {}
                             () = shutdown.cancelled() => break,
                         }
-                        match kernel.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
+                        match kernel.node().forward::<()>(node, op.clone(), FORWARDED_SEND).await {
                             Ok(()) => return,
                             Err(err) => error = Some(err),
                         }
@@ -503,7 +504,7 @@ impl Kernel {
     /// the directory lists alive under it, and those here. Another node
     /// kept their slots; this one does now.
     pub(super) fn children_listed(
-        &self,
+        self,
         table: &ProcessTable,
         pid: Pid,
         birth: Birth,
@@ -515,7 +516,7 @@ impl Kernel {
         if matches!(birth, Birth::New { .. } | Birth::Replaced(_)) {
             return (children, live);
         }
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return (children, live);
         };
         // Here, under it while it was elsewhere, and on other nodes; taken
@@ -540,15 +541,15 @@ impl Kernel {
     /// What `parent` lends its child `child` when another node holds it;
     /// `None` when it lives here, or nowhere (the spawn then says which).
     pub(super) async fn borrow_parent(
-        &self,
+        self,
         parent: Pid,
         child: Pid,
         held: bool,
         tokens: Option<u64>,
     ) -> Result<Option<ParentGrant>> {
         if parent == Pid::KERNEL
-            || self.inner.cluster().is_none()
-            || self.inner.table().read().get(parent).is_some()
+            || self.kernel.inner.cluster().is_none()
+            || self.kernel.inner.table().read().get(parent).is_some()
         {
             return Ok(None);
         }
@@ -576,7 +577,7 @@ impl Kernel {
     /// still holds its slot. A parent that ended or restarted meanwhile
     /// (its subtree ended without this child, not listed yet) did not:
     /// the child ends, as an orphan.
-    pub(super) async fn confirm_child(&self, parent: Pid, child: Pid) {
+    pub(super) async fn confirm_child(self, parent: Pid, child: Pid) {
         match self.borrow_parent(parent, child, true, None).await {
             Ok(_) => {}
             Err(KernelError::Remote(refusal)) if refused_as_gone(&refusal) => {
@@ -584,7 +585,10 @@ impl Kernel {
                     "its parent {parent} ended or restarted before it started: {}",
                     refusal.message
                 );
-                let _ = self.kill_here(Caller::Admin, child, &reason, true).await;
+                let _ = self
+                    .kernel
+                    .kill_here(Caller::Admin, child, &reason, true)
+                    .await;
             }
             Err(err) => {
                 tracing::warn!(%parent, %child, error = %err, "cluster: a child's parent on another node could not be asked whether it still waits for it");
@@ -594,7 +598,7 @@ impl Kernel {
 
     /// Frees the slot `parent`'s node held for `child`, which was not
     /// spawned after all.
-    pub(super) async fn give_back(&self, parent: Pid, child: Pid) {
+    pub(super) async fn give_back(self, parent: Pid, child: Pid) {
         let Some(node) = self.held_elsewhere(parent) else {
             return;
         };
@@ -606,8 +610,8 @@ impl Kernel {
 
     /// On the parent's node: `child`, on another node, ended (or was
     /// never spawned), so `parent` no longer holds a slot for it.
-    pub(super) fn release_child(&self, parent: Pid, child: Pid) {
-        let mut table = self.inner.table().write();
+    pub(super) fn release_child(self, parent: Pid, child: Pid) {
+        let mut table = self.kernel.inner.table().write();
         // A child of this node is counted by its own exit and reap.
         if table.get(child).is_some() {
             return;
@@ -623,7 +627,7 @@ impl Kernel {
     /// A message from another node, before its receiver takes it: a
     /// `child_exited` notice frees the slot its receiver held for a child
     /// there.
-    pub(super) fn took_from_elsewhere(&self, message: &Message) {
+    pub(super) fn took_from_elsewhere(self, message: &Message) {
         if message.from != Pid::KERNEL || message.kind != kinds::CHILD_EXITED {
             return;
         }
@@ -643,9 +647,9 @@ impl Kernel {
     /// the parts below it on other nodes, which the mirror shows, are
     /// killed directly.
     pub(super) fn kill_elsewhere(
-        &self,
+        self,
         orphans: Vec<(Pid, Arc<str>)>,
-    ) -> futures::future::BoxFuture<'_, Killed> {
+    ) -> futures::future::BoxFuture<'k, Killed> {
         Box::pin(async move {
             let kills = orphans
                 .into_iter()
@@ -658,8 +662,8 @@ impl Kernel {
         })
     }
 
-    /// [`Kernel::kill_elsewhere`] of one child, `pid`.
-    async fn kill_orphan(&self, pid: Pid, reason: Arc<str>) -> Killed {
+    /// [`NodeHandle::kill_elsewhere`] of one child, `pid`.
+    async fn kill_orphan(self, pid: Pid, reason: Arc<str>) -> Killed {
         // The directory itself when the mirror has not listed it yet.
         let node = match self.holder(pid).await {
             Ok(Some(Holder::There(listing))) => listing.node,
@@ -667,6 +671,7 @@ impl Kernel {
             // node's own.
             Ok(Some(Holder::Here)) => {
                 return self
+                    .kernel
                     .kill_here(Caller::Admin, pid, &reason, true)
                     .await
                     .unwrap_or_default();
@@ -725,8 +730,8 @@ impl Kernel {
     /// `pid`'s subtree as the mirror shows it, split at node `node`: the
     /// processes of it that node holds (`pid` first), and the topmost of
     /// those below them that another node holds (this one included).
-    fn beyond(&self, pid: Pid, node: &str) -> (Vec<Pid>, Vec<Pid>) {
-        let Some(cluster) = self.inner.cluster() else {
+    fn beyond(self, pid: Pid, node: &str) -> (Vec<Pid>, Vec<Pid>) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return (vec![pid], Vec::new());
         };
         let listings = cluster.listings();
@@ -747,7 +752,7 @@ impl Kernel {
         // in it: this node's table has them.
         drop(listings);
         {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             for (child, entry) in table.iter() {
                 if entry.is_alive() && on_node.contains(&entry.ppid) && !elsewhere.contains(&child)
                 {

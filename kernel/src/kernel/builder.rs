@@ -243,7 +243,7 @@ impl KernelBuilder {
             skills,
         });
         kernel.mcp().start();
-        kernel.serve_cluster();
+        kernel.node().serve_cluster();
         // What comes back may sit under a parent on another node, or have
         // children there: read the cluster's tree first.
         if let Some(cluster) = kernel.cluster()
@@ -309,7 +309,7 @@ impl KernelBuilder {
         // After the cron's start, which would otherwise replace the entries
         // of an agent taken over meanwhile.
         kernel.keep_declared(agents);
-        kernel.keep_moving();
+        kernel.node().keep_moving();
         Ok(Started {
             kernel,
             agents: pids,

@@ -61,7 +61,22 @@ pub(crate) enum Holder {
     There(Listing),
 }
 
-impl Kernel {
+/// This kernel as a node of its cluster ([`Kernel::node`]): where a
+/// process lives and reading it there, forwarding what another node must
+/// do, answering other nodes, the lanes of the messages it makes, budgets
+/// lent to children on other nodes, and what it takes over from a lost
+/// node. On a kernel that runs alone, each finds everything here.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeHandle<'k> {
+    pub(super) kernel: &'k Kernel,
+}
+
+impl super::Kernel {
+    /// This kernel as a node of its cluster.
+    pub fn node(&self) -> NodeHandle<'_> {
+        NodeHandle { kernel: self }
+    }
+
     /// The cluster this kernel is a node of, if any.
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
         self.inner.cluster()
@@ -96,13 +111,15 @@ impl Kernel {
         }
         load
     }
+}
 
+impl NodeHandle<'_> {
     /// Where `pid` lives: here, on another live node, or nowhere.
-    pub(crate) async fn holder(&self, pid: Pid) -> Result<Option<Holder>> {
-        if self.inner.table().read().get(pid).is_some() {
+    pub(crate) async fn holder(self, pid: Pid) -> Result<Option<Holder>> {
+        if self.kernel.inner.table().read().get(pid).is_some() {
             return Ok(Some(Holder::Here));
         }
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Ok(None);
         };
         let listing = cluster
@@ -113,9 +130,9 @@ impl Kernel {
     }
 
     /// A snapshot of `pid`, which another node holds.
-    pub(super) async fn remote_info(&self, pid: Pid) -> Result<ProcessInfo> {
+    pub(super) async fn remote_info(self, pid: Pid) -> Result<ProcessInfo> {
         let (Some(cluster), Some(Holder::There(listing))) =
-            (self.inner.cluster(), self.holder(pid).await?)
+            (self.kernel.inner.cluster(), self.holder(pid).await?)
         else {
             return Err(KernelError::NotFound(pid));
         };
@@ -128,7 +145,7 @@ impl Kernel {
     /// Snapshots of `pids` in their order, skipping those gone: this
     /// node's from its table, the others' from the nodes holding them
     /// (each asked once per [`rpc::MAX_GET`] PIDs, the nodes at once).
-    pub(super) async fn cluster_infos(&self, cluster: &Cluster, pids: &[Pid]) -> Snapshots {
+    pub(super) async fn cluster_infos(self, cluster: &Cluster, pids: &[Pid]) -> Snapshots {
         let mut infos: Vec<Option<ProcessInfo>> = self.local_infos(pids);
         let mut wanted: HashMap<String, Vec<Pid>> = HashMap::new();
         {
@@ -199,15 +216,16 @@ impl Kernel {
     /// others, as callers get them: with their log paths and, on a node
     /// of a cluster, their node; PID 1's live children on the other nodes
     /// are counted too (every node's config agents).
-    pub(super) fn local_infos(&self, pids: &[Pid]) -> Vec<Option<ProcessInfo>> {
+    pub(super) fn local_infos(self, pids: &[Pid]) -> Vec<Option<ProcessInfo>> {
         let mut infos: Vec<Option<ProcessInfo>> = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             pids.iter()
                 .map(|pid| table.get(*pid).map(|e| e.info(*pid)))
                 .collect()
         };
         // One read of the mirror for the whole batch.
         let others = self
+            .kernel
             .inner
             .cluster()
             .map(|cluster| (cluster.node(), cluster.listings()));
@@ -231,27 +249,27 @@ impl Kernel {
         drop(others);
         infos
             .into_iter()
-            .map(|info| info.map(|info| self.exec().with_log_path(info)))
+            .map(|info| info.map(|info| self.kernel.exec().with_log_path(info)))
             .collect()
     }
 }
 
-impl Kernel {
+impl NodeHandle<'_> {
     /// Joins the kernel to its cluster, if any: hands it the kernel's load
     /// for its heartbeats and its processes' listings for the directory
     /// (through weak handles: the cluster does not keep the kernel alive),
     /// and answers the other nodes' requests until shutdown.
-    pub(super) fn serve_cluster(&self) {
-        let Some(cluster) = self.inner.cluster().cloned() else {
+    pub(super) fn serve_cluster(self) {
+        let Some(cluster) = self.kernel.inner.cluster().cloned() else {
             return;
         };
-        let weak = self.downgrade();
+        let weak = self.kernel.downgrade();
         cluster.set_load(Arc::new(move || {
             weak.upgrade()
                 .map(|inner| Kernel { inner }.load())
                 .unwrap_or_default()
         }));
-        let weak = self.downgrade();
+        let weak = self.kernel.downgrade();
         let (node, epoch) = (cluster.node().to_owned(), cluster.epoch());
         let read: crate::cluster::ReadFn = Arc::new(move |pids: &[Pid]| {
             let Some(inner) = weak.upgrade() else {
@@ -268,6 +286,7 @@ impl Kernel {
                 .collect()
         });
         let now: Vec<Pid> = self
+            .kernel
             .inner
             .table()
             .read()
@@ -277,9 +296,9 @@ impl Kernel {
         cluster.start_directory(read, now);
         // Every event of this run goes to the cluster's stream, those
         // emitted before this point included.
-        let weak = self.downgrade();
+        let weak = self.kernel.downgrade();
         cluster.publish_events(
-            self.inner.events().first_seq() - 1,
+            self.kernel.inner.events().first_seq() - 1,
             Arc::new(move |after| {
                 weak.upgrade()
                     .map(|inner| inner.events().subscribe(Some(after)))
@@ -290,10 +309,10 @@ impl Kernel {
         let Some(requests) = cluster.requests() else {
             return;
         };
-        let weak = self.downgrade();
-        let shutdown = self.inner.shutdown().clone();
-        let tracker = self.inner.tracker().clone();
-        self.inner.tracker().spawn(async move {
+        let weak = self.kernel.downgrade();
+        let shutdown = self.kernel.inner.shutdown().clone();
+        let tracker = self.kernel.inner.tracker().clone();
+        self.kernel.inner.tracker().spawn(async move {
             // Tasks run as long as their timeout, waits up to 30 s: each
             // have slots of their own, so they never hold up reads, kills
             // or each other.
@@ -344,7 +363,7 @@ impl Kernel {
                 let kernel = Kernel { inner };
                 let cluster = cluster.clone();
                 tracker.spawn(async move {
-                    let answer = kernel.answer(&cluster, request).await;
+                    let answer = kernel.node().answer(&cluster, request).await;
                     cluster.answer(reply, &asked, answer).await;
                     drop(permit);
                 });
@@ -355,13 +374,13 @@ impl Kernel {
     /// Kills the `exec` processes' OS processes the moment this node is
     /// fenced, before the stop that follows (which gives them a grace
     /// period): another node runs their processes now.
-    fn halt_when_fenced(&self, cluster: &Cluster) {
-        let Some(exec) = self.inner.runtimes().exec().cloned() else {
+    fn halt_when_fenced(self, cluster: &Cluster) {
+        let Some(exec) = self.kernel.inner.runtimes().exec().cloned() else {
             return;
         };
         let mut fenced = cluster.fenced();
-        let shutdown = self.inner.shutdown().clone();
-        self.inner.tracker().spawn(async move {
+        let shutdown = self.kernel.inner.shutdown().clone();
+        self.kernel.inner.tracker().spawn(async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 seen = fenced.wait_for(Option::is_some) => if seen.is_ok() {
@@ -374,11 +393,11 @@ impl Kernel {
 
     /// Reports failed, once, every `delegate_async` request sent to a
     /// node that leaves the view before answering, until shutdown.
-    fn fail_unanswered(&self, cluster: &Arc<Cluster>) {
+    fn fail_unanswered(self, cluster: &Arc<Cluster>) {
         let mut departures = cluster.departures();
-        let (weak, cluster) = (self.downgrade(), cluster.clone());
-        let shutdown = self.inner.shutdown().clone();
-        self.inner.tracker().spawn(async move {
+        let (weak, cluster) = (self.kernel.downgrade(), cluster.clone());
+        let shutdown = self.kernel.inner.shutdown().clone();
+        self.kernel.inner.tracker().spawn(async move {
             loop {
                 let gone = tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -425,7 +444,7 @@ impl Kernel {
     /// whoever can publish on the nodes' subjects is trusted as a node,
     /// but one this node does not see live (declared lost, fenced) may
     /// only read.
-    async fn answer(&self, cluster: &Cluster, request: rpc::Request) -> Bytes {
+    async fn answer(self, cluster: &Cluster, request: rpc::Request) -> Bytes {
         let acts = !matches!(
             request.op,
             Op::Get { .. } | Op::Transcript { .. } | Op::ExecLog { .. } | Op::CronList
@@ -466,7 +485,7 @@ impl Kernel {
                 let request = rpc::spawned(request, command);
                 let placement = super::Placement { node, labels };
                 let placed = placement.is_any().then_some(&placement);
-                held(self.spawn_at(Caller::Admin, request, placed).await)
+                held(self.kernel.spawn_at(Caller::Admin, request, placed).await)
             }
             Op::SpawnOwn {
                 request,
@@ -474,7 +493,11 @@ impl Kernel {
                 from,
             } => {
                 let request = rpc::spawned(request, command);
-                held(self.spawn_at(Caller::Process(from), request, None).await)
+                held(
+                    self.kernel
+                        .spawn_at(Caller::Process(from), request, None)
+                        .await,
+                )
             }
             // An answer whose requester is not here: not waited for here
             // any more.
@@ -482,7 +505,7 @@ impl Kernel {
                 message: Message { to, .. },
                 done: Some(request_id),
                 ..
-            } if self.inner.table().read().get(to).is_none() => {
+            } if self.kernel.inner.table().read().get(to).is_none() => {
                 cluster.answered(request_id);
                 held::<()>(Err(KernelError::NotFound(to)))
             }
@@ -504,23 +527,30 @@ impl Kernel {
             | Op::Post {
                 message: Message { to: pid, .. },
                 ..
-            } if self.inner.table().read().get(pid).is_none() => {
+            } if self.kernel.inner.table().read().get(pid).is_none() => {
                 held::<()>(Err(KernelError::NotFound(pid)))
             }
             Op::Kill {
                 pid,
                 reason,
                 orphaned,
-            } => held(self.kill_here(Caller::Admin, pid, &reason, orphaned).await),
+            } => held(
+                self.kernel
+                    .kill_here(Caller::Admin, pid, &reason, orphaned)
+                    .await,
+            ),
             // An operator's, checked by the asking node.
             Op::CronAdd { spec } => {
-                let added = self.cron().add_checked(Caller::Admin, *spec).await;
-                held(added.map(|info| self.cron().on_this_node(info)))
+                let added = self.kernel.cron().add_checked(Caller::Admin, *spec).await;
+                held(added.map(|info| self.kernel.cron().on_this_node(info)))
             }
-            Op::CronList => held::<Vec<CronInfo>>(Ok(self.cron().here(Caller::Admin))),
-            Op::Cron { name, change } => {
-                held(self.cron().change_here(Caller::Admin, &name, change).await)
-            }
+            Op::CronList => held::<Vec<CronInfo>>(Ok(self.kernel.cron().here(Caller::Admin))),
+            Op::Cron { name, change } => held(
+                self.kernel
+                    .cron()
+                    .change_here(Caller::Admin, &name, change)
+                    .await,
+            ),
             Op::Lend {
                 parent,
                 child,
@@ -545,9 +575,11 @@ impl Kernel {
                 let delay = std::time::Duration::from_millis(delay_ms);
                 held(self.restart_sibling(pid, &reason, delay).await)
             }
-            Op::Restart { pid, reason, .. } => {
-                held(self.restart_checked(Caller::Admin, pid, &reason).await)
-            }
+            Op::Restart { pid, reason, .. } => held(
+                self.kernel
+                    .restart_checked(Caller::Admin, pid, &reason)
+                    .await,
+            ),
             Op::Siblings {
                 parent,
                 failed,
@@ -567,18 +599,22 @@ impl Kernel {
             )),
             Op::Wait { pid, timeout_ms } => {
                 let timeout = Some(std::time::Duration::from_millis(timeout_ms));
-                held(self.wait_child(Caller::Admin, pid, timeout).await)
+                held(self.kernel.wait_child(Caller::Admin, pid, timeout).await)
             }
             // The asking node judged the route; copies to a parent are its
             // to send.
             Op::Deliver { message, from, via } => {
                 let judged = Route { copy_to: None, via };
                 let from = from.unwrap_or(Pid::KERNEL);
-                held(self.send_here(from, message, Some(judged)).await)
+                held(self.kernel.send_here(from, message, Some(judged)).await)
             }
             Op::Task { task, from } => {
                 let from = from.unwrap_or(Pid::KERNEL);
-                held(self.execute_here(from, task, Some(Route::DIRECT)).await)
+                held(
+                    self.kernel
+                        .execute_here(from, task, Some(Route::DIRECT))
+                        .await,
+                )
             }
             Op::Delegate {
                 task,
@@ -590,7 +626,7 @@ impl Kernel {
                     pid: from,
                     request_id,
                 }));
-                let queued = self.submit(from, task, reply, Some(Route::DIRECT));
+                let queued = self.kernel.submit(from, task, reply, Some(Route::DIRECT));
                 held(queued.map(|_| ()))
             }
             Op::Adopt {
@@ -601,7 +637,8 @@ impl Kernel {
             Op::Post { message, done, key } => held(self.take_post(message, done, key).await),
             // Read here only: a forwarded read is never forwarded again.
             Op::Transcript { pid, query } => held(
-                self.transcripts()
+                self.kernel
+                    .transcripts()
                     .read_here(Caller::Admin, pid, query)
                     .await,
             ),
@@ -610,7 +647,8 @@ impl Kernel {
                 from,
                 max_bytes,
             } => held(
-                self.exec()
+                self.kernel
+                    .exec()
                     .log_here(Caller::Admin, pid, from, max_bytes)
                     .await,
             ),
@@ -621,8 +659,8 @@ impl Kernel {
     /// it; `None` when this node holds it, or nobody does (the local
     /// operation then says NOT_FOUND). The route is judged on the tree
     /// across the nodes, as a local one is on the table.
-    pub(super) async fn elsewhere(&self, caller: Caller, to: Pid) -> Result<Option<Remote>> {
-        let Some(cluster) = self.inner.cluster() else {
+    pub(super) async fn elsewhere(self, caller: Caller, to: Pid) -> Result<Option<Remote>> {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Ok(None);
         };
         let Some(Holder::There(listing)) = self.holder(to).await? else {
@@ -631,13 +669,13 @@ impl Kernel {
         let from = caller.pid();
         let node = listing.node.clone();
         let judged = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let tree = Tree::new(&table, Some(cluster.listings())).with_fresh(to, listing);
             route(&tree, from, to)
         };
         match judged {
             Ok(route) => Ok(Some(Remote { node, route })),
-            Err(err) => Err(self.deny(from, to, err)),
+            Err(err) => Err(self.kernel.deny(from, to, err)),
         }
     }
 
@@ -646,12 +684,12 @@ impl Kernel {
     /// tree across the nodes); `None` when this node holds it, or nobody
     /// does.
     pub(super) async fn holding(
-        &self,
+        self,
         caller: Caller,
         pid: Pid,
         what: &str,
     ) -> Result<Option<String>> {
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Ok(None);
         };
         let Some(Holder::There(listing)) = self.holder(pid).await? else {
@@ -659,7 +697,7 @@ impl Kernel {
         };
         if let Caller::Process(me) = caller {
             let node = listing.node.clone();
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             let tree = Tree::new(&table, Some(cluster.listings())).with_fresh(pid, listing);
             if !descends(&tree, me, pid) {
                 return Err(KernelError::PermissionDenied(format!(
@@ -675,12 +713,8 @@ impl Kernel {
     /// The node holding `pid`, when another one does and `caller` may
     /// wait for it there: an operator, or its parent; `None` when this
     /// node holds it, or nobody does.
-    pub(super) async fn parent_elsewhere(
-        &self,
-        caller: Caller,
-        pid: Pid,
-    ) -> Result<Option<String>> {
-        if self.inner.cluster().is_none() {
+    pub(super) async fn parent_elsewhere(self, caller: Caller, pid: Pid) -> Result<Option<String>> {
+        if self.kernel.inner.cluster().is_none() {
             return Ok(None);
         }
         let Some(Holder::There(listing)) = self.holder(pid).await? else {
@@ -700,7 +734,7 @@ impl Kernel {
     /// holds, to exit, and collects it there; asked in rounds of at most
     /// [`rpc::MAX_WAIT_MS`].
     pub(super) async fn wait_elsewhere(
-        &self,
+        self,
         node: &str,
         pid: Pid,
         timeout: Option<std::time::Duration>,
@@ -741,8 +775,9 @@ impl Kernel {
 
     /// Whether this node runs `pid` and it may move to another node (its
     /// mail is the cluster's).
-    pub(crate) fn moves_from_here(&self, pid: Pid) -> bool {
-        self.inner
+    pub(crate) fn moves_from_here(self, pid: Pid) -> bool {
+        self.kernel
+            .inner
             .table()
             .read()
             .get(pid)
@@ -755,8 +790,8 @@ impl Kernel {
     /// have been declared lost, and the process started elsewhere, so its
     /// copy here makes no model or MCP call until a heartbeat says whether
     /// it still runs here. Refused once the node is fenced or leaves.
-    pub(super) async fn still_acting(&self, proc: &ProcShared) -> Result<()> {
-        let Some(cluster) = self.inner.cluster().filter(|_| proc.mail_in_cluster) else {
+    pub(super) async fn still_acting(self, proc: &ProcShared) -> Result<()> {
+        let Some(cluster) = self.kernel.inner.cluster().filter(|_| proc.mail_in_cluster) else {
             return Ok(());
         };
         if cluster.still_member().await {
@@ -770,9 +805,9 @@ impl Kernel {
 
     /// The node holding `pid` when another node does, as the mirror shows
     /// it (for messages the kernel makes, which never wait on NATS).
-    pub(super) fn held_elsewhere(&self, pid: Pid) -> Option<String> {
-        let cluster = self.inner.cluster()?;
-        if pid == Pid::KERNEL || self.inner.table().read().get(pid).is_some() {
+    pub(super) fn held_elsewhere(self, pid: Pid) -> Option<String> {
+        let cluster = self.kernel.inner.cluster()?;
+        if pid == Pid::KERNEL || self.kernel.inner.table().read().get(pid).is_some() {
             return None;
         }
         cluster
@@ -785,12 +820,12 @@ impl Kernel {
     /// holding it takes it in as a local send (committed to its store)
     /// and answers its id; a copy for siblings' parent goes from here.
     pub(super) async fn send_elsewhere(
-        &self,
+        self,
         from: Pid,
         remote: Remote,
         message: Outgoing,
     ) -> Result<MessageId> {
-        self.check_running()?;
+        self.kernel.check_running()?;
         let copy = remote
             .route
             .copy_to
@@ -803,7 +838,8 @@ impl Kernel {
         let id = self.forward(&remote.node, op, FORWARDED_SEND).await?;
         if let Some((parent, payload, approvals)) = copy {
             let carried = (crate::trace::current(), approvals);
-            self.copy_to_parent(parent, from, payload, None, carried);
+            self.kernel
+                .copy_to_parent(parent, from, payload, None, carried);
         }
         Ok(id)
     }
@@ -812,18 +848,18 @@ impl Kernel {
     /// The request is recorded here before it is sent (a restart tells the
     /// requester it failed); the answer comes back as a `post` naming it.
     pub(super) async fn delegate_elsewhere(
-        &self,
+        self,
         requester: Pid,
         remote: Remote,
         task: TaskSpec,
     ) -> Result<RequestId> {
-        self.check_running()?;
-        self.inner.settings().limits.check_task(&task)?;
+        self.kernel.check_running()?;
+        self.kernel.inner.settings().limits.check_task(&task)?;
         if let Some(timeout) = task.timeout {
             check_duration("timeout", timeout)?;
         }
-        let request_id = RequestId(self.next_id());
-        let store = self.inner.store();
+        let request_id = RequestId(self.kernel.next_id());
+        let store = self.kernel.inner.store();
         let durable = store.is_durable();
         if durable {
             store
@@ -841,7 +877,7 @@ impl Kernel {
             .map(|parent| (parent, task.description.clone(), task.approvals.clone()));
         // Waited for before it goes: the answer may come before the
         // forward's own.
-        if let Some(cluster) = self.inner.cluster() {
+        if let Some(cluster) = self.kernel.inner.cluster() {
             cluster.expect_answer(request_id, &remote.node, requester, task.to);
         }
         let op = Op::Delegate {
@@ -850,7 +886,7 @@ impl Kernel {
             request_id,
         };
         if let Err(err) = self.forward::<()>(&remote.node, op, FORWARDED_SEND).await {
-            if let Some(cluster) = self.inner.cluster() {
+            if let Some(cluster) = self.kernel.inner.cluster() {
                 cluster.answered(request_id);
             }
             if durable {
@@ -860,7 +896,8 @@ impl Kernel {
         }
         if let Some((parent, description, approvals)) = copy {
             let carried = (crate::trace::current(), approvals);
-            self.copy_to_parent(parent, requester, description, Some(request_id), carried);
+            self.kernel
+                .copy_to_parent(parent, requester, description, Some(request_id), carried);
         }
         Ok(request_id)
     }
@@ -871,7 +908,7 @@ impl Kernel {
     /// the receiver reads it (kept in `HK_MAIL` first when its mail is the
     /// cluster's).
     async fn take_post(
-        &self,
+        self,
         mut message: Message,
         done: Option<RequestId>,
         key: Option<String>,
@@ -888,7 +925,7 @@ impl Kernel {
         }
         // An answer gets its id with the request's removal.
         if done.is_none() {
-            message.id = MessageId(self.next_id());
+            message.id = MessageId(self.kernel.next_id());
         }
         self.took_from_elsewhere(&message);
         let (kept, taken) = tokio::sync::oneshot::channel();
@@ -911,12 +948,12 @@ impl Kernel {
     /// Asks `node` to do `op` for a caller of this node, waiting up to
     /// `wait` for its answer.
     pub(super) async fn forward<T: serde::de::DeserializeOwned>(
-        &self,
+        self,
         node: &str,
         op: Op,
         wait: std::time::Duration,
     ) -> Result<T> {
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Err(KernelError::FailedPrecondition(
                 "this kernel is not a node of a cluster".into(),
             ));
@@ -932,7 +969,7 @@ impl Kernel {
     /// requesting node waits that long, and a little more for the answer
     /// to travel).
     pub(super) async fn forward_task(
-        &self,
+        self,
         from: Pid,
         remote: Remote,
         mut task: TaskSpec,
@@ -958,7 +995,8 @@ impl Kernel {
         let executed: rpc::Executed = self.forward(&remote.node, op, wait).await?;
         if let Some((parent, description, approvals)) = copy {
             let carried = (crate::trace::current(), approvals);
-            self.copy_to_parent(parent, from, description, Some(executed.0), carried);
+            self.kernel
+                .copy_to_parent(parent, from, description, Some(executed.0), carried);
         }
         Ok(executed)
     }

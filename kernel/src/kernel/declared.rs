@@ -86,14 +86,14 @@ impl Kernel {
         }
         let previous = previous
             .filter(|pid| *pid > Pid::KERNEL && self.inner.table().read().get(*pid).is_none());
-        let letters = self.letters_for(previous).await;
+        let letters = self.node().letters_for(previous).await;
         let pid = self
             .spawn_as(Caller::Admin, request, Birth::Declared(previous))
             .await?;
         if !self.declared_here(&name, pid, claimed).await? {
             return self.held(&name).await;
         }
-        self.deliver_letters(letters);
+        self.node().deliver_letters(letters);
         Ok(Placed::Here(pid))
     }
 
@@ -269,7 +269,7 @@ impl Kernel {
         }
         let pid = pid.filter(|pid| self.inner.table().read().get(*pid).is_none());
         // Read before it runs: a message sent once it runs is its mailbox's.
-        let letters = self.letters_for(pid).await;
+        let letters = self.node().letters_for(pid).await;
         let spawned = self
             .spawn_as(Caller::Admin, request.clone(), Birth::Declared(pid))
             .await;
@@ -293,7 +293,7 @@ impl Kernel {
                         tracing::error!(%pid, agent = name, error = %err, "store: config agent's PID not recorded");
                     }
                 }
-                self.deliver_letters(letters);
+                self.node().deliver_letters(letters);
                 self.cron().adopt(pid, &agent.cron).await;
                 // And the API entries aimed at it, from its last node.
                 self.cron().take(&[pid]).await;

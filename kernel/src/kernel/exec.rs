@@ -159,7 +159,11 @@ impl<'k> ExecHandle<'k> {
         max_bytes: u64,
     ) -> Result<LogChunk> {
         if self.kernel.inner.table().read().get(pid).is_none()
-            && let Some(node) = self.kernel.holding(caller, pid, "read the log of").await?
+            && let Some(node) = self
+                .kernel
+                .node()
+                .holding(caller, pid, "read the log of")
+                .await?
         {
             let max_bytes = match max_bytes {
                 0 => DEFAULT_LOG_READ,
@@ -171,7 +175,7 @@ impl<'k> ExecHandle<'k> {
                 from,
                 max_bytes,
             };
-            return self.kernel.forward(&node, op, FORWARDED_SEND).await;
+            return self.kernel.node().forward(&node, op, FORWARDED_SEND).await;
         }
         self.log_here(caller, pid, from, max_bytes).await
     }

@@ -25,7 +25,7 @@ use crate::cluster::rpc::Op;
 use crate::cluster::{ClusterError, Letter, Standing};
 use crate::error::{KernelError, Result};
 use crate::events::unix_ms;
-use crate::kernel::Kernel;
+use crate::kernel::cluster::NodeHandle;
 use crate::kernel::cluster::{FORWARDED_SEND, Holder};
 use crate::store::Write;
 
@@ -132,18 +132,18 @@ impl Posting {
     }
 }
 
-impl Kernel {
+impl NodeHandle<'_> {
     /// Hands a message the kernel made to its receiver: through the
     /// receiver's lane on a node of a cluster, at once otherwise.
-    pub(super) fn hand_on(&self, posting: Posting) {
-        if self.inner.cluster().is_none() || !self.needs_lane(&posting) {
+    pub(super) fn hand_on(self, posting: Posting) {
+        if self.kernel.inner.cluster().is_none() || !self.needs_lane(&posting) {
             self.hand_here(posting);
             return;
         }
         let to = posting.message.to;
-        let most = self.inner.settings().mailbox_capacity;
+        let most = self.kernel.inner.settings().mailbox_capacity;
         let refused = {
-            let mut open = self.inner.lanes().open.lock();
+            let mut open = self.kernel.inner.lanes().open.lock();
             match open.get_mut(&to) {
                 Some(waiting) if waiting.len() >= most => Some(posting),
                 Some(waiting) => {
@@ -152,10 +152,11 @@ impl Kernel {
                 }
                 None => {
                     open.insert(to, VecDeque::from([posting]));
-                    let kernel = self.clone();
-                    self.inner
+                    let kernel = self.kernel.clone();
+                    self.kernel
+                        .inner
                         .tracker()
-                        .spawn(async move { kernel.run_lane(to).await });
+                        .spawn(async move { kernel.node().run_lane(to).await });
                     None
                 }
             }
@@ -172,12 +173,12 @@ impl Kernel {
     /// Whether `posting` waits on NATS, or on messages before it that do:
     /// its receiver is elsewhere, its mail is the cluster's, or its lane
     /// is open.
-    fn needs_lane(&self, posting: &Posting) -> bool {
+    fn needs_lane(self, posting: &Posting) -> bool {
         let to = posting.message.to;
-        if posting.node.is_some() || self.inner.lanes().open.lock().contains_key(&to) {
+        if posting.node.is_some() || self.kernel.inner.lanes().open.lock().contains_key(&to) {
             return true;
         }
-        match self.inner.table().read().get(to) {
+        match self.kernel.inner.table().read().get(to) {
             Some(entry) => entry.proc.mail_in_cluster,
             None => to != Pid::KERNEL,
         }
@@ -187,10 +188,10 @@ impl Kernel {
     /// waits; the lane closes then. While one is handed on, the lane stays
     /// open, so a message made meanwhile waits behind it. A kernel
     /// stopping drops what is left.
-    async fn run_lane(&self, to: Pid) {
+    async fn run_lane(self, to: Pid) {
         loop {
             let next = {
-                let mut open = self.inner.lanes().open.lock();
+                let mut open = self.kernel.inner.lanes().open.lock();
                 let Some(waiting) = open.get_mut(&to) else {
                     return;
                 };
@@ -202,7 +203,7 @@ impl Kernel {
                     }
                 }
             };
-            let shutdown = self.inner.shutdown().clone();
+            let shutdown = self.kernel.inner.shutdown().clone();
             let (id, from, kind) = (
                 next.message.id,
                 next.message.from,
@@ -215,9 +216,9 @@ impl Kernel {
                     // another node is answered that this node stops, and
                     // that node reports it).
                     if posted_here {
-                        self.report_dropped(to, id, from, kind, &KernelError::ShuttingDown);
+                        self.kernel.report_dropped(to, id, from, kind, &KernelError::ShuttingDown);
                     }
-                    let left = self.inner.lanes().open.lock().remove(&to).unwrap_or_default();
+                    let left = self.kernel.inner.lanes().open.lock().remove(&to).unwrap_or_default();
                     for posting in left {
                         self.refuse_posting(posting, KernelError::ShuttingDown);
                     }
@@ -230,20 +231,22 @@ impl Kernel {
 
     /// Hands one message of a lane on: posted to the node holding its
     /// receiver, or kept in `HK_MAIL` and put in its mailbox here.
-    async fn hand_over_lane(&self, mut posting: Posting) {
+    async fn hand_over_lane(self, mut posting: Posting) {
         let to = posting.message.to;
         // A post whose sender stopped waiting: that node reports it.
         if posting.kept.as_ref().is_some_and(|kept| kept.is_closed()) {
             return;
         }
         let elsewhere = self.held_elsewhere(to);
-        let here = self.inner.table().read().get(to).is_some();
+        let here = self.kernel.inner.table().read().get(to).is_some();
         match (posting.node.take(), elsewhere) {
             // A post from another node, for a process that left since:
             // done here or not at all (an answer is not waited for here
             // any more).
             (_, Some(_)) if posting.kept.is_some() => {
-                if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster()) {
+                if let (Some(request_id), Some(cluster)) =
+                    (posting.done, self.kernel.inner.cluster())
+                {
                     cluster.answered(request_id);
                 }
                 self.refuse_posting(posting, KernelError::NotFound(to));
@@ -283,7 +286,7 @@ impl Kernel {
                 if asked.is_some() {
                     // Moved here: the request is its first node's record.
                     posting.done = None;
-                    posting.message.id = MessageId(self.next_id());
+                    posting.message.id = MessageId(self.kernel.next_id());
                 }
                 self.keep_here(posting).await;
             }
@@ -295,13 +298,14 @@ impl Kernel {
     /// in the view. One that node never answers for, to a process that
     /// moves, waits in the stream for its next start; one it refuses is
     /// reported dropped.
-    async fn post_from_lane(&self, node: String, posting: Posting) {
+    async fn post_from_lane(self, node: String, posting: Posting) {
         let Posting { message, done, .. } = posting;
         let key = self.post_key();
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
         // The receiver's node as listed now, so a start of it after this
         // post is told apart.
         let epoch = self
+            .kernel
             .inner
             .cluster()
             .and_then(|cluster| cluster.last_listed(to))
@@ -316,6 +320,7 @@ impl Kernel {
             return;
         };
         let moves = self
+            .kernel
             .inner
             .cluster()
             .and_then(|cluster| cluster.last_listed(to))
@@ -324,7 +329,7 @@ impl Kernel {
             self.leave_for_next_start(Some((&node, epoch)), key, message, err)
                 .await;
         } else {
-            self.report_dropped(to, id, from, kind, &err);
+            self.kernel.report_dropped(to, id, from, kind, &err);
         }
     }
 
@@ -333,7 +338,7 @@ impl Kernel {
     /// it in time) and stays in the view under the epoch it had: the same
     /// key each time, so it is handed over once. A stopping kernel sends
     /// nothing again.
-    async fn post_until_taken(&self, node: &str, op: Op) -> Result<()> {
+    async fn post_until_taken(self, node: &str, op: Op) -> Result<()> {
         let untaken = |err: &KernelError| {
             matches!(
                 err.kind(),
@@ -341,6 +346,7 @@ impl Kernel {
             )
         };
         let epoch = self
+            .kernel
             .inner
             .cluster()
             .and_then(|cluster| cluster.epoch_of(node));
@@ -351,7 +357,7 @@ impl Kernel {
             Ok(()) => return Ok(()),
             Err(err) => err,
         };
-        let (Some(cluster), Some(epoch)) = (self.inner.cluster(), epoch) else {
+        let (Some(cluster), Some(epoch)) = (self.kernel.inner.cluster(), epoch) else {
             return Err(first);
         };
         if !untaken(&first) {
@@ -359,7 +365,7 @@ impl Kernel {
         }
         for wait in POST_AGAIN {
             tracing::info!(%node, error = %first, "cluster: a kernel message not taken by its receiver's node; sent again");
-            if self.is_stopping() || !cluster.stays(node, epoch, wait).await {
+            if self.kernel.is_stopping() || !cluster.stays(node, epoch, wait).await {
                 break;
             }
             match self.forward::<()>(node, op.clone(), FORWARDED_SEND).await {
@@ -374,9 +380,9 @@ impl Kernel {
     /// A new id to keep a message this node made under in `HK_MAIL`,
     /// whichever node keeps it (an answer has no message id of its own
     /// yet: its receiver gives it one).
-    fn post_key(&self) -> String {
-        let id = self.next_id();
-        match self.inner.cluster() {
+    fn post_key(self) -> String {
+        let id = self.kernel.next_id();
+        match self.kernel.inner.cluster() {
             Some(cluster) => format!("{}.{}.p{id}", cluster.node(), cluster.epoch()),
             None => format!("p{id}"),
         }
@@ -386,8 +392,8 @@ impl Kernel {
     /// a process that moves, listed last on a node that was lost, whose
     /// spec the cluster keeps (spawned) or whose key still names it (a
     /// config agent).
-    async fn starts_again(&self, to: Pid) -> bool {
-        let Some(cluster) = self.inner.cluster() else {
+    async fn starts_again(self, to: Pid) -> bool {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return false;
         };
         let Some(listing) = cluster.last_listed(to).filter(|listing| listing.moves) else {
@@ -415,18 +421,18 @@ impl Kernel {
     /// over once. One the stream does not take is reported dropped, with
     /// `why`.
     async fn leave_for_next_start(
-        &self,
+        self,
         failed: Option<(&str, u64)>,
         key: String,
         mut message: Message,
         why: KernelError,
     ) {
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let (to, id, from, kind) = (message.to, message.id, message.from, message.kind.clone());
         // An answer has no id yet; whoever takes it keeps it by this one.
-        message.id = MessageId(self.next_id());
+        message.id = MessageId(self.kernel.next_id());
         let letter = Letter {
             message,
             created_ms: unix_ms(std::time::SystemTime::now()),
@@ -436,18 +442,18 @@ impl Kernel {
             let err = KernelError::ClusterUnavailable(format!(
                 "{why}; and not kept for its next start: {err}"
             ));
-            self.report_dropped(to, id, from, kind, &err);
+            self.kernel.report_dropped(to, id, from, kind, &err);
             return;
         }
         tracing::info!(%to, message_id = id.0, %kind, reason = %why, "cluster: a kernel message waits in the mail stream for its receiver's next start");
         // In the background: the lane's next messages do not wait for it.
-        let kernel = self.clone();
+        let kernel = self.kernel.clone();
         let failed = failed.map(|(node, epoch)| (node.to_owned(), epoch));
-        let shutdown = self.inner.shutdown().clone();
-        self.inner.tracker().spawn(async move {
+        let shutdown = self.kernel.inner.shutdown().clone();
+        self.kernel.inner.tracker().spawn(async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                () = kernel.look_again(to, key, letter.message, failed) => {}
+                () = kernel.node().look_again(to, key, letter.message, failed) => {}
             }
         });
     }
@@ -456,7 +462,7 @@ impl Kernel {
     /// `key`, a few times over the next seconds ([`LOOK_AGAIN`]); once it
     /// runs on a node other than `failed`, the message goes to it too.
     async fn look_again(
-        &self,
+        self,
         to: Pid,
         key: String,
         message: Message,
@@ -495,9 +501,9 @@ impl Kernel {
     /// Removes request `request_id`, answered, from this node's store (a
     /// stopping kernel keeps it, so its restart reports it failed, as on a
     /// kernel alone).
-    fn request_done_here(&self, request_id: RequestId) {
-        let store = self.inner.store();
-        if store.is_durable() && !self.is_stopping() {
+    fn request_done_here(self, request_id: RequestId) {
+        let store = self.kernel.inner.store();
+        if store.is_durable() && !self.kernel.is_stopping() {
             store.submit(Write::RequestDone(request_id));
         }
     }
@@ -509,19 +515,20 @@ impl Kernel {
     /// alone. A keep whose outcome is unknown (no acknowledgement) is
     /// tried again under the same message id, which the stream stores
     /// once, rather than handed over twice.
-    async fn keep_here(&self, posting: Posting) {
+    async fn keep_here(self, posting: Posting) {
         let Some(mut posting) = self.first_take(posting) else {
             return;
         };
         let to = posting.message.to;
-        let cluster = self.inner.cluster();
-        let Some(cluster) = cluster.filter(|_| self.moves_from_here(to) && !self.is_stopping())
+        let cluster = self.kernel.inner.cluster();
+        let Some(cluster) =
+            cluster.filter(|_| self.moves_from_here(to) && !self.kernel.is_stopping())
         else {
             self.put_here(posting);
             return;
         };
         if posting.done.is_some() {
-            posting.message.id = MessageId(self.next_id());
+            posting.message.id = MessageId(self.kernel.next_id());
         }
         let letter = Letter {
             message: posting.message,
@@ -565,7 +572,7 @@ impl Kernel {
             self.request_done_here(request_id);
         }
         if deliver {
-            self.deliver(to, message, true);
+            self.kernel.deliver(to, message, true);
         }
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
@@ -574,8 +581,8 @@ impl Kernel {
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel
     /// alone does (an answer to a request with the request's removal); a
-    /// post from another node only the first time ([`Kernel::first_take`]).
-    fn hand_here(&self, posting: Posting) {
+    /// post from another node only the first time ([`NodeHandle::first_take`]).
+    fn hand_here(self, posting: Posting) {
         if let Some(posting) = self.first_take(posting) {
             self.put_here(posting);
         }
@@ -587,16 +594,23 @@ impl Kernel {
     /// answer only while its request is waited for (its requester is told
     /// it failed once the worker's node leaves the view). Notes the key
     /// and the answer as taken. One that is not is answered as taken.
-    fn first_take(&self, posting: Posting) -> Option<Posting> {
+    fn first_take(self, posting: Posting) -> Option<Posting> {
         if posting.kept.is_none() {
             return Some(posting);
         }
         let not_handed = if let Some(key) = &posting.key
-            && !self.inner.lanes().taken.lock().insert(key, Instant::now())
+            && !self
+                .kernel
+                .inner
+                .lanes()
+                .taken
+                .lock()
+                .insert(key, Instant::now())
         {
             tracing::info!(to = %posting.message.to, %key, "cluster: a post from another node came again; handed over once");
             true
-        } else if let (Some(request_id), Some(cluster)) = (posting.done, self.inner.cluster())
+        } else if let (Some(request_id), Some(cluster)) =
+            (posting.done, self.kernel.inner.cluster())
             && !cluster.answered(request_id)
         {
             tracing::info!(request = %request_id.0, "cluster: an answer came after its requester was told the request failed; dropped");
@@ -615,7 +629,7 @@ impl Kernel {
 
     /// Puts a message in its receiver's mailbox on this node, as a kernel
     /// alone does (an answer to a request with the request's removal).
-    fn put_here(&self, posting: Posting) {
+    fn put_here(self, posting: Posting) {
         let Posting {
             message,
             done,
@@ -623,8 +637,8 @@ impl Kernel {
             ..
         } = posting;
         match done {
-            Some(request_id) => self.answer_requester(message, request_id),
-            None => self.deliver(message.to, message, false),
+            Some(request_id) => self.kernel.answer_requester(message, request_id),
+            None => self.kernel.deliver(message.to, message, false),
         }
         if let Some(kept) = kept {
             let _ = kept.send(Ok(()));
@@ -633,13 +647,16 @@ impl Kernel {
 
     /// Reports a message that will not reach its receiver: here, or by
     /// the node that posted it, told why.
-    fn refuse_posting(&self, posting: Posting, err: KernelError) {
+    fn refuse_posting(self, posting: Posting, err: KernelError) {
         let Posting { message, kept, .. } = posting;
         match kept {
             Some(kept) => {
                 let _ = kept.send(Err(err));
             }
-            None => self.report_dropped(message.to, message.id, message.from, message.kind, &err),
+            None => {
+                self.kernel
+                    .report_dropped(message.to, message.id, message.from, message.kind, &err)
+            }
         }
     }
 }

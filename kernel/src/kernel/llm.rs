@@ -64,6 +64,7 @@ impl LlmHandle<'_> {
             }
         };
         self.kernel
+            .node()
             .still_acting(&proc)
             .await
             .map_err(|err| LlmError::Refused(err.to_string()))?;

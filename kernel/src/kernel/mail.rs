@@ -12,7 +12,7 @@ use hivekernel_agents::{Message, MessageId, Pid};
 
 use crate::cluster::{Letter, Queued};
 use crate::events::{EventKind, unix_ms};
-use crate::kernel::Kernel;
+use crate::kernel::cluster::NodeHandle;
 use crate::mailbox::{Envelope, Item};
 use crate::process::ProcShared;
 
@@ -33,13 +33,13 @@ pub(super) struct Letters {
     queued: Vec<Queued>,
 }
 
-impl Kernel {
+impl NodeHandle<'_> {
     /// Puts `kept` back into `receiver`'s mailbox (at `now`, Unix ms).
     /// False when it cannot be (no receiver: `absent` says why; its TTL
     /// passed; it cannot be read): it is then removed from where it was
     /// kept and reported as a `message_dropped` event.
     pub(super) fn requeue(
-        &self,
+        self,
         kept: Kept,
         receiver: Option<Arc<ProcShared>>,
         now: u64,
@@ -58,7 +58,7 @@ impl Kernel {
             (Some(proc), Ok(message), Ok(ttl)) => {
                 let env = Envelope::new(kept.id, Item::Message(message), ttl).durable(true);
                 proc.mailbox
-                    .push_restored(env, || self.start_runner(&proc))
+                    .push_restored(env, || self.kernel.start_runner(&proc))
                     .map_err(|_| format!("process {} has exited", kept.to))
             }
             (None, _, _) => Err(absent()),
@@ -68,8 +68,8 @@ impl Kernel {
         let Err(reason) = outcome else {
             return true;
         };
-        self.message_done(kept.id, true);
-        self.inner.events().emit(
+        self.kernel.message_done(kept.id, true);
+        self.kernel.inner.events().emit(
             kept.to,
             EventKind::MessageDropped {
                 message_id: kept.id,
@@ -85,8 +85,8 @@ impl Kernel {
     /// `pid`, read before this node starts it. Nothing for a kernel alone
     /// or a new PID; an unreachable stream is logged, and what waits there
     /// stays for the agent's next start.
-    pub(super) async fn letters_for(&self, pid: Option<Pid>) -> Option<Letters> {
-        let (cluster, pid) = (self.inner.cluster()?, pid?);
+    pub(super) async fn letters_for(self, pid: Option<Pid>) -> Option<Letters> {
+        let (cluster, pid) = (self.kernel.inner.cluster()?, pid?);
         cluster.back_mail_of(pid);
         match cluster.queued_mail(pid).await {
             Ok(queued) => Some(Letters { pid, queued }),
@@ -99,11 +99,13 @@ impl Kernel {
 
     /// Puts `letters` into the mailbox of the config agent just started
     /// here as their PID, oldest first.
-    pub(super) fn deliver_letters(&self, letters: Option<Letters>) {
-        let (Some(cluster), Some(Letters { pid, queued })) = (self.inner.cluster(), letters) else {
+    pub(super) fn deliver_letters(self, letters: Option<Letters>) {
+        let (Some(cluster), Some(Letters { pid, queued })) = (self.kernel.inner.cluster(), letters)
+        else {
             return;
         };
         let receiver = self
+            .kernel
             .inner
             .table()
             .read()
@@ -118,7 +120,7 @@ impl Kernel {
         let now = unix_ms(SystemTime::now());
         let (mut requeued, mut dropped) = (0, 0);
         for (seq, letter) in queued {
-            let id = MessageId(self.next_id());
+            let id = MessageId(self.kernel.next_id());
             cluster.hold_mail(id, pid, seq);
             let (message, expires_ms) = match letter {
                 Ok(Letter {

@@ -139,7 +139,7 @@ impl McpHandle<'_> {
                 .get(pid)
                 .map(|e| e.proc.clone());
             if let Some(proc) = proc {
-                self.kernel.still_acting(&proc).await?;
+                self.kernel.node().still_acting(&proc).await?;
                 self.kernel.check_running()?;
                 self.kernel.hand_over_turn(pid).await?;
             }

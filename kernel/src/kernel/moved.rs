@@ -16,9 +16,10 @@ use crate::cluster::rpc::Op;
 use crate::cluster::{Cluster, KeptSpec, Listing, Loss, Standing};
 use crate::error::KernelError;
 use crate::events::unix_ms;
+use crate::kernel::cluster::NodeHandle;
 use crate::kernel::restore::read_spec;
 use crate::kernel::spawn::Birth;
-use crate::kernel::{Caller, Kernel, Placement};
+use crate::kernel::{Caller, Placement};
 use crate::store::Write;
 
 /// Why a lost node's processes exited.
@@ -36,20 +37,20 @@ struct Tree {
     reports: bool,
 }
 
-impl Kernel {
+impl NodeHandle<'_> {
     /// On a node of a cluster: takes over the trees of every node this
     /// node judges lost, until the kernel begins to stop.
-    pub(super) fn keep_moving(&self) {
-        let Some(cluster) = self.inner.cluster() else {
+    pub(super) fn keep_moving(self) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let Some(mut losses) = cluster.losses() else {
             return;
         };
-        let kernel = self.clone();
-        let stopping = self.inner.stop_begun().clone();
-        let tracker = self.inner.tracker().clone();
-        self.inner.tracker().spawn(async move {
+        let kernel = self.kernel.clone();
+        let stopping = self.kernel.inner.stop_begun().clone();
+        let tracker = self.kernel.inner.tracker().clone();
+        self.kernel.inner.tracker().spawn(async move {
             loop {
                 let loss = tokio::select! {
                     () = stopping.cancelled() => return,
@@ -58,12 +59,14 @@ impl Kernel {
                         None => return,
                     },
                 };
-                kernel.lost_children(&loss).await;
-                kernel.lost_parents(&loss).await;
+                kernel.node().lost_children(&loss).await;
+                kernel.node().lost_parents(&loss).await;
                 for tree in trees(&loss) {
                     let kernel = kernel.clone();
                     let (node, epoch) = (loss.node.clone(), loss.epoch);
-                    tracker.spawn(async move { kernel.take_tree(&node, epoch, tree, true).await });
+                    tracker.spawn(async move {
+                        kernel.node().take_tree(&node, epoch, tree, true).await
+                    });
                 }
             }
         });
@@ -74,13 +77,13 @@ impl Kernel {
     /// ended with it: their slots are freed and their parents told
     /// (`node_lost`). One that moves keeps its slot; if it does not come
     /// back, the node that took its tree tells its parent.
-    async fn lost_children(&self, loss: &Loss) {
-        let Some(cluster) = self.inner.cluster() else {
+    async fn lost_children(self, loss: &Loss) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let listed: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
         let ended: Vec<(Pid, Pid, String, bool)> = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             table
                 .iter()
                 .flat_map(|(parent, entry)| entry.children.iter().map(move |child| (parent, child)))
@@ -111,7 +114,8 @@ impl Kernel {
             self.release_child(parent, child);
             self.settle_loan(child).await;
             let reason = does_not_move(&loss.node, child);
-            self.report_ended(child, parent, &name, &reason, unix_ms(SystemTime::now()));
+            self.kernel
+                .report_ended(child, parent, &name, &reason, unix_ms(SystemTime::now()));
         }
     }
 
@@ -119,13 +123,13 @@ impl Kernel {
     /// with it, as the subtree of an exited process does, unless their
     /// parent comes back elsewhere: a config agent (its key in
     /// `hk_declared` names it), or a spawned process whose spec is kept.
-    async fn lost_parents(&self, loss: &Loss) {
-        let Some(cluster) = self.inner.cluster() else {
+    async fn lost_parents(self, loss: &Loss) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let listed: HashMap<Pid, &Listing> = loss.listings.iter().map(|(p, l)| (*p, l)).collect();
         let orphaned: Vec<(Pid, String, Vec<Pid>)> = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             table
                 .foreign()
                 .filter_map(|(parent, children)| {
@@ -160,7 +164,11 @@ impl Kernel {
                 loss.node
             );
             for child in children {
-                if let Err(err) = self.kill_here(Caller::Admin, child, &reason, true).await {
+                if let Err(err) = self
+                    .kernel
+                    .kill_here(Caller::Admin, child, &reason, true)
+                    .await
+                {
                     tracing::debug!(%child, error = %err, "cluster: an orphan of a lost node not ended");
                 }
             }
@@ -171,10 +179,10 @@ impl Kernel {
     /// root, or under a config agent, which comes back by its key in
     /// `hk_declared` without it. Each of its processes that had not exited
     /// is reported exited (`node_lost`) but the config agent, and a root
-    /// whose parent here was told already ([`Kernel::lost_children`]).
-    fn ended_with_node(&self, node: &str, tree: &Tree) {
+    /// whose parent here was told already ([`NodeHandle::lost_children`]).
+    fn ended_with_node(self, node: &str, tree: &Tree) {
         let told = tree.members.first().is_some_and(|(_, root)| {
-            root.ppid != Pid::KERNEL && self.inner.table().read().get(root.ppid).is_some()
+            root.ppid != Pid::KERNEL && self.kernel.inner.table().read().get(root.ppid).is_some()
         });
         let now = unix_ms(SystemTime::now());
         for (at, (pid, listing)) in tree.members.iter().enumerate() {
@@ -183,7 +191,8 @@ impl Kernel {
                 continue;
             }
             let reason = does_not_move(node, *pid);
-            self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
+            self.kernel
+                .report_ended(*pid, listing.ppid, &listing.name, &reason, now);
         }
     }
 
@@ -192,18 +201,18 @@ impl Kernel {
     /// whole tree of that node's, under a root whose key still names it
     /// and whose placement admits this node, with no PID running here.
     pub(super) async fn adopt(
-        &self,
+        self,
         lost: String,
         epoch: u64,
         members: Vec<(Pid, Listing)>,
     ) -> crate::error::Result<()> {
         let refused = |why: String| Err(KernelError::InvalidArgument(why));
-        let Some(cluster) = self.inner.cluster() else {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return Err(KernelError::FailedPrecondition(
                 "this kernel is not a node of a cluster".into(),
             ));
         };
-        if self.is_stopping() {
+        if self.kernel.is_stopping() {
             return Err(KernelError::ShuttingDown);
         }
         let count = members.len();
@@ -216,7 +225,7 @@ impl Kernel {
             ));
         }
         if let Some(pid) = {
-            let table = self.inner.table().read();
+            let table = self.kernel.inner.table().read();
             members
                 .iter()
                 .map(|(pid, _)| *pid)
@@ -263,10 +272,11 @@ impl Kernel {
                 cluster.node()
             )));
         }
-        let kernel = self.clone();
-        self.inner
+        let kernel = self.kernel.clone();
+        self.kernel
+            .inner
             .tracker()
-            .spawn(async move { kernel.take_tree(&lost, epoch, tree, false).await });
+            .spawn(async move { kernel.node().take_tree(&lost, epoch, tree, false).await });
         Ok(())
     }
 
@@ -274,8 +284,8 @@ impl Kernel {
     /// may move here and this node wins its key; one whose placement rules
     /// this node out is offered to a live node it admits, when `may_offer`
     /// (a judge of the loss, not a node it was offered to).
-    async fn take_tree(&self, node: &str, epoch: u64, tree: Tree, may_offer: bool) {
-        let Some(cluster) = self.inner.cluster() else {
+    async fn take_tree(self, node: &str, epoch: u64, tree: Tree, may_offer: bool) {
+        let Some(cluster) = self.kernel.inner.cluster() else {
             return;
         };
         let root = tree.root;
@@ -312,7 +322,7 @@ impl Kernel {
         }
         let delay = read_spec(&kept.spec, kept.ppid)
             .ok()
-            .and_then(|request| self.supervision_for(&request).ok())
+            .and_then(|request| self.kernel.supervision_for(&request).ok())
             .map_or(Duration::ZERO, |(restart, _)| {
                 Duration::from_millis(restart.backoff_ms.first().copied().unwrap_or(0))
             });
@@ -320,7 +330,7 @@ impl Kernel {
         // leaves the tree to the others.
         tokio::select! {
             biased;
-            () = self.inner.stop_begun().cancelled() => return,
+            () = self.kernel.inner.stop_begun().cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
         let (kept, revision) = match cluster.kept_spec(root).await {
@@ -333,7 +343,7 @@ impl Kernel {
                 return;
             }
         };
-        if self.is_stopping() {
+        if self.kernel.is_stopping() {
             return;
         }
         match cluster.claim_spec(root, &kept, revision).await {
@@ -356,7 +366,7 @@ impl Kernel {
                 continue;
             }
             // Never two copies here (a peer's offer names what it names).
-            if self.inner.table().read().get(pid).is_some() {
+            if self.kernel.inner.table().read().get(pid).is_some() {
                 tracing::warn!(%pid, lost = node, "cluster: a lost node's process runs here already; left as it is");
                 continue;
             }
@@ -391,22 +401,24 @@ impl Kernel {
         let now = unix_ms(SystemTime::now());
         for (pid, listing, why) in &gone {
             let reason = format!("{NODE_LOST}: node {node} was lost; did not come back: {why}");
-            self.report_ended(*pid, listing.ppid, &listing.name, &reason, now);
+            self.kernel
+                .report_ended(*pid, listing.ppid, &listing.name, &reason, now);
             // A root's parent on another node is told there.
             if *pid == root && self.held_elsewhere(listing.ppid).is_some() {
-                self.tell_parent(*pid, listing.ppid, &listing.name, &reason, now);
+                self.kernel
+                    .tell_parent(*pid, listing.ppid, &listing.name, &reason, now);
             }
         }
         tracing::warn!(%root, from = node, back, gone = gone.len(), "cluster: processes taken over from a node that is gone");
         // Their API cron entries run here from now on.
-        self.cron().take(&started).await;
+        self.kernel.cron().take(&started).await;
     }
 
     /// Offers `tree` of lost node `node` to the live node with the fewest
     /// processes of those `placement` admits; it waits for its own node
     /// when there is none, or the offer fails.
     async fn offer(
-        &self,
+        self,
         cluster: &Cluster,
         node: &str,
         epoch: u64,
@@ -450,7 +462,7 @@ impl Kernel {
     /// node's already (`revision` is `None`); another's is rewritten. Why
     /// it did not come back, or `None` when the kernel is stopping.
     async fn bring_back(
-        &self,
+        self,
         cluster: &Cluster,
         pid: Pid,
         kept: KeptSpec,
@@ -460,6 +472,7 @@ impl Kernel {
             .map_err(|why| Some(format!("its kept spawn request is unreadable: {why}")))?;
         let letters = self.letters_for(Some(pid)).await;
         match self
+            .kernel
             .spawn_as(Caller::Admin, request, Birth::Restored(pid))
             .await
         {
@@ -467,8 +480,8 @@ impl Kernel {
                 self.carry_loan(pid).await;
                 self.deliver_letters(letters);
                 // Kept here too, so a restart of this node brings it back.
-                if self.inner.store().is_durable() {
-                    self.inner.store().submit(Write::Spec {
+                if self.kernel.inner.store().is_durable() {
+                    self.kernel.inner.store().submit(Write::Spec {
                         pid,
                         spec: kept.spec.clone(),
                     });

@@ -88,7 +88,7 @@ impl Kernel {
                     Caller::Process(me) => Op::spawn_own(request, me),
                     _ => Op::spawn(request, placement.node.clone(), placement.labels.clone()),
                 };
-                self.forward(&node, op, FORWARDED_SPAWN).await
+                self.node().forward(&node, op, FORWARDED_SPAWN).await
             }
             None => self.spawn_at(caller, request, placed).await,
         }
@@ -126,7 +126,7 @@ impl Kernel {
             if parent == Pid::KERNEL {
                 return Ok(None);
             }
-            return match self.holder(parent).await? {
+            return match self.node().holder(parent).await? {
                 Some(Holder::There(listing)) => Ok(Some(listing.node)),
                 _ => Ok(None),
             };

@@ -32,7 +32,7 @@ impl Kernel {
         let target = target.trim();
         if let Ok(pid) = target.parse::<u64>() {
             let pid = Pid(pid);
-            return match self.holder(pid).await? {
+            return match self.node().holder(pid).await? {
                 Some(_) => Ok(pid),
                 None => Err(KernelError::NotFound(pid)),
             };

@@ -193,14 +193,14 @@ impl Kernel {
                         .read()
                         .get(process.ppid)
                         .is_none_or(|entry| entry.proc.spec_in_cluster));
-            let letters = self.letters_for(moving.then_some(pid)).await;
+            let letters = self.node().letters_for(moving.then_some(pid)).await;
             match self
                 .spawn_as(Caller::Admin, request, Birth::Restored(pid))
                 .await
             {
                 Ok(_) => {
                     back += 1;
-                    self.deliver_letters(letters);
+                    self.node().deliver_letters(letters);
                     let moves = self
                         .inner
                         .table()
@@ -300,7 +300,7 @@ impl Kernel {
         let (back, failed, reported) = self.respawn(&recovered.processes, earlier_epoch).await;
         restored.processes = back;
         self.carry_kept(&recovered);
-        self.reopen_loans().await;
+        self.node().reopen_loans().await;
         let alive: HashSet<Pid> = {
             let table = self.inner.table().read();
             table
@@ -345,7 +345,7 @@ impl Kernel {
                 },
             ));
             // A parent here, or on another node (whose slot it frees).
-            if alive.contains(&process.ppid) || self.held_elsewhere(process.ppid).is_some() {
+            if alive.contains(&process.ppid) || self.node().held_elsewhere(process.ppid).is_some() {
                 self.tell_parent(process.pid, process.ppid, &process.name, &reason, now);
             }
         }
@@ -380,7 +380,7 @@ impl Kernel {
                 expires_ms: stored.expires_ms,
             };
             let absent = || format!("process {} did not come back after the restart", stored.to);
-            match self.requeue(kept, receiver, now, absent) {
+            match self.node().requeue(kept, receiver, now, absent) {
                 true => restored.requeued += 1,
                 false => restored.dropped += 1,
             }
@@ -466,7 +466,7 @@ impl Kernel {
             .is_some_and(|entry| entry.is_alive());
         if ppid != Pid::KERNEL && parent_here {
             // A child it held a slot for elsewhere, gone with its node.
-            self.release_child(ppid, pid);
+            self.node().release_child(ppid, pid);
             self.tell_parent(pid, ppid, name, reason, now);
         }
     }

@@ -45,8 +45,11 @@ impl Kernel {
         let result = async {
             self.require(caller, Capability::SendMessage, "send messages")?;
             message.approvals = self.asked_under(caller.pid())?;
-            if let Some(remote) = self.elsewhere(caller, message.to).await? {
-                return self.send_elsewhere(caller.pid(), remote, message).await;
+            if let Some(remote) = self.node().elsewhere(caller, message.to).await? {
+                return self
+                    .node()
+                    .send_elsewhere(caller.pid(), remote, message)
+                    .await;
             }
             self.send_here(caller.pid(), message, None).await
         };
@@ -185,10 +188,10 @@ impl Kernel {
                 "process {me} cannot run a task on itself and wait for the answer"
             )));
         }
-        let remote = self.elsewhere(caller, to).await?;
+        let remote = self.node().elsewhere(caller, to).await?;
         let _blocked = self.blocked_guard(caller);
         match remote {
-            Some(remote) => self.forward_task(caller.pid(), remote, task).await,
+            Some(remote) => self.node().forward_task(caller.pid(), remote, task).await,
             None => self.execute_here(caller.pid(), task, None).await,
         }
     }
@@ -222,8 +225,11 @@ impl Kernel {
     pub async fn delegate_async(&self, caller: Caller, mut task: TaskSpec) -> Result<RequestId> {
         let requester = caller.pid();
         task.approvals = self.asked_under(requester)?;
-        if let Some(remote) = self.elsewhere(caller, task.to).await? {
-            return self.delegate_elsewhere(requester, remote, task).await;
+        if let Some(remote) = self.node().elsewhere(caller, task.to).await? {
+            return self
+                .node()
+                .delegate_elsewhere(requester, remote, task)
+                .await;
         }
         let (request_id, _, recorded) =
             self.submit(requester, task, ReplyTo::Mailbox(requester), None)?;
@@ -418,7 +424,7 @@ impl Kernel {
     /// is reported as an event, never lost silently. On a node of a
     /// cluster it goes through the receiver's lane (lanes.rs).
     pub(crate) fn deliver_system(&self, message: Message) {
-        self.hand_on(Posting::new(message, None));
+        self.node().hand_on(Posting::new(message, None));
     }
 
     /// [`Kernel::deliver_system`] to a process of this node, for a message
@@ -479,11 +485,11 @@ impl Kernel {
             }
             ReplyTo::Mailbox(requester) => {
                 let message = task_response(worker, requester, request_id, &reply);
-                self.hand_on(Posting::new(message, Some(request_id)));
+                self.node().hand_on(Posting::new(message, Some(request_id)));
             }
             ReplyTo::Node(requester) => {
                 let message = task_response(worker, requester.pid, requester.request_id, &reply);
-                self.hand_on(Posting {
+                self.node().hand_on(Posting {
                     node: Some(requester.node),
                     ..Posting::new(message, Some(requester.request_id))
                 });

@@ -194,9 +194,11 @@ impl Kernel {
         let tokens = request.limits.max_tokens_total;
         let lent = match (assigned, birth) {
             (_, Birth::Restored(pid)) if self.inner.cluster().is_some() => {
-                Box::pin(self.borrow_parent(parent, pid, true, tokens)).await?
+                Box::pin(self.node().borrow_parent(parent, pid, true, tokens)).await?
             }
-            (Some(pid), _) => Box::pin(self.borrow_parent(parent, pid, false, tokens)).await?,
+            (Some(pid), _) => {
+                Box::pin(self.node().borrow_parent(parent, pid, false, tokens)).await?
+            }
             _ => None,
         };
         let admitted = Admitted {
@@ -214,7 +216,7 @@ impl Kernel {
         if admitted.is_err()
             && let (Some(lent), Some(pid), Birth::New { .. }) = (&lent, assigned, birth)
         {
-            Box::pin(self.give_back(lent.pid, pid)).await;
+            Box::pin(self.node().give_back(lent.pid, pid)).await;
         }
         let (pid, launch, spec_in_cluster) =
             self.report_denial(Caller::Process(parent), "spawn", admitted)?;
@@ -260,7 +262,7 @@ impl Kernel {
         }
         // Listed now: a parent elsewhere that ended meanwhile finds it.
         if lent.is_some() && matches!(birth, Birth::New { .. }) {
-            Box::pin(self.confirm_child(parent, pid)).await;
+            Box::pin(self.node().confirm_child(parent, pid)).await;
         }
         if let Some(launch) = launch {
             self.exec().launch(launch).await;
@@ -417,7 +419,7 @@ impl Kernel {
                 let node = lent.map(|lent| lent.node.clone()).unwrap_or_default();
                 Some(Pool::on_loan(pid, amount, parent, node))
             }
-            Some(amount) => match self.loan_back(pid, birth, amount, lender.as_ref()) {
+            Some(amount) => match self.node().loan_back(pid, birth, amount, lender.as_ref()) {
                 Some(loan) => Some(loan),
                 None => Some(Pool::allocate(pid, amount, lender.as_ref())?),
             },
@@ -493,7 +495,7 @@ impl Kernel {
             runtime: proc.runtime_name.clone(),
             restored: proc.restored,
         };
-        let (children, live_children) = self.children_listed(&table, pid, birth);
+        let (children, live_children) = self.node().children_listed(&table, pid, birth);
         table.insert(
             pid,
             Entry {

@@ -220,13 +220,13 @@ impl Kernel {
     pub async fn kill(&self, caller: Caller, pid: Pid, reason: &str) -> Result<Killed> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "kill processes")?;
-            if let Some(node) = self.holding(caller, pid, "kill").await? {
+            if let Some(node) = self.node().holding(caller, pid, "kill").await? {
                 let op = Op::Kill {
                     pid,
                     reason: reason.to_owned(),
                     orphaned: false,
                 };
-                return self.forward(&node, op, FORWARDED_KILL).await;
+                return self.node().forward(&node, op, FORWARDED_KILL).await;
             }
             self.kill_checked(caller, pid, reason).await
         };
@@ -298,9 +298,9 @@ impl Kernel {
                         .iter()
                         .map(|(_, child)| (*child, inherited.clone()))
                         .collect();
-                    let killed = kernel.kill_elsewhere(orphans).await;
+                    let killed = kernel.node().kill_elsewhere(orphans).await;
                     for (parent, child) in elsewhere {
-                        kernel.release_child(parent, child);
+                        kernel.node().release_child(parent, child);
                     }
                     killed
                 });
@@ -400,9 +400,9 @@ impl Kernel {
         if let Some(limit) = timeout {
             crate::router::check_duration("timeout", limit)?;
         }
-        if let Some(node) = self.parent_elsewhere(caller, pid).await? {
+        if let Some(node) = self.node().parent_elsewhere(caller, pid).await? {
             let _blocked = self.blocked_guard(caller);
-            return self.wait_elsewhere(&node, pid, timeout).await;
+            return self.node().wait_elsewhere(&node, pid, timeout).await;
         }
         let rx = {
             let mut table = self.inner.table().write();
@@ -606,17 +606,17 @@ impl Kernel {
                     .collect();
                 kernel.inner.events().emit_all(events);
                 if !repays.is_empty() {
-                    kernel.repay_loans(repays);
+                    kernel.node().repay_loans(repays);
                 }
                 for top in tops {
                     kernel.finish_top(top);
                 }
                 kernel.follow_up(follow);
                 if !elsewhere.is_empty() {
-                    let _ = kernel.kill_elsewhere(elsewhere).await;
+                    let _ = kernel.node().kill_elsewhere(elsewhere).await;
                 }
                 if !supervise.is_empty() {
-                    kernel.supervise_elsewhere(supervise).await;
+                    kernel.node().supervise_elsewhere(supervise).await;
                 }
             }));
         // Only a panic could fail the join; the kernel's state is already consistent.

@@ -39,6 +39,7 @@ impl TranscriptsHandle<'_> {
         if self.kernel.inner.table().read().get(pid).is_none()
             && let Some(node) = self
                 .kernel
+                .node()
                 .holding(caller, pid, "read the transcript of")
                 .await?
         {
@@ -47,7 +48,7 @@ impl TranscriptsHandle<'_> {
                 ..query
             };
             let op = Op::Transcript { pid, query };
-            return self.kernel.forward(&node, op, FORWARDED_SEND).await;
+            return self.kernel.node().forward(&node, op, FORWARDED_SEND).await;
         }
         self.read_here(caller, pid, query).await
     }
@@ -88,7 +89,7 @@ impl TranscriptsHandle<'_> {
     /// another node of the cluster holds it (read from the directory
     /// itself when the mirror does not list it yet).
     pub async fn recorded_elsewhere(self, pid: Pid) -> Option<(String, u64)> {
-        match self.kernel.holder(pid).await {
+        match self.kernel.node().holder(pid).await {
             Ok(Some(Holder::There(listing))) => Some((listing.node, listing.epoch)),
             _ => None,
         }

@@ -33,7 +33,7 @@ impl CronHandle<'_> {
         {
             return Ok(None);
         }
-        let Some(Holder::There(listing)) = self.kernel.holder(target).await? else {
+        let Some(Holder::There(listing)) = self.kernel.node().holder(target).await? else {
             return Ok(None);
         };
         if !caller.sees_all() {
@@ -51,7 +51,7 @@ impl CronHandle<'_> {
         let op = Op::CronAdd {
             spec: Box::new(spec),
         };
-        self.kernel.forward(node, op, FORWARDED_CRON).await
+        self.kernel.node().forward(node, op, FORWARDED_CRON).await
     }
 
     /// Applies `change` to entry `name` as `caller`: here, or, when this
@@ -104,7 +104,7 @@ impl CronHandle<'_> {
             name: name.to_owned(),
             change,
         };
-        self.kernel.forward(node, op, FORWARDED_CRON).await
+        self.kernel.node().forward(node, op, FORWARDED_CRON).await
     }
 
     /// The other node holding entry `name`, for an operator, when this one

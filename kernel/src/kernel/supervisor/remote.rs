@@ -11,8 +11,8 @@ use super::restart::stop_for_restart;
 use super::{EXIT_FAILED, EXIT_KILLED, Stop, strategy, terminate};
 use crate::cluster::rpc::Op;
 use crate::error::{KernelError, Result};
-use crate::kernel::Kernel;
 use crate::kernel::cluster::FORWARDED_KILL;
+use crate::kernel::cluster::NodeHandle;
 use crate::kernel::llm::millis;
 use crate::process::Entry;
 
@@ -49,11 +49,11 @@ pub(crate) enum Elsewhere {
     Fail { parent: Pid, reason: String },
 }
 
-impl Kernel {
+impl NodeHandle<'_> {
     /// Asks the nodes concerned to do what `elsewhere` says, each once;
     /// what a node cannot be reached for is logged (a node lost meanwhile
     /// has its processes restarted by the loss).
-    pub(super) async fn supervise_elsewhere(&self, elsewhere: Vec<Elsewhere>) {
+    pub(super) async fn supervise_elsewhere(self, elsewhere: Vec<Elsewhere>) {
         let asks = elsewhere.into_iter().map(|what| async move {
             let (pid, op) = match what {
                 Elsewhere::Siblings {
@@ -79,7 +79,7 @@ impl Kernel {
                 ),
                 Elsewhere::Fail { parent, reason } => {
                     // The parent's run as this node lists it.
-                    let started_ms = self
+                    let started_ms = self.kernel
                         .inner
                         .cluster()
                         .and_then(|cluster| {
@@ -113,26 +113,26 @@ impl Kernel {
     /// those on other nodes restart there). Nothing when `failed` is no
     /// longer its child (a request that came after `parent` restarted).
     pub(in crate::kernel) async fn siblings_failed(
-        &self,
+        self,
         parent: Pid,
         failed: Pid,
         delay: Duration,
     ) -> Result<()> {
-        let mut exits = self.exits(Stop::Abort);
+        let mut exits = self.kernel.exits(Stop::Abort);
         {
-            let mut table = self.inner.table().write();
+            let mut table = self.kernel.inner.table().write();
             let entry = table.get(parent).ok_or(KernelError::NotFound(parent))?;
             if !entry.is_alive() || entry.is_restarting() || !same_run(entry, parent, failed) {
                 return Ok(());
             }
-            let group = self.next_id();
+            let group = self.kernel.next_id();
             let pids =
                 strategy::stop_siblings(&mut table, parent, failed, group, delay, &mut exits);
             if !pids.is_empty() {
                 exits.follow.restart(group, pids, delay);
             }
         }
-        self.finish_exits(exits).await;
+        self.kernel.finish_exits(exits).await;
         Ok(())
     }
 
@@ -141,21 +141,21 @@ impl Kernel {
     /// after the sibling's `delay` when its policy restarts after a
     /// failure, as a sibling on the same node does; a temporary one ends.
     pub(in crate::kernel) async fn restart_sibling(
-        &self,
+        self,
         pid: Pid,
         reason: &str,
         delay: Duration,
     ) -> Result<()> {
-        self.check_running()?;
-        self.inner.settings().limits.check_reason(reason)?;
-        let mut exits = self.exits(Stop::Abort);
+        self.kernel.check_running()?;
+        self.kernel.inner.settings().limits.check_reason(reason)?;
+        let mut exits = self.kernel.exits(Stop::Abort);
         {
-            let mut table = self.inner.table().write();
+            let mut table = self.kernel.inner.table().write();
             let entry = table.get_mut(pid).ok_or(KernelError::NotFound(pid))?;
             if !entry.is_alive() {
                 return Ok(());
             }
-            let group = self.next_id();
+            let group = self.kernel.next_id();
             if entry.is_restarting() {
                 // Already down: it now comes back with the failed child.
                 entry.wait_in_group(group);
@@ -167,7 +167,7 @@ impl Kernel {
                 terminate(&mut table, pid, EXIT_KILLED, reason, &mut exits);
             }
         }
-        self.finish_exits(exits).await;
+        self.kernel.finish_exits(exits).await;
         Ok(())
     }
 
@@ -177,14 +177,14 @@ impl Kernel {
     /// `started_ms` (0: unknown), as the asking node listed it (a request
     /// that came after `pid` restarted).
     pub(in crate::kernel) async fn fail_here(
-        &self,
+        self,
         pid: Pid,
         started_ms: u64,
         reason: String,
     ) -> Result<()> {
-        let mut exits = self.exits(Stop::Abort);
+        let mut exits = self.kernel.exits(Stop::Abort);
         {
-            let mut table = self.inner.table().write();
+            let mut table = self.kernel.inner.table().write();
             let entry = table.get(pid).ok_or(KernelError::NotFound(pid))?;
             if !entry.is_alive() || entry.is_restarting() {
                 return Ok(());
@@ -194,9 +194,10 @@ impl Kernel {
                 tracing::info!(%pid, asked = started_ms, run, "cluster: a child's failure about an earlier run of its parent came late; ignored");
                 return Ok(());
             }
-            self.end_supervised(&mut table, pid, EXIT_FAILED, reason, &mut exits);
+            self.kernel
+                .end_supervised(&mut table, pid, EXIT_FAILED, reason, &mut exits);
         }
-        self.finish_exits(exits).await;
+        self.kernel.finish_exits(exits).await;
         Ok(())
     }
 }

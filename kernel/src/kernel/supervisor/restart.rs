@@ -208,14 +208,14 @@ impl Kernel {
     pub async fn restart(&self, caller: Caller, pid: Pid, reason: &str) -> Result<u32> {
         let result = async {
             self.require(caller, Capability::KillProcesses, "restart processes")?;
-            if let Some(node) = self.holding(caller, pid, "restart").await? {
+            if let Some(node) = self.node().holding(caller, pid, "restart").await? {
                 let op = Op::Restart {
                     pid,
                     reason: reason.to_owned(),
                     sibling: false,
                     delay_ms: 0,
                 };
-                return self.forward(&node, op, FORWARDED_KILL).await;
+                return self.node().forward(&node, op, FORWARDED_KILL).await;
             }
             self.restart_checked(caller, pid, reason).await
         };

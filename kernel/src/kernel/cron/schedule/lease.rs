@@ -152,7 +152,10 @@ impl CronHandle<'_> {
     /// cron").
     pub(super) fn follows(self, target: Pid) -> Option<Arc<Cluster>> {
         let cluster = self.kernel.inner.cluster()?;
-        self.kernel.moves_from_here(target).then(|| cluster.clone())
+        self.kernel
+            .node()
+            .moves_from_here(target)
+            .then(|| cluster.clone())
     }
 
     /// Takes on the API entries the cluster keeps for `targets`, processes
