@@ -25,7 +25,6 @@ pub use cluster::{
 mod connections;
 pub use connections::ConnectionSettings;
 mod cron;
-mod limits;
 mod mcp;
 pub use mcp::{McpServerSpec, McpToolFilter, McpTransport};
 mod model;
@@ -671,5 +670,7 @@ fn at(base: &str, field: &str) -> String {
     }
 }
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

@@ -160,7 +160,7 @@ impl GateSettings {
     pub(crate) fn control_plane(settings: &crate::config::ConnectionSettings) -> Self {
         GateSettings {
             max: settings.max,
-            handshake_timeout: settings.handshake_timeout,
+            handshake_timeout: settings.handshake_timeout(),
             idle_timeout: None,
             share: Self::CONTROL_PLANE_SHARE,
             setting: "kernel.connections.max",
@@ -175,8 +175,8 @@ impl GateSettings {
     ) -> Self {
         GateSettings {
             max: settings.http_max,
-            handshake_timeout: settings.http_header_timeout,
-            idle_timeout: Some(settings.http_idle_timeout),
+            handshake_timeout: settings.http_header_timeout(),
+            idle_timeout: Some(settings.http_idle_timeout()),
             share: Self::HTTP_SHARE,
             setting: "kernel.connections.http_max",
             listener,

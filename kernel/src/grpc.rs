@@ -103,8 +103,8 @@ pub async fn serve_with_tls(
     }
     let router = server
         // Idle connections are pinged, so dead clients' streams end.
-        .http2_keepalive_interval(Some(connections.keepalive_interval))
-        .http2_keepalive_timeout(Some(connections.keepalive_timeout))
+        .http2_keepalive_interval(Some(connections.keepalive_interval()))
+        .http2_keepalive_timeout(Some(connections.keepalive_timeout()))
         // Outermost: it sees every answer, the auth layer's refusals too.
         .layer(measure::MeasureLayer(kernel.metrics()))
         // The interceptor below reads the method this notes.

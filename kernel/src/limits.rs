@@ -14,33 +14,50 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use hivekernel_agents::{ExecCommand, Outgoing, SpawnRequest, TaskSpec};
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use validator::Validate;
 
 use crate::error::KernelError;
 
-/// What one string, list or map a caller sends may hold (`kernel.limits`,
-/// read as written: config/limits.rs checks the ranges).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// Largest payload the kernel can be told to accept: requests carry it
+/// whole, so the gRPC server's request limit grows with it.
+const MAX_PAYLOAD_BYTES: usize = 16 << 20;
+
+/// What one string, list or map a caller sends may hold (`kernel.limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
 #[serde(deny_unknown_fields, default)]
 pub struct InputLimits {
-    /// A message's type.
+    /// A message's `type`.
+    #[validate(range(min = 1, max = 65_536))]
     pub type_bytes: usize,
-    /// A kill's reason.
+    /// A kill's `reason`.
+    #[validate(range(min = 1, max = 1_048_576))]
     pub reason_bytes: usize,
-    /// A model or runtime name.
+    /// A spawn's `model` and `runtime`.
+    #[validate(range(min = 1, max = 65_536))]
     pub model_bytes: usize,
-    /// A process's system prompt, given at spawn or in a prompt file of the config.
+    /// A spawn's `system_prompt`, and every prompt file of the config
+    /// (`system_prompt_file`, `worker_prompt_file`).
+    #[validate(range(min = 1, max = MAX_PAYLOAD_BYTES))]
     pub prompt_bytes: usize,
-    /// A message's payload; a task's description and parameter values
-    /// together; a task's answer; a cron entry's text.
+    /// A message's `payload`; a task's `description` and parameter values
+    /// together; a task's `output` or `error` from an `exec` agent; a cron
+    /// entry's `description`.
+    #[validate(range(min = 1, max = MAX_PAYLOAD_BYTES))]
     pub payload_bytes: usize,
-    /// Entries of a process's tool list.
+    /// Entries of a spawn's `tools` (a name listed twice is refused too).
+    #[validate(range(min = 1, max = 10_000))]
     pub tools: usize,
-    /// Entries of a process's metadata, or of a task's parameters.
+    /// Entries of a spawn's `metadata`, and of a task's `params`.
+    #[validate(range(min = 1, max = 10_000))]
     pub metadata_entries: usize,
-    /// Each metadata key and value, and each task parameter's name.
+    /// Each `metadata` key and value, and each `params` name.
+    #[validate(range(min = 1, max = 1_048_576))]
     pub metadata_bytes: usize,
-    /// An `exec` command: its program, arguments and environment together.
+    /// An `exec` spawn's `command` and `env` together (each argument and
+    /// variable counts one byte more).
+    #[validate(range(min = 1, max = MAX_PAYLOAD_BYTES))]
     pub command_bytes: usize,
 }
 

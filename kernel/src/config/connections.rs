@@ -12,72 +12,83 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use validator::Validate;
 
 use super::ConfigIssue;
-use super::parse::section;
-use super::validate::in_range;
+use super::parse::settings;
 
-/// How the control plane treats connections (`kernel.connections`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the control plane and the HTTP listeners treat connections
+/// (`kernel.connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct ConnectionSettings {
-    /// Connections open at once, those that have not spoken yet included.
+    /// Connections open at once.
+    #[validate(range(min = 1, max = 1_000_000))]
     pub max: usize,
-    /// A connection that has made no authenticated call this long after it opens is closed.
-    pub handshake_timeout: Duration,
-    /// An idle connection is pinged this often (HTTP/2 keepalive).
-    pub keepalive_interval: Duration,
+    /// Time from opening to the first authenticated call.
+    #[validate(range(min = 100, max = 600_000))]
+    pub handshake_timeout_ms: u64,
+    /// An idle connection is pinged this often (HTTP/2 keepalive), so dead
+    /// clients' streams end.
+    #[validate(range(min = 1, max = 86_400))]
+    pub keepalive_interval_seconds: u64,
     /// A ping unanswered this long closes the connection.
-    pub keepalive_timeout: Duration,
-    /// Connections open at once on each HTTP listener (the dashboard,
-    /// `/metrics`); lowered to a sixteenth of the open-file limit.
+    #[validate(range(min = 1, max = 3_600))]
+    pub keepalive_timeout_seconds: u64,
+    /// Connections open at once on each HTTP listener (the dashboard, the
+    /// metrics listener); lowered to a sixteenth of the open-file limit.
+    #[validate(range(min = 1, max = 1_000_000))]
     pub http_max: usize,
-    /// An HTTP connection whose first request head has not arrived whole
-    /// this long after it opens is closed.
-    pub http_header_timeout: Duration,
-    /// An HTTP connection with no request in flight this long is closed.
-    pub http_idle_timeout: Duration,
+    /// Time from opening an HTTP connection to the end of its first request
+    /// head (TLS handshake included).
+    #[validate(range(min = 100, max = 600_000))]
+    pub http_header_timeout_ms: u64,
+    /// An HTTP connection with no request in flight this long is closed (a
+    /// live event stream is a request in flight).
+    #[validate(range(min = 100, max = 86_400_000))]
+    pub http_idle_timeout_ms: u64,
+}
+
+impl ConnectionSettings {
+    /// `handshake_timeout_ms`.
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    /// `keepalive_interval_seconds`.
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_secs(self.keepalive_interval_seconds)
+    }
+
+    /// `keepalive_timeout_seconds`.
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_secs(self.keepalive_timeout_seconds)
+    }
+
+    /// `http_header_timeout_ms`.
+    pub fn http_header_timeout(&self) -> Duration {
+        Duration::from_millis(self.http_header_timeout_ms)
+    }
+
+    /// `http_idle_timeout_ms`.
+    pub fn http_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.http_idle_timeout_ms)
+    }
 }
 
 impl Default for ConnectionSettings {
     fn default() -> Self {
         ConnectionSettings {
             max: 1024,
-            handshake_timeout: Duration::from_secs(10),
-            keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(10),
+            handshake_timeout_ms: 10_000,
+            keepalive_interval_seconds: 30,
+            keepalive_timeout_seconds: 10,
             http_max: 256,
-            http_header_timeout: Duration::from_secs(10),
-            http_idle_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-/// `kernel.connections` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawConnections {
-    max: usize,
-    handshake_timeout_ms: u64,
-    keepalive_interval_seconds: u64,
-    keepalive_timeout_seconds: u64,
-    http_max: usize,
-    http_header_timeout_ms: u64,
-    http_idle_timeout_ms: u64,
-}
-
-impl Default for RawConnections {
-    fn default() -> Self {
-        let d = ConnectionSettings::default();
-        RawConnections {
-            max: d.max,
-            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
-            keepalive_interval_seconds: d.keepalive_interval.as_secs(),
-            keepalive_timeout_seconds: d.keepalive_timeout.as_secs(),
-            http_max: d.http_max,
-            http_header_timeout_ms: d.http_header_timeout.as_millis() as u64,
-            http_idle_timeout_ms: d.http_idle_timeout.as_millis() as u64,
+            http_header_timeout_ms: 10_000,
+            http_idle_timeout_ms: 60_000,
         }
     }
 }
@@ -87,47 +98,5 @@ pub(super) fn connections(
     value: Option<&Value>,
     issues: &mut Vec<ConfigIssue>,
 ) -> ConnectionSettings {
-    let raw = section::<RawConnections>(value, "kernel.connections", issues).value;
-    let at = |field: &str| format!("kernel.connections.{field}");
-    in_range(raw.max, 1..=1_000_000, &at("max"), issues);
-    in_range(
-        raw.handshake_timeout_ms,
-        100..=600_000,
-        &at("handshake_timeout_ms"),
-        issues,
-    );
-    in_range(
-        raw.keepalive_interval_seconds,
-        1..=86_400,
-        &at("keepalive_interval_seconds"),
-        issues,
-    );
-    in_range(
-        raw.keepalive_timeout_seconds,
-        1..=3_600,
-        &at("keepalive_timeout_seconds"),
-        issues,
-    );
-    in_range(raw.http_max, 1..=1_000_000, &at("http_max"), issues);
-    in_range(
-        raw.http_header_timeout_ms,
-        100..=600_000,
-        &at("http_header_timeout_ms"),
-        issues,
-    );
-    in_range(
-        raw.http_idle_timeout_ms,
-        100..=86_400_000,
-        &at("http_idle_timeout_ms"),
-        issues,
-    );
-    ConnectionSettings {
-        max: raw.max,
-        handshake_timeout: Duration::from_millis(raw.handshake_timeout_ms),
-        keepalive_interval: Duration::from_secs(raw.keepalive_interval_seconds),
-        keepalive_timeout: Duration::from_secs(raw.keepalive_timeout_seconds),
-        http_max: raw.http_max,
-        http_header_timeout: Duration::from_millis(raw.http_header_timeout_ms),
-        http_idle_timeout: Duration::from_millis(raw.http_idle_timeout_ms),
-    }
+    settings(value, "kernel.connections", issues).value
 }

@@ -11,6 +11,7 @@ use hivekernel_agents::LimitOverrides;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKind};
 
 use super::{ConfigIssue, KernelSettings, at, validate};
 
@@ -275,6 +276,74 @@ pub(super) fn section<T: DeserializeOwned + Default>(
         }
     }
     section
+}
+
+/// Parses a settings section (as [`section`] does), then checks the ranges
+/// and lengths its type declares in `#[validate]` attributes: every value
+/// out of bounds is an issue at its own path.
+pub(super) fn settings<T: DeserializeOwned + Default + Validate>(
+    value: Option<&Value>,
+    location: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Section<T> {
+    let mut section = section::<T>(value, location, issues);
+    if let Err(errors) = section.value.validate() {
+        let mut found = Vec::new();
+        flatten(&errors, location, &mut found);
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        for (path, error) in found {
+            if let Some(field) = path
+                .strip_prefix(location)
+                .map(|p| p.trim_start_matches('.'))
+            {
+                let field = field.split(['.', '[']).next().unwrap_or(field);
+                section.bad.insert(field.to_owned());
+            }
+            issues.push(ConfigIssue::new(path, message(error)));
+        }
+    }
+    section
+}
+
+/// Every error of a validation with its dotted path below `location`.
+fn flatten<'e>(
+    errors: &'e ValidationErrors,
+    location: &str,
+    out: &mut Vec<(String, &'e ValidationError)>,
+) {
+    for (field, kind) in errors.errors() {
+        let path = at(location, field);
+        match kind {
+            ValidationErrorsKind::Field(list) => out.extend(list.iter().map(|e| (path.clone(), e))),
+            ValidationErrorsKind::Struct(inner) => flatten(inner, &path, out),
+            ValidationErrorsKind::List(items) => {
+                for (index, inner) in items {
+                    flatten(inner, &format!("{path}[{index}]"), out);
+                }
+            }
+        }
+    }
+}
+
+/// What a failed check says: the bounds and the value for a range or a
+/// length, the check's own message otherwise.
+fn message(error: &ValidationError) -> String {
+    if let Some(message) = &error.message {
+        return message.to_string();
+    }
+    let param = |name: &str| error.params.get(name).map(Value::to_string);
+    let got = param("value")
+        .map(|v| format!(", got {v}"))
+        .unwrap_or_default();
+    match (error.code.as_ref(), param("min"), param("max")) {
+        ("range", Some(min), Some(max)) => format!("must be between {min} and {max}{got}"),
+        ("range", Some(min), None) => format!("must be at least {min}{got}"),
+        ("range", None, Some(max)) => format!("must be at most {max}{got}"),
+        ("length", Some(min), Some(max)) => format!("must have {min} to {max} entries"),
+        ("length", Some(min), None) => format!("must have at least {min} entries"),
+        ("length", None, Some(max)) => format!("must have at most {max} entries"),
+        (code, _, _) => format!("failed the {code} check"),
+    }
 }
 
 /// A JSON value as a message shows it: its kind, and the value when short.

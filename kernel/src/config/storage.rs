@@ -13,23 +13,34 @@
 //! }
 //! ```
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use validator::Validate;
 
 use super::ConfigIssue;
-use super::parse::section;
-use super::validate::in_range;
+use super::parse::settings;
+
+/// Largest artifact the kernel accepts at all (gRPC messages grow with it).
+const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
+/// Ceiling on any per-owner or per-agent total.
+const MAX_TOTAL_BYTES: u64 = 1 << 40;
 
 /// Storage quotas (`kernel.storage`): on the whole store, and on each
 /// subtree below PID 1, over the artifacts, memory and skills its
 /// processes keep (alive or gone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct StorageSettings {
-    /// Most bytes the store file may hold in use; a write of artifacts,
-    /// memory or skills that would pass it is refused.
+    /// Most bytes the store file may hold in use (its pages, free ones not
+    /// counted); a write of artifacts, memory or skills that would pass it
+    /// is refused, whoever makes it.
+    #[validate(range(min = 1_048_576, max = MAX_TOTAL_BYTES))]
     pub max_bytes: u64,
-    /// The quota of a subtree whose root, a child of PID 1, sets no
-    /// `max_storage_bytes` of its own.
+    /// The quota of each subtree whose root, a child of PID 1, sets no
+    /// [`limits.max_storage_bytes`](#limits) of its own. What PID 1 itself
+    /// (the operator) stores counts toward `max_bytes` only.
+    #[validate(range(min = 1, max = MAX_TOTAL_BYTES))]
     pub max_bytes_per_subtree: u64,
 }
 
@@ -43,11 +54,17 @@ impl Default for StorageSettings {
 }
 
 /// Size limits on artifacts (`kernel.artifacts`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct ArtifactSettings {
-    /// Largest content of one artifact, in bytes.
+    /// Largest content of one artifact; a larger store is refused
+    /// (RESOURCE_EXHAUSTED) and changes nothing. The gRPC server accepts
+    /// requests this large (plus 64 KiB).
+    #[validate(range(min = 1, max = MAX_ARTIFACT_BYTES))]
     pub max_bytes: u64,
-    /// Most bytes the artifacts of one owner may total.
+    /// Most bytes the artifacts of one process may total; a store past it
+    /// is refused (replacing an artifact counts its new size, not both).
+    #[validate(range(min = 1, max = MAX_TOTAL_BYTES))]
     pub max_bytes_per_owner: u64,
 }
 
@@ -61,13 +78,19 @@ impl Default for ArtifactSettings {
 }
 
 /// Size limits on agent memory (`kernel.memory`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct MemorySettings {
-    /// Largest entry (text, key and tags), in bytes.
+    /// Largest memory entry: its text, key and tags together.
+    #[validate(range(min = 1, max = 1_048_576))]
     pub max_entry_bytes: u64,
-    /// Most bytes one process's entries may total.
+    /// Most bytes one process's memory may hold; a store past it is refused
+    /// (replacing an entry by key counts its new size only).
+    #[validate(range(min = 1, max = MAX_TOTAL_BYTES))]
     pub max_bytes_per_agent: u64,
-    /// Most entries one recall returns.
+    /// Most entries one `memory_recall` answers (it answers 5 unless asked
+    /// for more).
+    #[validate(range(min = 1, max = 1000))]
     pub max_results: u32,
 }
 
@@ -82,23 +105,33 @@ impl Default for MemorySettings {
 }
 
 /// What transcripts keep, and for how long (`kernel.transcripts`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct TranscriptSettings {
-    /// Whether turns are recorded at all.
+    /// Record every turn of every agent.
     pub enabled: bool,
-    /// Keep a process's transcript after it is reaped (until age or size
-    /// prunes it); by default it goes with the process's other state.
+    /// Keep a process's transcript after it is reaped (the admin can still
+    /// read it; ages and sizes still prune it). By default it goes with the
+    /// process's other state.
     pub keep_after_exit: bool,
-    /// Entries older than this many hours are pruned.
+    /// Entries older than this are pruned (checked once a minute).
+    #[validate(range(min = 1, max = 876_000))]
     pub max_age_hours: u64,
-    /// Most bytes one process's transcript keeps; its oldest entries go first.
+    /// Most one process's transcript keeps; past it, its oldest entries go
+    /// until it is a tenth under.
+    #[validate(range(min = 65_536, max = MAX_TOTAL_BYTES))]
     pub max_bytes_per_process: u64,
-    /// Most bytes all transcripts keep together; the oldest entries go first.
+    /// Most all transcripts keep together; past it, the oldest entries go
+    /// until a tenth under.
+    #[validate(range(min = 1_048_576, max = MAX_TOTAL_BYTES))]
     pub max_bytes_total: u64,
-    /// Longest text one entry keeps (an input, an answer, a tool result or
-    /// its arguments); longer ones are cut, with the marker.
+    /// Longest text one entry keeps (an input, an answer, a tool result, a
+    /// tool call's arguments); longer ones are cut with
+    /// `… [cut: N bytes in all]`.
+    #[validate(range(min = 256, max = 1_048_576))]
     pub max_text_bytes: usize,
     /// Entries a kernel without a store keeps in memory, of all processes.
+    #[validate(range(min = 100, max = 1_000_000))]
     pub memory_entries: usize,
 }
 
@@ -116,93 +149,19 @@ impl Default for TranscriptSettings {
     }
 }
 
-/// Largest artifact the kernel accepts at all (gRPC messages grow with it).
-const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
-/// Ceiling on any per-owner or per-agent total.
-const MAX_TOTAL_BYTES: u64 = 1 << 40;
-
-/// `kernel.storage` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawStorage {
-    max_bytes: u64,
-    max_bytes_per_subtree: u64,
+/// Parses and checks `kernel.storage`.
+pub(super) fn storage(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> StorageSettings {
+    settings(value, "kernel.storage", issues).value
 }
 
-impl Default for RawStorage {
-    fn default() -> Self {
-        let defaults = StorageSettings::default();
-        RawStorage {
-            max_bytes: defaults.max_bytes,
-            max_bytes_per_subtree: defaults.max_bytes_per_subtree,
-        }
-    }
+/// Parses and checks `kernel.artifacts`.
+pub(super) fn artifacts(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> ArtifactSettings {
+    settings(value, "kernel.artifacts", issues).value
 }
 
-/// `kernel.artifacts` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawArtifacts {
-    max_bytes: u64,
-    max_bytes_per_owner: u64,
-}
-
-impl Default for RawArtifacts {
-    fn default() -> Self {
-        let defaults = ArtifactSettings::default();
-        RawArtifacts {
-            max_bytes: defaults.max_bytes,
-            max_bytes_per_owner: defaults.max_bytes_per_owner,
-        }
-    }
-}
-
-/// `kernel.memory` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawMemory {
-    max_entry_bytes: u64,
-    max_bytes_per_agent: u64,
-    max_results: u32,
-}
-
-impl Default for RawMemory {
-    fn default() -> Self {
-        let defaults = MemorySettings::default();
-        RawMemory {
-            max_entry_bytes: defaults.max_entry_bytes,
-            max_bytes_per_agent: defaults.max_bytes_per_agent,
-            max_results: defaults.max_results,
-        }
-    }
-}
-
-/// `kernel.transcripts` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawTranscripts {
-    enabled: bool,
-    keep_after_exit: bool,
-    max_age_hours: u64,
-    max_bytes_per_process: u64,
-    max_bytes_total: u64,
-    max_text_bytes: u64,
-    memory_entries: u64,
-}
-
-impl Default for RawTranscripts {
-    fn default() -> Self {
-        let defaults = TranscriptSettings::default();
-        RawTranscripts {
-            enabled: defaults.enabled,
-            keep_after_exit: defaults.keep_after_exit,
-            max_age_hours: defaults.max_age_hours,
-            max_bytes_per_process: defaults.max_bytes_per_process,
-            max_bytes_total: defaults.max_bytes_total,
-            max_text_bytes: defaults.max_text_bytes as u64,
-            memory_entries: defaults.memory_entries as u64,
-        }
-    }
+/// Parses and checks `kernel.memory`.
+pub(super) fn memory(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> MemorySettings {
+    settings(value, "kernel.memory", issues).value
 }
 
 /// Parses and checks `kernel.transcripts`.
@@ -210,117 +169,5 @@ pub(super) fn transcripts(
     value: Option<&Value>,
     issues: &mut Vec<ConfigIssue>,
 ) -> TranscriptSettings {
-    let raw = section::<RawTranscripts>(value, "kernel.transcripts", issues).value;
-    let at = |field: &str| format!("kernel.transcripts.{field}");
-    in_range(
-        raw.max_age_hours,
-        1..=100 * 365 * 24,
-        &at("max_age_hours"),
-        issues,
-    );
-    in_range(
-        raw.max_bytes_per_process,
-        64 << 10..=MAX_TOTAL_BYTES,
-        &at("max_bytes_per_process"),
-        issues,
-    );
-    in_range(
-        raw.max_bytes_total,
-        1 << 20..=MAX_TOTAL_BYTES,
-        &at("max_bytes_total"),
-        issues,
-    );
-    in_range(
-        raw.max_text_bytes,
-        256..=1 << 20,
-        &at("max_text_bytes"),
-        issues,
-    );
-    in_range(
-        raw.memory_entries,
-        100..=1_000_000,
-        &at("memory_entries"),
-        issues,
-    );
-    TranscriptSettings {
-        enabled: raw.enabled,
-        keep_after_exit: raw.keep_after_exit,
-        max_age_hours: raw.max_age_hours,
-        max_bytes_per_process: raw.max_bytes_per_process,
-        max_bytes_total: raw.max_bytes_total,
-        max_text_bytes: usize::try_from(raw.max_text_bytes).unwrap_or(usize::MAX),
-        memory_entries: usize::try_from(raw.memory_entries).unwrap_or(usize::MAX),
-    }
-}
-
-/// Parses and checks `kernel.storage`.
-pub(super) fn storage(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> StorageSettings {
-    let raw = section::<RawStorage>(value, "kernel.storage", issues).value;
-    in_range(
-        raw.max_bytes,
-        1 << 20..=MAX_TOTAL_BYTES,
-        "kernel.storage.max_bytes",
-        issues,
-    );
-    in_range(
-        raw.max_bytes_per_subtree,
-        1..=MAX_TOTAL_BYTES,
-        "kernel.storage.max_bytes_per_subtree",
-        issues,
-    );
-    StorageSettings {
-        max_bytes: raw.max_bytes,
-        max_bytes_per_subtree: raw.max_bytes_per_subtree,
-    }
-}
-
-/// Parses and checks `kernel.artifacts`.
-pub(super) fn artifacts(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> ArtifactSettings {
-    let raw = section::<RawArtifacts>(value, "kernel.artifacts", issues).value;
-    let at = "kernel.artifacts.";
-    in_range(
-        raw.max_bytes,
-        1..=MAX_ARTIFACT_BYTES,
-        &format!("{at}max_bytes"),
-        issues,
-    );
-    in_range(
-        raw.max_bytes_per_owner,
-        1..=MAX_TOTAL_BYTES,
-        &format!("{at}max_bytes_per_owner"),
-        issues,
-    );
-    ArtifactSettings {
-        max_bytes: raw.max_bytes,
-        max_bytes_per_owner: raw.max_bytes_per_owner,
-    }
-}
-
-/// Parses and checks `kernel.memory`.
-pub(super) fn memory(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> MemorySettings {
-    let raw = section::<RawMemory>(value, "kernel.memory", issues).value;
-    let at = "kernel.memory.";
-    in_range(
-        raw.max_entry_bytes,
-        1..=1 << 20,
-        &format!("{at}max_entry_bytes"),
-        issues,
-    );
-    in_range(
-        raw.max_bytes_per_agent,
-        1..=MAX_TOTAL_BYTES,
-        &format!("{at}max_bytes_per_agent"),
-        issues,
-    );
-    in_range(
-        raw.max_results,
-        1..=1000,
-        &format!("{at}max_results"),
-        issues,
-    );
-    MemorySettings {
-        max_entry_bytes: raw.max_entry_bytes,
-        max_bytes_per_agent: raw.max_bytes_per_agent,
-        max_results: raw.max_results,
-    }
+    settings(value, "kernel.transcripts", issues).value
 }

@@ -1130,6 +1130,56 @@ fn artifact_and_memory_limits_load_and_are_checked_by_name() {
 }
 
 #[test]
+fn every_range_of_the_derived_sections_is_reported_at_its_path() {
+    let found = issues(
+        r#"{ "kernel": {
+            "storage": { "max_bytes": 5, "max_bytes_per_subtree": 0 },
+            "transcripts": { "max_age_hours": 0, "max_text_bytes": 10, "enabled": "yes" },
+            "connections": { "keepalive_timeout_seconds": 3601, "http_idle_timeout_ms": 99 },
+            "limits": { "tools": 0, "metadata_entries": 10001 }
+        } }"#,
+    );
+    assert_issue(
+        &found,
+        "kernel.storage.max_bytes",
+        &["must be between 1048576 and 1099511627776, got 5"],
+    );
+    assert_issue(&found, "kernel.storage.max_bytes_per_subtree", &["got 0"]);
+    assert_issue(
+        &found,
+        "kernel.transcripts.max_age_hours",
+        &["between 1 and 876000"],
+    );
+    assert_issue(
+        &found,
+        "kernel.transcripts.max_text_bytes",
+        &["between 256 and 1048576, got 10"],
+    );
+    assert_issue(
+        &found,
+        "kernel.transcripts.enabled",
+        &["expected a boolean"],
+    );
+    assert_issue(
+        &found,
+        "kernel.connections.keepalive_timeout_seconds",
+        &["between 1 and 3600, got 3601"],
+    );
+    assert_issue(
+        &found,
+        "kernel.connections.http_idle_timeout_ms",
+        &["got 99"],
+    );
+    assert_issue(
+        &found,
+        "kernel.limits.tools",
+        &["between 1 and 10000, got 0"],
+    );
+    assert_issue(&found, "kernel.limits.metadata_entries", &["got 10001"]);
+    assert_eq!(found.len(), 9, "{found:#?}");
+}
+
+#[test]
 fn a_tool_needs_a_capability_its_role_grants() {
     let found = issues(
         r#"{"roles": {"worker": {"capabilities": ["send_message"]}},

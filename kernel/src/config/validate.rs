@@ -194,7 +194,7 @@ impl<'a> Context<'a> {
             artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
             memory: super::storage::memory(k.memory.as_ref(), issues),
             transcripts: super::storage::transcripts(k.transcripts.as_ref(), issues),
-            limits: super::limits::limits(k.limits.as_ref(), issues),
+            limits: super::parse::settings(k.limits.as_ref(), "kernel.limits", issues).value,
             connections: super::connections::connections(k.connections.as_ref(), issues),
             // Filled from `llm.prices`.
             prices: Default::default(),
