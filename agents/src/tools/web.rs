@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::Url;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::invalid;
@@ -58,22 +58,43 @@ use guard::{GuardedResolver, Reach};
 /// Longest URL accepted, in bytes.
 const MAX_URL_BYTES: usize = 8 * 1024;
 
-/// What `web_fetch` may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What `web_fetch` may do (`tool_agent.web`).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema, validator::Validate,
+)]
+#[serde(default, deny_unknown_fields)]
 pub struct WebSettings {
-    /// Whether loopback, private and link-local addresses may be fetched.
+    /// Let `web_fetch` reach loopback, private (RFC 1918, fc00::/7),
+    /// link-local and CGNAT addresses. Off, they are refused by resolved
+    /// IP, on every redirect hop. Unspecified, broadcast, multicast and
+    /// cloud metadata addresses are refused either way.
     pub allow_private_networks: bool,
-    /// Internal addresses that may be fetched even so, one by one (cloud
-    /// metadata and the other never-fetched addresses stay refused).
+    /// Internal addresses `web_fetch` may reach even with
+    /// `allow_private_networks` off, one by one (an intranet service,
+    /// say); `::ffff:a.b.c.d` counts as `a.b.c.d`. Cloud metadata and the
+    /// other always-refused addresses stay refused.
     pub allow_addresses: Vec<IpAddr>,
-    /// Most body bytes read per fetch (also the cap on the `max_bytes` argument).
+    /// Most body bytes read per fetch (also the cap on the `max_bytes`
+    /// argument); the rest is cut with a note.
+    #[validate(range(min = 1, max = 268_435_456))]
     pub max_bytes: usize,
-    /// Deadline for a whole fetch (also the cap on `timeout_seconds`).
-    pub timeout: Duration,
-    /// Most redirects followed per fetch.
+    /// Deadline of a whole fetch, redirects included (also the cap on the
+    /// `timeout_seconds` argument).
+    #[validate(range(min = 1, max = 3600))]
+    pub timeout_seconds: u64,
+    /// Redirects followed per fetch.
+    #[validate(range(min = 0, max = 20))]
     pub max_redirects: u32,
     /// The `User-Agent` header sent.
+    #[serde(skip)]
     pub user_agent: String,
+}
+
+impl WebSettings {
+    /// `timeout_seconds`.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_seconds)
+    }
 }
 
 impl Default for WebSettings {
@@ -82,7 +103,7 @@ impl Default for WebSettings {
             allow_private_networks: false,
             allow_addresses: Vec::new(),
             max_bytes: 2 * 1024 * 1024,
-            timeout: Duration::from_secs(30),
+            timeout_seconds: 30,
             max_redirects: 5,
             user_agent: concat!("hivekernel/", env!("CARGO_PKG_VERSION")).to_owned(),
         }
@@ -217,7 +238,7 @@ impl Tool for WebFetch {
                     "description": "Most body bytes to read (default and cap: the configured limit)."
                 },
                 "timeout_seconds": {
-                    "type": "integer", "minimum": 1, "maximum": self.settings.timeout.as_secs().max(1),
+                    "type": "integer", "minimum": 1, "maximum": self.settings.timeout_seconds.max(1),
                     "description": "Give up after this many seconds (default and cap: the configured limit)."
                 }
             },
@@ -236,9 +257,9 @@ impl Tool for WebFetch {
                 .min(self.settings.max_bytes),
         };
         let timeout = match args.timeout_seconds {
-            None => self.settings.timeout,
+            None => self.settings.timeout(),
             Some(0) => return Err(invalid(self, "field `timeout_seconds` must be at least 1")),
-            Some(s) => Duration::from_secs(s).min(self.settings.timeout),
+            Some(s) => Duration::from_secs(s).min(self.settings.timeout()),
         };
         let url = parse(self, &args.url)?;
         let reach = self.reach();

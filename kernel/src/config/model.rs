@@ -44,7 +44,7 @@ use hivekernel_agents::tools::web::WebSettings;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::parse::section;
+use super::parse::{section, settings};
 use super::validate::{Context, in_range, read_prompt};
 use super::{ConfigIssue, LlmConfig, ModelNames, ProviderChoice};
 use crate::budget::{Price, Prices};
@@ -158,30 +158,6 @@ impl Default for RawOrchestrate {
             subtask_timeout_seconds: defaults.subtask_timeout.as_secs(),
             worker_model: None,
             worker_runtime: None,
-        }
-    }
-}
-
-/// `tool_agent.web` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawWeb {
-    allow_private_networks: bool,
-    allow_addresses: Vec<std::net::IpAddr>,
-    max_bytes: usize,
-    timeout_seconds: u64,
-    max_redirects: u32,
-}
-
-impl Default for RawWeb {
-    fn default() -> Self {
-        let defaults = WebSettings::default();
-        RawWeb {
-            allow_private_networks: defaults.allow_private_networks,
-            allow_addresses: defaults.allow_addresses,
-            max_bytes: defaults.max_bytes,
-            timeout_seconds: defaults.timeout.as_secs(),
-            max_redirects: defaults.max_redirects,
         }
     }
 }
@@ -469,33 +445,7 @@ pub(super) fn tool_agent(
 
 /// Parses and checks `tool_agent.web`.
 fn web(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> WebSettings {
-    let raw = section::<RawWeb>(value, "tool_agent.web", issues).value;
-    in_range(
-        raw.max_bytes,
-        1..=256 * 1024 * 1024,
-        "tool_agent.web.max_bytes",
-        issues,
-    );
-    in_range(
-        raw.timeout_seconds,
-        1..=3600,
-        "tool_agent.web.timeout_seconds",
-        issues,
-    );
-    in_range(
-        raw.max_redirects,
-        0..=20,
-        "tool_agent.web.max_redirects",
-        issues,
-    );
-    WebSettings {
-        allow_private_networks: raw.allow_private_networks,
-        allow_addresses: raw.allow_addresses,
-        max_bytes: raw.max_bytes,
-        timeout: Duration::from_secs(raw.timeout_seconds),
-        max_redirects: raw.max_redirects,
-        ..WebSettings::default()
-    }
+    settings(value, "tool_agent.web", issues).value
 }
 
 /// Why `url` cannot be an API root, if it cannot.

@@ -16,6 +16,7 @@ use super::{
     ArtifactSettings, ConnectionSettings, MemorySettings, StorageSettings, TranscriptSettings,
 };
 use crate::limits::InputLimits;
+use hivekernel_agents::tools::web::WebSettings;
 
 /// One section's table: where it is in the config, and its rendering.
 struct Table {
@@ -32,6 +33,7 @@ fn tables() -> Vec<Table> {
         table::<TranscriptSettings>("kernel.transcripts"),
         table::<InputLimits>("kernel.limits"),
         table::<ConnectionSettings>("kernel.connections"),
+        table::<WebSettings>("tool_agent.web"),
     ]
 }
 
@@ -84,14 +86,22 @@ fn table<T: JsonSchema + Serialize + Default>(section: &'static str) -> Table {
     Table { section, markdown }
 }
 
-fn kind(field: &Value) -> &'static str {
-    match field.get("type").and_then(Value::as_str) {
+fn kind(field: &Value) -> String {
+    let of = |field: &Value| match field.get("type").and_then(Value::as_str) {
+        Some("boolean") => "bool",
+        Some("string") if field.get("format").and_then(Value::as_str) == Some("ip") => "IP address",
         Some("integer") => "integer",
         Some("number") => "number",
-        Some("boolean") => "bool",
         Some("string") => "string",
         Some("array") => "array",
         _ => "object",
+    };
+    match (of(field), field.get("items")) {
+        ("array", Some(items)) => match of(items) {
+            many if many.ends_with('s') => format!("array of {many}es"),
+            many => format!("array of {many}s"),
+        },
+        (kind, _) => kind.to_owned(),
     }
 }
 

@@ -20,11 +20,13 @@ use std::path::{Path, PathBuf};
 
 use hivekernel_agents::sandbox::Grants;
 use hivekernel_agents::tools::workspace::ShellSettings;
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use validator::{Validate, ValidationError};
 
 use super::ConfigIssue;
-use super::parse::section;
+use super::parse::{section, settings};
 use super::validate::Context;
 
 /// Whether and how `exec` agents run confined (`kernel.exec`).
@@ -39,14 +41,29 @@ pub struct ExecSettings {
     pub log: LogRotation,
 }
 
-/// How an `exec` agent's log is rotated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How an `exec` agent's log is rotated (`kernel.exec.log`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogRotation {
     /// Rotate once the log is larger than this; 0: never.
+    #[validate(custom(function = "rotation_size"))]
     pub max_bytes: u64,
     /// Rotated files kept beside the log (`.1` the newest); 0: the log is
     /// only truncated.
+    #[validate(range(max = 100))]
     pub keep: u32,
+}
+
+/// A rotation size is 0 (never) or at least 64 KiB: a smaller one would
+/// rotate on every check.
+fn rotation_size(max_bytes: u64) -> Result<(), ValidationError> {
+    const MIN: u64 = 64 * 1024;
+    if max_bytes == 0 || max_bytes >= MIN {
+        return Ok(());
+    }
+    Err(ValidationError::new("rotation_size").with_message(
+        format!("{max_bytes} is too small (at least {MIN}, or 0 never to rotate)").into(),
+    ))
 }
 
 impl LogRotation {
@@ -81,19 +98,6 @@ pub(super) struct RawExec {
     read_write: Vec<String>,
     log: Option<Value>,
 }
-
-/// `kernel.exec.log` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawLogRotation {
-    max_bytes: Option<u64>,
-    keep: Option<u32>,
-}
-
-/// The smallest rotation size: a smaller one would rotate on every check.
-const MIN_LOG_BYTES: u64 = 64 * 1024;
-/// The most rotated files kept per agent.
-const MAX_LOG_KEEP: u32 = 100;
 
 /// Parses and checks `tool_agent.shell` (the hidden paths are filled in
 /// once the kernel section is known).
@@ -139,31 +143,7 @@ pub(super) fn exec(
 
 /// `kernel.exec.log`: the defaults for what it leaves out.
 fn log_rotation(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> LogRotation {
-    let raw = section::<RawLogRotation>(value, "kernel.exec.log", issues).value;
-    let mut rotation = LogRotation::DEFAULT;
-    if let Some(max_bytes) = raw.max_bytes {
-        if max_bytes != 0 && max_bytes < MIN_LOG_BYTES {
-            issues.push(ConfigIssue::new(
-                "kernel.exec.log.max_bytes",
-                format!(
-                    "{max_bytes} is too small (at least {MIN_LOG_BYTES}, or 0 never to rotate)"
-                ),
-            ));
-        } else {
-            rotation.max_bytes = max_bytes;
-        }
-    }
-    if let Some(keep) = raw.keep {
-        if keep > MAX_LOG_KEEP {
-            issues.push(ConfigIssue::new(
-                "kernel.exec.log.keep",
-                format!("{keep} is too many (at most {MAX_LOG_KEEP}; 0 keeps none)"),
-            ));
-        } else {
-            rotation.keep = keep;
-        }
-    }
-    rotation
+    settings(value, "kernel.exec.log", issues).value
 }
 
 /// `read_only` and `read_write` of `section`, resolved against the config's directory.

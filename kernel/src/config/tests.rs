@@ -1136,8 +1136,10 @@ fn every_range_of_the_derived_sections_is_reported_at_its_path() {
             "storage": { "max_bytes": 5, "max_bytes_per_subtree": 0 },
             "transcripts": { "max_age_hours": 0, "max_text_bytes": 10, "enabled": "yes" },
             "connections": { "keepalive_timeout_seconds": 3601, "http_idle_timeout_ms": 99 },
-            "limits": { "tools": 0, "metadata_entries": 10001 }
-        } }"#,
+            "limits": { "tools": 0, "metadata_entries": 10001 },
+            "exec": { "log": { "max_bytes": 10, "keep": 101 } }
+        },
+        "tool_agent": { "web": { "max_redirects": 21, "max_bytes": 0 } } }"#,
     );
     assert_issue(
         &found,
@@ -1176,7 +1178,23 @@ fn every_range_of_the_derived_sections_is_reported_at_its_path() {
         &["between 1 and 10000, got 0"],
     );
     assert_issue(&found, "kernel.limits.metadata_entries", &["got 10001"]);
-    assert_eq!(found.len(), 9, "{found:#?}");
+    assert_issue(
+        &found,
+        "kernel.exec.log.max_bytes",
+        &["10 is too small (at least 65536, or 0 never to rotate)"],
+    );
+    assert_issue(
+        &found,
+        "kernel.exec.log.keep",
+        &["must be at most 100, got 101"],
+    );
+    assert_issue(
+        &found,
+        "tool_agent.web.max_redirects",
+        &["between 0 and 20, got 21"],
+    );
+    assert_issue(&found, "tool_agent.web.max_bytes", &["got 0"]);
+    assert_eq!(found.len(), 13, "{found:#?}");
 }
 
 #[test]
