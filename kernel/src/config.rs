@@ -52,7 +52,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
@@ -95,10 +94,12 @@ pub struct Known {
 }
 
 /// Which model provider the kernel uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub enum ProviderChoice {
     /// `openai` when an endpoint is configured (`base_url`,
     /// `HIVEKERNEL_LLM_BASE_URL`, or the API key variable is set), else `scripted`.
+    #[default]
     Auto,
     /// The deterministic offline provider.
     Scripted,
@@ -106,30 +107,68 @@ pub enum ProviderChoice {
     OpenAi,
 }
 
-/// The `llm` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl TryFrom<String> for ProviderChoice {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        match name.as_str() {
+            "auto" => Ok(ProviderChoice::Auto),
+            "scripted" => Ok(ProviderChoice::Scripted),
+            "openai" => Ok(ProviderChoice::OpenAi),
+            other => Err(format!(
+                "unknown provider {other:?} (expected one of: auto, scripted, openai)"
+            )),
+        }
+    }
+}
+
+/// The `llm` section, as written: the provider, what the kernel asks of
+/// it, and the model names, context sizes and prices agents use.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, validator::Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct LlmConfig {
     /// Which provider.
     pub provider: ProviderChoice,
     /// API root of the OpenAI-compatible endpoint; `None` takes
     /// `HIVEKERNEL_LLM_BASE_URL`, else `https://api.openai.com/v1`.
+    #[validate(custom(function = "model::base_url_check"))]
     pub base_url: Option<String>,
     /// Environment variable holding the API key (never the key itself).
+    #[validate(custom(function = "model::env_name_check"))]
     pub api_key_env: String,
+    /// Logical model name -> the id the server is sent.
+    pub models: BTreeMap<String, String>,
+    /// The logical model of an agent or spawn that names none.
+    pub default_model: Option<String>,
+    /// Context window per logical model, in tokens.
+    pub context_tokens: BTreeMap<String, u64>,
+    /// Context window of a model not in `context_tokens`.
+    #[validate(range(min = 1024, max = model::MAX_CONTEXT))]
+    pub default_context_tokens: u64,
+    /// `max_tokens` of a model call that names none (orchestrate's
+    /// planning and combining calls); the `tool_agent` sends its own.
+    #[validate(range(min = 1, max = 1_000_000))]
+    pub max_completion_tokens: u32,
     /// Ask for answers streamed (server-sent events).
     pub stream: bool,
     /// Longest wait for a streamed answer's first event.
-    pub first_token_timeout: Duration,
+    #[validate(range(min = 1, max = 86_400))]
+    pub first_token_timeout_seconds: u64,
     /// Longest silence between two events of a streamed answer.
-    pub idle_timeout: Duration,
+    #[validate(range(min = 1, max = 86_400))]
+    pub idle_timeout_seconds: u64,
     /// Cap on one HTTP attempt, streamed or not.
-    pub request_timeout: Duration,
+    #[validate(range(min = 1, max = 86_400))]
+    pub request_timeout_seconds: u64,
     /// Retries on 429, other 5xx, transport errors and timeouts.
+    #[validate(range(min = 0, max = 10))]
     pub max_retries: u32,
     /// How long a server that refuses connections or answers 502/503 is
     /// waited for (starting, loading its model), besides the retries.
-    pub unavailable_wait: Duration,
+    #[validate(range(min = 0, max = 3600))]
+    pub unavailable_wait_seconds: u64,
     /// Kernel-wide cap on model requests in flight; more wait their turn.
+    #[validate(range(min = 1, max = 10_000))]
     pub max_in_flight: usize,
     /// Send roles strictly alternating from the first request (else only
     /// once the server refuses anything else).
@@ -137,37 +176,60 @@ pub struct LlmConfig {
     /// Refuse to start when the server's model list lacks a model the
     /// config sends (else a warning).
     pub strict_models: bool,
-    /// `max_tokens` of a model call that names none (orchestrate's
-    /// planning and combining calls); the `tool_agent` sends its own.
-    pub max_completion_tokens: u32,
     /// `parallel_tool_calls` sent with requests that offer tools; `None`
     /// sends nothing.
     pub parallel_tool_calls: Option<bool>,
-    /// Caps on an answer's bytes and tool calls and on a request's tool
-    /// definitions (`max_answer_bytes`, `max_tool_calls`,
-    /// `max_tool_definition_bytes`).
-    pub limits: hivekernel_agents::llm::Limits,
+    /// Most bytes of one answer.
+    #[validate(range(min = model::MIN_ANSWER_BYTES, max = 268_435_456))]
+    pub max_answer_bytes: usize,
+    /// Most tool calls in one answer.
+    #[validate(range(min = 1, max = 4096))]
+    pub max_tool_calls: usize,
+    /// Most bytes of a request's tool definitions.
+    #[validate(range(min = model::MIN_TOOL_DEFINITION_BYTES, max = 67_108_864))]
+    pub max_tool_definition_bytes: usize,
+    /// Model name -> dollars per million tokens.
+    pub prices: BTreeMap<String, crate::budget::Price>,
+}
+
+impl LlmConfig {
+    /// The caps on an answer and a request's tool definitions.
+    pub fn limits(&self) -> hivekernel_agents::llm::Limits {
+        hivekernel_agents::llm::Limits {
+            answer_bytes: self.max_answer_bytes,
+            tool_calls: self.max_tool_calls,
+            tool_definition_bytes: self.max_tool_definition_bytes,
+        }
+    }
 }
 
 impl Default for LlmConfig {
     fn default() -> Self {
+        let agent = AgentSettings::default();
+        let limits = hivekernel_agents::llm::Limits::default();
         LlmConfig {
             provider: ProviderChoice::Auto,
             base_url: None,
             api_key_env: "OPENAI_API_KEY".into(),
+            models: BTreeMap::new(),
+            default_model: None,
+            context_tokens: BTreeMap::new(),
+            default_context_tokens: agent.default_context_tokens,
+            max_completion_tokens: agent.max_completion_tokens,
             stream: true,
-            first_token_timeout: Duration::from_secs(120),
-            idle_timeout: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(600),
+            first_token_timeout_seconds: 120,
+            idle_timeout_seconds: 60,
+            request_timeout_seconds: 600,
             max_retries: 3,
-            unavailable_wait: Duration::from_secs(60),
+            unavailable_wait_seconds: 60,
             max_in_flight: 16,
             strict_roles: false,
             strict_models: false,
-            max_completion_tokens: hivekernel_agents::tool_agent::AgentSettings::default()
-                .max_completion_tokens,
             parallel_tool_calls: None,
-            limits: hivekernel_agents::llm::Limits::default(),
+            max_answer_bytes: limits.answer_bytes,
+            max_tool_calls: limits.tool_calls,
+            max_tool_definition_bytes: limits.tool_definition_bytes,
+            prices: BTreeMap::new(),
         }
     }
 }

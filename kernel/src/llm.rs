@@ -3,6 +3,7 @@
 //! from the provider's own figures.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hivekernel_agents::llm::catalogue::Catalogue;
 use hivekernel_agents::llm::{OpenAiProvider, OpenAiSettings, Provider, ScriptedProvider};
@@ -72,16 +73,16 @@ pub fn choose_provider(
         models: names.models.clone(),
         serve_all: names.serve_all.clone(),
         stream: config.stream,
-        first_token_timeout: config.first_token_timeout,
-        idle_timeout: config.idle_timeout,
-        request_timeout: config.request_timeout,
+        first_token_timeout: Duration::from_secs(config.first_token_timeout_seconds),
+        idle_timeout: Duration::from_secs(config.idle_timeout_seconds),
+        request_timeout: Duration::from_secs(config.request_timeout_seconds),
         max_retries: config.max_retries,
-        unavailable_wait: config.unavailable_wait,
+        unavailable_wait: Duration::from_secs(config.unavailable_wait_seconds),
         max_in_flight: config.max_in_flight,
         strict_roles: config.strict_roles,
         max_completion_tokens: config.max_completion_tokens,
         parallel_tool_calls: config.parallel_tool_calls,
-        limits: config.limits,
+        limits: config.limits(),
     };
     let provider = OpenAiProvider::new(settings).map_err(|err| err.to_string())?;
     Ok(ChosenProvider {

@@ -36,7 +36,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hivekernel_agents::llm::Limits;
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::tools::orchestrate::OrchestrateSettings;
@@ -46,67 +45,9 @@ use serde_json::Value;
 
 use super::parse::{section, settings};
 use super::validate::{Context, in_range, read_prompt};
-use super::{ConfigIssue, LlmConfig, ModelNames, ProviderChoice};
+use super::{ConfigIssue, LlmConfig, ModelNames};
 use crate::budget::{Price, Prices};
-
-/// The `llm` section as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawLlm {
-    provider: String,
-    base_url: Option<String>,
-    api_key_env: String,
-    models: BTreeMap<String, String>,
-    default_model: Option<String>,
-    context_tokens: BTreeMap<String, u64>,
-    default_context_tokens: u64,
-    max_completion_tokens: u32,
-    stream: bool,
-    first_token_timeout_seconds: u64,
-    idle_timeout_seconds: u64,
-    request_timeout_seconds: u64,
-    max_retries: u32,
-    unavailable_wait_seconds: u64,
-    max_in_flight: usize,
-    strict_roles: bool,
-    strict_models: bool,
-    parallel_tool_calls: Option<bool>,
-    max_answer_bytes: usize,
-    max_tool_calls: usize,
-    max_tool_definition_bytes: usize,
-    prices: BTreeMap<String, Value>,
-}
-
-impl Default for RawLlm {
-    fn default() -> Self {
-        let llm = LlmConfig::default();
-        let agent = AgentSettings::default();
-        RawLlm {
-            provider: "auto".into(),
-            base_url: None,
-            api_key_env: llm.api_key_env,
-            models: BTreeMap::new(),
-            default_model: None,
-            context_tokens: BTreeMap::new(),
-            default_context_tokens: agent.default_context_tokens,
-            max_completion_tokens: agent.max_completion_tokens,
-            stream: llm.stream,
-            first_token_timeout_seconds: llm.first_token_timeout.as_secs(),
-            idle_timeout_seconds: llm.idle_timeout.as_secs(),
-            request_timeout_seconds: llm.request_timeout.as_secs(),
-            max_retries: llm.max_retries,
-            unavailable_wait_seconds: llm.unavailable_wait.as_secs(),
-            max_in_flight: llm.max_in_flight,
-            strict_roles: llm.strict_roles,
-            strict_models: llm.strict_models,
-            parallel_tool_calls: llm.parallel_tool_calls,
-            max_answer_bytes: llm.limits.answer_bytes,
-            max_tool_calls: llm.limits.tool_calls,
-            max_tool_definition_bytes: llm.limits.tool_definition_bytes,
-            prices: BTreeMap::new(),
-        }
-    }
-}
+use validator::ValidationError;
 
 /// The `tool_agent` section as written.
 #[derive(Debug, Deserialize)]
@@ -173,46 +114,44 @@ pub(super) struct ContextSizes {
 }
 
 /// Smallest `llm.max_answer_bytes`: room for a short answer and its calls.
-const MIN_ANSWER_BYTES: usize = 4 << 10;
+pub(super) const MIN_ANSWER_BYTES: usize = 4 << 10;
 
 /// Smallest `llm.max_tool_definition_bytes`: room for every built-in tool,
 /// which a request always offers whole.
-const MIN_TOOL_DEFINITION_BYTES: usize = 64 << 10;
+pub(super) const MIN_TOOL_DEFINITION_BYTES: usize = 64 << 10;
+
+/// Largest context window a model may be given, in tokens.
+pub(super) const MAX_CONTEXT: u64 = 100_000_000;
+
+/// `llm.base_url`: an http or https API root.
+pub(super) fn base_url_check(url: &str) -> Result<(), ValidationError> {
+    match base_url_problem(url) {
+        None => Ok(()),
+        Some(problem) => Err(ValidationError::new("base_url").with_message(problem.into())),
+    }
+}
+
+/// `llm.api_key_env`: the name of a variable, never the key itself.
+pub(super) fn env_name_check(name: &str) -> Result<(), ValidationError> {
+    if is_env_name(name) {
+        return Ok(());
+    }
+    Err(ValidationError::new("env_name").with_message(
+        format!(
+            "{name:?} is not an environment variable name (letters, digits and _, not starting \
+             with a digit); name the variable that holds the key, never the key itself"
+        )
+        .into(),
+    ))
+}
 
 /// Parses and checks `llm`.
 pub(super) fn llm(
     value: Option<&Value>,
     issues: &mut Vec<ConfigIssue>,
 ) -> (LlmConfig, ModelNames, ContextSizes, Prices) {
-    let raw = section::<RawLlm>(value, "llm", issues).value;
-    let provider = match raw.provider.as_str() {
-        "auto" => ProviderChoice::Auto,
-        "scripted" => ProviderChoice::Scripted,
-        "openai" => ProviderChoice::OpenAi,
-        other => {
-            issues.push(ConfigIssue::new(
-                "llm.provider",
-                format!("unknown provider {other:?} (expected one of: auto, scripted, openai)"),
-            ));
-            ProviderChoice::Auto
-        }
-    };
-    if let Some(url) = &raw.base_url
-        && let Some(problem) = base_url_problem(url)
-    {
-        issues.push(ConfigIssue::new("llm.base_url", problem));
-    }
-    if !is_env_name(&raw.api_key_env) {
-        issues.push(ConfigIssue::new(
-            "llm.api_key_env",
-            format!(
-                "{:?} is not an environment variable name (letters, digits and _, not starting \
-                 with a digit); name the variable that holds the key, never the key itself",
-                raw.api_key_env
-            ),
-        ));
-    }
-    for (name, id) in &raw.models {
+    let llm: LlmConfig = settings(value, "llm", issues).value;
+    for (name, id) in &llm.models {
         if name.trim().is_empty() || id.trim().is_empty() {
             issues.push(ConfigIssue::new(
                 format!("llm.models.{name}"),
@@ -220,7 +159,7 @@ pub(super) fn llm(
             ));
         }
     }
-    if let Some(name) = &raw.default_model
+    if let Some(name) = &llm.default_model
         && name.trim().is_empty()
     {
         issues.push(ConfigIssue::new(
@@ -228,8 +167,7 @@ pub(super) fn llm(
             "must name a model (or be left out: then agents without a model have none)",
         ));
     }
-    const MAX_CONTEXT: u64 = 100_000_000;
-    for (name, tokens) in &raw.context_tokens {
+    for (name, tokens) in &llm.context_tokens {
         in_range(
             *tokens,
             1024..=MAX_CONTEXT,
@@ -237,110 +175,45 @@ pub(super) fn llm(
             issues,
         );
     }
-    in_range(
-        raw.default_context_tokens,
-        1024..=MAX_CONTEXT,
-        "llm.default_context_tokens",
-        issues,
-    );
-    in_range(
-        raw.max_completion_tokens,
-        1..=1_000_000,
-        "llm.max_completion_tokens",
-        issues,
-    );
-    for (seconds, name) in [
-        (
-            raw.first_token_timeout_seconds,
-            "first_token_timeout_seconds",
-        ),
-        (raw.idle_timeout_seconds, "idle_timeout_seconds"),
-        (raw.request_timeout_seconds, "request_timeout_seconds"),
-    ] {
-        in_range(seconds, 1..=86_400, &format!("llm.{name}"), issues);
-    }
-    in_range(raw.max_retries, 0..=10, "llm.max_retries", issues);
-    in_range(
-        raw.unavailable_wait_seconds,
-        0..=3600,
-        "llm.unavailable_wait_seconds",
-        issues,
-    );
-    in_range(raw.max_in_flight, 1..=10_000, "llm.max_in_flight", issues);
-    in_range(
-        raw.max_answer_bytes,
-        MIN_ANSWER_BYTES..=256 << 20,
-        "llm.max_answer_bytes",
-        issues,
-    );
-    in_range(raw.max_tool_calls, 1..=4096, "llm.max_tool_calls", issues);
-    in_range(
-        raw.max_tool_definition_bytes,
-        MIN_TOOL_DEFINITION_BYTES..=64 << 20,
-        "llm.max_tool_definition_bytes",
-        issues,
-    );
-    let prices = prices(&raw.prices, &raw.models, issues);
+    let prices = prices(&llm.prices, &llm.models, issues);
     let names = ModelNames {
-        models: raw.models,
-        default_model: raw.default_model,
+        models: llm.models.clone(),
+        default_model: llm.default_model.clone(),
         serve_all: None,
         // Filled once the agents are read.
         configured: Default::default(),
     };
-    let config = LlmConfig {
-        provider,
-        base_url: raw.base_url,
-        api_key_env: raw.api_key_env,
-        stream: raw.stream,
-        first_token_timeout: Duration::from_secs(raw.first_token_timeout_seconds),
-        idle_timeout: Duration::from_secs(raw.idle_timeout_seconds),
-        request_timeout: Duration::from_secs(raw.request_timeout_seconds),
-        max_retries: raw.max_retries,
-        unavailable_wait: Duration::from_secs(raw.unavailable_wait_seconds),
-        max_in_flight: raw.max_in_flight,
-        strict_roles: raw.strict_roles,
-        strict_models: raw.strict_models,
-        max_completion_tokens: raw.max_completion_tokens,
-        parallel_tool_calls: raw.parallel_tool_calls,
-        limits: Limits {
-            answer_bytes: raw.max_answer_bytes,
-            tool_calls: raw.max_tool_calls,
-            tool_definition_bytes: raw.max_tool_definition_bytes,
-        },
-    };
     let sizes = ContextSizes {
-        context_tokens: raw.context_tokens,
-        default_context_tokens: raw.default_context_tokens,
-        max_completion_tokens: raw.max_completion_tokens,
-        max_tool_definition_bytes: raw.max_tool_definition_bytes,
+        context_tokens: llm.context_tokens.clone(),
+        default_context_tokens: llm.default_context_tokens,
+        max_completion_tokens: llm.max_completion_tokens,
+        max_tool_definition_bytes: llm.max_tool_definition_bytes,
     };
-    (config, names, sizes, prices)
+    (llm, names, sizes, prices)
 }
 
-/// Parses `llm.prices`: model name -> dollars per million tokens. A price
-/// given for a provider's model id also applies to the names mapped to it.
+/// `llm.prices` with their ranges checked: model name -> dollars per
+/// million tokens. A price given for a provider's model id also applies to
+/// the names mapped to it.
 fn prices(
-    raw: &BTreeMap<String, Value>,
+    given: &BTreeMap<String, Price>,
     models: &BTreeMap<String, String>,
     issues: &mut Vec<ConfigIssue>,
 ) -> Prices {
     let mut prices = Prices::new();
-    for (name, value) in raw {
-        let location = format!("llm.prices.{name}");
-        let price = section::<Price>(Some(value), &location, issues).value;
+    for (name, price) in given {
         for (field, dollars) in [
             ("input_per_million", price.input_per_million),
             ("output_per_million", price.output_per_million),
         ] {
             if !(dollars.is_finite() && (0.0..=1_000_000.0).contains(&dollars)) {
                 issues.push(ConfigIssue::new(
-                    format!("{location}.{field}"),
+                    format!("llm.prices.{name}.{field}"),
                     format!("must be between 0 and 1000000 dollars, got {dollars}"),
                 ));
             }
         }
-        prices.insert(name.clone(), price);
+        prices.insert(name.clone(), *price);
     }
     for (name, id) in models {
         if let Some(price) = prices.get(id).copied() {

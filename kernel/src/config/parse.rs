@@ -256,14 +256,34 @@ pub(super) fn section<T: DeserializeOwned + Default>(
     };
     let mut good = Map::new();
     for (key, field) in map {
-        let alone = Value::Object(Map::from_iter([(key.clone(), field.clone())]));
-        match T::deserialize(&alone) {
-            Ok(_) => {
-                good.insert(key.clone(), field.clone());
-            }
-            Err(err) => {
-                issues.push(ConfigIssue::new(at(location, key), err.to_string()));
-                section.bad.insert(key.clone());
+        let mut alone = Value::Object(Map::from_iter([(key.clone(), field.clone())]));
+        // Each failure is reported and its value taken out, so that the
+        // rest of a nested value is still read and every problem in it is
+        // reported; a value past the failures is kept for later checks.
+        for _ in 0..MAX_ISSUES_PER_KEY {
+            let err = match serde_path_to_error::deserialize::<_, T>(&alone) {
+                Ok(_) => {
+                    if let Value::Object(mut parsed) = alone {
+                        good.extend(parsed.remove(key).map(|field| (key.clone(), field)));
+                    }
+                    break;
+                }
+                Err(err) => err,
+            };
+            // The path starts at the key; deeper when a nested value failed.
+            let path = err.path().to_string();
+            let path = if path.starts_with(key.as_str()) {
+                path
+            } else {
+                key.clone()
+            };
+            issues.push(ConfigIssue::new(
+                at(location, &path),
+                err.inner().to_string(),
+            ));
+            section.bad.insert(key.clone());
+            if !remove_nested(&mut alone, err.path()) {
+                break;
             }
         }
     }
@@ -343,6 +363,41 @@ fn message(error: &ValidationError) -> String {
         ("length", Some(min), None) => format!("must have at least {min} entries"),
         ("length", None, Some(max)) => format!("must have at most {max} entries"),
         (code, _, _) => format!("failed the {code} check"),
+    }
+}
+
+/// Most problems reported inside one key of a section.
+const MAX_ISSUES_PER_KEY: usize = 64;
+
+/// Takes the entry at `path` out of its object, when it is below the
+/// section's own key and its parent is an object (an array's entries would
+/// shift the next indices); whether it did.
+fn remove_nested(value: &mut Value, path: &serde_path_to_error::Path) -> bool {
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let Some((Segment::Map { key: last }, parents)) = segments.split_last() else {
+        return false;
+    };
+    if parents.is_empty() {
+        return false;
+    }
+    let mut at = value;
+    for segment in parents {
+        at = match (segment, at) {
+            (Segment::Map { key }, Value::Object(map)) => match map.get_mut(key) {
+                Some(next) => next,
+                None => return false,
+            },
+            (Segment::Seq { index }, Value::Array(items)) => match items.get_mut(*index) {
+                Some(next) => next,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match at {
+        Value::Object(map) => map.remove(last).is_some(),
+        _ => false,
     }
 }
 

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
@@ -717,6 +718,23 @@ fn the_llm_section_is_checked_field_by_field() {
 }
 
 #[test]
+fn a_price_is_checked_at_its_own_field() {
+    let found = issues(
+        r#"{"llm": {"prices": {"gpt": {"input": 1}, "mini": {"output_per_million": -2},
+                               "nano": "free"}}}"#,
+    );
+    // All three at once, each at its own field.
+    assert_issue(&found, "llm.prices.gpt.input", &["unknown field `input`"]);
+    assert_issue(&found, "llm.prices.nano", &["expected struct Price"]);
+    assert_issue(
+        &found,
+        "llm.prices.mini.output_per_million",
+        &["between 0 and 1000000 dollars, got -2"],
+    );
+    assert_eq!(found.len(), 3, "{found:#?}");
+}
+
+#[test]
 fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
     let found = issues(
         r#"{"tool_agent": {"max_tool_iterations": 0,
@@ -760,7 +778,7 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
         .unwrap();
     assert_eq!(config.llm.provider, ProviderChoice::OpenAi);
     assert_eq!(
-        config.llm.limits,
+        config.llm.limits(),
         hivekernel_agents::llm::Limits {
             answer_bytes: 65536,
             tool_calls: 8,
@@ -795,10 +813,12 @@ fn web_allow_addresses_are_ip_addresses() {
         ]
     );
     assert!(!config.tools.web.allow_private_networks);
-    let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": ["intranet.local"]}}}"#);
+    let found =
+        issues(r#"{"tool_agent": {"web": {"allow_addresses": ["10.0.0.7", "intranet.local"]}}}"#);
+    // At the entry that is wrong.
     assert_issue(
         &found,
-        "tool_agent.web.allow_addresses",
+        "tool_agent.web.allow_addresses[1]",
         &["invalid IP address syntax"],
     );
     let found = issues(r#"{"tool_agent": {"web": {"allow_addresses": "10.0.0.7"}}}"#);

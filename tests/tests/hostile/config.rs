@@ -223,7 +223,7 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
         ),
         (
             r#"{"tool_agent": {"web": {"allow_addresses": ["intranet"]}}}"#.into(),
-            "tool_agent.web.allow_addresses",
+            "tool_agent.web.allow_addresses[0]",
             "invalid IP address",
         ),
         (
