@@ -151,7 +151,7 @@ async fn a_failed_and_a_timed_out_worker_are_reported_and_every_worker_is_gone()
     .await;
     let dir = tempfile::tempdir().unwrap();
     let mut tools = worker_tools();
-    tools.orchestrate.subtask_timeout = Duration::from_secs(1);
+    tools.orchestrate.subtask_timeout_seconds = 1;
     let kernel = kernel_for(&server, dir.path(), AgentSettings::default(), tools).await;
     let lead = spawn_agent(&kernel, "lead", Role::Daemon, &["orchestrate"]).await;
 

@@ -43,29 +43,44 @@ pub const MAX_TASK_BYTES: usize = 64 * 1024;
 /// Characters of one worker's output passed on to the combining step.
 const RESULT_CHARS: usize = 8 * 1024;
 
-/// How `orchestrate` runs its workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How `orchestrate` runs its workers (`tool_agent.orchestrate`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, validator::Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct OrchestrateSettings {
-    /// The workers' system prompt.
+    /// The file the workers' system prompt is read from, as the config
+    /// names it (relative to the config file); `None`: the built-in prompt.
+    pub worker_prompt_file: Option<String>,
+    /// The workers' system prompt (read from `worker_prompt_file`).
+    #[serde(skip)]
     pub worker_prompt: Arc<str>,
     /// Most subtasks (and workers) one call may have.
+    #[validate(range(min = 1, max = 100_000))]
     pub max_workers: u32,
     /// Deadline for one subtask, unless the call asks for less.
-    pub subtask_timeout: Duration,
+    #[validate(range(min = 1, max = 2_592_000))]
+    pub subtask_timeout_seconds: u64,
     /// Runtime of the workers; `None` takes the kernel's default.
     pub worker_runtime: Option<String>,
     /// Logical model of the workers; `None` takes the caller's.
     pub worker_model: Option<String>,
 }
 
+impl OrchestrateSettings {
+    /// `subtask_timeout_seconds`.
+    pub fn subtask_timeout(&self) -> Duration {
+        Duration::from_secs(self.subtask_timeout_seconds)
+    }
+}
+
 impl Default for OrchestrateSettings {
     fn default() -> Self {
         OrchestrateSettings {
+            worker_prompt_file: None,
             worker_prompt: Arc::from(
                 "You are a worker. Do exactly the subtask you are given and answer with its result only.",
             ),
             max_workers: 8,
-            subtask_timeout: Duration::from_secs(120),
+            subtask_timeout_seconds: 120,
             worker_runtime: None,
             worker_model: None,
         }
@@ -115,7 +130,7 @@ impl Tool for Orchestrate {
             "properties": {
                 "task": { "type": "string", "description": "The whole task to split and run." },
                 "max_workers": { "type": "integer", "minimum": 1, "maximum": self.settings.max_workers, "description": "Most subtasks to split it into." },
-                "timeout_seconds": { "type": "integer", "minimum": 1, "maximum": self.settings.subtask_timeout.as_secs().max(1), "description": "Deadline for each subtask." }
+                "timeout_seconds": { "type": "integer", "minimum": 1, "maximum": self.settings.subtask_timeout_seconds.max(1), "description": "Deadline for each subtask." }
             },
             "required": ["task"],
             "additionalProperties": false
@@ -136,9 +151,9 @@ impl Tool for Orchestrate {
         }
         let max_workers = self.limit(args.max_workers, self.settings.max_workers, "max_workers")?;
         let timeout = match args.timeout_seconds {
-            None => self.settings.subtask_timeout,
+            None => self.settings.subtask_timeout(),
             Some(seconds) => {
-                let cap = self.settings.subtask_timeout.as_secs().max(1);
+                let cap = self.settings.subtask_timeout_seconds.max(1);
                 Duration::from_secs(self.limit(Some(seconds), cap, "timeout_seconds")?)
             }
         };

@@ -34,7 +34,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hivekernel_agents::tool_agent::AgentSettings;
 use hivekernel_agents::tools::ToolSettings;
@@ -75,30 +74,6 @@ impl Default for RawToolAgent {
             skills: None,
             budget_in_prompt: agent.budget_in_prompt,
             continue_on_length: agent.continue_on_length,
-        }
-    }
-}
-
-/// `tool_agent.orchestrate` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawOrchestrate {
-    worker_prompt_file: Option<String>,
-    max_workers: u32,
-    subtask_timeout_seconds: u64,
-    worker_model: Option<String>,
-    worker_runtime: Option<String>,
-}
-
-impl Default for RawOrchestrate {
-    fn default() -> Self {
-        let defaults = OrchestrateSettings::default();
-        RawOrchestrate {
-            worker_prompt_file: None,
-            max_workers: defaults.max_workers,
-            subtask_timeout_seconds: defaults.subtask_timeout.as_secs(),
-            worker_model: None,
-            worker_runtime: None,
         }
     }
 }
@@ -266,27 +241,8 @@ pub(super) fn tool_agent(
 
     let web = web(raw.web.as_ref(), issues);
     let shell = super::sandbox::shell(raw.shell.as_ref(), checks, issues);
-    let location = "tool_agent.orchestrate";
-    let raw = section::<RawOrchestrate>(raw.orchestrate.as_ref(), location, issues).value;
-    in_range(
-        raw.max_workers,
-        1..=100_000,
-        "tool_agent.orchestrate.max_workers",
-        issues,
-    );
-    in_range(
-        raw.subtask_timeout_seconds,
-        1..=30 * 24 * 3600,
-        "tool_agent.orchestrate.subtask_timeout_seconds",
-        issues,
-    );
-    let mut orchestrate = OrchestrateSettings {
-        max_workers: raw.max_workers,
-        subtask_timeout: Duration::from_secs(raw.subtask_timeout_seconds),
-        worker_model: raw.worker_model,
-        worker_runtime: raw.worker_runtime,
-        ..OrchestrateSettings::default()
-    };
+    let mut orchestrate: OrchestrateSettings =
+        settings(raw.orchestrate.as_ref(), "tool_agent.orchestrate", issues).value;
     if let Some(runtime) = &orchestrate.worker_runtime
         && let Some(problem) = checks.runtime_problem(runtime)
     {
@@ -296,7 +252,7 @@ pub(super) fn tool_agent(
         ));
     }
     let prompt_location = "tool_agent.orchestrate.worker_prompt_file";
-    if let Some(path) = raw
+    if let Some(path) = orchestrate
         .worker_prompt_file
         .as_deref()
         .and_then(|file| checks.path_field(file, prompt_location, issues))

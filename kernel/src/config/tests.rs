@@ -795,7 +795,7 @@ fn the_tool_agent_section_is_checked_and_reads_the_worker_prompt() {
     );
     assert_eq!(config.tools.orchestrate.max_workers, 3);
     assert_eq!(
-        config.tools.orchestrate.subtask_timeout,
+        config.tools.orchestrate.subtask_timeout(),
         Duration::from_secs(9)
     );
 }

@@ -95,7 +95,7 @@ async fn start(
     });
     let mut tools = ToolSettings::default();
     tools.orchestrate.max_workers = max_workers;
-    tools.orchestrate.subtask_timeout = Duration::from_secs(600);
+    tools.orchestrate.subtask_timeout_seconds = 600;
     let dir = tempfile::tempdir().expect("a directory for the store");
     let (registry, _) = hivekernel_tests::agent_registry(AgentSettings::default(), &tools);
     let (store, recovered) = hivekernel_tests::open_store(dir.path()).await;
