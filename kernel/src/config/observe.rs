@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::ConfigIssue;
-use super::parse::section;
+use super::parse::{section, settings};
+use validator::{Validate, ValidationError};
 
 /// The metrics listener (`kernel.metrics`): `/metrics`, `/healthz`, `/readyz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,12 +28,14 @@ pub struct MetricsSettings {
 }
 
 /// The web dashboard (`kernel.dashboard`, `--dashboard`, `--no-dashboard`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DashboardSettings {
     /// `None`: on when the control plane listens on loopback.
     pub enabled: Option<bool>,
     /// Where it listens; `None`: the control plane's address with the
     /// next port (50051 -> 50052; port 0 stays 0, any free port).
+    #[serde(deserialize_with = "dashboard_address")]
     pub listen: Option<SocketAddr>,
     /// Host names it answers to besides IP addresses and `localhost`
     /// (lower case): a request naming another host in `Host` is refused,
@@ -66,10 +69,12 @@ impl DashboardSettings {
 
 /// What the kernel logs, and how (`kernel.log`); `RUST_LOG` overrides the
 /// level, and `--log-level`/`--log-format` override both settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A `tracing` filter: a level (`debug`) or directives
     /// (`info,hivekernel_kernel=debug`).
+    #[validate(custom(function = "log_level_check"))]
     pub level: String,
     /// One line of text per record, or one JSON object.
     pub format: LogFormat,
@@ -90,13 +95,22 @@ impl Default for LogSettings {
 }
 
 /// How log records are written to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(try_from = "String")]
 pub enum LogFormat {
     /// Human-readable lines; coloured only on a terminal and never with `NO_COLOR`.
     #[default]
     Text,
     /// One JSON object per line, for log collectors.
     Json,
+}
+
+impl TryFrom<String> for LogFormat {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        name.parse()
+    }
 }
 
 impl std::str::FromStr for LogFormat {
@@ -112,6 +126,11 @@ impl std::str::FromStr for LogFormat {
             )),
         }
     }
+}
+
+fn log_level_check(level: &str) -> Result<(), ValidationError> {
+    check_log_level(level)
+        .map_err(|problem| ValidationError::new("log_level").with_message(problem.into()))
 }
 
 /// Checks a log filter as `tracing` will read it.
@@ -150,19 +169,14 @@ struct RawMetrics {
     listen: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawDashboard {
-    enabled: Option<bool>,
-    listen: Option<String>,
-    hosts: Vec<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawLog {
-    level: Option<String>,
-    format: Option<String>,
+/// A dashboard's `listen`, or the error naming what an address looks like.
+fn dashboard_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_address(&text, "127.0.0.1:50052")
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// Parses and checks `kernel.metrics`; `None` when absent (no listener).
@@ -192,79 +206,54 @@ fn socket_address(
     example: &str,
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<SocketAddr> {
-    let parsed = text.parse::<SocketAddr>().ok();
-    if parsed.is_none() {
-        issues.push(ConfigIssue::new(
-            location,
-            format!(
-                "invalid socket address {} (expected IP:PORT, such as {example})",
-                hivekernel_agents::text::shown(text)
-            ),
-        ));
-    }
-    parsed
+    parse_address(text, example)
+        .map_err(|problem| issues.push(ConfigIssue::new(location, problem)))
+        .ok()
+}
+
+/// `text` as an IP:PORT, or what is wrong, naming it and `example`.
+fn parse_address(text: &str, example: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "invalid socket address {} (expected IP:PORT, such as {example})",
+            hivekernel_agents::text::shown(text)
+        )
+    })
 }
 
 /// Parses and checks `kernel.dashboard`.
 pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> DashboardSettings {
-    let raw = section::<RawDashboard>(value, "kernel.dashboard", issues).value;
-    let listen = raw.listen.and_then(|listen| {
-        socket_address(
-            "kernel.dashboard.listen",
-            &listen,
-            "127.0.0.1:50052",
-            issues,
-        )
-    });
-    if raw.enabled == Some(false) && listen.is_some() {
+    let mut dashboard: DashboardSettings = section(value, "kernel.dashboard", issues).value;
+    if dashboard.enabled == Some(false) && dashboard.listen.is_some() {
         issues.push(ConfigIssue::new(
             "kernel.dashboard.listen",
             "is given while kernel.dashboard.enabled is false: drop one of them",
         ));
     }
-    let mut hosts = Vec::new();
-    for (at, host) in raw.hosts.into_iter().enumerate() {
+    for (at, host) in dashboard.hosts.iter_mut().enumerate() {
         let valid = !host.is_empty()
             && host.len() <= 253
             && host
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
         if valid {
-            hosts.push(host.to_ascii_lowercase());
+            host.make_ascii_lowercase();
         } else {
             issues.push(ConfigIssue::new(
                 format!("kernel.dashboard.hosts[{at}]"),
                 format!(
                     "{} is not a host name: give a name such as \"kernel.example\" (letters, digits, '-', '.', no port)",
-                    hivekernel_agents::text::shown(&host)
+                    hivekernel_agents::text::shown(host)
                 ),
             ));
         }
     }
-    DashboardSettings {
-        enabled: raw.enabled,
-        listen,
-        hosts,
-    }
+    dashboard
 }
 
 /// Parses and checks `kernel.log`.
 pub(super) fn log(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> LogSettings {
-    let raw = section::<RawLog>(value, "kernel.log", issues).value;
-    let mut settings = LogSettings::default();
-    if let Some(level) = raw.level {
-        match check_log_level(&level) {
-            Ok(()) => settings.level = level,
-            Err(problem) => issues.push(ConfigIssue::new("kernel.log.level", problem)),
-        }
-    }
-    if let Some(format) = raw.format {
-        match format.parse() {
-            Ok(format) => settings.format = format,
-            Err(problem) => issues.push(ConfigIssue::new("kernel.log.format", problem)),
-        }
-    }
-    settings
+    settings(value, "kernel.log", issues).value
 }
 
 /// OpenTelemetry trace export (`kernel.otel`, or the standard
