@@ -127,15 +127,46 @@ pub struct AgentSettings {
     /// used and left, cost, rate limits) when it has a budget or a rate
     /// limit; read at the start of each input.
     pub budget_in_prompt: bool,
-    /// Tokens the skills catalogue may take in the system prompt.
-    pub skill_catalogue_tokens: u64,
-    /// Tokens the active skills' instructions may take in the system prompt
-    /// (never more than a quarter of the context budget).
-    pub skill_active_tokens: u64,
+    /// What skills may take of the system prompt (`tool_agent.skills`).
+    pub skills: SkillPromptSettings,
     /// Times an answer cut off at `max_completion_tokens` (`finish_reason:
     /// length`) is asked to go on; 0: such an answer fails the input as
     /// `truncated`.
     pub continue_on_length: u32,
+}
+
+/// What skills may take of the system prompt (`tool_agent.skills`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+    validator::Validate,
+)]
+#[serde(default, deny_unknown_fields)]
+pub struct SkillPromptSettings {
+    /// Estimated tokens the catalogue of skills (`- name: description`
+    /// lines) may take; the rest is counted in a note.
+    #[validate(range(min = 100, max = 1_000_000))]
+    pub catalogue_tokens: u64,
+    /// Estimated tokens the instructions of activated skills may take
+    /// (never more than a quarter of the model's context budget); the
+    /// newest activations are kept.
+    #[validate(range(min = 500, max = 1_000_000))]
+    pub active_tokens: u64,
+}
+
+impl Default for SkillPromptSettings {
+    fn default() -> Self {
+        SkillPromptSettings {
+            catalogue_tokens: 4_000,
+            active_tokens: 16_000,
+        }
+    }
 }
 
 impl Default for AgentSettings {
@@ -149,8 +180,7 @@ impl Default for AgentSettings {
             max_tool_definition_bytes: crate::llm::Limits::default().tool_definition_bytes,
             provider: "scripted".into(),
             budget_in_prompt: true,
-            skill_catalogue_tokens: 4_000,
-            skill_active_tokens: 16_000,
+            skills: SkillPromptSettings::default(),
             continue_on_length: 0,
         }
     }
@@ -529,7 +559,7 @@ impl ToolAgent {
                 self.toolset.mcp.offered(ctx).await
             };
             let shelf = if self.toolset.skills {
-                let room = self.settings.skill_active_tokens.min(self.budget(ctx) / 4);
+                let room = self.settings.skills.active_tokens.min(self.budget(ctx) / 4);
                 Shelf::now(ctx, &remembered, &[&history, &turn], room).await
             } else {
                 Shelf::default()

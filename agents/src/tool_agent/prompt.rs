@@ -65,7 +65,7 @@ pub(super) fn system_prompt(
         }
     }
     if let Some(skills) = skills {
-        skills.describe(&mut text, settings.skill_catalogue_tokens);
+        skills.describe(&mut text, settings.skills.catalogue_tokens);
     }
     if let Some(budget) = budget {
         text.push_str("\n## Budget\n");

@@ -2,13 +2,13 @@
 //! disclosure of what the kernel lets this process see.
 //!
 //! 1. **Catalogue.** Each model call's system prompt lists the skills by
-//!    name and description, within `skill_catalogue_tokens`; what does not
+//!    name and description, within `skills.catalogue_tokens`; what does not
 //!    fit is counted in a note (`skill_view` still takes every name).
 //! 2. **Activation.** `skill_view` activates a skill: from the next call on,
 //!    its body sits in the system prompt under "Active skills", which
 //!    context fitting never trims, so a long task or a daemon's trimmed
 //!    history does not lose the procedure it follows. The newest
-//!    activations are kept within `skill_active_tokens` (at most a quarter
+//!    activations are kept within `skills.active_tokens` (at most a quarter
 //!    of the context budget); older ones are listed as no longer active.
 //! 3. **Resources.** `skill_read` reads a file under the skill's
 //!    `references/`, `assets/` or `scripts/`, confined like the workspace

@@ -16,6 +16,7 @@ use super::{
     ArtifactSettings, ConnectionSettings, MemorySettings, StorageSettings, TranscriptSettings,
 };
 use crate::limits::InputLimits;
+use hivekernel_agents::tool_agent::SkillPromptSettings;
 use hivekernel_agents::tools::web::WebSettings;
 
 /// One section's table: where it is in the config, and its rendering.
@@ -33,6 +34,7 @@ fn tables() -> Vec<Table> {
         table::<TranscriptSettings>("kernel.transcripts"),
         table::<InputLimits>("kernel.limits"),
         table::<ConnectionSettings>("kernel.connections"),
+        table::<SkillPromptSettings>("tool_agent.skills"),
         table::<WebSettings>("tool_agent.web"),
     ]
 }

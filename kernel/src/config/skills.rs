@@ -15,12 +15,11 @@
 use std::path::{Path, PathBuf};
 
 use hivekernel_agents::tool_agent::AgentSettings;
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::ConfigIssue;
-use super::parse::section;
-use super::validate::{Context, in_range};
+use super::parse::settings;
+use super::validate::Context;
 
 /// Most directories one `skills` list names.
 pub(super) const MAX_DIRS: usize = 64;
@@ -71,43 +70,11 @@ pub(super) fn dirs(
     resolved.into_iter().map(|(_, path)| path).collect()
 }
 
-/// `tool_agent.skills` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawPrompt {
-    catalogue_tokens: u64,
-    active_tokens: u64,
-}
-
-impl Default for RawPrompt {
-    fn default() -> Self {
-        let agent = AgentSettings::default();
-        RawPrompt {
-            catalogue_tokens: agent.skill_catalogue_tokens,
-            active_tokens: agent.skill_active_tokens,
-        }
-    }
-}
-
-/// Parses `tool_agent.skills` into `agent`.
+/// Parses and checks `tool_agent.skills` into `agent`.
 pub(super) fn prompt(
     value: Option<&Value>,
     agent: &mut AgentSettings,
     issues: &mut Vec<ConfigIssue>,
 ) {
-    let raw = section::<RawPrompt>(value, "tool_agent.skills", issues).value;
-    in_range(
-        raw.catalogue_tokens,
-        100..=1_000_000,
-        "tool_agent.skills.catalogue_tokens",
-        issues,
-    );
-    in_range(
-        raw.active_tokens,
-        500..=1_000_000,
-        "tool_agent.skills.active_tokens",
-        issues,
-    );
-    agent.skill_catalogue_tokens = raw.catalogue_tokens;
-    agent.skill_active_tokens = raw.active_tokens;
+    agent.skills = settings(value, "tool_agent.skills", issues).value;
 }

@@ -1969,8 +1969,8 @@ fn skill_directories_resolve_beside_the_config_and_tool_lists_select_skills() {
     );
     assert_eq!(config.agents[0].skills, [configs.join("../ops-skills")]);
     assert!(config.agents[1].skills.is_empty());
-    assert_eq!(config.agent.skill_catalogue_tokens, 900);
-    assert_eq!(config.agent.skill_active_tokens, 16_000);
+    assert_eq!(config.agent.skills.catalogue_tokens, 900);
+    assert_eq!(config.agent.skills.active_tokens, 16_000);
     let request = crate::daemon::spawn_request(&config.agents[0]);
     assert_eq!(request.skills, config.agents[0].skills);
 }
