@@ -1,21 +1,28 @@
 //! The JSON startup config: kernel settings and the agents PID 1 starts.
 //!
-//! Loading runs in two phases, so that one mistake never hides another:
-//! `parse` turns each section on its own into a raw serde struct that denies
-//! unknown fields, then `validate` checks ranges, names, runtimes, limits and
-//! prompt files. Every issue is collected, with its location, before
-//! [`Config::load`] returns; a config with any issue starts nothing.
+//! Loading runs in two phases, so that one mistake never hides another.
+//! `parse` reads each section on its own, key by key, and reports every key
+//! that does not deserialize at its path (inside nested values too). Most
+//! sections deserialize straight into their settings types, which declare
+//! their defaults (`Default`), their ranges (`#[validate]` attributes, run
+//! by `parse::settings`) and their meaning (doc comments, from which
+//! `reference` generates docs/CONFIG.md's tables); the others still go
+//! through a `Raw*` struct of the section as written. `validate` then makes
+//! the checks that cross fields and sections: names, runtimes, tools,
+//! capabilities, limits, paths and prompt files. Every issue is collected,
+//! with its location, before [`Config::load`] returns; a config with any
+//! issue starts nothing.
 //!
-//! Layout: `parse` (phase 1: JSON into raw structs), `validate` (phase 2:
-//! semantic checks and path resolution), `model` (both phases for the `llm`
-//! and `tool_agent` sections), `supervision` (both phases for `roles` and
-//! the restart specs and strategies of roles and agents), `storage` (both
-//! phases for `kernel.artifacts`, `kernel.memory` and `kernel.transcripts`), `limits` (both phases
-//! for `kernel.limits`), `connections` (both phases for
-//! `kernel.connections`), `tls` (both phases for `kernel.tls`), `sandbox`
-//! (both phases for `tool_agent.shell` and `kernel.exec`), `mcp` (both
-//! phases for `mcp_servers`), `skills` (both phases for `kernel.skills`,
-//! an agent's `skills` and `tool_agent.skills`).
+//! Layout: `parse` (phase 1), `validate` (phase 2 and the `kernel`
+//! section), `model` (`llm`, `tool_agent`), `supervision` (`roles`, and the
+//! restart specs and strategies of roles and agents), `storage`
+//! (`kernel.storage`, `artifacts`, `memory`, `transcripts`), `connections`
+//! (`kernel.connections`), `tls` (`kernel.tls`), `sandbox`
+//! (`tool_agent.shell`, `kernel.exec`), `mcp` (`mcp_servers`), `skills`
+//! (`kernel.skills`, an agent's `skills`, `tool_agent.skills`),
+//! `observe` (`kernel.metrics`, `log`, `otel`, `dashboard`), `notify`
+//! (`kernel.notify`), `cluster` (`kernel.cluster`), `approval` (approval
+//! rules), `cron` (agents' `cron` entries and `templates`).
 
 mod approval;
 mod cluster;
