@@ -573,9 +573,21 @@ impl Config {
     /// and relative paths); `${NAME}` references in `mcp_servers` read the
     /// kernel's environment.
     pub fn from_str_at(text: &str, path: &Path, known: &Known) -> Result<Config, ConfigError> {
-        let mut issues = Vec::new();
         let env = |name: &str| std::env::var(name).ok();
-        let config = load_sections(text, path, known, &env, &mut issues);
+        Config::from_str_with_env(text, path, known, &env)
+    }
+
+    /// [`Config::from_str_at`] with `env` as the whole environment the
+    /// config reads (`${NAME}` in `mcp_servers`, `kernel.notify`'s secrets,
+    /// the `OTEL_*` variables and [`MODEL_ENV`]).
+    pub fn from_str_with_env(
+        text: &str,
+        path: &Path,
+        known: &Known,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut issues = Vec::new();
+        let config = load_sections(text, path, known, env, &mut issues);
         match config {
             Some(config) if issues.is_empty() => Ok(config),
             _ => Err(ConfigError {
@@ -741,5 +753,3 @@ fn at(base: &str, field: &str) -> String {
 
 #[cfg(test)]
 mod reference;
-#[cfg(test)]
-mod tests;

@@ -7,6 +7,7 @@
 mod support;
 
 mod cli;
+mod config;
 mod hostile;
 mod mcp_serve;
 mod operator;

@@ -536,6 +536,8 @@ pub(super) fn expand(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -586,5 +588,39 @@ mod tests {
             exclude: vec!["delete_?".into()],
         };
         assert!(only_out.allows("delete_all") && !only_out.allows("delete_x"));
+    }
+
+    #[test]
+    fn env_references_expand_through_the_lookup() {
+        let lookup = |name: &str| match name {
+            "X" => Some("1".to_owned()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        let expand = |text: &str| expand(text, lookup);
+        assert_eq!(expand("a ${X} b").unwrap(), "a 1 b");
+        assert_eq!(expand("${X}${X}${EMPTY}").unwrap(), "11");
+        assert_eq!(expand("$$").unwrap(), "$");
+        assert_eq!(expand("$$${X}").unwrap(), "$1");
+        assert_eq!(expand("$${X}").unwrap(), "${X}");
+        assert_eq!(expand("$HOME costs 5$").unwrap(), "$HOME costs 5$");
+        assert_eq!(expand("no references").unwrap(), "no references");
+        assert_eq!(
+            expand("${A}-${X}-${B_2}").unwrap_err(),
+            [
+                "environment variable A is not set",
+                "environment variable B_2 is not set"
+            ]
+        );
+        let problems = expand("${X").unwrap_err();
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("without a closing"), "{problems:?}");
+        for bad in ["${}", "${1X}", "${A-B}"] {
+            let problems = expand(bad).unwrap_err();
+            assert!(
+                problems[0].contains("does not name an environment variable"),
+                "{bad}: {problems:?}"
+            );
+        }
     }
 }

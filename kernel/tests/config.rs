@@ -1,11 +1,16 @@
+//! The startup config as `Config::load` reads it: every key, range and
+//! cross-section check, and the located report of every problem at once.
+
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::*;
+use hivekernel_agents::{Capabilities, Capability, Role, Tier};
+use hivekernel_kernel::config::*;
 
 fn known() -> Known {
     Known {
@@ -67,11 +72,8 @@ impl Fixture {
             let found = vars.iter().find(|(var, _)| *var == name);
             found.map(|(_, value)| (*value).to_owned())
         };
-        let mut issues = Vec::new();
-        match load_sections(json, &self.config_path(), &known(), &env, &mut issues) {
-            Some(config) if issues.is_empty() => Ok(config),
-            _ => Err(issues),
-        }
+        Config::from_str_with_env(json, &self.config_path(), &known(), &env)
+            .map_err(|err| err.issues)
     }
 
     fn issues(&self, json: &str) -> Vec<ConfigIssue> {
@@ -632,7 +634,7 @@ fn error_display_is_one_line_per_issue() {
 
 #[test]
 fn shipped_configs_are_valid() {
-    let known = crate::runtime::RuntimeRegistry::builtin().known();
+    let known = hivekernel_kernel::runtime::RuntimeRegistry::builtin().known();
     for file in ["startup.json", "startup-openai.json", "startup-local.json"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../configs")
@@ -868,7 +870,7 @@ fn roles_and_agents_carry_restart_specs_and_strategies() {
         (config.agents[1].restart, config.agents[1].strategy),
         (None, None)
     );
-    let request = crate::daemon::spawn_request(a);
+    let request = hivekernel_kernel::daemon::spawn_request(a);
     assert_eq!((request.restart, request.strategy), (a.restart, a.strategy));
 }
 
@@ -1020,7 +1022,7 @@ fn exec_fields_are_checked_with_their_runtime() {
 
 #[test]
 fn shipped_python_agent_config_is_valid() {
-    let known = crate::runtime::RuntimeRegistry::builtin().known();
+    let known = hivekernel_kernel::runtime::RuntimeRegistry::builtin().known();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/python-agent.json");
     let config = Config::load(&path, &known).unwrap_or_else(|err| panic!("{err}"));
     let exec = config.agents[0].exec.clone().unwrap();
@@ -1031,7 +1033,7 @@ fn shipped_python_agent_config_is_valid() {
 
 #[test]
 fn agents_carry_cron_entries_and_templates_are_parsed_but_not_started() {
-    use crate::cron::{CronAction, Missed, Overlap};
+    use hivekernel_kernel::cron::{CronAction, Missed, Overlap};
     let config = Fixture::new()
         .load(
             r#"{"templates": [{"name": "checker", "role": "task", "system_prompt": "Check."}],
@@ -1114,22 +1116,22 @@ fn artifact_and_memory_limits_load_and_are_checked_by_name() {
         .unwrap();
     assert_eq!(
         config.kernel.artifacts,
-        crate::ArtifactSettings {
+        ArtifactSettings {
             max_bytes: 2048,
             max_bytes_per_owner: 8192
         }
     );
     assert_eq!(
         config.kernel.memory,
-        crate::MemorySettings {
+        MemorySettings {
             max_entry_bytes: 512,
             max_bytes_per_agent: 4096,
             max_results: 7
         }
     );
     let defaults = fixture.load("{}").unwrap().kernel;
-    assert_eq!(defaults.artifacts, crate::ArtifactSettings::default());
-    assert_eq!(defaults.memory, crate::MemorySettings::default());
+    assert_eq!(defaults.artifacts, ArtifactSettings::default());
+    assert_eq!(defaults.memory, MemorySettings::default());
 
     let found = issues(
         r#"{ "kernel": {
@@ -1625,40 +1627,6 @@ fn mcp_server_mistakes_are_all_reported_where_they_are() {
 }
 
 #[test]
-fn env_references_expand_through_the_lookup() {
-    let lookup = |name: &str| match name {
-        "X" => Some("1".to_owned()),
-        "EMPTY" => Some(String::new()),
-        _ => None,
-    };
-    let expand = |text: &str| super::mcp::expand(text, lookup);
-    assert_eq!(expand("a ${X} b").unwrap(), "a 1 b");
-    assert_eq!(expand("${X}${X}${EMPTY}").unwrap(), "11");
-    assert_eq!(expand("$$").unwrap(), "$");
-    assert_eq!(expand("$$${X}").unwrap(), "$1");
-    assert_eq!(expand("$${X}").unwrap(), "${X}");
-    assert_eq!(expand("$HOME costs 5$").unwrap(), "$HOME costs 5$");
-    assert_eq!(expand("no references").unwrap(), "no references");
-    assert_eq!(
-        expand("${A}-${X}-${B_2}").unwrap_err(),
-        [
-            "environment variable A is not set",
-            "environment variable B_2 is not set"
-        ]
-    );
-    let problems = expand("${X").unwrap_err();
-    assert_eq!(problems.len(), 1);
-    assert!(problems[0].contains("without a closing"), "{problems:?}");
-    for bad in ["${}", "${1X}", "${A-B}"] {
-        let problems = expand(bad).unwrap_err();
-        assert!(
-            problems[0].contains("does not name an environment variable"),
-            "{bad}: {problems:?}"
-        );
-    }
-}
-
-#[test]
 fn a_missing_variable_is_an_issue_where_it_is_named() {
     let found = Fixture::new()
         .load_env(
@@ -1971,7 +1939,7 @@ fn skill_directories_resolve_beside_the_config_and_tool_lists_select_skills() {
     assert!(config.agents[1].skills.is_empty());
     assert_eq!(config.agent.skills.catalogue_tokens, 900);
     assert_eq!(config.agent.skills.active_tokens, 16_000);
-    let request = crate::daemon::spawn_request(&config.agents[0]);
+    let request = hivekernel_kernel::daemon::spawn_request(&config.agents[0]);
     assert_eq!(request.skills, config.agents[0].skills);
 }
 
@@ -2047,7 +2015,7 @@ fn one_served_model_a_default_and_prices_only_where_set() {
 
     // One served model for every name: prices only for it (none here).
     let config = fixture
-        .load_env(json, &[(super::MODEL_ENV, " qwen2.5:0.5b ")])
+        .load_env(json, &[(MODEL_ENV, " qwen2.5:0.5b ")])
         .unwrap();
     let names = &config.kernel.models;
     assert_eq!(names.served("sonnet"), "qwen2.5:0.5b");
