@@ -65,6 +65,8 @@ use hivekernel_agents::tools::ToolSettings;
 use hivekernel_agents::{
     Capabilities, Capability, LimitOverrides, RestartSpec, Role, Strategy, Tier,
 };
+use serde::Deserialize;
+use validator::Validate;
 
 /// A validated startup config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,6 +198,7 @@ pub struct LlmConfig {
     #[validate(range(min = model::MIN_TOOL_DEFINITION_BYTES, max = 67_108_864))]
     pub max_tool_definition_bytes: usize,
     /// Model name -> dollars per million tokens.
+    #[serde(deserialize_with = "parse::object_values")]
     pub prices: BTreeMap<String, crate::budget::Price>,
 }
 
@@ -306,34 +309,55 @@ impl ModelNames {
     }
 }
 
-/// Kernel-wide settings (the `kernel` section).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Longest timeout or interval the kernel takes, in seconds (30 days).
+const MAX_SECONDS: u64 = 2_592_000;
+/// [`MAX_SECONDS`] in milliseconds.
+const MAX_MS: u64 = 2_592_000_000;
+/// Largest `kernel.mailbox_max_bytes` (the byte counts are 32-bit).
+const MAX_MAILBOX_BYTES: u64 = u32::MAX as u64;
+
+/// Kernel-wide settings: the `kernel` section as written, which
+/// deserializes straight into it, then the fields filled from other
+/// sections and the sections read with the environment or the config's
+/// directory (each marked where it is read).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Validate)]
+#[serde(default, deny_unknown_fields)]
 pub struct KernelSettings {
     /// Address the gRPC server binds.
+    #[serde(deserialize_with = "observe::grpc_address")]
     pub listen: SocketAddr,
     /// Data directory, resolved relative to the config file's directory.
     pub data_dir: PathBuf,
-    /// Levels of processes allowed below PID 1 (1..=64).
+    /// Levels of processes allowed below PID 1.
+    #[validate(range(min = 1, max = 64))]
     pub max_depth: u32,
-    /// Ceiling on live children of any one process, PID 1 included (1..=100_000).
+    /// Ceiling on live children of any one process, PID 1 included.
+    #[validate(range(min = 1, max = 100_000))]
     pub max_children: u32,
-    /// Messages a mailbox holds before senders get backpressure (1..=1_000_000).
+    /// Messages a mailbox holds before senders get backpressure.
+    #[validate(range(min = 1, max = 1_000_000))]
     pub mailbox_capacity: usize,
     /// Bytes of messages and tasks a mailbox holds before senders get
     /// backpressure; an empty mailbox takes any one message.
+    #[validate(range(min = 1024, max = MAX_MAILBOX_BYTES))]
     pub mailbox_max_bytes: u64,
-    /// A waiting message rises one priority level per this many milliseconds (>= 1).
+    /// A waiting message rises one priority level per this many milliseconds.
+    #[validate(range(min = 1, max = MAX_MS))]
     pub mailbox_aging_ms: u64,
     /// Zombies their parent does not collect are reaped after this many seconds.
+    #[validate(range(max = MAX_SECONDS))]
     pub zombie_timeout_seconds: u64,
     /// Whether processes whose restart policy is `temporary` come back after
     /// a kernel restart too (every other live process does).
     pub restore_temporary: bool,
-    /// Default `execute_task` timeout (>= 1).
+    /// Default `execute_task` timeout.
+    #[validate(range(min = 1, max = MAX_SECONDS))]
     pub task_timeout_seconds: u64,
-    /// Tasks one process works on at the same time (>= 1).
+    /// Tasks one process works on at the same time.
+    #[validate(range(min = 1))]
     pub max_concurrent_tasks: u32,
     /// How long shutdown waits for processes before forcing them.
+    #[validate(range(max = 3_600_000))]
     pub shutdown_grace_ms: u64,
     /// Runtime for agents that name none; must be registered.
     pub default_runtime: String,
@@ -343,42 +367,71 @@ pub struct KernelSettings {
     /// How hard the store pushes each commit to disk.
     pub synchronous: crate::store::Synchronous,
     /// Events the store keeps (the newest ones).
+    #[validate(range(min = 1_000, max = 1_000_000_000))]
     pub event_log_limit: u64,
     /// Defaults per role (the `roles` section); a role not listed has none.
+    #[serde(skip)]
     pub roles: HashMap<Role, RoleSettings>,
     /// Storage quotas on the store and on subtrees (`kernel.storage`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub storage: StorageSettings,
     /// Size limits on artifacts (`kernel.artifacts`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub artifacts: ArtifactSettings,
     /// Size limits on agent memory (`kernel.memory`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub memory: MemorySettings,
     /// What transcripts keep, and for how long (`kernel.transcripts`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub transcripts: TranscriptSettings,
     /// Size limits on what callers send (`kernel.limits`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub limits: crate::limits::InputLimits,
     /// How the control plane treats connections (`kernel.connections`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub connections: ConnectionSettings,
     /// What model calls cost, by model name (filled from `llm.prices`).
+    #[serde(skip)]
     pub prices: crate::Prices,
     /// Model names: the default, and what the server is sent (from `llm`).
+    #[serde(skip)]
     pub models: ModelNames,
-    /// TLS on the control plane (`kernel.tls`); `None`: plain text.
+    /// TLS on the control plane (`kernel.tls`, read by `tls::tls`);
+    /// `None`: plain text.
+    #[serde(deserialize_with = "parse::read_apart")]
     pub tls: Option<crate::tls::TlsFiles>,
-    /// Whether `exec` agents run in the sandbox (`kernel.exec`).
+    /// Whether `exec` agents run in the sandbox (`kernel.exec`, read by
+    /// `sandbox::exec`).
+    #[serde(deserialize_with = "parse::read_apart")]
     pub exec: ExecSettings,
-    /// The inbox's webhook (`kernel.notify`); `None`: none.
+    /// The inbox's webhook (`kernel.notify`, read with the environment by
+    /// `notify::notify`); `None`: none.
+    #[serde(deserialize_with = "parse::read_apart")]
     pub notify: Option<crate::notify::NotifySettings>,
-    /// The metrics listener (`kernel.metrics`); `None`: no metrics are kept.
+    /// The metrics listener (`kernel.metrics`, read by `observe::metrics`);
+    /// `None`: no metrics are kept.
+    #[serde(deserialize_with = "parse::read_apart")]
     pub metrics: Option<MetricsSettings>,
     /// The web dashboard (`kernel.dashboard`).
+    #[serde(deserialize_with = "parse::object")]
     pub dashboard: DashboardSettings,
-    /// This kernel as a node of a cluster (`kernel.cluster`, `--cluster`);
-    /// `None`: it runs alone.
+    /// This kernel as a node of a cluster (`kernel.cluster`, read by
+    /// `cluster::cluster`, or `--cluster`); `None`: it runs alone.
+    #[serde(deserialize_with = "parse::read_apart")]
     pub cluster: Option<ClusterSettings>,
     /// What is logged, and how (`kernel.log`).
+    #[validate(nested)]
+    #[serde(deserialize_with = "parse::object")]
     pub log: LogSettings,
     /// Where traces are exported (`kernel.otel` with the `OTEL_*`
-    /// variables); `None`: no spans are made.
+    /// variables, read by `observe::otel`); `None`: no spans are made.
+    #[serde(deserialize_with = "parse::read_apart")]
     pub otel: Option<OtelSettings>,
     /// Directories of skills every process may see (`kernel.skills`), in
     /// order: a later one's skill wins over an earlier one's of the same name.
@@ -543,7 +596,8 @@ pub struct AgentSpec {
 pub fn log_settings(text: &[u8]) -> Option<LogSettings> {
     let document: serde_json::Value = serde_json::from_slice(text).ok()?;
     let mut issues = Vec::new();
-    let settings = observe::log(document.get("kernel")?.get("log"), &mut issues);
+    let log = document.get("kernel")?.get("log");
+    let settings = parse::settings(log, "kernel.log", &mut issues).value;
     issues.is_empty().then_some(settings)
 }
 
@@ -610,11 +664,8 @@ fn load_sections(
 ) -> Option<Config> {
     let base = path.parent().unwrap_or_else(|| Path::new(""));
     let document = parse::document(text, issues)?;
-    let raw_kernel = parse::kernel(document.kernel.as_ref(), issues);
     let checks = validate::Context::new(base, known);
-    let (mut kernel, ceilings) = checks.kernel(&raw_kernel, issues);
-    kernel.notify = notify::notify(raw_kernel.value.notify.as_ref(), env, issues);
-    kernel.otel = observe::otel(raw_kernel.value.otel.as_ref(), env, issues);
+    let (mut kernel, ceilings) = checks.kernel(document.kernel.as_ref(), env, issues);
     let (llm, models, context, prices) = model::llm(document.llm.as_ref(), issues);
     kernel.prices = prices;
     kernel.models = models;

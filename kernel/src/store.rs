@@ -63,14 +63,30 @@ pub const DEFAULT_EVENT_LOG_LIMIT: u64 = 1_000_000;
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "hivekernel.db";
 
-/// How hard a commit is pushed to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How hard a commit is pushed to disk (`kernel.synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub enum Synchronous {
     /// Survives a crash of the kernel; a power loss may lose the last commits.
     #[default]
     Normal,
     /// Every commit is fsynced: survives a power loss too.
     Full,
+}
+
+impl TryFrom<String> for Synchronous {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match text.as_str() {
+            "normal" => Ok(Synchronous::Normal),
+            "full" => Ok(Synchronous::Full),
+            other => Err(format!(
+                "unknown value {} (expected \"normal\" or \"full\")",
+                hivekernel_agents::text::shown(other)
+            )),
+        }
+    }
 }
 
 impl Synchronous {

@@ -194,6 +194,38 @@ fn wrong_types_name_the_field_and_value() {
 }
 
 #[test]
+fn a_section_of_the_wrong_type_is_named_without_rust_types() {
+    let found = issues(
+        r#"{"kernel": {"storage": 5, "log": [], "max_depth": 0},
+            "llm": {"prices": {"mini": [1, 2]}}}"#,
+    );
+    assert_issue(
+        &found,
+        "llm.prices.mini",
+        &["invalid type: sequence, expected a JSON object"],
+    );
+    assert_issue(
+        &found,
+        "kernel.storage",
+        &["invalid type: integer `5`, expected a JSON object"],
+    );
+    // serde's derive alone would read an array as the fields in order.
+    assert_issue(
+        &found,
+        "kernel.log",
+        &["invalid type: sequence, expected a JSON object"],
+    );
+    assert_issue(&found, "kernel.max_depth", &["between 1 and 64, got 0"]);
+    assert_eq!(found.len(), 4, "{found:#?}");
+    assert!(
+        found
+            .iter()
+            .all(|issue| !issue.message.contains("Settings")),
+        "{found:#?}"
+    );
+}
+
+#[test]
 fn listen_must_be_a_socket_address() {
     let found = issues(r#"{"kernel": {"listen": "localhost:50051"}}"#);
     assert_issue(
@@ -727,7 +759,11 @@ fn a_price_is_checked_at_its_own_field() {
     );
     // All three at once, each at its own field.
     assert_issue(&found, "llm.prices.gpt.input", &["unknown field `input`"]);
-    assert_issue(&found, "llm.prices.nano", &["expected struct Price"]);
+    assert_issue(
+        &found,
+        "llm.prices.nano",
+        &["invalid type: string \"free\", expected a JSON object"],
+    );
     assert_issue(
         &found,
         "llm.prices.mini.output_per_million",

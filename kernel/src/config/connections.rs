@@ -14,11 +14,7 @@ use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use validator::Validate;
-
-use super::ConfigIssue;
-use super::parse::settings;
 
 /// How the control plane and the HTTP listeners treat connections
 /// (`kernel.connections`).
@@ -91,12 +87,4 @@ impl Default for ConnectionSettings {
             http_idle_timeout_ms: 60_000,
         }
     }
-}
-
-/// Parses and checks `kernel.connections`.
-pub(super) fn connections(
-    value: Option<&Value>,
-    issues: &mut Vec<ConfigIssue>,
-) -> ConnectionSettings {
-    settings(value, "kernel.connections", issues).value
 }

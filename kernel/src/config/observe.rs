@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::ConfigIssue;
-use super::parse::{section, settings};
+use super::parse::section;
 use validator::{Validate, ValidationError};
 
 /// The metrics listener (`kernel.metrics`): `/metrics`, `/healthz`, `/readyz`.
@@ -169,6 +169,14 @@ struct RawMetrics {
     listen: Option<String>,
 }
 
+/// `kernel.listen`, or the error naming what an address looks like.
+pub(super) fn grpc_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_address(&text, "127.0.0.1:50051").map_err(serde::de::Error::custom)
+}
+
 /// A dashboard's `listen`, or the error naming what an address looks like.
 fn dashboard_address<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
@@ -221,9 +229,9 @@ fn parse_address(text: &str, example: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// Parses and checks `kernel.dashboard`.
-pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> DashboardSettings {
-    let mut dashboard: DashboardSettings = section(value, "kernel.dashboard", issues).value;
+/// Checks `kernel.dashboard` beyond its types: `listen` only while it is
+/// on, and `hosts` host names (lowercased).
+pub(super) fn check_dashboard(dashboard: &mut DashboardSettings, issues: &mut Vec<ConfigIssue>) {
     if dashboard.enabled == Some(false) && dashboard.listen.is_some() {
         issues.push(ConfigIssue::new(
             "kernel.dashboard.listen",
@@ -248,12 +256,6 @@ pub(super) fn dashboard(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) ->
             ));
         }
     }
-    dashboard
-}
-
-/// Parses and checks `kernel.log`.
-pub(super) fn log(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> LogSettings {
-    settings(value, "kernel.log", issues).value
 }
 
 /// OpenTelemetry trace export (`kernel.otel`, or the standard

@@ -6,14 +6,17 @@
 //! becomes an issue at its own location and the rest still get checked.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::marker::PhantomData;
 
 use hivekernel_agents::LimitOverrides;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, DeserializeSeed, MapAccess, Visitor};
 use serde_json::{Map, Value};
 use validator::{Validate, ValidationError, ValidationErrors, ValidationErrorsKind};
 
-use super::{ConfigIssue, KernelSettings, at, validate};
+use super::{ConfigIssue, at, validate};
 
 /// The top level: which sections are present.
 #[derive(Debug, Default, Deserialize)]
@@ -26,82 +29,6 @@ pub(super) struct Document {
     pub(super) agents: Option<Vec<Value>>,
     pub(super) templates: Option<Vec<Value>>,
     pub(super) mcp_servers: Option<Value>,
-}
-
-/// The `kernel` section as written; missing fields take the defaults.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawKernel {
-    pub(super) listen: String,
-    pub(super) data_dir: String,
-    pub(super) max_depth: u32,
-    pub(super) max_children: u32,
-    pub(super) mailbox_capacity: usize,
-    pub(super) mailbox_max_bytes: u64,
-    pub(super) mailbox_aging_ms: u64,
-    pub(super) zombie_timeout_seconds: u64,
-    pub(super) restore_temporary: bool,
-    pub(super) task_timeout_seconds: u64,
-    pub(super) max_concurrent_tasks: u32,
-    pub(super) shutdown_grace_ms: u64,
-    pub(super) default_runtime: String,
-    pub(super) workspace: Option<String>,
-    pub(super) synchronous: String,
-    pub(super) event_log_limit: u64,
-    pub(super) storage: Option<Value>,
-    pub(super) artifacts: Option<Value>,
-    pub(super) memory: Option<Value>,
-    pub(super) transcripts: Option<Value>,
-    pub(super) limits: Option<Value>,
-    pub(super) connections: Option<Value>,
-    pub(super) tls: Option<Value>,
-    pub(super) exec: Option<Value>,
-    pub(super) notify: Option<Value>,
-    pub(super) metrics: Option<Value>,
-    pub(super) log: Option<Value>,
-    pub(super) otel: Option<Value>,
-    pub(super) dashboard: Option<Value>,
-    pub(super) cluster: Option<Value>,
-    pub(super) skills: Vec<String>,
-}
-
-impl Default for RawKernel {
-    fn default() -> Self {
-        let defaults = KernelSettings::default();
-        RawKernel {
-            listen: defaults.listen.to_string(),
-            data_dir: defaults.data_dir.display().to_string(),
-            max_depth: defaults.max_depth,
-            max_children: defaults.max_children,
-            mailbox_capacity: defaults.mailbox_capacity,
-            mailbox_max_bytes: defaults.mailbox_max_bytes,
-            mailbox_aging_ms: defaults.mailbox_aging_ms,
-            zombie_timeout_seconds: defaults.zombie_timeout_seconds,
-            restore_temporary: defaults.restore_temporary,
-            task_timeout_seconds: defaults.task_timeout_seconds,
-            max_concurrent_tasks: defaults.max_concurrent_tasks,
-            shutdown_grace_ms: defaults.shutdown_grace_ms,
-            default_runtime: defaults.default_runtime,
-            workspace: None,
-            synchronous: "normal".to_owned(),
-            event_log_limit: defaults.event_log_limit,
-            storage: None,
-            artifacts: None,
-            memory: None,
-            transcripts: None,
-            limits: None,
-            connections: None,
-            tls: None,
-            exec: None,
-            notify: None,
-            metrics: None,
-            log: None,
-            otel: None,
-            dashboard: None,
-            cluster: None,
-            skills: Vec::new(),
-        }
-    }
 }
 
 /// One `agents[i]` entry as written; `limits` and `metadata` are parsed as sections of their own.
@@ -161,6 +88,70 @@ impl<T> Section<T> {
     }
 }
 
+/// For a key that its own function reads (with the environment or the
+/// config's directory): accepted where its section is deserialized, so the
+/// section knows it among its keys, and left at its default there.
+pub(super) fn read_apart<'de, D: serde::Deserializer<'de>, T: Default>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    serde::de::IgnoredAny::deserialize(deserializer)?;
+    Ok(T::default())
+}
+
+/// For a field holding a struct: only a JSON object, which serde's derive
+/// would also take as an array of the fields in order. The fields are read
+/// through the caller's map, so a problem inside is still reported at its
+/// own path.
+pub(crate) fn object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    deserializer.deserialize_map(Object(PhantomData))
+}
+
+/// [`object`] for each value of a map of structs (`llm.prices`).
+pub(crate) fn object_values<'de, D, T>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Entries<T>(PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Entries<T> {
+        type Value = BTreeMap<String, T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let value = map.next_value_seed(Object(PhantomData))?;
+                entries.insert(key, value);
+            }
+            Ok(entries)
+        }
+    }
+    deserializer.deserialize_map(Entries(PhantomData))
+}
+
+/// Reads a `T` from a JSON object only (see [`object`]).
+struct Object<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for Object<T> {
+    type Value = T;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<T, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
 /// Parses the whole file; `None` when there is nothing further to check.
 pub(super) fn document(text: &str, issues: &mut Vec<ConfigIssue>) -> Option<Document> {
     let value: Value = match hivekernel_agents::json::parse(text) {
@@ -181,11 +172,6 @@ pub(super) fn document(text: &str, issues: &mut Vec<ConfigIssue>) -> Option<Docu
         return None;
     }
     Some(section::<Document>(Some(&value), "", issues).value)
-}
-
-/// Parses the `kernel` section; absent means all defaults.
-pub(super) fn kernel(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> Section<RawKernel> {
-    section(value, "kernel", issues)
 }
 
 /// Parses `agents[index]`; `None` when it is not an object at all.

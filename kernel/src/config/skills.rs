@@ -25,8 +25,8 @@ use super::validate::Context;
 pub(super) const MAX_DIRS: usize = 64;
 
 /// Resolves a `skills` list: each entry a directory, no duplicates.
-pub(super) fn dirs(
-    entries: &[String],
+pub(super) fn dirs<E: AsRef<Path>>(
+    entries: &[E],
     location: &str,
     checks: &Context<'_>,
     issues: &mut Vec<ConfigIssue>,
@@ -42,6 +42,7 @@ pub(super) fn dirs(
     let mut resolved: Vec<(usize, PathBuf)> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let here = format!("{location}[{i}]");
+        let entry = entry.as_ref().to_string_lossy();
         let path = match entry.strip_prefix("~/") {
             Some(rest) => match std::env::var_os("HOME") {
                 Some(home) if !home.is_empty() => Some(Path::new(&home).join(rest)),
@@ -53,7 +54,7 @@ pub(super) fn dirs(
                     continue;
                 }
             },
-            None => checks.path_field(entry, &here, issues),
+            None => checks.path_field(entry.as_ref(), &here, issues),
         };
         let Some(path) = path else {
             continue;

@@ -15,11 +15,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use validator::Validate;
-
-use super::ConfigIssue;
-use super::parse::settings;
 
 /// Largest artifact the kernel accepts at all (gRPC messages grow with it).
 const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
@@ -147,27 +143,4 @@ impl Default for TranscriptSettings {
             memory_entries: 10_000,
         }
     }
-}
-
-/// Parses and checks `kernel.storage`.
-pub(super) fn storage(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> StorageSettings {
-    settings(value, "kernel.storage", issues).value
-}
-
-/// Parses and checks `kernel.artifacts`.
-pub(super) fn artifacts(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> ArtifactSettings {
-    settings(value, "kernel.artifacts", issues).value
-}
-
-/// Parses and checks `kernel.memory`.
-pub(super) fn memory(value: Option<&Value>, issues: &mut Vec<ConfigIssue>) -> MemorySettings {
-    settings(value, "kernel.memory", issues).value
-}
-
-/// Parses and checks `kernel.transcripts`.
-pub(super) fn transcripts(
-    value: Option<&Value>,
-    issues: &mut Vec<ConfigIssue>,
-) -> TranscriptSettings {
-    settings(value, "kernel.transcripts", issues).value
 }

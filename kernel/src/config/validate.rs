@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -11,13 +10,12 @@ use hivekernel_agents::{
     Capability, ExecCommand, LimitOverrides, McpSelector, Role, SkillSelector, Tier,
 };
 
-use crate::store::Synchronous;
-
 use super::cluster::{MAX_NODE_NAME_BYTES, node_name_problem};
-use super::parse::{Agent, RawAgent, RawKernel, Section};
+use super::parse::{Agent, RawAgent, settings};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, McpServerSpec, at};
 use crate::command::{self, EXEC_RUNTIME};
 use crate::files::FileProblem;
+use serde_json::Value;
 
 /// Kernel values that agents are checked against; `None` when the kernel's own value was bad.
 #[derive(Debug, Clone, Copy)]
@@ -77,67 +75,34 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Checks the kernel section and returns the settings and the ceilings for agents.
+    /// Reads and checks the `kernel` section (`env` for the sections that
+    /// read variables) and returns the settings and the ceilings for agents.
     pub(super) fn kernel(
         &self,
-        raw: &Section<RawKernel>,
+        value: Option<&Value>,
+        env: &dyn Fn(&str) -> Option<String>,
         issues: &mut Vec<ConfigIssue>,
     ) -> (KernelSettings, Ceilings) {
-        let k = &raw.value;
-        let listen = k.listen.parse::<SocketAddr>().unwrap_or_else(|_| {
-            let message = format!(
-                "invalid socket address {:?} (expected IP:PORT, such as 127.0.0.1:50051)",
-                k.listen
-            );
-            issues.push(ConfigIssue::new("kernel.listen", message));
-            KernelSettings::default().listen
-        });
-        let data_dir = self
-            .path_field(&k.data_dir, "kernel.data_dir", issues)
-            .unwrap_or_default();
-        let workspace = k
+        let section = settings::<KernelSettings>(value, "kernel", issues);
+        // A kernel value that is itself wrong would only produce noise about the agents.
+        let trusted = |field: &str| section.is_ok(field);
+        let k = &section.value;
+        let ceilings = Ceilings {
+            max_depth: trusted("max_depth").then_some(k.max_depth),
+            max_children: trusted("max_children").then_some(k.max_children),
+            max_concurrent_tasks: trusted("max_concurrent_tasks").then_some(k.max_concurrent_tasks),
+            task_timeout_seconds: trusted("task_timeout_seconds").then_some(k.task_timeout_seconds),
+        };
+        let data_dir_ok = trusted("data_dir");
+        let mut k = section.value;
+        if data_dir_ok {
+            k.data_dir = self
+                .path_field(&k.data_dir, "kernel.data_dir", issues)
+                .unwrap_or_default();
+        }
+        k.workspace = k
             .workspace
-            .as_deref()
-            .and_then(|dir| self.path_field(dir, "kernel.workspace", issues));
-        let depth_ok = in_range(k.max_depth, 1..=64, "kernel.max_depth", issues);
-        let children_ok = in_range(k.max_children, 1..=100_000, "kernel.max_children", issues);
-        let capacity = k.mailbox_capacity;
-        in_range(capacity, 1..=1_000_000, "kernel.mailbox_capacity", issues);
-        in_range(
-            k.mailbox_max_bytes,
-            1024..=u64::from(u32::MAX),
-            "kernel.mailbox_max_bytes",
-            issues,
-        );
-        // Durations stay within 30 days, the kernel's ceiling for any timeout.
-        const MAX_SECONDS: u64 = 30 * 24 * 3600;
-        in_range(
-            k.mailbox_aging_ms,
-            1..=MAX_SECONDS * 1000,
-            "kernel.mailbox_aging_ms",
-            issues,
-        );
-        let timeout = k.task_timeout_seconds;
-        let timeout_ok = in_range(
-            timeout,
-            1..=MAX_SECONDS,
-            "kernel.task_timeout_seconds",
-            issues,
-        );
-        in_range(
-            k.zombie_timeout_seconds,
-            0..=MAX_SECONDS,
-            "kernel.zombie_timeout_seconds",
-            issues,
-        );
-        in_range(
-            k.shutdown_grace_ms,
-            0..=3_600_000,
-            "kernel.shutdown_grace_ms",
-            issues,
-        );
-        let tasks = k.max_concurrent_tasks;
-        let tasks_ok = at_least_one(tasks, "kernel.max_concurrent_tasks", issues);
+            .and_then(|dir| self.path_field(&dir, "kernel.workspace", issues));
         if let Some(problem) = self.runtime_problem(&k.default_runtime) {
             issues.push(ConfigIssue::new("kernel.default_runtime", problem));
         } else if k.default_runtime == EXEC_RUNTIME {
@@ -145,74 +110,18 @@ impl<'a> Context<'a> {
                            (name runtime exec on those agents)";
             issues.push(ConfigIssue::new("kernel.default_runtime", message));
         }
-        in_range(
-            k.event_log_limit,
-            1_000..=1_000_000_000,
-            "kernel.event_log_limit",
-            issues,
-        );
-        let synchronous = match k.synchronous.as_str() {
-            "normal" => Synchronous::Normal,
-            "full" => Synchronous::Full,
-            other => {
-                issues.push(ConfigIssue::new(
-                    "kernel.synchronous",
-                    format!("unknown value {other:?} (expected \"normal\" or \"full\")"),
-                ));
-                Synchronous::Normal
-            }
-        };
+        super::observe::check_dashboard(&mut k.dashboard, issues);
+        k.skills = super::skills::dirs(&k.skills, "kernel.skills", self, issues);
+        // The sections read apart, with the environment or the config's directory.
+        let apart = |key: &str| value.and_then(|kernel| kernel.get(key));
+        k.tls = super::tls::tls(apart("tls"), self, issues);
+        k.exec = super::sandbox::exec(apart("exec"), self, issues);
+        k.notify = super::notify::notify(apart("notify"), env, issues);
+        k.metrics = super::observe::metrics(apart("metrics"), issues);
+        k.cluster = super::cluster::cluster(apart("cluster"), self, issues);
+        k.otel = super::observe::otel(apart("otel"), env, issues);
 
-        // A kernel value that is itself wrong would only produce noise about the agents.
-        let trusted = |field: &str, ok: bool| raw.is_ok(field) && ok;
-        let ceilings = Ceilings {
-            max_depth: trusted("max_depth", depth_ok).then_some(k.max_depth),
-            max_children: trusted("max_children", children_ok).then_some(k.max_children),
-            max_concurrent_tasks: trusted("max_concurrent_tasks", tasks_ok).then_some(tasks),
-            task_timeout_seconds: trusted("task_timeout_seconds", timeout_ok).then_some(timeout),
-        };
-        let settings = KernelSettings {
-            listen,
-            data_dir,
-            max_depth: k.max_depth,
-            max_children: k.max_children,
-            mailbox_capacity: capacity,
-            mailbox_max_bytes: k.mailbox_max_bytes,
-            mailbox_aging_ms: k.mailbox_aging_ms,
-            zombie_timeout_seconds: k.zombie_timeout_seconds,
-            restore_temporary: k.restore_temporary,
-            task_timeout_seconds: timeout,
-            max_concurrent_tasks: tasks,
-            shutdown_grace_ms: k.shutdown_grace_ms,
-            default_runtime: k.default_runtime.clone(),
-            workspace,
-            synchronous,
-            event_log_limit: k.event_log_limit,
-            // Filled from the `roles` section.
-            roles: Default::default(),
-            storage: super::storage::storage(k.storage.as_ref(), issues),
-            artifacts: super::storage::artifacts(k.artifacts.as_ref(), issues),
-            memory: super::storage::memory(k.memory.as_ref(), issues),
-            transcripts: super::storage::transcripts(k.transcripts.as_ref(), issues),
-            limits: super::parse::settings(k.limits.as_ref(), "kernel.limits", issues).value,
-            connections: super::connections::connections(k.connections.as_ref(), issues),
-            // Filled from `llm.prices`.
-            prices: Default::default(),
-            // Filled from `llm`.
-            models: Default::default(),
-            tls: super::tls::tls(k.tls.as_ref(), self, issues),
-            exec: super::sandbox::exec(k.exec.as_ref(), self, issues),
-            // Read with the environment, by `load_sections`.
-            notify: None,
-            metrics: super::observe::metrics(k.metrics.as_ref(), issues),
-            dashboard: super::observe::dashboard(k.dashboard.as_ref(), issues),
-            cluster: super::cluster::cluster(k.cluster.as_ref(), self, issues),
-            log: super::observe::log(k.log.as_ref(), issues),
-            // Read with the environment, by `load_sections`.
-            otel: None,
-            skills: super::skills::dirs(&k.skills, "kernel.skills", self, issues),
-        };
-        (settings, ceilings)
+        (k, ceilings)
     }
 
     /// Checks one agent and builds its spec (the spec is only used if no issue was found).
@@ -556,11 +465,12 @@ impl<'a> Context<'a> {
     /// Resolves a path relative to the config file's directory; empty is an error.
     pub(super) fn path_field(
         &self,
-        value: &str,
+        value: impl AsRef<Path>,
         location: &str,
         issues: &mut Vec<ConfigIssue>,
     ) -> Option<PathBuf> {
-        if value.is_empty() {
+        let value = value.as_ref();
+        if value.as_os_str().is_empty() {
             issues.push(ConfigIssue::new(location, "must not be empty"));
             return None;
         }
@@ -731,19 +641,6 @@ pub(super) fn in_range<T: PartialOrd + Display>(
                 range.start(),
                 range.end()
             ),
-        ));
-    }
-    ok
-}
-
-/// Pushes an issue when `value` is zero; returns whether it is at least one.
-fn at_least_one<T: Into<u64>>(value: T, location: &str, issues: &mut Vec<ConfigIssue>) -> bool {
-    let value = value.into();
-    let ok = value >= 1;
-    if !ok {
-        issues.push(ConfigIssue::new(
-            location,
-            format!("must be at least 1, got {value}"),
         ));
     }
     ok
