@@ -6,8 +6,11 @@
 //! sections deserialize straight into their settings types, which declare
 //! their defaults (`Default`), their ranges (`#[validate]` attributes, run
 //! by `parse::settings`) and their meaning (doc comments, from which
-//! `reference` generates docs/CONFIG.md's tables); the others still go
-//! through a `Raw*` struct of the section as written. `validate` then makes
+//! `reference` generates docs/CONFIG.md's tables). [`KernelSettings`] is
+//! the `kernel` section itself; its keys that need the environment or the
+//! config's directory (`tls`, `exec`, `notify`, `metrics`, `cluster`,
+//! `otel`) are read apart, by their modules. The agent entries and those
+//! sections still go through a `Raw*` struct as written. `validate` makes
 //! the checks that cross fields and sections: names, runtimes, tools,
 //! capabilities, limits, paths and prompt files. Every issue is collected,
 //! with its location, before [`Config::load`] returns; a config with any
@@ -22,7 +25,8 @@
 //! (`kernel.skills`, an agent's `skills`, `tool_agent.skills`),
 //! `observe` (`kernel.metrics`, `log`, `otel`, `dashboard`), `notify`
 //! (`kernel.notify`), `cluster` (`kernel.cluster`), `approval` (approval
-//! rules), `cron` (agents' `cron` entries and `templates`).
+//! rules), `cron` (agents' `cron` entries and `templates`). The tests of
+//! what a config says are kernel/tests/config.rs, through [`Config::load`].
 
 mod approval;
 mod cluster;
