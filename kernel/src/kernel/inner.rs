@@ -50,54 +50,99 @@ pub(super) struct Parts<'a> {
     pub(super) skills: crate::skills::Library,
 }
 
+/// The kernel's parts. Each group below is a part with one purpose; the
+/// facade's files reach every field through an accessor of [`Inner`].
 #[derive(Debug)]
 pub(super) struct Inner {
-    settings: KernelSettings,
+    settings: Settings,
+    table: RwLock<ProcessTable>,
+    counters: Counters,
+    events: EventBus,
+    /// The SQLite store, or its in-memory form.
+    store: Store,
+    runtimes: RuntimeRegistry,
+    model: Model,
+    life: Lifecycle,
+    telemetry: Telemetry,
+    node: Node,
+    services: Services,
+}
+
+/// The settings as they stand.
+#[derive(Debug)]
+struct Settings {
+    /// As the kernel started with them.
+    start: KernelSettings,
     /// The `roles` section as it stands: the settings' at start, replaced
     /// by a config reload. Read at each spawn.
     roles: RwLock<Arc<HashMap<Role, RoleSettings>>>,
-    table: RwLock<ProcessTable>,
+    /// Root of the workspaces of processes that have no directory of their own.
+    workspace_root: Arc<std::path::Path>,
+}
+
+/// Where new PIDs and ids come from.
+#[derive(Debug)]
+struct Counters {
     /// PIDs; never reused, across restarts too.
     pids: Counter,
     /// Message and request ids.
     ids: Counter,
-    events: EventBus,
-    /// What `/metrics` serves, when `kernel.metrics` is set; the bus and
-    /// the store feed it too.
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    /// Where spans go, when traces are exported (`kernel.otel`).
-    traces: Option<Arc<crate::otel::Traces>>,
-    /// The cluster this kernel is a node of, if any (`kernel.cluster`).
-    cluster: Option<Arc<crate::cluster::Cluster>>,
-    /// The receivers' lanes of the messages the kernel makes, on a node
-    /// of a cluster (lanes.rs).
-    lanes: super::lanes::Lanes,
-    /// Token budgets lent to children on other nodes, by child: what
-    /// each loan spent comes back when its child exits (across.rs).
-    loans: parking_lot::Mutex<
-        std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
-    >,
-    /// Taken while a loan is matched with its record in the cluster
-    /// (reopened, or charged from it), so two of those never interleave.
-    loan_records: tokio::sync::Mutex<()>,
-    transcripts: Transcripts,
+}
+
+/// Access to the model.
+#[derive(Debug)]
+struct Model {
+    /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
+    provider: Option<Arc<dyn Provider>>,
     /// Server tokens per estimated token, per served model, learned from
     /// the usage answers report; kept in the store.
     calibration: hivekernel_agents::llm::calibration::Calibration,
-    /// The SQLite store, or its in-memory form.
-    store: Store,
-    runtimes: RuntimeRegistry,
-    /// Root of the workspaces of processes that have no directory of their own.
-    workspace_root: Arc<std::path::Path>,
-    /// The model provider behind [`Syscalls::chat`](hivekernel_agents::Syscalls::chat).
-    llm: Option<Arc<dyn Provider>>,
+}
+
+/// What runs, and how it stops.
+#[derive(Debug)]
+struct Lifecycle {
+    /// Every task the kernel starts.
     tracker: TaskTracker,
+    /// Cancelled to stop those tasks.
     shutdown: CancellationToken,
     stopping: AtomicBool,
     /// Cancelled as a stop begins (`stopping` turns true): what outside
     /// watchers (health) wait on.
     stop_begun: CancellationToken,
+    /// Collects the exited processes nobody waits for.
     reaper: Reaper,
+}
+
+/// What the kernel is watched by.
+#[derive(Debug)]
+struct Telemetry {
+    /// What `/metrics` serves, when `kernel.metrics` is set; the bus and
+    /// the store feed it too.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Where spans go, when traces are exported (`kernel.otel`).
+    traces: Option<Arc<crate::otel::Traces>>,
+}
+
+/// This kernel as a node of a cluster.
+#[derive(Debug)]
+struct Node {
+    /// The cluster it is a node of, if any (`kernel.cluster`).
+    cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The receivers' lanes of the messages the kernel makes (lanes.rs).
+    lanes: super::lanes::Lanes,
+    /// Token budgets lent to children on other nodes, by child: what
+    /// each loan spent comes back when its child exits (across.rs).
+    loans: parking_lot::Mutex<HashMap<Pid, Arc<crate::budget::Pool>>>,
+    /// Taken while a loan is matched with its record in the cluster
+    /// (reopened, or charged from it), so two of those never interleave.
+    loan_records: tokio::sync::Mutex<()>,
+}
+
+/// The subsystems each feature owns.
+#[derive(Debug)]
+struct Services {
+    transcripts: Transcripts,
     cron: Cron,
     /// The MCP servers the config names; fixed at start.
     mcp: McpServers,
@@ -105,12 +150,12 @@ pub(super) struct Inner {
     skills: crate::skills::Library,
     /// Operator tokens; the authentication layer reads the same registry.
     tokens: OperatorTokens,
+    /// Held while a token change is written, so two never interleave.
+    token_changes: tokio::sync::Mutex<()>,
     /// What processes ask people, waiting.
     inbox: crate::inbox::Inbox,
     /// The inbox's webhook, when the config names one.
     notifier: Option<crate::notify::Notifier>,
-    /// Held while a token change is written, so two never interleave.
-    token_changes: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -240,16 +285,13 @@ impl Inner {
                 .ok()
         });
         Inner {
-            notifier,
-            tokens,
-            token_changes: tokio::sync::Mutex::new(()),
-            inbox: Default::default(),
-            workspace_root: Arc::from(settings.workspace_root()),
-            roles: RwLock::new(Arc::new(settings.roles.clone())),
-            settings,
+            settings: Settings {
+                workspace_root: Arc::from(settings.workspace_root()),
+                roles: RwLock::new(Arc::new(settings.roles.clone())),
+                start: settings,
+            },
             table: RwLock::new(table),
-            pids,
-            ids,
+            counters: Counters { pids, ids },
             events: EventBus::with_store(EVENT_RETENTION, store.clone(), first_seq)
                 .with_metrics(metrics.clone())
                 .with_tap(
@@ -257,67 +299,78 @@ impl Inner {
                         .clone()
                         .map(|cluster| cluster as Arc<dyn crate::events::ProcessTap>),
                 ),
-            metrics,
-            traces,
-            cluster,
-            lanes: Default::default(),
-            loans: Default::default(),
-            loan_records: tokio::sync::Mutex::new(()),
-            transcripts,
-            calibration,
             store,
             runtimes,
-            llm,
-            tracker,
-            shutdown,
-            stopping: AtomicBool::new(false),
-            stop_begun: CancellationToken::new(),
-            reaper: Reaper::default(),
-            cron: Cron::new(templates, cron_anchor),
-            mcp,
-            skills,
+            model: Model {
+                provider: llm,
+                calibration,
+            },
+            life: Lifecycle {
+                tracker,
+                shutdown,
+                stopping: AtomicBool::new(false),
+                stop_begun: CancellationToken::new(),
+                reaper: Reaper::default(),
+            },
+            telemetry: Telemetry { metrics, traces },
+            node: Node {
+                cluster,
+                lanes: Default::default(),
+                loans: Default::default(),
+                loan_records: tokio::sync::Mutex::new(()),
+            },
+            services: Services {
+                transcripts,
+                cron: Cron::new(templates, cron_anchor),
+                mcp,
+                skills,
+                tokens,
+                token_changes: tokio::sync::Mutex::new(()),
+                inbox: Default::default(),
+                notifier,
+            },
         }
     }
 
     /// The inbox.
     pub(super) fn inbox(&self) -> &crate::inbox::Inbox {
-        &self.inbox
+        &self.services.inbox
     }
 
     /// The inbox's webhook, if any.
     pub(super) fn notifier(&self) -> Option<&crate::notify::Notifier> {
-        self.notifier.as_ref()
+        self.services.notifier.as_ref()
     }
 
     /// The operator tokens, and the lock token changes hold.
     pub(super) fn tokens(&self) -> (&OperatorTokens, &tokio::sync::Mutex<()>) {
-        (&self.tokens, &self.token_changes)
+        (&self.services.tokens, &self.services.token_changes)
     }
 
     pub(super) fn settings(&self) -> &KernelSettings {
-        &self.settings
+        &self.settings.start
     }
 
     /// What processes of `role` get unless they ask otherwise, as the
     /// `roles` section stands now.
     pub(super) fn role(&self, role: Role) -> Option<RoleSettings> {
-        self.roles.read().get(&role).cloned()
+        self.settings.roles.read().get(&role).cloned()
     }
 
     /// What processes of `role` may do: its `roles` entry's list, else the
     /// role's default (PID 1 always has every capability).
     pub(super) fn role_capabilities(&self, role: Role) -> Capabilities {
-        crate::config::role_capabilities(&self.roles.read(), role)
+        crate::config::role_capabilities(&self.settings.roles.read(), role)
     }
 
     /// The `roles` section as it stands now.
     pub(super) fn roles(&self) -> Arc<HashMap<Role, RoleSettings>> {
-        self.roles.read().clone()
+        self.settings.roles.read().clone()
     }
 
     /// Replaces the `roles` section (a config reload).
     pub(super) fn set_roles(&self, roles: HashMap<Role, RoleSettings>) {
-        *self.roles.write() = Arc::new(roles);
+        *self.settings.roles.write() = Arc::new(roles);
     }
 
     pub(super) fn table(&self) -> &RwLock<ProcessTable> {
@@ -325,11 +378,11 @@ impl Inner {
     }
 
     pub(super) fn pids(&self) -> &Counter {
-        &self.pids
+        &self.counters.pids
     }
 
     pub(super) fn ids(&self) -> &Counter {
-        &self.ids
+        &self.counters.ids
     }
 
     pub(super) fn events(&self) -> &EventBus {
@@ -337,39 +390,35 @@ impl Inner {
     }
 
     pub(super) fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
-        self.metrics.as_ref()
+        self.telemetry.metrics.as_ref()
     }
 
     pub(super) fn traces(&self) -> Option<&Arc<crate::otel::Traces>> {
-        self.traces.as_ref()
+        self.telemetry.traces.as_ref()
     }
 
     pub(super) fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
-        self.cluster.as_ref()
+        self.node.cluster.as_ref()
     }
 
-    pub(super) fn loans(
-        &self,
-    ) -> &parking_lot::Mutex<
-        std::collections::HashMap<hivekernel_agents::Pid, Arc<crate::budget::Pool>>,
-    > {
-        &self.loans
+    pub(super) fn loans(&self) -> &parking_lot::Mutex<HashMap<Pid, Arc<crate::budget::Pool>>> {
+        &self.node.loans
     }
 
     pub(super) fn loan_records(&self) -> &tokio::sync::Mutex<()> {
-        &self.loan_records
+        &self.node.loan_records
     }
 
     pub(super) fn lanes(&self) -> &super::lanes::Lanes {
-        &self.lanes
+        &self.node.lanes
     }
 
     pub(super) fn transcripts(&self) -> &Transcripts {
-        &self.transcripts
+        &self.services.transcripts
     }
 
     pub(super) fn calibration(&self) -> &hivekernel_agents::llm::calibration::Calibration {
-        &self.calibration
+        &self.model.calibration
     }
 
     pub(super) fn store(&self) -> &Store {
@@ -381,42 +430,42 @@ impl Inner {
     }
 
     pub(super) fn workspace_root(&self) -> &Arc<std::path::Path> {
-        &self.workspace_root
+        &self.settings.workspace_root
     }
 
     pub(super) fn llm(&self) -> Option<&Arc<dyn Provider>> {
-        self.llm.as_ref()
+        self.model.provider.as_ref()
     }
 
     pub(super) fn tracker(&self) -> &TaskTracker {
-        &self.tracker
+        &self.life.tracker
     }
 
     pub(super) fn shutdown(&self) -> &CancellationToken {
-        &self.shutdown
+        &self.life.shutdown
     }
 
     pub(super) fn stopping(&self) -> &AtomicBool {
-        &self.stopping
+        &self.life.stopping
     }
 
     pub(super) fn stop_begun(&self) -> &CancellationToken {
-        &self.stop_begun
+        &self.life.stop_begun
     }
 
     pub(super) fn reaper(&self) -> &Reaper {
-        &self.reaper
+        &self.life.reaper
     }
 
     pub(super) fn cron(&self) -> &Cron {
-        &self.cron
+        &self.services.cron
     }
 
     pub(super) fn mcp(&self) -> &McpServers {
-        &self.mcp
+        &self.services.mcp
     }
 
     pub(super) fn skills(&self) -> &crate::skills::Library {
-        &self.skills
+        &self.services.skills
     }
 }
