@@ -506,8 +506,27 @@ const DELETE_WAIT: Duration = Duration::from_secs(1);
 
 /// Deletes message `seq` of the mail stream: true when this call deleted
 /// it, false when it was not there.
+///
+/// A node paused while it waits (SIGSTOP, a stopped VM) finds the wait
+/// over as it resumes, though the answer may lie read in its socket: the
+/// delete went through, and the message is this node's to hand over (the
+/// node that took its process over no longer finds it). Once its clock
+/// jumped past twice the wait, the answer is read for one more wait before
+/// the delete counts as failed; a node that then learns it is no member
+/// would otherwise take the message from the stream and hand it to no one.
 async fn delete(stream: &stream::Stream, seq: u64) -> Result<bool, ClusterError> {
-    let Ok(deleted) = tokio::time::timeout(DELETE_WAIT, stream.delete_message(seq)).await else {
+    let asked = tokio::time::Instant::now();
+    let mut call = std::pin::pin!(stream.delete_message(seq));
+    let mut answer = tokio::time::timeout(DELETE_WAIT, &mut call).await;
+    if answer.is_err() && asked.elapsed() > 2 * DELETE_WAIT {
+        tracing::info!(
+            seq,
+            waited_ms = asked.elapsed().as_millis() as u64,
+            "cluster: this node was paused while deleting a message from {MAIL}; reading the answer"
+        );
+        answer = tokio::time::timeout(DELETE_WAIT, &mut call).await;
+    }
+    let Ok(deleted) = answer else {
         return Err(ClusterError::JetStream(format!(
             "deleting message {seq} of {MAIL}: no answer within {DELETE_WAIT:?}"
         )));
