@@ -504,27 +504,42 @@ impl Cluster {
 /// a new leader answers.
 const DELETE_WAIT: Duration = Duration::from_secs(1);
 
+/// How late past its deadline a wait must end to tell of a pause of the
+/// node, not of a busy runtime.
+const PAUSED: Duration = Duration::from_millis(100);
+
+/// How long an answer that arrived as the wait ended still gets.
+const ANSWER_GRACE: Duration = Duration::from_millis(50);
+
 /// Deletes message `seq` of the mail stream: true when this call deleted
 /// it, false when it was not there.
 ///
 /// A node paused while it waits (SIGSTOP, a stopped VM) finds the wait
-/// over as it resumes, though the answer may lie read in its socket: the
-/// delete went through, and the message is this node's to hand over (the
-/// node that took its process over no longer finds it). Once its clock
-/// jumped past twice the wait, the answer is read for one more wait before
-/// the delete counts as failed; a node that then learns it is no member
-/// would otherwise take the message from the stream and hand it to no one.
+/// over as it resumes, though the answer may lie in its socket, not yet
+/// read: the delete went through, and the message is this node's to hand
+/// over (the node that took its process over no longer finds it). So a
+/// wait that ended late (the runtime did not run at its deadline) reads
+/// the answer for one more wait, and any other for [`ANSWER_GRACE`],
+/// before the delete counts as failed; a node that then learns it is no
+/// member would otherwise take the message from the stream and hand it to
+/// no one.
 async fn delete(stream: &stream::Stream, seq: u64) -> Result<bool, ClusterError> {
     let asked = tokio::time::Instant::now();
     let mut call = std::pin::pin!(stream.delete_message(seq));
     let mut answer = tokio::time::timeout(DELETE_WAIT, &mut call).await;
-    if answer.is_err() && asked.elapsed() > 2 * DELETE_WAIT {
-        tracing::info!(
-            seq,
-            waited_ms = asked.elapsed().as_millis() as u64,
-            "cluster: this node was paused while deleting a message from {MAIL}; reading the answer"
-        );
-        answer = tokio::time::timeout(DELETE_WAIT, &mut call).await;
+    if answer.is_err() {
+        let late = asked.elapsed().saturating_sub(DELETE_WAIT);
+        let grace = if late > PAUSED {
+            tracing::info!(
+                seq,
+                late_ms = late.as_millis() as u64,
+                "cluster: this node was paused while deleting a message from {MAIL}; reading the answer"
+            );
+            DELETE_WAIT
+        } else {
+            ANSWER_GRACE
+        };
+        answer = tokio::time::timeout(grace, &mut call).await;
     }
     let Ok(deleted) = answer else {
         return Err(ClusterError::JetStream(format!(

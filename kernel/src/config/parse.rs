@@ -102,14 +102,14 @@ pub(super) fn read_apart<'de, D: serde::Deserializer<'de>, T: Default>(
 /// would also take as an array of the fields in order. The fields are read
 /// through the caller's map, so a problem inside is still reported at its
 /// own path.
-pub(crate) fn object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+pub(super) fn object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
 ) -> Result<T, D::Error> {
     deserializer.deserialize_map(Object(PhantomData))
 }
 
 /// [`object`] for each value of a map of structs (`llm.prices`).
-pub(crate) fn object_values<'de, D, T>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error>
+pub(super) fn object_values<'de, D, T>(deserializer: D) -> Result<BTreeMap<String, T>, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Deserialize<'de>,

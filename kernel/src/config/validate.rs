@@ -9,13 +9,13 @@ use std::str::FromStr;
 use hivekernel_agents::{
     Capability, ExecCommand, LimitOverrides, McpSelector, Role, SkillSelector, Tier,
 };
+use serde_json::Value;
 
 use super::cluster::{MAX_NODE_NAME_BYTES, node_name_problem};
 use super::parse::{Agent, RawAgent, settings};
 use super::{AgentSpec, ConfigIssue, KernelSettings, Known, McpServerSpec, at};
 use crate::command::{self, EXEC_RUNTIME};
 use crate::files::FileProblem;
-use serde_json::Value;
 
 /// Kernel values that agents are checked against; `None` when the kernel's own value was bad.
 #[derive(Debug, Clone, Copy)]
