@@ -93,13 +93,10 @@ impl<'a> Context<'a> {
             max_concurrent_tasks: trusted("max_concurrent_tasks").then_some(k.max_concurrent_tasks),
             task_timeout_seconds: trusted("task_timeout_seconds").then_some(k.task_timeout_seconds),
         };
-        let data_dir_ok = trusted("data_dir");
         let mut k = section.value;
-        if data_dir_ok {
-            k.data_dir = self
-                .path_field(&k.data_dir, "kernel.data_dir", issues)
-                .unwrap_or_default();
-        }
+        k.data_dir = self
+            .path_field(&k.data_dir, "kernel.data_dir", issues)
+            .unwrap_or_default();
         k.workspace = k
             .workspace
             .and_then(|dir| self.path_field(&dir, "kernel.workspace", issues));
